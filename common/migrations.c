@@ -1,0 +1,20 @@
+/*
+ * Migration sets: the ordered schema/ files that make up each database. PRAGMA user_version
+ * is the number of entries applied, so entries are only ever appended, never reordered or
+ * edited once released.
+ */
+#include <stddef.h>
+
+#include "oq_db.h"
+
+const char *const oq_migrations_producer[] = {
+    "common/0001_outbox.sql",
+    "producer/0001_init.sql",
+    NULL,
+};
+
+const char *const oq_migrations_consumer[] = {
+    "common/0001_outbox.sql",
+    "consumer/0001_init.sql",
+    NULL,
+};

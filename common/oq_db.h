@@ -1,0 +1,107 @@
+/**
+ * @file oq_db.h
+ * @brief SQLite helpers: durable open, embedded migrations, a prepared-statement cache,
+ *        transactions, and the outbox append shared by the producer and the consumer.
+ *
+ * Durability default: journal_mode=WAL, synchronous=FULL. A component may lower it only when
+ * its user passes an explicit flag (`--synchronous normal`).
+ *
+ * Migrations are the schema/ files compiled into the binary (cmake/embed_sql.cmake). A
+ * migration set is an ordered list of those names; PRAGMA user_version counts how many are
+ * applied. oq_db_migrate() applies the missing ones in one transaction and refuses a database
+ * whose user_version is higher than the set (a newer binary wrote it).
+ */
+#ifndef OQ_DB_H
+#define OQ_DB_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+
+/** One embedded SQL file (generated table, terminated by {NULL, NULL}). */
+typedef struct oq_sql_file {
+    const char *name; /**< path relative to schema/, e.g. "producer/0001_init.sql" */
+    const char *sql;
+} oq_sql_file_t;
+extern const oq_sql_file_t oq_sql_files[];
+
+/** @brief The SQL text of an embedded file, or NULL. */
+const char *oq_sql_file(const char *name);
+
+/** Ordered migration sets (NULL-terminated arrays of embedded names). */
+extern const char *const oq_migrations_producer[];
+extern const char *const oq_migrations_consumer[];
+
+typedef struct oq_db_opts {
+    const char *synchronous; /**< "FULL" (default when NULL), "NORMAL", "OFF" */
+    int busy_timeout_ms;     /**< default 5000 when 0 */
+    int readonly;            /**< open read-only (no create, no migrations) */
+} oq_db_opts_t;
+
+/**
+ * @brief Open \p path with WAL, the synchronous level, busy timeout and foreign keys on.
+ * @param opts may be NULL (defaults: FULL, 5000 ms, read-write, create).
+ * @returns 0 with \p out set (close with sqlite3_close_v2 after oq_stmt_cache_destroy), or
+ *          OQ_EDB / OQ_EIO.
+ */
+int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_error_t *err);
+
+/**
+ * @brief Bring \p db to the newest version of \p set, in one BEGIN IMMEDIATE transaction.
+ * @returns 0 (also when already current), OQ_EVERSION when the database is newer than \p set,
+ *          OQ_EDB on SQL failure (nothing applied).
+ */
+int oq_db_migrate(sqlite3 *db, const char *const *set, oq_error_t *err);
+
+/** @brief Current PRAGMA user_version, or a negative OQ_E* code. */
+int oq_db_user_version(sqlite3 *db);
+
+/** @brief Execute \p sql (no results); maps SQLITE_BUSY to OQ_EBUSY. */
+int oq_db_exec(sqlite3 *db, const char *sql, oq_error_t *err);
+
+/**
+ * @brief BEGIN IMMEDIATE, retrying on SQLITE_BUSY until \p timeout_ms (beyond the busy
+ *        handler) elapses. @returns 0, OQ_EBUSY or OQ_EDB.
+ */
+int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err);
+int oq_db_commit(sqlite3 *db, oq_error_t *err);
+/** @brief ROLLBACK if a transaction is open; never fails loudly. */
+void oq_db_rollback(sqlite3 *db);
+
+/** @brief Fill \p err from the connection's last error; returns OQ_EBUSY or OQ_EDB. */
+int oq_db_error(sqlite3 *db, int rc, oq_error_t *err, const char *what);
+
+/** Prepared-statement cache keyed by the SQL text's address (use string literals). */
+typedef struct oq_stmt_cache oq_stmt_cache_t;
+oq_stmt_cache_t *oq_stmt_cache_new(sqlite3 *db);
+/** @brief Finalize all statements; accepts NULL. Call before closing the db. */
+void oq_stmt_cache_destroy(oq_stmt_cache_t *c);
+/**
+ * @brief A reset, unbound statement for \p sql, prepared once (SQLITE_PREPARE_PERSISTENT).
+ * @returns NULL on prepare failure (\p err filled). The statement stays owned by the cache.
+ */
+sqlite3_stmt *oq_stmt_get(oq_stmt_cache_t *c, const char *sql, oq_error_t *err);
+
+/* --- outbox (schema/common/0001_outbox.sql) --------------------------------------------------*/
+
+/** One outbox row to append. All fields borrowed. */
+typedef struct oq_outbox_row {
+    const char *message_id; /**< unique; the consumer's inbox key */
+    const char *topic;
+    const char *key;        /**< Kafka key: the call_id, for per-call ordering */
+    const char *payload;    /**< envelope JSON */
+    size_t payload_len;
+    int64_t created_at;     /**< unix ms */
+} oq_outbox_row_t;
+
+/**
+ * @brief Append \p row to the outbox.
+ * @remark The caller holds an open write transaction on \p db; nothing is committed here.
+ * @param cache optional statement cache for \p db (NULL: prepare each time).
+ * @returns 0, or a negative OQ_E* code with \p err filled (OQ_EBUSY is retriable).
+ */
+int oq_outbox_append(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
+                     oq_error_t *err);
+
+#endif

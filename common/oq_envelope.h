@@ -1,0 +1,77 @@
+/**
+ * @file oq_envelope.h
+ * @brief The Kafka message envelope, version 1 (documented in schema/envelope.schema.json).
+ *
+ * tool_call (producer -> consumers, topic onceq.tool-calls):
+ *   {"v":1,"kind":"tool_call","message_id","call_id","tenant","idem_key","fingerprint",
+ *    "tool","args":{...},"attempt":N,"created_at":unix_ms}
+ * tool_result (consumers -> producer, topic onceq.tool-results): the same identity fields
+ *   (no "args") plus "status" ("running"|"succeeded"|"failed"|"needs_review"),
+ *   "result" (object or null), "error" ({"code","message","retryable"} or null),
+ *   "effect_id" (string or null).
+ * Kafka key = call_id; header "onceq-message-id" = message_id.
+ */
+#ifndef OQ_ENVELOPE_H
+#define OQ_ENVELOPE_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+#include "oq_json.h"
+#include "oq_util.h"
+
+#define OQ_ENVELOPE_VERSION 1
+#define OQ_TOPIC_CALLS "onceq.tool-calls"
+#define OQ_TOPIC_RESULTS "onceq.tool-results"
+#define OQ_TOPIC_DLQ "onceq.dlq"
+#define OQ_HDR_MESSAGE_ID "onceq-message-id"
+#define OQ_MAX_KEY_LEN 255
+#define OQ_MAX_NAME_LEN 128 /**< tool and tenant names */
+
+typedef enum { OQ_KIND_TOOL_CALL = 1, OQ_KIND_TOOL_RESULT = 2 } oq_kind_t;
+
+/** Decoded envelope. Strings are owned by the struct; free with oq_envelope_clear(). */
+typedef struct oq_envelope {
+    int v;
+    oq_kind_t kind;
+    char message_id[OQ_UUID_LEN + 1];
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char *tenant;
+    char *idem_key;
+    char fingerprint[OQ_FINGERPRINT_LEN + 1];
+    char *tool;
+    int64_t attempt;    /**< >= 1 */
+    int64_t created_at; /**< unix ms */
+    json_t *args;       /**< tool_call: object (owned reference) */
+    char *status;       /**< tool_result: running|succeeded|failed|needs_review */
+    json_t *result;     /**< tool_result: object or NULL */
+    json_t *error;      /**< tool_result: {"code","message","retryable"} or NULL */
+    char *effect_id;    /**< tool_result: may be NULL */
+} oq_envelope_t;
+
+/** @brief Free what \p e owns and zero it (safe on a zeroed or already-cleared struct). */
+void oq_envelope_clear(oq_envelope_t *e);
+
+/**
+ * @brief Encode \p e as compact JSON.
+ * @param out malloc()ed NUL-terminated text; caller free()s.
+ * @returns 0, OQ_EINVAL when \p e does not validate, OQ_ENOMEM.
+ */
+int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err);
+
+/**
+ * @brief Decode and validate \p len bytes. On success \p e is filled (caller clears it); on
+ *        failure \p e is left cleared and \p err names the offending field ("missing field
+ *        call_id", "field attempt: expected integer >= 1", "unknown version 2", ...).
+ * @returns 0, OQ_EINVAL, OQ_EVERSION, OQ_ETOOBIG, or a JSON parse error.
+ */
+int oq_envelope_decode(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err);
+
+/** @brief Validate a decoded or hand-built envelope (the same checks decode applies). */
+int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err);
+
+/** @brief "tool_call" / "tool_result". */
+const char *oq_kind_name(oq_kind_t k);
+
+#endif

@@ -1,0 +1,56 @@
+/**
+ * @file oq_json.h
+ * @brief Strict JSON parsing, RFC 8785 (JCS) canonicalisation and call fingerprints.
+ *
+ * Parsing is strict on purpose: a request body must mean the same thing to every parser that
+ * will ever read it, so duplicate object keys, invalid UTF-8, integers outside +-2^53 (RFC 8785
+ * numbers are IEEE doubles), NaN/Infinity and nesting deeper than a limit are all refused.
+ */
+#ifndef OQ_JSON_H
+#define OQ_JSON_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "oq_error.h"
+
+#define OQ_JSON_DEFAULT_MAX_DEPTH 64
+#define OQ_FINGERPRINT_LEN 64 /**< SHA-256 as lowercase hex. */
+
+/**
+ * @brief Parse \p len bytes of JSON text (any top-level value).
+ * @param max_depth maximum nesting of arrays/objects (0 = OQ_JSON_DEFAULT_MAX_DEPTH).
+ * @param out receives a new reference on success (caller json_decref()s it).
+ * @returns 0, or OQ_EINVAL (syntax), OQ_EUTF8, OQ_EDUPKEY, OQ_ERANGE, OQ_EDEPTH, OQ_ENOMEM,
+ *          with a message that names the position where known.
+ */
+int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, oq_error_t *err);
+
+/**
+ * @brief RFC 8785 canonical form of \p v.
+ * @param out receives a malloc()ed NUL-terminated string (caller free()s), \p out_len its
+ *        length (may be NULL).
+ * @returns 0, or OQ_ERANGE (NaN/Infinity, integer beyond +-2^53), OQ_EUTF8, OQ_ENOMEM.
+ */
+int oq_jcs_canonicalize(const json_t *v, char **out, size_t *out_len, oq_error_t *err);
+
+/**
+ * @brief Canonicalise \p len bytes of JSON text (parse with oq_json_parse, then JCS).
+ * Same ownership and errors as the two functions it combines.
+ */
+int oq_jcs_canonicalize_text(const char *buf, size_t len, char **out, size_t *out_len,
+                             oq_error_t *err);
+
+/**
+ * @brief Fingerprint of a call: lowercase hex SHA-256 of the JCS form of
+ *        {"args":args,"tenant":tenant,"tool":tool}.
+ * @param out 65 bytes, NUL-terminated on success.
+ * @returns 0, or an error from canonicalisation, or OQ_ECRYPTO.
+ */
+int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
+                   char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err);
+
+/** @brief Non-zero when \p s (length \p len) is valid UTF-8 (no surrogates, no overlongs). */
+int oq_utf8_valid(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,63 @@
+/**
+ * @file oq_metrics.h
+ * @brief A small metrics registry rendered in the Prometheus text exposition format (0.0.4).
+ *
+ * Metrics are registered once (at start-up) and updated lock-free with C11 atomics from any
+ * thread. A metric name may carry a fixed label set: register
+ * `onceq_calls_total` with labels `state="pending"` and again with `state="running"`; the
+ * renderer groups them under one HELP/TYPE header. Histograms have fixed upper bounds given at
+ * registration (plus +Inf) and export _bucket/_sum/_count.
+ */
+#ifndef OQ_METRICS_H
+#define OQ_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+
+typedef struct oq_metrics oq_metrics_t;
+typedef struct oq_metric oq_metric_t;
+
+oq_metrics_t *oq_metrics_new(void);
+/** @brief Free the registry and every metric in it; accepts NULL. */
+void oq_metrics_destroy(oq_metrics_t *m);
+
+/**
+ * @brief Register a counter/gauge. \p labels is NULL or `key="value"[,key="value"]`.
+ * @returns the metric (owned by the registry), or NULL on a name/type clash or ENOMEM.
+ */
+oq_metric_t *oq_metrics_counter(oq_metrics_t *m, const char *name, const char *help,
+                                const char *labels);
+oq_metric_t *oq_metrics_gauge(oq_metrics_t *m, const char *name, const char *help,
+                              const char *labels);
+/** @brief Histogram with \p n ascending upper bounds (the +Inf bucket is implicit). */
+oq_metric_t *oq_metrics_histogram(oq_metrics_t *m, const char *name, const char *help,
+                                  const char *labels, const double *bounds, size_t n);
+
+/** Updates; all accept NULL metrics (so optional metrics need no branches at call sites). */
+void oq_counter_add(oq_metric_t *c, uint64_t n);
+void oq_gauge_set(oq_metric_t *g, double v);
+void oq_gauge_add(oq_metric_t *g, double d);
+void oq_histogram_observe(oq_metric_t *h, double v);
+double oq_metric_value(const oq_metric_t *mt); /**< counter or gauge value (tests, stats) */
+
+/**
+ * @brief Render all metrics. @param out malloc()ed text (caller free()s).
+ * @returns 0 or OQ_ENOMEM.
+ */
+int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len);
+
+/**
+ * @brief Serve GET /metrics (and GET /healthz) for \p m on \p listen ("127.0.0.1:9100") with
+ *        libmicrohttpd in its own thread. @returns a handle for oq_metrics_serve_stop(), or
+ *        NULL (\p err filled).
+ */
+typedef struct oq_metrics_server oq_metrics_server_t;
+oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err);
+void oq_metrics_serve_stop(oq_metrics_server_t *s);
+
+/** @brief Parse "host:port" (IPv4 dotted or "localhost"); @returns 0 or OQ_EINVAL. */
+int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *err);
+
+#endif

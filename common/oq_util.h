@@ -1,0 +1,65 @@
+/**
+ * @file oq_util.h
+ * @brief Ids from a CSPRNG, time helpers, and named crash points for the chaos suite.
+ */
+#ifndef OQ_UTIL_H
+#define OQ_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+
+#define OQ_CALL_ID_LEN 18    /**< "c_" + 16 lowercase hex. */
+#define OQ_UUID_LEN 36       /**< 8-4-4-4-12. */
+
+/** @brief Fill \p n bytes from the OS CSPRNG (getrandom). Aborts only if the kernel refuses. */
+void oq_random_bytes(void *buf, size_t n);
+
+/** @brief Write a new call id ("c_" + 16 hex) into \p out (at least OQ_CALL_ID_LEN+1 bytes). */
+void oq_id_call(char out[OQ_CALL_ID_LEN + 1]);
+
+/**
+ * @brief Write a new message id: a UUIDv7 (time-ordered, 74 random bits), lowercase.
+ * Time ordering keeps inbox B-tree inserts local; uniqueness comes from the random bits.
+ */
+void oq_id_uuid(char out[OQ_UUID_LEN + 1]);
+
+/** @brief Wall-clock time, milliseconds since the Unix epoch. */
+int64_t oq_now_ms(void);
+
+/** @brief Monotonic time in microseconds (for durations, deadlines, latencies). */
+int64_t oq_mono_us(void);
+
+/** @brief Format unix ms as RFC 3339 UTC with milliseconds: "2026-11-30T02:23:24.123Z". */
+void oq_time_format(int64_t unix_ms, char out[32]);
+
+/** @brief Sleep for \p ms milliseconds (restarts after EINTR unless \p stop becomes non-zero). */
+void oq_sleep_ms(int64_t ms, volatile int *stop);
+
+/** @brief Lowercase hex of \p n bytes into \p out (2n+1 bytes). */
+void oq_hex(const unsigned char *in, size_t n, char *out);
+
+/**
+ * @brief Parse a duration such as "250ms", "30s", "5m", "24h", "1d" or a bare number of
+ *        milliseconds. @returns 0 or OQ_EINVAL.
+ */
+int oq_parse_duration_ms(const char *s, int64_t *out);
+
+/** @brief Parse a size such as "1048576", "64k", "1MiB", "5MB". @returns 0 or OQ_EINVAL. */
+int oq_parse_size(const char *s, int64_t *out);
+
+/* --- crash points ---------------------------------------------------------------------------
+ * OQ_CRASH_POINT("relay.after_delivery_before_mark") kills the process with SIGKILL when the
+ * environment variable ONCEQ_CRASH_AT names that point (a comma-separated list is allowed;
+ * "name@N" fires on the N-th time the point is reached). Always compiled in; when the variable
+ * is unset the cost is one predictable branch on a cached flag.
+ */
+extern int oq__crash_armed; /**< -1 unknown, 0 off, 1 armed. */
+void oq__crash_check(const char *point);
+#define OQ_CRASH_POINT(name)                                                                       \
+    do {                                                                                           \
+        if (oq__crash_armed != 0) oq__crash_check(name);                                           \
+    } while (0)
+
+#endif

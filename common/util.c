@@ -1,0 +1,179 @@
+/*
+ * Small shared helpers: CSPRNG ids, clocks, duration/size parsing and crash points.
+ *
+ * Ids come from getrandom(2), the kernel CSPRNG, which never blocks after boot. Message ids
+ * are UUIDv7 so that inbox primary-key inserts land near the end of the B-tree. Crash points
+ * read ONCEQ_CRASH_AT once and cache whether any point is armed, so a point that is off costs a
+ * single branch.
+ */
+#include "oq_util.h"
+#include "oq_log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+void oq_random_bytes(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t r = getrandom(p, n, 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            abort(); /* no entropy source: ids would not be unique, refuse to go on */
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+}
+
+void oq_hex(const unsigned char *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+void oq_id_call(char out[OQ_CALL_ID_LEN + 1])
+{
+    unsigned char b[8];
+    oq_random_bytes(b, sizeof(b));
+    out[0] = 'c';
+    out[1] = '_';
+    oq_hex(b, sizeof(b), out + 2);
+}
+
+void oq_id_uuid(char out[OQ_UUID_LEN + 1])
+{
+    unsigned char b[16];
+    uint64_t ms = (uint64_t)oq_now_ms();
+    oq_random_bytes(b + 6, 10);
+    for (int i = 0; i < 6; i++) b[i] = (unsigned char)(ms >> (40 - 8 * i));
+    b[6] = (unsigned char)(0x70 | (b[6] & 0x0f)); /* version 7 */
+    b[8] = (unsigned char)(0x80 | (b[8] & 0x3f)); /* RFC 4122 variant */
+    char hex[33];
+    oq_hex(b, 16, hex);
+    snprintf(out, OQ_UUID_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16,
+             hex + 20);
+}
+
+int64_t oq_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t oq_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void oq_time_format(int64_t unix_ms, char out[32])
+{
+    time_t s = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    snprintf(out, 32, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms % 1000));
+}
+
+void oq_sleep_ms(int64_t ms, volatile int *stop)
+{
+    if (ms <= 0) return;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        if (stop && *stop) return;
+}
+
+static int oq__parse_scaled(const char *s, int64_t *out, const struct {
+    const char *suffix;
+    int64_t mult;
+} *units, size_t nunits)
+{
+    if (!s || !*s) return OQ_EINVAL;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return OQ_EINVAL;
+    while (isspace((unsigned char)*end)) end++;
+    int64_t mult = -1;
+    if (*end == '\0') {
+        mult = 1;
+    } else {
+        for (size_t i = 0; i < nunits; i++)
+            if (strcasecmp(end, units[i].suffix) == 0) mult = units[i].mult;
+    }
+    if (mult < 0) return OQ_EINVAL;
+    double r = v * (double)mult;
+    if (r > 9.2e18) return OQ_EINVAL;
+    *out = (int64_t)r;
+    return 0;
+}
+
+int oq_parse_duration_ms(const char *s, int64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
+    return oq__parse_scaled(s, out, (const void *)units, sizeof(units) / sizeof(units[0]));
+}
+
+int oq_parse_size(const char *s, int64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {{"b", 1},           {"k", 1024},       {"kb", 1000},       {"kib", 1024},
+                 {"m", 1048576},     {"mb", 1000000},   {"mib", 1048576},   {"g", 1073741824},
+                 {"gb", 1000000000}, {"gib", 1073741824}};
+    return oq__parse_scaled(s, out, (const void *)units, sizeof(units) / sizeof(units[0]));
+}
+
+/* --- crash points -------------------------------------------------------------------------- */
+
+int oq__crash_armed = -1;
+static const char *oq__crash_spec;
+
+void oq__crash_check(const char *point)
+{
+    if (oq__crash_armed < 0) {
+        oq__crash_spec = getenv("ONCEQ_CRASH_AT");
+        oq__crash_armed = (oq__crash_spec && *oq__crash_spec) ? 1 : 0;
+        if (!oq__crash_armed) return;
+    }
+    /* spec: name[@N][,name[@N]...] */
+    size_t plen = strlen(point);
+    for (const char *p = oq__crash_spec; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *at = memchr(p, '@', len);
+        size_t nlen = at ? (size_t)(at - p) : len;
+        if (nlen == plen && memcmp(p, point, plen) == 0) {
+            long nth = at ? strtol(at + 1, NULL, 10) : 1;
+            static _Atomic long hits;
+            long h = atomic_fetch_add(&hits, 1) + 1;
+            if (h >= nth) {
+                oq_log_write(OQ_LOG_WARN, "crash", NULL, "crash point %s reached (hit %ld): SIGKILL",
+                             point, h);
+                kill(getpid(), SIGKILL);
+                _exit(137);
+            }
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+}
