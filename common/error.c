@@ -40,6 +40,10 @@ void oq_error_clear(oq_error_t *err)
     if (err) memset(err, 0, sizeof(*err));
 }
 
+/* The format attribute lets clang check callers (-Wformat-nonliteral under -Wformat=2). */
+static int oq__error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
+                          va_list ap) __attribute__((format(printf, 5, 0)));
+
 static int oq__error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
                           va_list ap)
 {

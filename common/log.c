@@ -69,8 +69,11 @@ static void oq__log_emit(oq_log_level_t level, const char *component, const char
     char tbuf[40];
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    snprintf(tbuf, sizeof(tbuf), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    /* Moduli make the field widths provable for -Wformat-truncation. */
+    snprintf(tbuf, sizeof(tbuf), "%04u-%02u-%02uT%02u:%02u:%02u.%03uZ",
+             (unsigned)(tm.tm_year + 1900) % 10000u, (unsigned)(tm.tm_mon + 1) % 100u,
+             (unsigned)tm.tm_mday % 100u, (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u,
+             (unsigned)tm.tm_sec % 100u, (unsigned)(ts.tv_nsec / 1000000) % 1000u);
     const char *lvl = oq__level_names[level < OQ_LOG_OFF ? level : OQ_LOG_ERROR];
     if (oq__log_format == OQ_LOG_FMT_JSON) {
         pos = (size_t)snprintf(line, sizeof(line),

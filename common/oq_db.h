@@ -15,6 +15,7 @@
 #define OQ_DB_H
 
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "oq_error.h"
@@ -53,6 +54,13 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
  *          OQ_EDB on SQL failure (nothing applied).
  */
 int oq_db_migrate(sqlite3 *db, const char *const *set, oq_error_t *err);
+
+/**
+ * @brief As oq_db_migrate() with the SQL texts given directly (NULL-terminated, borrowed).
+ *        oq_db_migrate() resolves its names with oq_sql_file() and calls this; tests use it
+ *        to run ad-hoc sets. @returns as oq_db_migrate().
+ */
+int oq_db_migrate_sql(sqlite3 *db, const char *const *sql_texts, oq_error_t *err);
 
 /** @brief Current PRAGMA user_version, or a negative OQ_E* code. */
 int oq_db_user_version(sqlite3 *db);

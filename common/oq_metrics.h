@@ -43,6 +43,15 @@ void oq_histogram_observe(oq_metric_t *h, double v);
 double oq_metric_value(const oq_metric_t *mt); /**< counter or gauge value (tests, stats) */
 
 /**
+ * @brief Callback run under the registry lock before every render (e.g. to refresh a
+ *        "rows pending" gauge from the database only when scraped). It may update metrics but
+ *        must not register new ones or render.
+ */
+typedef void oq_metrics_collect_cb_t(oq_metrics_t *m, void *arg);
+/** @brief Install (or with NULL remove) the collect callback; \p arg is borrowed. */
+void oq_metrics_set_collect_cb(oq_metrics_t *m, oq_metrics_collect_cb_t *cb, void *arg);
+
+/**
  * @brief Render all metrics. @param out malloc()ed text (caller free()s).
  * @returns 0 or OQ_ENOMEM.
  */
@@ -55,9 +64,15 @@ int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len);
  */
 typedef struct oq_metrics_server oq_metrics_server_t;
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err);
+/** @brief Stop the server and free it; accepts NULL. The registry stays with the caller. */
 void oq_metrics_serve_stop(oq_metrics_server_t *s);
+/** @brief The bound TCP port (useful after listening on port 0), or -1 for NULL. */
+int oq_metrics_server_port(const oq_metrics_server_t *s);
 
-/** @brief Parse "host:port" (IPv4 dotted or "localhost"); @returns 0 or OQ_EINVAL. */
+/**
+ * @brief Parse "host:port" (IPv4 dotted or "localhost", which becomes 127.0.0.1; an empty
+ *        host or a bare "port" also means 127.0.0.1). @returns 0 or OQ_EINVAL.
+ */
 int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *err);
 
 #endif

@@ -87,8 +87,18 @@ void oq_time_format(int64_t unix_ms, char out[32])
     time_t s = (time_t)(unix_ms / 1000);
     struct tm tm;
     gmtime_r(&s, &tm);
-    snprintf(out, 32, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms % 1000));
+    /* Before 1970 the remainder is negative: borrow one second. The moduli below only make
+     * every field's width provable for -Wformat-truncation. */
+    int64_t ms = unix_ms % 1000;
+    if (ms < 0) {
+        ms += 1000;
+        s -= 1;
+        gmtime_r(&s, &tm);
+    }
+    snprintf(out, 32, "%04u-%02u-%02uT%02u:%02u:%02u.%03uZ", (unsigned)(tm.tm_year + 1900) % 10000u,
+             (unsigned)(tm.tm_mon + 1) % 100u, (unsigned)tm.tm_mday % 100u,
+             (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u, (unsigned)tm.tm_sec % 100u,
+             (unsigned)ms % 1000u);
 }
 
 void oq_sleep_ms(int64_t ms, volatile int *stop)
@@ -99,16 +109,23 @@ void oq_sleep_ms(int64_t ms, volatile int *stop)
         if (stop && *stop) return;
 }
 
-static int oq__parse_scaled(const char *s, int64_t *out, const struct {
+typedef struct {
     const char *suffix;
     int64_t mult;
-} *units, size_t nunits)
+} oq__unit_t;
+
+/* A non-negative decimal number ("1", "1.5", ".5") optionally followed by one of \p units.
+ * Only plain decimals are accepted: strtod alone would also take "nan", "inf", hex and
+ * exponents, and NaN would then be converted to an integer (undefined behaviour). */
+static int oq__parse_scaled(const char *s, int64_t *out, const oq__unit_t *units, size_t nunits)
 {
     if (!s || !*s) return OQ_EINVAL;
+    size_t span = strspn(s, "0123456789.");
+    if (span == 0 || (s[0] == '.' && !isdigit((unsigned char)s[1]))) return OQ_EINVAL;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return OQ_EINVAL;
+    if (errno || end != s + span || !(v >= 0)) return OQ_EINVAL;
     while (isspace((unsigned char)*end)) end++;
     int64_t mult = -1;
     if (*end == '\0') {
@@ -119,29 +136,25 @@ static int oq__parse_scaled(const char *s, int64_t *out, const struct {
     }
     if (mult < 0) return OQ_EINVAL;
     double r = v * (double)mult;
-    if (r > 9.2e18) return OQ_EINVAL;
+    if (!(r <= 9.2e18)) return OQ_EINVAL;
     *out = (int64_t)r;
     return 0;
 }
 
 int oq_parse_duration_ms(const char *s, int64_t *out)
 {
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
-    return oq__parse_scaled(s, out, (const void *)units, sizeof(units) / sizeof(units[0]));
+    static const oq__unit_t units[] = {
+        {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
+    return oq__parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
 }
 
 int oq_parse_size(const char *s, int64_t *out)
 {
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {{"b", 1},           {"k", 1024},       {"kb", 1000},       {"kib", 1024},
-                 {"m", 1048576},     {"mb", 1000000},   {"mib", 1048576},   {"g", 1073741824},
-                 {"gb", 1000000000}, {"gib", 1073741824}};
-    return oq__parse_scaled(s, out, (const void *)units, sizeof(units) / sizeof(units[0]));
+    static const oq__unit_t units[] = {
+        {"b", 1},           {"k", 1024},       {"kb", 1000},       {"kib", 1024},
+        {"m", 1048576},     {"mb", 1000000},   {"mib", 1048576},   {"g", 1073741824},
+        {"gb", 1000000000}, {"gib", 1073741824}};
+    return oq__parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
 }
 
 /* --- crash points -------------------------------------------------------------------------- */
@@ -156,17 +169,18 @@ void oq__crash_check(const char *point)
         oq__crash_armed = (oq__crash_spec && *oq__crash_spec) ? 1 : 0;
         if (!oq__crash_armed) return;
     }
-    /* spec: name[@N][,name[@N]...] */
+    /* spec: name[@N][,name[@N]...]; each entry counts its own hits */
+    static _Atomic long hits[32];
     size_t plen = strlen(point);
-    for (const char *p = oq__crash_spec; p && *p;) {
+    size_t entry = 0;
+    for (const char *p = oq__crash_spec; p && *p; entry++) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         const char *at = memchr(p, '@', len);
         size_t nlen = at ? (size_t)(at - p) : len;
         if (nlen == plen && memcmp(p, point, plen) == 0) {
             long nth = at ? strtol(at + 1, NULL, 10) : 1;
-            static _Atomic long hits;
-            long h = atomic_fetch_add(&hits, 1) + 1;
+            long h = atomic_fetch_add(&hits[entry < 32 ? entry : 31], 1) + 1;
             if (h >= nth) {
                 oq_log_write(OQ_LOG_WARN, "crash", NULL, "crash point %s reached (hit %ld): SIGKILL",
                              point, h);

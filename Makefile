@@ -1,0 +1,33 @@
+# Convenience targets over CMake. The README's commands are ./quickstart and ./quickstart test.
+BUILD ?= build
+JOBS ?= 2
+
+.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos clean format
+all: build
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -LE 'fuzz|long'
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L unit
+test-asan:
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DONCEQ_SANITIZE=ON >/dev/null
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && ctest --output-on-failure -j 2 -L unit
+test-valgrind: build
+	for t in $(BUILD)/test_*; do echo "== $$t"; ONCEQ_TESTDATA=$(CURDIR)/tests/data \
+	  valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 $$t \
+	  || exit 1; done
+fuzz:
+	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DONCEQ_FUZZ=ON >/dev/null
+	cmake --build $(BUILD)-fuzz -j $(JOBS)
+	cd $(BUILD)-fuzz && ctest --output-on-failure -L fuzz
+chaos: build
+	cd $(BUILD) && ctest --output-on-failure -L 'chaos|long'
+bench: build
+	bash bench/run.sh $(BUILD)/onceq
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+format:
+	clang-format -i common/*.[ch] producer/*.[ch] relay/*.[ch] consumer/*.[ch] chaos/*.[ch] main/*.[ch]

@@ -1,0 +1,418 @@
+/*
+ * SQLite helpers shared by every onceq database (calls.db, effects.db).
+ *
+ * Durability: every read-write connection runs in WAL mode (verified, not assumed: a database
+ * on a file system without shared memory support silently stays in "delete" mode, which we
+ * refuse) with synchronous=FULL unless the caller asks for less. Connections are opened with
+ * SQLITE_OPEN_NOMUTEX: each one is used by one thread at a time, so SQLite's own mutex is pure
+ * overhead.
+ *
+ * Migrations: the schema/ files are compiled into the binary (cmake/embed_sql.cmake produces
+ * oq_sql_files[]); a migration set names them in order and PRAGMA user_version counts how many
+ * are applied. The missing tail is applied inside one BEGIN IMMEDIATE transaction, and
+ * user_version is re-read after the lock is held, so two processes migrating the same file at
+ * once apply each script exactly once. A database with a higher user_version than the set
+ * was written by a newer binary and is refused untouched.
+ *
+ * Statement cache: keyed by the address of the SQL text (callers pass string literals), an
+ * open-addressing table with linear probing that doubles when half full. Statements are
+ * prepared with SQLITE_PREPARE_PERSISTENT and handed out reset with their bindings cleared.
+ */
+#include "oq_db.h"
+#include "oq_log.h"
+#include "oq_util.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* --- errors ------------------------------------------------------------------------------- */
+
+int oq_db_error(sqlite3 *db, int rc, oq_error_t *err, const char *what)
+{
+    int primary = rc & 0xff;
+    const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
+        return oq_error_set_retriable(err, OQ_EBUSY, rc, 1, "%s: %s", what ? what : "sqlite", msg);
+    return oq_error_set(err, OQ_EDB, rc, "%s: %s", what ? what : "sqlite", msg);
+}
+
+/* --- open --------------------------------------------------------------------------------- */
+
+/* Runs a PRAGMA that returns one text row and copies the first column into \p out. */
+static int oq__db_pragma_text(sqlite3 *db, const char *sql, char *out, size_t cap, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, sql);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        snprintf(out, cap, "%s", t ? (const char *)t : "");
+        rc = 0;
+    } else if (rc == SQLITE_DONE) {
+        out[0] = '\0';
+        rc = 0;
+    } else {
+        rc = oq_db_error(db, rc, err, sql);
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_error_t *err)
+{
+    static const char *const levels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
+    const char *sync = (opts && opts->synchronous) ? opts->synchronous : "FULL";
+    int busy_ms = (opts && opts->busy_timeout_ms > 0) ? opts->busy_timeout_ms : 5000;
+    int readonly = opts ? opts->readonly : 0;
+    sqlite3 *db = NULL;
+    int rc;
+    char buf[64];
+
+    *out = NULL;
+    const char *level = NULL;
+    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+        if (strcasecmp(sync, levels[i]) == 0) level = levels[i];
+    if (!level)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "database %s: synchronous must be full, normal, extra or off, got '%s'",
+                            path, sync);
+
+    int flags = SQLITE_OPEN_NOMUTEX |
+                (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    rc = sqlite3_open_v2(path, &db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        int code = (rc & 0xff) == SQLITE_CANTOPEN ? OQ_EIO : OQ_EDB;
+        oq_error_set(err, code, rc, "cannot open database %s: %s", path,
+                     db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        rc = code;
+        goto fail;
+    }
+    sqlite3_extended_result_codes(db, 1);
+    sqlite3_busy_timeout(db, busy_ms);
+
+    if (readonly) {
+        rc = oq__db_pragma_text(db, "PRAGMA journal_mode", buf, sizeof(buf), err);
+    } else {
+        /* WAL is persistent: usually the file is in WAL already and nothing needs a lock.
+         * Switching a fresh file needs an exclusive lock and SQLite reports a conflict with
+         * another connection doing the same as an immediate SQLITE_BUSY, without its busy
+         * handler, so retry that for up to the busy timeout (processes often start together
+         * on a new database). */
+        int64_t deadline = oq_mono_us() + (int64_t)busy_ms * 1000, nap = 1;
+        rc = oq__db_pragma_text(db, "PRAGMA journal_mode", buf, sizeof(buf), err);
+        while (rc == 0 && strcasecmp(buf, "wal") != 0) {
+            rc = oq__db_pragma_text(db, "PRAGMA journal_mode=WAL", buf, sizeof(buf), err);
+            if (rc == 0 || rc != OQ_EBUSY || oq_mono_us() >= deadline) break;
+            oq_sleep_ms(nap, NULL);
+            if (nap < 32) nap *= 2;
+            rc = 0;
+            buf[0] = '\0';
+        }
+        if (rc == 0 && strcasecmp(buf, "wal") != 0)
+            rc = oq_error_set(err, OQ_EDB, 0,
+                              "database %s: cannot enable WAL (journal_mode is '%s')", path, buf);
+    }
+    if (rc != 0) goto prefix_fail;
+
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA synchronous=%s", level);
+    rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "PRAGMA foreign_keys=ON", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        rc = oq_db_error(db, rc, err, "configure");
+        goto prefix_fail;
+    }
+    *out = db;
+    return 0;
+
+prefix_fail:
+    if (err && strncmp(err->msg, "database ", 9) != 0) {
+        char tmp[sizeof(err->msg)];
+        snprintf(tmp, sizeof(tmp), "%s", err->msg);
+        oq_error_set_retriable(err, err->code, err->cause, err->retriable, "database %s: %s", path,
+                               tmp);
+    }
+fail:
+    sqlite3_close_v2(db);
+    return rc;
+}
+
+/* --- migrations --------------------------------------------------------------------------- */
+
+const char *oq_sql_file(const char *name)
+{
+    if (!name) return NULL;
+    for (const oq_sql_file_t *f = oq_sql_files; f->name; f++)
+        if (strcmp(f->name, name) == 0) return f->sql;
+    return NULL;
+}
+
+int oq_db_user_version(sqlite3 *db)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, NULL, "user_version");
+    rc = sqlite3_step(st);
+    int v =
+        rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : oq_db_error(db, rc, NULL, "user_version");
+    sqlite3_finalize(st);
+    return v;
+}
+
+int oq_db_migrate_sql(sqlite3 *db, const char *const *sql_texts, oq_error_t *err)
+{
+    int n = 0, v, rc;
+    while (sql_texts[n])
+        n++;
+
+    v = oq_db_user_version(db);
+    if (v < 0) return oq_db_error(db, sqlite3_errcode(db), err, "read user_version");
+    if (v > n) goto newer;
+    if (v == n) return 0;
+
+    rc = oq_db_begin_immediate(db, 30000, err);
+    if (rc != 0) return rc;
+    v = oq_db_user_version(db); /* another process may have migrated while we waited */
+    if (v < 0) {
+        rc = oq_db_error(db, sqlite3_errcode(db), err, "read user_version");
+        goto out;
+    }
+    if (v > n) {
+        oq_db_rollback(db);
+        goto newer;
+    }
+    for (int i = v; i < n; i++) {
+        char *emsg = NULL;
+        rc = sqlite3_exec(db, sql_texts[i], NULL, NULL, &emsg);
+        if (rc != SQLITE_OK) {
+            int primary = rc & 0xff;
+            oq_error_set_retriable(err, primary == SQLITE_BUSY ? OQ_EBUSY : OQ_EDB, rc,
+                                   primary == SQLITE_BUSY, "migration %d of %d failed: %s", i + 1,
+                                   n, emsg ? emsg : sqlite3_errstr(rc));
+            rc = primary == SQLITE_BUSY ? OQ_EBUSY : OQ_EDB;
+            sqlite3_free(emsg);
+            goto out;
+        }
+    }
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA user_version=%d", n);
+    rc = oq_db_exec(db, sql, err);
+    if (rc == 0) rc = oq_db_commit(db, err);
+    if (rc == 0) OQ_LOG_INFO("db", "migrated schema from version %d to %d", v, n);
+out:
+    if (rc != 0) oq_db_rollback(db);
+    return rc;
+newer:
+    return oq_error_set(err, OQ_EVERSION, 0,
+                        "database schema version %d is newer than this binary (%d); upgrade onceq",
+                        v, n);
+}
+
+int oq_db_migrate(sqlite3 *db, const char *const *set, oq_error_t *err)
+{
+    size_t n = 0;
+    while (set[n])
+        n++;
+    const char **texts = calloc(n + 1, sizeof(*texts));
+    if (!texts) return oq_error_set(err, OQ_ENOMEM, 0, "migrate: out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        texts[i] = oq_sql_file(set[i]);
+        if (!texts[i]) {
+            rc = oq_error_set(err, OQ_EINVAL, 0, "migration %s is not embedded in this binary",
+                              set[i]);
+            goto out;
+        }
+    }
+    rc = oq_db_migrate_sql(db, texts, err);
+out:
+    free(texts);
+    return rc;
+}
+
+/* --- transactions ------------------------------------------------------------------------- */
+
+int oq_db_exec(sqlite3 *db, const char *sql, oq_error_t *err)
+{
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK) return 0;
+    char what[80];
+    snprintf(what, sizeof(what), "%.60s%s", sql, strlen(sql) > 60 ? "..." : "");
+    return oq_db_error(db, rc, err, what);
+}
+
+int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
+{
+    int64_t deadline = oq_mono_us() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000;
+    int64_t sleep_ms = 1;
+    for (;;) {
+        int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc == SQLITE_OK) return 0;
+        int primary = rc & 0xff;
+        if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || oq_mono_us() >= deadline)
+            return oq_db_error(db, rc, err, "BEGIN IMMEDIATE");
+        oq_sleep_ms(sleep_ms, NULL);
+        if (sleep_ms < 16) sleep_ms *= 2;
+    }
+}
+
+int oq_db_commit(sqlite3 *db, oq_error_t *err)
+{
+    int rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    return rc == SQLITE_OK ? 0 : oq_db_error(db, rc, err, "COMMIT");
+}
+
+void oq_db_rollback(sqlite3 *db)
+{
+    if (!db || sqlite3_get_autocommit(db)) return;
+    int rc = sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) OQ_LOG_WARN("db", "ROLLBACK failed: %s", sqlite3_errmsg(db));
+}
+
+/* --- statement cache ---------------------------------------------------------------------- */
+
+typedef struct {
+    const char *sql;
+    sqlite3_stmt *stmt;
+} oq__stmt_slot_t;
+
+struct oq_stmt_cache {
+    sqlite3 *db;
+    oq__stmt_slot_t *slots;
+    size_t cap; /* power of two */
+    size_t used;
+};
+
+static size_t oq__ptr_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+oq_stmt_cache_t *oq_stmt_cache_new(sqlite3 *db)
+{
+    oq_stmt_cache_t *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->db = db;
+    c->cap = 32;
+    c->slots = calloc(c->cap, sizeof(*c->slots));
+    if (!c->slots) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void oq_stmt_cache_destroy(oq_stmt_cache_t *c)
+{
+    if (!c) return;
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->slots[i].stmt) sqlite3_finalize(c->slots[i].stmt);
+    free(c->slots);
+    free(c);
+}
+
+static oq__stmt_slot_t *oq__stmt_find(oq__stmt_slot_t *slots, size_t cap, const char *sql)
+{
+    size_t i = oq__ptr_hash(sql) & (cap - 1);
+    while (slots[i].sql && slots[i].sql != sql)
+        i = (i + 1) & (cap - 1);
+    return &slots[i];
+}
+
+static int oq__stmt_grow(oq_stmt_cache_t *c)
+{
+    size_t ncap = c->cap * 2;
+    oq__stmt_slot_t *ns = calloc(ncap, sizeof(*ns));
+    if (!ns) return OQ_ENOMEM;
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->slots[i].sql) *oq__stmt_find(ns, ncap, c->slots[i].sql) = c->slots[i];
+    free(c->slots);
+    c->slots = ns;
+    c->cap = ncap;
+    return 0;
+}
+
+sqlite3_stmt *oq_stmt_get(oq_stmt_cache_t *c, const char *sql, oq_error_t *err)
+{
+    oq__stmt_slot_t *s = oq__stmt_find(c->slots, c->cap, sql);
+    if (s->sql) {
+        sqlite3_reset(s->stmt);
+        sqlite3_clear_bindings(s->stmt);
+        return s->stmt;
+    }
+    if ((c->used + 1) * 2 > c->cap) {
+        if (oq__stmt_grow(c) != 0) {
+            oq_error_set(err, OQ_ENOMEM, 0, "statement cache: out of memory");
+            return NULL;
+        }
+        s = oq__stmt_find(c->slots, c->cap, sql);
+    }
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL);
+    if (rc != SQLITE_OK) {
+        char what[96];
+        snprintf(what, sizeof(what), "prepare '%.60s%s'", sql, strlen(sql) > 60 ? "..." : "");
+        oq_db_error(c->db, rc, err, what);
+        sqlite3_finalize(st);
+        return NULL;
+    }
+    s->sql = sql;
+    s->stmt = st;
+    c->used++;
+    return st;
+}
+
+/* --- outbox ------------------------------------------------------------------------------- */
+
+static const char oq__outbox_insert_sql[] =
+    "INSERT INTO outbox(message_id, topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+int oq_outbox_append(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
+                     oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if (!row || !row->message_id || !row->topic || !row->key || !row->payload)
+        return oq_error_set(err, OQ_EINVAL, 0, "outbox append: missing field");
+    if (cache) {
+        st = oq_stmt_get(cache, oq__outbox_insert_sql, err);
+        if (!st) return err ? err->code : OQ_EDB;
+    } else {
+        rc = sqlite3_prepare_v2(db, oq__outbox_insert_sql, -1, &st, NULL);
+        if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "outbox append: prepare");
+    }
+    /* The payload is JSON: bound as text so SQLite's json functions work on it in ad-hoc
+     * queries; readers use sqlite3_column_blob/bytes, which return the same bytes. */
+    if ((rc = sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC)) != SQLITE_OK ||
+        (rc = sqlite3_bind_text(st, 2, row->topic, -1, SQLITE_STATIC)) != SQLITE_OK ||
+        (rc = sqlite3_bind_text(st, 3, row->key, -1, SQLITE_STATIC)) != SQLITE_OK ||
+        (rc = sqlite3_bind_text64(st, 4, row->payload, (sqlite3_uint64)row->payload_len,
+                                  SQLITE_STATIC, SQLITE_UTF8)) != SQLITE_OK ||
+        (rc = sqlite3_bind_int64(st, 5, row->created_at)) != SQLITE_OK) {
+        rc = oq_db_error(db, rc, err, "outbox append: bind");
+        goto out;
+    }
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        rc = 0;
+    } else {
+        char what[96];
+        snprintf(what, sizeof(what), "outbox append %.40s", row->message_id);
+        rc = oq_db_error(db, rc, err, what);
+    }
+out:
+    if (cache) {
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+    } else {
+        sqlite3_finalize(st);
+    }
+    return rc;
+}

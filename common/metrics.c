@@ -1,0 +1,537 @@
+/*
+ * Metrics registry and Prometheus text exposition (format 0.0.4).
+ *
+ * Registration takes the registry mutex and appends to a list; updates never lock. Counters
+ * are atomic uint64 adds; gauges and histogram sums are doubles kept as uint64 bit patterns
+ * and updated with compare-and-swap, because C11 has no portable atomic double add. A
+ * histogram keeps one non-cumulative count per bucket (plus +Inf); the renderer accumulates
+ * them and derives _count from the same snapshot, so `le="+Inf"` always equals `_count` even
+ * while other threads observe. Registering the same name and labels again returns the
+ * existing metric (so components can register lazily), a different type under one name is a
+ * clash (NULL).
+ *
+ * The renderer groups samples by family name in order of first registration: one # HELP and
+ * # TYPE per family, then every label set. An optional collect callback runs first, under the
+ * registry mutex, so daemons can refresh expensive gauges (rows pending, lag) only when
+ * scraped.
+ *
+ * oq_metrics_serve() runs libmicrohttpd with its own polling thread bound to one address
+ * (127.0.0.1 unless the user asks otherwise): GET /metrics and GET /healthz, 404 for
+ * anything else.
+ */
+#include "oq_metrics.h"
+#include "oq_log.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { OQ__COUNTER, OQ__GAUGE, OQ__HISTOGRAM } oq__mtype_t;
+
+struct oq_metric {
+    char *name;
+    char *help;
+    char *labels; /* NULL or `k="v",...` */
+    oq__mtype_t type;
+    _Atomic uint64_t value; /* counter: count; gauge: double bits */
+    size_t nb;              /* histogram bounds (excluding +Inf) */
+    double *bounds;
+    _Atomic uint64_t *buckets; /* nb + 1, non-cumulative */
+    _Atomic uint64_t sum;      /* double bits */
+    struct oq_metric *next;
+};
+
+struct oq_metrics {
+    pthread_mutex_t mu;
+    oq_metric_t *head, *tail;
+    oq_metrics_collect_cb_t *collect;
+    void *collect_arg;
+};
+
+static uint64_t oq__d2u(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof(u));
+    return u;
+}
+
+static double oq__u2d(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, sizeof(d));
+    return d;
+}
+
+static void oq__atomic_add_double(_Atomic uint64_t *a, double d)
+{
+    uint64_t old = atomic_load_explicit(a, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(a, &old, oq__d2u(oq__u2d(old) + d),
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/* --- registry ----------------------------------------------------------------------------- */
+
+oq_metrics_t *oq_metrics_new(void)
+{
+    oq_metrics_t *m = calloc(1, sizeof(*m));
+    if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+static void oq__metric_free(oq_metric_t *mt)
+{
+    if (!mt) return;
+    free(mt->name);
+    free(mt->help);
+    free(mt->labels);
+    free(mt->bounds);
+    free((void *)mt->buckets);
+    free(mt);
+}
+
+void oq_metrics_destroy(oq_metrics_t *m)
+{
+    if (!m) return;
+    for (oq_metric_t *mt = m->head, *next; mt; mt = next) {
+        next = mt->next;
+        oq__metric_free(mt);
+    }
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void oq_metrics_set_collect_cb(oq_metrics_t *m, oq_metrics_collect_cb_t *cb, void *arg)
+{
+    pthread_mutex_lock(&m->mu);
+    m->collect = cb;
+    m->collect_arg = arg;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static int oq__valid_name(const char *s)
+{
+    if (!s || !*s) return 0;
+    for (const char *p = s; *p; p++) {
+        char ch = *p;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' || ch == ':' ||
+                 (p != s && ch >= '0' && ch <= '9');
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static int oq__same_labels(const char *a, const char *b)
+{
+    if (!a || !*a) return !b || !*b;
+    return b && strcmp(a, b) == 0;
+}
+
+static oq_metric_t *oq__register(oq_metrics_t *m, oq__mtype_t type, const char *name,
+                                 const char *help, const char *labels, const double *bounds,
+                                 size_t nb)
+{
+    if (!m || !oq__valid_name(name)) {
+        OQ_LOG_ERROR("metrics", "invalid metric name '%s'", name ? name : "(null)");
+        return NULL;
+    }
+    oq_metric_t *res = NULL;
+    pthread_mutex_lock(&m->mu);
+    for (oq_metric_t *mt = m->head; mt; mt = mt->next) {
+        if (strcmp(mt->name, name) != 0) continue;
+        if (mt->type != type) {
+            OQ_LOG_ERROR("metrics", "metric %s registered twice with different types", name);
+            goto out;
+        }
+        if (oq__same_labels(mt->labels, labels)) {
+            res = mt;
+            goto out;
+        }
+    }
+    oq_metric_t *mt = calloc(1, sizeof(*mt));
+    if (!mt) goto out;
+    mt->type = type;
+    mt->name = strdup(name);
+    mt->help = strdup(help ? help : "");
+    mt->labels = (labels && *labels) ? strdup(labels) : NULL;
+    if (!mt->name || !mt->help || (labels && *labels && !mt->labels)) goto fail;
+    if (type == OQ__HISTOGRAM) {
+        for (size_t i = 1; i < nb; i++)
+            if (!(bounds[i] > bounds[i - 1])) {
+                OQ_LOG_ERROR("metrics", "histogram %s: bounds must be ascending", name);
+                goto fail;
+            }
+        mt->nb = nb;
+        mt->bounds = malloc((nb ? nb : 1) * sizeof(double));
+        mt->buckets = calloc(nb + 1, sizeof(*mt->buckets));
+        if (!mt->bounds || !mt->buckets) goto fail;
+        if (nb) memcpy(mt->bounds, bounds, nb * sizeof(double));
+    }
+    if (m->tail)
+        m->tail->next = mt;
+    else
+        m->head = mt;
+    m->tail = mt;
+    res = mt;
+    goto out;
+fail:
+    oq__metric_free(mt);
+out:
+    pthread_mutex_unlock(&m->mu);
+    return res;
+}
+
+oq_metric_t *oq_metrics_counter(oq_metrics_t *m, const char *name, const char *help,
+                                const char *labels)
+{
+    return oq__register(m, OQ__COUNTER, name, help, labels, NULL, 0);
+}
+
+oq_metric_t *oq_metrics_gauge(oq_metrics_t *m, const char *name, const char *help,
+                              const char *labels)
+{
+    return oq__register(m, OQ__GAUGE, name, help, labels, NULL, 0);
+}
+
+oq_metric_t *oq_metrics_histogram(oq_metrics_t *m, const char *name, const char *help,
+                                  const char *labels, const double *bounds, size_t n)
+{
+    if (n && !bounds) return NULL;
+    return oq__register(m, OQ__HISTOGRAM, name, help, labels, bounds, n);
+}
+
+/* --- updates ------------------------------------------------------------------------------ */
+
+void oq_counter_add(oq_metric_t *c, uint64_t n)
+{
+    if (c && c->type == OQ__COUNTER) atomic_fetch_add_explicit(&c->value, n, memory_order_relaxed);
+}
+
+void oq_gauge_set(oq_metric_t *g, double v)
+{
+    if (g && g->type == OQ__GAUGE)
+        atomic_store_explicit(&g->value, oq__d2u(v), memory_order_relaxed);
+}
+
+void oq_gauge_add(oq_metric_t *g, double d)
+{
+    if (g && g->type == OQ__GAUGE) oq__atomic_add_double(&g->value, d);
+}
+
+void oq_histogram_observe(oq_metric_t *h, double v)
+{
+    if (!h || h->type != OQ__HISTOGRAM || isnan(v)) return;
+    size_t i = 0;
+    while (i < h->nb && v > h->bounds[i])
+        i++; /* few buckets: a scan beats bsearch */
+    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+    oq__atomic_add_double(&h->sum, v);
+}
+
+double oq_metric_value(const oq_metric_t *mt)
+{
+    if (!mt) return 0;
+    uint64_t u = atomic_load_explicit(&((oq_metric_t *)mt)->value, memory_order_relaxed);
+    if (mt->type == OQ__COUNTER) return (double)u;
+    if (mt->type == OQ__GAUGE) return oq__u2d(u);
+    uint64_t n = 0;
+    for (size_t i = 0; i <= mt->nb; i++)
+        n += atomic_load_explicit(&((oq_metric_t *)mt)->buckets[i], memory_order_relaxed);
+    return (double)n;
+}
+
+/* --- rendering ---------------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int oom;
+} oq__sb_t;
+
+static void oq__sb_printf(oq__sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void oq__sb_printf(oq__sb_t *sb, const char *fmt, ...)
+{
+    if (sb->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(sb->buf + sb->len, sb->cap - sb->len, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            sb->oom = 1;
+            return;
+        }
+        if ((size_t)w < sb->cap - sb->len) {
+            sb->len += (size_t)w;
+            return;
+        }
+        size_t ncap = sb->cap * 2;
+        while (ncap - sb->len <= (size_t)w)
+            ncap *= 2;
+        char *nb = realloc(sb->buf, ncap);
+        if (!nb) {
+            sb->oom = 1;
+            return;
+        }
+        sb->buf = nb;
+        sb->cap = ncap;
+    }
+}
+
+/* Prometheus number: integers without exponent or fraction, otherwise the shortest %g form
+ * that reads back exactly; NaN and infinities spelled as the format wants. */
+static void oq__fmt_num(double v, char out[40])
+{
+    if (isnan(v)) {
+        strcpy(out, "NaN");
+    } else if (isinf(v)) {
+        strcpy(out, v > 0 ? "+Inf" : "-Inf");
+    } else if (v == floor(v) && fabs(v) < 9.0e15) {
+        snprintf(out, 40, "%.0f", v == 0 ? 0.0 : v);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(out, 40, "%.*g", prec, v);
+            if (strtod(out, NULL) == v) break;
+        }
+    }
+}
+
+static void oq__sb_escaped_help(oq__sb_t *sb, const char *s)
+{
+    if (!strpbrk(s, "\\\n")) {
+        oq__sb_printf(sb, "%s", s);
+        return;
+    }
+    for (; *s; s++) {
+        if (*s == '\\')
+            oq__sb_printf(sb, "\\\\");
+        else if (*s == '\n')
+            oq__sb_printf(sb, "\\n");
+        else
+            oq__sb_printf(sb, "%c", *s);
+    }
+}
+
+static void oq__render_metric(oq__sb_t *sb, oq_metric_t *mt)
+{
+    char num[40];
+    const char *lb = mt->labels ? mt->labels : "";
+    const char *open = mt->labels ? "{" : "", *close = mt->labels ? "}" : "";
+    uint64_t u = atomic_load_explicit(&mt->value, memory_order_relaxed);
+    if (mt->type == OQ__COUNTER) {
+        oq__sb_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
+        return;
+    }
+    if (mt->type == OQ__GAUGE) {
+        oq__fmt_num(oq__u2d(u), num);
+        oq__sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
+        return;
+    }
+    uint64_t cum = 0;
+    const char *sep = mt->labels ? "," : "";
+    for (size_t i = 0; i <= mt->nb; i++) {
+        cum += atomic_load_explicit(&mt->buckets[i], memory_order_relaxed);
+        if (i < mt->nb)
+            oq__fmt_num(mt->bounds[i], num);
+        else
+            strcpy(num, "+Inf");
+        oq__sb_printf(sb, "%s_bucket{%s%sle=\"%s\"} %llu\n", mt->name, lb, sep, num,
+                      (unsigned long long)cum);
+    }
+    oq__fmt_num(oq__u2d(atomic_load_explicit(&mt->sum, memory_order_relaxed)), num);
+    oq__sb_printf(sb, "%s_sum%s%s%s %s\n", mt->name, open, lb, close, num);
+    oq__sb_printf(sb, "%s_count%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)cum);
+}
+
+int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
+{
+    static const char *const tnames[] = {"counter", "gauge", "histogram"};
+    oq__sb_t sb = {.buf = malloc(4096), .cap = 4096};
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (!sb.buf) return OQ_ENOMEM;
+    sb.buf[0] = '\0';
+    pthread_mutex_lock(&m->mu);
+    if (m->collect) m->collect(m, m->collect_arg);
+    for (oq_metric_t *fam = m->head; fam; fam = fam->next) {
+        /* Skip names already rendered with an earlier family head. */
+        int seen = 0;
+        for (oq_metric_t *p = m->head; p != fam; p = p->next)
+            if (strcmp(p->name, fam->name) == 0) {
+                seen = 1;
+                break;
+            }
+        if (seen) continue;
+        oq__sb_printf(&sb, "# HELP %s ", fam->name);
+        oq__sb_escaped_help(&sb, fam->help);
+        oq__sb_printf(&sb, "\n# TYPE %s %s\n", fam->name, tnames[fam->type]);
+        for (oq_metric_t *mt = fam; mt; mt = mt->next)
+            if (strcmp(mt->name, fam->name) == 0) oq__render_metric(&sb, mt);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (sb.oom) {
+        free(sb.buf);
+        return OQ_ENOMEM;
+    }
+    *out = sb.buf;
+    if (out_len) *out_len = sb.len;
+    return 0;
+}
+
+/* --- HTTP --------------------------------------------------------------------------------- */
+
+struct oq_metrics_server {
+    struct MHD_Daemon *d;
+    oq_metrics_t *m;
+    int port;
+};
+
+int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *err)
+{
+    if (!listen)
+        return oq_error_set(err, OQ_EINVAL, 0, "listen address: expected host:port, got nothing");
+    char bare[16];
+    if (*listen && strspn(listen, "0123456789") == strlen(listen) && strlen(listen) <= 5) {
+        snprintf(bare, sizeof(bare), ":%s", listen); /* a bare port means 127.0.0.1:PORT */
+        listen = bare;
+    }
+    const char *colon = strrchr(listen, ':');
+    if (!colon)
+        return oq_error_set(err, OQ_EINVAL, 0, "listen address: expected host:port, got '%s'",
+                            listen);
+    size_t hl = (size_t)(colon - listen);
+    if (hl >= 64)
+        return oq_error_set(err, OQ_EINVAL, 0, "listen address: host too long in '%s'", listen);
+    char h[64];
+    memcpy(h, listen, hl);
+    h[hl] = '\0';
+    if (hl == 0 || strcmp(h, "localhost") == 0) strcpy(h, "127.0.0.1");
+    struct in_addr a;
+    if (inet_pton(AF_INET, h, &a) != 1)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "listen address: '%s' is not an IPv4 address or localhost", h);
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || p < 0 || p > 65535)
+        return oq_error_set(err, OQ_EINVAL, 0, "listen address: bad port in '%s'", listen);
+    snprintf(host, 64, "%s", h);
+    *port = (int)p;
+    return 0;
+}
+
+static enum MHD_Result oq__reply(struct MHD_Connection *conn, unsigned status, char *body,
+                                 size_t len, enum MHD_ResponseMemoryMode mode, const char *ctype)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result oq__handle(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **ctx)
+{
+    oq_metrics_server_t *s = cls;
+    static int first_call_marker;
+    if (*ctx == NULL) { /* headers only so far; answer on the next call */
+        *ctx = &first_call_marker;
+        return MHD_YES;
+    }
+    if (*upload_data_size) { /* ignore request bodies */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    static char not_found[] = "not found\n";
+    static char not_allowed[] = "method not allowed\n";
+    static char ok[] = "ok\n";
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (strcmp(url, "/metrics") == 0 || strcmp(url, "/healthz") == 0) {
+        if (!get)
+            return oq__reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
+                             sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT, "text/plain");
+        if (url[1] == 'h')
+            return oq__reply(conn, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
+                             "text/plain");
+        char *text = NULL;
+        size_t len = 0;
+        if (oq_metrics_render(s->m, &text, &len) != 0) return MHD_NO;
+        return oq__reply(conn, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE,
+                         "text/plain; version=0.0.4; charset=utf-8");
+    }
+    return oq__reply(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
+                     MHD_RESPMEM_PERSISTENT, "text/plain");
+}
+
+static void oq__mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static void oq__mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n')
+        msg[--n] = '\0';
+    OQ_LOG_WARN("metrics", "http: %s", msg);
+}
+
+oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err)
+{
+    char host[64];
+    int port;
+    if (!m) {
+        oq_error_set(err, OQ_EINVAL, 0, "metrics server: no registry");
+        return NULL;
+    }
+    if (oq_parse_listen(listen, host, &port, err) != 0) return NULL;
+    oq_metrics_server_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        oq_error_set(err, OQ_ENOMEM, 0, "metrics server: out of memory");
+        return NULL;
+    }
+    s->m = m;
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, host, &sin.sin_addr);
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
+                            (uint16_t)port, NULL, NULL, oq__handle, s, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sin, MHD_OPTION_EXTERNAL_LOGGER, oq__mhd_log, NULL,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    if (!s->d) {
+        oq_error_set(err, OQ_EIO, 0, "metrics server: cannot listen on %s:%d", host, port);
+        free(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? (int)info->port : port;
+    OQ_LOG_INFO("metrics", "serving http://%s:%d/metrics", host, s->port);
+    return s;
+}
+
+int oq_metrics_server_port(const oq_metrics_server_t *s)
+{
+    return s ? s->port : -1;
+}
+
+void oq_metrics_serve_stop(oq_metrics_server_t *s)
+{
+    if (!s) return;
+    MHD_stop_daemon(s->d);
+    free(s);
+}

@@ -1,0 +1,397 @@
+/*
+ * Settings table: defaults, every type, bounds, unknown names, bad values, -X collection and
+ * its application to a real rd_kafka_conf_t, config files (with file:line errors), --help,
+ * positionals and `--`.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <librdkafka/rdkafka.h>
+
+#include "oq_config.h"
+#include "oq_log.h"
+
+static const oq_setting_t table[] = {
+    {"db", OQ_SET_STRING, "calls.db", 0, 0, NULL, "database path"},
+    {"port", OQ_SET_INT, "8080", 0, 65535, NULL, "HTTP port"},
+    {"batch", OQ_SET_INT, "64", 1, 1000, NULL, "max items per commit"},
+    {"lease", OQ_SET_DURATION, "30s", 1000, 3600000, NULL, "execution lease"},
+    {"max-body", OQ_SET_SIZE, "1MiB", 1024, 64 * 1048576, NULL, "largest request body"},
+    {"fsync", OQ_SET_BOOL, "true", 0, -1, NULL, "fsync each commit"},
+    {"verbose", OQ_SET_BOOL, "false", 0, -1, NULL, "chatty logs"},
+    {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous"},
+    {"brokers", OQ_SET_STRING, NULL, 0, -1, NULL, "bootstrap servers"},
+    {"tenant", OQ_SET_STRING, "default", 1, 8, NULL, "tenant name"},
+};
+#define NT (sizeof(table) / sizeof(table[0]))
+
+static char tmpdir[64];
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/oq_test_config_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char p[128];
+    for (int i = 0; i < 8; i++) {
+        snprintf(p, sizeof(p), "%s/f%d.conf", tmpdir, i);
+        unlink(p);
+    }
+    rmdir(tmpdir);
+    return 0;
+}
+
+static const char *write_file(int i, const char *text)
+{
+    static char p[128];
+    snprintf(p, sizeof(p), "%s/f%d.conf", tmpdir, i);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
+
+/* Parses a NULL-terminated list of arguments (argv[0] is the command name). */
+static int parse(oq_config_t *c, oq_error_t *err, ...)
+{
+    static char *argv[64];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, err);
+    argv[argc++] = "cmd";
+    for (char *a; (a = va_arg(ap, char *)) != NULL && argc < 63;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    oq_error_clear(err);
+    return oq_config_parse_args(c, "usage: onceq cmd [options]", argc, argv, 1, err);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    assert_non_null(c);
+    assert_string_equal(oq_config_str(c, "db"), "calls.db");
+    assert_int_equal(oq_config_int(c, "port"), 8080);
+    assert_int_equal(oq_config_int(c, "lease"), 30000);
+    assert_int_equal(oq_config_int(c, "max-body"), 1048576);
+    assert_int_equal(oq_config_int(c, "fsync"), 1);
+    assert_int_equal(oq_config_int(c, "verbose"), 0);
+    assert_string_equal(oq_config_str(c, "synchronous"), "full");
+    assert_null(oq_config_str(c, "brokers"));
+    assert_int_equal(oq_config_is_set(c, "port"), 0);
+    assert_int_equal(oq_config_npositional(c), 0);
+    assert_int_equal(oq_config_kafka_count(c), 0);
+    oq_config_destroy(c);
+    oq_config_destroy(NULL);
+
+    /* a table whose default breaks its own bounds is refused */
+    static const oq_setting_t bad[] = {{"n", OQ_SET_INT, "0", 1, 5, NULL, "n"}};
+    assert_null(oq_config_new(bad, 1));
+}
+
+static void test_each_type(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "--db", "/tmp/x.db", "--port=9100", "--lease", "2s",
+                           "--max-body=64KiB", "--no-fsync", "--verbose", "--synchronous", "NORMAL",
+                           "--brokers", "127.0.0.1:9092", NULL),
+                     0);
+    assert_string_equal(oq_config_str(c, "db"), "/tmp/x.db");
+    assert_int_equal(oq_config_int(c, "port"), 9100);
+    assert_int_equal(oq_config_int(c, "lease"), 2000);
+    assert_string_equal(oq_config_str(c, "brokers"), "127.0.0.1:9092");
+    oq_config_destroy(c);
+
+    /* durations and sizes in range */
+    c = oq_config_new(table, NT);
+    assert_int_equal(parse(c, &err, "--lease", "5m", "--max-body=64KiB", "--no-fsync", "--verbose",
+                           "--synchronous", "NORMAL", NULL),
+                     0);
+    assert_int_equal(oq_config_int(c, "lease"), 300000);
+    assert_int_equal(oq_config_int(c, "max-body"), 65536);
+    assert_int_equal(oq_config_int(c, "fsync"), 0);
+    assert_int_equal(oq_config_int(c, "verbose"), 1);
+    assert_string_equal(oq_config_str(c, "synchronous"), "normal"); /* table spelling */
+    assert_int_equal(oq_config_is_set(c, "lease"), 1);
+    assert_int_equal(oq_config_is_set(c, "port"), 0);
+    /* bool values spelled out; later wins */
+    assert_int_equal(parse(c, &err, "--fsync=yes", "--verbose=off", "--fsync", NULL), 0);
+    assert_int_equal(oq_config_int(c, "fsync"), 1);
+    assert_int_equal(oq_config_int(c, "verbose"), 0);
+    assert_int_equal(oq_config_set(c, "lease", "1h", &err), 0);
+    assert_int_equal(oq_config_int(c, "lease"), 3600000);
+    assert_int_equal(oq_config_set(c, "tenant", "acme", &err), 0);
+    assert_string_equal(oq_config_str(c, "tenant"), "acme");
+    oq_config_destroy(c);
+}
+
+static void test_bounds_and_bad_values(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "--port", "abc", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --port: expected integer, got 'abc'");
+    assert_int_equal(parse(c, &err, "--port", "12x", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "--port", "", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "--batch", "0", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --batch: 0 is below the minimum 1");
+    assert_int_equal(parse(c, &err, "--batch=1001", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --batch: 1001 is above the maximum 1000");
+    assert_int_equal(parse(c, &err, "--batch", "1000", NULL), 0);
+    assert_int_equal(parse(c, &err, "--port", "99999999999999999999", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "--lease", "10ms", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --lease: 10ms is below the minimum 1s");
+    assert_int_equal(parse(c, &err, "--lease", "2h", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --lease: 2h is above the maximum 1h");
+    assert_int_equal(parse(c, &err, "--lease", "soon", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "got 'soon'"));
+    assert_int_equal(parse(c, &err, "--lease", "nan", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "--max-body", "1GiB", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --max-body: 1GiB is above the maximum 64MiB");
+    assert_int_equal(parse(c, &err, "--fsync=maybe", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "setting --fsync"));
+    assert_int_equal(parse(c, &err, "--synchronous", "fast", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --synchronous: expected one of full|normal|off, got "
+                                 "'fast'");
+    assert_int_equal(parse(c, &err, "--tenant", "waytoolongname", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "above the maximum 8"));
+    assert_int_equal(parse(c, &err, "--tenant=", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "--port", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "setting --port needs a value");
+    /* failed sets leave the previous value */
+    assert_int_equal(oq_config_int(c, "port"), 8080);
+    assert_int_equal(oq_config_int(c, "batch"), 1000);
+    assert_int_equal(oq_config_int(c, "lease"), 30000);
+    oq_config_destroy(c);
+}
+
+static void test_unknown(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "--foo", "1", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "unknown setting --foo");
+    assert_int_equal(parse(c, &err, "--prot=1", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "unknown setting --prot (did you mean --port?)");
+    assert_int_equal(parse(c, &err, "--no-port", NULL), OQ_EINVAL); /* --no- only for bools */
+    assert_int_equal(parse(c, &err, "-q", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "-q"));
+    assert_int_equal(oq_config_set(c, "nope", "1", &err), OQ_EINVAL);
+    oq_config_destroy(c);
+}
+
+static void test_kafka_props(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "-X", "acks=all", "-Xlinger.ms=5", "-X", "client.id=a=b", "-X",
+                           "linger.ms=7", NULL),
+                     0);
+    assert_int_equal(oq_config_kafka_count(c), 3);
+    const char *n, *v;
+    oq_config_kafka_get(c, 0, &n, &v);
+    assert_string_equal(n, "acks");
+    assert_string_equal(v, "all");
+    oq_config_kafka_get(c, 1, &n, &v);
+    assert_string_equal(n, "linger.ms");
+    assert_string_equal(v, "7"); /* later value wins, first position kept */
+    oq_config_kafka_get(c, 2, &n, &v);
+    assert_string_equal(n, "client.id");
+    assert_string_equal(v, "a=b");
+    oq_config_kafka_get(c, 3, &n, &v);
+    assert_null(n);
+
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    assert_int_equal(oq_config_apply_kafka(c, conf, &err), 0);
+    char buf[64];
+    size_t sz = sizeof(buf);
+    assert_int_equal(rd_kafka_conf_get(conf, "linger.ms", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "7");
+    sz = sizeof(buf);
+    assert_int_equal(rd_kafka_conf_get(conf, "client.id", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "a=b");
+    rd_kafka_conf_destroy(conf);
+
+    /* unknown property: librdkafka says so, we return OQ_EINVAL naming it */
+    assert_int_equal(parse(c, &err, "-X", "no.such.property=1", NULL), 0);
+    conf = rd_kafka_conf_new();
+    assert_int_equal(oq_config_apply_kafka(c, conf, &err), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "no.such.property"));
+    rd_kafka_conf_destroy(conf);
+
+    /* malformed -X */
+    assert_int_equal(parse(c, &err, "-X", "novalue", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "property=value"));
+    assert_int_equal(parse(c, &err, "-X", NULL), OQ_EINVAL);
+    assert_int_equal(parse(c, &err, "-X", "=x", NULL), OQ_EINVAL);
+    oq_config_destroy(c);
+}
+
+static void test_config_file(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    const char *p = write_file(0, "# a comment\n"
+                                  "\n"
+                                  "port = 9000\n"
+                                  "   db=\"/var/lib/onceq/calls.db\"   # trailing comment\n"
+                                  "kafka.acks = all\n"
+                                  "kafka.sasl.password = pa#ss\n"
+                                  "verbose = on\n"
+                                  "lease = 2m\n");
+    /* sources apply in order: the file overrides --port, --lease after it overrides the file */
+    assert_int_equal(parse(c, &err, "--port", "1", "-F", p, "--lease", "90s", NULL), 0);
+    assert_int_equal(oq_config_int(c, "port"), 9000);
+    assert_string_equal(oq_config_str(c, "db"), "/var/lib/onceq/calls.db");
+    assert_int_equal(oq_config_int(c, "verbose"), 1);
+    assert_int_equal(oq_config_int(c, "lease"), 90000);
+    assert_int_equal(oq_config_is_set(c, "db"), 1);
+    assert_int_equal(oq_config_kafka_count(c), 2);
+    const char *n, *v;
+    oq_config_kafka_get(c, 1, &n, &v);
+    assert_string_equal(n, "sasl.password");
+    assert_string_equal(v, "pa#ss");
+    oq_config_destroy(c);
+
+    c = oq_config_new(table, NT);
+    p = write_file(1, "port = 1\n# ok\nbatch = 0\n");
+    assert_int_equal(parse(c, &err, "--config", p, NULL), OQ_EINVAL);
+    char want[256];
+    snprintf(want, sizeof(want), "%s:3: setting --batch: 0 is below the minimum 1", p);
+    assert_string_equal(err.msg, want);
+
+    p = write_file(2, "\n\nport 9000\n");
+    assert_int_equal(oq_config_load_file(c, p, &err), OQ_EINVAL);
+    snprintf(want, sizeof(want), "%s:3:", p);
+    assert_memory_equal(err.msg, want, strlen(want));
+
+    p = write_file(3, "port = 1\nbogus = 2\n");
+    assert_int_equal(parse(c, &err, "--config=", NULL), OQ_EINVAL);
+    assert_int_equal(oq_config_load_file(c, p, &err), OQ_EINVAL);
+    snprintf(want, sizeof(want), "%s:2: unknown setting --bogus", p);
+    assert_string_equal(err.msg, want);
+
+    assert_int_equal(parse(c, &err, "-F", "/nonexistent/oq.conf", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "/nonexistent/oq.conf"));
+    assert_int_equal(parse(c, &err, "-F", NULL), OQ_EINVAL);
+    oq_config_destroy(c);
+}
+
+static void test_help(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    /* capture stdout into a temp file */
+    fflush(stdout);
+    int saved = dup(1);
+    char p[128];
+    snprintf(p, sizeof(p), "%s/help.txt", tmpdir);
+    FILE *f = fopen(p, "w+");
+    assert_non_null(f);
+    dup2(fileno(f), 1);
+    int rc = parse(c, &err, "--port", "1", "--help", "--bogus", NULL);
+    int rc2 = parse(c, &err, "-h", NULL);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    assert_int_equal(rc, OQ_EHELP);
+    char text[16384];
+    rewind(f);
+    size_t len = fread(text, 1, sizeof(text) - 1, f);
+    text[len] = '\0';
+    fclose(f);
+    unlink(p);
+    assert_non_null(strstr(text, "usage: onceq cmd [options]"));
+    assert_non_null(strstr(text, "--port"));
+    assert_non_null(strstr(text, "HTTP port"));
+    assert_non_null(strstr(text, "default: 8080"));
+    assert_non_null(strstr(text, "range: 0..65535"));
+    assert_non_null(strstr(text, "range: 1s..1h"));
+    assert_non_null(strstr(text, "one of: full|normal|off"));
+    assert_non_null(strstr(text, "duration"));
+    assert_non_null(strstr(text, "-X prop=value"));
+    for (size_t i = 0; i < NT; i++)
+        assert_non_null(strstr(text, table[i].name));
+    assert_int_equal(rc2, OQ_EHELP);
+    oq_config_destroy(c);
+}
+
+static void test_positionals(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(
+        parse(c, &err, "first", "--port", "5", "-", "second", "--", "--port", "-X", NULL), 0);
+    assert_int_equal(oq_config_int(c, "port"), 5);
+    assert_int_equal(oq_config_npositional(c), 5);
+    assert_string_equal(oq_config_positional(c, 0), "first");
+    assert_string_equal(oq_config_positional(c, 1), "-");
+    assert_string_equal(oq_config_positional(c, 2), "second");
+    assert_string_equal(oq_config_positional(c, 3), "--port");
+    assert_string_equal(oq_config_positional(c, 4), "-X");
+    assert_null(oq_config_positional(c, 5));
+    assert_null(oq_config_positional(c, -1));
+    assert_int_equal(oq_config_kafka_count(c), 0);
+    oq_config_destroy(c);
+}
+
+static void test_unknown_accessor_aborts(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, 2);
+        oq_config_t *c = oq_config_new(table, NT);
+        (void)oq_config_int(c, "no-such-setting");
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+
+int main(void)
+{
+    oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_each_type),
+        cmocka_unit_test(test_bounds_and_bad_values),
+        cmocka_unit_test(test_unknown),
+        cmocka_unit_test(test_kafka_props),
+        cmocka_unit_test(test_config_file),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_positionals),
+        cmocka_unit_test(test_unknown_accessor_aborts),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

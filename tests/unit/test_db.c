@@ -1,0 +1,418 @@
+/*
+ * SQLite helpers: durable open (WAL + synchronous=FULL), migrations (fresh, re-run, newer
+ * database refused untouched, failing script rolls everything back), the statement cache and
+ * the outbox append. Each test works in its own temporary directory.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "oq_db.h"
+#include "oq_log.h"
+
+typedef struct {
+    char dir[64];
+    char path[128];
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (!f) return -1;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/oq_test_db_XXXXXX");
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    const char *suffix[] = {"", "-wal", "-shm", "-journal"};
+    for (size_t i = 0; i < 4; i++) {
+        char p[160];
+        snprintf(p, sizeof(p), "%s%s", f->path, suffix[i]);
+        unlink(p);
+    }
+    rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+static int64_t query_int(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static void query_text(sqlite3 *db, const char *sql, char *out, size_t cap)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    snprintf(out, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+}
+
+static int set_len(const char *const *set)
+{
+    int n = 0;
+    while (set[n])
+        n++;
+    return n;
+}
+
+static void test_open_defaults(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    char mode[16];
+    query_text(db, "PRAGMA journal_mode", mode, sizeof(mode));
+    assert_string_equal(mode, "wal");
+    assert_int_equal(query_int(db, "PRAGMA synchronous"), 2); /* FULL */
+    assert_int_equal(query_int(db, "PRAGMA foreign_keys"), 1);
+    assert_int_equal(query_int(db, "PRAGMA busy_timeout"), 5000);
+    sqlite3_close_v2(db);
+
+    oq_db_opts_t o = {.synchronous = "normal", .busy_timeout_ms = 250};
+    assert_int_equal(oq_db_open(f->path, &o, &db, &err), 0);
+    assert_int_equal(query_int(db, "PRAGMA synchronous"), 1);
+    assert_int_equal(query_int(db, "PRAGMA busy_timeout"), 250);
+    sqlite3_close_v2(db);
+
+    /* an in-memory database cannot be WAL: refused, not silently less durable */
+    assert_int_equal(oq_db_open(":memory:", NULL, &db, &err), OQ_EDB);
+    assert_null(db);
+    assert_non_null(strstr(err.msg, "WAL"));
+
+    o.synchronous = "sometimes";
+    assert_int_equal(oq_db_open(f->path, &o, &db, &err), OQ_EINVAL);
+    assert_null(db);
+    assert_non_null(strstr(err.msg, "sometimes"));
+}
+
+static void test_open_errors_name_path(void **state)
+{
+    (void)state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    const char *p = "/nonexistent-dir-oq/sub/x.db";
+    int rc = oq_db_open(p, NULL, &db, &err);
+    assert_true(rc == OQ_EIO || rc == OQ_EDB);
+    assert_null(db);
+    assert_non_null(strstr(err.msg, p));
+
+    /* read-only open of a missing file must not create it */
+    fixture_t *f = *state;
+    oq_db_opts_t ro = {.readonly = 1};
+    rc = oq_db_open(f->path, &ro, &db, &err);
+    assert_true(rc < 0);
+    assert_int_not_equal(access(f->path, F_OK), 0);
+}
+
+static void test_migrate_fresh_and_rerun(void **state)
+{
+    fixture_t *f = *state;
+    const char *const *sets[] = {oq_migrations_producer, oq_migrations_consumer};
+    for (size_t k = 0; k < 2; k++) {
+        sqlite3 *db = NULL;
+        oq_error_t err = {0};
+        assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+        assert_int_equal(oq_db_user_version(db), 0);
+        assert_int_equal(oq_db_migrate(db, sets[k], &err), 0);
+        int n = set_len(sets[k]);
+        assert_int_equal(oq_db_user_version(db), n);
+        /* the common outbox and lease tables exist in both databases */
+        assert_int_equal(query_int(db, "SELECT count(*) FROM sqlite_schema WHERE name IN "
+                                       "('outbox','relay_lease')"),
+                         2);
+        int64_t objects = query_int(db, "SELECT count(*) FROM sqlite_schema");
+        /* re-run: no error, nothing changes */
+        assert_int_equal(oq_db_migrate(db, sets[k], &err), 0);
+        assert_int_equal(oq_db_user_version(db), n);
+        assert_int_equal(query_int(db, "SELECT count(*) FROM sqlite_schema"), objects);
+        sqlite3_close_v2(db);
+        /* and again on a new connection */
+        assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+        assert_int_equal(oq_db_migrate(db, sets[k], &err), 0);
+        assert_int_equal(oq_db_user_version(db), n);
+        sqlite3_close_v2(db);
+        teardown(state);
+        setup(state);
+        f = *state;
+    }
+}
+
+static void test_migrate_refuses_newer(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    assert_int_equal(oq_db_exec(db, "CREATE TABLE keep(x); PRAGMA user_version=5", &err), 0);
+    assert_int_equal(oq_db_migrate(db, oq_migrations_producer, &err), OQ_EVERSION);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "database schema version 5 is newer than this binary (%d); upgrade onceq",
+             set_len(oq_migrations_producer));
+    assert_string_equal(err.msg, want);
+    assert_int_equal(oq_db_user_version(db), 5);
+    /* untouched: no outbox created, our table still alone, no transaction left open */
+    assert_int_equal(query_int(db, "SELECT count(*) FROM sqlite_schema"), 1);
+    assert_int_not_equal(sqlite3_get_autocommit(db), 0);
+    sqlite3_close_v2(db);
+}
+
+static void test_migrate_failure_applies_nothing(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    const char *const good[] = {"CREATE TABLE a(x);", NULL};
+    assert_int_equal(oq_db_migrate_sql(db, good, &err), 0);
+    assert_int_equal(oq_db_user_version(db), 1);
+
+    const char *const bad[] = {"CREATE TABLE a(x);", "CREATE TABLE b(y); CREATE INDEX bi ON b(y);",
+                               "CREATE TABLE c(z); INSERT INTO nosuch VALUES (1);", NULL};
+    assert_int_equal(oq_db_migrate_sql(db, bad, &err), OQ_EDB);
+    assert_non_null(strstr(err.msg, "nosuch"));
+    assert_non_null(strstr(err.msg, "migration 3 of 3"));
+    assert_int_equal(oq_db_user_version(db), 1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM sqlite_schema WHERE name IN "
+                                   "('b','bi','c')"),
+                     0);
+    assert_int_not_equal(sqlite3_get_autocommit(db), 0); /* rolled back */
+
+    /* a set naming a file that is not embedded */
+    const char *const missing[] = {"common/0001_outbox.sql", "nope/9999.sql", NULL};
+    assert_int_equal(oq_db_migrate(db, missing, &err), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "nope/9999.sql"));
+    sqlite3_close_v2(db);
+}
+
+typedef struct {
+    const char *path;
+    int rc;
+    char msg[256];
+} migrator_t;
+
+static void *migrate_thread(void *arg)
+{
+    migrator_t *m = arg;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    m->rc = oq_db_open(m->path, NULL, &db, &err);
+    if (m->rc == 0) m->rc = oq_db_migrate(db, oq_migrations_consumer, &err);
+    snprintf(m->msg, sizeof(m->msg), "%s", err.msg);
+    sqlite3_close_v2(db);
+    return NULL;
+}
+
+/* Several connections migrating one fresh file at once: each script runs exactly once (a
+ * second run would fail with "table already exists"), and everyone succeeds. */
+static void test_migrate_concurrent(void **state)
+{
+    fixture_t *f = *state;
+    enum { N = 4 };
+    pthread_t th[N];
+    migrator_t m[N];
+    for (int i = 0; i < N; i++) {
+        m[i].path = f->path;
+        m[i].rc = 99;
+        assert_int_equal(pthread_create(&th[i], NULL, migrate_thread, &m[i]), 0);
+    }
+    /* join all before asserting: a failed assertion must not leave threads running */
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        if (m[i].rc != 0) print_error("migrator %d: %s\n", i, m[i].msg);
+        assert_int_equal(m[i].rc, 0);
+    }
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    assert_int_equal(oq_db_user_version(db), set_len(oq_migrations_consumer));
+    sqlite3_close_v2(db);
+}
+
+static void test_sql_file_lookup(void **state)
+{
+    (void)state;
+    const char *s = oq_sql_file("common/0001_outbox.sql");
+    assert_non_null(s);
+    assert_non_null(strstr(s, "CREATE TABLE outbox"));
+    assert_null(oq_sql_file("common/none.sql"));
+    assert_null(oq_sql_file(NULL));
+    for (const char *const *p = oq_migrations_producer; *p; p++)
+        assert_non_null(oq_sql_file(*p));
+    for (const char *const *p = oq_migrations_consumer; *p; p++)
+        assert_non_null(oq_sql_file(*p));
+}
+
+static const char SQL_ONE[] = "SELECT ?1 + 1";
+static const char SQL_TWO[] = "SELECT ?1 * 2";
+
+static void test_stmt_cache(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    oq_stmt_cache_t *c = oq_stmt_cache_new(db);
+    assert_non_null(c);
+    sqlite3_stmt *a = oq_stmt_get(c, SQL_ONE, &err);
+    assert_non_null(a);
+    sqlite3_bind_int(a, 1, 41);
+    assert_int_equal(sqlite3_step(a), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(a, 0), 42);
+    /* same pointer -> same statement, reset and with bindings cleared (NULL + 1 = NULL) */
+    sqlite3_stmt *a2 = oq_stmt_get(c, SQL_ONE, &err);
+    assert_ptr_equal(a, a2);
+    assert_int_equal(sqlite3_step(a2), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_type(a2, 0), SQLITE_NULL);
+    sqlite3_stmt *b = oq_stmt_get(c, SQL_TWO, &err);
+    assert_non_null(b);
+    assert_ptr_not_equal(a, b);
+    /* a different buffer with the same text is a different key */
+    char copy[sizeof(SQL_ONE)];
+    memcpy(copy, SQL_ONE, sizeof(SQL_ONE));
+    sqlite3_stmt *a3 = oq_stmt_get(c, copy, &err);
+    assert_non_null(a3);
+    assert_ptr_not_equal(a, a3);
+    /* many distinct keys force the table to grow; earlier entries survive */
+    static char sqls[100][32];
+    sqlite3_stmt *st[100];
+    for (int i = 0; i < 100; i++) {
+        snprintf(sqls[i], sizeof(sqls[i]), "SELECT %d", i);
+        st[i] = oq_stmt_get(c, sqls[i], &err);
+        assert_non_null(st[i]);
+    }
+    for (int i = 0; i < 100; i++) {
+        assert_ptr_equal(oq_stmt_get(c, sqls[i], &err), st[i]);
+        assert_int_equal(sqlite3_step(st[i]), SQLITE_ROW);
+        assert_int_equal(sqlite3_column_int(st[i], 0), i);
+    }
+    assert_ptr_equal(oq_stmt_get(c, SQL_ONE, &err), a);
+    /* prepare errors are reported */
+    assert_null(oq_stmt_get(c, "SELECT FROM WHERE", &err));
+    assert_int_equal(err.code, OQ_EDB);
+    oq_stmt_cache_destroy(c);
+    oq_stmt_cache_destroy(NULL);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK); /* every statement finalized */
+}
+
+static void test_outbox_append(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    assert_int_equal(oq_db_migrate(db, oq_migrations_producer, &err), 0);
+    oq_stmt_cache_t *c = oq_stmt_cache_new(db);
+#define OQ_T_PAYLOAD "{\"v\":1,\"x\":\"a\\u0000b\"}"
+    const char payload[] = OQ_T_PAYLOAD "trailing-not-included";
+    oq_outbox_row_t row = {.message_id = "m-1",
+                           .topic = "onceq.tool-calls",
+                           .key = "c_0123456789abcdef",
+                           .payload = payload,
+                           .payload_len = sizeof(OQ_T_PAYLOAD) - 1,
+                           .created_at = 1700000000123};
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    assert_int_equal(oq_outbox_append(db, c, &row, &err), 0);
+    row.message_id = "m-2";
+    assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0); /* uncached path */
+    assert_int_equal(oq_db_commit(db, &err), 0);
+
+    assert_int_equal(query_int(db, "SELECT count(*) FROM outbox"), 2);
+    assert_int_equal(query_int(db, "SELECT length(payload) FROM outbox WHERE message_id='m-1'"),
+                     sizeof(OQ_T_PAYLOAD) - 1);
+    assert_int_equal(query_int(db, "SELECT created_at FROM outbox WHERE message_id='m-1'"),
+                     1700000000123);
+    assert_int_equal(query_int(db, "SELECT published_at IS NULL FROM outbox WHERE seq=1"), 1);
+    char k[64];
+    query_text(db, "SELECT key || '|' || topic FROM outbox WHERE seq=2", k, sizeof(k));
+    assert_string_equal(k, "c_0123456789abcdef|onceq.tool-calls");
+    query_text(db, "SELECT payload FROM outbox WHERE seq=1", k, sizeof(k));
+    assert_string_equal(k, OQ_T_PAYLOAD);
+
+    /* duplicate message_id: a (non-retriable) constraint error, and the row is not added */
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    oq_error_clear(&err);
+    row.message_id = "m-1";
+    assert_int_equal(oq_outbox_append(db, c, &row, &err), OQ_EDB);
+    assert_int_equal(err.cause, SQLITE_CONSTRAINT_UNIQUE);
+    assert_int_equal(err.retriable, 0);
+    oq_db_rollback(db);
+    oq_db_rollback(db); /* no transaction: harmless */
+    assert_int_equal(query_int(db, "SELECT count(*) FROM outbox"), 2);
+
+    /* missing fields are rejected before touching SQLite */
+    row.topic = NULL;
+    assert_int_equal(oq_outbox_append(db, c, &row, &err), OQ_EINVAL);
+    oq_stmt_cache_destroy(c);
+    sqlite3_close_v2(db);
+}
+
+static void test_busy_is_retriable(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *a = NULL, *b = NULL;
+    oq_error_t err = {0};
+    oq_db_opts_t o = {.busy_timeout_ms = 1};
+    assert_int_equal(oq_db_open(f->path, &o, &a, &err), 0);
+    assert_int_equal(oq_db_open(f->path, &o, &b, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(a, 100, &err), 0);
+    int64_t t0 = (int64_t)time(NULL);
+    assert_int_equal(oq_db_begin_immediate(b, 150, &err), OQ_EBUSY);
+    assert_int_equal(err.retriable, 1);
+    assert_true((int64_t)time(NULL) - t0 < 5);
+    assert_int_equal(oq_db_exec(b, "CREATE TABLE t(x)", &err), OQ_EBUSY);
+    assert_int_equal(oq_db_commit(a, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(b, 100, &err), 0);
+    assert_int_equal(oq_db_exec(b, "CREATE TABLE t(x)", &err), 0);
+    assert_int_equal(oq_db_commit(b, &err), 0);
+    /* a syntax error is OQ_EDB, not retriable */
+    assert_int_equal(oq_db_exec(a, "CREATE TABLE", &err), OQ_EDB);
+    assert_int_equal(err.retriable, 0);
+    sqlite3_close_v2(a);
+    sqlite3_close_v2(b);
+}
+
+int main(void)
+{
+    oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_open_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_errors_name_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_fresh_and_rerun, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_refuses_newer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_failure_applies_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_concurrent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sql_file_lookup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stmt_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_outbox_append, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_is_retriable, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
