@@ -5,6 +5,8 @@
  * Parsing is strict on purpose: a request body must mean the same thing to every parser that
  * will ever read it, so duplicate object keys, invalid UTF-8, integers outside +-2^53 (RFC 8785
  * numbers are IEEE doubles), NaN/Infinity and nesting deeper than a limit are all refused.
+ * So are numbers such as 1e20 whose canonical form is an integer literal beyond +-2^53 (every
+ * double of magnitude in (2^53, 1e21)): whatever parses has a canonical form that parses again.
  */
 #ifndef OQ_JSON_H
 #define OQ_JSON_H
@@ -23,6 +25,9 @@
  * @param out receives a new reference on success (caller json_decref()s it).
  * @returns 0, or OQ_EINVAL (syntax), OQ_EUTF8, OQ_EDUPKEY, OQ_ERANGE, OQ_EDEPTH, OQ_ENOMEM,
  *          with a message that names the position where known.
+ * @remark The first call wraps jansson's allocator (json_get_alloc_funcs) to detect allocation
+ *         failures, which jansson's parser does not report reliably. An application that calls
+ *         json_set_alloc_funcs() must do so before this, as jansson already requires.
  */
 int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, oq_error_t *err);
 
@@ -52,5 +57,16 @@ int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
 
 /** @brief Non-zero when \p s (length \p len) is valid UTF-8 (no surrogates, no overlongs). */
 int oq_utf8_valid(const char *s, size_t len);
+
+/** Buffer size for oq_jcs_number() ("-1.7976931348623157e+308" and the like, plus NUL). */
+#define OQ_JCS_NUMBER_MAX 32
+
+/**
+ * @brief Serialise \p d as ECMAScript Number.prototype.toString() does (RFC 8785 section
+ *        3.2.2.3): shortest round-trip digits, "-0" as "0", exponent form outside [1e-6, 1e21).
+ * @param out receives the NUL-terminated text.
+ * @returns 0, or OQ_ERANGE for NaN and +-Infinity.
+ */
+int oq_jcs_number(double d, char out[OQ_JCS_NUMBER_MAX], oq_error_t *err);
 
 #endif

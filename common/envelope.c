@@ -1,0 +1,350 @@
+/*
+ * The Kafka message envelope, version 1: encode, decode, validate.
+ *
+ * Decoding is strict about what it understands and lenient about what it does not: every known
+ * field is type- and value-checked, and each failure names the field ("missing field call_id",
+ * "field attempt: expected integer >= 1"), because a consumer sends undecodable messages to the
+ * dead-letter topic with this text as the reason. Unknown extra fields are ignored so that a
+ * newer producer can add fields without breaking older consumers; a change that older readers
+ * must not misread bumps "v", and any v other than 1 is refused with OQ_EVERSION.
+ *
+ * Decode checks JSON types itself (it has the field names at hand), copies into the struct and
+ * then runs oq_envelope_validate(), so hand-built envelopes and decoded ones pass exactly the
+ * same value checks. Encoding validates first and then emits the RFC 8785 canonical form: the
+ * bytes of an envelope are a pure function of its content, so a republished message is
+ * byte-identical to the original.
+ */
+#include "oq_envelope.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ENV_MAX_BYTES (1024 * 1024) /* a Kafka message.max.bytes default is 1 MB as well */
+
+const char *oq_kind_name(oq_kind_t k)
+{
+    switch (k) {
+    case OQ_KIND_TOOL_CALL: return "tool_call";
+    case OQ_KIND_TOOL_RESULT: return "tool_result";
+    }
+    return "unknown";
+}
+
+void oq_envelope_clear(oq_envelope_t *e)
+{
+    if (!e) return;
+    free(e->tenant);
+    free(e->idem_key);
+    free(e->tool);
+    free(e->status);
+    free(e->effect_id);
+    json_decref(e->args);
+    json_decref(e->result);
+    json_decref(e->error);
+    memset(e, 0, sizeof(*e));
+}
+
+/* --- value checks shared by decode and validate --------------------------------------------- */
+
+static int is_lower_hex(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+static int check_uuid(const char *s)
+{
+    if (!s || strlen(s) != OQ_UUID_LEN) return 0;
+    for (int i = 0; i < OQ_UUID_LEN; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-') return 0;
+        } else if (!is_lower_hex(s[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int check_call_id(const char *s)
+{
+    if (!s || strlen(s) != OQ_CALL_ID_LEN || s[0] != 'c' || s[1] != '_') return 0;
+    for (int i = 2; i < OQ_CALL_ID_LEN; i++)
+        if (!is_lower_hex(s[i])) return 0;
+    return 1;
+}
+
+static int check_fingerprint(const char *s)
+{
+    if (!s || strlen(s) != OQ_FINGERPRINT_LEN) return 0;
+    for (int i = 0; i < OQ_FINGERPRINT_LEN; i++)
+        if (!is_lower_hex(s[i])) return 0;
+    return 1;
+}
+
+static int check_name(const char *s)
+{
+    if (!s) return 0;
+    size_t n = strlen(s);
+    return n >= 1 && n <= OQ_MAX_NAME_LEN && oq_utf8_valid(s, n);
+}
+
+static int check_idem_key(const char *s)
+{
+    if (!s) return 0;
+    size_t n = strlen(s);
+    if (n < 1 || n > OQ_MAX_KEY_LEN) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e) return 0;
+    return 1;
+}
+
+static int check_status(const char *s)
+{
+    static const char *const ok[] = {"running", "succeeded", "failed", "needs_review"};
+    if (!s) return 0;
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        if (strcmp(s, ok[i]) == 0) return 1;
+    return 0;
+}
+
+static int check_error_obj(const json_t *e, oq_error_t *err)
+{
+    const json_t *code = json_object_get(e, "code");
+    const json_t *msg = json_object_get(e, "message");
+    const json_t *retry = json_object_get(e, "retryable");
+    if (!code) return oq_error_set(err, OQ_EINVAL, 0, "missing field error.code");
+    if (!json_is_string(code))
+        return oq_error_set(err, OQ_EINVAL, 0, "field error.code: expected string");
+    if (!msg) return oq_error_set(err, OQ_EINVAL, 0, "missing field error.message");
+    if (!json_is_string(msg))
+        return oq_error_set(err, OQ_EINVAL, 0, "field error.message: expected string");
+    if (retry && !json_is_boolean(retry))
+        return oq_error_set(err, OQ_EINVAL, 0, "field error.retryable: expected boolean");
+    return 0;
+}
+
+int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err)
+{
+    if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
+    if (e->v != OQ_ENVELOPE_VERSION)
+        return oq_error_set(err, OQ_EVERSION, 0, "unknown version %d", e->v);
+    if (e->kind != OQ_KIND_TOOL_CALL && e->kind != OQ_KIND_TOOL_RESULT)
+        return oq_error_set(err, OQ_EINVAL, 0, "field kind: expected tool_call or tool_result");
+    if (!check_uuid(e->message_id))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field message_id: expected a lowercase UUID (8-4-4-4-12 hex)");
+    if (!check_call_id(e->call_id))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field call_id: expected \"c_\" + 16 lowercase hex digits");
+    if (!check_name(e->tenant))
+        return oq_error_set(err, OQ_EINVAL, 0, "field tenant: expected 1..%d bytes of UTF-8",
+                            OQ_MAX_NAME_LEN);
+    if (!check_idem_key(e->idem_key))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field idem_key: expected 1..%d printable ASCII bytes",
+                            OQ_MAX_KEY_LEN);
+    if (!check_fingerprint(e->fingerprint))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field fingerprint: expected 64 lowercase hex digits (SHA-256)");
+    if (!check_name(e->tool))
+        return oq_error_set(err, OQ_EINVAL, 0, "field tool: expected 1..%d bytes of UTF-8",
+                            OQ_MAX_NAME_LEN);
+    if (e->attempt < 1)
+        return oq_error_set(err, OQ_EINVAL, 0, "field attempt: expected integer >= 1");
+    if (e->created_at < 0)
+        return oq_error_set(err, OQ_EINVAL, 0, "field created_at: expected integer >= 0");
+    if (e->kind == OQ_KIND_TOOL_CALL) {
+        if (!json_is_object(e->args))
+            return oq_error_set(err, OQ_EINVAL, 0, "field args: expected object");
+        return 0;
+    }
+    if (!check_status(e->status))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field status: expected running|succeeded|failed|needs_review");
+    if (e->result && !json_is_object(e->result))
+        return oq_error_set(err, OQ_EINVAL, 0, "field result: expected object or null");
+    if (e->error) {
+        if (!json_is_object(e->error))
+            return oq_error_set(err, OQ_EINVAL, 0, "field error: expected object or null");
+        int rc = check_error_obj(e->error, err);
+        if (rc) return rc;
+    }
+    if (e->effect_id && !oq_utf8_valid(e->effect_id, strlen(e->effect_id)))
+        return oq_error_set(err, OQ_EINVAL, 0, "field effect_id: invalid UTF-8");
+    return 0;
+}
+
+/* --- decode --------------------------------------------------------------------------------- */
+
+/* Required string field: *out borrows the jansson string. */
+static int get_str(const json_t *root, const char *name, const char **out, oq_error_t *err)
+{
+    const json_t *f = json_object_get(root, name);
+    if (!f) return oq_error_set(err, OQ_EINVAL, 0, "missing field %s", name);
+    if (!json_is_string(f)) return oq_error_set(err, OQ_EINVAL, 0, "field %s: expected string", name);
+    *out = json_string_value(f);
+    return 0;
+}
+
+static int get_int(const json_t *root, const char *name, int64_t min, int64_t *out,
+                   oq_error_t *err)
+{
+    const json_t *f = json_object_get(root, name);
+    if (!f) return oq_error_set(err, OQ_EINVAL, 0, "missing field %s", name);
+    if (!json_is_integer(f) || json_integer_value(f) < min)
+        return oq_error_set(err, OQ_EINVAL, 0, "field %s: expected integer >= %lld", name,
+                            (long long)min);
+    *out = json_integer_value(f);
+    return 0;
+}
+
+/* Copy a string field into a fixed buffer of \p cap bytes; too long -> validate's message. */
+static void copy_fixed(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap) n = 0; /* leave empty: validate() reports the field */
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static int dup_str(const char *s, char **out, oq_error_t *err)
+{
+    *out = strdup(s);
+    return *out ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+static int decode_fields(const json_t *root, oq_envelope_t *e, oq_error_t *err)
+{
+    int rc;
+    const char *s;
+    const json_t *v = json_object_get(root, "v");
+    if (!v) return oq_error_set(err, OQ_EINVAL, 0, "missing field v");
+    if (!json_is_integer(v)) return oq_error_set(err, OQ_EINVAL, 0, "field v: expected integer 1");
+    if (json_integer_value(v) != OQ_ENVELOPE_VERSION)
+        return oq_error_set(err, OQ_EVERSION, 0, "unknown version %lld",
+                            (long long)json_integer_value(v));
+    e->v = OQ_ENVELOPE_VERSION;
+
+    if ((rc = get_str(root, "kind", &s, err))) return rc;
+    if (strcmp(s, "tool_call") == 0)
+        e->kind = OQ_KIND_TOOL_CALL;
+    else if (strcmp(s, "tool_result") == 0)
+        e->kind = OQ_KIND_TOOL_RESULT;
+    else
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field kind: unknown kind \"%.40s\" (expected tool_call or tool_result)",
+                            s);
+
+    if ((rc = get_str(root, "message_id", &s, err))) return rc;
+    copy_fixed(e->message_id, sizeof(e->message_id), s);
+    if ((rc = get_str(root, "call_id", &s, err))) return rc;
+    copy_fixed(e->call_id, sizeof(e->call_id), s);
+    if ((rc = get_str(root, "tenant", &s, err)) || (rc = dup_str(s, &e->tenant, err))) return rc;
+    if ((rc = get_str(root, "idem_key", &s, err)) || (rc = dup_str(s, &e->idem_key, err)))
+        return rc;
+    if ((rc = get_str(root, "fingerprint", &s, err))) return rc;
+    copy_fixed(e->fingerprint, sizeof(e->fingerprint), s);
+    if ((rc = get_str(root, "tool", &s, err)) || (rc = dup_str(s, &e->tool, err))) return rc;
+    if ((rc = get_int(root, "attempt", 1, &e->attempt, err))) return rc;
+    if ((rc = get_int(root, "created_at", 0, &e->created_at, err))) return rc;
+
+    if (e->kind == OQ_KIND_TOOL_CALL) {
+        json_t *args = json_object_get(root, "args");
+        if (!args) return oq_error_set(err, OQ_EINVAL, 0, "missing field args");
+        if (!json_is_object(args))
+            return oq_error_set(err, OQ_EINVAL, 0, "field args: expected object");
+        e->args = json_incref(args);
+        return 0;
+    }
+
+    if ((rc = get_str(root, "status", &s, err))) return rc;
+    if (!check_status(s))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field status: unknown status \"%.40s\" (expected "
+                            "running|succeeded|failed|needs_review)",
+                            s);
+    if ((rc = dup_str(s, &e->status, err))) return rc;
+    /* result, error and effect_id may be absent: absent means null. */
+    json_t *f = json_object_get(root, "result");
+    if (f && !json_is_null(f)) {
+        if (!json_is_object(f))
+            return oq_error_set(err, OQ_EINVAL, 0, "field result: expected object or null");
+        e->result = json_incref(f);
+    }
+    f = json_object_get(root, "error");
+    if (f && !json_is_null(f)) {
+        if (!json_is_object(f))
+            return oq_error_set(err, OQ_EINVAL, 0, "field error: expected object or null");
+        e->error = json_incref(f);
+    }
+    f = json_object_get(root, "effect_id");
+    if (f && !json_is_null(f)) {
+        if (!json_is_string(f))
+            return oq_error_set(err, OQ_EINVAL, 0, "field effect_id: expected string or null");
+        if ((rc = dup_str(json_string_value(f), &e->effect_id, err))) return rc;
+    }
+    return 0;
+}
+
+int oq_envelope_decode(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err)
+{
+    if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
+    memset(e, 0, sizeof(*e));
+    if (len > ENV_MAX_BYTES)
+        return oq_error_set(err, OQ_ETOOBIG, 0, "envelope of %zu bytes exceeds the %d-byte limit",
+                            len, ENV_MAX_BYTES);
+    json_t *root = NULL;
+    int rc = oq_json_parse(buf, len, 0, &root, err);
+    if (rc) return rc;
+    if (!json_is_object(root)) {
+        rc = oq_error_set(err, OQ_EINVAL, 0, "envelope: expected a JSON object");
+        goto out;
+    }
+    if ((rc = decode_fields(root, e, err))) goto out;
+    rc = oq_envelope_validate(e, err);
+out:
+    if (rc) oq_envelope_clear(e);
+    json_decref(root);
+    return rc;
+}
+
+/* --- encode --------------------------------------------------------------------------------- */
+
+int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err)
+{
+    if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
+    int rc = oq_envelope_validate(e, err);
+    if (rc) {
+        if (err) err->code = OQ_EINVAL;
+        return OQ_EINVAL;
+    }
+    json_t *o = json_object();
+    if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int bad = 0;
+    bad |= json_object_set_new(o, "v", json_integer(e->v));
+    bad |= json_object_set_new(o, "kind", json_string(oq_kind_name(e->kind)));
+    bad |= json_object_set_new(o, "message_id", json_string(e->message_id));
+    bad |= json_object_set_new(o, "call_id", json_string(e->call_id));
+    bad |= json_object_set_new(o, "tenant", json_string(e->tenant));
+    bad |= json_object_set_new(o, "idem_key", json_string(e->idem_key));
+    bad |= json_object_set_new(o, "fingerprint", json_string(e->fingerprint));
+    bad |= json_object_set_new(o, "tool", json_string(e->tool));
+    bad |= json_object_set_new(o, "attempt", json_integer(e->attempt));
+    bad |= json_object_set_new(o, "created_at", json_integer(e->created_at));
+    if (e->kind == OQ_KIND_TOOL_CALL) {
+        bad |= json_object_set(o, "args", e->args);
+    } else {
+        bad |= json_object_set_new(o, "status", json_string(e->status));
+        bad |= json_object_set_new(o, "result", e->result ? json_incref(e->result) : json_null());
+        bad |= json_object_set_new(o, "error", e->error ? json_incref(e->error) : json_null());
+        bad |= json_object_set_new(o, "effect_id",
+                                   e->effect_id ? json_string(e->effect_id) : json_null());
+    }
+    if (bad) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory building the envelope");
+        goto out;
+    }
+    rc = oq_jcs_canonicalize(o, out, out_len, err);
+out:
+    json_decref(o);
+    return rc;
+}

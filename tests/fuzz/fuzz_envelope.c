@@ -1,0 +1,45 @@
+/*
+ * libFuzzer target for the envelope decoder.
+ *
+ * Every input either decodes or is refused with a negative OQ_E* code and a message; a decoded
+ * envelope must validate, encode, decode again to the same content, and encode to the same
+ * bytes (the encoding is canonical). Any violation aborts, which libFuzzer reports.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_envelope.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    oq_envelope_t e, e2;
+    oq_error_t err = {0};
+    int rc = oq_envelope_decode((const char *)data, size, &e, &err);
+    if (rc != 0) {
+        if (rc > 0 || err.code != rc || err.msg[0] == '\0') abort();
+        if (e.tenant || e.args || e.tool) abort(); /* left cleared */
+        return 0;
+    }
+    if (oq_envelope_validate(&e, NULL) != 0) abort();
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    if (oq_envelope_encode(&e, &a, &la, NULL) != 0) abort();
+    if (oq_envelope_decode(a, la, &e2, NULL) != 0) abort();
+    if (oq_envelope_encode(&e2, &b, &lb, NULL) != 0) abort();
+    if (la != lb || memcmp(a, b, la) != 0) abort();
+    if (e.kind != e2.kind || strcmp(e.call_id, e2.call_id) != 0 ||
+        strcmp(e.message_id, e2.message_id) != 0 || strcmp(e.tenant, e2.tenant) != 0 ||
+        strcmp(e.idem_key, e2.idem_key) != 0 || e.attempt != e2.attempt ||
+        e.created_at != e2.created_at)
+        abort();
+    if (e.kind == OQ_KIND_TOOL_CALL && !json_equal(e.args, e2.args)) abort();
+    free(a);
+    free(b);
+    oq_envelope_clear(&e);
+    oq_envelope_clear(&e2);
+    return 0;
+}
