@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Broker throughput over loopback: oq_kclient (librdkafka) against `onceq broker`.
+#
+#   bench/broker.sh [COUNT [SIZE [PARTITIONS]]]     defaults 200000 200 64
+#   env: ONCEQ_BUILD (build dir with onceq and oq_kclient), ONCEQ_SRC
+#
+# Produces COUNT x SIZE-byte messages keyless, then keyed (key "k<i>"), each into its own
+# topic of PARTITIONS partitions, and consumes each topic with one group consumer (--quiet).
+# The mock keeps only ~5 MiB per partition: keep COUNT*SIZE/PARTITIONS well below that,
+# or the consumer sees evicted offsets.
+set -uo pipefail
+. "${ONCEQ_SRC:-$(cd "$(dirname "$0")/.." && pwd)}/tests/integration/lib.sh"
+
+N=${1:-200000}
+SIZE=${2:-200}
+PARTS=${3:-64}
+KC=$(oq_tool oq_kclient)
+per_part=$((N * SIZE / PARTS))
+((per_part < 4 * 1024 * 1024)) || oq_fail "$N x $SIZE B over $PARTS partitions is $per_part B each: above the mock's ~5 MiB retention"
+
+oq_start_broker --topics "bench.keyless:$PARTS,bench.keyed:$PARTS"
+echo "onceq broker: 3 brokers, $N x $SIZE B, $PARTS partitions; $(nproc) cores"
+for mode in keyless keyed; do
+    keyopt=()
+    [[ $mode == keyed ]] && keyopt=(--key-prefix k)
+    out=$("$KC" produce --brokers "$BROKERS" --topic "bench.$mode" --count "$N" --size "$SIZE" \
+        "${keyopt[@]}" -X linger.ms=5 --timeout-ms 120000) || oq_fail "produce: $out"
+    echo "produce $mode: $out"
+    out=$("$KC" consume --brokers "$BROKERS" --topic "bench.$mode" --group "bench-$mode" \
+        --max "$N" --quiet --timeout-ms 120000 -X session.timeout.ms=6000) || oq_fail "consume: $out"
+    echo "consume $mode: $(grep summary <<<"$out" | sed 's/partitions=[^ ]* //')"
+done

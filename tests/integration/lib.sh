@@ -1,0 +1,273 @@
+# shellcheck shell=bash
+# Shared helpers for onceq integration and chaos scripts.
+#
+# Source it first thing:   . "$ONCEQ_SRC/tests/integration/lib.sh"
+#
+# Sourcing installs an EXIT/INT/TERM trap (oq_cleanup) that kills every process started with
+# oq_spawn, by pid (TERM, then KILL after 5 s; then KILL to the process group that oq_spawn
+# gave it with setsid, for leftover grandchildren), and removes the temp dir $T unless
+# ONCEQ_KEEP_TMP=1. Scripts must not install their own EXIT trap; to add cleanup work, append
+# a command with oq_on_exit "cmd ...".
+#
+# Environment (CTest sets these; defaults suit a manual run from the source tree):
+#   ONCEQ_BIN       path of the onceq binary
+#   ONCEQ_BUILD     build dir (tools such as oq_kclient live there)
+#   ONCEQ_SRC       source dir
+#   ONCEQ_TESTDATA  tests/data
+#   ONCEQ_KEEP_TMP  1 keeps $T after exit (its path is printed)
+#
+# Stable functions (other scripts depend on these names):
+#   oq_tmpdir                  create $T (idempotent; oq_spawn calls it when needed)
+#   oq_spawn NAME CMD...       start CMD in the background, stdout+stderr to $T/NAME.log
+#   oq_pid NAME                print the pid of a spawned process
+#   oq_alive NAME              true while the process runs
+#   oq_kill NAME [SIG]         signal it (default TERM; TERM/INT wait up to 5 s, then KILL)
+#   oq_wait_exit NAME TIMEOUT  wait for it to exit on its own; returns its exit code (124 on timeout)
+#   oq_cleanup                 the trap handler (callable by hand)
+#   oq_on_exit CMD             run CMD (eval'd) during cleanup, before processes are killed
+#   oq_wait_for TIMEOUT_S CMD...  poll CMD every 0.1 s until it succeeds; 1 on timeout
+#   oq_start_broker [ARGS]     spawn `onceq broker` (name "broker"), wait for its bootstrap
+#                              file and control FIFO; exports BROKERS and BROKER_CTL
+#   oq_broker_ctl "COMMAND"    send one fault command to the broker and wait for its ack;
+#                              prints the ack line; 0 if it starts with "ok"
+#   oq_free_port               print an unused loopback TCP port
+#   oq_tool NAME               print the path of a test tool (e.g. oq_kclient) in the build dir
+#   oq_log MSG                 progress line on stderr
+#   oq_fail MSG                print FAIL + the tail of every spawned log, exit 1
+#   oq_pass MSG                print PASS
+
+: "${ONCEQ_SRC:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+: "${ONCEQ_BUILD:=$ONCEQ_SRC/build}"
+: "${ONCEQ_BIN:=$ONCEQ_BUILD/onceq}"
+: "${ONCEQ_TESTDATA:=$ONCEQ_SRC/tests/data}"
+export ONCEQ_SRC ONCEQ_BUILD ONCEQ_BIN ONCEQ_TESTDATA
+
+declare -gA OQ_PIDS=()        # name -> pid
+declare -ga OQ_PID_ORDER=()   # names in spawn order
+declare -ga OQ_EXIT_HOOKS=()
+OQ_CLEANED=0
+OQ_T_START=$SECONDS
+
+oq_log() { echo "[$(date +%T) +$((SECONDS - OQ_T_START))s] $*" >&2; }
+
+oq_tmpdir() {
+    if [[ -z "${T:-}" || ! -d "${T:-}" ]]; then
+        T=$(mktemp -d "${TMPDIR:-/tmp}/onceq-test.XXXXXX") || { echo "mktemp failed" >&2; exit 1; }
+        export T
+    fi
+    return 0
+}
+
+oq_on_exit() { OQ_EXIT_HOOKS+=("$*"); }
+
+oq_pid() { echo "${OQ_PIDS[$1]:-}"; }
+
+oq_alive() {
+    local pid=${OQ_PIDS[$1]:-}
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+}
+
+oq_spawn() {
+    local name=$1
+    shift
+    oq_tmpdir
+    if [[ -n "${OQ_PIDS[$name]:-}" ]] && kill -0 "${OQ_PIDS[$name]}" 2>/dev/null; then
+        oq_fail "oq_spawn: '$name' is already running (pid ${OQ_PIDS[$name]})"
+    fi
+    # setsid (exec'd in place, so $! is the command's pid) gives each process its own process
+    # group, which the final cleanup sweeps with KILL so no grandchild outlives the test.
+    if command -v setsid >/dev/null; then
+        setsid "$@" </dev/null >>"$T/$name.log" 2>&1 &
+    else
+        "$@" </dev/null >>"$T/$name.log" 2>&1 &
+    fi
+    local pid=$!
+    if [[ -z "${OQ_PIDS[$name]:-}" ]]; then OQ_PID_ORDER+=("$name"); fi
+    OQ_PIDS[$name]=$pid
+    oq_log "spawned $name pid=$pid: $*"
+    return 0
+}
+
+# Wait (bounded) for pid $1 to disappear; reaps it when it is our child. 0 if gone.
+oq__wait_gone() {
+    local pid=$1 tenths=$2 i
+    for ((i = 0; i < tenths; i++)); do
+        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && return 1
+    wait "$pid" 2>/dev/null
+    return 0
+}
+
+oq_kill() {
+    local name=$1 sig=${2:-TERM}
+    local pid=${OQ_PIDS[$name]:-}
+    [[ -n "$pid" ]] || { oq_log "oq_kill: no process named '$name'"; return 1; }
+    kill "-$sig" "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
+    case "$sig" in
+    TERM | INT | 15 | 2)
+        if ! oq__wait_gone "$pid" 50; then
+            oq_log "oq_kill: $name pid=$pid ignored SIG$sig for 5 s, sending KILL"
+            kill -KILL "$pid" 2>/dev/null
+            oq__wait_gone "$pid" 50
+        fi
+        ;;
+    KILL | 9)
+        oq__wait_gone "$pid" 50
+        ;;
+    esac
+    return 0
+}
+
+oq_wait_exit() {
+    local name=$1 timeout=${2:-30}
+    local pid=${OQ_PIDS[$name]:-} i rc
+    [[ -n "$pid" ]] || { oq_log "oq_wait_exit: no process named '$name'"; return 127; }
+    for ((i = 0; i < timeout * 10; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid" 2>/dev/null
+            rc=$?
+            return $rc
+        fi
+        sleep 0.1
+    done
+    return 124
+}
+
+oq_cleanup() {
+    local rc=$? name pid h i
+    [[ $OQ_CLEANED == 1 ]] && return $rc
+    OQ_CLEANED=1
+    trap - INT TERM
+    for h in "${OQ_EXIT_HOOKS[@]}"; do eval "$h" || true; done
+    for name in "${OQ_PID_ORDER[@]}"; do
+        pid=${OQ_PIDS[$name]}
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for ((i = 0; i < 50; i++)); do
+        local any=0
+        for name in "${OQ_PID_ORDER[@]}"; do
+            kill -0 "${OQ_PIDS[$name]}" 2>/dev/null && any=1
+        done
+        [[ $any == 0 ]] && break
+        sleep 0.1
+    done
+    for name in "${OQ_PID_ORDER[@]}"; do
+        pid=${OQ_PIDS[$name]}
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "oq_cleanup: $name pid=$pid still alive after TERM + 5 s: KILL" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait "$pid" 2>/dev/null || true
+        # sweep the process group (leftover grandchildren); only our own groups (setsid)
+        if [[ "$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')" == "$pid" ]] ||
+            pgrep -g "$pid" >/dev/null 2>&1; then
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        fi
+    done
+    if [[ -n "${T:-}" && -d "$T" ]]; then
+        if [[ "${ONCEQ_KEEP_TMP:-0}" == 1 ]]; then
+            echo "kept temp dir: $T" >&2
+        else
+            rm -rf "$T"
+        fi
+    fi
+    return $rc
+}
+
+trap 'oq_cleanup' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+oq_wait_for() {
+    local timeout=$1 i
+    shift
+    for ((i = 0; i < timeout * 10; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    "$@" >/dev/null 2>&1
+}
+
+oq_tool() { echo "$ONCEQ_BUILD/$1"; }
+
+oq_fail() {
+    local name
+    echo "FAIL: $*" >&2
+    if [[ -n "${T:-}" && -d "$T" ]]; then
+        for name in "${OQ_PID_ORDER[@]}"; do
+            [[ -f "$T/$name.log" ]] || continue
+            echo "---- tail of $name.log ----" >&2
+            tail -n 25 "$T/$name.log" >&2
+        done
+    fi
+    exit 1
+}
+
+oq_pass() { echo "PASS: $*"; }
+
+oq_free_port() {
+    local i p
+    for ((i = 0; i < 200; i++)); do
+        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        if ! ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    echo "oq_free_port: no free port found" >&2
+    return 1
+}
+
+# oq_start_broker [ARGS]: spawns the broker as "broker" with --bootstrap-file $T/bootstrap
+# (its control FIFO is then $T/bootstrap.ctl, acks in $T/bootstrap.ctl.log).
+oq_start_broker() {
+    oq_tmpdir
+    local i ctl=$T/bootstrap.ctl a prev=
+    for a in "$@"; do # an explicit --control PATH replaces the default FIFO path
+        [[ $prev == --control ]] && ctl=$a
+        [[ $a == --control=* ]] && ctl=${a#--control=}
+        prev=$a
+    done
+    rm -f "$T/bootstrap"
+    oq_spawn broker "$ONCEQ_BIN" broker --bootstrap-file "$T/bootstrap" "$@"
+    for ((i = 0; i < 150; i++)); do
+        [[ -s "$T/bootstrap" && -p "$ctl" ]] && break
+        oq_alive broker || oq_fail "broker exited during start-up"
+        sleep 0.1
+    done
+    [[ -s "$T/bootstrap" ]] || oq_fail "broker did not write $T/bootstrap within 15 s"
+    BROKERS=$(cat "$T/bootstrap")
+    BROKER_CTL=$ctl
+    export BROKERS BROKER_CTL
+    oq_log "broker up: BROKERS=$BROKERS BROKER_CTL=$BROKER_CTL"
+    return 0
+}
+
+# oq_broker_ctl "COMMAND" [TIMEOUT_S]: one command to the broker's control FIFO. The broker
+# appends one ack line per command to $BROKER_CTL.log ("ok ..." or "err ..."); this waits for
+# the new line, prints it and returns 0 for "ok", 1 for "err" or no ack within the timeout.
+# Not safe for two scripts writing the same FIFO at once (acks are matched by count).
+oq_broker_ctl() {
+    local cmd=$1 timeout=${2:-10} ctl=${BROKER_CTL:-} before i line
+    [[ -n "$ctl" && -p "$ctl" ]] || { echo "oq_broker_ctl: no control FIFO (BROKER_CTL='$ctl')" >&2; return 1; }
+    before=0
+    [[ -f "$ctl.log" ]] && before=$(wc -l <"$ctl.log")
+    # Opening a FIFO for writing blocks without a reader: bound it in case the broker died.
+    if ! timeout 5 bash -c 'printf "%s\n" "$1" >"$2"' _ "$cmd" "$ctl"; then
+        echo "oq_broker_ctl: could not write to $ctl" >&2
+        return 1
+    fi
+    for ((i = 0; i < timeout * 20; i++)); do
+        if [[ -f "$ctl.log" ]] && (($(wc -l <"$ctl.log") > before)); then
+            line=$(sed -n "$((before + 1))p" "$ctl.log")
+            echo "$line"
+            [[ "$line" == ok* ]] && return 0
+            return 1
+        fi
+        sleep 0.05
+    done
+    echo "oq_broker_ctl: no ack for '$cmd' within ${timeout}s" >&2
+    return 1
+}
