@@ -1,0 +1,175 @@
+/*
+ * `onceq producer`: the producer daemon. Opens calls.db (WAL, synchronous=FULL unless
+ * --synchronous says otherwise), starts the group-commit writer, the HTTP API, the results
+ * ingest (only with --brokers) and, with --purge-interval, a periodic purge of expired keys.
+ *
+ * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
+ * check it and to run the periodic purge on its own connection (bounded batches, so the
+ * writer never waits long for the lock). SIGTERM/SIGINT drain: stop accepting, answer
+ * requests in flight (up to --drain), stop the ingest after its batch, close the writer
+ * after its queue, exit 0.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "oq_config.h"
+#include "oq_db.h"
+#include "oq_log.h"
+#include "oq_metrics.h"
+#include "oq_producer.h"
+
+static const oq_setting_t producer_settings[] = {
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "HTTP listen address host:port"},
+    {"brokers", OQ_SET_STRING, NULL, 0, 4096, NULL,
+     "Kafka bootstrap servers for the results ingest (off when unset)"},
+    {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
+     "retention of idempotency keys (expires_at = created_at + key-ttl)"},
+    {"max-body", OQ_SET_SIZE, "1MiB", 256, 64LL * 1024 * 1024, NULL, "HTTP request body limit"},
+    {"max-depth", OQ_SET_INT, "32", 2, 256, NULL, "JSON nesting limit of a request body"},
+    {"threads", OQ_SET_INT, "2", 2, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
+    {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL, "group-commit batch cap (submits)"},
+    {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
+     "max wait to grow a group commit: 0 = adaptive, -1 = off"},
+    {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
+     "SQLite synchronous level (anything but full weakens durability)"},
+    {"purge-interval", OQ_SET_DURATION, "0", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "run the purge this often (0 = off; use `onceq purge` instead)"},
+    {"purge-batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per purge transaction"},
+    {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
+     "on SIGTERM, wait this long for requests in flight"},
+    {"metrics-listen", OQ_SET_STRING, NULL, 0, 128, NULL,
+     "also serve /metrics on this host:port (GET /metrics on --listen always works)"},
+};
+
+static const char producer_usage[] =
+    "usage: onceq producer --db calls.db --listen 127.0.0.1:8081 [--brokers B] [-X k=v]...\n"
+    "                      [--key-ttl 24h] [--max-body 1MiB] [--purge-interval 0]\n"
+    "\n"
+    "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
+    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz.\n"
+    "Without --brokers the results ingest (topic onceq.tool-results) is off.";
+
+static volatile sig_atomic_t producer_stop;
+
+static void on_signal(int sig)
+{
+    producer_stop = sig;
+}
+
+int oq_cmd_producer(int argc, char **argv)
+{
+    oq_error_t err = {0};
+    int ret = OQ_EXIT_FAIL, prc;
+    oq_producer_t *p = NULL;
+    oq_http_t *h = NULL;
+    oq_ingest_t *in = NULL;
+    oq_metrics_server_t *ms = NULL;
+    sqlite3 *pdb = NULL;
+    oq_metrics_t *metrics = oq_metrics_new();
+    oq_config_t *cfg =
+        oq_config_new(producer_settings, sizeof producer_settings / sizeof producer_settings[0]);
+    if (!cfg || !metrics) {
+        fprintf(stderr, "onceq producer: out of memory\n");
+        goto out;
+    }
+    if ((prc = oq_cmd_parse(cfg, producer_usage, argc, argv)) >= 0) {
+        ret = prc;
+        goto out;
+    }
+    if (oq_config_npositional(cfg) > 0) {
+        fprintf(stderr, "onceq producer: unexpected argument '%s'\n", oq_config_positional(cfg, 0));
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    const char *db = oq_config_str(cfg, "db");
+    const char *sync = oq_config_str(cfg, "synchronous");
+    const char *brokers = oq_config_str(cfg, "brokers");
+    int64_t ttl = oq_config_int(cfg, "key-ttl");
+    int64_t purge_every = oq_config_int(cfg, "purge-interval");
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (strcmp(sync, "full") != 0)
+        OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
+    oq_producer_opts_t po = {sync, ttl,     (int)oq_config_int(cfg, "max-batch"),
+                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us")};
+    if (oq_producer_open(db, &po, &p, &err) != 0) {
+        fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
+        goto out;
+    }
+    if (brokers && *brokers) {
+        if (oq_ingest_start(db, sync, brokers, cfg, metrics, &in, &err) != 0) {
+            fprintf(stderr, "onceq producer: results ingest: %s\n", err.msg);
+            ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
+            goto out;
+        }
+        /* result_inbox rows live as long as their call (key-ttl): a result redelivered after
+         * that would find no call and be counted as unknown_call, never applied twice. */
+        OQ_LOG_INFO("producer",
+                    "result dedupe window = key-ttl (%lld ms): keep the retention of %s at or "
+                    "below it",
+                    (long long)ttl, "onceq.tool-results");
+    } else {
+        OQ_LOG_INFO("producer", "no --brokers: results ingest is off (calls stay pending/running)");
+    }
+    oq_http_opts_t ho = {oq_config_str(cfg, "listen"),
+                         oq_config_int(cfg, "max-body"),
+                         (int)oq_config_int(cfg, "threads"),
+                         (size_t)oq_config_int(cfg, "max-depth"),
+                         metrics,
+                         in};
+    if (oq_http_start(p, &ho, &h, &err) != 0) {
+        fprintf(stderr, "onceq producer: %s\n", err.msg);
+        goto out;
+    }
+    const char *ml = oq_config_str(cfg, "metrics-listen");
+    if (ml && *ml && !(ms = oq_metrics_serve(metrics, ml, &err))) {
+        fprintf(stderr, "onceq producer: metrics: %s\n", err.msg);
+        goto out;
+    }
+    OQ_LOG_INFO("producer", "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld", db,
+                oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every);
+
+    int64_t next_purge = oq_mono_us() + purge_every * 1000;
+    while (!producer_stop) {
+        oq_sleep_ms(100, NULL);
+        if (purge_every > 0 && oq_mono_us() >= next_purge) {
+            next_purge = oq_mono_us() + purge_every * 1000;
+            if (!pdb) {
+                oq_db_opts_t dbo = {sync, 0, 0};
+                if (oq_db_open(db, &dbo, &pdb, &err) != 0) {
+                    OQ_LOG_ERROR("producer", "purge: %s", err.msg);
+                    continue;
+                }
+            }
+            oq_purge_stats_t ps = {0};
+            if (oq_store_purge(pdb, oq_now_ms(), ttl, (int)oq_config_int(cfg, "purge-batch"), &ps,
+                               &err) != 0)
+                OQ_LOG_WARN("producer", "purge: %s", err.msg);
+            else if (ps.calls || ps.outbox)
+                OQ_LOG_INFO("producer", "purged calls=%lld outbox=%lld audit=%lld",
+                            (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit);
+        }
+    }
+    OQ_LOG_INFO("producer", "signal %d: draining", (int)producer_stop);
+    ret = OQ_EXIT_OK;
+out:
+    oq_http_stop(h, cfg ? (int)oq_config_int(cfg, "drain") : 0);
+    if (ms) oq_metrics_serve_stop(ms);
+    oq_ingest_stop(in);
+    oq_producer_close(p);
+    if (pdb) sqlite3_close_v2(pdb);
+    oq_metrics_destroy(metrics);
+    if (cfg) oq_config_destroy(cfg);
+    if (ret == OQ_EXIT_OK) OQ_LOG_INFO("producer", "stopped");
+    return ret;
+}

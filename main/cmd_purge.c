@@ -1,0 +1,52 @@
+/*
+ * `onceq purge`: retention. Deletes calls whose key expired (expires_at <= now) and that are
+ * terminal, with their audit and result_inbox rows, and outbox rows published more than
+ * --key-ttl ago, in batches of --batch rows, each its own short transaction (the daemon's
+ * writer waits at most one batch). Pending/running calls are never deleted. A key used again
+ * after its call was purged (or expired) is a new call. Prints what was deleted as JSON.
+ */
+#include <stdio.h>
+
+#include "cmds.h"
+#include "oq_db.h"
+#include "oq_producer.h"
+
+static const oq_setting_t purge_settings[] = {
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
+     "retention: outbox rows published longer ago than this are deleted"},
+    {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per transaction"},
+};
+
+static const char purge_usage[] =
+    "usage: onceq purge [--db calls.db] [--key-ttl 24h] [--batch 500]";
+
+int oq_cmd_purge(int argc, char **argv)
+{
+    oq_error_t err = {0};
+    int ret = OQ_EXIT_FAIL, prc;
+    sqlite3 *db = NULL;
+    oq_config_t *cfg =
+        oq_config_new(purge_settings, sizeof purge_settings / sizeof purge_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    if ((prc = oq_cmd_parse(cfg, purge_usage, argc, argv)) >= 0) {
+        ret = prc;
+        goto out;
+    }
+    oq_purge_stats_t ps = {0};
+    if (oq_db_open(oq_config_str(cfg, "db"), NULL, &db, &err) != 0 ||
+        oq_producer_migrate(db, &err) != 0 ||
+        oq_store_purge(db, oq_now_ms(), oq_config_int(cfg, "key-ttl"),
+                       (int)oq_config_int(cfg, "batch"), &ps, &err) != 0) {
+        fprintf(stderr, "onceq purge: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+        goto out;
+    }
+    printf("{\"calls\":%lld,\"audit\":%lld,\"result_inbox\":%lld,\"outbox\":%lld,\"batches\":%d}\n",
+           (long long)ps.calls, (long long)ps.audit, (long long)ps.result_inbox,
+           (long long)ps.outbox, ps.batches);
+    ret = OQ_EXIT_OK;
+out:
+    if (db) sqlite3_close_v2(db);
+    oq_config_destroy(cfg);
+    return ret;
+}

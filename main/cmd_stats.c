@@ -1,0 +1,47 @@
+/*
+ * `onceq stats`: counts by status, distinct effects reported back, outbox backlog, result
+ * inbox size, as one JSON object read from --db (the same numbers as GET /stats).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cmds.h"
+#include "oq_db.h"
+#include "oq_producer.h"
+
+static const oq_setting_t stats_settings[] = {
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+};
+
+static const char stats_usage[] = "usage: onceq stats [--db calls.db]";
+
+int oq_cmd_stats(int argc, char **argv)
+{
+    oq_error_t err = {0};
+    int ret = OQ_EXIT_FAIL, prc;
+    sqlite3 *db = NULL;
+    json_t *s = NULL;
+    oq_config_t *cfg =
+        oq_config_new(stats_settings, sizeof stats_settings / sizeof stats_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    if ((prc = oq_cmd_parse(cfg, stats_usage, argc, argv)) >= 0) {
+        ret = prc;
+        goto out;
+    }
+    oq_db_opts_t o = {NULL, 0, 1};
+    if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0 ||
+        oq_store_stats(db, &s, &err) != 0) {
+        fprintf(stderr, "onceq stats: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+        goto out;
+    }
+    char *text = json_dumps(s, JSON_INDENT(2));
+    if (!text) goto out;
+    printf("%s\n", text);
+    free(text);
+    ret = OQ_EXIT_OK;
+out:
+    json_decref(s);
+    if (db) sqlite3_close_v2(db);
+    oq_config_destroy(cfg);
+    return ret;
+}

@@ -1,0 +1,230 @@
+/*
+ * ingest.c: results back into calls.db. A librdkafka consumer-group member (group
+ * "onceq-producer", default assignment strategy, auto commit off) reads onceq.tool-results on
+ * its own thread and its own SQLite connection.
+ *
+ * Design. Messages are taken in batches (one blocking poll, then whatever is already fetched,
+ * up to 256) and applied in one BEGIN IMMEDIATE transaction through oq_store_apply_result():
+ * the result_inbox row keyed by message_id makes a redelivered or republished result a no-op,
+ * an unknown call or a stale attempt is recorded and counted but never applied, and a terminal
+ * call is never moved. Offsets are committed to Kafka only after the database commit, so a
+ * crash in between redelivers the batch and the inbox absorbs it (at-least-once in, exactly
+ * one state change per message). A database failure rolls back and retries the same batch (in
+ * memory) until it succeeds or the ingest stops; undecodable messages are logged, counted and
+ * skipped (their offsets are committed: they can never become decodable).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_envelope.h"
+#include "oq_kafka.h"
+#include "oq_log.h"
+#include "producer_int.h"
+
+#define INGEST_BATCH 256
+
+struct oq_ingest {
+    sqlite3 *db;
+    rd_kafka_t *rk;
+    pthread_t th;
+    int started;
+    volatile int stop;
+    _Atomic uint64_t applied, duplicate, unknown_call, stale, ignored, undecodable, batches;
+    oq_metric_t *m[6];
+};
+
+void oq_ingest_counts(const oq_ingest_t *in, oq_ingest_counts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    if (!in) return;
+    o->applied = atomic_load(&in->applied);
+    o->duplicate = atomic_load(&in->duplicate);
+    o->unknown_call = atomic_load(&in->unknown_call);
+    o->stale = atomic_load(&in->stale);
+    o->ignored = atomic_load(&in->ignored);
+    o->undecodable = atomic_load(&in->undecodable);
+    o->batches = atomic_load(&in->batches);
+}
+
+typedef struct tally {
+    uint64_t n[6]; /* applied, duplicate, unknown, stale, ignored, undecodable */
+} tally_t;
+
+/** Apply \p n messages in one transaction. @returns 0 or a database error (rolled back). */
+static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_t *t)
+{
+    oq_error_t err = {0};
+    memset(t, 0, sizeof *t);
+    int64_t now = oq_now_ms();
+    int ret = oq_db_begin_immediate(in->db, 10000, &err);
+    if (ret) goto fail;
+    for (int i = 0; i < n; i++) {
+        rd_kafka_message_t *m = msgs[i];
+        oq_envelope_t e;
+        memset(&e, 0, sizeof e);
+        oq_error_t derr = {0};
+        if (oq_envelope_decode(m->payload, m->len, &e, &derr) != 0 ||
+            e.kind != OQ_KIND_TOOL_RESULT) {
+            OQ_LOG_WARN("ingest", "undecodable result at %s[%d]@%lld: %s",
+                        rd_kafka_topic_name(m->rkt), (int)m->partition, (long long)m->offset,
+                        derr.code ? derr.msg : "not a tool_result");
+            oq_envelope_clear(&e);
+            t->n[5]++;
+            continue;
+        }
+        oq_result_outcome_t oc = OQ_RESULT_IGNORED;
+        ret = oq_store_apply_result(in->db, &e, now, &oc, &err);
+        oq_envelope_clear(&e);
+        if (ret == OQ_EINVAL) { /* unknown status: treat as undecodable */
+            t->n[5]++;
+            ret = 0;
+            continue;
+        }
+        if (ret) goto fail;
+        t->n[oc - 1]++;
+    }
+    if ((ret = oq_db_commit(in->db, &err))) goto fail;
+    return 0;
+fail:
+    oq_db_rollback(in->db);
+    OQ_LOG_WARN("ingest", "result batch of %d not applied, will retry: %s", n, err.msg);
+    return ret;
+}
+
+static void commit_offsets(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n);
+    for (int i = 0; i < n; i++) {
+        rd_kafka_message_t *m = msgs[i];
+        const char *topic = rd_kafka_topic_name(m->rkt);
+        rd_kafka_topic_partition_t *p = rd_kafka_topic_partition_list_find(l, topic, m->partition);
+        if (!p) p = rd_kafka_topic_partition_list_add(l, topic, m->partition);
+        if (p->offset < m->offset + 1) p->offset = m->offset + 1;
+    }
+    rd_kafka_resp_err_t e = rd_kafka_commit(in->rk, l, 0);
+    if (e) /* e.g. during a rebalance: the batch will be redelivered and deduplicated */
+        OQ_LOG_WARN("ingest", "offset commit failed: %s", rd_kafka_err2str(e));
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void *ingest_main(void *arg)
+{
+    oq_ingest_t *in = arg;
+    rd_kafka_message_t *msgs[INGEST_BATCH];
+    while (!in->stop) {
+        int n = 0;
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(in->rk, 100);
+        while (m) {
+            if (m->err) {
+                if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                    OQ_LOG_WARN("ingest", "consumer: %s", rd_kafka_message_errstr(m));
+                rd_kafka_message_destroy(m);
+            } else {
+                msgs[n++] = m;
+            }
+            if (n == INGEST_BATCH) break;
+            m = rd_kafka_consumer_poll(in->rk, 0);
+        }
+        if (n == 0) continue;
+        tally_t t;
+        int rc;
+        int64_t backoff = 50;
+        while ((rc = apply_batch(in, msgs, n, &t)) != 0 && !in->stop) {
+            oq_sleep_ms(backoff, &in->stop);
+            if (backoff < 2000) backoff *= 2;
+        }
+        if (rc == 0) {
+            _Atomic uint64_t *ctr[6] = {&in->applied, &in->duplicate, &in->unknown_call,
+                                        &in->stale,   &in->ignored,   &in->undecodable};
+            for (int i = 0; i < 6; i++) {
+                atomic_fetch_add(ctr[i], t.n[i]);
+                oq_counter_add(in->m[i], t.n[i]);
+            }
+            atomic_fetch_add(&in->batches, 1);
+            commit_offsets(in, msgs, n);
+        }
+        for (int i = 0; i < n; i++)
+            rd_kafka_message_destroy(msgs[i]);
+    }
+    return NULL;
+}
+
+int oq_ingest_start(const char *db_path, const char *synchronous, const char *brokers,
+                    const void *cfg, oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err)
+{
+    int ret = 0;
+    char errstr[512];
+    rd_kafka_conf_t *conf = NULL;
+    rd_kafka_topic_partition_list_t *topics = NULL;
+    oq_ingest_t *in = calloc(1, sizeof *in);
+    if (!in) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    oq_db_opts_t dbo = {synchronous, 0, 0};
+    if ((ret = oq_db_open(db_path, &dbo, &in->db, err))) goto out;
+    if ((ret = oq_db_migrate(in->db, oq_migrations_producer, err))) goto out;
+    conf = oq_kafka_conf_new(brokers, (const oq_config_t *)cfg, err);
+    if (!conf) {
+        ret = err ? err->code : OQ_EINVAL;
+        goto out;
+    }
+    /* Defaults first, then the user's -X again so that they win. */
+    if ((ret = oq_kafka_conf_set(conf, "group.id", "onceq-producer", err)) ||
+        (ret = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
+        (ret = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)))
+        goto out;
+    if (cfg && (ret = oq_config_apply_kafka((const oq_config_t *)cfg, conf, err))) goto out;
+    in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
+    if (!in->rk) {
+        ret = oq_error_set(err, OQ_EKAFKA, 0, "rd_kafka_new: %s", errstr);
+        goto out;
+    }
+    conf = NULL; /* owned by rk */
+    rd_kafka_poll_set_consumer(in->rk);
+    topics = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(topics, OQ_TOPIC_RESULTS, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t ke = rd_kafka_subscribe(in->rk, topics);
+    if (ke) {
+        ret = oq_error_set(err, OQ_EKAFKA, ke, "subscribe: %s", rd_kafka_err2str(ke));
+        goto out;
+    }
+    if (metrics) {
+        static const char *const names[6] = {"applied", "duplicate", "unknown_call",
+                                             "stale",   "ignored",   "undecodable"};
+        for (int i = 0; i < 6; i++) {
+            char labels[48];
+            snprintf(labels, sizeof labels, "outcome=\"%s\"", names[i]);
+            in->m[i] = oq_metrics_counter(metrics, "onceq_producer_results_total",
+                                          "Result messages by outcome", labels);
+        }
+    }
+    if (pthread_create(&in->th, NULL, ingest_main, in) != 0) {
+        ret = oq_error_set(err, OQ_EIO, 0, "cannot start the ingest thread");
+        goto out;
+    }
+    in->started = 1;
+    OQ_LOG_INFO("ingest", "consuming %s as group onceq-producer from %s", OQ_TOPIC_RESULTS,
+                brokers);
+out:
+    if (topics) rd_kafka_topic_partition_list_destroy(topics);
+    if (conf) rd_kafka_conf_destroy(conf);
+    if (ret) {
+        oq_ingest_stop(in);
+        return ret;
+    }
+    *out = in;
+    return 0;
+}
+
+void oq_ingest_stop(oq_ingest_t *in)
+{
+    if (!in) return;
+    in->stop = 1;
+    if (in->started) pthread_join(in->th, NULL);
+    if (in->rk) {
+        rd_kafka_consumer_close(in->rk);
+        rd_kafka_destroy(in->rk);
+    }
+    if (in->db) sqlite3_close_v2(in->db);
+    free(in);
+}

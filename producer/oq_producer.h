@@ -1,0 +1,299 @@
+/**
+ * @file oq_producer.h
+ * @brief The producer: idempotent submit of tool calls (calls + outbox row in one SQLite
+ *        transaction), group commit, reads, stats, results ingest, purge and the HTTP API.
+ *
+ * Semantics (DESIGN.md "Submit"), for one (tenant, idem_key):
+ *  - new key                          -> OQ_SUBMIT_NEW: a `pending` call and an outbox row;
+ *  - same key, same fingerprint       -> OQ_SUBMIT_REPLAY: the original call, nothing written;
+ *  - same key, different fingerprint  -> OQ_SUBMIT_CONFLICT (return OQ_ECONFLICT), nothing written;
+ *  - same key + fingerprint, call `failed` with error.retryable=true
+ *                                     -> OQ_SUBMIT_RETRY_RESET: back to `pending`, attempt+1,
+ *                                        a new outbox row (new message_id, same call_id).
+ * A key whose call is terminal and past expires_at (created_at + key_ttl) is a new call, even
+ * before `onceq purge` deleted it. Non-terminal calls never expire.
+ *
+ * Durability: oq_producer_submit() returns only after the batch holding the submit committed
+ * (synchronous=FULL unless the opener lowered it). Many concurrent submitters share one
+ * transaction per batch (group commit, one writer thread).
+ *
+ * Thread-safety: an oq_producer_t may be used from any number of threads.
+ */
+#ifndef OQ_PRODUCER_H
+#define OQ_PRODUCER_H
+
+#include <jansson.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+#include "oq_json.h"
+#include "oq_metrics.h"
+#include "oq_util.h"
+
+#define OQ_DEFAULT_TENANT "default"
+#define OQ_DEFAULT_KEY_TTL_MS (24LL * 3600 * 1000)
+
+typedef struct oq_producer oq_producer_t;
+
+/** Open options. Zero-initialise, then set what you need. */
+typedef struct oq_producer_opts {
+    const char *synchronous; /**< "FULL" (default when NULL), "NORMAL", "OFF" */
+    int64_t key_ttl_ms;      /**< retention of keys; 0 = 24 h */
+    int max_batch;           /**< group-commit batch cap; 0 = 256 */
+    int read_conns;          /**< read-only connections for get/stats; 0 = 4 */
+    oq_metrics_t *metrics;   /**< optional registry (borrowed; must outlive the producer) */
+    int commit_delay_us;     /**< max extra wait to grow a batch: 0 = adaptive (default),
+                                  < 0 = off (commit whatever is queued at once) */
+} oq_producer_opts_t;
+
+typedef enum {
+    OQ_SUBMIT_NEW = 1,
+    OQ_SUBMIT_REPLAY = 2,
+    OQ_SUBMIT_CONFLICT = 3,
+    OQ_SUBMIT_RETRY_RESET = 4
+} oq_submit_outcome_t;
+
+/** @brief "new" / "replay" / "conflict" / "retry_reset". */
+const char *oq_submit_outcome_name(oq_submit_outcome_t o);
+
+/** A submit request. All fields borrowed for the duration of the call. */
+typedef struct oq_submit_req {
+    const char *tenant;    /**< NULL or "" = "default"; 1..128 printable bytes */
+    const char *idem_key;  /**< 1..255 printable ASCII bytes (0x21..0x7e and space) */
+    const char *tool;      /**< 1..128 bytes, [A-Za-z0-9_.:-] */
+    const json_t *args;    /**< a JSON object */
+    const char *client_id; /**< optional */
+    int64_t seq;           /**< optional client sequence number, used when has_seq */
+    int has_seq;
+} oq_submit_req_t;
+
+/** One call row. Strings are owned by the struct; release with oq_call_clear(). */
+typedef struct oq_call {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char fingerprint[OQ_FINGERPRINT_LEN + 1];
+    char state[16]; /**< pending|running|succeeded|failed|needs_review */
+    char *tenant;
+    char *idem_key;
+    char *tool;
+    char *args;      /**< canonical JSON text */
+    char *result;    /**< JSON text or NULL */
+    char *error;     /**< JSON text {"code","message","retryable"} or NULL */
+    char *effect_id; /**< NULL until a result reported one */
+    char *client_id; /**< NULL when not given */
+    int64_t attempt;
+    int64_t seq;
+    int has_seq;
+    int64_t created_at, updated_at, expires_at; /**< unix ms */
+} oq_call_t;
+
+/** @brief Free the strings \p c owns and zero it; safe on a zeroed struct. */
+void oq_call_clear(oq_call_t *c);
+
+/** @brief Non-zero for succeeded / failed / needs_review. */
+int oq_call_state_terminal(const char *state);
+
+/**
+ * @brief The call as the JSON object of the HTTP API and the CLI: call_id, tenant, idem_key,
+ *        fingerprint, tool, args, status, attempt, result, error, effect_id, client_id, seq,
+ *        created_at/updated_at/expires_at (RFC 3339), query_url.
+ * @returns a new reference, or NULL on ENOMEM.
+ */
+json_t *oq_call_to_json(const oq_call_t *c);
+
+/**
+ * @brief The same object as oq_call_to_json(), rendered straight to compact JSON text (the
+ *        HTTP hot path: no intermediate jansson objects).
+ * @param out malloc()ed NUL-terminated text (caller free()s). @returns 0 or OQ_ENOMEM.
+ */
+int oq_call_render(const oq_call_t *c, char **out, size_t *out_len);
+
+/**
+ * @brief Open (create, migrate) the producer database at \p path and start its writer thread.
+ * @param opts may be NULL.
+ * @returns 0 with \p out set (release with oq_producer_close), or a negative OQ_E* code.
+ */
+int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_producer_t **out,
+                     oq_error_t *err);
+
+/** @brief Stop the writer after it drained queued submits, close the database. NULL ok. */
+void oq_producer_close(oq_producer_t *p);
+
+/**
+ * @brief Submit one call and wait until it is durable (or refused).
+ * @param call receives the call (the original one on a replay or conflict); may be NULL.
+ * @param outcome receives the outcome (also on conflict); may be NULL.
+ * @returns 0 for new / replay / retry-reset, OQ_ECONFLICT for a conflict, OQ_EINVAL for a bad
+ *          request (nothing written), OQ_EBUSY/OQ_EDB when the batch failed to commit (nothing
+ *          of this submit is durable; retrying with the same key is safe), OQ_ESHUTDOWN.
+ */
+int oq_producer_submit(oq_producer_t *p, const oq_submit_req_t *req, oq_call_t *call,
+                       oq_submit_outcome_t *outcome, oq_error_t *err);
+
+/**
+ * A submit prepared outside the writer (validation, canonical args, fingerprint, envelope of
+ * a first attempt), so the writer does only SQL. Opaque; see oq_producer_submit_async().
+ */
+typedef struct oq_submit_job oq_submit_job_t;
+
+/** Completion callback of an async submit, called on the writer thread after the commit
+ *  (or the failure). It must not block; it typically wakes the requester (e.g. resumes a
+ *  suspended HTTP connection), which then reads the job with oq_submit_job_result(). */
+typedef void (*oq_submit_done_cb)(oq_submit_job_t *job, void *opaque);
+
+/**
+ * @brief Validate and prepare \p req (any thread). @returns 0 with \p out set (owned by the
+ *        caller until oq_submit_job_destroy), OQ_EINVAL/OQ_ETOOBIG/OQ_EUTF8/... otherwise.
+ */
+int oq_submit_job_new(const oq_submit_req_t *req, oq_submit_job_t **out, oq_error_t *err);
+/** @brief Free a job (not while it is queued). NULL ok. */
+void oq_submit_job_destroy(oq_submit_job_t *job);
+/**
+ * @brief Queue a prepared job for the writer; \p cb runs once on the writer thread when done.
+ * @returns 0, or OQ_ESHUTDOWN (the callback will not run).
+ */
+int oq_producer_submit_async(oq_producer_t *p, oq_submit_job_t *job, oq_submit_done_cb cb,
+                             void *opaque);
+/**
+ * @brief Outcome of a finished job: return code (as oq_producer_submit), outcome, and the call
+ *        (borrowed from the job). \p err may be NULL.
+ */
+int oq_submit_job_result(const oq_submit_job_t *job, oq_submit_outcome_t *outcome,
+                         const oq_call_t **call, oq_error_t *err);
+
+/**
+ * @brief Submit inside the caller's own open write transaction on the caller's connection,
+ *        so business rows and the intent commit (or roll back) together.
+ * @remark \p db must hold an open write transaction (BEGIN IMMEDIATE) and carry the producer
+ *         schema (oq_producer_migrate). Nothing is committed here. A conflict writes nothing.
+ * @param key_ttl_ms 0 = 24 h.
+ * @returns as oq_producer_submit().
+ */
+int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                             oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
+
+/** @brief Apply the producer migrations (outbox + calls, ...) to the caller's \p db. */
+int oq_producer_migrate(sqlite3 *db, oq_error_t *err);
+
+/** @brief Get by call id. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
+int oq_producer_get(oq_producer_t *p, const char *call_id, oq_call_t *out, oq_error_t *err);
+/** @brief Get by (tenant, key); \p tenant NULL = "default". @returns 0, OQ_ENOTFOUND, OQ_EDB. */
+int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *idem_key,
+                           oq_call_t *out, oq_error_t *err);
+
+/**
+ * @brief Stats: {"calls":N,"effects":N,"by_status":{...},"outbox_pending":N,
+ *        "result_inbox":N, "oldest_pending_age_ms":N}. @returns 0 with \p out a new reference.
+ */
+int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err);
+
+/* --- the same reads on a plain connection (CLI tools) ------------------------------------- */
+int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err);
+int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
+                        oq_error_t *err);
+int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err);
+
+/** One audit row (strings owned by the array; free with oq_audit_free). */
+typedef struct oq_audit_row {
+    int64_t ts;
+    char *event;
+    char *detail; /**< JSON text or NULL */
+} oq_audit_row_t;
+/** @brief Audit rows of \p call_id in order. @returns 0 (also with 0 rows) or OQ_EDB. */
+int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,
+                   oq_error_t *err);
+void oq_audit_free(oq_audit_row_t *rows, size_t n);
+
+/* --- retention ---------------------------------------------------------------------------- */
+
+typedef struct oq_purge_stats {
+    int64_t calls;        /**< expired terminal calls deleted */
+    int64_t audit;        /**< their audit rows */
+    int64_t result_inbox; /**< their result_inbox rows, and rows of unknown calls older
+                               than the TTL */
+    int64_t outbox;       /**< published outbox rows older than the TTL */
+    int batches;
+} oq_purge_stats_t;
+
+/**
+ * @brief Delete calls with expires_at <= \p now_ms in a terminal state, their audit and
+ *        result_inbox rows, result_inbox rows of unknown calls received before
+ *        now_ms - key_ttl_ms, and outbox rows published before now_ms - key_ttl_ms, in batches
+ *        of \p batch rows (one short BEGIN IMMEDIATE transaction each, so the write lock is
+ *        never held for long). Pending/running calls are never deleted.
+ * @param stats accumulates what was deleted; may be NULL.
+ * @returns 0, OQ_EBUSY, OQ_EDB.
+ */
+int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                   oq_purge_stats_t *stats, oq_error_t *err);
+
+/* --- results ingest ----------------------------------------------------------------------- */
+
+/** Outcome of applying one tool_result. */
+typedef enum {
+    OQ_RESULT_APPLIED = 1,  /**< state changed (audit row written) */
+    OQ_RESULT_DUPLICATE,    /**< message_id already in result_inbox: nothing done */
+    OQ_RESULT_UNKNOWN_CALL, /**< no such call: recorded, not applied */
+    OQ_RESULT_STALE,        /**< attempt older (or newer) than the call's: not applied */
+    OQ_RESULT_IGNORED       /**< would leave a terminal state or repeat one: not applied */
+} oq_result_outcome_t;
+
+const char *oq_result_outcome_name(oq_result_outcome_t o);
+
+struct oq_envelope;
+/**
+ * @brief Apply one decoded tool_result envelope inside the caller's open write transaction.
+ * @returns 0 with \p outcome set, or OQ_EINVAL (not a tool_result), OQ_EBUSY, OQ_EDB.
+ */
+int oq_store_apply_result(sqlite3 *db, const struct oq_envelope *env, int64_t now_ms,
+                          oq_result_outcome_t *outcome, oq_error_t *err);
+
+typedef struct oq_ingest oq_ingest_t;
+
+/** Ingest counters (also exported as metrics when a registry is given). */
+typedef struct oq_ingest_counts {
+    uint64_t applied, duplicate, unknown_call, stale, ignored, undecodable, batches;
+} oq_ingest_counts_t;
+
+/**
+ * @brief Start consuming onceq.tool-results (group "onceq-producer") into \p db_path on a
+ *        thread of its own. @param cfg -X properties (may be NULL).
+ * @returns 0 with \p out set, or OQ_EKAFKA/OQ_EDB/OQ_EINVAL.
+ */
+int oq_ingest_start(const char *db_path, const char *synchronous, const char *brokers,
+                    const void *cfg, oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err);
+/** @brief Stop the thread (after its current batch), close the consumer. NULL ok. */
+void oq_ingest_stop(oq_ingest_t *in);
+void oq_ingest_counts(const oq_ingest_t *in, oq_ingest_counts_t *out);
+
+/* --- HTTP --------------------------------------------------------------------------------- */
+
+typedef struct oq_http oq_http_t;
+
+typedef struct oq_http_opts {
+    const char *listen;    /**< "127.0.0.1:8081" */
+    int64_t max_body;      /**< default 1 MiB */
+    int threads;           /**< libmicrohttpd thread pool; default 2 (minimum 2) */
+    size_t max_depth;      /**< JSON nesting limit; default 32 */
+    oq_metrics_t *metrics; /**< optional, served on GET /metrics */
+    oq_ingest_t *ingest;   /**< optional: its counters appear in GET /stats as "results" */
+} oq_http_opts_t;
+
+/** @brief Serve the HTTP API for \p p. @returns 0 with \p out set, or OQ_EIO/OQ_EINVAL. */
+int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out, oq_error_t *err);
+/** @brief Port actually bound (useful with port 0). */
+int oq_http_port(const oq_http_t *h);
+/**
+ * @brief Stop accepting, wait up to \p drain_ms for in-flight requests to be answered, then
+ *        stop the server. NULL ok.
+ */
+void oq_http_stop(oq_http_t *h, int drain_ms);
+
+/** @brief Metrics registry the producer was opened with (may be NULL). */
+oq_metrics_t *oq_producer_metrics(oq_producer_t *p);
+/** @brief Path of the database. */
+const char *oq_producer_path(const oq_producer_t *p);
+/** @brief Configured key TTL (ms). */
+int64_t oq_producer_key_ttl(const oq_producer_t *p);
+
+#endif

@@ -1,0 +1,656 @@
+/*
+ * Producer store and C API: the seven scenarios of the reference design (same key, different
+ * key, conflict, concurrent same key, retryable failure reset, crash after commit before the
+ * reply, delayed response then retry), tenant scoping, the in-transaction API, results ingest
+ * semantics (duplicate / stale / unknown / late running) and purge boundaries. Every test
+ * works on a fresh database in a temp directory and checks the rows, not only return codes.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "oq_db.h"
+#include "oq_envelope.h"
+#include "oq_producer.h"
+#include "producer_int.h"
+
+typedef struct fx {
+    char dir[64];
+    char path[128];
+    oq_producer_t *p;
+    sqlite3 *db; /* a second plain connection for checks */
+} fx_t;
+
+static int setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/oq-test-producer.XXXXXX");
+    if (!mkdtemp(f->dir)) return -1;
+    snprintf(f->path, sizeof f->path, "%s/calls.db", f->dir);
+    oq_error_t err = {0};
+    if (oq_producer_open(f->path, NULL, &f->p, &err) != 0) {
+        fprintf(stderr, "open: %s\n", err.msg);
+        return -1;
+    }
+    if (oq_db_open(f->path, NULL, &f->db, &err) != 0) return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *f = *state;
+    oq_producer_close(f->p);
+    sqlite3_close_v2(f->db);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    if (system(cmd) != 0) return -1;
+    free(f);
+    return 0;
+}
+
+static int64_t count(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return n;
+}
+
+static int submit(oq_producer_t *p, const char *tenant, const char *key, const char *tool,
+                  const char *args_json, oq_call_t *call, oq_submit_outcome_t *oc)
+{
+    json_t *args = json_loads(args_json, 0, NULL);
+    assert_non_null(args);
+    oq_submit_req_t req = {tenant, key, tool, args, NULL, 0, 0};
+    oq_error_t err = {0};
+    int rc = oq_producer_submit(p, &req, call, oc, &err);
+    json_decref(args);
+    return rc;
+}
+
+/* Scenario 1 and 2: same key returns the same call and writes nothing; a new key is new. */
+static void test_same_key_replay_and_new_key(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0}, b = {0}, c = {0};
+    oq_submit_outcome_t oc;
+    assert_int_equal(submit(f->p, NULL, "k1", "charge", "{\"amount\":5}", &a, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    assert_string_equal(a.state, "pending");
+    assert_string_equal(a.tenant, "default");
+    assert_int_equal(a.attempt, 1);
+    assert_int_equal(strlen(a.call_id), OQ_CALL_ID_LEN);
+    /* same key, same args in another key order/number form: replay */
+    assert_int_equal(submit(f->p, NULL, "k1", "charge", "{ \"amount\" : 5.0 }", &b, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_string_equal(a.call_id, b.call_id);
+    assert_string_equal(a.fingerprint, b.fingerprint);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+    /* different key: new call */
+    assert_int_equal(submit(f->p, NULL, "k2", "charge", "{\"amount\":5}", &c, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    assert_string_not_equal(a.call_id, c.call_id);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 2);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 2);
+    /* the outbox row carries a decodable tool_call envelope keyed by call_id */
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(
+        sqlite3_prepare_v2(f->db, "SELECT key,payload FROM outbox ORDER BY seq", -1, &st, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), a.call_id);
+    oq_envelope_t e = {0};
+    oq_error_t err = {0};
+    assert_int_equal(oq_envelope_decode((const char *)sqlite3_column_text(st, 1),
+                                        (size_t)sqlite3_column_bytes(st, 1), &e, &err),
+                     0);
+    assert_int_equal(e.kind, OQ_KIND_TOOL_CALL);
+    assert_string_equal(e.call_id, a.call_id);
+    assert_string_equal(e.fingerprint, a.fingerprint);
+    assert_int_equal(e.attempt, 1);
+    oq_envelope_clear(&e);
+    sqlite3_finalize(st);
+    /* reads */
+    oq_call_t g = {0};
+    assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
+    assert_string_equal(g.idem_key, "k1");
+    assert_string_equal(g.args, "{\"amount\":5}");
+    oq_call_clear(&g);
+    assert_int_equal(oq_producer_get_by_key(f->p, NULL, "k2", &g, NULL), 0);
+    assert_string_equal(g.call_id, c.call_id);
+    oq_call_clear(&g);
+    assert_int_equal(oq_producer_get(f->p, "c_0000000000000000", &g, NULL), OQ_ENOTFOUND);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+    oq_call_clear(&c);
+}
+
+/* Scenario 3: same key, different args: conflict, nothing written. */
+static void test_conflict(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0}, b = {0};
+    oq_submit_outcome_t oc;
+    assert_int_equal(submit(f->p, NULL, "k", "charge", "{\"amount\":5}", &a, &oc), 0);
+    assert_int_equal(submit(f->p, NULL, "k", "charge", "{\"amount\":6}", &b, &oc), OQ_ECONFLICT);
+    assert_int_equal(oc, OQ_SUBMIT_CONFLICT);
+    assert_int_equal(submit(f->p, NULL, "k", "send_email", "{\"amount\":5}", NULL, &oc),
+                     OQ_ECONFLICT);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+}
+
+/* Tenant scoping: the same key in two tenants is two calls. Bad input is refused. */
+static void test_tenants_and_validation(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0}, b = {0};
+    oq_submit_outcome_t oc;
+    assert_int_equal(submit(f->p, "t1", "k", "charge", "{\"amount\":5}", &a, &oc), 0);
+    assert_int_equal(submit(f->p, "t2", "k", "charge", "{\"amount\":5}", &b, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    assert_string_not_equal(a.call_id, b.call_id);
+    assert_string_not_equal(a.fingerprint, b.fingerprint); /* tenant is in the fingerprint */
+    char longkey[300];
+    memset(longkey, 'x', 256);
+    longkey[256] = '\0';
+    assert_int_equal(submit(f->p, NULL, longkey, "charge", "{}", NULL, NULL), OQ_EINVAL);
+    longkey[255] = '\0';
+    assert_int_equal(submit(f->p, NULL, longkey, "charge", "{}", NULL, NULL), 0);
+    assert_int_equal(submit(f->p, NULL, "", "charge", "{}", NULL, NULL), OQ_EINVAL);
+    assert_int_equal(submit(f->p, NULL, "a\nb", "charge", "{}", NULL, NULL), OQ_EINVAL);
+    assert_int_equal(submit(f->p, NULL, "k9", "bad tool", "{}", NULL, NULL), OQ_EINVAL);
+    assert_int_equal(submit(f->p, NULL, "k9", "charge", "[1]", NULL, NULL), OQ_EINVAL);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 3);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+}
+
+/* Scenario 4: 16 threads submit one key at once: one call id, one outbox row. */
+typedef struct conc {
+    oq_producer_t *p;
+    pthread_barrier_t *bar;
+    char call_id[OQ_CALL_ID_LEN + 1];
+    int rc;
+    oq_submit_outcome_t oc;
+} conc_t;
+
+static void *conc_main(void *arg)
+{
+    conc_t *c = arg;
+    json_t *args = json_pack("{s:i}", "amount", 7);
+    oq_submit_req_t req = {"default", "same-key", "charge", args, NULL, 0, 0};
+    oq_call_t call = {0};
+    pthread_barrier_wait(c->bar);
+    c->rc = oq_producer_submit(c->p, &req, &call, &c->oc, NULL);
+    memcpy(c->call_id, call.call_id, sizeof c->call_id);
+    oq_call_clear(&call);
+    json_decref(args);
+    return NULL;
+}
+
+static void test_concurrent_same_key(void **state)
+{
+    fx_t *f = *state;
+    enum { N = 16 };
+    pthread_t th[N];
+    conc_t c[N];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, N);
+    for (int i = 0; i < N; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        c[i].p = f->p;
+        c[i].bar = &bar;
+        assert_int_equal(pthread_create(&th[i], NULL, conc_main, &c[i]), 0);
+    }
+    int news = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(c[i].rc, 0);
+        assert_string_equal(c[i].call_id, c[0].call_id);
+        if (c[i].oc == OQ_SUBMIT_NEW) news++;
+    }
+    pthread_barrier_destroy(&bar);
+    assert_int_equal(news, 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+}
+
+/* Apply one tool_result on the check connection, in its own transaction. */
+static int apply(fx_t *f, const char *call_id, const char *msg_id, const char *status,
+                 int64_t attempt, const char *error_json, const char *effect_id,
+                 oq_result_outcome_t *oc)
+{
+    oq_envelope_t e;
+    memset(&e, 0, sizeof e);
+    e.v = 1;
+    e.kind = OQ_KIND_TOOL_RESULT;
+    snprintf(e.message_id, sizeof e.message_id, "%s", msg_id);
+    snprintf(e.call_id, sizeof e.call_id, "%s", call_id);
+    e.attempt = attempt;
+    e.status = (char *)status;
+    e.error = error_json ? json_loads(error_json, 0, NULL) : NULL;
+    e.result = strcmp(status, "succeeded") == 0 ? json_pack("{s:b}", "ok", 1) : NULL;
+    e.effect_id = (char *)effect_id;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
+    int rc = oq_store_apply_result(f->db, &e, 1000, oc, &err);
+    assert_int_equal(oq_db_commit(f->db, &err), 0);
+    json_decref(e.error);
+    json_decref(e.result);
+    return rc;
+}
+
+/* Scenario 5: failed + retryable -> same key resets to pending with attempt 2 and a new outbox
+ * row; failed + not retryable -> replay; results are applied once. */
+static void test_retryable_failure_and_results(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0}, b = {0};
+    oq_submit_outcome_t oc;
+    oq_result_outcome_t ro;
+    assert_int_equal(submit(f->p, NULL, "r", "fail", "{\"retryable\":true}", &a, &oc), 0);
+    /* running, then duplicated running, then failed retryable */
+    assert_int_equal(apply(f, a.call_id, "m1", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    assert_int_equal(apply(f, a.call_id, "m1", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_DUPLICATE);
+    assert_int_equal(apply(f, a.call_id, "m2", "failed", 1,
+                           "{\"code\":\"tool_failed\",\"message\":\"x\",\"retryable\":true}", NULL,
+                           &ro),
+                     0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    /* duplicate of the failure: nothing more */
+    assert_int_equal(apply(f, a.call_id, "m2", "failed", 1, "{\"retryable\":true}", NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_DUPLICATE);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM audit WHERE event='failed'"), 1);
+    /* a late 'running' does not move a terminal call */
+    assert_int_equal(apply(f, a.call_id, "m3", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_IGNORED);
+    oq_call_t g = {0};
+    assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
+    assert_string_equal(g.state, "failed");
+    oq_call_clear(&g);
+
+    assert_int_equal(submit(f->p, NULL, "r", "fail", "{\"retryable\":true}", &b, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_RETRY_RESET);
+    assert_string_equal(b.call_id, a.call_id);
+    assert_int_equal(b.attempt, 2);
+    assert_string_equal(b.state, "pending");
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 2);
+    assert_int_equal(count(f->db, "SELECT count(DISTINCT message_id) FROM outbox"), 2);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    /* a stale result of attempt 1 is not applied; attempt 2 success is, with its effect id */
+    assert_int_equal(apply(f, a.call_id, "m4", "succeeded", 1, NULL, "e1", &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_STALE);
+    assert_int_equal(apply(f, a.call_id, "m5", "succeeded", 2, NULL, "e2", &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    assert_int_equal(apply(f, "c_ffffffffffffffff", "m6", "succeeded", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_UNKNOWN_CALL);
+    assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
+    assert_string_equal(g.state, "succeeded");
+    assert_string_equal(g.effect_id, "e2");
+    assert_non_null(g.result);
+    oq_call_clear(&g);
+    /* a terminal success replays, never resets */
+    oq_call_clear(&b);
+    assert_int_equal(submit(f->p, NULL, "r", "fail", "{\"retryable\":true}", &b, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    json_t *s = NULL;
+    assert_int_equal(oq_producer_stats(f->p, &s, NULL), 0);
+    assert_int_equal(json_integer_value(json_object_get(s, "calls")), 1);
+    assert_int_equal(json_integer_value(json_object_get(s, "effects")), 1);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(s, "by_status"), "succeeded")), 1);
+    json_decref(s);
+
+    /* non-retryable failure: replay, no reset */
+    oq_call_t n = {0};
+    assert_int_equal(submit(f->p, NULL, "nr", "fail", "{\"retryable\":false}", &n, &oc), 0);
+    assert_int_equal(apply(f, n.call_id, "m7", "failed", 1,
+                           "{\"code\":\"x\",\"message\":\"y\",\"retryable\":false}", NULL, &ro),
+                     0);
+    oq_call_clear(&b);
+    assert_int_equal(submit(f->p, NULL, "nr", "fail", "{\"retryable\":false}", &b, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_int_equal(b.attempt, 1);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+    oq_call_clear(&n);
+}
+
+/* Scenario 6: the process is killed after the commit and before the reply. After a restart
+ * the same key returns the committed call and nothing is duplicated. */
+static void test_crash_after_commit(void **state)
+{
+    fx_t *f = *state;
+    char path[160];
+    snprintf(path, sizeof path, "%s/crash.db", f->dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("ONCEQ_CRASH_AT", "producer.after_commit_before_reply", 1);
+        oq__crash_armed = -1;
+        oq_producer_t *p = NULL;
+        if (oq_producer_open(path, NULL, &p, NULL) != 0) _exit(3);
+        submit(p, NULL, "crash-key", "charge", "{\"amount\":1}", NULL, NULL);
+        _exit(0); /* not reached: the crash point kills us */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+    oq_producer_t *p = NULL;
+    assert_int_equal(oq_producer_open(path, NULL, &p, NULL), 0);
+    oq_call_t c = {0};
+    oq_submit_outcome_t oc;
+    assert_int_equal(submit(p, NULL, "crash-key", "charge", "{\"amount\":1}", &c, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY); /* the commit survived the kill */
+    oq_call_clear(&c);
+    oq_producer_close(p);
+    sqlite3 *db = NULL;
+    assert_int_equal(oq_db_open(path, NULL, &db, NULL), 0);
+    assert_int_equal(count(db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(db, "SELECT count(*) FROM outbox"), 1);
+    sqlite3_close_v2(db);
+}
+
+/* Scenario 7: the response is delayed (the writer is blocked by another writer's lock), the
+ * client gives up and retries with the same key: one call. */
+typedef struct delayed {
+    oq_producer_t *p;
+    char call_id[OQ_CALL_ID_LEN + 1];
+    int rc;
+} delayed_t;
+
+static void *delayed_main(void *arg)
+{
+    delayed_t *d = arg;
+    oq_call_t c = {0};
+    d->rc = submit(d->p, NULL, "slow", "charge", "{\"amount\":3}", &c, NULL);
+    memcpy(d->call_id, c.call_id, sizeof d->call_id);
+    oq_call_clear(&c);
+    return NULL;
+}
+
+static void test_delayed_response_retry(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_begin_immediate(f->db, 1000, &err), 0); /* hold the write lock */
+    delayed_t d = {f->p, "", -99};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, delayed_main, &d), 0);
+    usleep(300 * 1000);
+    assert_int_equal(d.rc, -99); /* still waiting: not acknowledged before durable */
+    assert_int_equal(oq_db_commit(f->db, &err), 0); /* release the lock */
+    pthread_join(th, NULL);                         /* (the "lost" first response) */
+    assert_int_equal(d.rc, 0);
+    oq_call_t c = {0};
+    oq_submit_outcome_t oc;
+    assert_int_equal(submit(f->p, NULL, "slow", "charge", "{\"amount\":3}", &c, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_string_equal(c.call_id, d.call_id);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+    oq_call_clear(&c);
+}
+
+/* The in-transaction API: a rolled-back business transaction leaves nothing. */
+static void test_in_tx(void **state)
+{
+    fx_t *f = *state;
+    sqlite3 *db = f->db;
+    oq_error_t err = {0};
+    assert_int_equal(oq_producer_migrate(db, &err), 0);
+    assert_int_equal(
+        oq_db_exec(db, "CREATE TABLE orders(id INTEGER PRIMARY KEY, amount INT)", &err), 0);
+    json_t *args = json_pack("{s:i}", "amount", 9);
+    oq_submit_req_t req = {NULL, "order-1", "charge", args, NULL, 0, 0};
+    oq_call_t c = {0};
+    oq_submit_outcome_t oc;
+    /* without a transaction: refused */
+    assert_int_equal(oq_producer_submit_in_tx(db, &req, 0, &c, &oc, &err), OQ_ESTATE);
+    /* rolled back */
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    assert_int_equal(oq_db_exec(db, "INSERT INTO orders(amount) VALUES(9)", &err), 0);
+    assert_int_equal(oq_producer_submit_in_tx(db, &req, 0, &c, &oc, &err), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    oq_db_rollback(db);
+    oq_call_clear(&c);
+    assert_int_equal(count(db, "SELECT count(*) FROM orders"), 0);
+    assert_int_equal(count(db, "SELECT count(*) FROM calls"), 0);
+    assert_int_equal(count(db, "SELECT count(*) FROM outbox"), 0);
+    /* committed */
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    assert_int_equal(oq_db_exec(db, "INSERT INTO orders(amount) VALUES(9)", &err), 0);
+    assert_int_equal(oq_producer_submit_in_tx(db, &req, 0, &c, &oc, &err), 0);
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    assert_int_equal(count(db, "SELECT count(*) FROM orders"), 1);
+    assert_int_equal(count(db, "SELECT count(*) FROM calls"), 1);
+    assert_int_equal(count(db, "SELECT count(*) FROM outbox"), 1);
+    /* the producer sees it: the daemon's replay of the same key */
+    oq_call_t r = {0};
+    assert_int_equal(submit(f->p, NULL, "order-1", "charge", "{\"amount\":9}", &r, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_string_equal(r.call_id, c.call_id);
+    oq_call_clear(&r);
+    oq_call_clear(&c);
+    json_decref(args);
+}
+
+/* Purge: exact boundary, terminal only, dependent rows, and an expired key is a new call. */
+static void test_purge(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0}, b = {0}, c = {0};
+    oq_result_outcome_t ro;
+    assert_int_equal(submit(f->p, NULL, "p1", "charge", "{\"amount\":1}", &a, NULL), 0);
+    assert_int_equal(submit(f->p, NULL, "p2", "charge", "{\"amount\":2}", &b, NULL), 0);
+    assert_int_equal(submit(f->p, NULL, "p3", "charge", "{\"amount\":3}", &c, NULL), 0);
+    assert_int_equal(apply(f, a.call_id, "pm1", "succeeded", 1, NULL, "e1", &ro), 0);
+    assert_int_equal(apply(f, b.call_id, "pm2", "running", 1, NULL, NULL, &ro), 0);
+    /* p1 succeeded, p2 running, p3 pending; the outbox rows were published at creation */
+    oq_error_t err = {0};
+    oq_call_t g = {0};
+    assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
+    int64_t exp = g.expires_at;
+    char up[128];
+    snprintf(up, sizeof up, "UPDATE outbox SET published_at=%lld", (long long)g.created_at);
+    assert_int_equal(oq_db_exec(f->db, up, &err), 0);
+    assert_int_equal(exp - g.created_at, OQ_DEFAULT_KEY_TTL_MS);
+    oq_call_clear(&g);
+    /* a result for an unknown call, received at t=1000 (the apply helper's clock) */
+    assert_int_equal(apply(f, "c_ffffffffffffffff", "pmx", "succeeded", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_UNKNOWN_CALL);
+    oq_purge_stats_t ps = {0};
+    /* purge at t = 1000 + ttl - 1: the orphan stays */
+    assert_int_equal(oq_store_purge(f->db, 1000 + OQ_DEFAULT_KEY_TTL_MS - 1, OQ_DEFAULT_KEY_TTL_MS,
+                                    1, &ps, &err),
+                     0);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM result_inbox WHERE message_id='pmx'"), 1);
+    /* one ms before the expiry: no call, no outbox row; the old orphan result row goes */
+    assert_int_equal(oq_store_purge(f->db, exp - 1, OQ_DEFAULT_KEY_TTL_MS, 1, &ps, &err), 0);
+    assert_int_equal(ps.calls, 0);
+    assert_int_equal(ps.outbox, 0);
+    assert_int_equal(ps.result_inbox, 1);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM result_inbox WHERE message_id='pmx'"), 0);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 3);
+    /* exactly at the expiry: the terminal call goes, pending/running stay */
+    assert_int_equal(oq_store_purge(f->db, exp, OQ_DEFAULT_KEY_TTL_MS, 1, &ps, &err), 0);
+    assert_int_equal(ps.calls, 1);
+    assert_int_equal(ps.outbox, 3); /* published exactly key_ttl ago: inclusive boundary */
+    assert_true(ps.batches >= 3);   /* batch of 1 row */
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 2);
+    /* far past every expiry, batch of 1: still only terminal calls; old published rows go */
+    memset(&ps, 0, sizeof ps);
+    assert_int_equal(oq_store_purge(f->db, exp + 10 * OQ_DEFAULT_KEY_TTL_MS, OQ_DEFAULT_KEY_TTL_MS,
+                                    1, &ps, &err),
+                     0);
+    assert_int_equal(ps.calls, 0);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 2);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 0);
+    char sql[160];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM audit WHERE call_id='%s'", a.call_id);
+    assert_int_equal(count(f->db, sql), 0);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM result_inbox WHERE call_id='%s'", a.call_id);
+    assert_int_equal(count(f->db, sql), 0);
+    assert_int_equal(oq_producer_get(f->p, b.call_id, &g, NULL), 0);
+    oq_call_clear(&g);
+    /* a key reused after its retention is a new call */
+    oq_submit_outcome_t oc;
+    oq_call_t n = {0};
+    assert_int_equal(submit(f->p, NULL, "p1", "charge", "{\"amount\":1}", &n, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    assert_string_not_equal(n.call_id, a.call_id);
+    /* expired but not yet purged terminal call: also new */
+    assert_int_equal(apply(f, n.call_id, "pm3", "succeeded", 1, NULL, "e9", &ro), 0);
+    assert_int_equal(oq_db_exec(f->db, "UPDATE calls SET expires_at=1 WHERE idem_key='p1'", &err),
+                     0);
+    oq_call_t m = {0};
+    assert_int_equal(submit(f->p, NULL, "p1", "charge", "{\"amount\":1}", &m, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_NEW);
+    assert_string_not_equal(m.call_id, n.call_id);
+    /* expired but still pending: never replaced */
+    assert_int_equal(oq_db_exec(f->db, "UPDATE calls SET expires_at=1 WHERE idem_key='p3'", &err),
+                     0);
+    oq_call_t q = {0};
+    assert_int_equal(submit(f->p, NULL, "p3", "charge", "{\"amount\":3}", &q, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_string_equal(q.call_id, c.call_id);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+    oq_call_clear(&c);
+    oq_call_clear(&n);
+    oq_call_clear(&m);
+    oq_call_clear(&q);
+}
+
+/* Many blocking submitters share group commits and every one gets its own call. */
+typedef struct many {
+    oq_producer_t *p;
+    int id;
+    int fails;
+} many_t;
+
+static void *many_main(void *arg)
+{
+    many_t *m = arg;
+    for (int i = 0; i < 200; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "m-%d-%d", m->id, i);
+        json_t *args = json_pack("{s:i}", "amount", i + 1);
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+        oq_submit_outcome_t oc;
+        if (oq_producer_submit(m->p, &req, NULL, &oc, NULL) != 0 || oc != OQ_SUBMIT_NEW) m->fails++;
+        json_decref(args);
+    }
+    return NULL;
+}
+
+static void test_group_commit_many(void **state)
+{
+    fx_t *f = *state;
+    enum { N = 8 };
+    pthread_t th[N];
+    many_t m[N];
+    for (int i = 0; i < N; i++) {
+        m[i] = (many_t){f->p, i, 0};
+        pthread_create(&th[i], NULL, many_main, &m[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(m[i].fails, 0);
+    }
+    assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), N * 200);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), N * 200);
+}
+
+/* The hot-path fingerprint and renderer agree with the reference implementations. */
+static void test_fingerprint_and_render(void **state)
+{
+    (void)state;
+    static const char *const tenants[] = {"default", "t\"q", "back\\slash", " sp ace",
+                                          "~!@#$%^&*()"};
+    static const char *const argss[] = {"{}", "{\"b\":1.0,\"a\":[1e2,\"\\u00e9\\n\"]}",
+                                        "{\"z\":{\"y\":null,\"x\":true},\"\\u20ac\":-0.5}"};
+    for (size_t i = 0; i < sizeof tenants / sizeof tenants[0]; i++) {
+        for (size_t k = 0; k < sizeof argss / sizeof argss[0]; k++) {
+            json_t *args = json_loads(argss[k], 0, NULL);
+            assert_non_null(args);
+            char *canon = NULL;
+            size_t cl = 0;
+            char a[OQ_FINGERPRINT_LEN + 1], b[OQ_FINGERPRINT_LEN + 1];
+            assert_int_equal(oq_jcs_canonicalize(args, &canon, &cl, NULL), 0);
+            assert_int_equal(oq_fingerprint(tenants[i], "send_email", args, a, NULL), 0);
+            assert_int_equal(oq__fingerprint_canon(tenants[i], "send_email", canon, cl, b, NULL),
+                             0);
+            assert_string_equal(a, b);
+            free(canon);
+            json_decref(args);
+        }
+    }
+    oq_call_t c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.call_id, sizeof c.call_id, "c_0123456789abcdef");
+    snprintf(c.fingerprint, sizeof c.fingerprint, "%064d", 7);
+    snprintf(c.state, sizeof c.state, "failed");
+    c.tenant = strdup("t\"\\x");
+    c.idem_key = strdup("key with \"quotes\"");
+    c.tool = strdup("charge");
+    c.args = strdup("{\"a\":1}");
+    c.error = strdup("{\"code\":\"x\",\"message\":\"caf\xc3\xa9\",\"retryable\":true}");
+    c.effect_id = strdup("e\x01");
+    c.attempt = 3;
+    c.has_seq = 1;
+    c.seq = 42;
+    c.created_at = 1700000000123;
+    c.updated_at = c.created_at + 1;
+    c.expires_at = c.created_at + 2;
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(oq_call_render(&c, &text, &len), 0);
+    assert_int_equal(strlen(text), len);
+    json_t *r = json_loads(text, 0, NULL);
+    json_t *ref = oq_call_to_json(&c);
+    assert_non_null(r);
+    assert_true(json_equal(r, ref));
+    json_decref(r);
+    json_decref(ref);
+    free(text);
+    oq_call_clear(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_same_key_replay_and_new_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_conflict, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tenants_and_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_same_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retryable_failure_and_results, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_after_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delayed_response_retry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_in_tx, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_commit_many, setup, teardown),
+        cmocka_unit_test(test_fingerprint_and_render),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
