@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 /* --- errors ------------------------------------------------------------------------------- */
 
@@ -61,6 +62,33 @@ static int oq__db_pragma_text(sqlite3 *db, const char *sql, char *out, size_t ca
     return rc;
 }
 
+/*
+ * Busy handler. SQLite's default one (sqlite3_busy_timeout) sleeps 1, 2, 5, 10, ... up to
+ * 100 ms between tries, so a writer that loses one race against another process's short
+ * transaction (the relay marking rows, a consumer's batch) waits tens of milliseconds for a
+ * lock that was free after a few hundred microseconds: measured here as p99 submit latencies
+ * of about 300 ms with three writers on one file. This one retries after 50 us, doubling up
+ * to 2 ms, with jitter so competing processes do not retry in lock step. The elapsed time is
+ * bounded from below by the schedule (the jitter only lengthens a sleep), so the timeout holds.
+ * The timeout in ms travels in the context pointer: no per-connection allocation to free.
+ */
+static int oq__db_busy_cb(void *ctx, int count)
+{
+    int64_t timeout_us = (int64_t)(intptr_t)ctx * 1000;
+    int64_t nap = 50, spent = 0;
+    for (int i = 0; i < count; i++) {
+        spent += nap;
+        nap = nap * 2 > 2000 ? 2000 : nap * 2;
+    }
+    if (spent >= timeout_us) return 0;
+    unsigned char r;
+    oq_random_bytes(&r, 1);
+    int64_t us = nap + nap * r / 512; /* [1, 1.5) x nap */
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
 int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_error_t *err)
 {
     static const char *const levels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
@@ -91,7 +119,7 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
         goto fail;
     }
     sqlite3_extended_result_codes(db, 1);
-    sqlite3_busy_timeout(db, busy_ms);
+    sqlite3_busy_handler(db, oq__db_busy_cb, (void *)(intptr_t)busy_ms);
 
     if (readonly) {
         rc = oq__db_pragma_text(db, "PRAGMA journal_mode", buf, sizeof(buf), err);
