@@ -1,0 +1,158 @@
+/**
+ * @file oq_chaos.h
+ * @brief The invariant checker behind `onceq verify` (and the chaos tests).
+ *
+ * oq_verify_run() opens a producer database (calls.db) and a consumer database (effects.db)
+ * read-only, in one read transaction across both (the consumer database is ATTACHed), and
+ * checks the invariants of DESIGN.md:
+ *   1. one call per (tenant, idem_key);
+ *   2. at most one effect per call_id;
+ *   3. no effect for a conflicting body (execution fingerprint != call fingerprint) and no
+ *      effect for a call the producer does not know;
+ *   4. every accepted call terminal once drained; a succeeded charge/send_email call has its
+ *      effect;
+ *   5. a terminal state is never left or re-executed (from the consumer's executions and
+ *      ordered audit, and the producer's audit).
+ * Each violation has a kind; the report keeps the count of every kind and the first few
+ * examples (call id + detail). Run it on a drained pipeline: against a running one the two
+ * databases are snapshots taken at slightly different moments, so use allow_pending.
+ */
+#ifndef OQ_CHAOS_H
+#define OQ_CHAOS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "oq_error.h"
+
+/** Kinds of violation. Names (oq_violation_name) are stable: tests and JSON output use them. */
+typedef enum {
+    OQ_V_DUP_KEY = 0,           /**< two calls share (tenant, idem_key) */
+    OQ_V_DUP_EFFECT,            /**< more than one effect for one call_id */
+    OQ_V_CONFLICT_EFFECT,       /**< effect whose execution fingerprint != the call's */
+    OQ_V_UNKNOWN_CALL_EFFECT,   /**< effect for a call_id unknown to the producer */
+    OQ_V_NOT_TERMINAL,          /**< accepted call still pending/running (lost once drained) */
+    OQ_V_SUCCEEDED_NO_EFFECT,   /**< succeeded charge/send_email call without its effect */
+    OQ_V_FAILED_WITH_EFFECT,    /**< producer says failed but an effect exists */
+    OQ_V_COMMITTED_NO_EFFECT,   /**< consumer execution COMMITTED for an effectful tool, no effect */
+    OQ_V_EFFECT_NOT_COMMITTED,  /**< effect exists but the execution ended failed */
+    OQ_V_REEXECUTED,            /**< consumer audit: execution started again after terminal */
+    OQ_V_TERMINAL_LEFT,         /**< producer audit: a terminal call moved again */
+    OQ_V_ACCEPTED_MISSING,      /**< a client got 2xx for a call that calls.db does not hold */
+    OQ__V_COUNT
+} oq_violation_kind_t;
+
+/** @brief Stable name of a violation kind ("dup_effect", ...), or "?" when out of range. */
+const char *oq_violation_name(int kind);
+
+/** Options of one verification run. Zero-initialised = defaults. */
+typedef struct oq_verify_opts {
+    int allow_pending; /**< non-terminal calls are reported (pending) but not violations */
+    int max_examples;  /**< examples kept per kind (0: default 10; negative: none) */
+    const char *accepted_file; /**< optional: call ids a client saw accepted (2xx), one per
+                                    line; each missing from calls.db is OQ_V_ACCEPTED_MISSING */
+} oq_verify_opts_t;
+
+/** One example of a violation. */
+typedef struct oq_violation {
+    int kind;          /**< oq_violation_kind_t */
+    char call_id[64];
+    char detail[192];
+} oq_violation_t;
+
+/** The result of oq_verify_run(). Free what it owns with oq_verify_report_clear(). */
+typedef struct oq_verify_report {
+    int64_t calls;               /**< logical calls in the producer database */
+    int64_t by_state[5];         /**< pending, running, succeeded, failed, needs_review */
+    int64_t effects;             /**< rows in the consumer's effects table */
+    int64_t expected_effects;    /**< succeeded charge + send_email calls */
+    int64_t duplicates;          /**< duplicate effects: effects - distinct effect call_ids */
+    int64_t pending;             /**< calls not terminal (pending + running) */
+    int64_t lost;                /**< not terminal (unless allow_pending) + succeeded w/o effect */
+    int64_t inbox_duplicates;    /**< consumer inbox rows marked duplicate (redelivery absorbed) */
+    double dsr;                  /**< duplicates / calls (0 when no calls) */
+    int64_t count[OQ__V_COUNT];  /**< violations per kind */
+    int64_t violations;          /**< sum of count[] */
+    oq_violation_t *examples;    /**< first max_examples of each kind, in kind order */
+    int nexamples;
+    int allow_pending;
+} oq_verify_report_t;
+
+/**
+ * @brief Check the invariants across \p producer_db and \p consumer_db (both opened read-only;
+ *        neither is modified, no migration is run).
+ * @param opts may be NULL (defaults).
+ * @param rep filled on success (zeroed first); free with oq_verify_report_clear().
+ * @returns 0 when the check ran (violations are in \p rep, not in the return code), OQ_EIO
+ *          when a file is missing, OQ_EDB on SQL errors or a database that is not a
+ *          producer/consumer database (\p err says which).
+ */
+int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
+                  oq_verify_report_t *rep, oq_error_t *err);
+
+/** @brief Free the examples of \p rep and zero it; accepts NULL. */
+void oq_verify_report_clear(oq_verify_report_t *rep);
+
+/**
+ * @brief Print \p rep as a human-readable report, or as one JSON object when \p json.
+ * @returns 0, or OQ_ENOMEM / OQ_EIO.
+ */
+int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json);
+
+/* --- load generator (HTTP/1.1 keep-alive over plain sockets) ------------------------------ */
+
+/** Tools the load generator submits, in the order of oq_load_opts_t.mix. */
+enum { OQ_LOAD_CHARGE = 0, OQ_LOAD_EMAIL, OQ_LOAD_SLEEP, OQ_LOAD_FAIL_RETRY, OQ_LOAD_FAIL_FINAL,
+       OQ_LOAD__NTOOLS };
+
+/** Options of oq_load_run(). Zero-initialise, then set host/port/calls. */
+typedef struct oq_load_opts {
+    const char *host;       /**< producer address (default 127.0.0.1) */
+    int port;               /**< producer port */
+    int64_t calls;          /**< logical calls to submit */
+    int64_t first;          /**< index of the first call (keys are prefix-<index>) */
+    int conns;              /**< connections, one thread each (default 8) */
+    double rate;            /**< offered load in calls/s over all connections; 0 = closed loop */
+    const char *key_prefix; /**< idempotency key prefix (default "k") */
+    int mix[OQ_LOAD__NTOOLS]; /**< weights; all zero = charge 40, send_email 30, sleep 10,
+                                   fail retryable 10, fail final 10 */
+    int sleep_ms;           /**< ms for the sleep tool (default 5) */
+    int dup_every;          /**< every Nth call is submitted twice: same key + body must give
+                                 the same call_id (0 = never) */
+    int conflict_every;     /**< every Nth call is re-sent with another body: must get 422 */
+    int64_t retry_ms;       /**< keep retrying a call (same key, same body) on connection errors
+                                 and 5xx/429 for this long (default 60000) */
+    FILE *accepted;         /**< optional: "call_id\n" of every accepted call (locked writes) */
+} oq_load_opts_t;
+
+/** Outcome of oq_load_run(). */
+typedef struct oq_load_result {
+    int64_t accepted;        /**< calls answered 200/202 (replays of our own dups not counted) */
+    int64_t by_tool[OQ_LOAD__NTOOLS]; /**< accepted calls per tool */
+    int64_t replays_ok;      /**< duplicate submits that returned the same call_id */
+    int64_t replays_bad;     /**< duplicate submits that returned another call_id or an error */
+    int64_t conflicts_ok;    /**< conflicting submits answered 422 idempotency_conflict */
+    int64_t conflicts_bad;   /**< conflicting submits answered anything else */
+    int64_t retries;         /**< requests re-sent after an error (same key) */
+    int64_t failed;          /**< calls given up after retry_ms */
+    double elapsed_s;        /**< wall time of the submit phase */
+    double p50_ms, p99_ms, max_ms; /**< submit latency (request sent -> response read) */
+    int64_t first_ms, last_ms;     /**< unix ms of the first send and the last response */
+} oq_load_result_t;
+
+/**
+ * @brief Submit \p o->calls tool calls over HTTP to a producer and wait for every answer.
+ * @returns 0 when the run completed (per-call failures are counted in \p r), OQ_EINVAL for
+ *          bad options, OQ_ENOMEM.
+ */
+int oq_load_run(const oq_load_opts_t *o, oq_load_result_t *r, oq_error_t *err);
+
+/**
+ * @brief One HTTP/1.1 GET (Connection: close) to \p host:\p port.
+ * @param body receives the malloc()ed body (NUL-terminated; caller free()s); may be NULL.
+ * @returns 0 with \p status set, OQ_EIO on connect/read errors, OQ_ETIMEDOUT.
+ */
+int oq_http_get(const char *host, int port, const char *path, int timeout_ms, int *status,
+                char **body, oq_error_t *err);
+
+#endif

@@ -1,0 +1,89 @@
+# shellcheck shell=bash
+# Shell helpers for the pipeline-level tests (tests/integration/test_e2e*.sh,
+# tests/chaos/test_e2e*.sh): start broker + producer + relay + N consumers as separate
+# processes with tests/integration/lib.sh, load them with oq_e2e_load, wait for the drain and
+# read `onceq verify --json`. Source lib.sh first, then this file.
+#
+#   pl_start [NCONS]          broker, producer (PORT), relay, consumer-1..N; sets PDB CDB PORT
+#   pl_spawn_producer [ENV..] (re)start the producer; ENV like ONCEQ_CRASH_AT=x
+#   pl_spawn_relay [ENV..]    (re)start the relay
+#   pl_spawn_consumer I [ENV..]  (re)start consumer-I
+#   pl_wait_healthy [S]       wait for GET /healthz = 200
+#   pl_load ARGS...           run oq_e2e_load against PORT (output in $T/load.out, appended)
+#   pl_verify [ARGS...]       onceq verify --json on PDB/CDB; prints the JSON, returns its rc
+#   pl_field JSON NAME        a top-level number/bool from verify's JSON
+#   pl_wait_drained S [N]     until no call is pending/running (and >= N calls); 1 on timeout
+
+PL_GROUP=${PL_GROUP:-onceq-workers}
+# Fast rebalances on the mock cluster (BROKER-NOTES.md): a member joining a stable group waits
+# session.timeout.ms - 1000.
+PL_CONSUMER_X=(-X session.timeout.ms=6000)
+
+pl_spawn_producer() {
+    oq_spawn producer env "$@" "$ONCEQ_BIN" producer --db "$PDB" --listen "127.0.0.1:$PORT" \
+        --brokers "$BROKERS"
+}
+
+pl_spawn_relay() {
+    oq_spawn relay env "$@" "$ONCEQ_BIN" relay --db "$PDB" --brokers "$BROKERS"
+}
+
+pl_spawn_consumer() {
+    local i=$1
+    shift
+    oq_spawn "consumer-$i" env "$@" "$ONCEQ_BIN" consumer --db "$CDB" --group "$PL_GROUP" \
+        --brokers "$BROKERS" "${PL_CONSUMER_X[@]}"
+}
+
+pl_healthz() { curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/healthz"; }
+
+pl_wait_healthy() {
+    oq_wait_for "${1:-30}" pl_healthz || oq_fail "producer not healthy on port $PORT"
+}
+
+pl_start() {
+    local n=${1:-3} i
+    oq_tmpdir
+    PDB=$T/calls.db
+    CDB=$T/effects.db
+    PORT=$(oq_free_port)
+    export PDB CDB PORT
+    oq_start_broker
+    pl_spawn_producer
+    pl_spawn_relay
+    for ((i = 1; i <= n; i++)); do pl_spawn_consumer "$i"; done
+    pl_wait_healthy 30
+    # The consumer database is created by the first consumer; verify needs it.
+    oq_wait_for 30 test -s "$CDB" || oq_fail "no consumer database at $CDB"
+}
+
+pl_load() {
+    "$(oq_tool oq_e2e_load)" --port "$PORT" "$@" | tee -a "$T/load.out"
+    return "${PIPESTATUS[0]}"
+}
+
+pl_verify() {
+    "$ONCEQ_BIN" verify --producer-db "$PDB" --consumer-db "$CDB" --json "$@"
+}
+
+pl_field() {
+    local v
+    v=$(grep -o "\"$2\":[-0-9.eE+a-z]*" <<<"$1" | head -n1)
+    echo "${v#*:}"
+}
+
+pl_wait_drained() {
+    local timeout=$1 want=${2:-0} i j pend calls
+    for ((i = 0; i < timeout * 2; i++)); do
+        j=$(pl_verify --allow-pending --examples 0 2>/dev/null)
+        pend=$(pl_field "$j" pending)
+        calls=$(pl_field "$j" calls)
+        if [[ "$pend" == 0 && -n "$calls" && "$calls" -ge "$want" ]]; then
+            oq_log "drained: calls=$calls"
+            return 0
+        fi
+        ((i % 20 == 0)) && oq_log "waiting for the drain: calls=${calls:-?} pending=${pend:-?}"
+        sleep 0.5
+    done
+    return 1
+}

@@ -1,0 +1,449 @@
+/*
+ * The invariant checker: every check of DESIGN.md "Invariants" as one SQL query over the
+ * producer database with the consumer database ATTACHed as `c`, both read-only.
+ *
+ * Each check is a query that returns one row per violation, (call_id, detail); the runner
+ * counts every row and keeps the first few as examples, so a check is one line in the table
+ * below plus its SQL. Everything runs inside one read transaction, so each database is read
+ * from one snapshot (the two snapshots are taken back to back, not atomically: that is why a
+ * live pipeline should be checked with allow_pending, and a drained one without).
+ *
+ * The queries only read; the connection is opened with SQLITE_OPEN_READONLY and the attached
+ * database through a `mode=ro` URI, so running `onceq verify` next to a live pipeline cannot
+ * change it. The schemas are the producer's (schema/producer/) and the consumer's
+ * (schema/consumer/); a database without the expected tables is refused with OQ_EDB rather
+ * than reported as clean.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "oq_chaos.h"
+#include "oq_log.h"
+
+static const char *const oq__vnames[OQ__V_COUNT] = {
+    "dup_key",           "dup_effect",           "conflict_effect",   "unknown_call_effect",
+    "not_terminal",      "succeeded_no_effect",  "failed_with_effect", "committed_no_effect",
+    "effect_not_committed", "reexecuted",        "terminal_left",     "accepted_missing",
+};
+
+const char *oq_violation_name(int kind)
+{
+    return (kind >= 0 && kind < OQ__V_COUNT) ? oq__vnames[kind] : "?";
+}
+
+/* Tools whose success writes an effect (the effectful tools of the registry). */
+#define OQ__EFFECT_TOOLS "('charge','send_email')"
+
+/* One check: a query returning (call_id, detail) per violation. */
+typedef struct {
+    int kind;
+    const char *sql;
+} oq__check_t;
+
+static const oq__check_t oq__checks[] = {
+    /* 1. One call per (tenant, idem_key): UNIQUE makes this hold by construction; a
+     *    migration that lost the constraint would not. */
+    {OQ_V_DUP_KEY,
+     "SELECT min(call_id), 'tenant=' || tenant || ' key=' || idem_key || ' calls=' || count(*)"
+     " FROM main.calls GROUP BY tenant, idem_key HAVING count(*) > 1"},
+    /* 2. At most one effect per call_id. */
+    {OQ_V_DUP_EFFECT,
+     "SELECT call_id, 'effects=' || count(*) || ' ids=' || group_concat(effect_id, ',')"
+     " FROM c.effects GROUP BY call_id HAVING count(*) > 1"},
+    /* 3. No effect for a conflicting body: the execution that wrote the effect ran with a
+     *    fingerprint other than the one the producer accepted for that call. */
+    {OQ_V_CONFLICT_EFFECT,
+     "SELECT e.call_id, 'effect=' || e.effect_id || ' exec_fp=' || substr(x.fingerprint,1,12)"
+     " || ' call_fp=' || substr(p.fingerprint,1,12)"
+     " FROM c.effects e JOIN c.executions x ON x.call_id = e.call_id"
+     " JOIN main.calls p ON p.call_id = e.call_id WHERE x.fingerprint <> p.fingerprint"},
+    {OQ_V_UNKNOWN_CALL_EFFECT,
+     "SELECT e.call_id, 'effect=' || e.effect_id || ' tool=' || e.tool || ' (no such call)'"
+     " FROM c.effects e WHERE NOT EXISTS (SELECT 1 FROM main.calls p"
+     " WHERE p.call_id = e.call_id)"},
+    /* 4. Nothing accepted is lost. */
+    {OQ_V_NOT_TERMINAL,
+     "SELECT call_id, 'state=' || state || ' tool=' || tool || ' attempt=' || attempt"
+     " FROM main.calls WHERE state IN ('pending','running')"},
+    {OQ_V_SUCCEEDED_NO_EFFECT,
+     "SELECT p.call_id, 'tool=' || p.tool || ' succeeded without an effect'"
+     " FROM main.calls p WHERE p.state = 'succeeded' AND p.tool IN " OQ__EFFECT_TOOLS
+     " AND NOT EXISTS (SELECT 1 FROM c.effects e WHERE e.call_id = p.call_id)"},
+    {OQ_V_FAILED_WITH_EFFECT,
+     "SELECT p.call_id, 'state=failed but effect=' || e.effect_id"
+     " FROM main.calls p JOIN c.effects e ON e.call_id = p.call_id WHERE p.state = 'failed'"},
+    /* 5. Terminal never re-executed, consumer side. */
+    {OQ_V_COMMITTED_NO_EFFECT,
+     "SELECT x.call_id, 'execution COMMITTED, tool=' || x.tool || ', no effect'"
+     " FROM c.executions x WHERE x.state = 'COMMITTED' AND x.tool IN " OQ__EFFECT_TOOLS
+     " AND NOT EXISTS (SELECT 1 FROM c.effects e WHERE e.call_id = x.call_id)"},
+    {OQ_V_EFFECT_NOT_COMMITTED,
+     "SELECT x.call_id, 'execution ' || x.state || ' but effect=' || e.effect_id"
+     " FROM c.executions x JOIN c.effects e ON e.call_id = x.call_id"
+     " WHERE x.state IN ('FAILED_FINAL','FAILED_RETRYABLE','SAFE_RETRY','NEEDS_REVIEW')"},
+    /* Ordered consumer audit: after 'committed' nothing may start again; after
+     * 'failed_final' / 'needs_review' only a NEW producer attempt may (attempt > the terminal
+     * one's); and no effect may be written for an attempt that had already failed finally. */
+    {OQ_V_REEXECUTED,
+     "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ', attempt '"
+     " || ifnull(a.attempt,'?') || ') after ' || t.event || ' (id ' || t.id || ', attempt '"
+     " || ifnull(t.attempt,'?') || ')'"
+     " FROM c.audit t JOIN c.audit a ON a.call_id = t.call_id AND a.id > t.id"
+     " WHERE a.event IN ('planned','started','committed','unknown','safe_retry',"
+     "                   'failed_retryable')"
+     " AND (t.event = 'committed' OR (t.event IN ('failed_final','needs_review')"
+     "      AND ifnull(a.attempt,0) <= ifnull(t.attempt,0)))"
+     " GROUP BY a.call_id"
+     " UNION ALL "
+     "SELECT e.call_id, 'effect ' || e.effect_id || ' (attempt ' || e.attempt || ') written after '"
+     " || t.event || ' (attempt ' || ifnull(t.attempt,'?') || ')'"
+     " FROM c.effects e JOIN c.audit t ON t.call_id = e.call_id"
+     " WHERE t.event IN ('failed_final','needs_review') AND t.ts < e.created_at"
+     " AND e.attempt <= ifnull(t.attempt,0)"
+     " GROUP BY e.call_id"},
+    /* 5. Producer side: succeeded / needs_review are final; failed is left only through a
+     *    retry_reset (a new attempt with the same fingerprint). */
+    {OQ_V_TERMINAL_LEFT,
+     "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ') after ' || t.event"
+     " || ' (id ' || t.id || ')'"
+     " FROM main.audit a JOIN main.audit t ON t.call_id = a.call_id AND t.id < a.id"
+     " WHERE t.event IN ('succeeded','needs_review')"
+     " AND a.event IN ('running','succeeded','failed','needs_review','retry_reset','pending')"
+     " GROUP BY a.call_id"},
+};
+
+void oq_verify_report_clear(oq_verify_report_t *rep)
+{
+    if (!rep) return;
+    free(rep->examples);
+    memset(rep, 0, sizeof *rep);
+}
+
+/* Percent-encode \p path into a read-only SQLite URI. */
+static int oq__ro_uri(const char *path, char *out, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    const char *pre = "file:";
+    for (const char *p = pre; *p; p++) {
+        if (o + 1 >= n) return -1;
+        out[o++] = *p;
+    }
+    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+        int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                    (*p >= '0' && *p <= '9') || strchr("/._-~", *p);
+        if (o + 4 >= n) return -1;
+        if (plain) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    const char *suf = "?mode=ro";
+    for (const char *p = suf; *p; p++) {
+        if (o + 1 >= n) return -1;
+        out[o++] = *p;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+static int oq__scalar(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return oq_error_set(err, OQ_EDB, rc, "verify: %s: %s", sqlite3_errmsg(db), sql);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        rc = 0;
+    } else if (rc == SQLITE_DONE) {
+        *out = 0;
+        rc = 0;
+    } else {
+        rc = oq_error_set(err, OQ_EDB, rc, "verify: %s", sqlite3_errmsg(db));
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int oq__has_table(sqlite3 *db, const char *schema, const char *table)
+{
+    char sql[200];
+    int64_t n = 0;
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s.sqlite_master WHERE type='table' AND "
+                              "name='%s'", schema, table);
+    if (oq__scalar(db, sql, &n, NULL) != 0) return 0;
+    return n > 0;
+}
+
+static int oq__run_check(sqlite3 *db, const oq__check_t *ck, int max_examples,
+                         oq_verify_report_t *rep, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, ck->sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return oq_error_set(err, OQ_EDB, rc, "verify %s: %s", oq_violation_name(ck->kind),
+                            sqlite3_errmsg(db));
+    int64_t kept = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        rep->count[ck->kind]++;
+        if (kept >= max_examples) continue;
+        oq_violation_t *nv = realloc(rep->examples, (size_t)(rep->nexamples + 1) * sizeof *nv);
+        if (!nv) {
+            sqlite3_finalize(st);
+            return oq_error_set(err, OQ_ENOMEM, 0, "verify: out of memory");
+        }
+        rep->examples = nv;
+        oq_violation_t *v = &rep->examples[rep->nexamples++];
+        memset(v, 0, sizeof *v);
+        v->kind = ck->kind;
+        const unsigned char *cid = sqlite3_column_text(st, 0);
+        const unsigned char *det = sqlite3_column_text(st, 1);
+        snprintf(v->call_id, sizeof v->call_id, "%s", cid ? (const char *)cid : "");
+        snprintf(v->detail, sizeof v->detail, "%s", det ? (const char *)det : "");
+        kept++;
+    }
+    if (rc != SQLITE_DONE) {
+        rc = oq_error_set(err, OQ_EDB, rc, "verify %s: %s", oq_violation_name(ck->kind),
+                          sqlite3_errmsg(db));
+        sqlite3_finalize(st);
+        return rc;
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+/* Read the accepted call ids (one per line) into temp.accepted; the temp schema is writable
+ * on a read-only connection and vanishes with it. */
+static int oq__load_accepted(sqlite3 *db, const char *path, oq_error_t *err)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return oq_error_set(err, OQ_EIO, errno, "accepted file %s: %s", path, strerror(errno));
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_exec(db, "CREATE TEMP TABLE accepted (call_id TEXT PRIMARY KEY) WITHOUT ROWID",
+                          NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO temp.accepted VALUES (?1)", -1, &st,
+                                NULL);
+    char line[256];
+    while (rc == SQLITE_OK && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n \t")] = '\0';
+        if (!line[0]) continue;
+        sqlite3_reset(st);
+        sqlite3_bind_text(st, 1, line, -1, SQLITE_TRANSIENT);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    }
+    int ferr = ferror(f);
+    fclose(f);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK)
+        return oq_error_set(err, OQ_EDB, rc, "accepted file: %s", sqlite3_errmsg(db));
+    if (ferr) return oq_error_set(err, OQ_EIO, 0, "accepted file %s: read error", path);
+    return 0;
+}
+
+int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
+                  oq_verify_report_t *rep, oq_error_t *err)
+{
+    oq_verify_opts_t defaults = {0};
+    if (!opts) opts = &defaults;
+    int max_examples = opts->max_examples > 0 ? opts->max_examples
+                       : opts->max_examples < 0 ? 0 : 10;
+    memset(rep, 0, sizeof *rep);
+    rep->allow_pending = opts->allow_pending;
+
+    struct stat sb;
+    if (stat(producer_db, &sb) != 0)
+        return oq_error_set(err, OQ_EIO, errno, "producer db %s: %s", producer_db,
+                            strerror(errno));
+    if (stat(consumer_db, &sb) != 0)
+        return oq_error_set(err, OQ_EIO, errno, "consumer db %s: %s", consumer_db,
+                            strerror(errno));
+
+    char puri[4200], curi[4200];
+    if (oq__ro_uri(producer_db, puri, sizeof puri) || oq__ro_uri(consumer_db, curi, sizeof curi))
+        return oq_error_set(err, OQ_EINVAL, 0, "verify: database path too long");
+
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_open_v2(puri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+    if (rc != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EIO, rc, "open %s: %s", producer_db,
+                          db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        goto out;
+    }
+    sqlite3_busy_timeout(db, 5000);
+    rc = sqlite3_prepare_v2(db, "ATTACH DATABASE ?1 AS c", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, curi, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (rc != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EIO, rc, "attach %s: %s", consumer_db, sqlite3_errmsg(db));
+        goto out;
+    }
+    /* One read transaction; touching both schemas starts both snapshots back to back. */
+    rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EDB, rc, "verify: BEGIN: %s", sqlite3_errmsg(db));
+        goto out;
+    }
+    int64_t dummy;
+    rc = oq__scalar(db, "SELECT (SELECT count(*) FROM main.sqlite_master) + "
+                        "(SELECT count(*) FROM c.sqlite_master)", &dummy, err);
+    if (rc != 0) goto out;
+    if (!oq__has_table(db, "main", "calls") || !oq__has_table(db, "main", "audit")) {
+        rc = oq_error_set(err, OQ_EDB, 0, "%s is not a producer database (no calls/audit table)",
+                          producer_db);
+        goto out;
+    }
+    if (!oq__has_table(db, "c", "effects") || !oq__has_table(db, "c", "executions") ||
+        !oq__has_table(db, "c", "audit")) {
+        rc = oq_error_set(err, OQ_EDB, 0,
+                          "%s is not a consumer database (no effects/executions/audit table)",
+                          consumer_db);
+        goto out;
+    }
+
+    static const char *const states[5] = {"pending", "running", "succeeded", "failed",
+                                          "needs_review"};
+    if ((rc = oq__scalar(db, "SELECT count(*) FROM main.calls", &rep->calls, err))) goto out;
+    for (int i = 0; i < 5; i++) {
+        char sql[128];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM main.calls WHERE state = '%s'", states[i]);
+        if ((rc = oq__scalar(db, sql, &rep->by_state[i], err))) goto out;
+    }
+    if ((rc = oq__scalar(db, "SELECT count(*) FROM c.effects", &rep->effects, err))) goto out;
+    int64_t distinct = 0;
+    if ((rc = oq__scalar(db, "SELECT count(DISTINCT call_id) FROM c.effects", &distinct, err)))
+        goto out;
+    rep->duplicates = rep->effects - distinct;
+    if ((rc = oq__scalar(db,
+                         "SELECT count(*) FROM main.calls WHERE state = 'succeeded' AND tool IN "
+                         OQ__EFFECT_TOOLS, &rep->expected_effects, err)))
+        goto out;
+    /* Redeliveries absorbed: informative only (unknown = -1, never an error). */
+    rep->inbox_duplicates = -1;
+    if (oq__has_table(db, "c", "inbox") &&
+        oq__scalar(db, "SELECT ifnull(sum(seen - 1),0) FROM c.inbox WHERE seen > 1", &dummy,
+                   NULL) == 0)
+        rep->inbox_duplicates = dummy;
+
+    for (size_t i = 0; i < sizeof oq__checks / sizeof oq__checks[0]; i++)
+        if ((rc = oq__run_check(db, &oq__checks[i], max_examples, rep, err))) goto out;
+    if (opts->accepted_file) {
+        if ((rc = oq__load_accepted(db, opts->accepted_file, err))) goto out;
+        static const oq__check_t acc = {
+            OQ_V_ACCEPTED_MISSING,
+            "SELECT a.call_id, 'accepted (2xx) but not in calls.db' FROM temp.accepted a"
+            " WHERE NOT EXISTS (SELECT 1 FROM main.calls p WHERE p.call_id = a.call_id)"};
+        if ((rc = oq__run_check(db, &acc, max_examples, rep, err))) goto out;
+    }
+
+    rep->pending = rep->by_state[0] + rep->by_state[1];
+    rep->lost = rep->count[OQ_V_SUCCEEDED_NO_EFFECT] + (opts->allow_pending ? 0 : rep->pending);
+    if (opts->allow_pending) {
+        /* Reported, not violations: drop them from the totals and the examples. */
+        rep->count[OQ_V_NOT_TERMINAL] = 0;
+        int w = 0;
+        for (int i = 0; i < rep->nexamples; i++)
+            if (rep->examples[i].kind != OQ_V_NOT_TERMINAL) rep->examples[w++] = rep->examples[i];
+        rep->nexamples = w;
+    }
+    for (int k = 0; k < OQ__V_COUNT; k++) rep->violations += rep->count[k];
+    rep->dsr = rep->calls > 0 ? (double)rep->duplicates / (double)rep->calls : 0.0;
+out:
+    if (db) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        sqlite3_close_v2(db);
+    }
+    if (rc != 0) oq_verify_report_clear(rep);
+    return rc;
+}
+
+static int oq__print_json(const oq_verify_report_t *rep, FILE *out)
+{
+    json_t *o = json_object();
+    json_t *bs = json_object();
+    json_t *counts = json_object();
+    json_t *ex = json_array();
+    if (!o || !bs || !counts || !ex) goto nomem;
+    static const char *const states[5] = {"pending", "running", "succeeded", "failed",
+                                          "needs_review"};
+    for (int i = 0; i < 5; i++) json_object_set_new(bs, states[i], json_integer(rep->by_state[i]));
+    for (int k = 0; k < OQ__V_COUNT; k++)
+        json_object_set_new(counts, oq_violation_name(k), json_integer(rep->count[k]));
+    for (int i = 0; i < rep->nexamples; i++)
+        json_array_append_new(ex, json_pack("{s:s,s:s,s:s}", "kind",
+                                            oq_violation_name(rep->examples[i].kind), "call_id",
+                                            rep->examples[i].call_id, "detail",
+                                            rep->examples[i].detail));
+    json_object_set_new(o, "clean", json_boolean(rep->violations == 0));
+    json_object_set_new(o, "calls", json_integer(rep->calls));
+    json_object_set_new(o, "by_state", bs);
+    json_object_set_new(o, "effects", json_integer(rep->effects));
+    json_object_set_new(o, "expected_effects", json_integer(rep->expected_effects));
+    json_object_set_new(o, "duplicates", json_integer(rep->duplicates));
+    json_object_set_new(o, "pending", json_integer(rep->pending));
+    json_object_set_new(o, "lost", json_integer(rep->lost));
+    json_object_set_new(o, "inbox_duplicates", json_integer(rep->inbox_duplicates));
+    json_object_set_new(o, "dsr", json_real(rep->dsr));
+    json_object_set_new(o, "violations", json_integer(rep->violations));
+    json_object_set_new(o, "by_kind", counts);
+    json_object_set_new(o, "examples", ex);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return OQ_ENOMEM;
+    int rc = fprintf(out, "%s\n", s) < 0 ? OQ_EIO : 0;
+    free(s);
+    return rc;
+nomem:
+    json_decref(o);
+    json_decref(bs);
+    json_decref(counts);
+    json_decref(ex);
+    return OQ_ENOMEM;
+}
+
+int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
+{
+    if (json) return oq__print_json(rep, out);
+    fprintf(out, "calls            %lld (pending %lld, running %lld, succeeded %lld, failed %lld, "
+                 "needs_review %lld)\n",
+            (long long)rep->calls, (long long)rep->by_state[0], (long long)rep->by_state[1],
+            (long long)rep->by_state[2], (long long)rep->by_state[3],
+            (long long)rep->by_state[4]);
+    fprintf(out, "effects          %lld (expected %lld: succeeded charge + send_email calls)\n",
+            (long long)rep->effects, (long long)rep->expected_effects);
+    fprintf(out, "duplicates       %lld (duplicate effects)\n", (long long)rep->duplicates);
+    fprintf(out, "lost             %lld%s\n", (long long)rep->lost,
+            rep->allow_pending && rep->pending ? " (pending not counted: --allow-pending)" : "");
+    if (rep->allow_pending) fprintf(out, "pending          %lld\n", (long long)rep->pending);
+    if (rep->inbox_duplicates >= 0)
+        fprintf(out, "redelivered      %lld (consumer inbox duplicates absorbed)\n",
+                (long long)rep->inbox_duplicates);
+    fprintf(out, "DSR              %.6f\n", rep->dsr);
+    fprintf(out, "violations       %lld\n", (long long)rep->violations);
+    for (int k = 0; k < OQ__V_COUNT; k++) {
+        if (!rep->count[k]) continue;
+        fprintf(out, "  %-22s %lld\n", oq_violation_name(k), (long long)rep->count[k]);
+        for (int i = 0; i < rep->nexamples; i++)
+            if (rep->examples[i].kind == k)
+                fprintf(out, "    %s  %s\n", rep->examples[i].call_id, rep->examples[i].detail);
+    }
+    if (fprintf(out, "result           %s\n", rep->violations ? "VIOLATIONS" : "CLEAN") < 0)
+        return OQ_EIO;
+    return 0;
+}

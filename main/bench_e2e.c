@@ -1,0 +1,595 @@
+/*
+ * `onceq bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
+ *
+ * It runs the real thing as separate processes: `onceq up` (embedded broker, producer, relay,
+ * N consumers, all durable: WAL + synchronous=FULL) in a scratch directory, warms the consumer
+ * group up (assignment on the mock cluster takes seconds), then offers a fixed load over HTTP
+ * (chaos/load.c: keep-alive connections, open-loop pacing) and waits until every call of the
+ * run is terminal at the producer. Latencies are not sampled by polling: they are read back
+ * from the databases afterwards, per call, from the timestamps each stage writes anyway:
+ *
+ *   calls.created_at        submit committed (producer group commit)
+ *   outbox.published_at     tool_call marked published by the relay (the mark follows the
+ *                           delivery report, so it may come after the consumer's receipt)
+ *   inbox.received_at       first delivery to a consumer
+ *   effects.created_at      effect committed (charge / send_email)
+ *   c.outbox.published_at   tool_result delivered, as marked (consumer's embedded relay)
+ *   calls.updated_at        result applied at the producer (terminal)
+ *
+ * so "where time goes" is the distribution of each hop (the relay marks are shown apart: they
+ * are not on the critical path), and the CPU seconds each process
+ * type burnt during the run (from /proc/<pid>/stat) say which one is the bottleneck. All
+ * timestamps are unix milliseconds from different processes on one host: hop figures have
+ * 1 ms resolution.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "cmds.h"
+#include "oq_chaos.h"
+#include "oq_config.h"
+#include "oq_log.h"
+#include "oq_util.h"
+
+int oq_bench_e2e(int argc, char **argv);
+
+static const oq_setting_t e2e_settings[] = {
+    {"calls", OQ_SET_INT, "20000", 1, 10000000, NULL, "calls in the measured run"},
+    {"rate", OQ_SET_INT, "5000", 0, 1000000, NULL,
+     "offered load in calls/s (0 = closed loop, as fast as the pipeline answers)"},
+    {"conns", OQ_SET_INT, "64", 1, 256, NULL, "HTTP keep-alive connections"},
+    {"consumers", OQ_SET_INT, "3", 1, 16, NULL, "consumer processes"},
+    {"mix", OQ_SET_STRING, "60,40,0,0,0", 1, 64, NULL,
+     "tool weights: charge,send_email,sleep,fail_retryable,fail_final"},
+    {"warmup", OQ_SET_INT, "300", 0, 100000, NULL, "calls run (and drained) before measuring"},
+    {"drain-timeout", OQ_SET_DURATION, "180s", 1000, 3600000, NULL,
+     "give up waiting for terminal states after this"},
+    {"dir", OQ_SET_STRING, NULL, 1, 1024, NULL,
+     "scratch directory (default: a new /tmp/onceq-bench-e2e.XXXXXX, removed afterwards)"},
+    {"keep", OQ_SET_BOOL, "false", 0, -1, NULL, "keep the scratch directory"},
+    {"baseline", OQ_SET_BOOL, "true", 0, -1, NULL,
+     "first run the same load against the producer alone (same-run baseline)"},
+};
+
+static int e2e_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* CPU seconds (utime + stime) of every child of \p parent, summed per subcommand name. */
+typedef struct {
+    char name[16];
+    double cpu;
+    int n;
+} e2e_cpu_t;
+
+static int e2e_cpu_sample(pid_t parent, e2e_cpu_t *out, int max)
+{
+    int n = 0;
+    long hz = sysconf(_SC_CLK_TCK);
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        char path[64], buf[1024];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t r = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[r] = '\0';
+        char *rp = strrchr(buf, ')');
+        if (!rp) continue;
+        int ppid;
+        unsigned long ut, st;
+        /* fields after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt
+         * cmajflt utime stime */
+        if (sscanf(rp + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ppid, &ut,
+                   &st) != 3)
+            continue;
+        if (ppid != parent) continue;
+        snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+        f = fopen(path, "r");
+        if (!f) continue;
+        r = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[r] = '\0';
+        const char *sub = buf + strlen(buf) + 1; /* argv[1] */
+        if ((size_t)(sub - buf) >= r) continue;
+        int i;
+        for (i = 0; i < n; i++)
+            if (strcmp(out[i].name, sub) == 0) break;
+        if (i == n) {
+            if (n >= max) continue;
+            snprintf(out[n].name, sizeof out[n].name, "%s", sub);
+            out[n].cpu = 0;
+            out[n].n = 0;
+            n++;
+        }
+        out[i].cpu += (double)(ut + st) / (double)hz;
+        out[i].n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int e2e_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double e2e_pct(double *v, int n, double p)
+{
+    if (n <= 0) return 0;
+    return v[(int)((double)(n - 1) * p)];
+}
+
+static int e2e_count(sqlite3 *db, const char *sql, const char *prefix, int64_t *out)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        if (prefix) sqlite3_bind_text(st, 1, prefix, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) *out = sqlite3_column_int64(st, 0);
+        rc = rc == SQLITE_ROW ? 0 : -1;
+    } else {
+        rc = -1;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Wait until every call whose key starts with \p prefix is terminal (and all \p expect exist). */
+static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t expect,
+                            int64_t timeout_ms, pid_t up_pid)
+{
+    int64_t deadline = oq_mono_us() + timeout_ms * 1000;
+    char like[64];
+    snprintf(like, sizeof like, "%s-%%", prefix);
+    while (oq_mono_us() < deadline) {
+        int st;
+        if (waitpid(up_pid, &st, WNOHANG) == up_pid) {
+            fprintf(stderr, "bench e2e: onceq up exited during the run\n");
+            return -1;
+        }
+        sqlite3 *db = NULL;
+        int64_t total = -1, open_ = -1;
+        if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+            sqlite3_busy_timeout(db, 2000);
+            e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1", like, &total);
+            e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1 AND state IN "
+                          "('pending','running')", like, &open_);
+        }
+        sqlite3_close_v2(db);
+        if (total >= expect && open_ == 0) return 0;
+        oq_sleep_ms(50, NULL);
+    }
+    fprintf(stderr, "bench e2e: calls of run '%s' not terminal within the drain timeout\n",
+            prefix);
+    return -1;
+}
+
+/* fork + execv of this binary with \p args (argv[1..]), output appended to \p log. */
+static pid_t e2e_spawn(char *const args[], const char *log)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = '\0';
+    char *argv[32];
+    int k = 0;
+    argv[k++] = exe;
+    for (int i = 0; args[i] && k < 31; i++) argv[k++] = args[i];
+    argv[k] = NULL;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        /* The bench owns these processes: if the bench dies, they get SIGTERM. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        FILE *f = freopen(log, "a", stdout);
+        if (f) dup2(fileno(stdout), 2);
+        execv(exe, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static pid_t e2e_start_up(const char *dir, int port, int consumers)
+{
+    char listen[64], cons[16], log[PATH_MAX], d[PATH_MAX];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(cons, sizeof cons, "%d", consumers);
+    snprintf(log, sizeof log, "%s/up.log", dir);
+    snprintf(d, sizeof d, "%s", dir);
+    /* Fast group formation on the mock cluster (BROKER-NOTES.md): a member joining a stable
+     * group waits session.timeout.ms - 1000 (librdkafka default 45 s). */
+    char *const args[] = {"up", "--dir", d, "--consumers", cons, "--listen", listen, "-X",
+                          "session.timeout.ms=6000", NULL};
+    return e2e_spawn(args, log);
+}
+
+static int e2e_healthy(int port, int tenths)
+{
+    for (int i = 0; i < tenths; i++) {
+        int status = 0;
+        if (oq_http_get("127.0.0.1", port, "/healthz", 1000, &status, NULL, NULL) == 0 &&
+            status == 200)
+            return 1;
+        oq_sleep_ms(100, NULL);
+    }
+    return 0;
+}
+
+static void e2e_stop_up(pid_t pid);
+
+/*
+ * Same-run baseline: the producer alone (its own broker, no relay, no consumers, no results
+ * flowing back into calls.db) under the same load. The ratio to the full pipeline says how
+ * much the other writers of the same host (relay marks and result applies on calls.db, the
+ * consumers' transactions, their CPU) cost the submit path.
+ */
+static int e2e_baseline(const char *dir, const oq_load_opts_t *lo_in, oq_load_result_t *r)
+{
+    char bs[PATH_MAX], db[PATH_MAX], log[PATH_MAX], listen[64], brokers[4096] = "";
+    snprintf(bs, sizeof bs, "%s/base-bootstrap", dir);
+    snprintf(db, sizeof db, "%s/base-calls.db", dir);
+    snprintf(log, sizeof log, "%s/base.log", dir);
+    int port = e2e_free_port();
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    char *const bargs[] = {"broker", "--bootstrap-file", bs, NULL};
+    pid_t broker = e2e_spawn(bargs, log), prod = -1;
+    int rc = -1;
+    for (int i = 0; i < 200 && !brokers[0]; i++) {
+        FILE *f = fopen(bs, "r");
+        if (f) {
+            if (!fgets(brokers, sizeof brokers, f)) brokers[0] = '\0';
+            brokers[strcspn(brokers, "\r\n")] = '\0';
+            fclose(f);
+        }
+        if (!brokers[0]) oq_sleep_ms(50, NULL);
+    }
+    if (!brokers[0]) goto out;
+    char *const pargs[] = {"producer", "--db", db, "--listen", listen, "--brokers", brokers, NULL};
+    prod = e2e_spawn(pargs, log);
+    if (prod <= 0 || !e2e_healthy(port, 300)) goto out;
+    oq_load_opts_t lo = *lo_in;
+    lo.port = port;
+    lo.key_prefix = "base";
+    oq_error_t err = {0};
+    rc = oq_load_run(&lo, r, &err);
+out:
+    e2e_stop_up(prod);
+    e2e_stop_up(broker);
+    return rc;
+}
+
+static void e2e_stop_up(pid_t pid)
+{
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 300; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return;
+        oq_sleep_ms(100, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* Per-hop latencies of the measured calls, read from both databases. */
+static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_calls)
+{
+    char pdb[PATH_MAX], curi[PATH_MAX + 32];
+    snprintf(pdb, sizeof pdb, "%s/calls.db", dir);
+    snprintf(curi, sizeof curi, "%s/effects.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int rc = -1;
+    enum { H_E2E, H_DELIVER, H_EXEC, H_BACK, H_RMARK, H_CMARK, H__N };
+    static const char *const hname[H__N] = {
+        "end to end (submit committed -> result applied)",
+        "  submit committed -> consumer received",
+        "  received -> effect committed (consumer tx)",
+        "  effect committed -> result applied at producer",
+        "  (relay: submit committed -> row marked published)",
+        "  (consumer relay: effect -> result marked published)",
+    };
+    double *h[H__N] = {0};
+    int hn[H__N] = {0};
+    double *all = NULL;
+    int nall = 0;
+    if (sqlite3_open_v2(pdb, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) goto out;
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_prepare_v2(db, "ATTACH DATABASE ?1 AS c", -1, &st, NULL) != SQLITE_OK) goto out;
+    sqlite3_bind_text(st, 1, curi, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    sqlite3_finalize(st);
+    st = NULL;
+    for (int i = 0; i < H__N; i++) {
+        h[i] = calloc((size_t)offered_calls + 1, sizeof(double));
+        if (!h[i]) goto out;
+    }
+    all = calloc((size_t)offered_calls + 1, sizeof(double));
+    if (!all) goto out;
+    char like[64];
+    snprintf(like, sizeof like, "%s-%%", prefix);
+    /* Per-call hop timestamps, aggregated once into keyed temp tables (the outboxes have no
+     * index on key: correlated subqueries would scan them once per call). */
+    static const char *const prep[] = {
+        "CREATE TEMP TABLE h_out(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
+        "INSERT INTO h_out SELECT key, min(published_at) FROM main.outbox GROUP BY key",
+        "CREATE TEMP TABLE h_in(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
+        "INSERT INTO h_in SELECT call_id, min(received_at) FROM c.inbox"
+        " WHERE call_id IS NOT NULL GROUP BY call_id",
+        "CREATE TEMP TABLE h_res(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
+        "INSERT INTO h_res SELECT key, max(published_at) FROM c.outbox GROUP BY key",
+    };
+    for (size_t i = 0; i < sizeof prep / sizeof prep[0]; i++) {
+        if (sqlite3_exec(db, prep[i], NULL, NULL, NULL) != SQLITE_OK) {
+            fprintf(stderr, "bench e2e: analysis: %s\n", sqlite3_errmsg(db));
+            goto out;
+        }
+    }
+    /* One row per measured call; hop timestamps may be NULL (e.g. no effect for a sleep). */
+    const char *sql =
+        "SELECT p.tool, p.created_at, p.updated_at, o.t, i.t, e.created_at, r.t"
+        " FROM main.calls p LEFT JOIN temp.h_out o ON o.k = p.call_id"
+        " LEFT JOIN temp.h_in i ON i.k = p.call_id"
+        " LEFT JOIN c.effects e ON e.call_id = p.call_id"
+        " LEFT JOIN temp.h_res r ON r.k = p.call_id"
+        " WHERE p.idem_key LIKE ?1 AND p.state IN ('succeeded','failed','needs_review')";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+        fprintf(stderr, "bench e2e: analysis query: %s\n", sqlite3_errmsg(db));
+        goto out;
+    }
+    sqlite3_bind_text(st, 1, like, -1, SQLITE_STATIC);
+    int64_t tmin = INT64_MAX, tmax = 0, n = 0;
+    while (sqlite3_step(st) == SQLITE_ROW && n < offered_calls) {
+        int64_t t0 = sqlite3_column_int64(st, 1), t5 = sqlite3_column_int64(st, 2);
+        int has[4];
+        int64_t t[4];
+        for (int k = 0; k < 4; k++) {
+            has[k] = sqlite3_column_type(st, 3 + k) != SQLITE_NULL;
+            t[k] = sqlite3_column_int64(st, 3 + k);
+        }
+        if (t0 < tmin) tmin = t0;
+        if (t5 > tmax) tmax = t5;
+        all[nall++] = (double)(t5 - t0);
+        n++;
+        if (!has[2]) continue; /* hop breakdown only for effectful calls */
+        h[H_E2E][hn[H_E2E]++] = (double)(t5 - t0);
+        if (has[1]) h[H_DELIVER][hn[H_DELIVER]++] = (double)(t[1] - t0);
+        if (has[1]) h[H_EXEC][hn[H_EXEC]++] = (double)(t[2] - t[1]);
+        h[H_BACK][hn[H_BACK]++] = (double)(t5 - t[2]);
+        if (has[0]) h[H_RMARK][hn[H_RMARK]++] = (double)(t[0] - t0);
+        if (has[3]) h[H_CMARK][hn[H_CMARK]++] = (double)(t[3] - t[2]);
+    }
+    double span = tmax > tmin ? (double)(tmax - tmin) / 1000.0 : 0;
+    printf("\nend-to-end (from the databases):\n");
+    printf("  terminal calls       %lld of %lld\n", (long long)n, (long long)offered_calls);
+    printf("  first submit -> last result applied: %.2f s => %.0f calls/s end to end\n", span,
+           span > 0 ? (double)n / span : 0);
+    qsort(all, (size_t)nall, sizeof *all, e2e_cmp);
+    printf("  all calls latency    p50 %.0f ms  p90 %.0f ms  p99 %.0f ms  max %.0f ms\n",
+           e2e_pct(all, nall, 0.5), e2e_pct(all, nall, 0.9), e2e_pct(all, nall, 0.99),
+           e2e_pct(all, nall, 1.0));
+    printf("\nwhere time goes (effectful calls, ms; hop timestamps have 1 ms resolution):\n");
+    printf("  %-52s %7s %7s %7s %7s\n", "hop", "n", "p50", "p99", "max");
+    for (int i = 0; i < H__N; i++) {
+        qsort(h[i], (size_t)hn[i], sizeof(double), e2e_cmp);
+        printf("  %-52s %7d %7.0f %7.0f %7.0f\n", hname[i], hn[i], e2e_pct(h[i], hn[i], 0.5),
+               e2e_pct(h[i], hn[i], 0.99), e2e_pct(h[i], hn[i], 1.0));
+    }
+    rc = n == offered_calls ? 0 : -1;
+out:
+    sqlite3_finalize(st);
+    sqlite3_close_v2(db);
+    for (int i = 0; i < H__N; i++) free(h[i]);
+    free(all);
+    return rc;
+}
+
+static void e2e_rmdir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[PATH_MAX];
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int oq_bench_e2e(int argc, char **argv)
+{
+    const char *usage = "onceq bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
+                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep]";
+    oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    if (rc >= 0) {
+        oq_config_destroy(cfg);
+        return rc;
+    }
+    rc = OQ_EXIT_FAIL;
+    pid_t up = -1;
+    char dir[PATH_MAX];
+    int made_dir = 0;
+    oq_load_opts_t lo;
+    memset(&lo, 0, sizeof lo);
+    if (sscanf(oq_config_str(cfg, "mix"), "%d,%d,%d,%d,%d", &lo.mix[0], &lo.mix[1], &lo.mix[2],
+               &lo.mix[3], &lo.mix[4]) != 5) {
+        fprintf(stderr, "onceq bench e2e: --mix needs five comma-separated weights\n");
+        oq_config_destroy(cfg);
+        return OQ_EXIT_USAGE;
+    }
+    if (oq_config_str(cfg, "dir")) {
+        snprintf(dir, sizeof dir, "%s", oq_config_str(cfg, "dir"));
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "onceq bench e2e: mkdir %s: %s\n", dir, strerror(errno));
+            goto out;
+        }
+    } else {
+        snprintf(dir, sizeof dir, "/tmp/onceq-bench-e2e.XXXXXX");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "onceq bench e2e: mkdtemp: %s\n", strerror(errno));
+            goto out;
+        }
+        made_dir = 1;
+    }
+    char calls_db[PATH_MAX + 16];
+    snprintf(calls_db, sizeof calls_db, "%s/calls.db", dir);
+    lo.conns = (int)oq_config_int(cfg, "conns");
+    lo.calls = oq_config_int(cfg, "calls");
+    lo.rate = (double)oq_config_int(cfg, "rate");
+    oq_load_result_t base;
+    memset(&base, 0, sizeof base);
+    int have_base = 0;
+    if (oq_config_int(cfg, "baseline")) {
+        if (e2e_baseline(dir, &lo, &base) == 0) {
+            have_base = 1;
+            printf("baseline: producer alone (no relay/consumers/results), same load: %lld "
+                   "accepted in %.2f s = %.0f submits/s, p50 %.2f ms p99 %.2f ms\n",
+                   (long long)base.accepted, base.elapsed_s,
+                   base.elapsed_s > 0 ? base.accepted / base.elapsed_s : 0, base.p50_ms,
+                   base.p99_ms);
+            fflush(stdout);
+        } else {
+            printf("baseline: failed (see %s/base.log)\n", dir);
+        }
+    }
+    int64_t bench_t0 = oq_mono_us();
+    int port = e2e_free_port();
+    int consumers = (int)oq_config_int(cfg, "consumers");
+    up = e2e_start_up(dir, port, consumers);
+    if (up <= 0 || port <= 0) goto out;
+    printf("onceq bench e2e: onceq up pid=%d dir=%s http=127.0.0.1:%d consumers=%d "
+           "(durable: WAL + synchronous=FULL)\n",
+           (int)up, dir, port, consumers);
+    fflush(stdout);
+    if (!e2e_healthy(port, 300)) {
+        fprintf(stderr, "onceq bench e2e: producer not healthy after 30 s (see %s/up.log)\n", dir);
+        goto out;
+    }
+    lo.host = "127.0.0.1";
+    lo.port = port;
+    lo.conns = (int)oq_config_int(cfg, "conns");
+    int64_t drain = oq_config_int(cfg, "drain-timeout");
+    oq_load_result_t r;
+    oq_error_t err = {0};
+    int64_t warm = oq_config_int(cfg, "warmup");
+    if (warm > 0) {
+        lo.calls = warm;
+        lo.rate = 0;
+        lo.key_prefix = "warm";
+        if (oq_load_run(&lo, &r, &err) != 0 || r.accepted != warm) {
+            fprintf(stderr, "onceq bench e2e: warm-up failed: %s\n", err.msg);
+            goto out;
+        }
+        if (e2e_wait_drained(calls_db, "warm", warm, drain, up) != 0) goto out;
+        printf("warm-up: %lld calls drained (%.1f s after start)\n", (long long)warm,
+               (double)(oq_mono_us() - bench_t0) / 1e6);
+        fflush(stdout);
+    }
+    e2e_cpu_t cpu0[8], cpu1[8];
+    int nc0 = e2e_cpu_sample(up, cpu0, 8);
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    lo.calls = oq_config_int(cfg, "calls");
+    lo.rate = (double)oq_config_int(cfg, "rate");
+    lo.key_prefix = "run";
+    int64_t t0 = oq_mono_us();
+    if (oq_load_run(&lo, &r, &err) != 0) {
+        fprintf(stderr, "onceq bench e2e: load: %s\n", err.msg);
+        goto out;
+    }
+    char offered[32] = "max";
+    if (lo.rate > 0) snprintf(offered, sizeof offered, "%.0f/s", lo.rate);
+    printf("submit: %lld calls offered at %s, %lld accepted in %.2f s (%.0f/s), submit latency "
+           "p50 %.2f ms p99 %.2f ms, retries %lld\n",
+           (long long)lo.calls, offered,
+           (long long)r.accepted, r.elapsed_s, r.elapsed_s > 0 ? r.accepted / r.elapsed_s : 0,
+           r.p50_ms, r.p99_ms, (long long)r.retries);
+    if (e2e_wait_drained(calls_db, "run", r.accepted, drain, up) != 0) goto out;
+    double wall = (double)(oq_mono_us() - t0) / 1e6;
+    int nc1 = e2e_cpu_sample(up, cpu1, 8);
+    getrusage(RUSAGE_SELF, &ru1);
+    double self_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                      (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                      (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
+                      (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
+    printf("drained: all %lld calls terminal %.2f s after the first submit\n",
+           (long long)r.accepted, wall);
+    printf("\nCPU seconds during the run (2 cores = %.1f s available):\n", 2 * wall);
+    for (int i = 0; i < nc1; i++) {
+        double before = 0;
+        for (int j = 0; j < nc0; j++)
+            if (strcmp(cpu0[j].name, cpu1[i].name) == 0) before = cpu0[j].cpu;
+        printf("  %-10s x%d  %6.2f s  (%.0f%% of one core)\n", cpu1[i].name, cpu1[i].n,
+               cpu1[i].cpu - before, 100.0 * (cpu1[i].cpu - before) / wall);
+    }
+    printf("  %-10s x1  %6.2f s  (%.0f%% of one core; this process: HTTP client threads)\n",
+           "load", self_cpu, 100.0 * self_cpu / wall);
+    e2e_stop_up(up);
+    up = -1;
+    if (e2e_analyse(dir, "run", r.accepted) != 0) {
+        fprintf(stderr, "onceq bench e2e: analysis incomplete\n");
+        goto out;
+    }
+    oq_verify_report_t rep;
+    char cdb[PATH_MAX + 16];
+    snprintf(cdb, sizeof cdb, "%s/effects.db", dir);
+    if (oq_verify_run(calls_db, cdb, NULL, &rep, &err) == 0) {
+        printf("\nverify: calls %lld, effects %lld, duplicates %lld, lost %lld, DSR %.6f, %s\n",
+               (long long)rep.calls, (long long)rep.effects, (long long)rep.duplicates,
+               (long long)rep.lost, rep.dsr, rep.violations ? "VIOLATIONS" : "clean");
+        rc = rep.violations ? OQ_EXIT_VIOLATION : OQ_EXIT_OK;
+        if (have_base && base.elapsed_s > 0 && wall > 0)
+            printf("ratio: end-to-end calls/s / producer-alone submits/s = %.2f\n",
+                   ((double)r.accepted / wall) / ((double)base.accepted / base.elapsed_s));
+        oq_verify_report_clear(&rep);
+    } else {
+        fprintf(stderr, "verify: %s\n", err.msg);
+    }
+out:
+    e2e_stop_up(up);
+    if (made_dir && !oq_config_int(cfg, "keep")) e2e_rmdir(dir);
+    else printf("kept %s\n", dir);
+    oq_config_destroy(cfg);
+    return rc;
+}

@@ -1,0 +1,434 @@
+/*
+ * `onceq up`: a small process supervisor for a whole pipeline on one host.
+ *
+ * It runs children of this very binary (/proc/self/exe) with fork + execv, never a shell: the
+ * embedded broker (unless --brokers names an external cluster), the producer (HTTP API), the
+ * relay of the producer's outbox and N consumer-group workers. Each child writes its stdout and
+ * stderr to DIR/<name>.log (appended, so restarts keep history) and gets PR_SET_PDEATHSIG, so a
+ * supervisor killed with -9 does not leave orphans serving stale ports.
+ *
+ * The main loop reaps children with waitpid(WNOHANG) and restarts one that died, with an
+ * exponential backoff (250 ms doubling to 30 s, reset after a child stayed up for 30 s). The
+ * embedded broker is the exception that forces a wider restart: librdkafka's mock cluster keeps
+ * topics and offsets in memory and serves on random ports, so when it dies every other child
+ * is stopped, the broker restarted, the new bootstrap address read, and the others started
+ * again against it. Nothing is lost by that (outboxes are durable and consumers dedupe through
+ * their inbox), but committed offsets are, so messages already consumed may be redelivered and
+ * absorbed as duplicates.
+ *
+ * SIGTERM / SIGINT stop the pipeline in dependency order: consumers, relay and producer first
+ * (TERM, wait up to --stop-timeout, then KILL), the broker last. Signal handlers only set flags;
+ * all work happens in the loop.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmds.h"
+#include "oq_config.h"
+#include "oq_log.h"
+#include "oq_util.h"
+
+#define UP_MAX_CHILDREN 40
+#define UP_MAX_ARGS 64
+
+static const oq_setting_t up_settings[] = {
+    {"dir", OQ_SET_STRING, "./onceq-data", 1, PATH_MAX - 64, NULL,
+     "data directory: calls.db, effects.db, bootstrap file and one log per child"},
+    {"consumers", OQ_SET_INT, "2", 1, 32, NULL, "number of consumer-group workers"},
+    {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "producer HTTP listen address"},
+    {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "external Kafka bootstrap servers (default: run the embedded broker)"},
+    {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
+    {"stop-timeout", OQ_SET_DURATION, "10s", 100, 600000, NULL,
+     "how long to wait for children after SIGTERM before SIGKILL"},
+    {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
+     "how long to wait for the embedded broker's bootstrap file"},
+};
+
+typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
+
+typedef struct {
+    up_kind_t kind;
+    char name[32];        /* "broker", "producer", "relay", "consumer-1" */
+    pid_t pid;            /* 0 when not running */
+    int64_t started_us;   /* oq_mono_us() at the last start */
+    int64_t restart_at_us; /* when a dead child may be started again (0: now) */
+    int64_t backoff_ms;
+    int restarts;
+} up_child_t;
+
+typedef struct {
+    const oq_config_t *cfg;
+    char exe[PATH_MAX];
+    char dir[PATH_MAX];
+    char bootstrap_file[PATH_MAX];
+    char calls_db[PATH_MAX];
+    char effects_db[PATH_MAX];
+    char brokers[4096];
+    int embedded;
+    up_child_t kids[UP_MAX_CHILDREN];
+    int nkids;
+} up_t;
+
+static volatile sig_atomic_t up_stop_sig;
+
+static void up_on_signal(int sig)
+{
+    up_stop_sig = sig;
+}
+
+static int up_path(char *out, size_t n, const char *dir, const char *file)
+{
+    int w = snprintf(out, n, "%s/%s", dir, file);
+    return (w < 0 || (size_t)w >= n) ? -1 : 0;
+}
+
+/* Build the argv of one child. Strings in \p argv point into \p up or are literals. */
+static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
+{
+    int n = 0;
+    argv[n++] = up->exe;
+    switch (k->kind) {
+    case UP_BROKER:
+        argv[n++] = "broker";
+        argv[n++] = "--bootstrap-file";
+        argv[n++] = up->bootstrap_file;
+        break;
+    case UP_PRODUCER:
+        argv[n++] = "producer";
+        argv[n++] = "--db";
+        argv[n++] = up->calls_db;
+        argv[n++] = "--listen";
+        argv[n++] = (char *)oq_config_str(up->cfg, "listen");
+        argv[n++] = "--brokers";
+        argv[n++] = up->brokers;
+        break;
+    case UP_RELAY:
+        argv[n++] = "relay";
+        argv[n++] = "--db";
+        argv[n++] = up->calls_db;
+        argv[n++] = "--brokers";
+        argv[n++] = up->brokers;
+        break;
+    case UP_CONSUMER:
+        argv[n++] = "consumer";
+        argv[n++] = "--db";
+        argv[n++] = up->effects_db;
+        argv[n++] = "--group";
+        argv[n++] = (char *)oq_config_str(up->cfg, "group");
+        argv[n++] = "--brokers";
+        argv[n++] = up->brokers;
+        break;
+    }
+    /* Kafka pass-through (-X k=v) for every client; the broker takes no client properties. */
+    if (k->kind != UP_BROKER) {
+        static char xbuf[UP_MAX_ARGS][512];
+        int nk = oq_config_kafka_count(up->cfg);
+        for (int i = 0; i < nk && n < UP_MAX_ARGS - 3; i++) {
+            const char *name, *value;
+            oq_config_kafka_get(up->cfg, i, &name, &value);
+            snprintf(xbuf[i], sizeof xbuf[i], "%s=%s", name, value);
+            argv[n++] = "-X";
+            argv[n++] = xbuf[i];
+        }
+    }
+    argv[n] = NULL;
+    return n;
+}
+
+static int up_spawn(up_t *up, up_child_t *k)
+{
+    char *argv[UP_MAX_ARGS + 1];
+    char logpath[PATH_MAX];
+    char fname[64];
+    up_build_argv(up, k, argv);
+    snprintf(fname, sizeof fname, "%s.log", k->name);
+    if (up_path(logpath, sizeof logpath, up->dir, fname) != 0) return -1;
+    int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (logfd < 0) {
+        OQ_LOG_ERROR("up", "open %s: %s", logpath, strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        OQ_LOG_ERROR("up", "fork: %s", strerror(errno));
+        close(logfd);
+        return -1;
+    }
+    if (pid == 0) {
+        /* Child: only async-signal-safe calls until execv. */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        /* Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
+         * stops the children in order. PDEATHSIG covers a supervisor killed with -9. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 0);
+            if (devnull > 2) close(devnull);
+        }
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        execv(up->exe, argv);
+        _exit(127);
+    }
+    close(logfd);
+    k->pid = pid;
+    k->started_us = oq_mono_us();
+    OQ_LOG_INFO("up", "started %s pid=%d restarts=%d log=%s", k->name, (int)pid, k->restarts,
+                logpath);
+    return 0;
+}
+
+/* Wait for \p pid with a bound; returns 1 when reaped, 0 when still running. */
+static int up_wait_pid(pid_t pid, int64_t timeout_ms)
+{
+    int64_t deadline = oq_mono_us() + timeout_ms * 1000;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid || (r < 0 && errno == ECHILD)) return 1;
+        if (oq_mono_us() >= deadline) return 0;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* TERM every running child of the selected kinds, wait for all of them, KILL leftovers. */
+static void up_stop_kinds(up_t *up, int brokers, int64_t timeout_ms)
+{
+    for (int i = 0; i < up->nkids; i++) {
+        up_child_t *k = &up->kids[i];
+        if (k->pid <= 0 || (k->kind == UP_BROKER) != brokers) continue;
+        kill(k->pid, SIGTERM);
+    }
+    int64_t deadline = oq_mono_us() + timeout_ms * 1000;
+    for (int i = 0; i < up->nkids; i++) {
+        up_child_t *k = &up->kids[i];
+        if (k->pid <= 0 || (k->kind == UP_BROKER) != brokers) continue;
+        int64_t left = (deadline - oq_mono_us()) / 1000;
+        if (!up_wait_pid(k->pid, left > 0 ? left : 0)) {
+            OQ_LOG_WARN("up", "%s pid=%d did not stop in time: SIGKILL", k->name, (int)k->pid);
+            kill(k->pid, SIGKILL);
+            up_wait_pid(k->pid, 5000);
+        } else {
+            OQ_LOG_INFO("up", "stopped %s pid=%d", k->name, (int)k->pid);
+        }
+        k->pid = 0;
+    }
+}
+
+/* Start the embedded broker and wait until it has written its bootstrap address. */
+static int up_start_broker(up_t *up, up_child_t *k)
+{
+    unlink(up->bootstrap_file);
+    if (up_spawn(up, k) != 0) return -1;
+    int64_t deadline = oq_mono_us() + oq_config_int(up->cfg, "broker-wait") * 1000;
+    while (oq_mono_us() < deadline && !up_stop_sig) {
+        FILE *f = fopen(up->bootstrap_file, "r");
+        if (f) {
+            char line[4096] = "";
+            int ok = fgets(line, sizeof line, f) != NULL;
+            fclose(f);
+            line[strcspn(line, "\r\n \t")] = '\0';
+            if (ok && line[0]) {
+                snprintf(up->brokers, sizeof up->brokers, "%s", line);
+                return 0;
+            }
+        }
+        int st;
+        if (waitpid(k->pid, &st, WNOHANG) == k->pid) {
+            OQ_LOG_ERROR("up", "broker exited before writing %s (see %s/broker.log)",
+                         up->bootstrap_file, up->dir);
+            k->pid = 0;
+            return -1;
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    OQ_LOG_ERROR("up", "no bootstrap address in %s after the wait", up->bootstrap_file);
+    return -1;
+}
+
+static void up_print_where(const up_t *up)
+{
+    printf("onceq up: pipeline running\n");
+    printf("  http      http://%s  (POST /v1/tool-calls, GET /v1/tool-calls/{id}, /stats, "
+           "/metrics, /healthz)\n",
+           oq_config_str(up->cfg, "listen"));
+    printf("  brokers   %s%s\n", up->brokers, up->embedded ? " (embedded, in memory)" : "");
+    if (up->embedded) printf("  bootstrap %s\n", up->bootstrap_file);
+    printf("  calls db  %s\n", up->calls_db);
+    printf("  effects   %s\n", up->effects_db);
+    printf("  logs      %s/<name>.log\n", up->dir);
+    for (int i = 0; i < up->nkids; i++)
+        if (up->kids[i].pid > 0) printf("  pid %-7d %s\n", (int)up->kids[i].pid, up->kids[i].name);
+    printf("  stop      kill -TERM %d  (or Ctrl-C)\n", (int)getpid());
+    fflush(stdout);
+}
+
+/* A child died: schedule its restart with backoff. */
+static void up_schedule(up_child_t *k, int status)
+{
+    int64_t now = oq_mono_us();
+    if (now - k->started_us > 30 * 1000 * 1000) k->backoff_ms = 0;
+    k->backoff_ms = k->backoff_ms ? k->backoff_ms * 2 : 250;
+    if (k->backoff_ms > 30000) k->backoff_ms = 30000;
+    k->restart_at_us = now + k->backoff_ms * 1000;
+    if (WIFSIGNALED(status))
+        OQ_LOG_WARN("up", "%s pid=%d killed by signal %d; restart in %lld ms", k->name,
+                    (int)k->pid, WTERMSIG(status), (long long)k->backoff_ms);
+    else
+        OQ_LOG_WARN("up", "%s pid=%d exited with %d; restart in %lld ms", k->name, (int)k->pid,
+                    WEXITSTATUS(status), (long long)k->backoff_ms);
+    k->pid = 0;
+}
+
+/* The embedded broker died: everything connected to it lost topics and offsets. */
+static int up_restart_all(up_t *up)
+{
+    OQ_LOG_WARN("up", "embedded broker died: the mock cluster lost all topics and offsets; "
+                      "restarting it and every other child");
+    up_stop_kinds(up, 0, oq_config_int(up->cfg, "stop-timeout"));
+    up_child_t *b = &up->kids[0];
+    b->restarts++;
+    if (up_start_broker(up, b) != 0) return -1;
+    for (int i = 1; i < up->nkids; i++) {
+        up->kids[i].restarts++;
+        if (up_spawn(up, &up->kids[i]) != 0) return -1;
+    }
+    OQ_LOG_INFO("up", "pipeline restarted brokers=%s", up->brokers);
+    return 0;
+}
+
+int oq_cmd_up(int argc, char **argv)
+{
+    const char *usage =
+        "onceq up [--dir DIR] [--consumers N] [--listen HOST:PORT] [--brokers B] [-X k=v]...\n"
+        "\n"
+        "Runs the whole pipeline on this host as child processes: the embedded broker (unless\n"
+        "--brokers), the producer (HTTP on --listen, DIR/calls.db), its relay, and N consumers\n"
+        "(group --group, DIR/effects.db). Each child logs to DIR/<name>.log. A child that dies\n"
+        "is restarted with backoff (250 ms doubling to 30 s); if the embedded broker dies, all\n"
+        "topics and offsets are gone, so every child is restarted against a new broker.\n"
+        "-X properties go to every Kafka client. SIGTERM/SIGINT stop the children (broker\n"
+        "last) and exit 0.";
+    oq_config_t *cfg = oq_config_new(up_settings, sizeof up_settings / sizeof up_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    if (rc >= 0) {
+        oq_config_destroy(cfg);
+        return rc;
+    }
+    rc = OQ_EXIT_FAIL;
+    up_t *up = calloc(1, sizeof *up);
+    if (!up) goto out;
+    up->cfg = cfg;
+
+    ssize_t n = readlink("/proc/self/exe", up->exe, sizeof up->exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "onceq up: readlink /proc/self/exe: %s\n", strerror(errno));
+        goto out;
+    }
+    up->exe[n] = '\0';
+    const char *dir = oq_config_str(cfg, "dir");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "onceq up: mkdir %s: %s\n", dir, strerror(errno));
+        goto out;
+    }
+    if (!realpath(dir, up->dir)) {
+        fprintf(stderr, "onceq up: %s: %s\n", dir, strerror(errno));
+        goto out;
+    }
+    if (up_path(up->bootstrap_file, PATH_MAX, up->dir, "bootstrap") ||
+        up_path(up->calls_db, PATH_MAX, up->dir, "calls.db") ||
+        up_path(up->effects_db, PATH_MAX, up->dir, "effects.db")) {
+        fprintf(stderr, "onceq up: --dir is too long\n");
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
+    const char *ext = oq_config_str(cfg, "brokers");
+    up->embedded = ext == NULL || !ext[0];
+    if (!up->embedded) snprintf(up->brokers, sizeof up->brokers, "%s", ext);
+
+    /* The child table: broker (slot 0, maybe unused), producer, relay, consumers. */
+    up->kids[0] = (up_child_t){.kind = UP_BROKER, .name = "broker"};
+    up->kids[1] = (up_child_t){.kind = UP_PRODUCER, .name = "producer"};
+    up->kids[2] = (up_child_t){.kind = UP_RELAY, .name = "relay"};
+    up->nkids = 3;
+    int nc = (int)oq_config_int(cfg, "consumers");
+    for (int i = 0; i < nc && up->nkids < UP_MAX_CHILDREN; i++) {
+        up_child_t *k = &up->kids[up->nkids++];
+        *k = (up_child_t){.kind = UP_CONSUMER};
+        snprintf(k->name, sizeof k->name, "consumer-%d", i + 1);
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = up_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (up->embedded && up_start_broker(up, &up->kids[0]) != 0) goto stop;
+    for (int i = 1; i < up->nkids && !up_stop_sig; i++)
+        if (up_spawn(up, &up->kids[i]) != 0) goto stop;
+    if (!up_stop_sig) up_print_where(up);
+
+    while (!up_stop_sig) {
+        int st;
+        pid_t pid;
+        int broker_died = 0;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+            for (int i = 0; i < up->nkids; i++) {
+                if (up->kids[i].pid != pid) continue;
+                if (up->kids[i].kind == UP_BROKER) broker_died = 1;
+                up_schedule(&up->kids[i], st);
+            }
+        }
+        if (broker_died && up->embedded) {
+            if (up_restart_all(up) != 0) goto stop;
+            up_print_where(up);
+            continue;
+        }
+        int64_t now = oq_mono_us();
+        for (int i = 0; i < up->nkids; i++) {
+            up_child_t *k = &up->kids[i];
+            if (k->pid != 0 || (k->kind == UP_BROKER && !up->embedded)) continue;
+            if (now < k->restart_at_us) continue;
+            k->restarts++;
+            if (up_spawn(up, k) != 0) k->restart_at_us = now + 1000 * 1000;
+        }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (up_stop_sig) OQ_LOG_INFO("up", "signal %d: stopping children", (int)up_stop_sig);
+    rc = OQ_EXIT_OK;
+stop:
+    up_stop_kinds(up, 0, oq_config_int(cfg, "stop-timeout"));
+    up_stop_kinds(up, 1, oq_config_int(cfg, "stop-timeout"));
+    if (rc == OQ_EXIT_OK) printf("onceq up: stopped\n");
+out:
+    free(up);
+    oq_config_destroy(cfg);
+    return rc;
+}
