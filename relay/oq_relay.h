@@ -1,0 +1,162 @@
+/**
+ * @file oq_relay.h
+ * @brief The outbox relay: publishes a database's `outbox` rows to Kafka, at least once, in
+ *        `seq` order per partition, with one active relay per database (lease + fencing).
+ *
+ * A relay owns one SQLite connection to the database at `db_path` (calls.db for the producer,
+ * effects.db for a consumer's result outbox; both carry schema/common/0001_outbox.sql) and one
+ * idempotent librdkafka producer (`enable.idempotence=true`, `acks=all`, forced). Rows are
+ * appended by other code with oq_outbox_append() inside their own transactions; the relay
+ * notices a commit by polling `PRAGMA data_version` with an adaptive backoff (1 ms up to
+ * `poll_max_ms`) or at once after oq_relay_notify().
+ *
+ * Message contract: topic = outbox.topic, key = outbox.key (the call_id), value =
+ * outbox.payload, header `onceq-message-id` = outbox.message_id.
+ *
+ * Guarantees:
+ *  - A row is marked published (`published_at`) only after a successful delivery report, one
+ *    transaction per batch, and only while this relay holds the lease: every mark UPDATE checks
+ *    `relay_lease(name, owner, fence, expires_at > now)`. A relay that lost its lease (paused
+ *    past the expiry, then resumed) marks nothing.
+ *  - Nothing is dropped: a failed delivery leaves the row unpublished; the relay drains its
+ *    in-flight messages, marks only what precedes the first failure in each partition, and
+ *    re-publishes from the first undelivered row. Duplicates are possible (crash between
+ *    delivery and mark, failover, failure rewind); the consumer's inbox absorbs them.
+ *  - Order: per partition (hence per key), the first copy of every message arrives in seq
+ *    order. The relay's producer defaults make this hold: message.timeout.ms=0 (librdkafka
+ *    retries in order, forever; an outage stalls the relay instead of failing messages) and
+ *    enable.gapless.guarantee=true (a batch failure that would leave a gap stops the producer;
+ *    the relay rebuilds it and re-sends from the first undelivered row). If the user sets a
+ *    finite message.timeout.ms (-X), an outage shorter than the timeout can let later messages
+ *    of a partition be delivered after earlier ones timed out: the rewind then re-sends the
+ *    tail, so the last copies are in order but a first copy may overtake.
+ *  - Published rows older than `retention_ms` are deleted in bounded batches.
+ *
+ * Threads: oq_relay_start() runs the relay in a thread of its own plus a writer thread for
+ * marks and retention (each with its own SQLite connection), and librdkafka's threads. All
+ * functions below may be called from any thread except that new/start/stop/destroy must not
+ * race with each other on the same relay.
+ *
+ * Crash points (OQ_CRASH_POINT, armed with ONCEQ_CRASH_AT=name[@N]), in pipeline order:
+ *  - `relay.after_lease_acquire`            lease won, nothing produced yet
+ *  - `relay.after_read_batch`               rows read, none produced
+ *  - `relay.after_produce_before_delivery`  batch handed to librdkafka, no delivery report seen
+ *  - `relay.after_delivery_before_mark`     delivery reports received, mark not started
+ *  - `relay.after_mark_before_commit`       mark UPDATEs done, COMMIT not issued
+ *  - `relay.after_mark_commit`              batch marked and committed
+ *  - `relay.cleanup_before_commit`          retention DELETE done, COMMIT not issued
+ */
+#ifndef OQ_RELAY_H
+#define OQ_RELAY_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_config.h"
+#include "oq_error.h"
+#include "oq_metrics.h"
+
+/** Opaque relay handle. */
+typedef struct oq_relay oq_relay_t;
+
+/** Relay options. Initialise with oq_relay_opts_init(), then override fields. */
+typedef struct oq_relay_opts {
+    const char *db_path;          /**< database holding `outbox` + `relay_lease` (required) */
+    const char *db_synchronous;   /**< "FULL" (default when NULL) / "NORMAL" / "OFF" */
+    const char *brokers;          /**< bootstrap.servers (required unless set via kafka_cfg) */
+    const oq_config_t *kafka_cfg; /**< -X / kafka.* pass-through; may be NULL; borrowed */
+    const char *lease_name;       /**< relay_lease.name; default "outbox" */
+    const char *owner;            /**< lease owner id; default "host:pid:random" */
+    int64_t lease_ms;             /**< lease duration; default 5000; renewed every third */
+    int batch_rows;               /**< rows read per batch (a mark transaction takes all rows
+                                       delivered since the previous one); default 1000 */
+    int64_t batch_bytes;          /**< payload bytes per batch; default 1 MiB */
+    int max_inflight;             /**< rows produced but not yet reported; default 50000 */
+    int64_t retention_ms;         /**< delete published rows older than this; default 1 h;
+                                       0 disables cleanup */
+    int cleanup_batch;            /**< rows per cleanup DELETE transaction; default 1000 */
+    int poll_max_ms;              /**< idle data_version poll cap; default 5 */
+    int64_t stop_timeout_ms;      /**< oq_relay_stop(): max wait for in-flight; default 10000 */
+    oq_metrics_t *metrics;        /**< registry for onceq_relay_* metrics; may be NULL; borrowed,
+                                       must outlive the relay */
+    const char *metrics_labels;   /**< labels for every metric, e.g. `relay="results"`; may be
+                                       NULL. Two relays in one registry need distinct labels,
+                                       else they share (and mix) the same series */
+} oq_relay_opts_t;
+
+/** Lease state, as seen by the relay itself. */
+typedef enum {
+    OQ_RELAY_STANDBY = 0, /**< another relay holds the lease (or not started) */
+    OQ_RELAY_HOLDER = 1,  /**< this relay holds the lease and publishes */
+    OQ_RELAY_STOPPED = 2  /**< stopped, lease released */
+} oq_relay_lease_state_t;
+
+/** Counters and state of one relay (a snapshot; see oq_relay_stats()). */
+typedef struct oq_relay_stats {
+    uint64_t produced;           /**< messages handed to librdkafka (includes re-publishes) */
+    uint64_t published;          /**< rows marked published by this relay */
+    uint64_t delivery_errors;    /**< failed delivery reports */
+    uint64_t rewinds;            /**< times publishing restarted from a failed row */
+    uint64_t batches;            /**< mark transactions committed */
+    uint64_t producer_restarts;  /**< producers recreated after a fatal error */
+    uint64_t fenced;             /**< times the lease was found lost */
+    uint64_t cleaned;            /**< published rows deleted by retention */
+    int64_t pending;             /**< unpublished rows (refreshed about every second) */
+    int64_t oldest_pending_age_ms; /**< age of the oldest unpublished row, 0 if none */
+    int64_t fence;               /**< fencing token while holder, else last held (0 never) */
+    int inflight;                /**< produced, no delivery report yet */
+    oq_relay_lease_state_t lease_state;
+} oq_relay_stats_t;
+
+/** @brief Fill \p o with the defaults documented on ::oq_relay_opts_t (all pointers NULL). */
+void oq_relay_opts_init(oq_relay_opts_t *o);
+
+/**
+ * @brief Create a relay: opens the database (it must already be migrated: the outbox and
+ *        relay_lease tables must exist), builds the librdkafka conf (validating -X settings),
+ *        registers metrics. Nothing is published until oq_relay_start().
+ * @param opts copied; strings are copied too, except kafka_cfg and metrics (borrowed).
+ * @returns the relay (free with oq_relay_destroy()), or NULL with \p err filled (OQ_EINVAL for
+ *          bad options or Kafka settings, OQ_EDB when the database cannot be opened or lacks
+ *          the tables).
+ */
+oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err);
+
+/**
+ * @brief Start the relay thread: it competes for the lease and, while holding it, publishes.
+ * @returns 0, OQ_ESTATE if already started, or OQ_EIO if the thread cannot be created.
+ */
+int oq_relay_start(oq_relay_t *r, oq_error_t *err);
+
+/** @brief Wake the relay now (call after committing outbox rows in this process). Cheap;
+ *         async-signal-unsafe; safe from any thread. Accepts NULL. */
+void oq_relay_notify(oq_relay_t *r);
+
+/**
+ * @brief Stop publishing: stop reading new rows, wait up to stop_timeout_ms for in-flight
+ *        delivery reports, mark what was delivered, release the lease, destroy the producer,
+ *        join the thread. Undelivered rows stay unpublished for the next holder.
+ * @returns 0 (also when not started or already stopped).
+ */
+int oq_relay_stop(oq_relay_t *r);
+
+/** @brief Stop (if running) and free everything; accepts NULL. */
+void oq_relay_destroy(oq_relay_t *r);
+
+/** @brief Snapshot of counters and state into \p out. */
+void oq_relay_stats(oq_relay_t *r, oq_relay_stats_t *out);
+
+/** @brief The lease owner id this relay uses (borrowed, valid until destroy). */
+const char *oq_relay_owner(const oq_relay_t *r);
+
+/**
+ * @brief One-line status of any database's outbox and leases, for `onceq stats`:
+ *        `relay: pending=12 oldest_pending_age=0.35s published=9988 lease=outbox
+ *        holder=host:123:ab12 fence=3 expires_in=4.2s` (or `holder=none` / `expired`).
+ * @param db an open connection (read-only is fine); not modified.
+ * @returns 0, or OQ_EDB (\p err filled) when the tables are missing or unreadable.
+ */
+int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err);
+
+#endif

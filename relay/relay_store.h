@@ -1,0 +1,94 @@
+/**
+ * @file relay_store.h
+ * @brief Internal: every SQL statement of the relay (relay/store.c), behind a small interface
+ *        so another backend can sit beside it. Not part of the public API.
+ *
+ * @locality one store per relay thread; the connection is not shared.
+ */
+#ifndef OQ_RELAY_STORE_H
+#define OQ_RELAY_STORE_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+
+typedef struct oq__relay_store oq__relay_store_t;
+
+/** One outbox row as read by the relay; every pointer is valid only during the callback. */
+typedef struct oq__relay_row {
+    int64_t seq;
+    int64_t created_at;
+    const char *message_id;
+    const char *topic;
+    const char *key;
+    size_t key_len;
+    const void *payload;
+    size_t payload_len;
+} oq__relay_row_t;
+
+/** Row callback: return 0 to continue, non-zero to stop reading (that row is not consumed). */
+typedef int (*oq__relay_row_cb)(void *ctx, const oq__relay_row_t *row);
+
+/** Open \p path (WAL, \p synchronous), check that outbox + relay_lease exist. */
+int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_store_t **out,
+                         oq_error_t *err);
+void oq__relay_store_close(oq__relay_store_t *s);
+
+/** PRAGMA data_version: changes when another connection commits. */
+int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err);
+
+/**
+ * Take or renew the lease \p name for \p owner in one BEGIN IMMEDIATE transaction: a missing
+ * row is inserted (fence 1); an expired one, or one already ours with *fence, is taken
+ * (fence + 1 on a change of holder, the same fence on renewal).
+ * @param fence in: the fence we think we hold (0: none); out: the fence now held.
+ * @param held out: 1 when \p owner holds the lease after the call.
+ * @param holder out (may be NULL, \p holder_cap bytes): the current holder's owner id.
+ * @returns 0 or OQ_EBUSY / OQ_EDB.
+ */
+int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *owner,
+                            int64_t lease_ms, int64_t now_ms, int64_t *fence, int *held,
+                            char *holder, size_t holder_cap, oq_error_t *err);
+
+/** Renew a held lease (expires_at = now + lease). @returns 0, OQ_EFENCED when lost,
+ *  OQ_EBUSY / OQ_EDB. */
+int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner,
+                          int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err);
+
+/** Give the lease up (expires_at = 0) if still ours. */
+int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *owner,
+                            int64_t fence, oq_error_t *err);
+
+/**
+ * Read unpublished rows with seq > \p after in seq order, at most \p max_rows rows and about
+ * \p max_bytes payload bytes (at least one row), calling \p cb for each.
+ * @param nread out: rows passed to \p cb and accepted.
+ */
+int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int64_t max_bytes,
+                         oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err);
+
+/**
+ * In one transaction: renew the lease (fails -> OQ_EFENCED, nothing marked), then set
+ * published_at = \p now_ms on the rows \p seqs (sorted ascending, no duplicates), each UPDATE
+ * checking the fencing token. Crash points relay.after_mark_before_commit inside.
+ * @param marked out: rows changed.
+ * @returns 0, OQ_EFENCED, OQ_EBUSY or OQ_EDB (on error nothing is marked).
+ */
+int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
+                         int64_t lease_ms, int64_t now_ms, const int64_t *seqs, size_t n,
+                         int64_t *marked, oq_error_t *err);
+
+/** Delete at most \p limit rows published before \p cutoff_ms, one transaction. */
+int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, int64_t *deleted,
+                            oq_error_t *err);
+
+/** Pending row count and created_at of the oldest pending row (0 when none). */
+int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldest_created_at,
+                            oq_error_t *err);
+
+/** Implementation of oq_relay_status_line() on any connection. */
+int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err);
+
+#endif

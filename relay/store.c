@@ -1,0 +1,528 @@
+/*
+ * All SQL of the relay, against the tables of schema/common/0001_outbox.sql (outbox and
+ * relay_lease), so that a second backend can be written beside this file.
+ *
+ * Lease and fencing: relay_lease holds one row per lease name with the owner, a fencing token
+ * and an expiry in wall-clock ms. Taking an expired lease (or a missing one) bumps the fence in
+ * a BEGIN IMMEDIATE transaction, so two relays racing for it serialise on SQLite's write lock
+ * and exactly one wins. Every write the holder makes afterwards (renewals, marks) carries
+ * `owner = ? AND fence = ? AND expires_at > now` in its WHERE clause: a holder that was paused
+ * past its expiry and resumed finds zero rows to change and learns it was fenced, instead of
+ * marking rows a successor is now responsible for.
+ *
+ * Reads use the partial index outbox_pending (seq WHERE published_at IS NULL) and run in
+ * autocommit (a WAL snapshot per batch), so a long Kafka outage never holds a write lock.
+ * Marks set published_at on runs of consecutive delivered seqs with one ranged UPDATE each, in
+ * one transaction per batch that first renews the lease. Retention deletes in bounded
+ * batches through the outbox_published index.
+ */
+#include "relay_store.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_db.h"
+#include "oq_log.h"
+#include "oq_util.h"
+
+struct oq__relay_store {
+    sqlite3 *db;
+    oq_stmt_cache_t *cache;
+};
+
+/* How long a relay transaction waits for the write lock beyond the busy handler. */
+#define OQ__RELAY_BEGIN_TIMEOUT_MS 2000
+
+static const char sql_data_version[] = "PRAGMA data_version";
+
+static const char sql_lease_get[] =
+    "SELECT owner, fence, expires_at FROM relay_lease WHERE name = ?1";
+static const char sql_lease_insert[] =
+    "INSERT INTO relay_lease(name, owner, fence, expires_at) VALUES (?1, ?2, 1, ?3)";
+static const char sql_lease_take[] =
+    "UPDATE relay_lease SET owner = ?2, fence = fence + 1, expires_at = ?3 "
+    "WHERE name = ?1 AND fence = ?4";
+static const char sql_lease_renew[] =
+    "UPDATE relay_lease SET expires_at = ?5 "
+    "WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > ?4";
+static const char sql_lease_release[] =
+    "UPDATE relay_lease SET expires_at = 0 WHERE name = ?1 AND owner = ?2 AND fence = ?3";
+
+static const char sql_read[] =
+    "SELECT seq, created_at, message_id, topic, key, payload FROM outbox "
+    "WHERE published_at IS NULL AND seq > ?1 ORDER BY seq LIMIT ?2";
+
+/* The fencing check is part of the mark itself, not only of the renewal before it. */
+static const char sql_mark_range[] =
+    "UPDATE outbox SET published_at = ?1 "
+    "WHERE seq BETWEEN ?2 AND ?3 AND published_at IS NULL "
+    "AND EXISTS (SELECT 1 FROM relay_lease WHERE name = ?4 AND owner = ?5 AND fence = ?6 "
+    "AND expires_at > ?7)";
+
+static const char sql_cleanup[] =
+    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE published_at IS NOT NULL "
+    "AND published_at < ?1 ORDER BY published_at LIMIT ?2)";
+
+static const char sql_pending_count[] = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+static const char sql_pending_oldest[] =
+    "SELECT created_at FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT 1";
+
+static const char sql_check_tables[] =
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('outbox', "
+    "'relay_lease')";
+
+/* --- open / close -------------------------------------------------------------------------- */
+
+int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_store_t **out,
+                         oq_error_t *err)
+{
+    oq__relay_store_t *s = calloc(1, sizeof(*s));
+    sqlite3_stmt *st = NULL;
+    int rc;
+    *out = NULL;
+    if (!s) return oq_error_set(err, OQ_ENOMEM, 0, "relay store: out of memory");
+    oq_db_opts_t o = {.synchronous = synchronous, .busy_timeout_ms = 5000};
+    rc = oq_db_open(path, &o, &s->db, err);
+    if (rc != 0) goto fail;
+    rc = sqlite3_prepare_v2(s->db, sql_check_tables, -1, &st, NULL);
+    if (rc != SQLITE_OK) {
+        rc = oq_db_error(s->db, rc, err, "relay store: check tables");
+        goto fail;
+    }
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        rc = oq_db_error(s->db, rc, err, "relay store: check tables");
+        goto fail;
+    }
+    if (sqlite3_column_int(st, 0) != 2) {
+        rc = oq_error_set(err, OQ_EDB, 0,
+                          "database %s has no outbox/relay_lease tables (not migrated yet?)",
+                          path);
+        goto fail;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    /* The relay reads every row once and rewrites it once (the mark): memory-mapped reads
+     * avoid a pread copy per page, a larger cache keeps the index pages the marks touch. */
+    sqlite3_exec(s->db, "PRAGMA mmap_size=268435456", NULL, NULL, NULL);
+    sqlite3_exec(s->db, "PRAGMA cache_size=-32768", NULL, NULL, NULL);
+    s->cache = oq_stmt_cache_new(s->db);
+    if (!s->cache) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "relay store: out of memory");
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    sqlite3_finalize(st);
+    oq__relay_store_close(s);
+    return rc;
+}
+
+void oq__relay_store_close(oq__relay_store_t *s)
+{
+    if (!s) return;
+    oq_stmt_cache_destroy(s->cache);
+    if (s->db) sqlite3_close_v2(s->db);
+    free(s);
+}
+
+static sqlite3_stmt *oq__get(oq__relay_store_t *s, const char *sql, oq_error_t *err)
+{
+    return oq_stmt_get(s->cache, sql, err);
+}
+
+/* Returns the OQ_E* code recorded by a failed oq__get(). */
+static int oq__prep_fail(oq_error_t *err)
+{
+    return (err && err->code) ? err->code : OQ_EDB;
+}
+
+int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err)
+{
+    sqlite3_stmt *st = oq__get(s, sql_data_version, err);
+    if (!st) return oq__prep_fail(err);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        rc = 0;
+    } else {
+        rc = oq_db_error(s->db, rc, err, "relay: data_version");
+    }
+    sqlite3_reset(st);
+    return rc;
+}
+
+/* --- lease --------------------------------------------------------------------------------- */
+
+int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *owner,
+                            int64_t lease_ms, int64_t now_ms, int64_t *fence, int *held,
+                            char *holder, size_t holder_cap, oq_error_t *err)
+{
+    sqlite3_stmt *st;
+    int rc, step;
+    *held = 0;
+    if (holder && holder_cap) holder[0] = '\0';
+    rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
+    if (rc != 0) return rc;
+
+    st = oq__get(s, sql_lease_get, err);
+    if (!st) {
+        rc = oq__prep_fail(err);
+        goto out;
+    }
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    step = sqlite3_step(st);
+    if (step == SQLITE_DONE) {
+        sqlite3_reset(st);
+        st = oq__get(s, sql_lease_insert, err);
+        if (!st) {
+            rc = oq__prep_fail(err);
+            goto out;
+        }
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, now_ms + lease_ms);
+        step = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (step != SQLITE_DONE) {
+            rc = oq_db_error(s->db, step, err, "relay lease insert");
+            goto out;
+        }
+        *fence = 1;
+        *held = 1;
+        if (holder && holder_cap) snprintf(holder, holder_cap, "%s", owner);
+        goto commit;
+    }
+    if (step != SQLITE_ROW) {
+        rc = oq_db_error(s->db, step, err, "relay lease read");
+        sqlite3_reset(st);
+        goto out;
+    }
+    char cur_owner[256];
+    const unsigned char *o = sqlite3_column_text(st, 0);
+    snprintf(cur_owner, sizeof(cur_owner), "%s", o ? (const char *)o : "");
+    int64_t cur_fence = sqlite3_column_int64(st, 1);
+    int64_t cur_exp = sqlite3_column_int64(st, 2);
+    sqlite3_reset(st);
+    if (holder && holder_cap) snprintf(holder, holder_cap, "%s", cur_owner);
+
+    int ours = strcmp(cur_owner, owner) == 0 && cur_fence == *fence && cur_exp > now_ms;
+    if (ours) {
+        st = oq__get(s, sql_lease_renew, err);
+        if (!st) {
+            rc = oq__prep_fail(err);
+            goto out;
+        }
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, cur_fence);
+        sqlite3_bind_int64(st, 4, now_ms);
+        sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+    } else if (cur_exp <= now_ms) {
+        st = oq__get(s, sql_lease_take, err);
+        if (!st) {
+            rc = oq__prep_fail(err);
+            goto out;
+        }
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, now_ms + lease_ms);
+        sqlite3_bind_int64(st, 4, cur_fence);
+    } else {
+        goto commit; /* someone else holds it: read-only transaction */
+    }
+    step = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) {
+        rc = oq_db_error(s->db, step, err, "relay lease update");
+        goto out;
+    }
+    if (sqlite3_changes(s->db) == 1) {
+        *fence = ours ? cur_fence : cur_fence + 1;
+        *held = 1;
+        if (holder && holder_cap) snprintf(holder, holder_cap, "%s", owner);
+    }
+commit:
+    rc = oq_db_commit(s->db, err);
+    if (rc != 0) *held = 0;
+out:
+    if (rc != 0) {
+        *held = 0;
+        oq_db_rollback(s->db);
+    }
+    return rc;
+}
+
+static int oq__lease_renew_stmt(oq__relay_store_t *s, const char *name, const char *owner,
+                                int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
+{
+    sqlite3_stmt *st = oq__get(s, sql_lease_renew, err);
+    if (!st) return oq__prep_fail(err);
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, fence);
+    sqlite3_bind_int64(st, 4, now_ms);
+    sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+    int step = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) return oq_db_error(s->db, step, err, "relay lease renew");
+    if (sqlite3_changes(s->db) != 1)
+        return oq_error_set(err, OQ_EFENCED, 0, "lease %s lost (fence %" PRId64 ")", name, fence);
+    return 0;
+}
+
+int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner,
+                          int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
+{
+    /* A single UPDATE is its own transaction: no BEGIN needed. */
+    return oq__lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
+}
+
+int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *owner,
+                            int64_t fence, oq_error_t *err)
+{
+    sqlite3_stmt *st = oq__get(s, sql_lease_release, err);
+    if (!st) return oq__prep_fail(err);
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, fence);
+    int step = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) return oq_db_error(s->db, step, err, "relay lease release");
+    return 0;
+}
+
+/* --- read ---------------------------------------------------------------------------------- */
+
+int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int64_t max_bytes,
+                         oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err)
+{
+    sqlite3_stmt *st = oq__get(s, sql_read, err);
+    int rc = 0, n = 0;
+    int64_t bytes = 0;
+    *nread = 0;
+    if (!st) return oq__prep_fail(err);
+    sqlite3_bind_int64(st, 1, after);
+    sqlite3_bind_int(st, 2, max_rows);
+    for (;;) {
+        int step = sqlite3_step(st);
+        if (step == SQLITE_DONE) break;
+        if (step != SQLITE_ROW) {
+            rc = oq_db_error(s->db, step, err, "relay read outbox");
+            break;
+        }
+        oq__relay_row_t row;
+        row.seq = sqlite3_column_int64(st, 0);
+        row.created_at = sqlite3_column_int64(st, 1);
+        row.message_id = (const char *)sqlite3_column_text(st, 2);
+        row.topic = (const char *)sqlite3_column_text(st, 3);
+        row.key = (const char *)sqlite3_column_text(st, 4);
+        row.key_len = (size_t)sqlite3_column_bytes(st, 4);
+        row.payload = sqlite3_column_blob(st, 5);
+        row.payload_len = (size_t)sqlite3_column_bytes(st, 5);
+        if (!row.message_id || !row.topic || !row.key) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "relay read outbox: out of memory");
+            break;
+        }
+        if (!row.payload) row.payload = "";
+        if (cb(ctx, &row) != 0) break;
+        n++;
+        bytes += (int64_t)row.payload_len;
+        if (bytes >= max_bytes) break;
+    }
+    sqlite3_reset(st); /* ends the read snapshot */
+    *nread = n;
+    return rc;
+}
+
+/* --- mark ---------------------------------------------------------------------------------- */
+
+int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
+                         int64_t lease_ms, int64_t now_ms, const int64_t *seqs, size_t n,
+                         int64_t *marked, oq_error_t *err)
+{
+    int rc;
+    int64_t total = 0;
+    *marked = 0;
+    rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
+    if (rc != 0) return rc;
+    /* Renew first: a fenced holder stops here, and a busy database cannot let the lease lapse
+     * while deliveries keep coming. */
+    rc = oq__lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
+    if (rc != 0) goto out;
+
+    sqlite3_stmt *st = oq__get(s, sql_mark_range, err);
+    if (!st) {
+        rc = oq__prep_fail(err);
+        goto out;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j + 1 < n && seqs[j + 1] == seqs[j] + 1) j++;
+        sqlite3_bind_int64(st, 1, now_ms);
+        sqlite3_bind_int64(st, 2, seqs[i]);
+        sqlite3_bind_int64(st, 3, seqs[j]);
+        sqlite3_bind_text(st, 4, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 5, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 6, fence);
+        sqlite3_bind_int64(st, 7, now_ms);
+        int step = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (step != SQLITE_DONE) {
+            rc = oq_db_error(s->db, step, err, "relay mark");
+            goto out;
+        }
+        total += sqlite3_changes(s->db);
+        i = j + 1;
+    }
+    OQ_CRASH_POINT("relay.after_mark_before_commit");
+    rc = oq_db_commit(s->db, err);
+    if (rc == 0) *marked = total;
+out:
+    if (rc != 0) oq_db_rollback(s->db);
+    return rc;
+}
+
+/* --- cleanup ------------------------------------------------------------------------------- */
+
+int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, int64_t *deleted,
+                            oq_error_t *err)
+{
+    int rc;
+    *deleted = 0;
+    rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
+    if (rc != 0) return rc;
+    sqlite3_stmt *st = oq__get(s, sql_cleanup, err);
+    if (!st) {
+        rc = oq__prep_fail(err);
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, cutoff_ms);
+    sqlite3_bind_int(st, 2, limit);
+    int step = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) {
+        rc = oq_db_error(s->db, step, err, "relay cleanup");
+        goto out;
+    }
+    int64_t n = sqlite3_changes(s->db);
+    OQ_CRASH_POINT("relay.cleanup_before_commit");
+    rc = oq_db_commit(s->db, err);
+    if (rc == 0) *deleted = n;
+out:
+    if (rc != 0) oq_db_rollback(s->db);
+    return rc;
+}
+
+/* --- stats --------------------------------------------------------------------------------- */
+
+static int oq__scalar(sqlite3 *db, sqlite3_stmt *st, int64_t *out, int *found, oq_error_t *err,
+                      const char *what)
+{
+    int step = sqlite3_step(st);
+    *found = 0;
+    if (step == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        *found = 1;
+        step = SQLITE_DONE;
+    }
+    sqlite3_reset(st);
+    return step == SQLITE_DONE ? 0 : oq_db_error(db, step, err, what);
+}
+
+int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldest_created_at,
+                            oq_error_t *err)
+{
+    int found, rc;
+    sqlite3_stmt *st = oq__get(s, sql_pending_count, err);
+    if (!st) return oq__prep_fail(err);
+    *count = 0;
+    *oldest_created_at = 0;
+    rc = oq__scalar(s->db, st, count, &found, err, "relay pending count");
+    if (rc != 0) return rc;
+    st = oq__get(s, sql_pending_oldest, err);
+    if (!st) return oq__prep_fail(err);
+    return oq__scalar(s->db, st, oldest_created_at, &found, err, "relay pending oldest");
+}
+
+/* Appends printf output to buf at *pos, never past n (truncates silently). */
+static void oq__append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void oq__append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+{
+    if (*pos >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *pos, n - *pos, fmt, ap);
+    va_end(ap);
+    if (w > 0) *pos += (size_t)w;
+    if (*pos >= n) *pos = n - 1;
+}
+
+int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err)
+{
+    static const char q_pub[] = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+    static const char q_lease[] =
+        "SELECT name, owner, fence, expires_at FROM relay_lease ORDER BY name";
+    sqlite3_stmt *st = NULL;
+    int rc = 0, found;
+    int64_t pending = 0, oldest = 0, published = 0;
+    size_t pos = 0;
+    if (!buf || n == 0) return oq_error_set(err, OQ_EINVAL, 0, "status: no buffer");
+    buf[0] = '\0';
+
+#define OQ__PREP(q)                                                                                \
+    do {                                                                                           \
+        sqlite3_finalize(st);                                                                      \
+        st = NULL;                                                                                 \
+        int prc_ = sqlite3_prepare_v2(db, (q), -1, &st, NULL);                                     \
+        if (prc_ != SQLITE_OK) {                                                                   \
+            rc = oq_db_error(db, prc_, err, "relay status");                                       \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+    OQ__PREP(sql_pending_count);
+    if ((rc = oq__scalar(db, st, &pending, &found, err, "relay status")) != 0) goto out;
+    OQ__PREP(sql_pending_oldest);
+    if ((rc = oq__scalar(db, st, &oldest, &found, err, "relay status")) != 0) goto out;
+    if (!found) oldest = 0;
+    OQ__PREP(q_pub);
+    if ((rc = oq__scalar(db, st, &published, &found, err, "relay status")) != 0) goto out;
+
+    double age = oldest > 0 && now_ms > oldest ? (double)(now_ms - oldest) / 1000.0 : 0.0;
+    oq__append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
+               pending, age, published);
+    OQ__PREP(q_lease);
+    int leases = 0;
+    for (;;) {
+        int step = sqlite3_step(st);
+        if (step == SQLITE_DONE) break;
+        if (step != SQLITE_ROW) {
+            rc = oq_db_error(db, step, err, "relay status lease");
+            goto out;
+        }
+        const unsigned char *lname = sqlite3_column_text(st, 0);
+        const unsigned char *owner = sqlite3_column_text(st, 1);
+        int64_t fence = sqlite3_column_int64(st, 2);
+        int64_t exp = sqlite3_column_int64(st, 3);
+        oq__append(buf, n, &pos, " lease=%s", lname ? (const char *)lname : "?");
+        if (exp > now_ms)
+            oq__append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs",
+                       owner ? (const char *)owner : "?", fence,
+                       (double)(exp - now_ms) / 1000.0);
+        else
+            oq__append(buf, n, &pos, " holder=none fence=%" PRId64 " last_holder=%s expired",
+                       fence, owner ? (const char *)owner : "?");
+        leases++;
+    }
+    if (leases == 0) oq__append(buf, n, &pos, " holder=none");
+#undef OQ__PREP
+out:
+    sqlite3_finalize(st);
+    return rc;
+}

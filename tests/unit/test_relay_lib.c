@@ -1,0 +1,262 @@
+/*
+ * The relay library in-process, against a broker address that refuses connections
+ * (127.0.0.1:1), so no Kafka is needed: option and -X validation, a database without the
+ * tables, one holder and one standby on one database, nothing marked while nothing is
+ * delivered, no CPU spin while the broker is unreachable, stop() within its timeout with the
+ * lease released and the standby taking over at once, metrics registration rules.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "oq_config.h"
+#include "oq_db.h"
+#include "oq_log.h"
+#include "oq_metrics.h"
+#include "oq_relay.h"
+#include "oq_util.h"
+
+#define DEAD_BROKER "127.0.0.1:1"
+
+static char dir[64], path[128];
+static sqlite3 *db;
+
+static int setup(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    snprintf(dir, sizeof(dir), "/tmp/oq_test_relay_lib_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    snprintf(path, sizeof(path), "%s/calls.db", dir);
+    if (oq_db_open(path, NULL, &db, &err) != 0) return -1;
+    if (oq_db_migrate(db, oq_migrations_producer, &err) != 0) return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char p[200];
+    sqlite3_close_v2(db);
+    const char *sfx[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s%s", path, sfx[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+    return 0;
+}
+
+static void append_rows(int n)
+{
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    for (int i = 0; i < n; i++) {
+        char mid[OQ_UUID_LEN + 1], key[16];
+        oq_id_uuid(mid);
+        snprintf(key, sizeof(key), "k%d", i % 7);
+        oq_outbox_row_t row = {.message_id = mid, .topic = "onceq.tool-calls", .key = key,
+                               .payload = "{}", .payload_len = 2, .created_at = oq_now_ms()};
+        assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
+    }
+    assert_int_equal(oq_db_commit(db, &err), 0);
+}
+
+static int64_t scalar(const char *sql)
+{
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static oq_relay_opts_t opts(const char *owner)
+{
+    oq_relay_opts_t o;
+    oq_relay_opts_init(&o);
+    o.db_path = path;
+    o.brokers = DEAD_BROKER;
+    o.owner = owner;
+    o.lease_ms = 1000;
+    o.stop_timeout_ms = 300;
+    return o;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static oq_relay_lease_state_t state_of(oq_relay_t *r)
+{
+    oq_relay_stats_t s;
+    oq_relay_stats(r, &s);
+    return s.lease_state;
+}
+
+/* Waits up to \p ms for relay \p r to reach lease state \p want. */
+static int wait_state(oq_relay_t *r, oq_relay_lease_state_t want, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (state_of(r) == want) return 1;
+        oq_sleep_ms(10, NULL);
+    }
+    return state_of(r) == want;
+}
+
+static void test_bad_options(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_relay_opts_t o = opts("x");
+    o.db_path = NULL;
+    assert_null(oq_relay_new(&o, &err));
+    assert_int_equal(err.code, OQ_EINVAL);
+
+    o = opts("x");
+    o.lease_ms = 10;
+    assert_null(oq_relay_new(&o, &err));
+    assert_int_equal(err.code, OQ_EINVAL);
+
+    /* An unknown -X property fails at new(), not later in the thread. */
+    oq_config_t *cfg = oq_config_new(NULL, 0);
+    assert_non_null(cfg);
+    assert_int_equal(oq_config_set_kafka(cfg, "no.such.property", "1", &err), 0);
+    o = opts("x");
+    o.kafka_cfg = cfg;
+    oq_error_clear(&err);
+    assert_null(oq_relay_new(&o, &err));
+    assert_int_equal(err.code, OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "no.such.property"));
+    oq_config_destroy(cfg);
+
+    /* A database without the outbox tables. */
+    char p[160];
+    snprintf(p, sizeof(p), "%s/empty.db", dir);
+    o = opts("x");
+    o.db_path = p;
+    oq_error_clear(&err);
+    assert_null(oq_relay_new(&o, &err));
+    assert_int_equal(err.code, OQ_EDB);
+    const char *sfx[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s/empty.db%s", dir, sfx[i]);
+        unlink(p);
+    }
+
+    /* NULL-tolerant calls */
+    oq_relay_destroy(NULL);
+    oq_relay_notify(NULL);
+    assert_int_equal(oq_relay_stop(NULL), 0);
+}
+
+static void test_holder_standby_unreachable_broker(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    append_rows(500);
+    oq_relay_opts_t oa = opts("A"), ob = opts("B");
+    oq_relay_t *a = oq_relay_new(&oa, &err);
+    assert_non_null(a);
+    assert_string_equal(oq_relay_owner(a), "A");
+    assert_int_equal(oq_relay_start(a, &err), 0);
+    assert_int_equal(oq_relay_start(a, &err), OQ_ESTATE);
+    assert_true(wait_state(a, OQ_RELAY_HOLDER, 2000));
+    oq_relay_t *b = oq_relay_new(&ob, &err);
+    assert_non_null(b);
+    assert_int_equal(oq_relay_start(b, &err), 0);
+
+    /* The holder produces (into librdkafka's queue) but, with nothing delivered, marks nothing;
+     * the standby stays standby; the process does not spin. */
+    for (int i = 0; i < 200; i++) {
+        oq_relay_stats_t s;
+        oq_relay_stats(a, &s);
+        if (s.produced >= 500) break;
+        oq_sleep_ms(10, NULL);
+    }
+    double c0 = cpu_s();
+    int64_t w0 = oq_mono_us();
+    oq_sleep_ms(1000, NULL);
+    double cpu = (cpu_s() - c0) / ((double)(oq_mono_us() - w0) / 1e6);
+    oq_relay_stats_t sa, sb;
+    oq_relay_stats(a, &sa);
+    oq_relay_stats(b, &sb);
+    assert_int_equal(sa.produced, 500);
+    assert_int_equal(sa.inflight, 500);
+    assert_int_equal(sa.published, 0);
+    assert_int_equal(sa.fence, 1);
+    assert_int_equal(sa.pending, 500);
+    assert_int_equal(sb.lease_state, OQ_RELAY_STANDBY);
+    assert_int_equal(sb.produced, 0);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL"), 500);
+    assert_true(cpu < 0.25); /* two idle relays + librdkafka retrying a refused connection */
+
+    /* stop(): gives up on the in-flight messages after stop_timeout_ms, marks nothing,
+     * releases the lease, and the standby takes over at once with fence 2. */
+    int64_t t0 = oq_mono_us();
+    assert_int_equal(oq_relay_stop(a), 0);
+    int64_t stop_ms = (oq_mono_us() - t0) / 1000;
+    assert_true(stop_ms < 3000);
+    assert_int_equal(state_of(a), OQ_RELAY_STOPPED);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL"), 500);
+    assert_true(wait_state(b, OQ_RELAY_HOLDER, 500)); /* well under the 1000 ms lease */
+    oq_relay_stats(b, &sb);
+    assert_int_equal(sb.fence, 2);
+    assert_int_equal(scalar("SELECT owner = 'B' AND fence = 2 FROM relay_lease"), 1);
+    oq_relay_destroy(a);
+    oq_relay_destroy(b);
+    assert_int_equal(scalar("SELECT expires_at FROM relay_lease"), 0); /* released */
+}
+
+static void test_metrics_registration(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_metrics_t *m = oq_metrics_new();
+    oq_relay_opts_t o = opts("M1");
+    o.metrics = m;
+    oq_relay_t *r1 = oq_relay_new(&o, &err);
+    assert_non_null(r1);
+    o.owner = "M2";
+    oq_relay_t *r2 = oq_relay_new(&o, &err); /* same labels: shares r1's metrics */
+    assert_non_null(r2);
+    oq_relay_destroy(r2);
+    o.metrics_labels = "relay=\"results\"";
+    o.owner = "M3";
+    oq_relay_t *r3 = oq_relay_new(&o, &err);
+    assert_non_null(r3);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(oq_metrics_render(m, &text, &len), 0);
+    assert_non_null(strstr(text, "onceq_relay_pending_rows"));
+    assert_non_null(strstr(text, "onceq_relay_published_total"));
+    assert_non_null(strstr(text, "onceq_relay_lease_holder"));
+    assert_non_null(strstr(text, "relay=\"results\""));
+    free(text);
+    oq_relay_destroy(r1);
+    oq_relay_destroy(r3);
+    oq_metrics_destroy(m);
+}
+
+int main(void)
+{
+    oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bad_options, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_holder_standby_unreachable_broker, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_registration, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
