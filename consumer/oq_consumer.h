@@ -1,0 +1,171 @@
+/**
+ * @file oq_consumer.h
+ * @brief The consumer-group worker (`onceq consumer`) and its tools registry.
+ *
+ * A worker is one member of a Kafka consumer group reading onceq.tool-calls. Several worker
+ * processes on one host share one effects database (SQLite WAL). Per poll batch, in one write
+ * transaction (group commit), each message is de-duplicated by the inbox, its execution is
+ * planned, and a fast tool is claimed (conditional UPDATE + fencing token), run, its effect
+ * inserted (UNIQUE call_id: the last gate) and its terminal state and result event written to
+ * the consumer's outbox. Offsets are committed only after that transaction commits. Tools that
+ * block (sleep, a charge with delay_ms) are left PLANNED and run by runner threads outside any
+ * transaction while a heartbeat renews their lease; their finishing write checks the fence, so
+ * a worker that lost its lease writes nothing. Retries (FAILED_RETRYABLE, exponential backoff
+ * with jitter) and recovery (lapsed STARTED -> UNKNOWN -> COMMITTED | SAFE_RETRY |
+ * NEEDS_REVIEW) are driven from the database, not from Kafka, so they never block a partition.
+ * Result events are published to onceq.tool-results by the relay library embedded in the
+ * worker (one publisher per database at a time, by the relay's lease).
+ *
+ * Crash points (ONCEQ_CRASH_AT, see oq_util.h):
+ *   consumer.after_intake_before_commit  batch written, transaction not committed
+ *   consumer.in_tool                     inside a tool run (before the tool function returns)
+ *   consumer.after_effect_before_commit  effect + terminal state written, not committed
+ *   consumer.after_commit_before_offset  batch committed, Kafka offsets not committed
+ *   consumer.after_claim                 runner: STARTED committed, tool not yet run
+ */
+#ifndef OQ_CONSUMER_H
+#define OQ_CONSUMER_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "oq_config.h"
+#include "oq_error.h"
+
+/* --- tools ------------------------------------------------------------------------------------
+ * Adding a tool: write one `oq_tool_fn` (validate args -> OQ_TOOL_BADARGS with a message; do
+ * the work passing `effect_id` downstream as the idempotency key; fill the result), and add one
+ * line to the registry table in consumer/tools.c:
+ *     {"my_tool", my_tool_run, NULL},
+ * If the tool may block (network call, sleep), also give a `blocks_ms` function returning the
+ * expected duration for these args (> 0 runs it on a runner thread, outside the write
+ * transaction, under a renewed lease); fast tools run inline in the batch transaction.
+ */
+
+/** What a tool is asked to do. All fields borrowed for the duration of the call. */
+typedef struct oq_tool_call {
+    const char *call_id;
+    const char *effect_id; /**< stable per call: the downstream idempotency key */
+    const char *tenant;
+    const char *tool;
+    const json_t *args;    /**< JSON object */
+    int64_t attempt;       /**< producer attempt */
+    int64_t try_no;        /**< 1-based run number within this attempt (retries) */
+    volatile int *stop;    /**< non-zero: the worker is stopping; long tools return early */
+} oq_tool_call_t;
+
+/** Tool return codes. */
+enum {
+    OQ_TOOL_OK = 0,         /**< success: out->result set (may stay NULL = {}) */
+    OQ_TOOL_FAIL = 1,       /**< failed: out->retryable decides FAILED_RETRYABLE vs FINAL */
+    OQ_TOOL_BADARGS = 2,    /**< invalid arguments: FAILED_FINAL, code "bad_args" */
+    OQ_TOOL_ABANDONED = 3   /**< stopped early (call->stop): nothing happened, run it again */
+};
+
+/** What a tool reports. Zeroed by the caller before the call. */
+typedef struct oq_tool_out {
+    json_t *result;        /**< success: a JSON object (the tool gives its reference) */
+    int has_effect;        /**< success: record one row in effects for this call */
+    int64_t amount;        /**< effect column (charge) */
+    char recipient[256];   /**< effect column (send_email) */
+    int retryable;         /**< OQ_TOOL_FAIL: retry with backoff */
+    char code[48];         /**< failure code, e.g. "tool_failed", "bad_args" */
+    char message[256];     /**< failure message */
+} oq_tool_out_t;
+
+typedef int (*oq_tool_fn)(const oq_tool_call_t *call, oq_tool_out_t *out);
+/** Expected blocking time in ms for \p args (0: fast, run inline). Must not fail. */
+typedef int64_t (*oq_tool_blocks_fn)(const json_t *args);
+
+typedef struct oq_tool {
+    const char *name;
+    oq_tool_fn run;
+    oq_tool_blocks_fn blocks_ms; /**< NULL: always fast */
+} oq_tool_t;
+
+/**
+ * @brief Look a tool up by name. @returns the registry entry or NULL (unknown tool: the
+ *        execution fails final with code "unknown_tool").
+ */
+const oq_tool_t *oq_tool_find(const char *name);
+
+/** @brief Expected blocking ms of running \p tool with \p args (0 for fast or unknown tools). */
+int64_t oq_tool_blocks(const oq_tool_t *tool, const json_t *args);
+
+/**
+ * @brief Run \p tool (NULL: unknown tool) with crash point consumer.in_tool, mapping every
+ *        failure into \p out (code/message/retryable) so the caller only branches on the code.
+ * @returns OQ_TOOL_OK, OQ_TOOL_FAIL, OQ_TOOL_BADARGS or OQ_TOOL_ABANDONED.
+ */
+int oq_tool_invoke(const oq_tool_t *tool, const oq_tool_call_t *call, oq_tool_out_t *out);
+
+/** @brief Release what \p out owns (the result reference). */
+void oq_tool_out_clear(oq_tool_out_t *out);
+
+/* --- the worker ----------------------------------------------------------------------------- */
+
+/** Worker settings (see oq_consumer_settings for the command-line names and defaults). */
+typedef struct oq_consumer_opts {
+    const char *db_path;        /**< effects database (created and migrated) */
+    const char *brokers;        /**< bootstrap servers */
+    const char *group;          /**< consumer group id (default "onceq-workers") */
+    const char *topic;          /**< input topic (default onceq.tool-calls) */
+    const char *worker_id;      /**< NULL: host:pid:random */
+    const char *synchronous;    /**< SQLite synchronous level (NULL: FULL) */
+    const char *metrics_listen; /**< NULL: no metrics server */
+    const oq_config_t *cfg;     /**< -X Kafka properties (may be NULL); borrowed */
+    int64_t lease_ms;           /**< execution lease (default 30000) */
+    int max_attempts;           /**< tool runs per attempt before FAILED_FINAL (default 5) */
+    int batch;                  /**< max messages per poll batch / transaction (default 500) */
+    int runners;                /**< threads for blocking tools (default 4) */
+    int64_t retry_base_ms;      /**< first backoff (default 200) */
+    int64_t retry_max_ms;       /**< backoff cap (default 30000) */
+    int64_t recover_every_ms;   /**< recovery scan period (default 1000) */
+    int no_relay;               /**< do not embed the result relay (tests, benchmarks) */
+    int64_t inbox_retention_ms; /**< inbox rows older than this are purged (default 7 days;
+                                     keep it >= the input topic's retention) */
+} oq_consumer_opts_t;
+
+typedef struct oq_consumer oq_consumer_t;
+
+/**
+ * @brief Open the database (migrating it), create the Kafka consumer and the DLQ producer,
+ *        start runner and heartbeat threads, the embedded relay and the metrics server.
+ * @returns 0 with \p out set, or a negative OQ_E* code with \p err filled.
+ */
+int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_error_t *err);
+
+/**
+ * @brief Run until oq_consumer_stop() (or \p max_idle_ms > 0 of no input and no due work; 0 =
+ *        forever). On return the current batch is committed, offsets committed and the group
+ *        left. @returns 0 or a negative OQ_E* code.
+ */
+int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err);
+
+/** @brief Ask a running worker to stop (async-signal-safe: sets a flag). */
+void oq_consumer_stop(oq_consumer_t *c);
+
+/** @brief Free everything; accepts NULL. Call after oq_consumer_run returned. */
+void oq_consumer_destroy(oq_consumer_t *c);
+
+/** Counters of one worker (for benchmarks and tests). */
+typedef struct oq_consumer_stats {
+    uint64_t consumed;   /**< Kafka messages handled */
+    uint64_t duplicates; /**< inbox hits (redelivered message ids) */
+    uint64_t effects;    /**< effects written by this worker */
+    uint64_t dlq;        /**< messages dead-lettered */
+    uint64_t terminal;   /**< executions this worker brought to a terminal state */
+    int64_t first_poll_us; /**< oq_mono_us() when the first message was polled (0: none) */
+} oq_consumer_stats_t;
+
+/** @brief Snapshot of \p c's counters. */
+void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out);
+
+/** The settings table of `onceq consumer` (name, type, default, bounds, doc). */
+extern const oq_setting_t oq_consumer_settings[];
+extern const size_t oq_consumer_nsettings;
+
+/** @brief Fill \p o from a parsed config holding oq_consumer_settings. */
+void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o);
+
+#endif

@@ -1,0 +1,1107 @@
+/*
+ * The consumer-group worker.
+ *
+ * Threads: the main thread owns the Kafka consumer and one database connection; it polls a
+ * batch, handles it in ONE write transaction (group commit: inbox dedupe, planning, and for
+ * fast tools claim + run + effect + terminal state + result event), commits, and only then
+ * stores and commits the Kafka offsets. Blocking tools are not run there: their executions are
+ * left PLANNED (durable, so the offsets can be committed) and handed to runner threads, each
+ * with its own connection, which claim them in a short transaction, run the tool with no
+ * transaction open, and finish with a fenced write. A heartbeat thread (own connection)
+ * renews the leases of running executions every lease/3; when a renewal finds the fence
+ * changed the lease is lost and the runner's finishing write will be refused by the store.
+ *
+ * Everything after intake is driven by the database, not by Kafka: the main thread
+ * periodically runs recovery (lapsed leases -> UNKNOWN -> reconcile) and a scheduler that
+ * claims due executions (PLANNED leftovers, FAILED_RETRYABLE after their backoff, SAFE_RETRY),
+ * so retries never block a partition and any worker sharing the database can finish work
+ * another worker planned. Claims are conditional UPDATEs, so workers racing for the same row
+ * are safe.
+ *
+ * Dead letters are written to the dlq table inside the batch transaction and produced to
+ * onceq.dlq after the commit (retried until delivered), so a crash loses none. Rebalance: on a
+ * revoke the pending batch is finished and its offsets committed before the partitions go;
+ * commit failures during a rebalance are tolerated (the inbox absorbs the redelivery).
+ */
+#include "oq_consumer.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "oq_cstore.h"
+#include "oq_envelope.h"
+#include "oq_kafka.h"
+#include "oq_log.h"
+#include "oq_metrics.h"
+#include "oq_relay.h"
+#include "oq_util.h"
+
+#define OQ__COMP "consumer"
+#define OQ__DUE_CAP 256
+
+typedef struct {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    int64_t fence;
+    int used;
+    int lost;
+} oq__lease_slot_t;
+
+typedef struct oq__runner {
+    struct oq_consumer *c;
+    int index;
+    pthread_t th;
+    oq_cstore_t *store;
+} oq__runner_t;
+
+struct oq_consumer {
+    oq_consumer_opts_t o;
+    char *db_path, *brokers, *group, *topic, *sync, *metrics_listen;
+    char worker_id[128];
+    oq_retry_policy_t policy;
+    volatile int stop;
+    volatile int hb_stop;
+
+    oq_cstore_t *store;
+    rd_kafka_t *rk;
+    rd_kafka_t *dlq_rk;
+    oq_relay_t *relay;
+    oq_metrics_t *metrics;
+    oq_metrics_server_t *msrv;
+
+    /* the batch being collected (main thread) */
+    rd_kafka_message_t **batch;
+    int64_t *batch_t0;
+    int nbatch;
+    int subscribed;
+    /* long executions planned by the current batch, handed to runners after the commit */
+    char (*handoff)[OQ_CALL_ID_LEN + 1];
+    int nhandoff;
+    int results_emitted;
+    int dlq_added;
+
+    /* runners */
+    oq__runner_t *runners;
+    int nrunners;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char (*queue)[OQ_CALL_ID_LEN + 1];
+    int qlen, qcap;
+    oq__lease_slot_t *slots; /* one per runner, guarded by mu */
+    pthread_t hb_th;
+    int hb_started;
+    oq_cstore_t *hb_store;
+
+    /* counters */
+    atomic_uint_fast64_t n_consumed, n_dup, n_effects, n_dlq, n_terminal;
+    _Atomic int64_t first_poll_us;
+    /* where the main thread's time goes (logged at stop) */
+    int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
+    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq, *m_lease_lost, *m_recovered;
+    oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts, *m_lag;
+};
+
+/* --- settings -------------------------------------------------------------------------------- */
+
+const oq_setting_t oq_consumer_settings[] = {
+    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "effects database (SQLite, WAL)"},
+    {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "bootstrap servers host:port[,...]"},
+    {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
+    {"topic", OQ_SET_STRING, OQ_TOPIC_CALLS, 1, 255, NULL, "input topic"},
+    {"lease", OQ_SET_DURATION, "30s", 200, 3600000, NULL,
+     "execution lease (longer than the longest tool; renewed by a heartbeat)"},
+    {"max-attempts", OQ_SET_INT, "5", 1, 100, NULL, "tool runs per attempt before failing final"},
+    {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "max messages per poll batch and transaction"},
+    {"runners", OQ_SET_INT, "4", 1, 64, NULL, "threads running blocking tools"},
+    {"retry-base", OQ_SET_DURATION, "200ms", 1, 3600000, NULL, "first retry backoff"},
+    {"retry-max", OQ_SET_DURATION, "30s", 1, 86400000, NULL, "retry backoff cap"},
+    {"recover-every", OQ_SET_DURATION, "1s", 10, 3600000, NULL, "recovery scan period"},
+    {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous level"},
+    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
+     "serve Prometheus /metrics on host:port"},
+    {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
+    {"exit-idle", OQ_SET_DURATION, "0", 0, 86400000, NULL,
+     "exit after this long without input or due work, once a message was handled (0: never)"},
+    {"inbox-retention", OQ_SET_DURATION, "7d", 60000, 3650LL * 86400000, NULL,
+     "purge inbox rows older than this (keep >= the topic's retention.ms)"},
+    {"no-relay", OQ_SET_BOOL, "false", 0, -1, NULL,
+     "do not publish results (another process relays effects.db)"},
+};
+const size_t oq_consumer_nsettings = sizeof(oq_consumer_settings) / sizeof(oq_consumer_settings[0]);
+
+void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->db_path = oq_config_str(cfg, "db");
+    o->brokers = oq_config_str(cfg, "brokers");
+    o->group = oq_config_str(cfg, "group");
+    o->topic = oq_config_str(cfg, "topic");
+    o->lease_ms = oq_config_int(cfg, "lease");
+    o->max_attempts = (int)oq_config_int(cfg, "max-attempts");
+    o->batch = (int)oq_config_int(cfg, "batch");
+    o->runners = (int)oq_config_int(cfg, "runners");
+    o->retry_base_ms = oq_config_int(cfg, "retry-base");
+    o->retry_max_ms = oq_config_int(cfg, "retry-max");
+    o->recover_every_ms = oq_config_int(cfg, "recover-every");
+    o->synchronous = oq_config_str(cfg, "synchronous");
+    o->metrics_listen = oq_config_str(cfg, "metrics-listen");
+    o->worker_id = oq_config_str(cfg, "worker-id");
+    o->no_relay = (int)oq_config_int(cfg, "no-relay");
+    o->inbox_retention_ms = oq_config_int(cfg, "inbox-retention");
+    o->cfg = cfg;
+}
+
+/* --- helpers --------------------------------------------------------------------------------- */
+
+static char *oq__strdup0(const char *s) { return s ? strdup(s) : NULL; }
+
+static void oq__metrics_init(oq_consumer_t *c)
+{
+    static const double lat[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                 0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+    static const double att[] = {1, 2, 3, 4, 5, 7, 10, 20};
+    oq_metrics_t *m = c->metrics;
+    c->m_consumed = oq_metrics_counter(m, "onceq_consumer_consumed_total",
+                                       "Kafka messages handled by this worker", NULL);
+    c->m_dup = oq_metrics_counter(m, "onceq_consumer_duplicates_skipped_total",
+                                  "redelivered messages skipped by the inbox", NULL);
+    c->m_effects = oq_metrics_counter(m, "onceq_consumer_effects_total",
+                                      "effects recorded by this worker", NULL);
+    c->m_dlq = oq_metrics_counter(m, "onceq_consumer_dlq_total",
+                                  "messages sent to the dead-letter topic", NULL);
+    c->m_lease_lost = oq_metrics_counter(m, "onceq_consumer_lease_lost_total",
+                                         "finishing writes refused because the lease was lost",
+                                         NULL);
+    c->m_recovered = oq_metrics_counter(m, "onceq_consumer_recovered_total",
+                                        "executions reconciled after a lapsed lease", NULL);
+    for (int i = 0; i < OQ_X__COUNT; i++) {
+        char labels[64];
+        snprintf(labels, sizeof(labels), "state=\"%s\"", oq_xstate_name(i));
+        c->m_state[i] = oq_metrics_gauge(m, "onceq_consumer_executions",
+                                         "executions in the database by state", labels);
+    }
+    c->m_latency = oq_metrics_histogram(m, "onceq_consumer_processing_seconds",
+                                        "poll to database commit, per message", NULL, lat,
+                                        sizeof(lat) / sizeof(lat[0]));
+    c->m_attempts = oq_metrics_histogram(m, "onceq_consumer_attempts",
+                                         "tool runs per execution at its terminal state", NULL,
+                                         att, sizeof(att) / sizeof(att[0]));
+    c->m_lag = oq_metrics_gauge(m, "onceq_consumer_lag",
+                                "messages behind the high watermark on assigned partitions",
+                                NULL);
+}
+
+static void oq__note_terminal(oq_consumer_t *c, int state, int64_t tries, int effect_new)
+{
+    if (effect_new) {
+        atomic_fetch_add(&c->n_effects, 1);
+        oq_counter_add(c->m_effects, 1);
+    }
+    if (oq_xstate_terminal(state)) {
+        atomic_fetch_add(&c->n_terminal, 1);
+        oq_histogram_observe(c->m_attempts, (double)tries);
+    }
+}
+
+/* Runs a fast tool for the claimed execution \p x and finishes it, in the caller's
+ * transaction. \p args may be NULL (parsed from the row). */
+static int oq__run_claimed(oq_consumer_t *c, oq_cstore_t *st, oq_exec_t *x, const json_t *args,
+                           oq_error_t *err)
+{
+    oq_tool_out_t out;
+    json_t *own = NULL;
+    int rc, trc, state = -1, enew = 0;
+    memset(&out, 0, sizeof(out));
+    if (!args) args = own = json_loads(x->args ? x->args : "{}", 0, NULL);
+    char eid[OQ_CALL_ID_LEN + 1];
+    oq_effect_id_for(x->call_id, eid);
+    oq_tool_call_t call = {.call_id = x->call_id,
+                           .effect_id = eid,
+                           .tenant = x->tenant,
+                           .tool = x->tool,
+                           .args = args,
+                           .attempt = x->attempt,
+                           .try_no = x->tries,
+                           .stop = NULL};
+    trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &out);
+    rc = oq_cstore_finish(st, x, trc, &out, &c->policy, oq_now_ms(), &state, &enew, err);
+    if (rc == OQ_EFENCED) {
+        oq_counter_add(c->m_lease_lost, 1);
+        rc = 0;
+    }
+    if (rc == 0) {
+        oq__note_terminal(c, state, x->tries, enew);
+        if (oq_xstate_terminal(state)) c->results_emitted = 1;
+    }
+    json_decref(own);
+    oq_tool_out_clear(&out);
+    return rc;
+}
+
+/* Claims \p call_id, runs its (fast) tool and finishes it, inside the caller's transaction.
+ * \p args may be NULL (parsed from the claimed row). */
+static int oq__run_inline(oq_consumer_t *c, oq_cstore_t *st, const char *call_id,
+                          const json_t *args, int64_t now, oq_error_t *err)
+{
+    oq_exec_t x;
+    memset(&x, 0, sizeof(x));
+    int rc = oq_cstore_claim(st, call_id, c->o.lease_ms, now, &x, err);
+    if (rc == OQ_ESTATE) return 0; /* someone else has it, or not due */
+    if (rc == 0) rc = oq__run_claimed(c, st, &x, args, err);
+    oq_exec_clear(&x);
+    return rc;
+}
+
+/* --- dead letters ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t id;
+    int state; /* 0 in flight, 1 delivered, -1 failed */
+} oq__dlq_track_t;
+
+typedef struct {
+    oq_consumer_t *c;
+    oq__dlq_track_t *t;
+    int n, cap;
+} oq__dlq_pub_t;
+
+static void oq__dlq_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    oq__dlq_track_t *t = m->_private;
+    if (t) t->state = m->err ? -1 : 1;
+    if (m->err)
+        OQ_LOG_WARN(OQ__COMP, "dead letter delivery failed: %s", rd_kafka_err2str(m->err));
+}
+
+static void oq__dlq_produce_one(const oq_dlq_row_t *r, void *opaque)
+{
+    oq__dlq_pub_t *p = opaque;
+    if (p->n >= p->cap) return;
+    oq__dlq_track_t *t = &p->t[p->n];
+    t->id = r->id;
+    t->state = 0;
+    rd_kafka_resp_err_t e = rd_kafka_producev(
+        p->c->dlq_rk, RD_KAFKA_V_TOPIC(OQ_TOPIC_DLQ), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+        RD_KAFKA_V_KEY(r->key, r->key_len), RD_KAFKA_V_VALUE((void *)r->payload, r->len),
+        RD_KAFKA_V_HEADER("onceq-dlq-reason", r->reason, -1),
+        RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, r->message_id, -1), RD_KAFKA_V_OPAQUE(t),
+        RD_KAFKA_V_END);
+    if (e) {
+        OQ_LOG_WARN(OQ__COMP, "dead letter produce: %s", rd_kafka_err2str(e));
+        return;
+    }
+    p->n++;
+}
+
+/* Produces every unpublished dead letter and marks the delivered ones. */
+static void oq__dlq_publish(oq_consumer_t *c)
+{
+    oq__dlq_track_t t[128];
+    oq__dlq_pub_t p = {.c = c, .t = t, .n = 0, .cap = 128};
+    oq_error_t err = {0};
+    if (!c->dlq_rk) return;
+    if (oq_cstore_dlq_pending(c->store, p.cap, oq__dlq_produce_one, &p, &err)) {
+        OQ_LOG_WARN(OQ__COMP, "dead letters: %s", err.msg);
+        return;
+    }
+    if (p.n == 0) {
+        c->dlq_added = 0;
+        return;
+    }
+    rd_kafka_flush(c->dlq_rk, 10000);
+    int ok = 0;
+    for (int i = 0; i < p.n; i++) {
+        if (t[i].state != 1) continue;
+        if (oq_cstore_dlq_mark(c->store, t[i].id, oq_now_ms(), &err) == 0) ok++;
+    }
+    if (ok == p.n) c->dlq_added = 0;
+    OQ_LOG_INFO(OQ__COMP, "dead letters published=%d of %d", ok, p.n);
+}
+
+/* --- the batch ------------------------------------------------------------------------------- */
+
+static void oq__dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq_msg_src_t *src,
+                        const char *call_id, const char *message_id_hint, const char *reason,
+                        int64_t now, oq_error_t *err, int *rc)
+{
+    char key[OQ_UUID_LEN + 64];
+    const void *hv = NULL;
+    size_t hlen = 0;
+    int dup = 0;
+    if (message_id_hint) {
+        snprintf(key, sizeof(key), "%s", message_id_hint);
+    } else {
+        rd_kafka_headers_t *h = NULL;
+        if (rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+            rd_kafka_header_get_last(h, OQ_HDR_MESSAGE_ID, &hv, &hlen) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR &&
+            hv && hlen > 0 && hlen <= OQ_UUID_LEN)
+            snprintf(key, sizeof(key), "%.*s", (int)hlen, (const char *)hv);
+        else
+            snprintf(key, sizeof(key), "dlq:%s:%d:%" PRId64, src->topic, src->partition,
+                     src->offset);
+    }
+    *rc = oq_cstore_dlq_add(c->store, key, call_id, src, m->key, m->key_len, m->payload, m->len,
+                            reason, now, &dup, err);
+    if (*rc) return;
+    if (dup) {
+        atomic_fetch_add(&c->n_dup, 1);
+        oq_counter_add(c->m_dup, 1);
+        return;
+    }
+    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " reason=\"%s\"",
+                src->partition, src->offset, reason);
+    atomic_fetch_add(&c->n_dlq, 1);
+    oq_counter_add(c->m_dlq, 1);
+    c->dlq_added = 1;
+}
+
+/* One message, inside the batch transaction. */
+static int oq__handle(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t now,
+                      oq_error_t *err)
+{
+    oq_envelope_t env;
+    oq_error_t derr = {0};
+    int rc = 0, outcome = 0;
+    oq_msg_src_t src = {.topic = rd_kafka_topic_name(m->rkt),
+                        .partition = m->partition,
+                        .offset = m->offset};
+    memset(&env, 0, sizeof(env));
+    if (!m->payload || m->len == 0) {
+        oq__dlq_msg(c, m, &src, NULL, NULL, "empty message", now, err, &rc);
+        return rc;
+    }
+    if (oq_envelope_decode(m->payload, m->len, &env, &derr) != 0) {
+        char reason[300];
+        snprintf(reason, sizeof(reason), "undecodable envelope: %s", derr.msg);
+        oq__dlq_msg(c, m, &src, NULL, NULL, reason, now, err, &rc);
+        return rc;
+    }
+    if (env.kind != OQ_KIND_TOOL_CALL) {
+        oq__dlq_msg(c, m, &src, env.call_id, env.message_id, "not a tool_call envelope", now,
+                    err, &rc);
+        goto out;
+    }
+    /* A new call of a fast tool is inserted STARTED by this worker and run right here. */
+    const oq_tool_t *tool = oq_tool_find(env.tool);
+    int fast = oq_tool_blocks(tool, env.args) == 0;
+    oq_exec_t started;
+    memset(&started, 0, sizeof(started));
+    rc = oq_cstore_intake_start(c->store, &env, &src, now, fast ? c->o.lease_ms : 0, &started,
+                                &outcome, err);
+    int ran = rc == 0 && outcome == OQ_IN_PLANNED && started.state == OQ_X_STARTED;
+    if (ran) rc = oq__run_claimed(c, c->store, &started, env.args, err);
+    oq_exec_clear(&started);
+    if (rc) goto out;
+    switch (outcome) {
+    case OQ_IN_DUPLICATE:
+        atomic_fetch_add(&c->n_dup, 1);
+        oq_counter_add(c->m_dup, 1);
+        break;
+    case OQ_IN_MISMATCH:
+        oq__dlq_msg(c, m, &src, env.call_id, env.message_id,
+                    "fingerprint differs from the existing execution of this call_id", now, err,
+                    &rc);
+        break;
+    case OQ_IN_DONE:
+        c->results_emitted = 1;
+        break;
+    case OQ_IN_PLANNED:
+        if (ran) break;
+        if (!fast) {
+            if (c->nhandoff < c->o.batch)
+                snprintf(c->handoff[c->nhandoff++], OQ_CALL_ID_LEN + 1, "%s", env.call_id);
+        } else {
+            rc = oq__run_inline(c, c->store, env.call_id, env.args, now, err); /* re-planned */
+        }
+        break;
+    default:
+        break;
+    }
+out:
+    oq_envelope_clear(&env);
+    return rc;
+}
+
+static void oq__queue_push(oq_consumer_t *c, const char *call_id);
+
+/*
+ * Handles the collected batch in one transaction, retried as a whole on a database error (a
+ * partial batch is never committed), then stores and commits the offsets.
+ */
+static int oq__process_batch(oq_consumer_t *c)
+{
+    oq_error_t err = {0};
+    int rc = 0;
+    if (c->nbatch == 0) return 0;
+    for (int tries = 0;; tries++) {
+        c->nhandoff = 0;
+        c->results_emitted = 0;
+        int64_t now = oq_now_ms();
+        if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
+            for (int i = 0; i < c->nbatch && rc == 0; i++)
+                rc = oq__handle(c, c->batch[i], now, &err);
+            if (rc == 0) {
+                OQ_CRASH_POINT("consumer.after_intake_before_commit");
+                OQ_CRASH_POINT("consumer.after_effect_before_commit");
+                int64_t tc = oq_mono_us();
+                rc = oq_cstore_commit(c->store, &err);
+                c->t_commit_us += oq_mono_us() - tc;
+            }
+            if (rc) oq_cstore_rollback(c->store);
+        }
+        if (rc == 0) break;
+        OQ_LOG_ERROR(OQ__COMP, "batch of %d rolled back (try %d): %s", c->nbatch, tries + 1,
+                     err.msg);
+        if (c->stop) {
+            /* Not committed: offsets stay where they were, the batch will be redelivered. */
+            for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+            c->nbatch = 0;
+            return rc;
+        }
+        oq_sleep_ms(tries < 20 ? 50 * (tries + 1) : 1000, &c->stop);
+    }
+    OQ_CRASH_POINT("consumer.after_commit_before_offset");
+
+    int64_t t1 = oq_mono_us();
+    rd_kafka_topic_partition_list_t *offs = rd_kafka_topic_partition_list_new(8);
+    for (int i = 0; i < c->nbatch; i++) {
+        rd_kafka_message_t *m = c->batch[i];
+        rd_kafka_topic_partition_t *p = rd_kafka_topic_partition_list_find(
+            offs, rd_kafka_topic_name(m->rkt), m->partition);
+        if (!p) p = rd_kafka_topic_partition_list_add(offs, rd_kafka_topic_name(m->rkt),
+                                                      m->partition);
+        if (m->offset + 1 > p->offset) p->offset = m->offset + 1;
+        oq_histogram_observe(c->m_latency, (double)(t1 - c->batch_t0[i]) / 1e6);
+    }
+    rd_kafka_resp_err_t e = rd_kafka_offsets_store(c->rk, offs);
+    if (e) OQ_LOG_DEBUG(OQ__COMP, "offsets store: %s", rd_kafka_err2str(e));
+    rd_kafka_topic_partition_list_destroy(offs);
+    e = rd_kafka_commit(c->rk, NULL, 1);
+    if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        OQ_LOG_DEBUG(OQ__COMP, "offset commit: %s", rd_kafka_err2str(e));
+
+    atomic_fetch_add(&c->n_consumed, (uint64_t)c->nbatch);
+    oq_counter_add(c->m_consumed, (uint64_t)c->nbatch);
+    for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+    c->nbatch = 0;
+    if (c->results_emitted) oq_relay_notify(c->relay);
+    for (int i = 0; i < c->nhandoff; i++) oq__queue_push(c, c->handoff[i]);
+    c->nhandoff = 0;
+    if (c->dlq_added) oq__dlq_publish(c);
+    return 0;
+}
+
+/* --- rebalance ------------------------------------------------------------------------------- */
+
+static void oq__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                             rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    oq_consumer_t *c = opaque;
+    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        OQ_LOG_INFO(OQ__COMP, "assigned %d partition(s)", parts->cnt);
+        if (coop) {
+            rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, parts);
+            if (e) rd_kafka_error_destroy(e);
+        } else {
+            rd_kafka_assign(rk, parts);
+        }
+        return;
+    }
+    /* Revoke (or error): finish what was polled, commit it, then let the partitions go. */
+    OQ_LOG_INFO(OQ__COMP, "revoking %d partition(s) (%s)", parts->cnt, rd_kafka_err2str(err));
+    oq__process_batch(c);
+    rd_kafka_resp_err_t ce = rd_kafka_commit(rk, NULL, 0);
+    if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        OQ_LOG_INFO(OQ__COMP, "commit on revoke: %s (redelivery is absorbed by the inbox)",
+                    rd_kafka_err2str(ce));
+    if (coop) {
+        rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
+        if (e) rd_kafka_error_destroy(e);
+    } else {
+        rd_kafka_assign(rk, NULL);
+    }
+}
+
+static void oq__commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                          rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        OQ_LOG_DEBUG(OQ__COMP, "offset commit failed: %s (tolerated)", rd_kafka_err2str(err));
+}
+
+/* --- runners and heartbeat ------------------------------------------------------------------- */
+
+/* Queues \p call_id for a runner unless it is queued or running already, or the queue is full
+ * (the scheduler offers it again later). */
+static void oq__queue_push(oq_consumer_t *c, const char *call_id)
+{
+    pthread_mutex_lock(&c->mu);
+    int dup = 0;
+    for (int i = 0; i < c->qlen && !dup; i++) dup = strcmp(c->queue[i], call_id) == 0;
+    for (int i = 0; i < c->nrunners && !dup; i++)
+        dup = c->slots[i].used && strcmp(c->slots[i].call_id, call_id) == 0;
+    if (!dup && c->qlen < c->qcap) {
+        snprintf(c->queue[c->qlen++], OQ_CALL_ID_LEN + 1, "%s", call_id);
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int oq__runners_idle(oq_consumer_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int busy = c->qlen;
+    for (int i = 0; i < c->nrunners; i++) busy += c->slots[i].used;
+    pthread_mutex_unlock(&c->mu);
+    return busy == 0;
+}
+
+static void oq__runner_exec(oq__runner_t *r, const char *call_id)
+{
+    oq_consumer_t *c = r->c;
+    oq_error_t err = {0};
+    oq_exec_t x;
+    oq_tool_out_t out;
+    json_t *args = NULL;
+    int rc, trc, state = -1, enew = 0;
+    memset(&x, 0, sizeof(x));
+    memset(&out, 0, sizeof(out));
+
+    if ((rc = oq_cstore_begin(r->store, &err)) == 0) {
+        rc = oq_cstore_claim(r->store, call_id, c->o.lease_ms, oq_now_ms(), &x, &err);
+        if (rc == 0) rc = oq_cstore_commit(r->store, &err);
+        if (rc) oq_cstore_rollback(r->store);
+    }
+    if (rc == OQ_ESTATE) return; /* taken by another worker or not due */
+    if (rc) {
+        OQ_LOGC_WARN(OQ__COMP, call_id, "claim failed: %s", err.msg);
+        return;
+    }
+    /* The lease is ours and durable: register it with the heartbeat before the tool runs. */
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->slots[r->index].call_id, sizeof(c->slots[r->index].call_id), "%s", x.call_id);
+    c->slots[r->index].fence = x.fence;
+    c->slots[r->index].lost = 0;
+    c->slots[r->index].used = 1;
+    pthread_mutex_unlock(&c->mu);
+    OQ_CRASH_POINT("consumer.after_claim");
+    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running %s fence=%" PRId64, x.tool, x.fence);
+
+    args = json_loads(x.args ? x.args : "{}", 0, NULL);
+    char eid[OQ_CALL_ID_LEN + 1];
+    oq_effect_id_for(x.call_id, eid);
+    oq_tool_call_t call = {.call_id = x.call_id,
+                           .effect_id = eid,
+                           .tenant = x.tenant,
+                           .tool = x.tool,
+                           .args = args,
+                           .attempt = x.attempt,
+                           .try_no = x.tries,
+                           .stop = &c->stop};
+    trc = oq_tool_invoke(oq_tool_find(x.tool), &call, &out);
+
+    pthread_mutex_lock(&c->mu);
+    int lost = c->slots[r->index].lost;
+    pthread_mutex_unlock(&c->mu);
+    if (lost) OQ_LOGC_WARN(OQ__COMP, x.call_id, "heartbeat lost the lease during the tool run");
+
+    /* The finishing write is fenced: a stale worker (lease lost) writes nothing. */
+    for (int tries = 0; tries < 20; tries++) {
+        if ((rc = oq_cstore_begin(r->store, &err)) == 0) {
+            rc = oq_cstore_finish(r->store, &x, trc, &out, &c->policy, oq_now_ms(), &state,
+                                  &enew, &err);
+            if (rc == 0 || rc == OQ_EFENCED) {
+                int frc = rc;
+                OQ_CRASH_POINT("consumer.after_effect_before_commit");
+                rc = oq_cstore_commit(r->store, &err);
+                if (rc == 0) rc = frc;
+            }
+            if (rc && rc != OQ_EFENCED) oq_cstore_rollback(r->store);
+        }
+        if (rc != OQ_EBUSY) break;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->slots[r->index].used = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (rc == OQ_EFENCED) {
+        oq_counter_add(c->m_lease_lost, 1);
+    } else if (rc) {
+        OQ_LOGC_ERROR(OQ__COMP, x.call_id, "finish failed: %s (the lease will lapse)", err.msg);
+    } else {
+        oq__note_terminal(c, state, x.tries, enew);
+        if (oq_xstate_terminal(state)) oq_relay_notify(c->relay);
+    }
+    json_decref(args);
+    oq_tool_out_clear(&out);
+    oq_exec_clear(&x);
+}
+
+static void *oq__runner_main(void *arg)
+{
+    oq__runner_t *r = arg;
+    oq_consumer_t *c = r->c;
+    char call_id[OQ_CALL_ID_LEN + 1];
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        while (!c->stop && c->qlen == 0) pthread_cond_wait(&c->cv, &c->mu);
+        if (c->stop) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        snprintf(call_id, sizeof(call_id), "%s", c->queue[0]);
+        memmove(c->queue[0], c->queue[1], (size_t)(c->qlen - 1) * sizeof(c->queue[0]));
+        c->qlen--;
+        pthread_mutex_unlock(&c->mu);
+        oq__runner_exec(r, call_id);
+    }
+    return NULL;
+}
+
+static void *oq__heartbeat_main(void *arg)
+{
+    oq_consumer_t *c = arg;
+    int64_t every = c->o.lease_ms / 3;
+    if (every < 50) every = 50;
+    if (every > 1000) every = 1000;
+    while (!c->hb_stop) {
+        oq_sleep_ms(every, &c->hb_stop);
+        for (int i = 0; i < c->nrunners; i++) {
+            char call_id[OQ_CALL_ID_LEN + 1];
+            int64_t fence;
+            pthread_mutex_lock(&c->mu);
+            int live = c->slots[i].used && !c->slots[i].lost;
+            snprintf(call_id, sizeof(call_id), "%s", c->slots[i].call_id);
+            fence = c->slots[i].fence;
+            pthread_mutex_unlock(&c->mu);
+            if (!live) continue;
+            oq_error_t err = {0};
+            int rc = oq_cstore_renew(c->hb_store, call_id, fence, oq_now_ms() + c->o.lease_ms,
+                                     &err);
+            if (rc == OQ_EFENCED) {
+                OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
+                pthread_mutex_lock(&c->mu);
+                if (c->slots[i].used && c->slots[i].fence == fence) c->slots[i].lost = 1;
+                pthread_mutex_unlock(&c->mu);
+            } else if (rc) {
+                OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat renew failed: %s", err.msg);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* --- periodic work --------------------------------------------------------------------------- */
+
+static void oq__recover(oq_consumer_t *c)
+{
+    oq_error_t err = {0};
+    int n = 0, rc;
+    if (!oq_cstore_recover_needed(c->store, oq_now_ms())) return;
+    if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
+        rc = oq_cstore_recover(c->store, oq_now_ms(), c->o.max_attempts, 200, &n, &err);
+        if (rc == 0) rc = oq_cstore_commit(c->store, &err);
+        if (rc) oq_cstore_rollback(c->store);
+    }
+    if (rc) {
+        OQ_LOG_WARN(OQ__COMP, "recovery: %s", err.msg);
+        return;
+    }
+    if (n > 0) {
+        OQ_LOG_INFO(OQ__COMP, "recovery reconciled %d execution(s)", n);
+        oq_counter_add(c->m_recovered, (uint64_t)n);
+        oq_relay_notify(c->relay);
+    }
+}
+
+/* Runs due executions: fast ones inline in one transaction, blocking ones on runners.
+ * @returns the number of due rows seen. */
+static int oq__schedule(oq_consumer_t *c)
+{
+    static oq_due_t due[OQ__DUE_CAP];
+    oq_error_t err = {0};
+    int n = 0, rc, nfast = 0;
+    int64_t now = oq_now_ms();
+    if (oq_cstore_next_due(c->store) > now) return 0;
+    if (oq_cstore_due(c->store, now, due, OQ__DUE_CAP, &n, &err)) {
+        OQ_LOG_WARN(OQ__COMP, "scheduler: %s", err.msg);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (due[i].blocks_ms > 0)
+            oq__queue_push(c, due[i].call_id);
+        else
+            nfast++;
+    }
+    if (nfast == 0) return n;
+    c->results_emitted = 0;
+    if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
+        for (int i = 0; i < n && rc == 0; i++)
+            if (due[i].blocks_ms == 0)
+                rc = oq__run_inline(c, c->store, due[i].call_id, NULL, oq_now_ms(), &err);
+        if (rc == 0) rc = oq_cstore_commit(c->store, &err);
+        if (rc) oq_cstore_rollback(c->store);
+    }
+    if (rc) OQ_LOG_WARN(OQ__COMP, "scheduler batch rolled back: %s", err.msg);
+    else if (c->results_emitted) oq_relay_notify(c->relay);
+    return n;
+}
+
+/* Retention, in small autocommit steps so batches are not held up. */
+static void oq__purge(oq_consumer_t *c)
+{
+    oq_error_t err = {0};
+    int64_t n = 0, total = 0;
+    for (int i = 0; i < 20; i++) {
+        if (oq_cstore_purge(c->store, oq_now_ms() - c->o.inbox_retention_ms, 1000, &n, &err)) {
+            OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
+            break;
+        }
+        total += n;
+        if (n < 1000) break;
+    }
+    if (total) OQ_LOG_INFO(OQ__COMP, "purged %" PRId64 " inbox/dlq rows past retention", total);
+}
+
+static void oq__refresh_gauges(oq_consumer_t *c)
+{
+    int64_t counts[OQ_X__COUNT];
+    /* counts by state scan the table: only worth it when someone scrapes them */
+    if (c->msrv && oq_cstore_state_counts(c->store, counts, NULL) == 0)
+        for (int i = 0; i < OQ_X__COUNT; i++) oq_gauge_set(c->m_state[i], (double)counts[i]);
+    rd_kafka_topic_partition_list_t *parts = NULL;
+    if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR || !parts) return;
+    int64_t lag = 0;
+    if (parts->cnt > 0 && rd_kafka_position(c->rk, parts) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        for (int i = 0; i < parts->cnt; i++) {
+            int64_t lo = 0, hi = 0;
+            if (rd_kafka_get_watermark_offsets(c->rk, parts->elems[i].topic,
+                                               parts->elems[i].partition, &lo, &hi) != 0)
+                continue;
+            int64_t pos = parts->elems[i].offset;
+            if (pos < 0) pos = lo;
+            if (hi > pos) lag += hi - pos;
+        }
+    }
+    oq_gauge_set(c->m_lag, (double)lag);
+    rd_kafka_topic_partition_list_destroy(parts);
+}
+
+/* --- lifecycle ------------------------------------------------------------------------------- */
+
+int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_error_t *err)
+{
+    int rc = 0;
+    char errstr[512];
+    rd_kafka_conf_t *conf = NULL;
+    oq_consumer_t *c = calloc(1, sizeof(*c));
+    *out = NULL;
+    if (!c) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->o = *opts;
+    c->db_path = oq__strdup0(opts->db_path ? opts->db_path : "effects.db");
+    c->brokers = oq__strdup0(opts->brokers);
+    c->group = oq__strdup0(opts->group ? opts->group : "onceq-workers");
+    c->topic = oq__strdup0(opts->topic ? opts->topic : OQ_TOPIC_CALLS);
+    c->sync = oq__strdup0(opts->synchronous);
+    c->metrics_listen = oq__strdup0(opts->metrics_listen);
+    if (c->o.lease_ms <= 0) c->o.lease_ms = 30000;
+    if (c->o.max_attempts <= 0) c->o.max_attempts = 5;
+    if (c->o.batch <= 0) c->o.batch = 500;
+    if (c->o.runners <= 0) c->o.runners = 4;
+    if (c->o.recover_every_ms <= 0) c->o.recover_every_ms = 1000;
+    if (c->o.inbox_retention_ms <= 0) c->o.inbox_retention_ms = 7LL * 86400000;
+    c->policy.max_attempts = c->o.max_attempts;
+    c->policy.base_ms = c->o.retry_base_ms > 0 ? c->o.retry_base_ms : 200;
+    c->policy.max_ms = c->o.retry_max_ms > 0 ? c->o.retry_max_ms : 30000;
+    if (opts->worker_id) {
+        snprintf(c->worker_id, sizeof(c->worker_id), "%s", opts->worker_id);
+    } else {
+        char host[64] = "localhost";
+        unsigned char rnd[3];
+        char hex[7];
+        gethostname(host, sizeof(host) - 1);
+        oq_random_bytes(rnd, sizeof(rnd));
+        oq_hex(rnd, sizeof(rnd), hex);
+        snprintf(c->worker_id, sizeof(c->worker_id), "%s:%d:%s", host, (int)getpid(), hex);
+    }
+    if (!c->brokers) {
+        rc = oq_error_set(err, OQ_EINVAL, 0, "--brokers is required");
+        goto fail;
+    }
+    c->batch = calloc((size_t)c->o.batch, sizeof(*c->batch));
+    c->batch_t0 = calloc((size_t)c->o.batch, sizeof(*c->batch_t0));
+    c->handoff = calloc((size_t)c->o.batch, sizeof(*c->handoff));
+    c->nrunners = c->o.runners;
+    c->qcap = c->nrunners * 4;
+    c->queue = calloc((size_t)c->qcap, sizeof(*c->queue));
+    c->slots = calloc((size_t)c->nrunners, sizeof(*c->slots));
+    c->runners = calloc((size_t)c->nrunners, sizeof(*c->runners));
+    c->metrics = oq_metrics_new();
+    if (!c->batch || !c->batch_t0 || !c->handoff || !c->queue || !c->slots || !c->runners ||
+        !c->metrics) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto fail;
+    }
+    oq__metrics_init(c);
+
+    oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
+    if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
+    if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err))) goto fail;
+    for (int i = 0; i < c->nrunners; i++) {
+        c->runners[i].c = c;
+        c->runners[i].index = i;
+        if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->runners[i].store, err)))
+            goto fail;
+    }
+
+    /* Kafka consumer: manual offset store + commit, default assignment strategy. */
+    if (!(conf = oq_kafka_conf_new(c->brokers, c->o.cfg, err))) {
+        rc = err ? err->code : OQ_EINVAL;
+        goto fail;
+    }
+    if ((rc = oq_kafka_conf_set(conf, "group.id", c->group, err)) ||
+        (rc = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
+        (rc = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)) ||
+        (rc = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)) ||
+        (rc = oq_kafka_conf_set(conf, "client.id", c->worker_id, err)))
+        goto fail;
+    /* the user's -X wins over our defaults for anything but the commit discipline */
+    if (c->o.cfg && (rc = oq_config_apply_kafka(c->o.cfg, conf, err))) goto fail;
+    if ((rc = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
+        (rc = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)))
+        goto fail;
+    rd_kafka_conf_set_opaque(conf, c);
+    rd_kafka_conf_set_rebalance_cb(conf, oq__rebalance_cb);
+    rd_kafka_conf_set_offset_commit_cb(conf, oq__commit_cb);
+    if (!(c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr)))) {
+        rc = oq_error_set(err, OQ_EKAFKA, 0, "consumer: %s", errstr);
+        goto fail;
+    }
+    conf = NULL;
+    rd_kafka_poll_set_consumer(c->rk);
+
+    /* DLQ producer (plain; dead letters are retried from the dlq table until delivered). */
+    if (!(conf = oq_kafka_conf_new(c->brokers, c->o.cfg, err))) {
+        rc = err ? err->code : OQ_EINVAL;
+        goto fail;
+    }
+    if ((rc = oq_kafka_conf_set(conf, "acks", "all", err)) ||
+        (rc = oq_kafka_conf_set(conf, "linger.ms", "0", err)))
+        goto fail;
+    rd_kafka_conf_set_dr_msg_cb(conf, oq__dlq_dr);
+    if (!(c->dlq_rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr)))) {
+        rc = oq_error_set(err, OQ_EKAFKA, 0, "dlq producer: %s", errstr);
+        goto fail;
+    }
+    conf = NULL;
+
+    if (!c->o.no_relay) {
+        oq_relay_opts_t ro;
+        oq_relay_opts_init(&ro);
+        ro.db_path = c->db_path;
+        ro.db_synchronous = c->sync;
+        ro.brokers = c->brokers;
+        ro.kafka_cfg = c->o.cfg; /* security and client settings reach every client */
+        ro.owner = c->worker_id;
+        ro.metrics = c->metrics;
+        ro.metrics_labels = "relay=\"results\"";
+        if (!(c->relay = oq_relay_new(&ro, err))) {
+            rc = err ? err->code : OQ_EKAFKA;
+            goto fail;
+        }
+        if ((rc = oq_relay_start(c->relay, err))) goto fail;
+    }
+    if (c->metrics_listen && !(c->msrv = oq_metrics_serve(c->metrics, c->metrics_listen, err))) {
+        rc = err ? err->code : OQ_EIO;
+        goto fail;
+    }
+    for (int i = 0; i < c->nrunners; i++) {
+        if (pthread_create(&c->runners[i].th, NULL, oq__runner_main, &c->runners[i]) != 0) {
+            rc = oq_error_set(err, OQ_EIO, 0, "runner thread");
+            c->nrunners = i;
+            goto fail;
+        }
+    }
+    if (pthread_create(&c->hb_th, NULL, oq__heartbeat_main, c) != 0) {
+        rc = oq_error_set(err, OQ_EIO, 0, "heartbeat thread");
+        goto fail;
+    }
+    c->hb_started = 1;
+    OQ_LOG_INFO(OQ__COMP, "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d",
+                c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners);
+    *out = c;
+    return 0;
+fail:
+    if (conf) rd_kafka_conf_destroy(conf);
+    oq_consumer_destroy(c);
+    return rc;
+}
+
+void oq_consumer_stop(oq_consumer_t *c)
+{
+    if (c) c->stop = 1;
+}
+
+static void oq__shutdown_threads(oq_consumer_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    c->qlen = 0;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->nrunners; i++) {
+        if (c->runners[i].th) pthread_join(c->runners[i].th, NULL);
+        c->runners[i].th = 0;
+    }
+    c->nrunners = 0;
+    if (c->hb_started) {
+        c->hb_stop = 1;
+        pthread_join(c->hb_th, NULL);
+        c->hb_started = 0;
+    }
+}
+
+int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
+{
+    rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(topics, c->topic, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, topics);
+    rd_kafka_topic_partition_list_destroy(topics);
+    if (e) return oq_error_set(err, OQ_EKAFKA, e, "subscribe: %s", rd_kafka_err2str(e));
+    c->subscribed = 1;
+
+    oq__recover(c);
+    oq__dlq_publish(c);
+    int64_t last_recover = oq_mono_us(), last_gauges = 0, last_sched = 0, last_dlq = oq_mono_us();
+    int64_t last_busy = oq_mono_us(), last_purge = 0;
+    while (!c->stop) {
+        /* collect a batch: wait briefly for the first message, then take what is there */
+        int64_t t0 = oq_mono_us();
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 50);
+        int64_t tpoll = oq_mono_us();
+        while (m) {
+            if (m->err) {
+                if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                    OQ_LOG_WARN(OQ__COMP, "consume: %s", rd_kafka_message_errstr(m));
+                rd_kafka_message_destroy(m);
+            } else {
+                if (atomic_load(&c->first_poll_us) == 0) atomic_store(&c->first_poll_us, t0);
+                c->batch_t0[c->nbatch] = t0;
+                c->batch[c->nbatch++] = m;
+            }
+            if (c->nbatch >= c->o.batch) break;
+            m = rd_kafka_consumer_poll(c->rk, 0);
+        }
+        int64_t now = oq_mono_us();
+        c->t_poll_us += now - t0;
+        (void)tpoll;
+        if (c->nbatch > 0) {
+            last_busy = now;
+            c->n_batches++;
+            oq__process_batch(c);
+            c->t_batch_us += oq_mono_us() - now;
+        }
+        if (now - last_recover >= c->o.recover_every_ms * 1000) {
+            int64_t tr = oq_mono_us();
+            oq__recover(c);
+            c->t_recover_us += oq_mono_us() - tr;
+            last_recover = now;
+        }
+        if (now - last_sched >= 20000) {
+            int64_t ts = oq_mono_us();
+            if (oq__schedule(c) > 0) last_busy = now;
+            c->t_sched_us += oq_mono_us() - ts;
+            last_sched = now;
+        }
+        if (!oq__runners_idle(c)) last_busy = now;
+        if (c->dlq_added && now - last_dlq >= 1000000) {
+            oq__dlq_publish(c);
+            last_dlq = now;
+        }
+        if (now - last_purge >= 60000000) {
+            oq__purge(c);
+            last_purge = now;
+        }
+        if (now - last_gauges >= 2000000) {
+            oq__refresh_gauges(c);
+            last_gauges = now;
+        }
+        if (max_idle_ms > 0 && atomic_load(&c->first_poll_us) != 0 &&
+            now - last_busy >= max_idle_ms * 1000 &&
+            oq_cstore_next_due(c->store) == INT64_MAX)
+            break;
+    }
+    OQ_LOG_INFO(OQ__COMP,
+                "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64
+                " (commit=%" PRId64 ") poll-collect=%" PRId64 " schedule=%" PRId64
+                " recover=%" PRId64,
+                c->n_batches, (unsigned long long)atomic_load(&c->n_consumed),
+                c->t_batch_us / 1000, c->t_commit_us / 1000, c->t_poll_us / 1000,
+                c->t_sched_us / 1000, c->t_recover_us / 1000);
+    oq__process_batch(c);
+    e = rd_kafka_commit(c->rk, NULL, 0);
+    if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        OQ_LOG_INFO(OQ__COMP, "final commit: %s", rd_kafka_err2str(e));
+    rd_kafka_consumer_close(c->rk);
+    c->subscribed = 0;
+    oq__shutdown_threads(c);
+    if (c->dlq_added) oq__dlq_publish(c);
+    oq__refresh_gauges(c);
+    return 0;
+}
+
+void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out)
+{
+    out->consumed = atomic_load(&c->n_consumed);
+    out->duplicates = atomic_load(&c->n_dup);
+    out->effects = atomic_load(&c->n_effects);
+    out->dlq = atomic_load(&c->n_dlq);
+    out->terminal = atomic_load(&c->n_terminal);
+    out->first_poll_us = atomic_load(&c->first_poll_us);
+}
+
+void oq_consumer_destroy(oq_consumer_t *c)
+{
+    if (!c) return;
+    oq__shutdown_threads(c);
+    if (c->relay) oq_relay_destroy(c->relay);
+    if (c->msrv) oq_metrics_serve_stop(c->msrv);
+    if (c->rk) {
+        if (c->subscribed) rd_kafka_consumer_close(c->rk);
+        for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+        rd_kafka_destroy(c->rk);
+    }
+    if (c->dlq_rk) {
+        rd_kafka_flush(c->dlq_rk, 2000);
+        rd_kafka_destroy(c->dlq_rk);
+    }
+    if (c->runners)
+        for (int i = 0; i < c->o.runners; i++) oq_cstore_close(c->runners[i].store);
+    oq_cstore_close(c->hb_store);
+    oq_cstore_close(c->store);
+    oq_metrics_destroy(c->metrics);
+    free(c->batch);
+    free(c->batch_t0);
+    free(c->handoff);
+    free(c->queue);
+    free(c->slots);
+    free(c->runners);
+    free(c->db_path);
+    free(c->brokers);
+    free(c->group);
+    free(c->topic);
+    free(c->sync);
+    free(c->metrics_listen);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}

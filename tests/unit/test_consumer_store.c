@@ -1,0 +1,630 @@
+/*
+ * Unit tests of the consumer store and state machine (consumer/store.c, consumer/tools.c) on a
+ * temporary effects.db: inbox dedupe, claim by conditional UPDATE and fencing across two
+ * connections (two "workers"), the effects UNIQUE last gate, recovery and reconcile, terminal
+ * rows left alone, stale writes refused, retries with backoff, new attempts, dead letters and
+ * tool argument validation. Time is passed explicitly, so lease expiry needs no sleeping.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "oq_consumer.h"
+#include "oq_cstore.h"
+#include "oq_envelope.h"
+#include "oq_json.h"
+#include "oq_util.h"
+
+typedef struct {
+    char dir[64];
+    char path[128];
+    oq_cstore_t *a, *b; /* two workers sharing one database file */
+} fx_t;
+
+static const oq_retry_policy_t policy = {.max_attempts = 3, .base_ms = 100, .max_ms = 1000};
+static const oq_msg_src_t src = {.topic = "onceq.tool-calls", .partition = 0, .offset = 7};
+
+static int setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/oq-cstore-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/effects.db", f->dir);
+    oq_error_t err = {0};
+    oq_db_opts_t o = {.synchronous = "OFF"};
+    assert_int_equal(oq_cstore_open(f->path, &o, "worker-a", &f->a, &err), 0);
+    assert_int_equal(oq_cstore_open(f->path, &o, "worker-b", &f->b, &err), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *f = *state;
+    char cmd[200];
+    oq_cstore_close(f->a);
+    oq_cstore_close(f->b);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+    if (system(cmd) != 0) return -1;
+    free(f);
+    return 0;
+}
+
+/* A valid tool_call envelope; args given as JSON text. */
+static void mk_env(oq_envelope_t *e, const char *tool, const char *args_json, int64_t attempt)
+{
+    oq_error_t err = {0};
+    memset(e, 0, sizeof(*e));
+    e->v = 1;
+    e->kind = OQ_KIND_TOOL_CALL;
+    oq_id_uuid(e->message_id);
+    oq_id_call(e->call_id);
+    e->tenant = strdup("t1");
+    e->idem_key = strdup("key-1");
+    e->tool = strdup(tool);
+    e->args = json_loads(args_json, 0, NULL);
+    assert_non_null(e->args);
+    e->attempt = attempt;
+    e->created_at = oq_now_ms();
+    assert_int_equal(oq_fingerprint(e->tenant, e->tool, e->args, e->fingerprint, &err), 0);
+}
+
+static int64_t q_int(oq_cstore_t *s, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(oq_cstore_db(s), sql, -1, &st, NULL), SQLITE_OK);
+    int64_t v = -1;
+    if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* One integer from \p sql with ?1 bound to \p call_id. */
+static int64_t q_count(oq_cstore_t *s, const char *sql, const char *call_id)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(oq_cstore_db(s), sql, -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
+    int64_t v = -1;
+    if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static void exec_sql(oq_cstore_t *s, const char *sql)
+{
+    assert_int_equal(sqlite3_exec(oq_cstore_db(s), sql, NULL, NULL, NULL), SQLITE_OK);
+}
+
+static int intake(oq_cstore_t *s, const oq_envelope_t *e, int64_t now)
+{
+    oq_error_t err = {0};
+    int outcome = -1;
+    assert_int_equal(oq_cstore_begin(s, &err), 0);
+    assert_int_equal(oq_cstore_intake(s, e, &src, now, &outcome, &err), 0);
+    assert_int_equal(oq_cstore_commit(s, &err), 0);
+    return outcome;
+}
+
+static int claim(oq_cstore_t *s, const char *call_id, int64_t now, oq_exec_t *x)
+{
+    oq_error_t err = {0};
+    assert_int_equal(oq_cstore_begin(s, &err), 0);
+    int rc = oq_cstore_claim(s, call_id, 1000, now, x, &err);
+    if (rc == 0)
+        assert_int_equal(oq_cstore_commit(s, &err), 0);
+    else
+        oq_cstore_rollback(s);
+    return rc;
+}
+
+/* Runs the registry tool for \p x and finishes it; returns finish's rc. */
+static int run_finish(oq_cstore_t *s, oq_exec_t *x, int64_t now, int *state, int *enew)
+{
+    oq_error_t err = {0};
+    oq_tool_out_t out;
+    memset(&out, 0, sizeof(out));
+    json_t *args = json_loads(x->args, 0, NULL);
+    char eid[OQ_CALL_ID_LEN + 1];
+    oq_effect_id_for(x->call_id, eid);
+    oq_tool_call_t call = {.call_id = x->call_id, .effect_id = eid, .tenant = x->tenant,
+                           .tool = x->tool, .args = args, .attempt = x->attempt,
+                           .try_no = x->tries};
+    int trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &out);
+    assert_int_equal(oq_cstore_begin(s, &err), 0);
+    int rc = oq_cstore_finish(s, x, trc, &out, &policy, now, state, enew, &err);
+    assert_int_equal(oq_cstore_commit(s, &err), 0);
+    oq_tool_out_clear(&out);
+    json_decref(args);
+    return rc;
+}
+
+static void test_inbox_dedupe(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    mk_env(&e, "charge", "{\"amount\":5}", 1);
+    int64_t now = 1000000;
+    assert_int_equal(intake(f->a, &e, now), OQ_IN_PLANNED);
+    assert_int_equal(intake(f->b, &e, now), OQ_IN_DUPLICATE); /* other worker, same message */
+    assert_int_equal(intake(f->a, &e, now), OQ_IN_DUPLICATE);
+    assert_int_equal(q_count(f->a, "SELECT seen FROM inbox WHERE call_id=?1", e.call_id), 3);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
+                             e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='duplicate_skipped'", e.call_id), 2);
+    /* a new message id for the same in-flight call is not executed again */
+    oq_id_uuid(e.message_id);
+    assert_int_equal(intake(f->a, &e, now), OQ_IN_IN_PROGRESS);
+    oq_envelope_clear(&e);
+}
+
+static void test_claim_fencing(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t xa, xb;
+    memset(&xa, 0, sizeof(xa));
+    memset(&xb, 0, sizeof(xb));
+    mk_env(&e, "charge", "{\"amount\":5}", 1);
+    int64_t now = 2000000;
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &xa), 0);
+    assert_int_equal(xa.state, OQ_X_STARTED);
+    assert_int_equal(xa.fence, 1);
+    assert_int_equal(xa.tries, 1);
+    assert_string_equal(xa.lease_owner, "worker-a");
+    /* the conditional UPDATE lets exactly one worker win */
+    assert_int_equal(claim(f->b, e.call_id, now, &xb), OQ_ESTATE);
+    /* a renewal with a wrong fence or from another owner is refused */
+    oq_error_t err = {0};
+    assert_int_equal(oq_cstore_renew(f->a, e.call_id, 1, now + 5000, &err), 0);
+    assert_int_equal(oq_cstore_renew(f->a, e.call_id, 2, now + 5000, &err), OQ_EFENCED);
+    assert_int_equal(oq_cstore_renew(f->b, e.call_id, 1, now + 5000, &err), OQ_EFENCED);
+    int st = -1, enew = 0;
+    assert_int_equal(run_finish(f->a, &xa, now + 1, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 1);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                                   "json_extract(payload,'$.status')='succeeded'", e.call_id), 1);
+    oq_exec_clear(&xa);
+    oq_exec_clear(&xb);
+    oq_envelope_clear(&e);
+}
+
+static void test_stale_worker_refused(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t xa, xb;
+    oq_error_t err = {0};
+    memset(&xa, 0, sizeof(xa));
+    memset(&xb, 0, sizeof(xb));
+    mk_env(&e, "charge", "{\"amount\":9}", 1);
+    int64_t now = 3000000;
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &xa), 0); /* lease until now + 1000 */
+    /* worker A is paused; its lease lapses; B's recovery reconciles: no effect -> SAFE_RETRY */
+    int n = 0;
+    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
+    assert_int_equal(oq_cstore_recover(f->b, now + 500, 3, 100, &n, &err), 0); /* not yet */
+    assert_int_equal(n, 0);
+    assert_int_equal(oq_cstore_recover(f->b, now + 1500, 3, 100, &n, &err), 0);
+    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(oq_cstore_exec_get(f->b, e.call_id, &xb, &err), 0);
+    assert_int_equal(xb.state, OQ_X_SAFE_RETRY);
+    assert_int_equal(claim(f->b, e.call_id, now + 1600, &xb), 0);
+    assert_int_equal(xb.fence, 3); /* claim 1, recovery 2, claim 3 */
+    /* A wakes up: its heartbeat and its finishing write are refused */
+    assert_int_equal(oq_cstore_renew(f->a, e.call_id, xa.fence, now + 9000, &err), OQ_EFENCED);
+    int st = -1, enew = 0;
+    assert_int_equal(run_finish(f->a, &xa, now + 1700, &st, &enew), OQ_EFENCED);
+    assert_int_equal(enew, 0);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='lease_lost'", e.call_id), 1);
+    /* B completes: exactly one effect */
+    assert_int_equal(run_finish(f->b, &xb, now + 1800, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT fence FROM effects WHERE call_id=?1", e.call_id), 3);
+    /* every audit row carries the producer attempt (the auditor compares attempts) */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "attempt <> 1", e.call_id), 0);
+    /* audit order: planned, started, unknown, safe_retry, started, lease_lost, committed */
+    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'planned,started,unknown,"
+                                   "safe_retry,started,lease_lost,committed' FROM (SELECT event "
+                                   "FROM audit WHERE call_id=?1 ORDER BY id)", e.call_id), 1);
+    oq_exec_clear(&xa);
+    oq_exec_clear(&xb);
+    oq_envelope_clear(&e);
+}
+
+static void test_effects_unique_last_gate(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    memset(&x, 0, sizeof(x));
+    mk_env(&e, "charge", "{\"amount\":3}", 1);
+    int64_t now = 4000000;
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    /* someone already recorded this call's effect (e.g. a tool committing on its own) */
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
+             "attempt, fence, worker, created_at) VALUES ('e_other', '%s', 'charge', 3, "
+             "'{\"charged\":3,\"first\":true}', 1, 1, 'x', 0)", e.call_id);
+    exec_sql(f->a, sql);
+    int st = -1, enew = 1;
+    assert_int_equal(run_finish(f->a, &x, now + 1, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 0);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    /* the existing effect wins: its id and result are what the execution reports */
+    assert_int_equal(q_count(f->a, "SELECT effect_id = 'e_other' AND "
+                                   "json_extract(result,'$.first') FROM executions WHERE "
+                                   "call_id=?1", e.call_id), 1);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+static void test_reconcile(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e1, e2, e3;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int64_t now = 5000000;
+    mk_env(&e1, "charge", "{\"amount\":1}", 1);
+    mk_env(&e2, "charge", "{\"amount\":2}", 1);
+    mk_env(&e3, "sleep", "{\"ms\":1}", 1);
+    intake(f->a, &e1, now);
+    intake(f->a, &e2, now);
+    intake(f->a, &e3, now);
+    assert_int_equal(claim(f->a, e1.call_id, now, &x), 0);
+    assert_int_equal(claim(f->a, e2.call_id, now, &x), 0);
+    assert_int_equal(claim(f->a, e3.call_id, now, &x), 0);
+    /* e3 has used up its tries: unknown outcome must go to review, not run again */
+    exec_sql(f->a, "UPDATE executions SET tries = 3 WHERE tool = 'sleep' AND state='STARTED'");
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
+             "attempt, fence, worker, created_at) VALUES ('e_x1', '%s', 'charge', 1, "
+             "'{\"charged\":1}', 1, 1, 'worker-a', 0)", e1.call_id);
+    exec_sql(f->a, sql);
+    int n = 0;
+    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
+    assert_int_equal(oq_cstore_recover(f->b, now + 2000, 3, 100, &n, &err), 0);
+    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(oq_cstore_exec_get(f->b, e1.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_COMMITTED); /* effect present */
+    assert_string_equal(x.effect_id, "e_x1");
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                                   "json_extract(payload,'$.status')='succeeded'", e1.call_id), 1);
+    assert_int_equal(oq_cstore_exec_get(f->b, e2.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_SAFE_RETRY); /* no effect: safe to run again */
+    assert_int_equal(oq_cstore_exec_get(f->b, e3.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_NEEDS_REVIEW);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                                   "json_extract(payload,'$.status')='needs_review'", e3.call_id),
+                     1);
+    /* SAFE_RETRY is re-executed and commits once */
+    assert_int_equal(claim(f->b, e2.call_id, now + 2001, &x), 0);
+    int st = -1, enew = 0;
+    assert_int_equal(run_finish(f->b, &x, now + 2002, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(oq_cstore_effect_count(f->a, e2.call_id), 1);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e1);
+    oq_envelope_clear(&e2);
+    oq_envelope_clear(&e3);
+}
+
+static void test_terminal_untouched(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int64_t now = 6000000;
+    mk_env(&e, "send_email", "{\"to\":\"a@b.c\",\"subject\":\"hi\"}", 1);
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    int st = -1, enew = 0;
+    assert_int_equal(run_finish(f->a, &x, now + 1, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    char sql[256];
+    /* even with a stale lease value left behind, recovery must not touch a terminal row */
+    snprintf(sql, sizeof(sql), "UPDATE executions SET lease_until = 1, next_attempt_at = 0 "
+             "WHERE call_id = '%s'", e.call_id);
+    exec_sql(f->a, sql);
+    int64_t fence = q_count(f->a, "SELECT fence FROM executions WHERE call_id=?1", e.call_id);
+    int n = 0;
+    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
+    assert_int_equal(oq_cstore_recover(f->b, now + 100000, 3, 100, &n, &err), 0);
+    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(claim(f->b, e.call_id, now + 100000, &x), OQ_ESTATE);
+    assert_int_equal(q_count(f->a, "SELECT fence FROM executions WHERE call_id=?1", e.call_id),
+                     fence);
+    /* a redelivery under a new message id, even a higher attempt, is not executed again */
+    oq_id_uuid(e.message_id);
+    assert_int_equal(intake(f->b, &e, now + 100001), OQ_IN_DONE);
+    oq_id_uuid(e.message_id);
+    e.attempt = 2;
+    assert_int_equal(intake(f->b, &e, now + 100002), OQ_IN_DONE);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='started'", e.call_id), 1);
+    /* the result was re-emitted for the producer each time */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 3);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+static void test_retry_backoff_and_exhaustion(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e, g;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int64_t now = 7000000;
+    /* fails twice, succeeds on the third try */
+    mk_env(&e, "charge", "{\"amount\":4,\"fail_times\":2}", 1);
+    intake(f->a, &e, now);
+    int st = -1, enew = 0;
+    int64_t prev_wait = 0;
+    for (int i = 1; i <= 3; i++) {
+        assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+        assert_int_equal(x.tries, i);
+        assert_int_equal(run_finish(f->a, &x, now, &st, &enew), 0);
+        if (i < 3) {
+            assert_int_equal(st, OQ_X_FAILED_RETRYABLE);
+            assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+            int64_t wait = x.next_attempt_at - now;
+            assert_true(wait >= 50 && wait <= 1500);
+            if (i == 2) assert_true(wait >= 100); /* base 100 doubled, jitter >= 0.5x */
+            prev_wait = wait;
+            /* not due before its backoff */
+            assert_int_equal(claim(f->b, e.call_id, now, &x), OQ_ESTATE);
+            now = x.next_attempt_at;
+        }
+    }
+    (void)prev_wait;
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='failed_retryable'", e.call_id), 2);
+
+    /* always failing: exhausted after max_attempts (3) -> FAILED_FINAL + failed result */
+    mk_env(&g, "fail", "{\"retryable\":true}", 1);
+    intake(f->a, &g, now);
+    for (int i = 1; i <= 3; i++) {
+        assert_int_equal(claim(f->a, g.call_id, now + 100000 * i, &x), 0);
+        assert_int_equal(run_finish(f->a, &x, now + 100000 * i, &st, &enew), 0);
+    }
+    assert_int_equal(st, OQ_X_FAILED_FINAL);
+    assert_int_equal(claim(f->a, g.call_id, now + 900000, &x), OQ_ESTATE);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                                   "json_extract(payload,'$.status')='failed' AND "
+                                   "json_extract(payload,'$.error.retryable')=1", g.call_id), 1);
+    /* a new producer attempt re-plans a FAILED_FINAL call; an old one is stale */
+    oq_id_uuid(g.message_id);
+    g.attempt = 2;
+    assert_int_equal(intake(f->a, &g, now + 1000000), OQ_IN_PLANNED);
+    assert_int_equal(oq_cstore_exec_get(f->a, g.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_PLANNED);
+    assert_int_equal(x.attempt, 2);
+    assert_int_equal(x.tries, 0);
+    oq_id_uuid(g.message_id);
+    g.attempt = 1;
+    assert_int_equal(intake(f->a, &g, now + 1000001), OQ_IN_STALE);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+    oq_envelope_clear(&g);
+}
+
+static void test_mismatch_and_dlq(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_error_t err = {0};
+    int64_t now = 8000000;
+    mk_env(&e, "charge", "{\"amount\":4}", 1);
+    intake(f->a, &e, now);
+    oq_id_uuid(e.message_id);
+    memset(e.fingerprint, 'a', OQ_FINGERPRINT_LEN);
+    int outcome = -1, dup = -1;
+    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
+    assert_int_equal(oq_cstore_intake(f->a, &e, &src, now, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ_IN_MISMATCH);
+    oq_msg_src_t s2 = {.topic = "onceq.tool-calls", .partition = 3, .offset = 42};
+    assert_int_equal(oq_cstore_dlq_add(f->a, "dlq:onceq.tool-calls:3:42", NULL, &s2, "k", 1,
+                                       "garbage", 7, "undecodable", now, &dup, &err), 0);
+    assert_int_equal(dup, 0);
+    assert_int_equal(oq_cstore_dlq_add(f->a, "dlq:onceq.tool-calls:3:42", NULL, &s2, "k", 1,
+                                       "garbage", 7, "undecodable", now, &dup, &err), 0);
+    assert_int_equal(dup, 1);
+    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    assert_int_equal(q_int(f->a, "SELECT count(*) FROM dlq WHERE published_at IS NULL AND "
+                                 "payload = CAST('garbage' AS BLOB)"), 1);
+    assert_int_equal(q_int(f->a, "SELECT count(*) FROM inbox WHERE outcome='dlq' AND seen=2"), 1);
+    assert_int_equal(q_int(f->a, "SELECT max(id) FROM dlq") > 0, 1);
+    assert_int_equal(oq_cstore_dlq_mark(f->a, q_int(f->a, "SELECT max(id) FROM dlq"), now, &err),
+                     0);
+    assert_int_equal(q_int(f->a, "SELECT count(*) FROM dlq WHERE published_at IS NULL"), 0);
+    oq_envelope_clear(&e);
+}
+
+/* Runs \p tool with \p args; returns the tool code, copies the error code. */
+static int try_tool(const char *tool, const char *args, char code[48])
+{
+    oq_tool_out_t out;
+    memset(&out, 0, sizeof(out));
+    json_t *a = json_loads(args, 0, NULL);
+    assert_non_null(a);
+    oq_tool_call_t call = {.call_id = "c_0123456789abcdef", .effect_id = "e_0123456789abcdef",
+                           .tenant = "t", .tool = tool, .args = a, .attempt = 1, .try_no = 1};
+    int rc = oq_tool_invoke(oq_tool_find(tool), &call, &out);
+    snprintf(code, 48, "%s", out.code);
+    if (rc == OQ_TOOL_BADARGS) assert_true(strlen(out.message) > 5);
+    oq_tool_out_clear(&out);
+    json_decref(a);
+    return rc;
+}
+
+static void test_tool_args(void **state)
+{
+    (void)state;
+    char code[48];
+    assert_int_equal(try_tool("charge", "{\"amount\":10}", code), OQ_TOOL_OK);
+    assert_int_equal(try_tool("charge", "{}", code), OQ_TOOL_BADARGS);
+    assert_string_equal(code, "bad_args");
+    assert_int_equal(try_tool("charge", "{\"amount\":0}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("charge", "{\"amount\":-3}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("charge", "{\"amount\":1.5}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("charge", "{\"amount\":\"7\"}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("charge", "{\"amount\":1,\"delay_ms\":20000}", code),
+                     OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("send_email", "{\"to\":\"a@b\",\"subject\":\"s\"}", code),
+                     OQ_TOOL_OK);
+    assert_int_equal(try_tool("send_email", "{\"to\":\"nobody\",\"subject\":\"s\"}", code),
+                     OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("send_email", "{\"to\":\"a@b\"}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("sleep", "{\"ms\":1}", code), OQ_TOOL_OK);
+    assert_int_equal(try_tool("sleep", "{\"ms\":10001}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("sleep", "{}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("fail", "{\"retryable\":\"yes\"}", code), OQ_TOOL_BADARGS);
+    assert_int_equal(try_tool("fail", "{\"retryable\":false}", code), OQ_TOOL_FAIL);
+    assert_int_equal(try_tool("nope", "{}", code), OQ_TOOL_BADARGS);
+    assert_string_equal(code, "unknown_tool");
+    /* blocking hints decide inline vs runner */
+    json_t *a = json_loads("{\"ms\":250}", 0, NULL);
+    assert_int_equal(oq_tool_blocks(oq_tool_find("sleep"), a), 250);
+    assert_int_equal(oq_tool_blocks(oq_tool_find("send_email"), a), 0);
+    json_decref(a);
+}
+
+static void test_bad_args_fail_final(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    memset(&x, 0, sizeof(x));
+    int64_t now = 9000000;
+    mk_env(&e, "charge", "{\"amount\":-1}", 1);
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    int st = -1, enew = 0;
+    assert_int_equal(run_finish(f->a, &x, now, &st, &enew), 0);
+    assert_int_equal(st, OQ_X_FAILED_FINAL);
+    assert_int_equal(q_count(f->a, "SELECT json_extract(error,'$.code')='bad_args' AND "
+                                   "json_extract(error,'$.retryable')=0 FROM executions WHERE "
+                                   "call_id=?1", e.call_id), 1);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+static void test_intake_start_fast_path(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x, y;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    memset(&y, 0, sizeof(y));
+    int64_t now = 10000000;
+    mk_env(&e, "charge", "{\"amount\":8}", 1);
+    int outcome = -1;
+    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
+    assert_int_equal(oq_cstore_intake_start(f->a, &e, &src, now, 5000, &x, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ_IN_PLANNED);
+    assert_int_equal(x.state, OQ_X_STARTED);
+    assert_int_equal(x.fence, 1);
+    assert_int_equal(x.tries, 1);
+    /* the row really is STARTED, leased by this worker, not due for anyone */
+    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &y, &err), 0);
+    assert_int_equal(y.state, OQ_X_STARTED);
+    assert_string_equal(y.lease_owner, "worker-a");
+    assert_int_equal(y.lease_until, now + 5000);
+    x.args = strdup(y.args);
+    int st = -1, enew = 0;
+    oq_tool_out_t out;
+    memset(&out, 0, sizeof(out));
+    out.has_effect = 1;
+    out.amount = 8;
+    assert_int_equal(oq_cstore_finish(f->a, &x, OQ_TOOL_OK, &out, &policy, now, &st, &enew, &err),
+                     0);
+    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 1);
+    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'planned,started,committed' FROM "
+                                   "(SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
+                             e.call_id), 1);
+    /* redelivery: nothing is started again */
+    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
+    oq_exec_clear(&y);
+    assert_int_equal(oq_cstore_intake_start(f->a, &e, &src, now, 5000, &y, &outcome, &err), 0);
+    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    assert_int_equal(outcome, OQ_IN_DUPLICATE);
+    assert_int_not_equal(y.state, OQ_X_STARTED);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    oq_exec_clear(&x);
+    oq_exec_clear(&y);
+    oq_envelope_clear(&e);
+}
+
+static void test_purge(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e1, e2;
+    oq_error_t err = {0};
+    mk_env(&e1, "charge", "{\"amount\":1}", 1);
+    mk_env(&e2, "charge", "{\"amount\":2}", 1);
+    intake(f->a, &e1, 1000);
+    intake(f->a, &e2, 5000);
+    int64_t n = -1;
+    assert_int_equal(oq_cstore_purge(f->a, 2000, 100, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM inbox WHERE call_id=?1", e1.call_id), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM inbox WHERE call_id=?1", e2.call_id), 1);
+    /* executions stay: a late redelivery of e1 is recognised by its call, not re-run */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
+                             e1.call_id), 1);
+    assert_int_equal(intake(f->a, &e1, 6000), OQ_IN_IN_PROGRESS);
+    oq_envelope_clear(&e1);
+    oq_envelope_clear(&e2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_inbox_dedupe, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claim_fencing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_worker_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_effects_unique_last_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_terminal_untouched, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_backoff_and_exhaustion, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch_and_dlq, setup, teardown),
+        cmocka_unit_test(test_tool_args),
+        cmocka_unit_test_setup_teardown(test_bad_args_fail_final, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intake_start_fast_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
