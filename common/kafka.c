@@ -15,7 +15,8 @@ int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value
     return 0;
 }
 
-rd_kafka_conf_t *oq_kafka_conf_new(const char *brokers, const oq_config_t *cfg, oq_error_t *err)
+rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
+                                   const oq_config_t *cfg, oq_error_t *err)
 {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     if (!conf) {
@@ -24,7 +25,8 @@ rd_kafka_conf_t *oq_kafka_conf_new(const char *brokers, const oq_config_t *cfg, 
     }
     rd_kafka_conf_set_log_cb(conf, oq_log_rdkafka_cb);
     if ((brokers && oq_kafka_conf_set(conf, "bootstrap.servers", brokers, err) != 0) ||
-        oq_kafka_conf_set(conf, "fetch.wait.max.ms", "10", err) != 0 ||
+        (role == OQ_KAFKA_CONSUMER &&
+         oq_kafka_conf_set(conf, "fetch.wait.max.ms", "10", err) != 0) ||
         oq_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
         (cfg && oq_config_apply_kafka(cfg, conf, err) != 0)) {
         rd_kafka_conf_destroy(conf);

@@ -864,7 +864,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     }
 
     /* Kafka consumer: manual offset store + commit, default assignment strategy. */
-    if (!(conf = oq_kafka_conf_new(c->brokers, c->o.cfg, err))) {
+    if (!(conf = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, c->brokers, c->o.cfg, err))) {
         rc = err ? err->code : OQ_EINVAL;
         goto fail;
     }
@@ -890,7 +890,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     rd_kafka_poll_set_consumer(c->rk);
 
     /* DLQ producer (plain; dead letters are retried from the dlq table until delivered). */
-    if (!(conf = oq_kafka_conf_new(c->brokers, c->o.cfg, err))) {
+    if (!(conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, c->brokers, c->o.cfg, err))) {
         rc = err ? err->code : OQ_EINVAL;
         goto fail;
     }

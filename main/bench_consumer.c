@@ -71,7 +71,7 @@ static int oq__bc_fill(oq__bc_t *b)
 {
     oq_error_t err = {0};
     char errstr[256];
-    rd_kafka_conf_t *conf = oq_kafka_conf_new(b->brokers, b->cfg, &err);
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, b->brokers, b->cfg, &err);
     if (!conf) return -1;
     oq_kafka_conf_set(conf, "linger.ms", "5", &err);
     oq_kafka_conf_set(conf, "queue.buffering.max.messages", "1000000", &err);
@@ -173,7 +173,7 @@ static int oq__bc_raw(oq__bc_t *b, int same_rows, double *rate)
             fprintf(stderr, "prepare: %s\n", sqlite3_errmsg(db));
             goto out;
         }
-    rd_kafka_conf_t *conf = oq_kafka_conf_new(b->brokers, b->cfg, &err);
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, b->brokers, b->cfg, &err);
     if (!conf) goto out;
     snprintf(group, sizeof(group), "bench-%s-%s-%d", same_rows ? "same" : "raw", b->tag,
              b->round);

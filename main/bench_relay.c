@@ -132,7 +132,7 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
 {
     oq_error_t err = {0};
     char errstr[512];
-    rd_kafka_conf_t *conf = oq_kafka_conf_new(oq_config_str(cfg, "brokers"), cfg, &err);
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, oq_config_str(cfg, "brokers"), cfg, &err);
     if (!conf || oq_kafka_conf_set(conf, "enable.idempotence", "true", &err) ||
         oq_kafka_conf_set(conf, "acks", "all", &err) ||
         oq_kafka_conf_set(conf, "linger.ms", "1", &err) ||

@@ -163,7 +163,7 @@ int oq_ingest_start(const char *db_path, const char *synchronous, const char *br
     oq_db_opts_t dbo = {synchronous, 0, 0};
     if ((ret = oq_db_open(db_path, &dbo, &in->db, err))) goto out;
     if ((ret = oq_db_migrate(in->db, oq_migrations_producer, err))) goto out;
-    conf = oq_kafka_conf_new(brokers, (const oq_config_t *)cfg, err);
+    conf = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, brokers, (const oq_config_t *)cfg, err);
     if (!conf) {
         ret = err ? err->code : OQ_EINVAL;
         goto out;

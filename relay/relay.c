@@ -307,7 +307,7 @@ static int oq__user_set(const oq_relay_t *r, const char *name)
 
 static rd_kafka_conf_t *oq__conf(oq_relay_t *r, oq_error_t *err)
 {
-    rd_kafka_conf_t *conf = oq_kafka_conf_new(r->brokers, r->kafka_cfg, err);
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, r->brokers, r->kafka_cfg, err);
     if (!conf) return NULL;
     /* Relay defaults the user may override: a short linger keeps idle latency low; under load
      * batches fill up by size long before it matters. */
