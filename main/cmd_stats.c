@@ -8,6 +8,7 @@
 #include "cmds.h"
 #include "oq_db.h"
 #include "oq_producer.h"
+#include "oq_relay.h"
 
 static const oq_setting_t stats_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -38,6 +39,12 @@ int oq_cmd_stats(int argc, char **argv)
     if (!text) goto out;
     printf("%s\n", text);
     free(text);
+    /* The relay's view of the same database: pending rows, oldest age, lease holder. */
+    char line[512];
+    if (oq_relay_status_line(db, line, sizeof line, &err) == 0)
+        printf("%s\n", line);
+    else
+        fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
     ret = OQ_EXIT_OK;
 out:
     json_decref(s);
