@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ctest-labels: long
 # The full-size pipeline runs (label chaos, so the default suite stays short):
 # 10,000 mixed calls through producer -> relay -> 3 consumers -> results -> producer, then
 # the kill -9 of a consumer mid-run with 10,000 calls at 1,000/s. ONCEQ_E2E_CALLS overrides
