@@ -4,10 +4,10 @@
  *
  * A worker is one member of a Kafka consumer group reading onceq.tool-calls. Several worker
  * processes on one host share one effects database (SQLite WAL). Per poll batch, in one write
- * transaction (group commit), each message is de-duplicated by the inbox, its execution is
- * planned, and a fast tool is claimed (conditional UPDATE + fencing token), run, its effect
- * inserted (UNIQUE call_id: the last gate) and its terminal state and result event written to
- * the consumer's outbox. Offsets are committed only after that transaction commits. Tools that
+ * transaction (group commit), each message is de-duplicated by the inbox, and a fast tool of
+ * a new call is run right there, its effect inserted (UNIQUE call_id: the last gate) and its
+ * execution row written once in its outcome state with its result event in the consumer's
+ * outbox (a re-planned or due execution is claimed first: conditional UPDATE + fencing token). Offsets are committed only after that transaction commits. Tools that
  * block (sleep, a charge with delay_ms) are left PLANNED and run by runner threads outside any
  * transaction while a heartbeat renews their lease; their finishing write checks the fence, so
  * a worker that lost its lease writes nothing. Retries (FAILED_RETRYABLE, exponential backoff

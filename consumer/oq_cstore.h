@@ -102,6 +102,17 @@ int oq_cstore_intake_start(oq_cstore_t *s, const oq_envelope_t *env, const oq_ms
                            oq_error_t *err);
 
 /**
+ * @brief In tx, fast path for tools that run inline: as oq_cstore_intake(), except that a NEW
+ *        call gets only its inbox row and *is_new = 1 (outcome OQ_IN_PLANNED): the caller
+ *        then runs the tool and MUST call oq_cstore_finish_new() in the same transaction,
+ *        before any other intake, so the execution row is written once, in its outcome state
+ *        (no PLANNED/STARTED row versions, one audit row instead of three). For every other
+ *        outcome nothing changes (*is_new = 0; a re-planned attempt is inserted PLANNED).
+ */
+int oq_cstore_intake_fast(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
+                          int64_t now, int *is_new, int *outcome, oq_error_t *err);
+
+/**
  * @brief In tx: record a dead letter: inbox row (outcome 'dlq'), dlq row with the original
  *        bytes and \p reason, audit 'dlq'.
  * @param message_id inbox key (envelope id, header id, or "dlq:topic:partition:offset").
@@ -174,6 +185,21 @@ int64_t oq_retry_backoff_ms(const oq_retry_policy_t *p, int64_t tries);
 int oq_cstore_finish(oq_cstore_t *s, const oq_exec_t *x, int rc, const oq_tool_out_t *out,
                      const oq_retry_policy_t *p, int64_t now, int *state_out, int *effect_new,
                      oq_error_t *err);
+
+/**
+ * @brief In tx: write the execution of a new call after its first run, inline in this
+ *        transaction (see oq_cstore_intake_fast): tries 1, fence 1, no lease ever visible.
+ *        Success: effect (UNIQUE call_id gate), COMMITTED, result event. Failure:
+ *        FAILED_RETRYABLE (backoff as oq_cstore_finish) or FAILED_FINAL + result event.
+ *        OQ_TOOL_ABANDONED: PLANNED, due now. ONE audit row carries the path: its event is
+ *        the outcome ('committed', 'failed_retryable', 'failed_final'; 'planned' when
+ *        abandoned) and its detail starts with "inline: planned, started, try 1".
+ * @param state_out receives the new oq_xstate_t (may be NULL).
+ * @param effect_new set to 1 when an effect row was inserted (may be NULL).
+ */
+int oq_cstore_finish_new(oq_cstore_t *s, const oq_envelope_t *env, int rc_tool,
+                         const oq_tool_out_t *o, const oq_retry_policy_t *p, int64_t now,
+                         int *state_out, int *effect_new, oq_error_t *err);
 
 /**
  * @brief In tx: recovery. STARTED rows whose lease lapsed before \p now (and UNKNOWN rows)

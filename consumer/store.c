@@ -11,7 +11,11 @@
  *  3. effects.call_id is UNIQUE: even if (1) and (2) were bypassed, a second effect cannot be
  *     stored; a conflict there is treated as "already done" and the existing effect wins.
  * Each state change appends an audit row in the same transaction, in id order, so an auditor
- * can replay every execution's history. Result events (tool_result envelopes) go to the
+ * can replay every execution's history; the one exception is the inline first run of a fast
+ * tool (oq_cstore_finish_new), whose planned -> started -> outcome path happens inside one
+ * transaction and is ONE row (event = outcome, detail "inline: planned, started, try 1 ...").
+ * Wide tables are rowid tables with a narrow UNIQUE index on the random call_id (see the
+ * schema): fewer scattered page writes per call than b-trees keyed by call_id. Result events (tool_result envelopes) go to the
  * shared outbox table with oq_outbox_append() in the same transaction as the terminal state.
  *
  * Statements are prepared once per connection through the oq_stmt_cache (keyed by the SQL
@@ -415,15 +419,39 @@ static int oq__plan_again(oq_cstore_t *s, const oq_envelope_t *env, int64_t now,
     return rc;
 }
 
+/*
+ * Intake of one tool_call: the inbox row and the planning decision. \p defer (fast path of
+ * oq_cstore_intake_fast) writes nothing for a NEW call beyond the inbox row and sets *is_new:
+ * the caller runs the tool and oq_cstore_finish_new() inserts the execution in its outcome
+ * state. Otherwise a new call is inserted PLANNED, or STARTED when \p started && lease_ms > 0.
+ */
+static int oq__intake(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
+                      int64_t now, int64_t lease_ms, oq_exec_t *started, int defer,
+                      int *is_new, int *outcome, oq_error_t *err);
+
 int oq_cstore_intake(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
                      int64_t now, int *outcome, oq_error_t *err)
 {
-    return oq_cstore_intake_start(s, env, src, now, 0, NULL, outcome, err);
+    return oq__intake(s, env, src, now, 0, NULL, 0, NULL, outcome, err);
 }
 
 int oq_cstore_intake_start(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
                            int64_t now, int64_t lease_ms, oq_exec_t *started, int *outcome,
                            oq_error_t *err)
+{
+    return oq__intake(s, env, src, now, lease_ms, started, 0, NULL, outcome, err);
+}
+
+int oq_cstore_intake_fast(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
+                          int64_t now, int *is_new, int *outcome, oq_error_t *err)
+{
+    *is_new = 0;
+    return oq__intake(s, env, src, now, 0, NULL, 1, is_new, outcome, err);
+}
+
+static int oq__intake(oq_cstore_t *s, const oq_envelope_t *env, const oq_msg_src_t *src,
+                      int64_t now, int64_t lease_ms, oq_exec_t *started, int defer,
+                      int *is_new, int *outcome, oq_error_t *err)
 {
     oq_exec_t x;
     int rc, have = 0, decision;
@@ -469,6 +497,11 @@ int oq_cstore_intake_start(oq_cstore_t *s, const oq_envelope_t *env, const oq_ms
     *outcome = decision;
     switch (decision) {
     case OQ_IN_PLANNED:
+        if (!have && defer) {
+            /* the caller runs the tool now and oq_cstore_finish_new() writes the row */
+            *is_new = 1;
+            goto out;
+        }
         if (!have) {
             rc = oq__plan_insert(s, env, now, started ? lease_ms : 0, err);
         } else {
@@ -887,6 +920,160 @@ fenced:
     }
 out:
     if (state_out) *state_out = state;
+    free(result);
+    free(error);
+    free(old_eid);
+    free(old_detail);
+    return rc;
+}
+
+/* New execution row written directly in the outcome state of its first, inline run. */
+static int oq__exec_insert_final(oq_cstore_t *s, const oq_envelope_t *env, const char *state,
+                                 const char *result, const char *error, const char *effect_id,
+                                 int64_t tries, int64_t fence, int64_t next_at, int64_t now,
+                                 oq_error_t *err)
+{
+    static const char sql[] =
+        "INSERT INTO executions(call_id, tenant, idem_key, fingerprint, tool, args, state, "
+        "attempt, tries, fence, result, error, effect_id, next_attempt_at, message_id, "
+        "created_at, updated_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16)";
+    char *args = oq__dump(env->args);
+    if (!args) return oq_error_set(err, OQ_ENOMEM, 0, "args encode");
+    sqlite3_stmt *st = oq__st(s, sql, err);
+    if (!st) {
+        free(args);
+        return err ? err->code : OQ_EDB;
+    }
+    sqlite3_bind_text(st, 1, env->call_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, env->tenant, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, env->idem_key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, env->fingerprint, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, env->tool, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, args, -1, free);
+    sqlite3_bind_text(st, 7, state, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 8, env->attempt);
+    sqlite3_bind_int64(st, 9, tries);
+    sqlite3_bind_int64(st, 10, fence);
+    oq__bind_text_or_null(st, 11, result);
+    oq__bind_text_or_null(st, 12, error);
+    oq__bind_text_or_null(st, 13, effect_id);
+    if (next_at > 0)
+        sqlite3_bind_int64(st, 14, next_at);
+    else
+        sqlite3_bind_null(st, 14);
+    sqlite3_bind_text(st, 15, env->message_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 16, now);
+    int rc = oq__done(s, st, "execution insert", err);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+int oq_cstore_finish_new(oq_cstore_t *s, const oq_envelope_t *env, int rc_tool,
+                         const oq_tool_out_t *o, const oq_retry_policy_t *p, int64_t now,
+                         int *state_out, int *effect_new, oq_error_t *err)
+{
+    char eid[OQ_CALL_ID_LEN + 1];
+    char detail[200];
+    char *result = NULL, *error = NULL, *old_eid = NULL, *old_detail = NULL;
+    int rc = 0, state = -1;
+    /* the identity the result event and the effect row need, borrowed from the envelope */
+    oq_exec_t x;
+    memset(&x, 0, sizeof(x));
+    snprintf(x.call_id, sizeof(x.call_id), "%s", env->call_id);
+    snprintf(x.fingerprint, sizeof(x.fingerprint), "%s", env->fingerprint);
+    x.tenant = env->tenant;
+    x.idem_key = env->idem_key;
+    x.tool = env->tool;
+    x.attempt = env->attempt;
+    x.tries = 1;
+    x.fence = 1;
+    if (effect_new) *effect_new = 0;
+
+    if (rc_tool == OQ_TOOL_OK) {
+        result = o->result ? oq__dump(o->result) : strdup("{}");
+        if (!result) return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+        oq_effect_id_for(x.call_id, eid);
+        const char *final_result = result;
+        const char *final_eid = o->has_effect ? eid : NULL;
+        snprintf(detail, sizeof(detail), "inline: planned, started, try 1 committed");
+        if (o->has_effect) {
+            int inserted = 0;
+            if ((rc = oq__effect_insert(s, &x, eid, o, result, now, &inserted, err))) goto out;
+            if (effect_new) *effect_new = inserted;
+            if (!inserted) {
+                /* The last gate held (an effect without an execution row: only a damaged or
+                 * hand-edited database); the existing effect stands. */
+                int found = 0;
+                if ((rc = oq__effect_get(s, x.call_id, &found, &old_eid, &old_detail, err)))
+                    goto out;
+                if (found) {
+                    final_result = old_detail ? old_detail : "{}";
+                    final_eid = old_eid;
+                }
+                snprintf(detail, sizeof(detail),
+                         "inline: planned, started, try 1: effect already present");
+                OQ_LOGC_WARN("consumer", x.call_id, "effect already present: unique gate held");
+            }
+        }
+        state = OQ_X_COMMITTED;
+        if ((rc = oq__exec_insert_final(s, env, "COMMITTED", final_result, NULL, final_eid, 1, 1,
+                                        0, now, err)) ||
+            (rc = oq__audit(s, x.call_id, "committed", x.attempt, 1, detail, now, err)))
+            goto out;
+        rc = oq__emit_result_obj(s, &x, "succeeded",
+                                 final_result == result && json_is_object(o->result) ? o->result
+                                                                                    : NULL,
+                                 final_result, NULL, final_eid, now, err);
+        goto out;
+    }
+
+    if (rc_tool == OQ_TOOL_ABANDONED) {
+        /* Stopped before doing anything: plan it as if it had not run (due now). */
+        state = OQ_X_PLANNED;
+        if ((rc = oq__exec_insert_final(s, env, "PLANNED", NULL, NULL, NULL, 0, 0, now, now,
+                                        err)))
+            goto out;
+        rc = oq__audit(s, x.call_id, "planned", x.attempt, 0, "inline run abandoned at stop",
+                       now, err);
+        goto out;
+    }
+
+    /* failure */
+    {
+        const char *code = o->code[0] ? o->code
+                           : rc_tool == OQ_TOOL_BADARGS ? "bad_args"
+                                                        : "tool_failed";
+        int retryable = rc_tool == OQ_TOOL_FAIL && o->retryable;
+        error = oq__error_json(code, o->message, retryable);
+        if (!error) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "error encode");
+            goto out;
+        }
+        if (retryable && 1 < p->max_attempts) {
+            int64_t wait = oq_retry_backoff_ms(p, 1);
+            state = OQ_X_FAILED_RETRYABLE;
+            if ((rc = oq__exec_insert_final(s, env, "FAILED_RETRYABLE", NULL, error, NULL, 1, 1,
+                                            now + wait, now, err)))
+                goto out;
+            snprintf(detail, sizeof(detail),
+                     "inline: planned, started, try 1/%d: %.60s; retry in %" PRId64 " ms",
+                     p->max_attempts, o->message, wait);
+            rc = oq__audit(s, x.call_id, "failed_retryable", x.attempt, 1, detail, now, err);
+            goto out;
+        }
+        state = OQ_X_FAILED_FINAL;
+        if ((rc = oq__exec_insert_final(s, env, "FAILED_FINAL", NULL, error, NULL, 1, 1, 0, now,
+                                        err)))
+            goto out;
+        snprintf(detail, sizeof(detail), "inline: planned, started, try 1: %s: %.100s", code,
+                 o->message);
+        if ((rc = oq__audit(s, x.call_id, "failed_final", x.attempt, 1, detail, now, err)))
+            goto out;
+        rc = oq__emit_result(s, &x, "failed", NULL, error, NULL, now, err);
+    }
+out:
+    if (state_out) *state_out = rc ? -1 : state;
     free(result);
     free(error);
     free(old_eid);

@@ -437,6 +437,45 @@ static void test_effect_after_final_failure(void **state)
     fx_free(f);
 }
 
+/* The consumer's inline fast path leaves ONE audit row per call ('committed', detail
+ * "inline: planned, started, try 1 ..."): that trail is clean, and a later start or a second
+ * commit of the same call is still caught as a re-execution. */
+static void add_good_inline(fx_t *f, const char *id)
+{
+    char key[64], eff[64];
+    snprintf(key, sizeof key, "key-%s", id);
+    snprintf(eff, sizeof eff, "e_%s", id);
+    add_call(f, id, key, FP_A, "charge", "succeeded");
+    add_paudit(f, id, "submitted", 1000);
+    add_paudit(f, id, "running", 1100);
+    add_paudit(f, id, "succeeded", 1200);
+    add_exec(f, id, FP_A, "charge", "COMMITTED", 1);
+    add_effect(f, id, eff, "charge", 1, 1030);
+    add_caudit(f, id, "committed", 1, 1030);
+}
+
+static void test_inline_trail(void **state)
+{
+    (void)state;
+    const char *later[] = {"started", "committed"};
+    for (int i = 0; i < 3; i++) {
+        fx_t *f = fx_new(1);
+        add_base(f);
+        add_good_inline(f, "c_0000000000000005");
+        if (i < 2) add_caudit(f, "c_0000000000000005", later[i], 1, 1060);
+        oq_verify_report_t rep;
+        run(f, 0, &rep);
+        if (i == 2) {
+            assert_int_equal(rep.violations, 0);
+            assert_int_equal(rep.effects, 3);
+        } else {
+            expect_only(&rep, OQ_V_REEXECUTED, 1, "c_0000000000000005");
+        }
+        oq_verify_report_clear(&rep);
+        fx_free(f);
+    }
+}
+
 static void test_terminal_left(void **state)
 {
     (void)state;
@@ -545,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_new_attempt_after_final_is_clean),
         cmocka_unit_test(test_effect_after_final_failure),
         cmocka_unit_test(test_terminal_left),
+        cmocka_unit_test(test_inline_trail),
         cmocka_unit_test(test_accepted_missing),
         cmocka_unit_test(test_io_errors),
         cmocka_unit_test(test_read_only_and_json),

@@ -1,0 +1,307 @@
+/*
+ * Unit tests of the consumer store's inline fast path (oq_cstore_intake_fast +
+ * oq_cstore_finish_new): a new call of a fast tool gets its inbox row at intake, runs, and its
+ * execution is inserted once, directly in its outcome state, with ONE audit row carrying the
+ * planned -> started -> outcome path. What must hold: the same guarantees as the general path
+ * (inbox dedupe, effects UNIQUE(call_id) as the last gate, result event in the same
+ * transaction, retries through the normal claim), a second message for the same call in the
+ * same transaction sees the row, and any re-execution after a terminal state still leaves a
+ * 'started' (or second terminal) audit row behind for onceq verify to catch.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+#include <sqlite3.h>
+
+#include "oq_cstore.h"
+#include "oq_envelope.h"
+#include "oq_json.h"
+#include "oq_util.h"
+
+typedef struct {
+    char dir[64];
+    char path[128];
+    oq_cstore_t *a, *b; /* two workers sharing one database file */
+} fx_t;
+
+static const oq_retry_policy_t policy = {.max_attempts = 3, .base_ms = 100, .max_ms = 1000};
+static const oq_msg_src_t src = {.topic = "onceq.tool-calls", .partition = 0, .offset = 7};
+
+static int setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/oq-cfast-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/effects.db", f->dir);
+    oq_error_t err = {0};
+    oq_db_opts_t o = {.synchronous = "OFF"};
+    assert_int_equal(oq_cstore_open(f->path, &o, "worker-a", &f->a, &err), 0);
+    assert_int_equal(oq_cstore_open(f->path, &o, "worker-b", &f->b, &err), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *f = *state;
+    char cmd[200];
+    oq_cstore_close(f->a);
+    oq_cstore_close(f->b);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+    if (system(cmd) != 0) return -1;
+    free(f);
+    return 0;
+}
+
+static void mk_env(oq_envelope_t *e, const char *tool, const char *args_json, int64_t attempt)
+{
+    oq_error_t err = {0};
+    memset(e, 0, sizeof(*e));
+    e->v = 1;
+    e->kind = OQ_KIND_TOOL_CALL;
+    oq_id_uuid(e->message_id);
+    oq_id_call(e->call_id);
+    e->tenant = strdup("t1");
+    e->idem_key = strdup("key-1");
+    e->tool = strdup(tool);
+    e->args = json_loads(args_json, 0, NULL);
+    assert_non_null(e->args);
+    e->attempt = attempt;
+    e->created_at = oq_now_ms();
+    assert_int_equal(oq_fingerprint(e->tenant, e->tool, e->args, e->fingerprint, &err), 0);
+}
+
+/* One integer from \p sql with ?1 bound to \p call_id (may be NULL: unbound). */
+static int64_t q_count(oq_cstore_t *s, const char *sql, const char *call_id)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(oq_cstore_db(s), sql, -1, &st, NULL), SQLITE_OK);
+    if (call_id) sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
+    int64_t v = -1;
+    if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* Intake on the fast path and, when new, run the registry tool and finish_new, in one tx. */
+static int fast(oq_cstore_t *s, const oq_envelope_t *e, int64_t now, int *is_new, int *state,
+                int *enew)
+{
+    oq_error_t err = {0};
+    int outcome = -1;
+    *state = -1;
+    *enew = 0;
+    assert_int_equal(oq_cstore_begin(s, &err), 0);
+    assert_int_equal(oq_cstore_intake_fast(s, e, &src, now, is_new, &outcome, &err), 0);
+    if (*is_new) {
+        assert_int_equal(outcome, OQ_IN_PLANNED);
+        /* nothing but the inbox row yet */
+        assert_int_equal(q_count(s, "SELECT count(*) FROM executions WHERE call_id=?1",
+                                 e->call_id), 0);
+        oq_tool_out_t out;
+        memset(&out, 0, sizeof(out));
+        char eid[OQ_CALL_ID_LEN + 1];
+        oq_effect_id_for(e->call_id, eid);
+        oq_tool_call_t call = {.call_id = e->call_id, .effect_id = eid, .tenant = e->tenant,
+                               .tool = e->tool, .args = e->args, .attempt = e->attempt,
+                               .try_no = 1};
+        int trc = oq_tool_invoke(oq_tool_find(e->tool), &call, &out);
+        assert_int_equal(
+            oq_cstore_finish_new(s, e, trc, &out, &policy, now, state, enew, &err), 0);
+        oq_tool_out_clear(&out);
+    }
+    assert_int_equal(oq_cstore_commit(s, &err), 0);
+    return outcome;
+}
+
+static void test_fast_commit_one_audit_row(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e, again;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    int is_new = 0, st = -1, enew = 0;
+    memset(&x, 0, sizeof(x));
+    mk_env(&e, "charge", "{\"amount\":8}", 1);
+    int64_t now = 5000000;
+    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(is_new, 1);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 1);
+    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_COMMITTED);
+    assert_int_equal(x.tries, 1);
+    assert_int_equal(x.fence, 1);
+    assert_null(x.lease_owner);
+    assert_int_equal(x.next_attempt_at, 0);
+    assert_non_null(x.effect_id);
+    assert_non_null(strstr(x.result, "\"charged\""));
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    /* one audit row, the outcome, with the inline path in its detail */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1", e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='committed' AND fence=1 AND worker='worker-a' AND "
+                                   "detail LIKE 'inline: planned, started, try 1%'",
+                             e.call_id), 1);
+    /* the result event went to the outbox in the same transaction */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                                   "topic='onceq.tool-results'", e.call_id), 1);
+    oq_exec_clear(&x);
+
+    /* the same message again (other worker): a duplicate, nothing new */
+    assert_int_equal(fast(f->b, &e, now + 10, &is_new, &st, &enew), OQ_IN_DUPLICATE);
+    assert_int_equal(is_new, 0);
+    assert_int_equal(q_count(f->a, "SELECT seen FROM inbox WHERE call_id=?1", e.call_id), 2);
+    /* the same call under a new message id (producer republish): done, result re-emitted */
+    again = e;
+    oq_id_uuid(again.message_id);
+    assert_int_equal(fast(f->b, &again, now + 20, &is_new, &st, &enew), OQ_IN_DONE);
+    assert_int_equal(is_new, 0);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 2);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event IN ('started','committed')", e.call_id), 1);
+    /* and nobody can claim it: terminal */
+    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
+    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 100000, NULL, &err),
+                     OQ_ESTATE);
+    oq_cstore_rollback(f->b);
+    oq_envelope_clear(&e);
+}
+
+/* Two messages of one call in ONE transaction: the second sees the row the first wrote. */
+static void test_fast_same_call_twice_in_one_tx(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e, e2;
+    oq_error_t err = {0};
+    mk_env(&e, "send_email", "{\"to\":\"a@b.c\",\"subject\":\"s\"}", 1);
+    e2 = e;
+    oq_id_uuid(e2.message_id);
+    int64_t now = 6000000;
+    int is_new = 0, outcome = -1, st = -1, enew = 0;
+    oq_tool_out_t out;
+    memset(&out, 0, sizeof(out));
+    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
+    assert_int_equal(oq_cstore_intake_fast(f->a, &e, &src, now, &is_new, &outcome, &err), 0);
+    assert_int_equal(is_new, 1);
+    out.has_effect = 1;
+    snprintf(out.recipient, sizeof(out.recipient), "a@b.c");
+    assert_int_equal(
+        oq_cstore_finish_new(f->a, &e, OQ_TOOL_OK, &out, &policy, now, &st, &enew, &err), 0);
+    assert_int_equal(oq_cstore_intake_fast(f->a, &e2, &src, now, &is_new, &outcome, &err), 0);
+    assert_int_equal(is_new, 0);
+    assert_int_equal(outcome, OQ_IN_DONE);
+    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
+                             e.call_id), 1);
+    oq_envelope_clear(&e);
+}
+
+/* The effects gate still holds on the fast path: an existing effect wins. */
+static void test_fast_effect_gate(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    mk_env(&e, "charge", "{\"amount\":3}", 1);
+    char sql[400];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO effects(call_id, effect_id, tool, amount, detail, attempt, fence, "
+             "worker, created_at) VALUES ('%s', 'e_old', 'charge', 3, '{\"old\":true}', 1, 1, "
+             "'w0', 1)",
+             e.call_id);
+    assert_int_equal(sqlite3_exec(oq_cstore_db(f->a), sql, NULL, NULL, NULL), SQLITE_OK);
+    int is_new = 0, st = -1, enew = 0;
+    assert_int_equal(fast(f->a, &e, 7000000, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 0);
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_string_equal(x.effect_id, "e_old");
+    assert_string_equal(x.result, "{\"old\":true}");
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "detail LIKE '%effect already present'", e.call_id), 1);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+/* A retryable failure on the inline first try goes through the normal claim afterwards. */
+static void test_fast_retry_then_claim(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    mk_env(&e, "fail", "{\"retryable\":true}", 1);
+    int64_t now = 8000000;
+    int is_new = 0, st = -1, enew = 0;
+    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(st, OQ_X_FAILED_RETRYABLE);
+    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_FAILED_RETRYABLE);
+    assert_int_equal(x.tries, 1);
+    assert_true(x.next_attempt_at >= now + 50 && x.next_attempt_at < now + 150);
+    oq_exec_clear(&x);
+    /* not due yet, then due: claimed with fence 2, try 2 */
+    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
+    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 1, NULL, &err), OQ_ESTATE);
+    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 200, &x, &err), 0);
+    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(x.fence, 2);
+    assert_int_equal(x.tries, 2);
+    oq_exec_clear(&x);
+    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'failed_retryable,started' "
+                                   "FROM (SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
+                             e.call_id), 1);
+    /* no result event for a non-terminal failure */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 0);
+    oq_envelope_clear(&e);
+}
+
+static void test_fast_bad_args_final(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_exec_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    mk_env(&e, "charge", "{\"amount\":-1}", 1);
+    int is_new = 0, st = -1, enew = 0;
+    assert_int_equal(fast(f->a, &e, 9000000, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(st, OQ_X_FAILED_FINAL);
+    assert_int_equal(enew, 0);
+    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(x.state, OQ_X_FAILED_FINAL);
+    assert_non_null(strstr(x.error, "bad_args"));
+    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                                   "event='failed_final'", e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
+    oq_exec_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_fast_commit_one_audit_row, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_same_call_twice_in_one_tx, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_effect_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_retry_then_claim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_bad_args_final, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
