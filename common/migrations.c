@@ -10,6 +10,7 @@
 const char *const oq_migrations_producer[] = {
     "common/0001_outbox.sql",
     "producer/0001_init.sql",
+    "producer/0002_calls_hot_path.sql",
     NULL,
 };
 

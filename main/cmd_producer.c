@@ -33,6 +33,8 @@ static const oq_setting_t producer_settings[] = {
     {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL, "group-commit batch cap (submits)"},
     {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
      "max wait to grow a group commit: 0 = adaptive, -1 = off"},
+    {"checkpoint-pages", OQ_SET_INT, "1000", -1, 1000000, NULL,
+     "WAL frames that trigger a background checkpoint (-1 = SQLite's own, inside commits)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
      "SQLite synchronous level (anything but full weakens durability)"},
     {"purge-interval", OQ_SET_DURATION, "0", 0, 365LL * 24 * 3600 * 1000, NULL,
@@ -101,13 +103,14 @@ int oq_cmd_producer(int argc, char **argv)
     if (strcmp(sync, "full") != 0)
         OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
     oq_producer_opts_t po = {sync, ttl,     (int)oq_config_int(cfg, "max-batch"),
-                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us")};
+                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us"),
+                             (int)oq_config_int(cfg, "checkpoint-pages")};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
     }
     if (brokers && *brokers) {
-        if (oq_ingest_start(db, sync, brokers, cfg, metrics, &in, &err) != 0) {
+        if (oq_ingest_start(p, brokers, cfg, metrics, &in, &err) != 0) {
             fprintf(stderr, "onceq producer: results ingest: %s\n", err.msg);
             ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
             goto out;

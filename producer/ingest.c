@@ -1,17 +1,21 @@
 /*
  * ingest.c: results back into calls.db. A librdkafka consumer-group member (group
  * "onceq-producer", default assignment strategy, auto commit off) reads onceq.tool-results on
- * its own thread and its own SQLite connection.
+ * its own thread.
  *
  * Design. Messages are taken in batches (one blocking poll, then whatever is already fetched,
- * up to 256) and applied in one BEGIN IMMEDIATE transaction through oq_store_apply_result():
- * the result_inbox row keyed by message_id makes a redelivered or republished result a no-op,
- * an unknown call or a stale attempt is recorded and counted but never applied, and a terminal
- * call is never moved. Offsets are committed to Kafka only after the database commit, so a
- * crash in between redelivers the batch and the inbox absorbs it (at-least-once in, exactly
- * one state change per message). A database failure rolls back and retries the same batch (in
- * memory) until it succeeds or the ingest stops; undecodable messages are logged, counted and
- * skipped (their offsets are committed: they can never become decodable).
+ * up to 256), decoded on this thread, and handed to the producer's group-commit writer as one
+ * job (oq_producer_apply_results): the writer applies them with oq_store_apply_result() inside
+ * the same transaction as the submits queued with them, on the same connection. calls.db thus
+ * has one writer per process (plus the relay), so results never fight the submits for
+ * SQLite's write lock, and they ride on commits that happen anyway. The result_inbox row keyed
+ * by message_id makes a redelivered or republished result a no-op, an unknown call or a stale
+ * attempt is recorded and counted but never applied, and a terminal call is never moved.
+ * Offsets are committed to Kafka only after the database commit, so a crash in between
+ * redelivers the batch and the inbox absorbs it (at-least-once in, exactly one state change
+ * per message). A database failure retries the same batch (in memory) until it succeeds or
+ * the ingest stops; undecodable messages are logged, counted and skipped (their offsets are
+ * committed: they can never become decodable).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +30,7 @@
 #define INGEST_BATCH 256
 
 struct oq_ingest {
-    sqlite3 *db;
+    oq_producer_t *p;
     rd_kafka_t *rk;
     pthread_t th;
     int started;
@@ -52,44 +56,43 @@ typedef struct tally {
     uint64_t n[6]; /* applied, duplicate, unknown, stale, ignored, undecodable */
 } tally_t;
 
-/** Apply \p n messages in one transaction. @returns 0 or a database error (rolled back). */
+/** Decode \p n messages and apply them through the producer's writer (one group commit).
+ *  @returns 0 or the error of the commit (nothing applied; the caller retries). */
 static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_t *t)
 {
+    oq_envelope_t envs[INGEST_BATCH];
+    oq_result_outcome_t oc[INGEST_BATCH];
     oq_error_t err = {0};
+    int ne = 0;
     memset(t, 0, sizeof *t);
-    int64_t now = oq_now_ms();
-    int ret = oq_db_begin_immediate(in->db, 10000, &err);
-    if (ret) goto fail;
     for (int i = 0; i < n; i++) {
         rd_kafka_message_t *m = msgs[i];
-        oq_envelope_t e;
-        memset(&e, 0, sizeof e);
+        oq_envelope_t *e = &envs[ne];
+        memset(e, 0, sizeof *e);
         oq_error_t derr = {0};
-        if (oq_envelope_decode(m->payload, m->len, &e, &derr) != 0 ||
-            e.kind != OQ_KIND_TOOL_RESULT) {
+        if (oq_envelope_decode(m->payload, m->len, e, &derr) != 0 ||
+            e->kind != OQ_KIND_TOOL_RESULT) {
             OQ_LOG_WARN("ingest", "undecodable result at %s[%d]@%lld: %s",
                         rd_kafka_topic_name(m->rkt), (int)m->partition, (long long)m->offset,
                         derr.code ? derr.msg : "not a tool_result");
-            oq_envelope_clear(&e);
+            oq_envelope_clear(e);
             t->n[5]++;
             continue;
         }
-        oq_result_outcome_t oc = OQ_RESULT_IGNORED;
-        ret = oq_store_apply_result(in->db, &e, now, &oc, &err);
-        oq_envelope_clear(&e);
-        if (ret == OQ_EINVAL) { /* unknown status: treat as undecodable */
-            t->n[5]++;
-            ret = 0;
-            continue;
-        }
-        if (ret) goto fail;
-        t->n[oc - 1]++;
+        ne++;
     }
-    if ((ret = oq_db_commit(in->db, &err))) goto fail;
-    return 0;
-fail:
-    oq_db_rollback(in->db);
-    OQ_LOG_WARN("ingest", "result batch of %d not applied, will retry: %s", n, err.msg);
+    if (ne == 0) return 0;
+    int ret = oq_producer_apply_results(in->p, envs, ne, oc, &err);
+    for (int i = 0; i < ne; i++) {
+        if (ret == 0) {
+            if (oc[i] >= OQ_RESULT_APPLIED && oc[i] <= OQ_RESULT_IGNORED)
+                t->n[oc[i] - 1]++;
+            else /* unknown status: treat as undecodable */
+                t->n[5]++;
+        }
+        oq_envelope_clear(&envs[i]);
+    }
+    if (ret) OQ_LOG_WARN("ingest", "result batch of %d not applied, will retry: %s", n, err.msg);
     return ret;
 }
 
@@ -151,8 +154,8 @@ static void *ingest_main(void *arg)
     return NULL;
 }
 
-int oq_ingest_start(const char *db_path, const char *synchronous, const char *brokers,
-                    const void *cfg, oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err)
+int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
+                    oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err)
 {
     int ret = 0;
     char errstr[512];
@@ -160,9 +163,7 @@ int oq_ingest_start(const char *db_path, const char *synchronous, const char *br
     rd_kafka_topic_partition_list_t *topics = NULL;
     oq_ingest_t *in = calloc(1, sizeof *in);
     if (!in) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    oq_db_opts_t dbo = {synchronous, 0, 0};
-    if ((ret = oq_db_open(db_path, &dbo, &in->db, err))) goto out;
-    if ((ret = oq_db_migrate(in->db, oq_migrations_producer, err))) goto out;
+    in->p = p;
     conf = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, brokers, (const oq_config_t *)cfg, err);
     if (!conf) {
         ret = err ? err->code : OQ_EINVAL;
@@ -225,6 +226,5 @@ void oq_ingest_stop(oq_ingest_t *in)
         rd_kafka_consumer_close(in->rk);
         rd_kafka_destroy(in->rk);
     }
-    if (in->db) sqlite3_close_v2(in->db);
     free(in);
 }

@@ -45,6 +45,9 @@ typedef struct oq_producer_opts {
     oq_metrics_t *metrics;   /**< optional registry (borrowed; must outlive the producer) */
     int commit_delay_us;     /**< max extra wait to grow a batch: 0 = adaptive (default),
                                   < 0 = off (commit whatever is queued at once) */
+    int checkpoint_pages;    /**< WAL frames that trigger a checkpoint on a background thread
+                                  (PASSIVE, its own connection): 0 = 1000; < 0 = SQLite's
+                                  auto-checkpoint inside the writer's commits */
 } oq_producer_opts_t;
 
 typedef enum {
@@ -248,6 +251,19 @@ struct oq_envelope;
 int oq_store_apply_result(sqlite3 *db, const struct oq_envelope *env, int64_t now_ms,
                           oq_result_outcome_t *outcome, oq_error_t *err);
 
+/**
+ * @brief Apply \p n decoded tool_result envelopes through the producer's writer: they join
+ *        the next group commit (the same transaction and connection as submits, so calls.db
+ *        has one writer per process) and this returns after that commit.
+ * @param outcomes receives one outcome per envelope; 0 for an envelope refused as not a
+ *        tool_result with a known status (nothing written for it).
+ * @returns 0 when the batch committed, OQ_EBUSY/OQ_EDB when it did not (nothing of it is
+ *          durable: retry the same batch), OQ_ESHUTDOWN when the producer is closing.
+ * @remark Blocks; do not call from the writer thread (a submit completion callback).
+ */
+int oq_producer_apply_results(oq_producer_t *p, const struct oq_envelope *envs, int n,
+                              oq_result_outcome_t *outcomes, oq_error_t *err);
+
 typedef struct oq_ingest oq_ingest_t;
 
 /** Ingest counters (also exported as metrics when a registry is given). */
@@ -256,13 +272,16 @@ typedef struct oq_ingest_counts {
 } oq_ingest_counts_t;
 
 /**
- * @brief Start consuming onceq.tool-results (group "onceq-producer") into \p db_path on a
- *        thread of its own. @param cfg -X properties (may be NULL).
- * @returns 0 with \p out set, or OQ_EKAFKA/OQ_EDB/OQ_EINVAL.
+ * @brief Start consuming onceq.tool-results (group "onceq-producer") on a thread of its own;
+ *        batches are applied through \p p's writer (oq_producer_apply_results), so the
+ *        results share the submits' group commits and connection. @param cfg -X properties
+ *        (may be NULL). \p p (borrowed) must stay open until oq_ingest_stop() returned.
+ * @returns 0 with \p out set, or OQ_EKAFKA/OQ_EINVAL.
  */
-int oq_ingest_start(const char *db_path, const char *synchronous, const char *brokers,
-                    const void *cfg, oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err);
-/** @brief Stop the thread (after its current batch), close the consumer. NULL ok. */
+int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
+                    oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err);
+/** @brief Stop the thread (after its current batch), close the consumer. NULL ok. Call it
+ *         before oq_producer_close(). */
 void oq_ingest_stop(oq_ingest_t *in);
 void oq_ingest_counts(const oq_ingest_t *in, oq_ingest_counts_t *out);
 

@@ -35,6 +35,11 @@ struct oq_submit_job {
     oq_submit_outcome_t outcome;
     oq_call_t call;
     int call_from_job; /**< NEW: move the input strings into call after the commit */
+    /* a results batch instead of a submit (oq_producer_apply_results): applied in the
+     * writer's transaction; nothing above is used */
+    const struct oq_envelope *envs;
+    int nenv;
+    oq_result_outcome_t *outcomes; /**< per envelope; 0 = refused (not a known status) */
     /* queue */
     oq_submit_done_cb cb;
     void *opaque;
@@ -51,6 +56,19 @@ struct oq_submit_job {
  */
 int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, int64_t now_ms,
                      int64_t key_ttl_ms, oq_error_t *err);
+
+/**
+ * @brief Draw a new call id and message id for \p job and re-encode its envelope: the id it
+ *        had collided with an existing call's primary key. @returns 0, OQ_ENOMEM, ...
+ */
+int oq__job_new_call_id(oq_submit_job_t *job, oq_error_t *err);
+
+/**
+ * @brief oq_store_apply_result() with an optional statement cache (the writer's).
+ * @locality writer thread, inside its open transaction
+ */
+int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const struct oq_envelope *env,
+                           int64_t now_ms, oq_result_outcome_t *outcome, oq_error_t *err);
 
 /** @brief Move the job's strings into job->call after a NEW outcome committed. */
 void oq__job_finish_new(oq_submit_job_t *job);

@@ -30,7 +30,8 @@ static const char SQL_GET_BY_KEY[] =
 static const char SQL_GET_BY_ID[] = "SELECT " CALL_COLS " FROM calls WHERE call_id=?1";
 static const char SQL_INSERT_CALL[] =
     "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,client_id,"
-    "seq,created_at,updated_at,expires_at) VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10)";
+    "seq,created_at,updated_at,expires_at) VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10) "
+    "ON CONFLICT(tenant,idem_key) DO NOTHING";
 static const char SQL_RESET_CALL[] =
     "UPDATE calls SET state='pending',attempt=attempt+1,result=NULL,error=NULL,updated_at=?2,"
     "expires_at=?3 WHERE call_id=?1 AND state='failed'";
@@ -41,6 +42,7 @@ static const char SQL_AUDIT[] = "INSERT INTO audit(ts,call_id,event,detail) VALU
 static const char SQL_INBOX_INSERT[] =
     "INSERT OR IGNORE INTO result_inbox(message_id,call_id,status,outcome,received_at) "
     "VALUES(?1,?2,?3,?4,?5)";
+static const char SQL_INBOX_OUTCOME[] = "UPDATE result_inbox SET outcome=?2 WHERE message_id=?1";
 static const char SQL_APPLY_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6 WHERE call_id=?1";
@@ -204,21 +206,27 @@ int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
     }
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         json_object_set_new(by, states[i], json_integer(0));
-    rc = sqlite3_prepare_v2(db, "SELECT state,count(*) FROM calls GROUP BY state", -1, &st, NULL);
+    /* Only rows that left 'pending' are in an index (calls_settled, see
+     * schema/producer/0002_calls_hot_path.sql): pending = all - the others. */
+    int64_t total = 0, settled = 0;
+    if ((ret = count_query(db, "SELECT count(*) FROM calls", &total, err))) goto out_tx;
+    rc = sqlite3_prepare_v2(
+        db, "SELECT state,count(*) FROM calls WHERE state<>'pending' GROUP BY state", -1, &st,
+        NULL);
     if (rc != SQLITE_OK) {
         ret = oq_db_error(db, rc, err, "prepare stats");
         goto out_tx;
     }
-    int64_t total = 0;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t n = sqlite3_column_int64(st, 1);
         json_object_set_new(by, (const char *)sqlite3_column_text(st, 0), json_integer(n));
-        total += n;
+        settled += n;
     }
     if (rc != SQLITE_DONE) {
         ret = oq_db_error(db, rc, err, "stats");
         goto out_tx;
     }
+    json_object_set_new(by, "pending", json_integer(total - settled));
     int64_t effects = 0, outbox_pending = 0, outbox_total = 0, inbox = 0, oldest = 0;
     if ((ret = count_query(
              db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
@@ -368,10 +376,19 @@ out:
     return ret;
 }
 
+/**
+ * Insert the job's call and its outbox row. The insert does nothing when the key exists
+ * (ON CONFLICT DO NOTHING): then *exists is set and nothing is written, so the common case,
+ * a new key, costs one probe of the key index instead of a SELECT and then an INSERT.
+ */
 static int insert_new(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, int64_t now_ms,
-                      int64_t ttl, oq_error_t *err)
+                      int64_t ttl, int *exists, oq_error_t *err)
 {
-    sqlite3_stmt *st = st_get(db, cache, SQL_INSERT_CALL, err);
+    *exists = 0;
+    sqlite3_stmt *st;
+    int ret, tries = 0;
+again:
+    st = st_get(db, cache, SQL_INSERT_CALL, err);
     if (!st) return err ? err->code : OQ_EDB;
     bind_text(st, 1, job->call_id);
     bind_text(st, 2, job->tenant);
@@ -386,9 +403,23 @@ static int insert_new(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job,
         sqlite3_bind_null(st, 8);
     sqlite3_bind_int64(st, 9, now_ms);
     sqlite3_bind_int64(st, 10, now_ms + ttl);
-    int ret = st_exec(db, st, err, "insert call");
+    int rc = sqlite3_step(st);
+    ret = rc == SQLITE_DONE ? 0 : oq_db_error(db, rc, err, "insert call");
     st_done(cache, st);
+    if (rc == SQLITE_CONSTRAINT_PRIMARYKEY && tries++ < 3) {
+        /* The time-ordered call id collided (same ms, same random tail): the key itself was
+         * looked up above, so only call_id can clash. The statement aborted alone; the
+         * transaction is intact. */
+        oq_error_clear(err);
+        OQ_LOG_INFO("producer", "call id %s already taken: drawing another", job->call_id);
+        if ((ret = oq__job_new_call_id(job, err))) return ret;
+        goto again;
+    }
     if (ret) return ret;
+    if (sqlite3_changes(db) == 0) {
+        *exists = 1;
+        return 0;
+    }
     oq_outbox_row_t row = {job->message_id, OQ_TOPIC_CALLS,   job->call_id,
                            job->payload,    job->payload_len, now_ms};
     if ((ret = oq_outbox_append(db, cache, &row, err))) return ret;
@@ -405,11 +436,12 @@ int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, 
     oq_call_clear(&job->call);
     job->call_from_job = 0;
     oq_call_t *c = &job->call;
-    int ret = oq__store_get_by_key(db, cache, job->tenant, job->idem_key, c, err);
-    if (ret == OQ_ENOTFOUND) {
-        oq_error_clear(err);
-        return insert_new(db, cache, job, now_ms, ttl, err);
-    }
+    int exists = 0;
+    int ret = insert_new(db, cache, job, now_ms, ttl, &exists, err);
+    if (ret || !exists) return ret;
+    ret = oq__store_get_by_key(db, cache, job->tenant, job->idem_key, c, err);
+    if (ret == OQ_ENOTFOUND) /* cannot happen inside the write transaction */
+        ret = oq_error_set(err, OQ_EDB, 0, "key vanished inside the transaction");
     if (ret) return ret;
 
     int terminal = oq_call_state_terminal(c->state);
@@ -421,7 +453,8 @@ int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, 
             (ret = exec_id(db, cache, SQL_DELETE_CALL, c->call_id, err)))
             return ret;
         oq_call_clear(c);
-        return insert_new(db, cache, job, now_ms, ttl, err);
+        if ((ret = insert_new(db, cache, job, now_ms, ttl, &exists, err))) return ret;
+        return exists ? oq_error_set(err, OQ_EDB, 0, "expired call not replaced") : 0;
     }
     if (strcmp(c->fingerprint, job->fingerprint) != 0) {
         job->outcome = OQ_SUBMIT_CONFLICT;
@@ -488,6 +521,12 @@ static int valid_result_status(const char *s)
 int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
                           oq_result_outcome_t *outcome, oq_error_t *err)
 {
+    return oq__store_apply_result(db, NULL, env, now_ms, outcome, err);
+}
+
+int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelope_t *env,
+                           int64_t now_ms, oq_result_outcome_t *outcome, oq_error_t *err)
+{
     if (env->kind != OQ_KIND_TOOL_RESULT || !valid_result_status(env->status))
         return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
     oq_call_t c;
@@ -498,7 +537,7 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
     const char *why = NULL;
 
     /* Claim the message id first: a duplicate does nothing at all. */
-    st = st_get(db, NULL, SQL_INBOX_INSERT, err);
+    st = st_get(db, cache, SQL_INBOX_INSERT, err);
     if (!st) return err ? err->code : OQ_EDB;
     bind_text(st, 1, env->message_id);
     bind_text(st, 2, env->call_id);
@@ -506,7 +545,7 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
     bind_text(st, 4, "pending");
     sqlite3_bind_int64(st, 5, now_ms);
     int ret = st_exec(db, st, err, "insert result_inbox");
-    st_done(NULL, st);
+    st_done(cache, st);
     st = NULL;
     if (ret) return ret;
     if (sqlite3_changes(db) == 0) {
@@ -514,7 +553,7 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
         return 0;
     }
 
-    ret = oq__store_get(db, NULL, env->call_id, &c, err);
+    ret = oq__store_get(db, cache, env->call_id, &c, err);
     if (ret == OQ_ENOTFOUND) {
         oq_error_clear(err);
         oc = OQ_RESULT_UNKNOWN_CALL;
@@ -539,7 +578,7 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
     }
     if (env->result) result = json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS);
     if (env->error) error = json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS);
-    st = st_get(db, NULL, SQL_APPLY_RESULT, err);
+    st = st_get(db, cache, SQL_APPLY_RESULT, err);
     if (!st) {
         ret = err ? err->code : OQ_EDB;
         goto out;
@@ -558,7 +597,7 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
         if (d && env->error) json_object_set(d, "error", env->error);
         char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
         json_decref(d);
-        ret = audit_add(db, NULL, now_ms, env->call_id, env->status, dt, err);
+        ret = audit_add(db, cache, now_ms, env->call_id, env->status, dt, err);
         free(dt);
         if (ret) goto out;
     }
@@ -574,13 +613,12 @@ record:
             snprintf(detail, sizeof detail,
                      "{\"status\":\"%s\",\"attempt\":%lld,\"reason\":\"%s\",\"message_id\":\"%s\"}",
                      env->status, (long long)env->attempt, why, env->message_id);
-            if ((ret = audit_add(db, NULL, now_ms, env->call_id, "result_ignored", detail, err)))
+            if ((ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err)))
                 goto out;
         }
     }
     {
-        sqlite3_stmt *u =
-            st_get(db, NULL, "UPDATE result_inbox SET outcome=?2 WHERE message_id=?1", err);
+        sqlite3_stmt *u = st_get(db, cache, SQL_INBOX_OUTCOME, err);
         if (!u) {
             ret = err ? err->code : OQ_EDB;
             goto out;
@@ -588,12 +626,12 @@ record:
         bind_text(u, 1, env->message_id);
         bind_text(u, 2, oq_result_outcome_name(oc));
         ret = st_exec(db, u, err, "update result_inbox");
-        st_done(NULL, u);
+        st_done(cache, u);
         if (ret) goto out;
     }
     *outcome = oc;
 out:
-    st_done(NULL, st);
+    st_done(cache, st);
     free(result);
     free(error);
     oq_call_clear(&c);

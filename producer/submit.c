@@ -26,6 +26,16 @@
  * neighbours; when the commit itself fails, every job of the batch reports the error and
  * nothing of it is durable (retrying with the same key is safe).
  *
+ * Results batches (oq_producer_apply_results, used by ingest.c) are jobs in the same queue:
+ * they are applied in the same transaction as the submits around them, on the same
+ * connection, so the process has one writer on calls.db and results cost no extra fsync.
+ *
+ * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
+ * it inside every ~45th commit, stalling that batch. The writer connection has a WAL hook
+ * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
+ * the writer finishes each pass with a small checkpoint of its own after acknowledging its
+ * batch, so that SQLite can restart the WAL (a pass alone never catches up with the writer).
+ *
  * Reads (get, stats) use a small pool of separate connections: WAL readers never wait for the
  * writer.
  */
@@ -67,6 +77,16 @@ struct oq_producer {
     oq_metrics_t *metrics;
     oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed;
     oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu;
+    /* background checkpointer (see the file comment) */
+    int ckpt_pages;
+    sqlite3 *cdb;
+    pthread_t ckpt;
+    int ckpt_started;
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    int ckpt_wanted, ckpt_stop, ckpt_busy, ckpt_pass_done; /* under cmu */
+    int wal_last, ckpt_next, finish_due;                    /* writer thread only */
+    oq_metric_t *m_ckpt, *m_ckpt_fin;
 };
 
 /* --- small helpers ---------------------------------------------------------------------------*/
@@ -182,7 +202,7 @@ static void sb_put(sbuf_t *b, const char *s, size_t n)
 {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 512;
+        size_t nc = b->cap ? b->cap : 1024;
         while (nc < b->n + n + 1)
             nc *= 2;
         char *np = realloc(b->p, nc);
@@ -327,7 +347,90 @@ int oq__fingerprint_canon(const char *tenant, const char *tool, const char *args
     return fingerprint_canon(tenant, tool, args, args_len, out, err);
 }
 
+/* --- call ids --------------------------------------------------------------------------------*/
+
+/**
+ * A call id ("c_" + 16 hex, as oq_id_call) whose first 42 bits are the wall clock in ms and
+ * whose last 22 bits are random. calls.call_id is a B-tree index: a random id dirties a random
+ * leaf page per submit (a 4 KiB WAL frame written and fsynced by every group commit, and
+ * another page write at the checkpoint), while time-ordered ids all land on the right-most
+ * leaf. The random tail keeps ids of one millisecond apart; the rare collision (two ids in
+ * one ms with the same 22 bits, in this or another process) is caught by the primary key at
+ * insert time and the writer draws a new id (oq__job_new_call_id).
+ */
+/* Random bytes from a per-thread buffer refilled from the OS CSPRNG 256 bytes at a time: two
+ * ids per submit no longer cost two getrandom() system calls. A forked child (whose only
+ * thread is a copy of the forking one) drops the inherited bytes, so parent and child never
+ * draw the same ones. */
+static _Thread_local unsigned char rand_buf[256];
+static _Thread_local size_t rand_left;
+static pthread_once_t rand_once = PTHREAD_ONCE_INIT;
+
+static void rand_forget(void)
+{
+    rand_left = 0;
+}
+
+static void rand_init(void)
+{
+    pthread_atfork(NULL, NULL, rand_forget);
+}
+
+static void rand_take(unsigned char *out, size_t n)
+{
+    unsigned char *buf = rand_buf;
+    size_t left = rand_left;
+    if (left < n) {
+        pthread_once(&rand_once, rand_init);
+        oq_random_bytes(buf, sizeof rand_buf);
+        left = sizeof rand_buf;
+    }
+    memcpy(out, buf + sizeof rand_buf - left, n);
+    rand_left = left - n;
+}
+
+static void call_id_new(char out[OQ_CALL_ID_LEN + 1])
+{
+    unsigned char r[3];
+    rand_take(r, sizeof r);
+    uint64_t ms = (uint64_t)oq_now_ms() & ((1ULL << 42) - 1);
+    uint64_t v = (ms << 22) | (((uint64_t)r[0] << 16 | (uint64_t)r[1] << 8 | r[2]) & 0x3fffff);
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(v >> (56 - 8 * i));
+    out[0] = 'c';
+    out[1] = '_';
+    oq_hex(b, sizeof b, out + 2);
+}
+
+/** A message id: UUIDv7 as oq_id_uuid() makes it (48-bit ms time, version 7, RFC 4122
+ *  variant, 74 random bits), from the per-thread random buffer. */
+static void message_id_new(char out[OQ_UUID_LEN + 1])
+{
+    unsigned char b[16];
+    uint64_t ms = (uint64_t)oq_now_ms();
+    rand_take(b + 6, 10);
+    for (int i = 0; i < 6; i++)
+        b[i] = (unsigned char)(ms >> (40 - 8 * i));
+    b[6] = (unsigned char)(0x70 | (b[6] & 0x0f));
+    b[8] = (unsigned char)(0x80 | (b[8] & 0x3f));
+    char hex[33];
+    oq_hex(b, 16, hex);
+    static const int dash[] = {8, 12, 16, 20};
+    int o = 0, d = 0;
+    for (int i = 0; i < 32; i++) {
+        if (d < 4 && i == dash[d]) {
+            out[o++] = '-';
+            d++;
+        }
+        out[o++] = hex[i];
+    }
+    out[o] = '\0';
+}
+
 /* --- jobs ------------------------------------------------------------------------------------*/
+
+static int encode_first(oq_submit_job_t *job, oq_error_t *err);
 
 void oq_submit_job_destroy(oq_submit_job_t *job)
 {
@@ -377,24 +480,10 @@ int oq_submit_job_new(const oq_submit_req_t *req, oq_submit_job_t **out, oq_erro
     if ((ret = fingerprint_canon(job->tenant, job->tool, job->args, job->args_len, job->fingerprint,
                                  err)))
         goto out;
-    oq_id_call(job->call_id);
-    oq_id_uuid(job->message_id);
+    call_id_new(job->call_id);
+    message_id_new(job->message_id);
     job->created_at = oq_now_ms();
-
-    oq_envelope_t e;
-    memset(&e, 0, sizeof e);
-    e.v = OQ_ENVELOPE_VERSION;
-    e.kind = OQ_KIND_TOOL_CALL;
-    memcpy(e.message_id, job->message_id, sizeof e.message_id);
-    memcpy(e.call_id, job->call_id, sizeof e.call_id);
-    e.tenant = job->tenant;
-    e.idem_key = job->idem_key;
-    memcpy(e.fingerprint, job->fingerprint, sizeof e.fingerprint);
-    e.tool = job->tool;
-    e.attempt = 1;
-    e.created_at = job->created_at;
-    e.args = (json_t *)req->args;
-    ret = oq_envelope_encode(&e, &job->payload, &job->payload_len, err);
+    ret = encode_first(job, err);
 out:
     if (ret) {
         oq_submit_job_destroy(job);
@@ -402,6 +491,51 @@ out:
     }
     *out = job;
     return 0;
+}
+
+/**
+ * The envelope of attempt 1 into job->payload, rendered straight from the canonical args text:
+ * the same bytes as oq_envelope_encode() (RFC 8785: members in code-point order, and tenant,
+ * idem_key and tool are printable ASCII, whose canonical string form only escapes '"' and
+ * '\\'), without building, validating and re-canonicalising a jansson tree on every submit.
+ * tests/unit/test_producer.c compares the two.
+ */
+static int encode_first(oq_submit_job_t *job, oq_error_t *err)
+{
+    sbuf_t b = {0};
+    char num[32];
+    sb_str(&b, "{\"args\":");
+    sb_put(&b, job->args, job->args_len);
+    sb_str(&b, ",\"attempt\":1,\"call_id\":\"");
+    sb_str(&b, job->call_id);
+    snprintf(num, sizeof num, "\",\"created_at\":%lld", (long long)job->created_at);
+    sb_str(&b, num);
+    sb_str(&b, ",\"fingerprint\":\"");
+    sb_str(&b, job->fingerprint);
+    sb_str(&b, "\",\"idem_key\":");
+    sb_qstr(&b, job->idem_key);
+    sb_str(&b, ",\"kind\":\"tool_call\",\"message_id\":\"");
+    sb_str(&b, job->message_id);
+    sb_str(&b, "\",\"tenant\":");
+    sb_qstr(&b, job->tenant);
+    sb_str(&b, ",\"tool\":");
+    sb_qstr(&b, job->tool);
+    sb_str(&b, ",\"v\":1}");
+    if (b.oom) {
+        free(b.p);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    free(job->payload);
+    job->payload = b.p;
+    job->payload_len = b.n;
+    return 0;
+}
+
+int oq__job_new_call_id(oq_submit_job_t *job, oq_error_t *err)
+{
+    call_id_new(job->call_id);
+    message_id_new(job->message_id);
+    return encode_first(job, err);
 }
 
 void oq__job_finish_new(oq_submit_job_t *job)
@@ -461,6 +595,23 @@ static void count_outcome(oq_producer_t *p, oq_submit_job_t *j)
     }
 }
 
+/** A results batch inside the open transaction. @returns 0 or a database error. */
+static int apply_results(oq_producer_t *p, oq_submit_job_t *j, int64_t now)
+{
+    for (int k = 0; k < j->nenv; k++) {
+        oq_result_outcome_t oc = 0;
+        int rc = oq__store_apply_result(p->wdb, p->wcache, &j->envs[k], now, &oc, &j->err);
+        if (rc == OQ_EINVAL) { /* not a tool_result with a known status: refused, not written */
+            oq_error_clear(&j->err);
+            oc = 0;
+        } else if (rc) {
+            return rc;
+        }
+        j->outcomes[k] = oc;
+    }
+    return 0;
+}
+
 /** Run \p n jobs in one transaction. @returns 0, or the batch-level error (all jobs failed). */
 static int run_batch(oq_producer_t *p, oq_submit_job_t **jobs, int n, int *item_failed)
 {
@@ -472,7 +623,10 @@ static int run_batch(oq_producer_t *p, oq_submit_job_t **jobs, int n, int *item_
     for (int i = 0; i < n; i++) {
         oq_submit_job_t *j = jobs[i];
         oq_error_clear(&j->err);
-        j->rc = oq__store_submit(p->wdb, p->wcache, j, now, p->key_ttl_ms, &j->err);
+        if (j->envs)
+            j->rc = apply_results(p, j, now);
+        else
+            j->rc = oq__store_submit(p->wdb, p->wcache, j, now, p->key_ttl_ms, &j->err);
         if (is_db_error(j->rc)) {
             *item_failed = 1;
             err = j->err;
@@ -533,6 +687,83 @@ static void gather(oq_producer_t *p, int last_n, int64_t last_commit_us)
     }
 }
 
+/* --- checkpointer ----------------------------------------------------------------------------*/
+
+/**
+ * WAL hook of the writer connection (it replaces SQLite's auto-checkpoint there), called after
+ * each commit with the WAL's size in frames. Past ckpt_next frames it wakes the background
+ * checkpointer, which copies the WAL into the database without holding up the writer. That
+ * pass cannot complete the WAL, since the writer keeps appending meanwhile, and SQLite only
+ * restarts the WAL from its beginning once every frame has been copied; so after a pass the
+ * writer copies the few frames appended during it itself (oq__finish_checkpoint, after the
+ * batch was acknowledged) and its next transaction restarts the WAL. When readers keep the WAL
+ * from being copied completely, the next pass waits for ckpt_pages more frames.
+ * @locality writer thread, inside COMMIT
+ */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
+{
+    oq_producer_t *p = arg;
+    (void)db;
+    (void)name;
+    if (frames < p->wal_last) p->ckpt_next = p->ckpt_pages; /* the WAL restarted */
+    p->wal_last = frames;
+    pthread_mutex_lock(&p->cmu);
+    if (p->ckpt_pass_done) {
+        p->ckpt_pass_done = 0;
+        p->finish_due = 1;
+        p->ckpt_next = frames + p->ckpt_pages;
+    } else if (!p->ckpt_busy && frames >= p->ckpt_next) {
+        p->ckpt_busy = 1;
+        p->ckpt_wanted = 1;
+        pthread_cond_signal(&p->ccv);
+    }
+    pthread_mutex_unlock(&p->cmu);
+    return SQLITE_OK;
+}
+
+/** The writer's small checkpoint after a background pass (see wal_hook). @locality writer */
+static void finish_checkpoint(oq_producer_t *p)
+{
+    p->finish_due = 0;
+    int64_t t0 = oq_mono_us();
+    int log = 0, done = 0;
+    int rc = sqlite3_wal_checkpoint_v2(p->wdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    oq_histogram_observe(p->m_ckpt_fin, (double)(oq_mono_us() - t0) / 1e6);
+    if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
+        OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(p->wdb));
+}
+
+static void *ckpt_main(void *arg)
+{
+    oq_producer_t *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->cmu);
+        while (!p->ckpt_wanted && !p->ckpt_stop)
+            pthread_cond_wait(&p->ccv, &p->cmu);
+        int stop = p->ckpt_stop;
+        p->ckpt_wanted = 0;
+        pthread_mutex_unlock(&p->cmu);
+        if (stop) break;
+        int64_t t0 = oq_mono_us();
+        int log = 0, done = 0;
+        /* PASSIVE: copies what no reader still needs, never takes the write lock, so the
+         * writer keeps committing meanwhile; SQLite restarts the WAL at the writer's next
+         * transaction once everything was copied. */
+        int rc = sqlite3_wal_checkpoint_v2(p->cdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+        oq_histogram_observe(p->m_ckpt, (double)(oq_mono_us() - t0) / 1e6);
+        pthread_mutex_lock(&p->cmu);
+        p->ckpt_busy = 0;
+        p->ckpt_pass_done = 1;
+        pthread_mutex_unlock(&p->cmu);
+        if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
+            OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(p->cdb));
+        else
+            OQ_LOG_DEBUG("producer", "checkpoint: wal=%d copied=%d in %lld us", log, done,
+                         (long long)(oq_mono_us() - t0));
+    }
+    return NULL;
+}
+
 static void *writer_main(void *arg)
 {
     oq_producer_t *p = arg;
@@ -583,11 +814,14 @@ static void *writer_main(void *arg)
         int64_t now_us = oq_mono_us();
         for (int i = 0; i < n; i++) {
             oq_submit_job_t *j = jobs[i];
-            count_outcome(p, j);
-            oq_histogram_observe(p->m_wait, (double)(now_us - j->enq_us) / 1e6);
+            if (!j->envs) {
+                count_outcome(p, j);
+                oq_histogram_observe(p->m_wait, (double)(now_us - j->enq_us) / 1e6);
+            }
             j->next = NULL;
             j->cb(j, j->opaque);
         }
+        if (p->finish_due) finish_checkpoint(p);
     }
     free(jobs);
     return NULL;
@@ -663,6 +897,28 @@ int oq_producer_submit(oq_producer_t *p, const oq_submit_req_t *req, oq_call_t *
     return ret;
 }
 
+int oq_producer_apply_results(oq_producer_t *p, const oq_envelope_t *envs, int n,
+                              oq_result_outcome_t *outcomes, oq_error_t *err)
+{
+    if (n <= 0) return 0;
+    oq_submit_job_t job;
+    memset(&job, 0, sizeof job);
+    job.envs = envs;
+    job.nenv = n;
+    job.outcomes = outcomes;
+    waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    int ret = oq_producer_submit_async(p, &job, waiter_done, &w);
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    if (job.rc && err) *err = job.err;
+    return job.rc;
+}
+
 int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
                              oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
 {
@@ -713,6 +969,12 @@ static void register_metrics(oq_producer_t *p)
     p->m_wait =
         oq_metrics_histogram(m, "onceq_producer_submit_seconds", "Queue + batch time of a submit",
                              NULL, lat, sizeof lat / sizeof lat[0]);
+    p->m_ckpt = oq_metrics_histogram(m, "onceq_producer_checkpoint_seconds",
+                                     "Duration of a background WAL checkpoint pass", NULL,
+                                     lat, sizeof lat / sizeof lat[0]);
+    p->m_ckpt_fin = oq_metrics_histogram(m, "onceq_producer_checkpoint_finish_seconds",
+                                         "Duration of the writer's checkpoint after a pass",
+                                         NULL, lat, sizeof lat / sizeof lat[0]);
     p->m_queue =
         oq_metrics_gauge(m, "onceq_producer_queue_depth", "Submits waiting for the writer", NULL);
     /* a gauge only because counters take integers; it only grows */
@@ -741,6 +1003,10 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
     p->nreads = o.read_conns > 0 ? o.read_conns : 4;
     p->metrics = o.metrics;
     p->commit_delay_us = o.commit_delay_us;
+    p->ckpt_pages = o.checkpoint_pages == 0 ? 1000 : o.checkpoint_pages;
+    p->ckpt_next = p->ckpt_pages;
+    pthread_mutex_init(&p->cmu, NULL);
+    pthread_cond_init(&p->ccv, NULL);
     if (!p->path) {
         ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto out;
@@ -765,6 +1031,16 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
         }
     }
     register_metrics(p);
+    if (p->ckpt_pages > 0) {
+        oq_db_opts_t co = {o.synchronous, 0, 0};
+        if ((ret = oq_db_open(path, &co, &p->cdb, err))) goto out;
+        sqlite3_wal_hook(p->wdb, wal_hook, p); /* also turns the in-commit checkpoint off */
+        if (pthread_create(&p->ckpt, NULL, ckpt_main, p) != 0) {
+            ret = oq_error_set(err, OQ_EIO, errno, "cannot start the checkpointer thread");
+            goto out;
+        }
+        p->ckpt_started = 1;
+    }
     if (pthread_create(&p->writer, NULL, writer_main, p) != 0) {
         ret = oq_error_set(err, OQ_EIO, errno, "cannot start the writer thread");
         goto out;
@@ -787,6 +1063,14 @@ void oq_producer_close(oq_producer_t *p)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     if (p->writer_started) pthread_join(p->writer, NULL);
+    pthread_mutex_lock(&p->cmu);
+    p->ckpt_stop = 1;
+    pthread_cond_signal(&p->ccv);
+    pthread_mutex_unlock(&p->cmu);
+    if (p->ckpt_started) pthread_join(p->ckpt, NULL);
+    if (p->cdb) sqlite3_close_v2(p->cdb);
+    pthread_mutex_destroy(&p->cmu);
+    pthread_cond_destroy(&p->ccv);
     for (int i = 0; p->reads && i < p->nreads; i++) {
         oq_stmt_cache_destroy(p->reads[i].cache);
         if (p->reads[i].db) sqlite3_close_v2(p->reads[i].db);
