@@ -436,6 +436,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&h->inflight, 1);
 }
 
+/* The format comes from libmicrohttpd; the attribute lets clang check the vsnprintf below. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;

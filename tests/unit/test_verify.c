@@ -33,6 +33,7 @@ typedef struct {
 #define FP_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 #define FP_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 
+static void exec_sql(sqlite3 *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void exec_sql(sqlite3 *db, const char *fmt, ...)
 {
     char sql[2048];

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make bench`: every onceq benchmark, each with its same-run baseline, on this machine.
+#
+#   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes)
+#
+# 1. broker:   librdkafka produce/consume rates against `onceq broker` (bench/broker.sh)
+# 2. submit:   durable C-API submits (group commit) vs a 1-fsync-per-call SQLite loop
+# 3. http:     wrk -c32 against `onceq producer` (if wrk is installed), unique key per request
+# 4. relay:    outbox -> broker vs raw librdkafka produce of the same payloads; idle latency
+# 5. consumer: consumer from a pre-filled topic vs raw consume + batched SQLite inserts
+# 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
+# Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${1:-${ONCEQ_BIN:-$ROOT/build/onceq}}
+export ONCEQ_BIN=$BIN ONCEQ_BUILD=${ONCEQ_BUILD:-$(dirname "$BIN")} ONCEQ_SRC=$ROOT
+export ONCEQ_LOG_LEVEL=${ONCEQ_LOG_LEVEL:-error}
+. "$ROOT/tests/integration/lib.sh"
+[[ -x "$BIN" ]] || oq_fail "no onceq binary at $BIN (run make build first)"
+
+quick=${BENCH_QUICK:-0}
+if ((quick)); then RELAY_ROWS=100000; CALLS=5000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; KC_N=200000; DUR=5s; fi
+
+echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo; echo "## 1. broker (oq_kclient over loopback)"
+bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
+
+echo; echo "## 2. onceq bench submit --threads 32 --duration $DUR"
+"$BIN" bench submit --threads 32 --duration "$DUR"
+
+if command -v wrk >/dev/null; then
+    echo; echo "## 3. HTTP: wrk -t2 -c32 -d10s --latency -s bench/wrk_submit.lua"
+    port=$(oq_free_port)
+    oq_spawn producer "$BIN" producer --db "$T/http-calls.db" --listen "127.0.0.1:$port"
+    oq_wait_for 20 curl -sf -o /dev/null "http://127.0.0.1:$port/healthz" || oq_fail "producer did not start"
+    wrk -t2 -c32 -d10s --latency -s "$ROOT/bench/wrk_submit.lua" "http://127.0.0.1:$port" | \
+        grep -E "Requests/sec|Latency|50%|90%|99%|requests in|Non-2xx"
+    oq_kill producer
+else
+    echo; echo "## 3. HTTP: skipped (wrk not installed: apt-get install wrk)"
+fi
+
+oq_start_broker --partitions 64
+echo; echo "## 4. onceq bench relay --rows $RELAY_ROWS (64 partitions)"
+"$BIN" bench relay --brokers "$BROKERS" --rows "$RELAY_ROWS" --dir "$T"
+echo; echo "## 5. onceq bench consumer --calls $CALLS --rounds 3"
+"$BIN" bench consumer --brokers "$BROKERS" --calls "$CALLS" --rounds 3 --dir "$T"
+oq_kill broker
+
+echo; echo "## 6. onceq bench e2e --calls $CALLS --rate 5000 --conns 64"
+"$BIN" bench e2e --calls "$CALLS" --rate 5000 --conns 64
