@@ -18,13 +18,14 @@ export ONCEQ_LOG_LEVEL=${ONCEQ_LOG_LEVEL:-error}
 . "$ROOT/tests/integration/lib.sh"
 [[ -x "$BIN" ]] || oq_fail "no onceq binary at $BIN (run make build first)"
 
+oq_tmpdir
 quick=${BENCH_QUICK:-0}
 if ((quick)); then RELAY_ROWS=100000; CALLS=5000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; KC_N=200000; DUR=5s; fi
 
 echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo; echo "## 1. broker (oq_kclient over loopback)"
-bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
+env -u T bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
 
 echo; echo "## 2. onceq bench submit --threads 32 --duration $DUR"
 "$BIN" bench submit --threads 32 --duration "$DUR"
