@@ -309,6 +309,16 @@ out:
 
 /* --- encode --------------------------------------------------------------------------------- */
 
+/* Appends ,"key": (keys here are plain ASCII: no escaping). */
+#define PUT_KEY(lit) (rc = rc ? rc : oq_jcs_put_raw(&b, lit, sizeof(lit) - 1, err))
+#define PUT(call) (rc = rc ? rc : (call))
+
+/*
+ * The envelope is written straight in RFC 8785 form: its members in sorted key order (the
+ * order below is the UTF-16 order of the ASCII keys), the nested args / result / error
+ * canonicalised on their own. This is byte for byte what canonicalising the whole object gives
+ * (tests/unit/test_envelope.c checks it), without building and sorting a tree per message.
+ */
 int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err)
 {
     if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
@@ -317,34 +327,51 @@ int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_e
         if (err) err->code = OQ_EINVAL;
         return OQ_EINVAL;
     }
-    json_t *o = json_object();
-    if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    int bad = 0;
-    bad |= json_object_set_new(o, "v", json_integer(e->v));
-    bad |= json_object_set_new(o, "kind", json_string(oq_kind_name(e->kind)));
-    bad |= json_object_set_new(o, "message_id", json_string(e->message_id));
-    bad |= json_object_set_new(o, "call_id", json_string(e->call_id));
-    bad |= json_object_set_new(o, "tenant", json_string(e->tenant));
-    bad |= json_object_set_new(o, "idem_key", json_string(e->idem_key));
-    bad |= json_object_set_new(o, "fingerprint", json_string(e->fingerprint));
-    bad |= json_object_set_new(o, "tool", json_string(e->tool));
-    bad |= json_object_set_new(o, "attempt", json_integer(e->attempt));
-    bad |= json_object_set_new(o, "created_at", json_integer(e->created_at));
-    if (e->kind == OQ_KIND_TOOL_CALL) {
-        bad |= json_object_set(o, "args", e->args);
+    oq_jcs_buf_t b = {0};
+    const int call = e->kind == OQ_KIND_TOOL_CALL;
+    if (call) {
+        PUT_KEY("{\"args\":");
+        PUT(oq_jcs_put_value(&b, e->args, err));
+        PUT_KEY(",\"attempt\":");
     } else {
-        bad |= json_object_set_new(o, "status", json_string(e->status));
-        bad |= json_object_set_new(o, "result", e->result ? json_incref(e->result) : json_null());
-        bad |= json_object_set_new(o, "error", e->error ? json_incref(e->error) : json_null());
-        bad |= json_object_set_new(o, "effect_id",
-                                   e->effect_id ? json_string(e->effect_id) : json_null());
+        PUT_KEY("{\"attempt\":");
     }
-    if (bad) {
-        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory building the envelope");
-        goto out;
+    PUT(oq_jcs_put_int(&b, e->attempt, err));
+    PUT_KEY(",\"call_id\":");
+    PUT(oq_jcs_put_string(&b, e->call_id, err));
+    PUT_KEY(",\"created_at\":");
+    PUT(oq_jcs_put_int(&b, e->created_at, err));
+    if (!call) {
+        PUT_KEY(",\"effect_id\":");
+        PUT(e->effect_id ? oq_jcs_put_string(&b, e->effect_id, err)
+                         : oq_jcs_put_raw(&b, "null", 4, err));
+        PUT_KEY(",\"error\":");
+        PUT(e->error ? oq_jcs_put_value(&b, e->error, err) : oq_jcs_put_raw(&b, "null", 4, err));
     }
-    rc = oq_jcs_canonicalize(o, out, out_len, err);
-out:
-    json_decref(o);
-    return rc;
+    PUT_KEY(",\"fingerprint\":");
+    PUT(oq_jcs_put_string(&b, e->fingerprint, err));
+    PUT_KEY(",\"idem_key\":");
+    PUT(oq_jcs_put_string(&b, e->idem_key, err));
+    PUT_KEY(",\"kind\":");
+    PUT(oq_jcs_put_string(&b, oq_kind_name(e->kind), err));
+    PUT_KEY(",\"message_id\":");
+    PUT(oq_jcs_put_string(&b, e->message_id, err));
+    if (!call) {
+        PUT_KEY(",\"result\":");
+        PUT(e->result ? oq_jcs_put_value(&b, e->result, err)
+                      : oq_jcs_put_raw(&b, "null", 4, err));
+        PUT_KEY(",\"status\":");
+        PUT(oq_jcs_put_string(&b, e->status, err));
+    }
+    PUT_KEY(",\"tenant\":");
+    PUT(oq_jcs_put_string(&b, e->tenant, err));
+    PUT_KEY(",\"tool\":");
+    PUT(oq_jcs_put_string(&b, e->tool, err));
+    PUT_KEY(",\"v\":");
+    PUT(oq_jcs_put_int(&b, e->v, err));
+    PUT_KEY("}");
+    return oq_jcs_buf_finish(&b, rc, out, out_len, err);
 }
+
+#undef PUT
+#undef PUT_KEY

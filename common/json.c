@@ -238,10 +238,7 @@ int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, o
 
 /* --- output buffer -------------------------------------------------------------------------- */
 
-typedef struct jbuf {
-    char *p;
-    size_t len, cap;
-} jbuf_t;
+typedef oq_jcs_buf_t jbuf_t;
 
 static int jb_reserve(jbuf_t *b, size_t extra, oq_error_t *err)
 {
@@ -524,16 +521,50 @@ int oq_jcs_canonicalize(const json_t *v, char **out, size_t *out_len, oq_error_t
 {
     if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
     jbuf_t b = {0};
-    int rc = jcs_value(&b, v, 0, err);
-    if (rc == 0) rc = jb_reserve(&b, 1, err);
+    return oq_jcs_buf_finish(&b, jcs_value(&b, v, 0, err), out, out_len, err);
+}
+
+/* --- piecewise writer (oq_json.h) ----------------------------------------------------------- */
+
+int oq_jcs_put_raw(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err)
+{
+    return jb_put(b, s, n, err);
+}
+
+int oq_jcs_put_string(oq_jcs_buf_t *b, const char *s, oq_error_t *err)
+{
+    if (!s) return oq_error_set(err, OQ_EINVAL, 0, "NULL string");
+    return jcs_string(b, s, strlen(s), err);
+}
+
+int oq_jcs_put_int(oq_jcs_buf_t *b, long long i, oq_error_t *err)
+{
+    char num[24];
+    if (i > JCS_MAX_SAFE_INT || i < -JCS_MAX_SAFE_INT)
+        return oq_error_set(err, OQ_ERANGE, 0,
+                            "integer %lld is outside +-2^53; RFC 8785 numbers are IEEE doubles", i);
+    return jb_put(b, num, jcs_int(i, num), err);
+}
+
+int oq_jcs_put_value(oq_jcs_buf_t *b, const json_t *v, oq_error_t *err)
+{
+    return jcs_value(b, v, 0, err);
+}
+
+int oq_jcs_buf_finish(oq_jcs_buf_t *b, int rc, char **out, size_t *out_len, oq_error_t *err)
+{
+    if (rc == 0 && !out) rc = oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
+    if (rc == 0) rc = jb_reserve(b, 1, err);
     if (rc) {
-        free(b.p);
-        return rc;
+        free(b->p);
+    } else {
+        b->p[b->len] = '\0';
+        *out = b->p;
+        if (out_len) *out_len = b->len;
     }
-    b.p[b.len] = '\0';
-    *out = b.p;
-    if (out_len) *out_len = b.len;
-    return 0;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return rc;
 }
 
 int oq_jcs_canonicalize_text(const char *buf, size_t len, char **out, size_t *out_len,

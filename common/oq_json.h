@@ -58,6 +58,29 @@ int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
 /** @brief Non-zero when \p s (length \p len) is valid UTF-8 (no surrogates, no overlongs). */
 int oq_utf8_valid(const char *s, size_t len);
 
+/**
+ * Canonical JSON written piece by piece, for documents whose members the caller already writes
+ * in RFC 8785 order (sorted keys, no whitespace), so no tree has to be built and sorted: the
+ * envelope codec uses it. Zero-initialise; every put appends, or returns OQ_ENOMEM / the
+ * error of the value and leaves the buffer for oq_jcs_buf_finish() or free(b->p).
+ */
+typedef struct oq_jcs_buf {
+    char *p;
+    size_t len, cap;
+} oq_jcs_buf_t;
+
+/** Appends \p n bytes verbatim (punctuation, keys known to need no escaping). */
+int oq_jcs_put_raw(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err);
+/** Appends \p s as an RFC 8785 string (quoted, escaped); OQ_EUTF8 if not valid UTF-8. */
+int oq_jcs_put_string(oq_jcs_buf_t *b, const char *s, oq_error_t *err);
+/** Appends an integer; OQ_ERANGE beyond +-2^53, as oq_jcs_canonicalize(). */
+int oq_jcs_put_int(oq_jcs_buf_t *b, long long i, oq_error_t *err);
+/** Appends the canonical form of \p v (as oq_jcs_canonicalize()). */
+int oq_jcs_put_value(oq_jcs_buf_t *b, const json_t *v, oq_error_t *err);
+/** NUL-terminates and hands the text over (\p out, \p out_len may be NULL); on \p rc != 0 or
+ *  failure frees the buffer and returns the error. The buffer is empty afterwards. */
+int oq_jcs_buf_finish(oq_jcs_buf_t *b, int rc, char **out, size_t *out_len, oq_error_t *err);
+
 /** Buffer size for oq_jcs_number() ("-1.7976931348623157e+308" and the like, plus NUL). */
 #define OQ_JCS_NUMBER_MAX 32
 

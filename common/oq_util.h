@@ -16,6 +16,13 @@
 /** @brief Fill \p n bytes from the OS CSPRNG (getrandom). Aborts only if the kernel refuses. */
 void oq_random_bytes(void *buf, size_t n);
 
+/**
+ * @brief As oq_random_bytes(), from a per-thread buffer refilled from the CSPRNG 256 bytes at a
+ * time (ids on hot paths no longer cost a getrandom() system call each). A forked child drops
+ * the bytes it inherited, so parent and child never hand out the same ones. \p n <= 256.
+ */
+void oq_random_bytes_buffered(void *buf, size_t n);
+
 /** @brief Write a new call id ("c_" + 16 hex) into \p out (at least OQ_CALL_ID_LEN+1 bytes). */
 void oq_id_call(char out[OQ_CALL_ID_LEN + 1]);
 

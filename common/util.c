@@ -10,6 +10,7 @@
 #include "oq_log.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -35,6 +36,35 @@ void oq_random_bytes(void *buf, size_t n)
     }
 }
 
+static _Thread_local unsigned char rand_buf[256];
+static _Thread_local size_t rand_left;
+static pthread_once_t rand_once = PTHREAD_ONCE_INIT;
+
+static void rand_forget(void)
+{
+    rand_left = 0; /* runs in the child: its only thread is a copy of the forking one */
+}
+
+static void rand_init(void)
+{
+    pthread_atfork(NULL, NULL, rand_forget);
+}
+
+void oq_random_bytes_buffered(void *out, size_t n)
+{
+    if (n > sizeof rand_buf) {
+        oq_random_bytes(out, n);
+        return;
+    }
+    if (rand_left < n) {
+        pthread_once(&rand_once, rand_init);
+        oq_random_bytes(rand_buf, sizeof rand_buf);
+        rand_left = sizeof rand_buf;
+    }
+    memcpy(out, rand_buf + sizeof rand_buf - rand_left, n);
+    rand_left -= n;
+}
+
 void oq_hex(const unsigned char *in, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
@@ -48,7 +78,7 @@ void oq_hex(const unsigned char *in, size_t n, char *out)
 void oq_id_call(char out[OQ_CALL_ID_LEN + 1])
 {
     unsigned char b[8];
-    oq_random_bytes(b, sizeof(b));
+    oq_random_bytes_buffered(b, sizeof(b));
     out[0] = 'c';
     out[1] = '_';
     oq_hex(b, sizeof(b), out + 2);
@@ -58,14 +88,19 @@ void oq_id_uuid(char out[OQ_UUID_LEN + 1])
 {
     unsigned char b[16];
     uint64_t ms = (uint64_t)oq_now_ms();
-    oq_random_bytes(b + 6, 10);
+    oq_random_bytes_buffered(b + 6, 10);
     for (int i = 0; i < 6; i++) b[i] = (unsigned char)(ms >> (40 - 8 * i));
     b[6] = (unsigned char)(0x70 | (b[6] & 0x0f)); /* version 7 */
     b[8] = (unsigned char)(0x80 | (b[8] & 0x3f)); /* RFC 4122 variant */
     char hex[33];
     oq_hex(b, 16, hex);
-    snprintf(out, OQ_UUID_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16,
-             hex + 20);
+    /* 8-4-4-4-12 without snprintf: this runs once per message */
+    int o = 0;
+    for (int i = 0; i < 32; i++) {
+        if (i == 8 || i == 12 || i == 16 || i == 20) out[o++] = '-';
+        out[o++] = hex[i];
+    }
+    out[o] = '\0';
 }
 
 int64_t oq_now_ms(void)

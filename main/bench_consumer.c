@@ -314,6 +314,7 @@ static int oq__bc_onceq(oq__bc_t *b, int no_relay, double *rate, oq_consumer_sta
     oq__bc_run_t run = {.c = c, .rc = 0};
     pthread_t th;
     pthread_create(&th, NULL, oq__bc_thread, &run);
+    pthread_setname_np(th, "oq-consumer");
     oq_consumer_stats_t st;
     int64_t deadline = oq_mono_us() + 300 * 1000000LL, t1 = 0;
     for (;;) {

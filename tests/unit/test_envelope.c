@@ -68,6 +68,19 @@ static int decode_edited(const char *base, const char *name, const char *value, 
 
 /* --- round trips ---------------------------------------------------------------------------- */
 
+/* The encoder writes members in order itself: its text must be exactly what canonicalising
+ * the whole document gives. */
+static void assert_canonical(const char *out, size_t len)
+{
+    char *canon = NULL;
+    size_t clen = 0;
+    oq_error_t err = {0};
+    assert_int_equal(oq_jcs_canonicalize_text(out, len, &canon, &clen, &err), 0);
+    assert_int_equal(clen, len);
+    assert_string_equal(canon, out);
+    free(canon);
+}
+
 static void test_roundtrip_call(void **state)
 {
     (void)state;
@@ -93,6 +106,7 @@ static void test_roundtrip_call(void **state)
     size_t len = 0;
     assert_int_equal(oq_envelope_encode(&e, &out, &len, &err), 0);
     assert_int_equal(strlen(out), len);
+    assert_canonical(out, len);
     /* canonical: sorted keys, no whitespace */
     assert_string_equal(out, "{\"args\":{\"amount\":100,\"currency\":\"EUR\"},\"attempt\":1,"
                              "\"call_id\":\"" CID "\",\"created_at\":1700000000000,"
@@ -130,6 +144,7 @@ static void test_roundtrip_result(void **state)
     char *out = NULL;
     size_t len;
     assert_int_equal(oq_envelope_encode(&e, &out, &len, &err), 0);
+    assert_canonical(out, len);
     oq_envelope_t e2 = {0};
     assert_int_equal(oq_envelope_decode(out, len, &e2, &err), 0);
     assert_string_equal(e2.status, "failed");
@@ -146,18 +161,21 @@ static void test_roundtrip_result(void **state)
     oq_id_uuid(h.message_id);
     oq_id_call(h.call_id);
     h.tenant = strdup("default");
-    h.idem_key = strdup("k");
+    h.idem_key = strdup("k \"q\" \\ x");
     memset(h.fingerprint, 'a', OQ_FINGERPRINT_LEN);
     h.tool = strdup("send_email");
     h.attempt = 1;
     h.created_at = 0;
     h.status = strdup("succeeded");
-    h.result = json_pack("{s:s,s:f}", "sent", "yes", "ms", 1.5);
+    h.result = json_pack("{s:s,s:f,s:s}", "sent", "yes", "ms", 1.5, "z\xc3\xa9", "\xe2\x80\xa8\t\x01");
     assert_int_equal(oq_envelope_validate(&h, &err), 0);
     assert_int_equal(oq_envelope_encode(&h, &out, &len, &err), 0);
+    assert_canonical(out, len);
     assert_non_null(strstr(out, "\"error\":null"));
     assert_non_null(strstr(out, "\"effect_id\":null"));
-    assert_non_null(strstr(out, "\"result\":{\"ms\":1.5,\"sent\":\"yes\"}"));
+    assert_non_null(
+        strstr(out, "\"result\":{\"ms\":1.5,\"sent\":\"yes\",\"z\xc3\xa9\":\"\xe2\x80\xa8\\t\\u0001\"}"));
+    assert_non_null(strstr(out, "\"idem_key\":\"k \\\"q\\\" \\\\ x\""));
     assert_int_equal(oq_envelope_decode(out, len, &e2, &err), 0);
     assert_string_equal(e2.call_id, h.call_id);
     assert_string_equal(e2.message_id, h.message_id);
