@@ -13,9 +13,13 @@
  * attempt is recorded and counted but never applied, and a terminal call is never moved.
  * Offsets are committed to Kafka only after the database commit, so a crash in between
  * redelivers the batch and the inbox absorbs it (at-least-once in, exactly one state change
- * per message). A database failure retries the same batch (in memory) until it succeeds or
- * the ingest stops; undecodable messages are logged, counted and skipped (their offsets are
- * committed: they can never become decodable).
+ * per message). The offset commit is asynchronous, so the ingest thread does not wait a broker
+ * round trip per batch: a commit that fails, is lost in a crash or lands late only leaves the
+ * group's position behind, which redelivers results that result_inbox deduplicates. Failures
+ * are logged from the offset commit callback, served by rd_kafka_consumer_poll() on the ingest
+ * thread; consumer close waits for the commits still in flight. A database failure retries the
+ * same batch (in memory) until it succeeds or the ingest stops; undecodable messages are
+ * logged, counted and skipped (their offsets are committed: they can never become decodable).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -96,6 +100,23 @@ static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_
     return ret;
 }
 
+/** Result of an asynchronous offset commit (ingest thread, from rd_kafka_consumer_poll()). */
+static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    (void)rk;
+    (void)opaque;
+    for (int i = 0; !err && offsets && i < offsets->cnt; i++)
+        err = offsets->elems[i].err;
+    if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) /* e.g. during a rebalance */
+        OQ_LOG_WARN("ingest",
+                    "offset commit failed: %s (the results will be redelivered and "
+                    "deduplicated)",
+                    rd_kafka_err2str(err));
+}
+
+/** Commit the offsets after \p msgs without waiting for the broker (the list is copied by
+ *  librdkafka; the outcome reaches commit_cb()). */
 static void commit_offsets(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n);
@@ -106,8 +127,8 @@ static void commit_offsets(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
         if (!p) p = rd_kafka_topic_partition_list_add(l, topic, m->partition);
         if (p->offset < m->offset + 1) p->offset = m->offset + 1;
     }
-    rd_kafka_resp_err_t e = rd_kafka_commit(in->rk, l, 0);
-    if (e) /* e.g. during a rebalance: the batch will be redelivered and deduplicated */
+    rd_kafka_resp_err_t e = rd_kafka_commit(in->rk, l, 1);
+    if (e) /* not even queued (no group, fatal error): the batch will be redelivered */
         OQ_LOG_WARN("ingest", "offset commit failed: %s", rd_kafka_err2str(e));
     rd_kafka_topic_partition_list_destroy(l);
 }
@@ -175,6 +196,7 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
         (ret = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)))
         goto out;
     if (cfg && (ret = oq_config_apply_kafka((const oq_config_t *)cfg, conf, err))) goto out;
+    rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
     in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
     if (!in->rk) {
         ret = oq_error_set(err, OQ_EKAFKA, 0, "rd_kafka_new: %s", errstr);
@@ -204,6 +226,7 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
         goto out;
     }
     in->started = 1;
+    pthread_setname_np(in->th, "oq-ingest"); /* top -H, perf; failure harmless */
     OQ_LOG_INFO("ingest", "consuming %s as group onceq-producer from %s", OQ_TOPIC_RESULTS,
                 brokers);
 out:
