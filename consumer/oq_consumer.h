@@ -112,6 +112,8 @@ typedef struct oq_consumer_opts {
     const char *topic;          /**< input topic (default onceq.tool-calls) */
     const char *worker_id;      /**< NULL: host:pid:random */
     const char *synchronous;    /**< SQLite synchronous level (NULL: FULL) */
+    const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):
+                                        NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
     const char *metrics_listen; /**< NULL: no metrics server */
     const oq_config_t *cfg;     /**< -X Kafka properties (may be NULL); borrowed */
     int64_t lease_ms;           /**< execution lease (default 30000) */

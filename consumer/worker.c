@@ -127,6 +127,8 @@ const oq_setting_t oq_consumer_settings[] = {
     {"retry-max", OQ_SET_DURATION, "30s", 1, 86400000, NULL, "retry backoff cap"},
     {"recover-every", OQ_SET_DURATION, "1s", 10, 3600000, NULL, "recovery scan period"},
     {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous level"},
+    {"relay-synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
+     "synchronous level of the result relay's marks (a lost mark only republishes a result)"},
     {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
      "serve Prometheus /metrics on host:port"},
     {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
@@ -154,6 +156,7 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->retry_max_ms = oq_config_int(cfg, "retry-max");
     o->recover_every_ms = oq_config_int(cfg, "recover-every");
     o->synchronous = oq_config_str(cfg, "synchronous");
+    o->relay_synchronous = oq_config_str(cfg, "relay-synchronous");
     o->metrics_listen = oq_config_str(cfg, "metrics-listen");
     o->worker_id = oq_config_str(cfg, "worker-id");
     o->no_relay = (int)oq_config_int(cfg, "no-relay");
@@ -941,7 +944,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         oq_relay_opts_t ro;
         oq_relay_opts_init(&ro);
         ro.db_path = c->db_path;
-        ro.db_synchronous = c->sync;
+        ro.db_synchronous = c->o.relay_synchronous; /* NULL: NORMAL */
         ro.brokers = c->brokers;
         ro.kafka_cfg = c->o.cfg; /* security and client settings reach every client */
         ro.owner = c->worker_id;
@@ -963,12 +966,14 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
             c->nrunners = i;
             goto fail;
         }
+        pthread_setname_np(c->runners[i].th, "oq-runner"); /* top -H, perf; failure harmless */
     }
     if (pthread_create(&c->hb_th, NULL, oq__heartbeat_main, c) != 0) {
         rc = oq_error_set(err, OQ_EIO, 0, "heartbeat thread");
         goto fail;
     }
     c->hb_started = 1;
+    pthread_setname_np(c->hb_th, "oq-heartbeat");
     OQ_LOG_INFO(OQ__COMP, "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d",
                 c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners);
     *out = c;

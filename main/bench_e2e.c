@@ -9,15 +9,12 @@
  * from the databases afterwards, per call, from the timestamps each stage writes anyway:
  *
  *   calls.created_at        submit committed (producer group commit)
- *   outbox.published_at     tool_call marked published by the relay (the mark follows the
- *                           delivery report, so it may come after the consumer's receipt)
  *   inbox.received_at       first delivery to a consumer
  *   effects.created_at      effect committed (charge / send_email)
- *   c.outbox.published_at   tool_result delivered, as marked (consumer's embedded relay)
  *   calls.updated_at        result applied at the producer (terminal)
  *
- * so "where time goes" is the distribution of each hop (the relay marks are shown apart: they
- * are not on the critical path), and the CPU seconds each process
+ * (the relays keep no per-row publish time: their progress is a watermark), so "where time
+ * goes" is the distribution of each hop, and the CPU seconds each process
  * type burnt during the run (from /proc/<pid>/stat) say which one is the bottleneck. All
  * timestamps are unix milliseconds from different processes on one host: hop figures have
  * 1 ms resolution.
@@ -323,14 +320,12 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     int rc = -1;
-    enum { H_E2E, H_DELIVER, H_EXEC, H_BACK, H_RMARK, H_CMARK, H__N };
+    enum { H_E2E, H_DELIVER, H_EXEC, H_BACK, H__N };
     static const char *const hname[H__N] = {
         "end to end (submit committed -> result applied)",
         "  submit committed -> consumer received",
         "  received -> effect committed (consumer tx)",
         "  effect committed -> result applied at producer",
-        "  (relay: submit committed -> row marked published)",
-        "  (consumer relay: effect -> result marked published)",
     };
     double *h[H__N] = {0};
     int hn[H__N] = {0};
@@ -351,15 +346,11 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
     if (!all) goto out;
     char like[64];
     snprintf(like, sizeof like, "%s-%%", prefix);
-    /* Per-call hop timestamps, aggregated once into keyed temp tables (the outboxes have no
-     * index on key: correlated subqueries would scan them once per call). */
+    /* Per-call first receipt, aggregated once into a keyed temp table (the inbox has no
+     * index on call_id: a correlated subquery would scan it once per call). */
     static const char *const prep[] = {
-        "CREATE TEMP TABLE h_out(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
-        "INSERT INTO h_out SELECT key, min(published_at) FROM main.outbox GROUP BY key",
         "CREATE TEMP TABLE h_in(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
         "INSERT INTO h_in SELECT call_id, min(received_at) FROM c.inbox WHERE call_id NOTNULL GROUP BY call_id",
-        "CREATE TEMP TABLE h_res(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
-        "INSERT INTO h_res SELECT key, max(published_at) FROM c.outbox GROUP BY key",
     };
     for (size_t i = 0; i < sizeof prep / sizeof prep[0]; i++) {
         if (sqlite3_exec(db, prep[i], NULL, NULL, NULL) != SQLITE_OK) {
@@ -369,11 +360,9 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
     }
     /* One row per measured call; hop timestamps may be NULL (e.g. no effect for a sleep). */
     const char *sql =
-        "SELECT p.tool, p.created_at, p.updated_at, o.t, i.t, e.created_at, r.t"
-        " FROM main.calls p LEFT JOIN temp.h_out o ON o.k = p.call_id"
-        " LEFT JOIN temp.h_in i ON i.k = p.call_id"
+        "SELECT p.tool, p.created_at, p.updated_at, NULL, i.t, e.created_at, NULL"
+        " FROM main.calls p LEFT JOIN temp.h_in i ON i.k = p.call_id"
         " LEFT JOIN c.effects e ON e.call_id = p.call_id"
-        " LEFT JOIN temp.h_res r ON r.k = p.call_id"
         " WHERE p.idem_key LIKE ?1 AND p.state IN ('succeeded','failed','needs_review')";
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
         fprintf(stderr, "bench e2e: analysis query: %s\n", sqlite3_errmsg(db));
@@ -398,8 +387,6 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
         if (has[1]) h[H_DELIVER][hn[H_DELIVER]++] = (double)(t[1] - t0);
         if (has[1]) h[H_EXEC][hn[H_EXEC]++] = (double)(t[2] - t[1]);
         h[H_BACK][hn[H_BACK]++] = (double)(t5 - t[2]);
-        if (has[0]) h[H_RMARK][hn[H_RMARK]++] = (double)(t[0] - t0);
-        if (has[3]) h[H_CMARK][hn[H_CMARK]++] = (double)(t[3] - t[2]);
     }
     double span = tmax > tmin ? (double)(tmax - tmin) / 1000.0 : 0;
     printf("\nend-to-end (from the databases):\n");

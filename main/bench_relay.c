@@ -58,8 +58,8 @@ static const oq_setting_t oq__bench_relay_settings[] = {
     {"batch-rows", OQ_SET_INT, "1000", 1, 100000, NULL, "relay batch rows"},
     {"max-inflight", OQ_SET_INT, "50000", 1, 1000000, NULL, "relay max in-flight messages"},
     {"dir", OQ_SET_STRING, "/tmp", 1, 1024, NULL, "where to create the benchmark database"},
-    {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off",
-     "SQLite synchronous level of the relay's connection"},
+    {"synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
+     "SQLite synchronous level of the relay's own writes (as onceq relay)"},
     {"keep", OQ_SET_BOOL, "false", 0, -1, NULL, "keep the benchmark database"},
 };
 

@@ -49,8 +49,9 @@ static const oq_setting_t oq__relay_settings[] = {
      "idle: longest wait between PRAGMA data_version checks"},
     {"stop-timeout", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, how long to wait for in-flight deliveries"},
-    {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off",
-     "SQLite synchronous level of the relay's connection"},
+    {"synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
+     "SQLite synchronous level of the relay's own writes (marks, lease, retention deletes): "
+     "a mark lost in a power failure only republishes a row, which the inbox absorbs"},
     {"metrics-listen", OQ_SET_STRING, NULL, 1, 128, NULL,
      "serve GET /metrics on HOST:PORT (a bare PORT means 127.0.0.1:PORT); default off"},
     {"wait-db", OQ_SET_DURATION, "30s", 0, 3600000, NULL,

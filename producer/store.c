@@ -10,6 +10,13 @@
  * Purge owns its short transactions itself: a bounded batch each, so the writer's lock wait is
  * bounded too.
  *
+ * Applying a tool_result is on the ingest hot path, so it does the least per message: a narrow
+ * read of the call (state, attempt) decides the outcome, then one INSERT OR IGNORE into
+ * result_inbox records the message with that final outcome. A message_id already there stops
+ * everything (duplicate: nothing else is written); the read before the insert is safe because
+ * both run in the caller's write transaction. Only then is the call updated and the audit row
+ * written, its JSON detail composed directly (strings escaped as jansson escapes them).
+ *
  * Statements come from an oq_stmt_cache_t when the caller has one (the writer, the readers)
  * and are prepared per call otherwise (the in-transaction API on a caller's connection).
  */
@@ -42,7 +49,7 @@ static const char SQL_AUDIT[] = "INSERT INTO audit(ts,call_id,event,detail) VALU
 static const char SQL_INBOX_INSERT[] =
     "INSERT OR IGNORE INTO result_inbox(message_id,call_id,status,outcome,received_at) "
     "VALUES(?1,?2,?3,?4,?5)";
-static const char SQL_INBOX_OUTCOME[] = "UPDATE result_inbox SET outcome=?2 WHERE message_id=?1";
+static const char SQL_RESULT_TARGET[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
 static const char SQL_APPLY_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6 WHERE call_id=?1";
@@ -231,8 +238,8 @@ int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
     if ((ret = count_query(
              db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
              &effects, err)) ||
-        (ret = count_query(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-                           &outbox_pending, err)) ||
+        (ret = count_query(db, "SELECT count(*) FROM outbox_unpublished", &outbox_pending,
+                           err)) ||
         (ret = count_query(db, "SELECT count(*) FROM outbox", &outbox_total, err)) ||
         (ret = count_query(db, "SELECT count(*) FROM result_inbox", &inbox, err)) ||
         (ret =
@@ -493,6 +500,141 @@ int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, 
     return 0;
 }
 
+/* --- audit detail JSON --------------------------------------------------------------------- */
+
+/* Append-only text for an audit detail: on the stack unless a value is long. Any failure (out
+ * of memory, a string that is not UTF-8) marks it bad, and the detail is then stored as NULL,
+ * as when json_pack() refused the same input. */
+typedef struct jbuf {
+    char *p;
+    size_t n, cap;
+    int bad;
+    char inl[256];
+} jbuf_t;
+
+static void jb_init(jbuf_t *b)
+{
+    b->p = b->inl;
+    b->n = 0;
+    b->cap = sizeof b->inl;
+    b->bad = 0;
+    b->inl[0] = '\0';
+}
+
+static void jb_free(jbuf_t *b)
+{
+    if (b->p != b->inl) free(b->p);
+}
+
+static void jb_put(jbuf_t *b, const char *s, size_t n)
+{
+    if (b->bad) return;
+    if (n >= b->cap - b->n) {
+        size_t cap = b->cap;
+        while (n >= cap - b->n)
+            cap *= 2;
+        char *np = b->p == b->inl ? malloc(cap) : realloc(b->p, cap);
+        if (!np) {
+            b->bad = 1;
+            return;
+        }
+        if (b->p == b->inl) memcpy(np, b->inl, b->n);
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+static void jb_lit(jbuf_t *b, const char *s)
+{
+    jb_put(b, s, strlen(s));
+}
+
+/* \p s as a JSON string, escaped as jansson's json_dumps() does without JSON_ENSURE_ASCII or
+ * JSON_ESCAPE_SLASH: '"', '\\' and control characters escaped, everything else (UTF-8 text
+ * included) as is. Invalid UTF-8 marks \p b bad (jansson refuses it too). */
+static void jb_str(jbuf_t *b, const char *s)
+{
+    size_t len = strlen(s);
+    if (!oq_utf8_valid(s, len)) {
+        b->bad = 1;
+        return;
+    }
+    jb_put(b, "\"", 1);
+    const char *run = s;
+    for (const char *c = s; *c; c++) {
+        unsigned char u = (unsigned char)*c;
+        if (u >= 0x20 && u != '"' && u != '\\') continue;
+        jb_put(b, run, (size_t)(c - run));
+        run = c + 1;
+        switch (u) {
+        case '"':
+            jb_put(b, "\\\"", 2);
+            break;
+        case '\\':
+            jb_put(b, "\\\\", 2);
+            break;
+        case '\b':
+            jb_put(b, "\\b", 2);
+            break;
+        case '\f':
+            jb_put(b, "\\f", 2);
+            break;
+        case '\n':
+            jb_put(b, "\\n", 2);
+            break;
+        case '\r':
+            jb_put(b, "\\r", 2);
+            break;
+        case '\t':
+            jb_put(b, "\\t", 2);
+            break;
+        default: {
+            static const char hex[] = "0123456789ABCDEF";
+            char esc[6] = {'\\', 'u', '0', '0', hex[u >> 4], hex[u & 0xF]};
+            jb_put(b, esc, sizeof esc);
+        }
+        }
+    }
+    jb_put(b, run, (size_t)(s + len - run));
+    jb_put(b, "\"", 1);
+}
+
+/* The detail of an applied result, as json_pack("{s:s,s:I,s:s,s:s?}") plus the error and
+ * json_dumps(JSON_COMPACT) wrote it: {"from":…,"attempt":…,"message_id":…,"effect_id":…|null
+ * [,"error":…]}. @returns the text (owned by \p b) or NULL. */
+static const char *applied_detail(jbuf_t *b, const char *from, const oq_envelope_t *env)
+{
+    char num[24];
+    jb_lit(b, "{\"from\":");
+    jb_str(b, from);
+    snprintf(num, sizeof num, "%lld", (long long)env->attempt);
+    jb_lit(b, ",\"attempt\":");
+    jb_lit(b, num);
+    jb_lit(b, ",\"message_id\":");
+    jb_str(b, env->message_id);
+    jb_lit(b, ",\"effect_id\":");
+    if (env->effect_id)
+        jb_str(b, env->effect_id);
+    else
+        jb_lit(b, "null");
+    if (env->error && !b->bad) {
+        /* any JSON value: JSON_ENCODE_ANY dumps a non-container as it was dumped nested */
+        char *e = json_dumps(env->error, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (e) {
+            jb_lit(b, ",\"error\":");
+            jb_lit(b, e);
+            free(e);
+        } else {
+            b->bad = 1;
+        }
+    }
+    jb_lit(b, "}");
+    return b->bad ? NULL : b->p;
+}
+
 /* --- results -------------------------------------------------------------------------------- */
 
 const char *oq_result_outcome_name(oq_result_outcome_t o)
@@ -524,60 +666,91 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
     return oq__store_apply_result(db, NULL, env, now_ms, outcome, err);
 }
 
+/** The call's state and attempt, all a result decision needs; *found = 0 when there is no call.
+ *  @returns 0 or a database error. */
+static int read_target(sqlite3 *db, oq_stmt_cache_t *cache, const char *call_id, char *state,
+                       size_t state_size, int64_t *attempt, int *found, oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(db, cache, SQL_RESULT_TARGET, err);
+    if (!st) return err ? err->code : OQ_EDB;
+    bind_text(st, 1, call_id);
+    int rc = sqlite3_step(st), ret = 0;
+    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW) {
+        const char *s = (const char *)sqlite3_column_text(st, 0);
+        snprintf(state, state_size, "%s", s ? s : "");
+        *attempt = sqlite3_column_int64(st, 1);
+    } else if (rc != SQLITE_DONE) {
+        ret = oq_db_error(db, rc, err, "get call");
+    }
+    st_done(cache, st);
+    return ret;
+}
+
 int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelope_t *env,
                            int64_t now_ms, oq_result_outcome_t *outcome, oq_error_t *err)
 {
     if (env->kind != OQ_KIND_TOOL_RESULT || !valid_result_status(env->status))
         return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
-    oq_call_t c;
-    memset(&c, 0, sizeof c);
-    char *result = NULL, *error = NULL;
-    sqlite3_stmt *st = NULL;
-    oq_result_outcome_t oc;
+    char state[sizeof(((oq_call_t *)0)->state)] = "";
+    int64_t attempt = 0;
+    int found = 0;
+    oq_result_outcome_t oc = OQ_RESULT_APPLIED;
     const char *why = NULL;
 
-    /* Claim the message id first: a duplicate does nothing at all. */
-    st = st_get(db, cache, SQL_INBOX_INSERT, err);
+    /* Decide first (the write transaction makes read-then-insert atomic)... */
+    int ret = read_target(db, cache, env->call_id, state, sizeof state, &attempt, &found, err);
+    if (ret) return ret;
+    if (!found) {
+        oc = OQ_RESULT_UNKNOWN_CALL;
+        why = "unknown call";
+    } else if (env->attempt != attempt) {
+        oc = OQ_RESULT_STALE;
+        why = env->attempt < attempt ? "stale attempt" : "attempt ahead of the call";
+    } else if (oq_call_state_terminal(state)) {
+        oc = OQ_RESULT_IGNORED;
+        why = "call already terminal";
+    } else if (strcmp(env->status, "running") == 0 && strcmp(state, "running") == 0) {
+        oc = OQ_RESULT_IGNORED;
+        why = "already running";
+    }
+
+    /* ...then claim the message id with the final outcome: a duplicate does nothing at all. */
+    sqlite3_stmt *st = st_get(db, cache, SQL_INBOX_INSERT, err);
     if (!st) return err ? err->code : OQ_EDB;
     bind_text(st, 1, env->message_id);
     bind_text(st, 2, env->call_id);
     bind_text(st, 3, env->status);
-    bind_text(st, 4, "pending");
+    bind_text(st, 4, oq_result_outcome_name(oc));
     sqlite3_bind_int64(st, 5, now_ms);
-    int ret = st_exec(db, st, err, "insert result_inbox");
+    ret = st_exec(db, st, err, "insert result_inbox");
     st_done(cache, st);
-    st = NULL;
     if (ret) return ret;
     if (sqlite3_changes(db) == 0) {
         *outcome = OQ_RESULT_DUPLICATE;
         return 0;
     }
 
-    ret = oq__store_get(db, cache, env->call_id, &c, err);
-    if (ret == OQ_ENOTFOUND) {
-        oq_error_clear(err);
-        oc = OQ_RESULT_UNKNOWN_CALL;
-        why = "unknown call";
-        goto record;
+    if (why) {
+        OQ_LOGC_WARN("producer", env->call_id,
+                     "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
+                     env->status, (long long)env->attempt, env->message_id);
+        if (oc != OQ_RESULT_UNKNOWN_CALL) {
+            char detail[256];
+            snprintf(detail, sizeof detail,
+                     "{\"status\":\"%s\",\"attempt\":%lld,\"reason\":\"%s\",\"message_id\":\"%s\"}",
+                     env->status, (long long)env->attempt, why, env->message_id);
+            if ((ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err)))
+                return ret;
+        }
+        *outcome = oc;
+        return 0;
     }
-    if (ret) goto out;
-    if (env->attempt != c.attempt) {
-        oc = OQ_RESULT_STALE;
-        why = env->attempt < c.attempt ? "stale attempt" : "attempt ahead of the call";
-        goto record;
-    }
-    if (oq_call_state_terminal(c.state)) {
-        oc = OQ_RESULT_IGNORED;
-        why = "call already terminal";
-        goto record;
-    }
-    if (strcmp(env->status, "running") == 0 && strcmp(c.state, "running") == 0) {
-        oc = OQ_RESULT_IGNORED;
-        why = "already running";
-        goto record;
-    }
-    if (env->result) result = json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS);
-    if (env->error) error = json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS);
+
+    char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    jbuf_t detail;
+    jb_init(&detail);
     st = st_get(db, cache, SQL_APPLY_RESULT, err);
     if (!st) {
         ret = err ? err->code : OQ_EDB;
@@ -589,52 +762,18 @@ int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelop
     bind_text(st, 4, error);
     bind_text(st, 5, env->effect_id);
     sqlite3_bind_int64(st, 6, now_ms);
-    if ((ret = st_exec(db, st, err, "apply result"))) goto out;
-    {
-        json_t *d =
-            json_pack("{s:s,s:I,s:s,s:s?}", "from", c.state, "attempt", (json_int_t)env->attempt,
-                      "message_id", env->message_id, "effect_id", env->effect_id);
-        if (d && env->error) json_object_set(d, "error", env->error);
-        char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
-        json_decref(d);
-        ret = audit_add(db, cache, now_ms, env->call_id, env->status, dt, err);
-        free(dt);
-        if (ret) goto out;
-    }
-    oc = OQ_RESULT_APPLIED;
-    OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", c.state, env->status);
-record:
-    if (why) {
-        OQ_LOGC_WARN("producer", env->call_id,
-                     "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
-                     env->status, (long long)env->attempt, env->message_id);
-        if (oc != OQ_RESULT_UNKNOWN_CALL) {
-            char detail[256];
-            snprintf(detail, sizeof detail,
-                     "{\"status\":\"%s\",\"attempt\":%lld,\"reason\":\"%s\",\"message_id\":\"%s\"}",
-                     env->status, (long long)env->attempt, why, env->message_id);
-            if ((ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err)))
-                goto out;
-        }
-    }
-    {
-        sqlite3_stmt *u = st_get(db, cache, SQL_INBOX_OUTCOME, err);
-        if (!u) {
-            ret = err ? err->code : OQ_EDB;
-            goto out;
-        }
-        bind_text(u, 1, env->message_id);
-        bind_text(u, 2, oq_result_outcome_name(oc));
-        ret = st_exec(db, u, err, "update result_inbox");
-        st_done(cache, u);
-        if (ret) goto out;
-    }
-    *outcome = oc;
-out:
+    ret = st_exec(db, st, err, "apply result");
     st_done(cache, st);
+    if (ret) goto out;
+    if ((ret = audit_add(db, cache, now_ms, env->call_id, env->status,
+                         applied_detail(&detail, state, env), err)))
+        goto out;
+    *outcome = OQ_RESULT_APPLIED;
+    OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", state, env->status);
+out:
+    jb_free(&detail);
     free(result);
     free(error);
-    oq_call_clear(&c);
     return ret;
 }
 
@@ -677,10 +816,13 @@ static int purge_batch(sqlite3 *db, int64_t now_ms, int64_t ttl, int batch, oq_p
             goto fail;
         s->calls += sqlite3_changes(db);
     }
+    /* Published rows (at or below the relay's watermark, schema/common/0002) past the key
+     * TTL, among the oldest `batch` rows: bounded work however many rows are young. */
     snprintf(sql, sizeof sql,
-             "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE published_at IS NOT "
-             "NULL AND published_at<=%lld LIMIT %d)",
-             (long long)(now_ms - ttl), batch);
+             "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE seq <= (SELECT "
+             "COALESCE(max(published_seq), 0) FROM relay_lease) ORDER BY seq LIMIT %d) "
+             "AND created_at<=%lld",
+             batch, (long long)(now_ms - ttl));
     if ((ret = oq_db_exec(db, sql, err))) goto fail;
     int64_t ob = sqlite3_changes(db);
     s->outbox += ob;

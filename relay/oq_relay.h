@@ -4,7 +4,8 @@
  *        `seq` order per partition, with one active relay per database (lease + fencing).
  *
  * A relay owns one SQLite connection to the database at `db_path` (calls.db for the producer,
- * effects.db for a consumer's result outbox; both carry schema/common/0001_outbox.sql) and one
+ * effects.db for a consumer's result outbox; both carry schema/common/0001_outbox.sql and
+ * 0002_outbox_watermark.sql) and one
  * idempotent librdkafka producer (`enable.idempotence=true`, `acks=all`, forced). Rows are
  * appended by other code with oq_outbox_append() inside their own transactions; the relay
  * notices a commit by polling `PRAGMA data_version` with an adaptive backoff (1 ms up to
@@ -14,14 +15,16 @@
  * outbox.payload, header `onceq-message-id` = outbox.message_id.
  *
  * Guarantees:
- *  - A row is marked published (`published_at`) only after a successful delivery report, one
- *    transaction per batch, and only while this relay holds the lease: every mark UPDATE checks
- *    `relay_lease(name, owner, fence, expires_at > now)`. A relay that lost its lease (paused
- *    past the expiry, then resumed) marks nothing.
- *  - Nothing is dropped: a failed delivery leaves the row unpublished; the relay drains its
- *    in-flight messages, marks only what precedes the first failure in each partition, and
- *    re-publishes from the first undelivered row. Duplicates are possible (crash between
- *    delivery and mark, failover, failure rewind); the consumer's inbox absorbs them.
+ *  - Publish progress is a watermark, `relay_lease.published_seq`: every row with a seq at or
+ *    below it had a successful delivery report. The relay advances it over the contiguous
+ *    prefix of delivered rows, one small UPDATE per batch, and only while it holds the lease:
+ *    the UPDATE checks `relay_lease(name, owner, fence, expires_at > now)`. A relay that lost
+ *    its lease (paused past the expiry, then resumed) stores nothing. The view
+ *    `outbox_unpublished` lists the rows above it.
+ *  - Nothing is dropped: a failed delivery stops the watermark below that row; the relay drains
+ *    its in-flight messages and re-publishes from the watermark. Duplicates are possible (crash
+ *    between delivery and the next advance, failover, failure rewind: every row above the
+ *    stored watermark is sent again); the consumer's inbox absorbs them.
  *  - Order: per partition (hence per key), the first copy of every message arrives in seq
  *    order. The relay's producer defaults make this hold: message.timeout.ms=0 (librdkafka
  *    retries in order, forever; an outage stalls the relay instead of failing messages) and
@@ -63,7 +66,14 @@ typedef struct oq_relay oq_relay_t;
 /** Relay options. Initialise with oq_relay_opts_init(), then override fields. */
 typedef struct oq_relay_opts {
     const char *db_path;          /**< database holding `outbox` + `relay_lease` (required) */
-    const char *db_synchronous;   /**< "FULL" (default when NULL) / "NORMAL" / "OFF" */
+    const char *db_synchronous;   /**< the relay's own connections (marks, lease, retention
+                                       deletes): "NORMAL" (default when NULL) / "FULL" / "OFF".
+                                       NORMAL is safe here: the relay never writes accepted
+                                       data, and a mark lost in a power failure only makes the
+                                       row published again, which the consumers' inbox absorbs.
+                                       The rows themselves are as durable as their writer made
+                                       them (FULL by default), and a later FULL commit on the
+                                       file syncs the earlier NORMAL frames too. */
     const char *brokers;          /**< bootstrap.servers (required unless set via kafka_cfg) */
     const oq_config_t *kafka_cfg; /**< -X / kafka.* pass-through; may be NULL; borrowed */
     const char *lease_name;       /**< relay_lease.name; default "outbox" */

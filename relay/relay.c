@@ -6,26 +6,30 @@
  * Pipeline. The thread reads up to batch_rows rows (and batch_bytes payload) after a cursor
  * (the highest seq handed to librdkafka) and produces each one straight from the SQLite row
  * (RD_KAFKA_MSG_F_COPY), keeping at most max_inflight messages without a delivery report. Each
- * message's opaque is a slot index in a fixed table that remembers its seq, created_at and
- * topic. Delivery reports are served by rd_kafka_poll() on this same thread, so no locking is
- * needed around the relay's own state; they append to a `delivered` or a `failed` list. The
- * delivered list is handed (buffer swap, no copy) to a writer thread with its own connection
- * when it reaches batch_rows, when nothing is in flight, or after 10 ms, and the writer marks
- * it in one transaction that first renews the lease: a fenced relay marks nothing. One job at
- * a time: while a mark commits (its fsync dominates: 1.9 s of wall time for 0.5 s of CPU per
- * 100k rows here), the next batch accumulates and the relay thread keeps producing, which made
- * the relay 2.7x faster than marking inline. The writer also runs the retention deletes.
+ * message's opaque is a slot index in a fixed table that remembers its seq, created_at, topic
+ * and its place in a ring of in-flight seqs kept in produce (= seq) order. Delivery reports are
+ * served by rd_kafka_poll() on this same thread, so no locking is needed around the relay's own
+ * state. A report flags its ring entry; the ring's head then moves over every delivered entry,
+ * so `wm` (watermark) is always the highest seq such that every row up to it was delivered.
+ * Publish progress is stored as that one number (relay_lease.published_seq, see store.c), not
+ * as a mark per row: a writer thread with its own connection persists it in one small fenced
+ * UPDATE that also renews the lease, when batch_rows rows were delivered since the last one,
+ * when nothing is in flight, or after 10 ms. One job at a time: while it commits, the next
+ * advance accumulates and the relay thread keeps producing. The writer also runs the retention
+ * deletes.
  *
  * Failures. librdkafka retries retriable errors itself (the idempotent producer keeps order
  * across retries). A delivery report that still fails (message timeout, purge, a permanent
- * error) puts the relay into draining: it stops producing, waits until nothing is in flight,
- * drops from `delivered` every row that follows a failed row of the same partition (it must be
- * re-sent after that row to keep the partition's order), rewinds the cursor to just before the
- * lowest failed seq and resumes after a bounded exponential backoff (100 ms .. 5 s). A fatal
- * producer error (rd_kafka_fatal_error) purges and destroys the producer, treats every
- * unreported message as failed and builds a new producer: rows stay unpublished meanwhile.
- * A broker outage needs nothing special: messages wait in librdkafka's queue, max_inflight
- * stops the reading, and rd_kafka_poll() blocks, so the relay does not spin.
+ * error) puts the relay into draining: it stops producing, waits until nothing is in flight
+ * (the watermark stops below the failed row: its ring entry is never flagged), then rewinds
+ * the cursor to the watermark and resumes after a bounded exponential backoff (100 ms .. 5 s).
+ * Rows above the failed one that were delivered are sent again: duplicates the inbox absorbs,
+ * and the partition's order of first copies is kept. A fatal producer error
+ * (rd_kafka_fatal_error) purges and destroys the producer, treats every unreported message as
+ * failed and builds a new producer: rows stay unpublished meanwhile. A broker outage needs
+ * nothing special: messages wait in librdkafka's queue, max_inflight stops the reading, and
+ * rd_kafka_poll() blocks, so the relay does not spin. A new lease holder starts from the stored
+ * watermark, so rows delivered after the last stored advance are sent again, as after a crash.
  *
  * Idle latency. After a read that found nothing, the relay waits on a condition variable
  * (woken by oq_relay_notify()) for 1 ms, then 2, 4, up to poll_max_ms, and checks
@@ -78,6 +82,7 @@ typedef struct {
     int64_t created_at;
     int32_t topic;
     uint32_t next_free;
+    uint32_t ring; /* index of this message's entry in the in-flight ring */
     int used;
 } oq__slot_t;
 
@@ -109,8 +114,15 @@ struct oq_relay {
     int ntopics;
     oq__slot_t *slots;
     uint32_t free_head; /* slot index + 1, 0 = none */
-    oq__list_t delivered, failed;
-    int64_t first_delivered_us; /* when the oldest unmarked delivery arrived */
+    oq__list_t failed;
+    /* in-flight seqs in produce order (capacity max_inflight): head..tail, done = reported */
+    int64_t *ring_seq;
+    unsigned char *ring_done;
+    uint32_t ring_head, ring_len;
+    int64_t wm;                 /* every seq <= wm delivered (or stored as published) */
+    int64_t wm_stored;          /* the watermark last stored by a mark (or read at acquire) */
+    uint64_t ndelivered;        /* delivery reports not yet covered by a submitted mark */
+    int64_t first_delivered_us; /* when the oldest such report arrived */
     int64_t cursor;
     int holder;
     int64_t fence;
@@ -133,15 +145,13 @@ struct oq_relay {
     pthread_cond_t wcv;
     int wstop;
     int job_state;          /* OQ__JOB_*, under wmu */
-    oq__list_t job;         /* rows handed to the writer; writer-owned while PENDING */
+    int64_t job_upto;       /* watermark handed to the writer */
+    uint64_t job_n;         /* delivery reports it covers (for the published counter) */
     int64_t job_fence;      /* fence the job was submitted under */
     int job_rc;             /* results, valid in DONE */
-    int64_t job_marked, job_now, job_first, job_last;
-    size_t job_unique;
+    int64_t job_now, job_from;
     char job_err[256];
     oq__relay_store_t *wstore;
-    int64_t *wseq;          /* writer's sort buffer */
-    size_t wseq_cap;
     atomic_int is_holder;   /* the writer cleans up only while the relay holds the lease */
     atomic_ullong cleaned;
     int64_t t_mark_us;      /* writer-only */
@@ -170,12 +180,6 @@ static int oq__list_push(oq__list_t *l, oq__entry_t e)
     }
     l->v[l->n++] = e;
     return 0;
-}
-
-static int oq__cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 void oq_relay_opts_init(oq_relay_opts_t *o)
@@ -220,6 +224,38 @@ static void oq__slot_free(oq_relay_t *r, uint32_t h)
     r->free_head = h;
 }
 
+/* --- the in-flight ring and the watermark ------------------------------------------------- */
+
+static void oq__ring_reset(oq_relay_t *r)
+{
+    r->ring_head = 0;
+    r->ring_len = 0;
+}
+
+/* Appends \p seq (produced in seq order); the caller has a free slot, so there is room. */
+static uint32_t oq__ring_push(oq_relay_t *r, int64_t seq)
+{
+    uint32_t cap = (uint32_t)r->max_inflight;
+    uint32_t i = (r->ring_head + r->ring_len) % cap;
+    r->ring_seq[i] = seq;
+    r->ring_done[i] = 0;
+    r->ring_len++;
+    return i;
+}
+
+/* A delivery report for ring entry \p i: move the head (and the watermark) over every
+ * delivered entry. */
+static void oq__ring_delivered(oq_relay_t *r, uint32_t i)
+{
+    uint32_t cap = (uint32_t)r->max_inflight;
+    r->ring_done[i] = 1;
+    while (r->ring_len > 0 && r->ring_done[r->ring_head]) {
+        r->wm = r->ring_seq[r->ring_head];
+        r->ring_head = (r->ring_head + 1) % cap;
+        r->ring_len--;
+    }
+}
+
 /* Every message still without a delivery report counts as failed (producer gone or purged). */
 static void oq__abandon_inflight(oq_relay_t *r)
 {
@@ -243,16 +279,13 @@ static void oq__dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     oq__slot_t *s = &r->slots[h - 1];
     oq__entry_t e = {.seq = s->seq, .partition = m->partition, .topic = s->topic};
     int64_t created = s->created_at;
+    uint32_t ring = s->ring;
     oq__slot_free(r, h);
     r->st.inflight--;
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        if (r->delivered.n == 0) r->first_delivered_us = oq_mono_us();
-        if (oq__list_push(&r->delivered, e) != 0) {
-            /* Cannot remember it: treat as failed so it is re-sent, never lost. */
-            e.partition = -1;
-            oq__list_push(&r->failed, e);
-            r->draining = 1;
-        }
+        if (!r->holder) return; /* tracking was dropped with the lease */
+        if (r->ndelivered++ == 0) r->first_delivered_us = oq_mono_us();
+        oq__ring_delivered(r, ring);
         if (r->m_latency) {
             int64_t lat = oq_now_ms() - created;
             oq_histogram_observe(r->m_latency, lat > 0 ? (double)lat / 1000.0 : 0.0);
@@ -473,10 +506,11 @@ static void oq__lose_lease(oq_relay_t *r, const char *why)
     r->st.fenced++;
     oq_counter_add(r->m_fenced, 1);
     if (r->rk) oq__producer_destroy(r);
-    r->delivered.n = 0;
     r->failed.n = 0;
     r->draining = 0;
-    r->cursor = 0;
+    oq__ring_reset(r);
+    r->ndelivered = 0;
+    r->cursor = r->wm = r->wm_stored = 0;
 }
 
 static void oq__try_acquire(oq_relay_t *r)
@@ -485,9 +519,9 @@ static void oq__try_acquire(oq_relay_t *r)
     char holder[256];
     int held = 0;
     int64_t now = oq_now_ms();
-    int64_t fence = r->fence;
+    int64_t fence = r->fence, wm = 0;
     int rc = oq__relay_lease_acquire(r->store, r->lease_name, r->owner, r->lease_ms, now, &fence,
-                                     &held, holder, sizeof(holder), &err);
+                                     &held, holder, sizeof(holder), &wm, &err);
     if (rc != 0) {
         OQ_LOG_WARN("relay", "lease %s: %s", r->lease_name, err.msg);
         return;
@@ -498,14 +532,16 @@ static void oq__try_acquire(oq_relay_t *r)
     r->fence = fence;
     r->renewed_at_ms = now;
     r->expires_at_ms = now + r->lease_ms;
-    r->cursor = 0;
-    r->delivered.n = 0;
+    r->cursor = r->wm = r->wm_stored = wm; /* publish everything after the stored watermark */
+    oq__ring_reset(r);
+    r->ndelivered = 0;
     r->failed.n = 0;
     r->draining = 0;
     r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
     r->resume_at_us = 0;
-    OQ_LOG_INFO("relay", "lease %s acquired owner=%s fence=%" PRId64 " lease_ms=%" PRId64,
-                r->lease_name, r->owner, fence, r->lease_ms);
+    OQ_LOG_INFO("relay", "lease %s acquired owner=%s fence=%" PRId64 " lease_ms=%" PRId64
+                         " published_seq=%" PRId64,
+                r->lease_name, r->owner, fence, r->lease_ms, wm);
     OQ_CRASH_POINT("relay.after_lease_acquire");
 }
 
@@ -529,9 +565,9 @@ static void oq__renew(oq_relay_t *r)
 /* --- marking (relay thread side) ---------------------------------------------------------- */
 
 /*
- * Collects the writer's finished mark job, if any. On success the rows count as published and
- * the lease as renewed (the mark transaction renewed it); a fenced job loses the lease; any
- * other failure hands the rows back to `delivered` for the next job.
+ * Collects the writer's finished mark job, if any. On success the watermark counts as stored
+ * and the lease as renewed (the mark renewed it); a fenced job loses the lease; any other
+ * failure leaves the watermark for the next job (it only grows meanwhile).
  * @returns 1 when a job was collected.
  */
 static int oq__mark_collect(oq_relay_t *r)
@@ -542,14 +578,9 @@ static int oq__mark_collect(oq_relay_t *r)
         return 0;
     }
     int rc = r->job_rc;
-    int64_t marked = r->job_marked, now = r->job_now, fence = r->job_fence;
-    size_t unique = r->job_unique, n = r->job.n;
+    int64_t now = r->job_now, fence = r->job_fence, upto = r->job_upto, from = r->job_from;
+    uint64_t n = r->job_n;
     int current = r->holder && fence == r->fence;
-    if (rc != 0 && rc != OQ_EFENCED && current)
-        for (size_t i = 0; i < n; i++) oq__list_push(&r->delivered, r->job.v[i]);
-    if (rc != 0 && rc != OQ_EFENCED && current && r->delivered.n == n)
-        r->first_delivered_us = oq_mono_us();
-    r->job.n = 0;
     r->job_state = OQ__JOB_IDLE;
     pthread_mutex_unlock(&r->wmu);
 
@@ -558,37 +589,43 @@ static int oq__mark_collect(oq_relay_t *r)
             r->renewed_at_ms = now;
             r->expires_at_ms = now + r->lease_ms;
             r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
+            if (upto > r->wm_stored) r->wm_stored = upto;
         }
-        r->st.published += (uint64_t)marked;
+        r->st.published += n;
         r->st.batches++;
-        oq_counter_add(r->m_published, (uint64_t)marked);
-        oq_histogram_observe(r->m_batch, (double)unique);
-        OQ_LOG_DEBUG("relay", "marked rows=%" PRId64 " delivered=%zu first_seq=%" PRId64
-                              " last_seq=%" PRId64 " fence=%" PRId64,
-                     marked, unique, r->job_first, r->job_last, fence);
+        oq_counter_add(r->m_published, n);
+        oq_histogram_observe(r->m_batch, (double)n);
+        OQ_LOG_DEBUG("relay", "published_seq %" PRId64 " -> %" PRId64 " (%" PRIu64
+                              " delivery reports) fence=%" PRId64,
+                     from, upto, n, fence);
     } else if (rc == OQ_EFENCED) {
         if (current) oq__lose_lease(r, "mark refused by the fencing check");
     } else {
-        OQ_LOG_WARN("relay", "marking %zu delivered rows failed (kept, will retry): %s", n,
+        if (current) {
+            if (r->ndelivered == 0) r->first_delivered_us = oq_mono_us();
+            r->ndelivered += n; /* counted with the next mark */
+        }
+        OQ_LOG_WARN("relay", "storing published_seq=%" PRId64 " failed (will retry): %s", upto,
                     r->job_err);
         r->resume_at_us = oq_mono_us() + (rc == OQ_EBUSY ? 10000 : 1000000);
     }
     return 1;
 }
 
-/* Hands the delivered list to the writer if it is idle. @returns 1 when submitted. */
+/* Hands the watermark to the writer if it moved and the writer is idle. @returns 1 when
+ * submitted. */
 static int oq__mark_submit(oq_relay_t *r)
 {
-    if (!r->holder || r->delivered.n == 0 || r->draining) return 0;
+    if (!r->holder || r->wm <= r->wm_stored) return 0;
     pthread_mutex_lock(&r->wmu);
     if (r->job_state != OQ__JOB_IDLE) {
         pthread_mutex_unlock(&r->wmu);
         return 0;
     }
-    oq__list_t t = r->job; /* swap buffers: no copy */
-    r->job = r->delivered;
-    r->delivered = t;
-    r->delivered.n = 0;
+    r->job_upto = r->wm;
+    r->job_from = r->wm_stored;
+    r->job_n = r->ndelivered;
+    r->ndelivered = 0;
     r->job_fence = r->fence;
     r->job_state = OQ__JOB_PENDING;
     pthread_cond_signal(&r->wcv);
@@ -615,34 +652,14 @@ static void oq__mark_wait(oq_relay_t *r)
 static void oq__writer_mark(oq_relay_t *r)
 {
     oq_error_t err = {0};
-    size_t n = r->job.n, u = 0;
-    if (r->wseq_cap < n) {
-        int64_t *b = realloc(r->wseq, n * sizeof(*b));
-        if (!b) {
-            r->job_rc = oq_error_set(&err, OQ_ENOMEM, 0, "mark: out of memory");
-            snprintf(r->job_err, sizeof(r->job_err), "%s", err.msg);
-            return;
-        }
-        r->wseq = b;
-        r->wseq_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) r->wseq[i] = r->job.v[i].seq;
-    qsort(r->wseq, n, sizeof(int64_t), oq__cmp_i64);
-    for (size_t i = 0; i < n; i++) /* drop duplicates (a re-sent row reported twice) */
-        if (u == 0 || r->wseq[i] != r->wseq[u - 1]) r->wseq[u++] = r->wseq[i];
-
     OQ_CRASH_POINT("relay.after_delivery_before_mark");
-    int64_t now = oq_now_ms(), marked = 0, t0 = oq_mono_us();
+    int64_t now = oq_now_ms(), t0 = oq_mono_us();
     int rc = oq__relay_store_mark(r->wstore, r->lease_name, r->owner, r->job_fence, r->lease_ms,
-                                  now, r->wseq, u, &marked, &err);
+                                  now, r->job_upto, &err);
     r->t_mark_us += oq_mono_us() - t0;
     if (rc == 0) OQ_CRASH_POINT("relay.after_mark_commit");
     r->job_rc = rc;
-    r->job_marked = marked;
     r->job_now = now;
-    r->job_unique = u;
-    r->job_first = u ? r->wseq[0] : 0;
-    r->job_last = u ? r->wseq[u - 1] : 0;
     snprintf(r->job_err, sizeof(r->job_err), "%s", rc ? err.msg : "");
 }
 
@@ -711,81 +728,29 @@ static void *oq__writer_main(void *arg)
     return NULL;
 }
 
-typedef struct {
-    int32_t topic, partition;
-    int64_t min_seq;
-} oq__fmin_t;
-
-static int oq__cmp_fmin(const void *a, const void *b)
-{
-    const oq__fmin_t *x = a, *y = b;
-    if (x->topic != y->topic) return x->topic < y->topic ? -1 : 1;
-    if (x->partition != y->partition) return x->partition < y->partition ? -1 : 1;
-    return 0;
-}
-
-/* Lowest failed seq that constrains \p e (same topic, same or unknown partition). */
-static int64_t oq__fmin_lookup(const oq__fmin_t *f, size_t n, const oq__entry_t *e)
-{
-    int64_t best = INT64_MAX;
-    oq__fmin_t k = {.topic = e->topic, .partition = e->partition};
-    const oq__fmin_t *hit = bsearch(&k, f, n, sizeof(*f), oq__cmp_fmin);
-    if (hit) best = hit->min_seq;
-    k.partition = -1;
-    hit = bsearch(&k, f, n, sizeof(*f), oq__cmp_fmin);
-    if (hit && hit->min_seq < best) best = hit->min_seq;
-    return best;
-}
-
 /*
- * Nothing is in flight any more: keep in `delivered` only rows that precede every failure of
- * their partition, rewind the cursor to the lowest failed row, back off.
+ * Nothing is in flight any more: every row up to the watermark was delivered, and the ring's
+ * head is the lowest failed row. Rewind the cursor to the watermark (rows delivered above it
+ * are sent again, in order) and back off.
  */
 static void oq__finish_drain(oq_relay_t *r)
 {
-    size_t nf = r->failed.n, nk = 0;
+    size_t nf = r->failed.n;
     int64_t gmin = INT64_MAX;
-    oq__fmin_t *f = nf ? malloc(nf * sizeof(*f)) : NULL;
-    for (size_t i = 0; i < nf; i++) {
-        const oq__entry_t *e = &r->failed.v[i];
-        if (e->seq < gmin) gmin = e->seq;
-        if (f) f[i] = (oq__fmin_t){.topic = e->topic, .partition = e->partition, .min_seq = e->seq};
-    }
-    size_t kept = 0, dropped = 0;
-    if (f) {
-        qsort(f, nf, sizeof(*f), oq__cmp_fmin);
-        for (size_t i = 0; i < nf; i++) {
-            if (nk > 0 && oq__cmp_fmin(&f[nk - 1], &f[i]) == 0) {
-                if (f[i].min_seq < f[nk - 1].min_seq) f[nk - 1].min_seq = f[i].min_seq;
-            } else {
-                f[nk++] = f[i];
-            }
-        }
-        for (size_t i = 0; i < r->delivered.n; i++) {
-            oq__entry_t e = r->delivered.v[i];
-            if (e.seq < oq__fmin_lookup(f, nk, &e))
-                r->delivered.v[kept++] = e;
-            else
-                dropped++;
-        }
-    } else {
-        /* No memory for the per-partition table: keep only rows before the global minimum. */
-        for (size_t i = 0; i < r->delivered.n; i++) {
-            if (r->delivered.v[i].seq < gmin)
-                r->delivered.v[kept++] = r->delivered.v[i];
-            else
-                dropped++;
-        }
-    }
-    r->delivered.n = kept;
-    free(f);
-    if (gmin != INT64_MAX && gmin - 1 < r->cursor) r->cursor = gmin - 1;
+    for (size_t i = 0; i < nf; i++)
+        if (r->failed.v[i].seq < gmin) gmin = r->failed.v[i].seq;
+    /* The failed row's ring entry stopped the head, so wm < gmin already; the clamp only
+     * guards an entry the ring never saw (a failure before it was produced). */
+    if (gmin != INT64_MAX && r->wm > gmin - 1) r->wm = gmin - 1;
+    if (r->wm < r->wm_stored) r->wm = r->wm_stored;
+    int64_t resend = r->cursor > r->wm ? r->cursor - r->wm : 0;
+    oq__ring_reset(r);
+    r->cursor = r->wm;
     r->st.rewinds++;
     oq_counter_add(r->m_rewinds, 1);
     OQ_LOG_WARN("relay", "%zu deliveries failed; re-publishing from seq=%" PRId64
-                         " in %" PRId64 " ms (%zu delivered rows kept for marking, %zu to re-send "
-                         "for order)",
-                nf, gmin == INT64_MAX ? r->cursor + 1 : gmin, r->backoff_ms, kept, dropped);
+                         " in %" PRId64 " ms (up to %" PRId64 " rows sent again)",
+                nf, r->wm + 1, r->backoff_ms, resend);
     r->failed.n = 0;
     r->draining = 0;
     r->resume_at_us = oq_mono_us() + r->backoff_ms * 1000;
@@ -824,6 +789,7 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
         r->draining = 1;
         return 1;
     }
+    if (r->ring_len >= (uint32_t)r->max_inflight) return 1; /* ring full behind a slow row */
     uint32_t h = oq__slot_alloc(r);
     if (!h) return 1; /* max_inflight reached */
     r->slots[h - 1].seq = row->seq;
@@ -856,6 +822,8 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
         }
         return 1;
     }
+    /* Its delivery report can only come from a later rd_kafka_poll() on this thread. */
+    r->slots[h - 1].ring = oq__ring_push(r, row->seq);
     r->st.inflight++;
     r->st.produced++;
     oq_counter_add(r->m_produced, 1);
@@ -869,6 +837,8 @@ static int oq__produce_batch(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int room = r->max_inflight - r->st.inflight;
+    int ring_room = r->max_inflight - (int)r->ring_len;
+    if (room > ring_room) room = ring_room;
     if (room > r->batch_rows) room = r->batch_rows;
     if (room <= 0) return 0;
     int n = 0;
@@ -918,9 +888,9 @@ static void oq__shutdown(oq_relay_t *r)
             oq__finish_drain(r);
         }
         oq__mark_wait(r);
-        for (int tries = 0; r->holder && r->delivered.n > 0 && tries < 20; tries++) {
+        for (int tries = 0; r->holder && r->wm > r->wm_stored && tries < 20; tries++) {
             if (oq__mark_submit(r)) oq__mark_wait(r);
-            if (r->delivered.n > 0) oq_sleep_ms(50, NULL);
+            if (r->wm > r->wm_stored) oq_sleep_ms(50, NULL);
         }
     }
     oq__mark_wait(r);
@@ -1029,8 +999,8 @@ static void *oq__relay_main(void *arg)
             if (n > 0) progressed = 1;
             if (n == 0 && !r->draining && !r->fatal) caught_up = 1;
         }
-        if (r->delivered.n > 0 && !r->draining &&
-            (r->st.inflight == 0 || r->delivered.n >= (size_t)r->batch_rows ||
+        if (r->wm > r->wm_stored &&
+            (r->st.inflight == 0 || r->ndelivered >= (uint64_t)r->batch_rows ||
              oq_mono_us() - r->first_delivered_us >= OQ__RELAY_MARK_MAX_DELAY_US)) {
             if (oq__mark_submit(r)) progressed = 1;
         }
@@ -1087,7 +1057,7 @@ static int oq__register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labe
     r->m_oldest = oq_metrics_gauge(m, "onceq_relay_oldest_pending_age_seconds",
                                    "Age of the oldest unpublished outbox row", labels);
     r->m_published = oq_metrics_counter(m, "onceq_relay_published_total",
-                                        "Outbox rows marked published by this relay", labels);
+                                        "Delivery reports covered by a stored watermark", labels);
     r->m_produced = oq_metrics_counter(m, "onceq_relay_produced_total",
                                        "Messages handed to librdkafka (includes re-sends)", labels);
     r->m_errors = oq_metrics_counter(m, "onceq_relay_delivery_errors_total",
@@ -1106,7 +1076,8 @@ static int oq__register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labe
                                   "Fencing token held (or last held)", labels);
     r->m_inflight = oq_metrics_gauge(m, "onceq_relay_inflight",
                                      "Messages produced without a delivery report", labels);
-    r->m_batch = oq_metrics_histogram(m, "onceq_relay_batch_rows", "Rows per mark transaction",
+    r->m_batch = oq_metrics_histogram(m, "onceq_relay_batch_rows",
+                                      "Delivery reports per watermark advance",
                                       labels, batch_bounds,
                                       sizeof(batch_bounds) / sizeof(batch_bounds[0]));
     r->m_latency = oq_metrics_histogram(
@@ -1154,7 +1125,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     atomic_init(&r->cleaned, 0);
 
     r->db_path = oq__strdup(opts->db_path);
-    r->sync = oq__strdup(opts->db_synchronous);
+    r->sync = oq__strdup(opts->db_synchronous ? opts->db_synchronous : "NORMAL");
     r->brokers = oq__strdup(opts->brokers);
     r->lease_name = oq__strdup(opts->lease_name ? opts->lease_name : "outbox");
     if (opts->owner) {
@@ -1179,12 +1150,14 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->poll_max_ms = opts->poll_max_ms;
     r->stop_timeout_ms = opts->stop_timeout_ms;
     if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) ||
-        (opts->db_synchronous && !r->sync)) {
+        !r->sync) {
         oq_error_set(err, OQ_ENOMEM, 0, "relay: out of memory");
         goto fail;
     }
     r->slots = calloc((size_t)r->max_inflight, sizeof(*r->slots));
-    if (!r->slots) {
+    r->ring_seq = calloc((size_t)r->max_inflight, sizeof(*r->ring_seq));
+    r->ring_done = calloc((size_t)r->max_inflight, sizeof(*r->ring_done));
+    if (!r->slots || !r->ring_seq || !r->ring_done) {
         oq_error_set(err, OQ_ENOMEM, 0, "relay: out of memory");
         goto fail;
     }
@@ -1251,10 +1224,9 @@ void oq_relay_destroy(oq_relay_t *r)
     oq__relay_store_close(r->store);
     oq__relay_store_close(r->wstore);
     free(r->slots);
-    free(r->delivered.v);
+    free(r->ring_seq);
+    free(r->ring_done);
     free(r->failed.v);
-    free(r->job.v);
-    free(r->wseq);
     free(r->db_path);
     free(r->sync);
     free(r->brokers);

@@ -46,11 +46,14 @@ int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t 
  * @param fence in: the fence we think we hold (0: none); out: the fence now held.
  * @param held out: 1 when \p owner holds the lease after the call.
  * @param holder out (may be NULL, \p holder_cap bytes): the current holder's owner id.
+ * @param published_seq out (may be NULL): the lease's watermark (0 for a new lease row); with
+ *        *held, where the new holder starts publishing.
  * @returns 0 or OQ_EBUSY / OQ_EDB.
  */
 int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *owner,
                             int64_t lease_ms, int64_t now_ms, int64_t *fence, int *held,
-                            char *holder, size_t holder_cap, oq_error_t *err);
+                            char *holder, size_t holder_cap, int64_t *published_seq,
+                            oq_error_t *err);
 
 /** Renew a held lease (expires_at = now + lease). @returns 0, OQ_EFENCED when lost,
  *  OQ_EBUSY / OQ_EDB. */
@@ -62,25 +65,25 @@ int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *
                             int64_t fence, oq_error_t *err);
 
 /**
- * Read unpublished rows with seq > \p after in seq order, at most \p max_rows rows and about
- * \p max_bytes payload bytes (at least one row), calling \p cb for each.
+ * Read rows with seq > \p after (the relay's cursor, never below the watermark) in seq order,
+ * at most \p max_rows rows and about \p max_bytes payload bytes (at least one row), calling
+ * \p cb for each.
  * @param nread out: rows passed to \p cb and accepted.
  */
 int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int64_t max_bytes,
                          oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err);
 
 /**
- * In one transaction: renew the lease (fails -> OQ_EFENCED, nothing marked), then set
- * published_at = \p now_ms on the rows \p seqs (sorted ascending, no duplicates), each UPDATE
- * checking the fencing token. Crash points relay.after_mark_before_commit inside.
- * @param marked out: rows changed.
- * @returns 0, OQ_EFENCED, OQ_EBUSY or OQ_EDB (on error nothing is marked).
+ * In one transaction, under the fencing check (owner, fence, unexpired): renew the lease and
+ * advance the watermark to \p upto (every row with seq <= upto was delivered; it never moves
+ * back). Crash point relay.after_mark_before_commit inside.
+ * @returns 0, OQ_EFENCED (lease lost: nothing written), OQ_EBUSY or OQ_EDB.
  */
 int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
-                         int64_t lease_ms, int64_t now_ms, const int64_t *seqs, size_t n,
-                         int64_t *marked, oq_error_t *err);
+                         int64_t lease_ms, int64_t now_ms, int64_t upto, oq_error_t *err);
 
-/** Delete at most \p limit rows published before \p cutoff_ms, one transaction. */
+/** Delete published rows created before \p cutoff_ms among the \p limit oldest rows, one
+ *  transaction. */
 int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, int64_t *deleted,
                             oq_error_t *err);
 

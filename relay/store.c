@@ -1,6 +1,7 @@
 /*
- * All SQL of the relay, against the tables of schema/common/0001_outbox.sql (outbox and
- * relay_lease), so that a second backend can be written beside this file.
+ * All SQL of the relay, against the tables of schema/common/0001_outbox.sql and
+ * 0002_outbox_watermark.sql (outbox and relay_lease), so that a second backend can be written
+ * beside this file.
  *
  * Lease and fencing: relay_lease holds one row per lease name with the owner, a fencing token
  * and an expiry in wall-clock ms. Taking an expired lease (or a missing one) bumps the fence in
@@ -10,11 +11,12 @@
  * past its expiry and resumed finds zero rows to change and learns it was fenced, instead of
  * marking rows a successor is now responsible for.
  *
- * Reads use the partial index outbox_pending (seq WHERE published_at IS NULL) and run in
- * autocommit (a WAL snapshot per batch), so a long Kafka outage never holds a write lock.
- * Marks set published_at on runs of consecutive delivered seqs with one ranged UPDATE each, in
- * one transaction per batch that first renews the lease. Retention deletes in bounded
- * batches through the outbox_published index.
+ * Publish progress is a watermark, relay_lease.published_seq: every row with seq <= it was
+ * delivered, every row above it is pending. Reads are a rowid range scan after a cursor and
+ * run in autocommit (a WAL snapshot per batch), so a long Kafka outage never holds a write
+ * lock. A mark is one UPDATE of the lease row that renews the lease and advances the watermark
+ * (never backwards) under the fencing check, whatever the number of rows it covers. Retention
+ * deletes published rows past their age in bounded batches from the low end of seq.
  */
 #include "relay_store.h"
 
@@ -39,7 +41,7 @@ struct oq__relay_store {
 static const char sql_data_version[] = "PRAGMA data_version";
 
 static const char sql_lease_get[] =
-    "SELECT owner, fence, expires_at FROM relay_lease WHERE name = ?1";
+    "SELECT owner, fence, expires_at, published_seq FROM relay_lease WHERE name = ?1";
 static const char sql_lease_insert[] =
     "INSERT INTO relay_lease(name, owner, fence, expires_at) VALUES (?1, ?2, 1, ?3)";
 static const char sql_lease_take[] =
@@ -53,26 +55,32 @@ static const char sql_lease_release[] =
 
 static const char sql_read[] =
     "SELECT seq, created_at, message_id, topic, key, payload FROM outbox "
-    "WHERE published_at IS NULL AND seq > ?1 ORDER BY seq LIMIT ?2";
+    "WHERE seq > ?1 ORDER BY seq LIMIT ?2";
 
-/* The fencing check is part of the mark itself, not only of the renewal before it. */
-static const char sql_mark_range[] =
-    "UPDATE outbox SET published_at = ?1 "
-    "WHERE seq BETWEEN ?2 AND ?3 AND published_at IS NULL "
-    "AND EXISTS (SELECT 1 FROM relay_lease WHERE name = ?4 AND owner = ?5 AND fence = ?6 "
-    "AND expires_at > ?7)";
+/* Mark = renew + advance the watermark, under the fencing check, in one statement. */
+static const char sql_mark[] =
+    "UPDATE relay_lease SET published_seq = max(published_seq, ?6), published_at = ?4, "
+    "expires_at = ?5 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > ?4";
 
+/* The highest watermark of any lease row: rows at or below it were delivered. */
+#define OQ__WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM relay_lease)"
+
+/* Looks at the oldest ?2 rows only (bounded work per call, however many young published rows
+ * there are) and deletes those published and created before ?1. created_at follows seq up to
+ * clock steps: a row out of order waits for a later round. */
 static const char sql_cleanup[] =
-    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE published_at IS NOT NULL "
-    "AND published_at < ?1 ORDER BY published_at LIMIT ?2)";
+    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE seq <= " OQ__WATERMARK
+    " ORDER BY seq LIMIT ?2) AND created_at < ?1";
 
-static const char sql_pending_count[] = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+static const char sql_pending_count[] =
+    "SELECT count(*) FROM outbox WHERE seq > " OQ__WATERMARK;
 static const char sql_pending_oldest[] =
-    "SELECT created_at FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT 1";
+    "SELECT created_at FROM outbox WHERE seq > " OQ__WATERMARK " ORDER BY seq LIMIT 1";
 
 static const char sql_check_tables[] =
     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('outbox', "
     "'relay_lease')";
+static const char sql_check_watermark[] = "SELECT published_seq FROM relay_lease LIMIT 0";
 
 /* --- open / close -------------------------------------------------------------------------- */
 
@@ -105,8 +113,16 @@ int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_st
     }
     sqlite3_finalize(st);
     st = NULL;
-    /* The relay reads every row once and rewrites it once (the mark): memory-mapped reads
-     * avoid a pread copy per page, a larger cache keeps the index pages the marks touch. */
+    if (sqlite3_prepare_v2(s->db, sql_check_watermark, -1, &st, NULL) != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EDB, 0,
+                          "database %s has no relay_lease.published_seq (schema older than this "
+                          "relay: start the producer or consumer of this version once to migrate)",
+                          path);
+        goto fail;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    /* The relay reads every row once: memory-mapped reads avoid a pread copy per page. */
     sqlite3_exec(s->db, "PRAGMA mmap_size=268435456", NULL, NULL, NULL);
     sqlite3_exec(s->db, "PRAGMA cache_size=-32768", NULL, NULL, NULL);
     s->cache = oq_stmt_cache_new(s->db);
@@ -160,11 +176,13 @@ int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t 
 
 int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *owner,
                             int64_t lease_ms, int64_t now_ms, int64_t *fence, int *held,
-                            char *holder, size_t holder_cap, oq_error_t *err)
+                            char *holder, size_t holder_cap, int64_t *published_seq,
+                            oq_error_t *err)
 {
     sqlite3_stmt *st;
     int rc, step;
     *held = 0;
+    if (published_seq) *published_seq = 0;
     if (holder && holder_cap) holder[0] = '\0';
     rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
@@ -207,6 +225,7 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
     snprintf(cur_owner, sizeof(cur_owner), "%s", o ? (const char *)o : "");
     int64_t cur_fence = sqlite3_column_int64(st, 1);
     int64_t cur_exp = sqlite3_column_int64(st, 2);
+    if (published_seq) *published_seq = sqlite3_column_int64(st, 3);
     sqlite3_reset(st);
     if (holder && holder_cap) snprintf(holder, holder_cap, "%s", cur_owner);
 
@@ -342,46 +361,34 @@ int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int6
 /* --- mark ---------------------------------------------------------------------------------- */
 
 int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
-                         int64_t lease_ms, int64_t now_ms, const int64_t *seqs, size_t n,
-                         int64_t *marked, oq_error_t *err)
+                         int64_t lease_ms, int64_t now_ms, int64_t upto, oq_error_t *err)
 {
-    int rc;
-    int64_t total = 0;
-    *marked = 0;
-    rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
+    int rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
-    /* Renew first: a fenced holder stops here, and a busy database cannot let the lease lapse
-     * while deliveries keep coming. */
-    rc = oq__lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
-    if (rc != 0) goto out;
-
-    sqlite3_stmt *st = oq__get(s, sql_mark_range, err);
+    sqlite3_stmt *st = oq__get(s, sql_mark, err);
     if (!st) {
         rc = oq__prep_fail(err);
         goto out;
     }
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        while (j + 1 < n && seqs[j + 1] == seqs[j] + 1) j++;
-        sqlite3_bind_int64(st, 1, now_ms);
-        sqlite3_bind_int64(st, 2, seqs[i]);
-        sqlite3_bind_int64(st, 3, seqs[j]);
-        sqlite3_bind_text(st, 4, name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 5, owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 6, fence);
-        sqlite3_bind_int64(st, 7, now_ms);
-        int step = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (step != SQLITE_DONE) {
-            rc = oq_db_error(s->db, step, err, "relay mark");
-            goto out;
-        }
-        total += sqlite3_changes(s->db);
-        i = j + 1;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, fence);
+    sqlite3_bind_int64(st, 4, now_ms);
+    sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+    sqlite3_bind_int64(st, 6, upto);
+    int step = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) {
+        rc = oq_db_error(s->db, step, err, "relay mark");
+        goto out;
+    }
+    if (sqlite3_changes(s->db) != 1) {
+        rc = oq_error_set(err, OQ_EFENCED, 0, "lease %s lost (fence %" PRId64 "): nothing marked",
+                          name, fence);
+        goto out;
     }
     OQ_CRASH_POINT("relay.after_mark_before_commit");
     rc = oq_db_commit(s->db, err);
-    if (rc == 0) *marked = total;
 out:
     if (rc != 0) oq_db_rollback(s->db);
     return rc;
@@ -465,9 +472,9 @@ static void oq__append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
 
 int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err)
 {
-    static const char q_pub[] = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+    static const char q_pub[] = "SELECT count(*) FROM outbox WHERE seq <= " OQ__WATERMARK;
     static const char q_lease[] =
-        "SELECT name, owner, fence, expires_at FROM relay_lease ORDER BY name";
+        "SELECT name, owner, fence, expires_at, published_seq FROM relay_lease ORDER BY name";
     sqlite3_stmt *st = NULL;
     int rc = 0, found;
     int64_t pending = 0, oldest = 0, published = 0;
@@ -510,7 +517,8 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
         const unsigned char *owner = sqlite3_column_text(st, 1);
         int64_t fence = sqlite3_column_int64(st, 2);
         int64_t exp = sqlite3_column_int64(st, 3);
-        oq__append(buf, n, &pos, " lease=%s", lname ? (const char *)lname : "?");
+        oq__append(buf, n, &pos, " lease=%s published_seq=%" PRId64,
+                   lname ? (const char *)lname : "?", (int64_t)sqlite3_column_int64(st, 4));
         if (exp > now_ms)
             oq__append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs",
                        owner ? (const char *)owner : "?", fence,

@@ -72,7 +72,7 @@ oq_wait_for 15 q_is 'SELECT count(*) FROM dlq WHERE published_at IS NULL' 0 ||
 "$KC" consume --brokers "$BROKERS" --topic onceq.dlq --group dlq-check --max 6 --timeout-ms 20000 \
     -X session.timeout.ms=6000 >"$T/dlq.out" 2>"$T/dlq.err" || { cat "$T/dlq.err"; oq_fail "onceq.dlq does not hold 6 messages"; }
 # results: one per terminal execution, all published by the embedded relay
-oq_wait_for 20 q_is 'SELECT count(*) FROM outbox WHERE published_at IS NULL' 0 ||
+oq_wait_for 20 q_is 'SELECT count(*) FROM outbox_unpublished' 0 ||
     oq_fail "results not published"
 [[ $(q "SELECT count(DISTINCT key) FROM outbox WHERE topic='onceq.tool-results'") == "$N" ]] ||
     oq_fail "not one result per call"

@@ -59,13 +59,13 @@ int main(int argc, char **argv)
     const char *q = argv[2];
     int rc;
     if (strcmp(q, "pending") == 0)
-        rc = print_rows(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
+        rc = print_rows(db, "SELECT count(*) FROM outbox_unpublished");
     else if (strcmp(q, "published") == 0)
-        rc = print_rows(db, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL");
+        rc = print_rows(db, "SELECT count(*) FROM outbox WHERE seq NOT IN (SELECT seq FROM outbox_unpublished)");
     else if (strcmp(q, "total") == 0)
         rc = print_rows(db, "SELECT count(*) FROM outbox");
     else if (strcmp(q, "unmarked-ids") == 0)
-        rc = print_rows(db, "SELECT message_id FROM outbox WHERE published_at IS NULL ORDER BY seq");
+        rc = print_rows(db, "SELECT message_id FROM outbox_unpublished ORDER BY seq");
     else if (strcmp(q, "fence") == 0)
         rc = print_rows(db, "SELECT coalesce((SELECT fence FROM relay_lease WHERE name='outbox'), 0)");
     else if (strcmp(q, "owner") == 0)

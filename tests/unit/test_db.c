@@ -173,6 +173,39 @@ static void test_migrate_fresh_and_rerun(void **state)
     }
 }
 
+/* An effects.db from before the watermark migration: rows marked one by one. The upgrade
+ * turns the marks into relay_lease.published_seq (everything below the first unmarked row). */
+static void test_migrate_outbox_watermark_upgrade(void **state)
+{
+    fixture_t *f = *state;
+    static const char *const before[] = {"common/0001_outbox.sql", "consumer/0001_init.sql",
+                                         NULL};
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
+    assert_int_equal(oq_db_migrate(db, before, &err), 0);
+    assert_int_equal(oq_db_exec(db,
+                                "INSERT INTO outbox(message_id, topic, key, payload, created_at, "
+                                "published_at) VALUES ('m1','t','k','p',1,5), ('m2','t','k','p',1,5),"
+                                " ('m3','t','k','p',1,NULL), ('m4','t','k','p',1,6), "
+                                "('m5','t','k','p',1,NULL);"
+                                "INSERT INTO relay_lease(name, owner, fence, expires_at) "
+                                "VALUES ('outbox', 'old', 4, 0)",
+                                &err),
+                     0);
+    assert_int_equal(oq_db_migrate(db, oq_migrations_consumer, &err), 0);
+    assert_int_equal(oq_db_user_version(db), set_len(oq_migrations_consumer));
+    /* m4 was published after a gap: it is sent again (a duplicate the inbox absorbs) */
+    assert_int_equal(query_int(db, "SELECT published_seq FROM relay_lease"), 2);
+    assert_int_equal(query_int(db, "SELECT fence FROM relay_lease"), 4);
+    assert_int_equal(query_int(db, "SELECT group_concat(seq) = '3,4,5' FROM outbox_unpublished"),
+                     1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM pragma_table_info('outbox') WHERE "
+                                   "name = 'published_at'"),
+                     0);
+    sqlite3_close_v2(db);
+}
+
 static void test_migrate_refuses_newer(void **state)
 {
     fixture_t *f = *state;
@@ -359,7 +392,7 @@ static void test_outbox_append(void **state)
                      sizeof(OQ_T_PAYLOAD) - 1);
     assert_int_equal(query_int(db, "SELECT created_at FROM outbox WHERE message_id='m-1'"),
                      1700000000123);
-    assert_int_equal(query_int(db, "SELECT published_at IS NULL FROM outbox WHERE seq=1"), 1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM outbox_unpublished WHERE seq=1"), 1);
     char k[64];
     query_text(db, "SELECT key || '|' || topic FROM outbox WHERE seq=2", k, sizeof(k));
     assert_string_equal(k, "c_0123456789abcdef|onceq.tool-calls");
@@ -416,6 +449,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors_name_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_fresh_and_rerun, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_outbox_watermark_upgrade, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_refuses_newer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_failure_applies_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_concurrent, setup, teardown),

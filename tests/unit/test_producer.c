@@ -70,6 +70,21 @@ static int64_t count(sqlite3 *db, const char *sql)
     return n;
 }
 
+/* Assert that the single text value \p sql selects equals \p want (NULL: SQL NULL). */
+static void text_is(sqlite3 *db, const char *sql, const char *want)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    const char *got = (const char *)sqlite3_column_text(st, 0);
+    if (want)
+        assert_string_equal(got ? got : "(null)", want);
+    else
+        assert_null(got);
+    assert_int_equal(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_finalize(st);
+}
+
 static int submit(oq_producer_t *p, const char *tenant, const char *key, const char *tool,
                   const char *args_json, oq_call_t *call, oq_submit_outcome_t *oc)
 {
@@ -272,6 +287,18 @@ static void test_retryable_failure_and_results(void **state)
     assert_int_equal(ro, OQ_RESULT_APPLIED);
     assert_int_equal(apply(f, a.call_id, "m1", "running", 1, NULL, NULL, &ro), 0);
     assert_int_equal(ro, OQ_RESULT_DUPLICATE);
+    /* a duplicate with another status changes nothing: no state change, no audit row, and
+     * the inbox row keeps its first status and outcome */
+    assert_int_equal(apply(f, a.call_id, "m1", "succeeded", 1, NULL, "ex", &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_DUPLICATE);
+    text_is(f->db, "SELECT state FROM calls", "running");
+    text_is(f->db, "SELECT effect_id FROM calls", NULL);
+    text_is(f->db, "SELECT status||'/'||outcome FROM result_inbox WHERE message_id='m1'",
+            "running/applied");
+    assert_int_equal(count(f->db, "SELECT count(*) FROM audit"), 1);
+    text_is(f->db, "SELECT event||' '||detail FROM audit",
+            "running {\"from\":\"pending\",\"attempt\":1,\"message_id\":\"m1\","
+            "\"effect_id\":null}");
     assert_int_equal(apply(f, a.call_id, "m2", "failed", 1,
                            "{\"code\":\"tool_failed\",\"message\":\"x\",\"retryable\":true}", NULL,
                            &ro),
@@ -281,9 +308,19 @@ static void test_retryable_failure_and_results(void **state)
     assert_int_equal(apply(f, a.call_id, "m2", "failed", 1, "{\"retryable\":true}", NULL, &ro), 0);
     assert_int_equal(ro, OQ_RESULT_DUPLICATE);
     assert_int_equal(count(f->db, "SELECT count(*) FROM audit WHERE event='failed'"), 1);
+    text_is(f->db, "SELECT detail FROM audit WHERE event='failed'",
+            "{\"from\":\"running\",\"attempt\":1,\"message_id\":\"m2\",\"effect_id\":null,"
+            "\"error\":{\"code\":\"tool_failed\",\"message\":\"x\",\"retryable\":true}}");
+    text_is(f->db, "SELECT error FROM calls",
+            "{\"code\":\"tool_failed\",\"message\":\"x\",\"retryable\":true}");
+    text_is(f->db, "SELECT outcome FROM result_inbox WHERE message_id='m2'", "applied");
     /* a late 'running' does not move a terminal call */
     assert_int_equal(apply(f, a.call_id, "m3", "running", 1, NULL, NULL, &ro), 0);
     assert_int_equal(ro, OQ_RESULT_IGNORED);
+    text_is(f->db, "SELECT outcome FROM result_inbox WHERE message_id='m3'", "ignored");
+    text_is(f->db, "SELECT detail FROM audit WHERE event='result_ignored'",
+            "{\"status\":\"running\",\"attempt\":1,\"reason\":\"call already terminal\","
+            "\"message_id\":\"m3\"}");
     oq_call_t g = {0};
     assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
     assert_string_equal(g.state, "failed");
@@ -300,10 +337,31 @@ static void test_retryable_failure_and_results(void **state)
     /* a stale result of attempt 1 is not applied; attempt 2 success is, with its effect id */
     assert_int_equal(apply(f, a.call_id, "m4", "succeeded", 1, NULL, "e1", &ro), 0);
     assert_int_equal(ro, OQ_RESULT_STALE);
+    text_is(f->db, "SELECT outcome FROM result_inbox WHERE message_id='m4'", "stale");
+    text_is(f->db,
+            "SELECT detail FROM audit WHERE event='result_ignored' AND id>(SELECT "
+            "min(id) FROM audit WHERE event='result_ignored')",
+            "{\"status\":\"succeeded\",\"attempt\":1,\"reason\":\"stale attempt\","
+            "\"message_id\":\"m4\"}");
     assert_int_equal(apply(f, a.call_id, "m5", "succeeded", 2, NULL, "e2", &ro), 0);
     assert_int_equal(ro, OQ_RESULT_APPLIED);
+    text_is(f->db, "SELECT detail FROM audit WHERE event='succeeded'",
+            "{\"from\":\"pending\",\"attempt\":2,\"message_id\":\"m5\",\"effect_id\":\"e2\"}");
+    text_is(f->db, "SELECT result FROM calls", "{\"ok\":true}");
+    int64_t audit_rows = count(f->db, "SELECT count(*) FROM audit");
+    /* an unknown call is recorded in the inbox (no audit row), and deduplicated like any */
     assert_int_equal(apply(f, "c_ffffffffffffffff", "m6", "succeeded", 1, NULL, NULL, &ro), 0);
     assert_int_equal(ro, OQ_RESULT_UNKNOWN_CALL);
+    text_is(f->db,
+            "SELECT call_id||' '||status||' '||outcome||' '||received_at FROM result_inbox "
+            "WHERE message_id='m6'",
+            "c_ffffffffffffffff succeeded unknown_call 1000");
+    assert_int_equal(apply(f, "c_ffffffffffffffff", "m6", "failed", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_DUPLICATE);
+    text_is(f->db, "SELECT status||'/'||outcome FROM result_inbox WHERE message_id='m6'",
+            "succeeded/unknown_call");
+    assert_int_equal(count(f->db, "SELECT count(*) FROM audit"), audit_rows);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM result_inbox"), 6);
     assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
     assert_string_equal(g.state, "succeeded");
     assert_string_equal(g.effect_id, "e2");
@@ -334,6 +392,40 @@ static void test_retryable_failure_and_results(void **state)
     oq_call_clear(&a);
     oq_call_clear(&b);
     oq_call_clear(&n);
+}
+
+/* The audit detail of an applied result is the JSON it always was: effect_id and the error
+ * are escaped exactly as jansson escapes them (quotes, backslashes, control characters,
+ * non-ASCII text kept as UTF-8), keys in the order from, attempt, message_id, effect_id (null
+ * when absent), error. */
+static void test_result_detail_escaping(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0};
+    oq_result_outcome_t ro;
+    assert_int_equal(submit(f->p, NULL, "esc", "charge", "{\"amount\":1}", &a, NULL), 0);
+    static const char eff[] = "e\"q\\b/\b\f\n\r\t\x01\x1f\x7f \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+    static const char errj[] = "{\"message\":\"bad \\\"x\\\"\\n\\u0002\xc3\xa9\",\"code\":\"c\","
+                               "\"retryable\":false,\"n\":1.5}";
+    assert_int_equal(apply(f, a.call_id, "m-esc", "failed", 1, errj, eff, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    /* the oracle: what json_pack + json_dumps(JSON_COMPACT) made of it */
+    json_t *e = json_loads(errj, 0, NULL);
+    assert_non_null(e);
+    json_t *d = json_pack("{s:s,s:I,s:s,s:s?}", "from", "pending", "attempt", (json_int_t)1,
+                          "message_id", "m-esc", "effect_id", eff);
+    assert_non_null(d);
+    json_object_set(d, "error", e);
+    char *want = json_dumps(d, JSON_COMPACT);
+    char *want_err = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+    text_is(f->db, "SELECT detail FROM audit WHERE event='failed'", want);
+    text_is(f->db, "SELECT error FROM calls", want_err);
+    text_is(f->db, "SELECT effect_id FROM calls", eff);
+    free(want);
+    free(want_err);
+    json_decref(d);
+    json_decref(e);
+    oq_call_clear(&a);
 }
 
 /* Scenario 6: the process is killed after the commit and before the reply. After a restart
@@ -472,8 +564,16 @@ static void test_purge(void **state)
     oq_call_t g = {0};
     assert_int_equal(oq_producer_get(f->p, a.call_id, &g, NULL), 0);
     int64_t exp = g.expires_at;
+    /* the relay's watermark covers every row (schema/common/0002_outbox_watermark.sql) */
+    assert_int_equal(oq_db_exec(f->db,
+                                "INSERT OR REPLACE INTO relay_lease(name, owner, fence, "
+                                "expires_at, published_seq) SELECT 'outbox', 't', 1, 0, max(seq) "
+                                "FROM outbox",
+                                &err),
+                     0);
+    /* and all three rows as old as p1 (they age by created_at) */
     char up[128];
-    snprintf(up, sizeof up, "UPDATE outbox SET published_at=%lld", (long long)g.created_at);
+    snprintf(up, sizeof up, "UPDATE outbox SET created_at=%lld", (long long)g.created_at);
     assert_int_equal(oq_db_exec(f->db, up, &err), 0);
     assert_int_equal(exp - g.created_at, OQ_DEFAULT_KEY_TTL_MS);
     oq_call_clear(&g);
@@ -496,7 +596,7 @@ static void test_purge(void **state)
     /* exactly at the expiry: the terminal call goes, pending/running stay */
     assert_int_equal(oq_store_purge(f->db, exp, OQ_DEFAULT_KEY_TTL_MS, 1, &ps, &err), 0);
     assert_int_equal(ps.calls, 1);
-    assert_int_equal(ps.outbox, 3); /* published exactly key_ttl ago: inclusive boundary */
+    assert_int_equal(ps.outbox, 3); /* published, created exactly key_ttl ago: inclusive */
     assert_true(ps.batches >= 3);   /* batch of 1 row */
     assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 2);
     /* far past every expiry, batch of 1: still only terminal calls; old published rows go */
@@ -535,6 +635,16 @@ static void test_purge(void **state)
     assert_int_equal(submit(f->p, NULL, "p3", "charge", "{\"amount\":3}", &q, &oc), 0);
     assert_int_equal(oc, OQ_SUBMIT_REPLAY);
     assert_string_equal(q.call_id, c.call_id);
+    /* rows above the relay's watermark are never purged, however old */
+    int64_t unpublished = count(f->db, "SELECT count(*) FROM outbox_unpublished");
+    assert_true(unpublished >= 2);
+    assert_int_equal(oq_db_exec(f->db, "UPDATE outbox SET created_at=1", &err), 0);
+    memset(&ps, 0, sizeof ps);
+    assert_int_equal(oq_store_purge(f->db, exp + 10 * OQ_DEFAULT_KEY_TTL_MS, OQ_DEFAULT_KEY_TTL_MS,
+                                    100, &ps, &err),
+                     0);
+    assert_int_equal(ps.outbox, 0);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), unpublished);
     oq_call_clear(&a);
     oq_call_clear(&b);
     oq_call_clear(&c);
@@ -904,6 +1014,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tenants_and_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_same_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retryable_failure_and_results, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_result_detail_escaping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_after_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delayed_response_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_in_tx, setup, teardown),

@@ -110,26 +110,26 @@ static void test_lease_exclusive_and_takeover(void **state)
     char holder[256];
 
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &fa, &held, holder,
-                                             sizeof(holder), &err), 0);
+                                             sizeof(holder), NULL, &err), 0);
     assert_true(held);
     assert_int_equal(fa, 1);
     /* B cannot take a live lease; it learns who holds it. */
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 10, &fb, &held, holder,
-                                             sizeof(holder), &err), 0);
+                                             sizeof(holder), NULL, &err), 0);
     assert_false(held);
     assert_string_equal(holder, "A");
     /* A renews: same fence. */
     assert_int_equal(oq__relay_lease_renew(a, "outbox", "A", 1, 5000, now + 2000, &err), 0);
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now + 2500, &fa, &held,
-                                             NULL, 0, &err), 0);
+                                             NULL, 0, NULL, &err), 0);
     assert_true(held);
     assert_int_equal(fa, 1);
     /* Lease lapses (last renewal at now+2500 -> expires now+7500): B takes it, fence 2. */
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 7400, &fb, &held, NULL,
-                                             0, &err), 0);
+                                             0, NULL, &err), 0);
     assert_false(held);
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 7500, &fb, &held, NULL,
-                                             0, &err), 0);
+                                             0, NULL, &err), 0);
     assert_true(held);
     assert_int_equal(fb, 2);
     /* A's renewal is refused even though A's clock thinks it is early. */
@@ -139,7 +139,7 @@ static void test_lease_exclusive_and_takeover(void **state)
     assert_int_equal(oq__relay_lease_release(b, "outbox", "B", 2, &err), 0);
     fa = 1;
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now + 7700, &fa, &held, NULL,
-                                             0, &err), 0);
+                                             0, NULL, &err), 0);
     assert_true(held);
     assert_int_equal(fa, 3);
     /* Release by a stale fence changes nothing. */
@@ -156,61 +156,55 @@ static void test_fenced_mark_changes_nothing(void **state)
     (void)state;
     oq_error_t err = {0};
     oq__relay_store_t *a = open_store(), *b = open_store();
-    int64_t now = oq_now_ms(), fa = 0, fb = 0, marked = -1;
+    int64_t now = oq_now_ms(), fa = 0, fb = 0, wm = -1;
     int held;
     append_rows(10, "k1", now);
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 1000, now, &fa, &held, NULL, 0,
-                                             &err), 0);
+                                             &wm, &err), 0);
     assert_true(held);
-    int64_t s1[] = {1, 2, 3};
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 10, s1, 3, &marked,
-                                          &err), 0);
-    assert_int_equal(marked, 3);
-    /* A is "paused" past its lease; B takes over. */
+    assert_int_equal(wm, 0); /* a new lease row: everything is pending */
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 10, 3, &err), 0);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease WHERE name='outbox'"), 3);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox_unpublished"), 7);
+    /* A is "paused" past its lease; B takes over and starts from A's watermark. */
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 1000, now + 2000, &fb, &held, NULL,
-                                             0, &err), 0);
+                                             0, &wm, &err), 0);
     assert_true(held);
     assert_int_equal(fb, fa + 1);
-    /* A resumes and tries to mark what it delivered: refused, nothing changes. */
-    int64_t s2[] = {4, 5, 6};
-    marked = -1;
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 2001, s2, 3, &marked,
-                                          &err), OQ_EFENCED);
-    assert_int_equal(marked, 0);
-    assert_int_equal(scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"), 3);
+    assert_int_equal(wm, 3);
+    /* A resumes and tries to store what it delivered: refused, nothing changes. */
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 2001, 6, &err),
+                     OQ_EFENCED);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease WHERE name='outbox'"), 3);
     /* Even with a forged "now" before B's take-over, the fence does not match. */
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 500, s2, 3, &marked,
-                                          &err), OQ_EFENCED);
-    /* B marks them. */
-    assert_int_equal(oq__relay_store_mark(b, "outbox", "B", fb, 1000, now + 2002, s2, 3, &marked,
-                                          &err), 0);
-    assert_int_equal(marked, 3);
-    assert_int_equal(scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"), 6);
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 500, 6, &err),
+                     OQ_EFENCED);
+    /* B advances it. */
+    assert_int_equal(oq__relay_store_mark(b, "outbox", "B", fb, 1000, now + 2002, 6, &err), 0);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease WHERE name='outbox'"), 6);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox_unpublished"), 4);
     oq__relay_store_close(a);
     oq__relay_store_close(b);
 }
-
-static void test_mark_ranges_with_gaps(void **state)
+static void test_mark_never_moves_back(void **state)
 {
     (void)state;
     oq_error_t err = {0};
     oq__relay_store_t *a = open_store();
-    int64_t now = oq_now_ms(), f = 0, marked = 0;
+    int64_t now = oq_now_ms(), f = 0;
     int held;
     append_rows(20, "k", now);
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0,
-                                             &err), 0);
-    int64_t seqs[] = {1, 2, 3, 5, 7, 8, 9, 20};
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now, seqs, 8, &marked, &err),
-                     0);
-    assert_int_equal(marked, 8);
-    assert_int_equal(scalar("SELECT group_concat(seq) = '1,2,3,5,7,8,9,20' FROM (SELECT seq FROM "
-                            "outbox WHERE published_at IS NOT NULL ORDER BY seq)"),
+                                             NULL, &err), 0);
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now, 9, &err), 0);
+    /* An older value (a late job) does not move it back; the lease is still renewed. */
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now + 100, 5, &err), 0);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease WHERE name='outbox'"), 9);
+    assert_int_equal(scalar("SELECT expires_at FROM relay_lease WHERE name='outbox'"),
+                     now + 100 + 5000);
+    assert_int_equal(scalar("SELECT group_concat(seq) = '10,11,12,13,14,15,16,17,18,19,20' FROM "
+                            "(SELECT seq FROM outbox_unpublished ORDER BY seq)"),
                      1);
-    /* Marking again changes nothing (already published). */
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now, seqs, 8, &marked, &err),
-                     0);
-    assert_int_equal(marked, 0);
     oq__relay_store_close(a);
 }
 
@@ -237,18 +231,15 @@ static void test_read_order_and_limits(void **state)
     (void)state;
     oq_error_t err = {0};
     oq__relay_store_t *a = open_store();
-    int64_t now = oq_now_ms(), f = 0, marked;
+    int64_t now = oq_now_ms(), f = 0;
     int held, n;
     append_rows(30, "k", now);
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0,
-                                             &err), 0);
-    int64_t pub[] = {2, 4};
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now, pub, 2, &marked, &err),
-                     0);
+                                             NULL, &err), 0);
     collect_t c = {0};
     assert_int_equal(oq__relay_store_read(a, 0, 5, 1 << 20, collect, &c, &n, &err), 0);
     assert_int_equal(n, 5);
-    int64_t want[] = {1, 3, 5, 6, 7};
+    int64_t want[] = {1, 2, 3, 4, 5};
     for (int i = 0; i < 5; i++) assert_int_equal(c.seqs[i], want[i]);
     /* after the cursor */
     memset(&c, 0, sizeof(c));
@@ -280,18 +271,17 @@ static void test_cleanup_and_status(void **state)
     (void)state;
     oq_error_t err = {0};
     oq__relay_store_t *a = open_store();
-    int64_t now = oq_now_ms(), f = 0, marked, deleted;
+    int64_t now = oq_now_ms(), f = 0, deleted;
     int held;
     append_rows(25, "k", now - 60000);
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "relay-A", 5000, now, &f, &held, NULL, 0,
-                                             &err), 0);
-    int64_t seqs[20];
-    for (int i = 0; i < 20; i++) seqs[i] = i + 1;
-    /* published "an hour ago" for 15 rows, now for 5 */
-    assert_int_equal(oq__relay_store_mark(a, "outbox", "relay-A", f, 5000, now, seqs + 15, 5,
-                                          &marked, &err), 0);
-    assert_int_equal(oq_db_exec(db, "UPDATE outbox SET published_at = 1 WHERE seq <= 15", &err),
-                     0);
+                                             NULL, &err), 0);
+    /* 20 rows delivered; 15 of them old, 5 created just now; 5 old rows still pending */
+    assert_int_equal(oq__relay_store_mark(a, "outbox", "relay-A", f, 5000, now, 20, &err), 0);
+    char upd[128];
+    snprintf(upd, sizeof(upd), "UPDATE outbox SET created_at = %lld WHERE seq BETWEEN 16 AND 20",
+             (long long)now);
+    assert_int_equal(oq_db_exec(db, upd, &err), 0);
     int64_t count, oldest;
     assert_int_equal(oq__relay_store_pending(a, &count, &oldest, &err), 0);
     assert_int_equal(count, 5);
@@ -301,11 +291,13 @@ static void test_cleanup_and_status(void **state)
     assert_int_equal(oq_relay_status_line(db, line, sizeof(line), &err), 0);
     assert_non_null(strstr(line, "pending=5"));
     assert_non_null(strstr(line, "published=20"));
+    assert_non_null(strstr(line, "published_seq=20"));
     assert_non_null(strstr(line, "holder=relay-A"));
     assert_non_null(strstr(line, "fence=1"));
     assert_non_null(strstr(line, "oldest_pending_age=60."));
 
-    /* bounded batches: 15 old rows, limit 10 -> 10 then 5 then 0; recent and pending stay */
+    /* bounded batches over the oldest rows: 15 old published rows, limit 10 -> 10 then 5 then 0;
+     * recent published rows and old pending ones stay */
     assert_int_equal(oq__relay_store_cleanup(a, now - 1000, 10, &deleted, &err), 0);
     assert_int_equal(deleted, 10);
     assert_int_equal(oq__relay_store_cleanup(a, now - 1000, 10, &deleted, &err), 0);
@@ -313,7 +305,8 @@ static void test_cleanup_and_status(void **state)
     assert_int_equal(oq__relay_store_cleanup(a, now - 1000, 10, &deleted, &err), 0);
     assert_int_equal(deleted, 0);
     assert_int_equal(scalar("SELECT count(*) FROM outbox"), 10);
-    assert_int_equal(scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL"), 5);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox_unpublished"), 5);
+    assert_int_equal(scalar("SELECT min(seq) FROM outbox"), 16);
 
     /* released lease -> status says so */
     assert_int_equal(oq__relay_lease_release(a, "outbox", "relay-A", f, &err), 0);
@@ -333,7 +326,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_requires_tables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_exclusive_and_takeover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fenced_mark_changes_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_mark_ranges_with_gaps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mark_never_moves_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_order_and_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cleanup_and_status, setup, teardown),
     };
