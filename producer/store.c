@@ -502,137 +502,50 @@ int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, 
 
 /* --- audit detail JSON --------------------------------------------------------------------- */
 
-/* Append-only text for an audit detail: on the stack unless a value is long. Any failure (out
- * of memory, a string that is not UTF-8) marks it bad, and the detail is then stored as NULL,
- * as when json_pack() refused the same input. */
-typedef struct jbuf {
-    char *p;
-    size_t n, cap;
-    int bad;
-    char inl[256];
-} jbuf_t;
-
-static void jb_init(jbuf_t *b)
+/* The detail of an applied result: {"from":…,"attempt":…,"message_id":…,"effect_id":…|null
+ * [,"error":…]}, written without building a JSON tree; \p error_json is the error as stored in
+ * calls.error. @returns malloc()ed text, or NULL (out of memory, or a string that is not
+ * UTF-8: the detail is then stored as NULL, as when json_pack() refused such input). */
+static char *applied_detail(const char *from, const oq_envelope_t *env, const char *error_json)
 {
-    b->p = b->inl;
-    b->n = 0;
-    b->cap = sizeof b->inl;
-    b->bad = 0;
-    b->inl[0] = '\0';
-}
-
-static void jb_free(jbuf_t *b)
-{
-    if (b->p != b->inl) free(b->p);
-}
-
-static void jb_put(jbuf_t *b, const char *s, size_t n)
-{
-    if (b->bad) return;
-    if (n >= b->cap - b->n) {
-        size_t cap = b->cap;
-        while (n >= cap - b->n)
-            cap *= 2;
-        char *np = b->p == b->inl ? malloc(cap) : realloc(b->p, cap);
-        if (!np) {
-            b->bad = 1;
-            return;
-        }
-        if (b->p == b->inl) memcpy(np, b->inl, b->n);
-        b->p = np;
-        b->cap = cap;
+    oq_jcs_buf_t b = {0};
+    oq_error_t e = {0};
+    char *out = NULL;
+    int rc = oq_jcs_put_raw(&b, "{\"from\":", 8, &e);
+    if (!rc) rc = oq_jcs_put_string(&b, from, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, &e);
+    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, &e);
+    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"effect_id\":", 13, &e);
+    if (!rc)
+        rc = env->effect_id ? oq_jcs_put_string(&b, env->effect_id, &e)
+                            : oq_jcs_put_raw(&b, "null", 4, &e);
+    if (!rc && error_json) {
+        rc = oq_jcs_put_raw(&b, ",\"error\":", 9, &e);
+        if (!rc) rc = oq_jcs_put_raw(&b, error_json, strlen(error_json), &e);
     }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, &e);
+    return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
 }
 
-static void jb_lit(jbuf_t *b, const char *s)
+/* The detail of a result not applied: {"status":…,"attempt":…,"reason":…,"message_id":…}
+ * (every string escaped: the public oq_store_apply_result() takes any message id). */
+static char *ignored_detail(const oq_envelope_t *env, const char *why)
 {
-    jb_put(b, s, strlen(s));
-}
-
-/* \p s as a JSON string, escaped as jansson's json_dumps() does without JSON_ENSURE_ASCII or
- * JSON_ESCAPE_SLASH: '"', '\\' and control characters escaped, everything else (UTF-8 text
- * included) as is. Invalid UTF-8 marks \p b bad (jansson refuses it too). */
-static void jb_str(jbuf_t *b, const char *s)
-{
-    size_t len = strlen(s);
-    if (!oq_utf8_valid(s, len)) {
-        b->bad = 1;
-        return;
-    }
-    jb_put(b, "\"", 1);
-    const char *run = s;
-    for (const char *c = s; *c; c++) {
-        unsigned char u = (unsigned char)*c;
-        if (u >= 0x20 && u != '"' && u != '\\') continue;
-        jb_put(b, run, (size_t)(c - run));
-        run = c + 1;
-        switch (u) {
-        case '"':
-            jb_put(b, "\\\"", 2);
-            break;
-        case '\\':
-            jb_put(b, "\\\\", 2);
-            break;
-        case '\b':
-            jb_put(b, "\\b", 2);
-            break;
-        case '\f':
-            jb_put(b, "\\f", 2);
-            break;
-        case '\n':
-            jb_put(b, "\\n", 2);
-            break;
-        case '\r':
-            jb_put(b, "\\r", 2);
-            break;
-        case '\t':
-            jb_put(b, "\\t", 2);
-            break;
-        default: {
-            static const char hex[] = "0123456789ABCDEF";
-            char esc[6] = {'\\', 'u', '0', '0', hex[u >> 4], hex[u & 0xF]};
-            jb_put(b, esc, sizeof esc);
-        }
-        }
-    }
-    jb_put(b, run, (size_t)(s + len - run));
-    jb_put(b, "\"", 1);
-}
-
-/* The detail of an applied result, as json_pack("{s:s,s:I,s:s,s:s?}") plus the error and
- * json_dumps(JSON_COMPACT) wrote it: {"from":…,"attempt":…,"message_id":…,"effect_id":…|null
- * [,"error":…]}. @returns the text (owned by \p b) or NULL. */
-static const char *applied_detail(jbuf_t *b, const char *from, const oq_envelope_t *env)
-{
-    char num[24];
-    jb_lit(b, "{\"from\":");
-    jb_str(b, from);
-    snprintf(num, sizeof num, "%lld", (long long)env->attempt);
-    jb_lit(b, ",\"attempt\":");
-    jb_lit(b, num);
-    jb_lit(b, ",\"message_id\":");
-    jb_str(b, env->message_id);
-    jb_lit(b, ",\"effect_id\":");
-    if (env->effect_id)
-        jb_str(b, env->effect_id);
-    else
-        jb_lit(b, "null");
-    if (env->error && !b->bad) {
-        /* any JSON value: JSON_ENCODE_ANY dumps a non-container as it was dumped nested */
-        char *e = json_dumps(env->error, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (e) {
-            jb_lit(b, ",\"error\":");
-            jb_lit(b, e);
-            free(e);
-        } else {
-            b->bad = 1;
-        }
-    }
-    jb_lit(b, "}");
-    return b->bad ? NULL : b->p;
+    oq_jcs_buf_t b = {0};
+    oq_error_t e = {0};
+    char *out = NULL;
+    int rc = oq_jcs_put_raw(&b, "{\"status\":", 10, &e);
+    if (!rc) rc = oq_jcs_put_string(&b, env->status, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, &e);
+    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"reason\":", 10, &e);
+    if (!rc) rc = oq_jcs_put_string(&b, why, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, &e);
+    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, &e);
+    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, &e);
+    return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
 }
 
 /* --- results -------------------------------------------------------------------------------- */
@@ -736,11 +649,10 @@ int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelop
                      "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
                      env->status, (long long)env->attempt, env->message_id);
         if (oc != OQ_RESULT_UNKNOWN_CALL) {
-            char detail[256];
-            snprintf(detail, sizeof detail,
-                     "{\"status\":\"%s\",\"attempt\":%lld,\"reason\":\"%s\",\"message_id\":\"%s\"}",
-                     env->status, (long long)env->attempt, why, env->message_id);
-            if ((ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err)))
+            char *detail = ignored_detail(env, why);
+            ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err);
+            free(detail);
+            if (ret)
                 return ret;
         }
         *outcome = oc;
@@ -749,8 +661,7 @@ int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelop
 
     char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    jbuf_t detail;
-    jb_init(&detail);
+    char *detail = NULL;
     st = st_get(db, cache, SQL_APPLY_RESULT, err);
     if (!st) {
         ret = err ? err->code : OQ_EDB;
@@ -765,13 +676,12 @@ int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelop
     ret = st_exec(db, st, err, "apply result");
     st_done(cache, st);
     if (ret) goto out;
-    if ((ret = audit_add(db, cache, now_ms, env->call_id, env->status,
-                         applied_detail(&detail, state, env), err)))
-        goto out;
+    detail = applied_detail(state, env, error);
+    if ((ret = audit_add(db, cache, now_ms, env->call_id, env->status, detail, err))) goto out;
     *outcome = OQ_RESULT_APPLIED;
     OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", state, env->status);
 out:
-    jb_free(&detail);
+    free(detail);
     free(result);
     free(error);
     return ret;
