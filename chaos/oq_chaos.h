@@ -111,7 +111,9 @@ typedef struct oq_load_opts {
     int port;               /**< producer port */
     int64_t calls;          /**< logical calls to submit */
     int64_t first;          /**< index of the first call (keys are prefix-<index>) */
-    int conns;              /**< connections, one thread each (default 8) */
+    int conns;              /**< keep-alive connections (default 8, at most 256); call k goes
+                                 to connection k % conns. Served by an epoll loop on two
+                                 threads (one below 8 connections), not a thread each */
     double rate;            /**< offered load in calls/s over all connections; 0 = closed loop */
     const char *key_prefix; /**< idempotency key prefix (default "k") */
     int mix[OQ_LOAD__NTOOLS]; /**< weights; all zero = charge 40, send_email 30, sleep 10,
