@@ -9,6 +9,7 @@
 # 4. relay:    outbox -> broker vs raw librdkafka produce of the same payloads; idle latency
 # 5. consumer: consumer from a pre-filled topic vs raw consume + batched SQLite inserts
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
+# 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,7 @@ export ONCEQ_LOG_LEVEL=${ONCEQ_LOG_LEVEL:-error}
 
 oq_tmpdir
 quick=${BENCH_QUICK:-0}
-if ((quick)); then RELAY_ROWS=100000; CALLS=5000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; KC_N=200000; DUR=5s; fi
+if ((quick)); then RELAY_ROWS=100000; CALLS=5000; E2E_CALLS=6000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; E2E_CALLS=30000; KC_N=200000; DUR=5s; fi
 
 echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -49,5 +50,7 @@ echo; echo "## 5. onceq bench consumer --calls $CALLS --rounds 3"
 "$BIN" bench consumer --brokers "$BROKERS" --calls "$CALLS" --rounds 3 --dir "$T"
 oq_kill broker
 
-echo; echo "## 6. onceq bench e2e --calls $CALLS --rate 5000 --conns 64"
-"$BIN" bench e2e --calls "$CALLS" --rate 5000 --conns 64
+echo; echo "## 6. onceq bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
+"$BIN" bench e2e --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
+echo; echo "## 7. onceq bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline (closed loop: capacity)"
+"$BIN" bench e2e --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline

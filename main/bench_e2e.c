@@ -53,10 +53,10 @@ int oq_bench_e2e(int argc, char **argv);
 
 static const oq_setting_t e2e_settings[] = {
     {"calls", OQ_SET_INT, "20000", 1, 10000000, NULL, "calls in the measured run"},
-    {"rate", OQ_SET_INT, "5000", 0, 1000000, NULL,
+    {"rate", OQ_SET_INT, "6000", 0, 1000000, NULL,
      "offered load in calls/s (0 = closed loop, as fast as the pipeline answers)"},
-    {"conns", OQ_SET_INT, "64", 1, 256, NULL, "HTTP keep-alive connections"},
-    {"consumers", OQ_SET_INT, "3", 1, 16, NULL, "consumer processes"},
+    {"conns", OQ_SET_INT, "128", 1, 256, NULL, "HTTP keep-alive connections"},
+    {"consumers", OQ_SET_INT, "2", 1, 16, NULL, "consumer processes (onceq up's default)"},
     {"mix", OQ_SET_STRING, "60,40,0,0,0", 1, 64, NULL,
      "tool weights: charge,send_email,sleep,fail_retryable,fail_final"},
     {"warmup", OQ_SET_INT, "300", 0, 100000, NULL, "calls run (and drained) before measuring"},
