@@ -67,6 +67,11 @@ typedef struct oq__runner {
 struct oq_consumer {
     oq_consumer_opts_t o;
     char *db_path, *brokers, *group, *topic, *sync, *metrics_listen;
+    /* the start-up check of the topic's retention.ms (DescribeConfigs, polled) */
+    rd_kafka_queue_t *rq;
+    rd_kafka_AdminOptions_t *rao;
+    rd_kafka_ConfigResource_t *rres;
+    int64_t rdeadline_us;
     char worker_id[128];
     oq_retry_policy_t policy;
     volatile int stop;
@@ -1008,6 +1013,87 @@ static void oq__shutdown_threads(oq_consumer_t *c)
     }
 }
 
+/*
+ * The inbox must remember a message id for at least as long as the topic keeps the message
+ * (DESIGN: key scope and retention), or a redelivery of an older message is not recognised
+ * by its id (the execution row and the UNIQUE effects gate still stop a second effect, but
+ * the DLQ / retry bookkeeping would run again). Reads the topic's retention.ms with
+ * DescribeConfigs (bounded wait) and warns when --inbox-retention is shorter. A broker that
+ * does not answer (the embedded mock has no admin API) is logged at info level.
+ */
+static void oq__retention_check_start(oq_consumer_t *c)
+{
+    char errstr[256];
+    c->rres = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, c->topic);
+    c->rq = rd_kafka_queue_new(c->rk);
+    c->rao = rd_kafka_AdminOptions_new(c->rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
+    if (!c->rres || !c->rq || !c->rao) return; /* polled: reports and cleans up */
+    rd_kafka_AdminOptions_set_request_timeout(c->rao, 3000, errstr, sizeof errstr);
+    rd_kafka_DescribeConfigs(c->rk, &c->rres, 1, c->rao, c->rq);
+    c->rdeadline_us = oq_mono_us() + 5000000;
+}
+
+static void oq__retention_check_done(oq_consumer_t *c)
+{
+    if (c->rao) rd_kafka_AdminOptions_destroy(c->rao);
+    if (c->rq) rd_kafka_queue_destroy(c->rq);
+    if (c->rres) rd_kafka_ConfigResource_destroy(c->rres);
+    c->rao = NULL;
+    c->rq = NULL;
+    c->rres = NULL;
+    c->rdeadline_us = 0;
+}
+
+/* Polls the answer without waiting (from the worker loop); logs once and cleans up. */
+static void oq__retention_check_poll(oq_consumer_t *c)
+{
+    if (!c->rdeadline_us && !c->rq && !c->rao && !c->rres) return;
+    rd_kafka_event_t *ev = c->rq && c->rdeadline_us ? rd_kafka_queue_poll(c->rq, 0) : NULL;
+    if (!ev && c->rdeadline_us && oq_mono_us() < c->rdeadline_us) return;
+    long long retention = -2;
+    const char *why = NULL;
+    if (!c->rdeadline_us) {
+        why = "out of memory";
+    } else if (!ev) {
+        why = "no answer within 5 s";
+    } else if (rd_kafka_event_error(ev)) {
+        why = rd_kafka_event_error_string(ev);
+    } else {
+        const rd_kafka_DescribeConfigs_result_t *r = rd_kafka_event_DescribeConfigs_result(ev);
+        size_t nr = 0, ne = 0;
+        const rd_kafka_ConfigResource_t **rs =
+            r ? rd_kafka_DescribeConfigs_result_resources(r, &nr) : NULL;
+        if (nr < 1 || rd_kafka_ConfigResource_error(rs[0])) {
+            why = nr < 1 ? "empty answer" : rd_kafka_ConfigResource_error_string(rs[0]);
+        } else {
+            const rd_kafka_ConfigEntry_t **es = rd_kafka_ConfigResource_configs(rs[0], &ne);
+            for (size_t i = 0; i < ne; i++) {
+                const char *v = rd_kafka_ConfigEntry_value(es[i]);
+                if (strcmp(rd_kafka_ConfigEntry_name(es[i]), "retention.ms") == 0 && v)
+                    retention = strtoll(v, NULL, 10);
+            }
+            if (retention == -2) why = "retention.ms not in the answer";
+        }
+    }
+    if (why)
+        OQ_LOG_INFO(OQ__COMP,
+                    "could not read retention.ms of topic %s (%s): keep --inbox-retention "
+                    "(%" PRId64 " ms) at or above it",
+                    c->topic, why, c->o.inbox_retention_ms);
+    else if (retention < 0 || retention > c->o.inbox_retention_ms)
+        OQ_LOG_WARN(OQ__COMP,
+                    "topic %s has retention.ms=%lld%s but the inbox forgets message ids after "
+                    "%" PRId64 " ms (--inbox-retention): a redelivery older than that is not "
+                    "recognised by its id; raise --inbox-retention to at least retention.ms",
+                    c->topic, retention, retention < 0 ? " (kept for ever)" : "",
+                    c->o.inbox_retention_ms);
+    else
+        OQ_LOG_DEBUG(OQ__COMP, "topic %s retention.ms=%lld <= inbox retention %" PRId64 " ms",
+                     c->topic, retention, c->o.inbox_retention_ms);
+    if (ev) rd_kafka_event_destroy(ev);
+    oq__retention_check_done(c);
+}
+
 int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
 {
     rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
@@ -1016,12 +1102,14 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
     rd_kafka_topic_partition_list_destroy(topics);
     if (e) return oq_error_set(err, OQ_EKAFKA, e, "subscribe: %s", rd_kafka_err2str(e));
     c->subscribed = 1;
+    if (!c->rq && !c->rdeadline_us) oq__retention_check_start(c); /* answer polled below */
 
     oq__recover(c);
     oq__dlq_publish(c);
     int64_t last_recover = oq_mono_us(), last_gauges = 0, last_sched = 0, last_dlq = oq_mono_us();
     int64_t last_busy = oq_mono_us(), last_purge = 0;
     while (!c->stop) {
+        oq__retention_check_poll(c);
         /* collect a batch: wait briefly for the first message, then take what is there */
         int64_t t0 = oq_mono_us();
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 50);
@@ -1113,6 +1201,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
     oq__shutdown_threads(c);
     if (c->relay) oq_relay_destroy(c->relay);
     if (c->msrv) oq_metrics_serve_stop(c->msrv);
+    oq__retention_check_done(c);
     if (c->rk) {
         if (c->subscribed) rd_kafka_consumer_close(c->rk);
         for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
