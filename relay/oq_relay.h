@@ -105,7 +105,7 @@ typedef enum {
 /** Counters and state of one relay (a snapshot; see oq_relay_stats()). */
 typedef struct oq_relay_stats {
     uint64_t produced;           /**< messages handed to librdkafka (includes re-publishes) */
-    uint64_t published;          /**< rows marked published by this relay */
+    uint64_t published;          /**< delivery reports covered by a stored watermark */
     uint64_t delivery_errors;    /**< failed delivery reports */
     uint64_t rewinds;            /**< times publishing restarted from a failed row */
     uint64_t batches;            /**< mark transactions committed */

@@ -3,7 +3,9 @@
  * (127.0.0.1:1), so no Kafka is needed: option and -X validation, a database without the
  * tables, one holder and one standby on one database, nothing marked while nothing is
  * delivered, no CPU spin while the broker is unreachable, stop() within its timeout with the
- * lease released and the standby taking over at once, metrics registration rules.
+ * lease released and the standby taking over at once, metrics registration rules. One test
+ * runs against librdkafka's in-process mock cluster: a tiny in-flight window (the watermark's
+ * ring full behind unreported rows) still publishes every row once and stores the watermark.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +18,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
 
 #include "oq_config.h"
 #include "oq_db.h"
@@ -250,6 +254,43 @@ static void test_metrics_registration(void **state)
     oq_metrics_destroy(m);
 }
 
+static void test_watermark_small_window_mock(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    char errstr[256];
+    rd_kafka_conf_t *mc = rd_kafka_conf_new();
+    rd_kafka_conf_set(mc, "log_level", "0", errstr, sizeof errstr);
+    rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mc, errstr, sizeof errstr);
+    assert_non_null(mrk);
+    rd_kafka_mock_cluster_t *mcl = rd_kafka_mock_cluster_new(mrk, 3);
+    assert_non_null(mcl);
+    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-calls", 6, 3), 0);
+    append_rows(300);
+    oq_relay_opts_t o = opts("W");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.max_inflight = 5; /* ring and slots: at most 5 rows without a delivery report */
+    o.batch_rows = 3;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
+    while (oq_mono_us() < deadline &&
+           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 300)
+        oq_sleep_ms(20, NULL);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 300);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox_unpublished"), 0);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_stats_t s;
+    oq_relay_stats(r, &s);
+    assert_int_equal(s.produced, 300); /* no failure: no row sent twice */
+    assert_int_equal(s.published, 300);
+    assert_int_equal(s.delivery_errors, 0);
+    oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -257,6 +298,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_holder_standby_unreachable_broker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
