@@ -291,6 +291,86 @@ static void test_watermark_small_window_mock(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* Appends one row whose key the relay's (default, consistent) partitioner sends to
+ * partition \p want of \p nparts. */
+static void append_row_to_partition(rd_kafka_topic_t *rkt, int want, int nparts)
+{
+    char key[32];
+    for (int i = 0;; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        if (rd_kafka_msg_partitioner_consistent_random(rkt, key, strlen(key), nparts, NULL,
+                                                       NULL) == want)
+            break;
+    }
+    char mid[OQ_UUID_LEN + 1];
+    oq_id_uuid(mid);
+    oq_error_t err = {0};
+    oq_outbox_row_t row = {.message_id = mid, .topic = "onceq.tool-calls", .key = key,
+                           .payload = "{}", .payload_len = 2, .created_at = oq_now_ms()};
+    assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
+}
+
+/* The watermark never passes a row without a delivery report: row 1 goes to a partition whose
+ * leader answers 1.5 s late, rows 2..40 to fast partitions and are delivered first. */
+static void test_watermark_waits_for_slow_row(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    char errstr[256];
+    rd_kafka_conf_t *mc = rd_kafka_conf_new();
+    rd_kafka_conf_set(mc, "log_level", "0", errstr, sizeof errstr);
+    rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mc, errstr, sizeof errstr);
+    assert_non_null(mrk);
+    rd_kafka_mock_cluster_t *mcl = rd_kafka_mock_cluster_new(mrk, 3);
+    assert_non_null(mcl);
+    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-calls", 4, 1), 0);
+    assert_int_equal(rd_kafka_mock_partition_set_leader(mcl, "onceq.tool-calls", 0, 3), 0);
+    for (int p = 1; p < 4; p++)
+        assert_int_equal(rd_kafka_mock_partition_set_leader(mcl, "onceq.tool-calls", p, 1), 0);
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(mrk, "onceq.tool-calls", NULL);
+    assert_non_null(rkt);
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    append_row_to_partition(rkt, 0, 4); /* seq 1: the slow one */
+    for (int i = 0; i < 39; i++) append_row_to_partition(rkt, 1 + i % 3, 4);
+    assert_int_equal(oq_db_commit(db, &err), 0);
+
+    assert_int_equal(rd_kafka_mock_broker_set_rtt(mcl, 3, 2000), 0);
+    oq_relay_opts_t o = opts("S");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 5000;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    /* the 39 fast rows get their reports while row 1 waits for the slow leader */
+    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
+    int fast_done = 0, checked = 0;
+    while (oq_mono_us() < deadline) {
+        oq_relay_stats_t s;
+        oq_relay_stats(r, &s);
+        int64_t wm = scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)");
+        if (s.produced == 40 && s.inflight == 1) {
+            fast_done = 1;
+            oq_sleep_ms(50, NULL); /* give a wrong watermark time to be stored */
+            oq_relay_stats(r, &s);
+            wm = scalar("SELECT published_seq FROM relay_lease");
+            if (s.inflight == 1) {
+                assert_int_equal(wm, 0); /* not past the undelivered row 1 */
+                checked = 1;
+            }
+        }
+        if (wm == 40) break;
+        oq_sleep_ms(5, NULL);
+    }
+    assert_true(fast_done);
+    assert_true(checked);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 40);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_destroy(r);
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -299,6 +379,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_holder_standby_unreachable_broker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_registration, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
