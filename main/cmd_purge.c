@@ -1,7 +1,7 @@
 /*
  * `onceq purge`: retention. Deletes calls whose key expired (expires_at <= now) and that are
- * terminal, with their audit and result_inbox rows, and outbox rows published more than
- * --key-ttl ago, in batches of --batch rows, each its own short transaction (the daemon's
+ * terminal, with their audit and result_inbox rows, and published outbox rows (at or below the
+ * relay's watermark) created more than --key-ttl ago, in batches of --batch rows, each its own short transaction (the daemon's
  * writer waits at most one batch). Pending/running calls are never deleted. A key used again
  * after its call was purged (or expired) is a new call. Prints what was deleted as JSON.
  */
@@ -14,7 +14,7 @@
 static const oq_setting_t purge_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
-     "retention: outbox rows published longer ago than this are deleted"},
+     "retention: calls expire, and published outbox rows created longer ago are deleted"},
     {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per transaction"},
 };
 
