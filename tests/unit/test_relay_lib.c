@@ -254,18 +254,27 @@ static void test_metrics_registration(void **state)
     oq_metrics_destroy(m);
 }
 
+/* librdkafka's in-process mock cluster (3 brokers) with onceq.tool-calls; *mrk is the handle
+ * that owns it (destroy the cluster first, then the handle). */
+static rd_kafka_mock_cluster_t *mock_up(rd_kafka_t **mrk, int partitions, int replicas)
+{
+    char errstr[256];
+    rd_kafka_conf_t *mc = rd_kafka_conf_new();
+    rd_kafka_conf_set(mc, "log_level", "0", errstr, sizeof errstr);
+    *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mc, errstr, sizeof errstr);
+    assert_non_null(*mrk);
+    rd_kafka_mock_cluster_t *mcl = rd_kafka_mock_cluster_new(*mrk, 3);
+    assert_non_null(mcl);
+    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-calls", partitions, replicas), 0);
+    return mcl;
+}
+
 static void test_watermark_small_window_mock(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    char errstr[256];
-    rd_kafka_conf_t *mc = rd_kafka_conf_new();
-    rd_kafka_conf_set(mc, "log_level", "0", errstr, sizeof errstr);
-    rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mc, errstr, sizeof errstr);
-    assert_non_null(mrk);
-    rd_kafka_mock_cluster_t *mcl = rd_kafka_mock_cluster_new(mrk, 3);
-    assert_non_null(mcl);
-    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-calls", 6, 3), 0);
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 6, 3);
     append_rows(300);
     oq_relay_opts_t o = opts("W");
     o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
@@ -311,19 +320,13 @@ static void append_row_to_partition(rd_kafka_topic_t *rkt, int want, int nparts)
 }
 
 /* The watermark never passes a row without a delivery report: row 1 goes to a partition whose
- * leader answers 1.5 s late, rows 2..40 to fast partitions and are delivered first. */
+ * leader answers 2 s late, rows 2..40 to fast partitions and are delivered first. */
 static void test_watermark_waits_for_slow_row(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    char errstr[256];
-    rd_kafka_conf_t *mc = rd_kafka_conf_new();
-    rd_kafka_conf_set(mc, "log_level", "0", errstr, sizeof errstr);
-    rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, mc, errstr, sizeof errstr);
-    assert_non_null(mrk);
-    rd_kafka_mock_cluster_t *mcl = rd_kafka_mock_cluster_new(mrk, 3);
-    assert_non_null(mcl);
-    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-calls", 4, 1), 0);
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 4, 1);
     assert_int_equal(rd_kafka_mock_partition_set_leader(mcl, "onceq.tool-calls", 0, 3), 0);
     for (int p = 1; p < 4; p++)
         assert_int_equal(rd_kafka_mock_partition_set_leader(mcl, "onceq.tool-calls", p, 1), 0);
