@@ -2,7 +2,8 @@
  * `onceq bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
  *
  * It runs the real thing as separate processes: `onceq up` (embedded broker, producer, relay,
- * N consumers, all durable: WAL + synchronous=FULL) in a scratch directory, warms the consumer
+ * N consumers, all durable: WAL + synchronous=FULL for accepted data; the relays' progress
+ * marks use NORMAL) in a scratch directory, warms the consumer
  * group up (assignment on the mock cluster takes seconds), then offers a fixed load over HTTP
  * (chaos/load.c: keep-alive connections, open-loop pacing) and waits until every call of the
  * run is terminal at the producer. Latencies are not sampled by polling: they are read back
@@ -492,7 +493,7 @@ int oq_bench_e2e(int argc, char **argv)
     up = e2e_start_up(dir, port, consumers);
     if (up <= 0 || port <= 0) goto out;
     printf("onceq bench e2e: onceq up pid=%d dir=%s http=127.0.0.1:%d consumers=%d "
-           "(durable: WAL + synchronous=FULL)\n",
+           "(durable: WAL + synchronous=FULL for accepted data)\n",
            (int)up, dir, port, consumers);
     fflush(stdout);
     if (!e2e_healthy(port, 300)) {
