@@ -192,30 +192,18 @@ int oq__valid_tool(const char *s)
 
 /* --- rendering -------------------------------------------------------------------------------*/
 
+/* A sticky-error front end to the shared canonical writer (common/json.c, oq_jcs_put_*): the
+ * first failure (out of memory; a string that is not UTF-8, which parsing already refused)
+ * makes every later put a no-op and is reported once by sb_done(). Strings are escaped as
+ * RFC 8785 does, so what is written for printable ASCII is also its canonical form. */
 typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
+    oq_jcs_buf_t b;
+    int rc;
 } sbuf_t;
 
 static void sb_put(sbuf_t *b, const char *s, size_t n)
 {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 1024;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    if (!b->rc) b->rc = oq_jcs_put_raw(&b->b, s, n, NULL);
 }
 
 static void sb_str(sbuf_t *b, const char *s)
@@ -223,29 +211,16 @@ static void sb_str(sbuf_t *b, const char *s)
     sb_put(b, s, strlen(s));
 }
 
-/** A JSON string literal. Bytes >= 0x80 pass through (the stored text is valid UTF-8); this is
- *  also exactly RFC 8785's form for printable ASCII input. */
 static void sb_qstr(sbuf_t *b, const char *s)
 {
-    sb_put(b, "\"", 1);
-    const char *run = s;
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch != '"' && ch != '\\' && ch >= 0x20) continue;
-        sb_put(b, run, (size_t)(s - run));
-        char esc[8];
-        if (ch == '"' || ch == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)ch;
-            sb_put(b, esc, 2);
-        } else {
-            snprintf(esc, sizeof esc, "\\u%04x", ch);
-            sb_put(b, esc, 6);
-        }
-        run = s + 1;
-    }
-    sb_put(b, run, (size_t)(s - run));
-    sb_put(b, "\"", 1);
+    if (!b->rc) b->rc = oq_jcs_put_string(&b->b, s, NULL);
+}
+
+/* NUL-terminates and hands the text over; on an earlier failure frees it. @returns 0 or the
+ * first error. */
+static int sb_done(sbuf_t *b, char **out, size_t *len)
+{
+    return oq_jcs_buf_finish(&b->b, b->rc, out, len, NULL);
 }
 
 static void sb_kv_str(sbuf_t *b, const char *k, const char *v)
@@ -302,13 +277,7 @@ int oq_call_render(const oq_call_t *c, char **out, size_t *out_len)
     sb_str(&b, ",\"query_url\":\"/v1/tool-calls/");
     sb_str(&b, c->call_id);
     sb_str(&b, "\"}");
-    if (b.oom) {
-        free(b.p);
-        return OQ_ENOMEM;
-    }
-    *out = b.p;
-    if (out_len) *out_len = b.n;
-    return 0;
+    return sb_done(&b, out, out_len) ? OQ_ENOMEM : 0;
 }
 
 /**
@@ -328,14 +297,13 @@ static int fingerprint_canon(const char *tenant, const char *tool, const char *a
     sb_str(&b, ",\"tool\":");
     sb_qstr(&b, tool);
     sb_put(&b, "}", 1);
-    if (b.oom) {
-        free(b.p);
-        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    }
+    char *text = NULL;
+    size_t len = 0;
+    if (sb_done(&b, &text, &len)) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
-    int ok = EVP_Digest(b.p, b.n, md, &mdlen, EVP_sha256(), NULL);
-    free(b.p);
+    int ok = EVP_Digest(text, len, md, &mdlen, EVP_sha256(), NULL);
+    free(text);
     if (!ok || mdlen != 32) return oq_error_set(err, OQ_ECRYPTO, 0, "SHA-256 failed");
     oq_hex(md, mdlen, out);
     return 0;
@@ -465,13 +433,12 @@ static int encode_first(oq_submit_job_t *job, oq_error_t *err)
     sb_str(&b, ",\"tool\":");
     sb_qstr(&b, job->tool);
     sb_str(&b, ",\"v\":1}");
-    if (b.oom) {
-        free(b.p);
-        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    }
+    char *payload = NULL;
+    size_t len = 0;
+    if (sb_done(&b, &payload, &len)) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     free(job->payload);
-    job->payload = b.p;
-    job->payload_len = b.n;
+    job->payload = payload;
+    job->payload_len = len;
     return 0;
 }
 
