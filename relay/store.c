@@ -172,6 +172,18 @@ int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t 
     return rc;
 }
 
+/* Binds ?1..?5 of the statements that renew a held lease (sql_lease_renew, sql_mark): name,
+ * owner, fence, now, new expiry. */
+static void oq__bind_lease(sqlite3_stmt *st, const char *name, const char *owner, int64_t fence,
+                           int64_t now_ms, int64_t lease_ms)
+{
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, fence);
+    sqlite3_bind_int64(st, 4, now_ms);
+    sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+}
+
 /* --- lease --------------------------------------------------------------------------------- */
 
 int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *owner,
@@ -236,11 +248,7 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
             rc = oq__prep_fail(err);
             goto out;
         }
-        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 3, cur_fence);
-        sqlite3_bind_int64(st, 4, now_ms);
-        sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+        oq__bind_lease(st, name, owner, cur_fence, now_ms, lease_ms);
     } else if (cur_exp <= now_ms) {
         st = oq__get(s, sql_lease_take, err);
         if (!st) {
@@ -281,11 +289,7 @@ static int oq__lease_renew_stmt(oq__relay_store_t *s, const char *name, const ch
 {
     sqlite3_stmt *st = oq__get(s, sql_lease_renew, err);
     if (!st) return oq__prep_fail(err);
-    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, fence);
-    sqlite3_bind_int64(st, 4, now_ms);
-    sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+    oq__bind_lease(st, name, owner, fence, now_ms, lease_ms);
     int step = sqlite3_step(st);
     sqlite3_reset(st);
     if (step != SQLITE_DONE) return oq_db_error(s->db, step, err, "relay lease renew");
@@ -370,11 +374,7 @@ int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *own
         rc = oq__prep_fail(err);
         goto out;
     }
-    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, fence);
-    sqlite3_bind_int64(st, 4, now_ms);
-    sqlite3_bind_int64(st, 5, now_ms + lease_ms);
+    oq__bind_lease(st, name, owner, fence, now_ms, lease_ms);
     sqlite3_bind_int64(st, 6, upto);
     int step = sqlite3_step(st);
     sqlite3_reset(st);
