@@ -215,7 +215,7 @@ static int dup_str(const char *s, char **out, oq_error_t *err)
 static int decode_fields(const json_t *root, oq_envelope_t *e, oq_error_t *err)
 {
     int rc;
-    const char *s;
+    const char *s = NULL;
     const json_t *v = json_object_get(root, "v");
     if (!v) return oq_error_set(err, OQ_EINVAL, 0, "missing field v");
     if (!json_is_integer(v)) return oq_error_set(err, OQ_EINVAL, 0, "field v: expected integer 1");
