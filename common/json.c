@@ -593,16 +593,19 @@ static void sha256_init(void)
     if (!sha256_md) sha256_md = EVP_sha256();
 }
 
-int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
-                   char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err)
+/* The one fingerprint writer: SHA-256 of {"args":…,"tenant":…,"tool":…} ("args" < "tenant" <
+ * "tool" in UTF-16 order, so this is the canonical member order), the args given either as a
+ * tree (canonicalised here) or as text already in RFC 8785 form (written verbatim). */
+static int fingerprint(const char *tenant, const char *tool, const json_t *args,
+                       const char *args_canon, size_t args_len, char out[OQ_FINGERPRINT_LEN + 1],
+                       oq_error_t *err)
 {
-    if (!tenant || !tool || !args || !out)
+    if (!tenant || !tool || (!args && !args_canon) || !out)
         return oq_error_set(err, OQ_EINVAL, 0, "fingerprint needs tenant, tool and args");
     jbuf_t b = {0};
     int rc;
-    /* "args" < "tenant" < "tool" in UTF-16 order, so this is the canonical member order. */
     if ((rc = jb_put(&b, "{\"args\":", 8, err))) goto out;
-    if ((rc = jcs_value(&b, args, 1, err))) goto out;
+    if ((rc = args ? jcs_value(&b, args, 1, err) : jb_put(&b, args_canon, args_len, err))) goto out;
     if ((rc = jb_put(&b, ",\"tenant\":", 10, err))) goto out;
     if ((rc = jcs_string(&b, tenant, strlen(tenant), err))) goto out;
     if ((rc = jb_put(&b, ",\"tool\":", 8, err))) goto out;
@@ -625,4 +628,19 @@ int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
 out:
     free(b.p);
     return rc;
+}
+
+int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
+                   char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err)
+{
+    if (!args) return oq_error_set(err, OQ_EINVAL, 0, "fingerprint needs tenant, tool and args");
+    return fingerprint(tenant, tool, args, NULL, 0, out, err);
+}
+
+int oq_fingerprint_canon(const char *tenant, const char *tool, const char *args_canon,
+                         size_t args_len, char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err)
+{
+    if (!args_canon)
+        return oq_error_set(err, OQ_EINVAL, 0, "fingerprint needs tenant, tool and args");
+    return fingerprint(tenant, tool, NULL, args_canon, args_len, out, err);
 }

@@ -55,6 +55,15 @@ int oq_jcs_canonicalize_text(const char *buf, size_t len, char **out, size_t *ou
 int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
                    char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err);
 
+/**
+ * @brief oq_fingerprint() of args the caller already holds in RFC 8785 form (the text
+ *        oq_jcs_canonicalize() wrote): the same digest, without canonicalising them again.
+ * @param args_canon \p args_len bytes of canonical JSON, written verbatim (not checked).
+ * @returns 0, OQ_EINVAL, OQ_EUTF8 (tenant or tool not UTF-8), OQ_ENOMEM or OQ_ECRYPTO.
+ */
+int oq_fingerprint_canon(const char *tenant, const char *tool, const char *args_canon,
+                         size_t args_len, char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err);
+
 /** @brief Non-zero when \p s (length \p len) is valid UTF-8 (no surrogates, no overlongs). */
 int oq_utf8_valid(const char *s, size_t len);
 
