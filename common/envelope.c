@@ -12,7 +12,13 @@
  * then runs oq_envelope_validate(), so hand-built envelopes and decoded ones pass exactly the
  * same value checks. Encoding validates first and then emits the RFC 8785 canonical form: the
  * bytes of an envelope are a pure function of its content, so a republished message is
- * byte-identical to the original.
+ * byte-identical to the original. There is one writer (write_envelope): the producer's hot path
+ * enters it with args it already holds as canonical text (oq_envelope_encode_canon), everyone
+ * else with a tree.
+ *
+ * The rules for keys, tenants and tool names live here too (oq_envelope_valid_*): the producer
+ * checks a request with the same functions that a consumer applies to the message, so there is
+ * one rule, not one per side.
  */
 #include "oq_envelope.h"
 
@@ -80,21 +86,41 @@ static int check_fingerprint(const char *s)
     return 1;
 }
 
-static int check_name(const char *s)
+/* --- names and keys: the one rule for every component (oq_envelope.h) ---------------------- */
+
+/* 1..max bytes, each printable ASCII (0x20..0x7e). */
+static int printable(const char *s, size_t max)
 {
     if (!s) return 0;
-    size_t n = strlen(s);
-    return n >= 1 && n <= OQ_MAX_NAME_LEN && oq_utf8_valid(s, n);
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        if (ch < 0x20 || ch > 0x7e || n >= max) return 0;
+    }
+    return n > 0;
 }
 
-static int check_idem_key(const char *s)
+int oq_envelope_valid_key(const char *s)
+{
+    return printable(s, OQ_MAX_KEY_LEN);
+}
+
+int oq_envelope_valid_name(const char *s)
+{
+    return printable(s, OQ_MAX_NAME_LEN);
+}
+
+int oq_envelope_valid_tool(const char *s)
 {
     if (!s) return 0;
-    size_t n = strlen(s);
-    if (n < 1 || n > OQ_MAX_KEY_LEN) return 0;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e) return 0;
-    return 1;
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '_' || ch == '.' || ch == ':' || ch == '-';
+        if (!ok || n >= OQ_MAX_NAME_LEN) return 0;
+    }
+    return n > 0;
 }
 
 static int check_status(const char *s)
@@ -122,7 +148,8 @@ static int check_error_obj(const json_t *e, oq_error_t *err)
     return 0;
 }
 
-int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err)
+/* Every check but the tool_call's args (which the caller holds as a tree or as text). */
+static int validate_fields(const oq_envelope_t *e, oq_error_t *err)
 {
     if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
     if (e->v != OQ_ENVELOPE_VERSION)
@@ -135,28 +162,24 @@ int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err)
     if (!check_call_id(e->call_id))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "field call_id: expected \"c_\" + 16 lowercase hex digits");
-    if (!check_name(e->tenant))
-        return oq_error_set(err, OQ_EINVAL, 0, "field tenant: expected 1..%d bytes of UTF-8",
+    if (!oq_envelope_valid_name(e->tenant))
+        return oq_error_set(err, OQ_EINVAL, 0, "field tenant: expected 1..%d printable ASCII bytes",
                             OQ_MAX_NAME_LEN);
-    if (!check_idem_key(e->idem_key))
+    if (!oq_envelope_valid_key(e->idem_key))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "field idem_key: expected 1..%d printable ASCII bytes",
                             OQ_MAX_KEY_LEN);
     if (!check_fingerprint(e->fingerprint))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "field fingerprint: expected 64 lowercase hex digits (SHA-256)");
-    if (!check_name(e->tool))
-        return oq_error_set(err, OQ_EINVAL, 0, "field tool: expected 1..%d bytes of UTF-8",
-                            OQ_MAX_NAME_LEN);
+    if (!oq_envelope_valid_tool(e->tool))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "field tool: expected 1..%d bytes of [A-Za-z0-9_.:-]", OQ_MAX_NAME_LEN);
     if (e->attempt < 1)
         return oq_error_set(err, OQ_EINVAL, 0, "field attempt: expected integer >= 1");
     if (e->created_at < 0)
         return oq_error_set(err, OQ_EINVAL, 0, "field created_at: expected integer >= 0");
-    if (e->kind == OQ_KIND_TOOL_CALL) {
-        if (!json_is_object(e->args))
-            return oq_error_set(err, OQ_EINVAL, 0, "field args: expected object");
-        return 0;
-    }
+    if (e->kind == OQ_KIND_TOOL_CALL) return 0;
     if (!check_status(e->status))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "field status: expected running|succeeded|failed|needs_review");
@@ -170,6 +193,15 @@ int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err)
     }
     if (e->effect_id && !oq_utf8_valid(e->effect_id, strlen(e->effect_id)))
         return oq_error_set(err, OQ_EINVAL, 0, "field effect_id: invalid UTF-8");
+    return 0;
+}
+
+int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err)
+{
+    int rc = validate_fields(e, err);
+    if (rc) return rc;
+    if (e->kind == OQ_KIND_TOOL_CALL && !json_is_object(e->args))
+        return oq_error_set(err, OQ_EINVAL, 0, "field args: expected object");
     return 0;
 }
 
@@ -314,24 +346,24 @@ out:
 #define PUT(call) (rc = rc ? rc : (call))
 
 /*
- * The envelope is written straight in RFC 8785 form: its members in sorted key order (the
- * order below is the UTF-16 order of the ASCII keys), the nested args / result / error
- * canonicalised on their own. This is byte for byte what canonicalising the whole object gives
- * (tests/unit/test_envelope.c checks it), without building and sorting a tree per message.
+ * The one envelope writer. The envelope is written straight in RFC 8785 form: its members in
+ * sorted key order (the order below is the UTF-16 order of the ASCII keys), the nested args /
+ * result / error canonicalised on their own. This is byte for byte what canonicalising the
+ * whole object gives (tests/unit/test_envelope.c checks it), without building and sorting a
+ * tree per message. A tool_call's args come either from e->args or, when \p args_canon is not
+ * NULL, as text already in canonical form, written verbatim (the producer's hot path: the args
+ * were canonicalised once, for the fingerprint and the calls row). \p e has been validated.
  */
-int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err)
+static int write_envelope(const oq_envelope_t *e, const char *args_canon, size_t args_len,
+                          char **out, size_t *out_len, oq_error_t *err)
 {
-    if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
-    int rc = oq_envelope_validate(e, err);
-    if (rc) {
-        if (err) err->code = OQ_EINVAL;
-        return OQ_EINVAL;
-    }
     oq_jcs_buf_t b = {0};
+    int rc = 0;
     const int call = e->kind == OQ_KIND_TOOL_CALL;
     if (call) {
         PUT_KEY("{\"args\":");
-        PUT(oq_jcs_put_value(&b, e->args, err));
+        PUT(args_canon ? oq_jcs_put_raw(&b, args_canon, args_len, err)
+                       : oq_jcs_put_value(&b, e->args, err));
         PUT_KEY(",\"attempt\":");
     } else {
         PUT_KEY("{\"attempt\":");
@@ -371,6 +403,31 @@ int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_e
     PUT(oq_jcs_put_int(&b, e->v, err));
     PUT_KEY("}");
     return oq_jcs_buf_finish(&b, rc, out, out_len, err);
+}
+
+int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err)
+{
+    if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
+    if (oq_envelope_validate(e, err)) {
+        if (err) err->code = OQ_EINVAL;
+        return OQ_EINVAL;
+    }
+    return write_envelope(e, NULL, 0, out, out_len, err);
+}
+
+int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, size_t args_len,
+                             char **out, size_t *out_len, oq_error_t *err)
+{
+    if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
+    if (!e || e->kind != OQ_KIND_TOOL_CALL || !args_canon || args_len < 2 || args_canon[0] != '{' ||
+        args_canon[args_len - 1] != '}')
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "encode_canon: a tool_call with canonical args (an object) expected");
+    if (validate_fields(e, err)) {
+        if (err) err->code = OQ_EINVAL;
+        return OQ_EINVAL;
+    }
+    return write_envelope(e, args_canon, args_len, out, out_len, err);
 }
 
 #undef PUT

@@ -29,6 +29,25 @@
 #define OQ_MAX_KEY_LEN 255
 #define OQ_MAX_NAME_LEN 128 /**< tool and tenant names */
 
+/*
+ * Names and keys: one rule for the whole project (the producer's API and HTTP server, and the
+ * envelope codec on both sides of Kafka), so whatever one component accepts every other one
+ * accepts too.
+ *  - idempotency key: 1..OQ_MAX_KEY_LEN (255) bytes, each printable ASCII 0x20..0x7e (space
+ *    included). A control byte (tab, newline, NUL, ...), DEL or any byte >= 0x80 is refused.
+ *  - tenant and client_id: 1..OQ_MAX_NAME_LEN (128) bytes of the same printable ASCII.
+ *  - tool: 1..OQ_MAX_NAME_LEN bytes of [A-Za-z0-9_.:-].
+ * NUL cannot appear inside any of them: a C string ends there, and the JSON parser refuses
+ * "\u0000" in strings.
+ */
+
+/** @brief Non-zero when \p s is a valid idempotency key (see above); NULL is not. */
+int oq_envelope_valid_key(const char *s);
+/** @brief Non-zero when \p s is a valid tenant or client_id (see above); NULL is not. */
+int oq_envelope_valid_name(const char *s);
+/** @brief Non-zero when \p s is a valid tool name (see above); NULL is not. */
+int oq_envelope_valid_tool(const char *s);
+
 typedef enum { OQ_KIND_TOOL_CALL = 1, OQ_KIND_TOOL_RESULT = 2 } oq_kind_t;
 
 /** Decoded envelope. Strings are owned by the struct; free with oq_envelope_clear(). */
@@ -59,6 +78,16 @@ void oq_envelope_clear(oq_envelope_t *e);
  * @returns 0, OQ_EINVAL when \p e does not validate, OQ_ENOMEM.
  */
 int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err);
+
+/**
+ * @brief oq_envelope_encode() of a tool_call whose args the caller already holds in RFC 8785
+ *        form (the text oq_jcs_canonicalize() wrote for an object): the same bytes, written by
+ *        the same encoder, without walking a tree. \p e->args is not used (may be NULL).
+ * @param args_canon \p args_len bytes, written verbatim (only its braces are checked).
+ * @returns as oq_envelope_encode().
+ */
+int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, size_t args_len,
+                             char **out, size_t *out_len, oq_error_t *err);
 
 /**
  * @brief Decode and validate \p len bytes. On success \p e is filled (caller clears it); on

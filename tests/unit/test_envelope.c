@@ -242,14 +242,19 @@ static const struct {
     {NULL, "idem_key", "\"\"", OQ_EINVAL, "field idem_key"},
     {NULL, "idem_key", "\"tab\\there\"", OQ_EINVAL, "field idem_key"},
     {NULL, "idem_key", "\"caf\\u00e9\"", OQ_EINVAL, "field idem_key"},
+    {NULL, "idem_key", "\"del\\u007f\"", OQ_EINVAL, "field idem_key"},
+    {NULL, "tenant", "\"caf\\u00e9\"", OQ_EINVAL, "field tenant: expected 1..128 printable"},
+    {NULL, "tenant", "\"new\\nline\"", OQ_EINVAL, "field tenant"},
     {NULL, "fingerprint", NULL, OQ_EINVAL, "missing field fingerprint"},
     {NULL, "fingerprint", "\"abc\"", OQ_EINVAL, "field fingerprint"},
-    {NULL, "fingerprint",
-     "\"E3BC8EEE77639B0CC275AE9D4D0E7B28D04C3C318AA2414079E275301518B541\"", OQ_EINVAL,
-     "field fingerprint"},
+    {NULL, "fingerprint", "\"E3BC8EEE77639B0CC275AE9D4D0E7B28D04C3C318AA2414079E275301518B541\"",
+     OQ_EINVAL, "field fingerprint"},
     {NULL, "tool", NULL, OQ_EINVAL, "missing field tool"},
     {NULL, "tool", "\"\"", OQ_EINVAL, "field tool"},
     {NULL, "tool", "[\"charge\"]", OQ_EINVAL, "field tool: expected string"},
+    {NULL, "tool", "\"bad tool\"", OQ_EINVAL, "field tool: expected 1..128 bytes of"},
+    {NULL, "tool", "\"a/b\"", OQ_EINVAL, "field tool"},
+    {NULL, "tool", "\"caf\\u00e9\"", OQ_EINVAL, "field tool"},
     {NULL, "attempt", NULL, OQ_EINVAL, "missing field attempt"},
     {NULL, "attempt", "0", OQ_EINVAL, "field attempt: expected integer >= 1"},
     {NULL, "attempt", "-3", OQ_EINVAL, "field attempt"},
@@ -399,6 +404,108 @@ static void test_validate_and_encode_refuse(void **state)
     assert_int_equal(oq_envelope_validate(NULL, &err), OQ_EINVAL);
 }
 
+/* --- names and keys: the one rule (oq_envelope.h) ------------------------------------------- */
+
+static void test_names_and_keys(void **state)
+{
+    (void)state;
+    char s[300];
+    /* keys: 1..255 bytes of 0x20..0x7e */
+    memset(s, 'k', sizeof s);
+    s[255] = '\0';
+    assert_true(oq_envelope_valid_key(s));
+    s[255] = 'k';
+    s[256] = '\0';
+    assert_false(oq_envelope_valid_key(s));
+    assert_false(oq_envelope_valid_key(NULL));
+    assert_false(oq_envelope_valid_key(""));
+    assert_true(oq_envelope_valid_key(" "));
+    assert_true(oq_envelope_valid_key("order-42 retry ~!\"\\"));
+    assert_false(oq_envelope_valid_key("tab\there"));
+    assert_false(oq_envelope_valid_key("nl\n"));
+    assert_false(oq_envelope_valid_key("del\x7f"));
+    assert_false(oq_envelope_valid_key("caf\xc3\xa9"));
+    assert_false(oq_envelope_valid_key("\x80"));
+    /* tenants and client ids: the same bytes, 1..128 */
+    memset(s, 't', sizeof s);
+    s[128] = '\0';
+    assert_true(oq_envelope_valid_name(s));
+    s[128] = 't';
+    s[129] = '\0';
+    assert_false(oq_envelope_valid_name(s));
+    assert_true(oq_envelope_valid_name("t\"q \\ x"));
+    assert_false(oq_envelope_valid_name(""));
+    assert_false(oq_envelope_valid_name("caf\xc3\xa9"));
+    assert_false(oq_envelope_valid_name("a\x01"));
+    /* tools: 1..128 of [A-Za-z0-9_.:-] */
+    memset(s, 'T', sizeof s);
+    s[128] = '\0';
+    assert_true(oq_envelope_valid_tool(s));
+    s[128] = 'T';
+    s[129] = '\0';
+    assert_false(oq_envelope_valid_tool(s));
+    assert_true(oq_envelope_valid_tool("send_email"));
+    assert_true(oq_envelope_valid_tool("a.b:c-d_E9"));
+    assert_false(oq_envelope_valid_tool(NULL));
+    assert_false(oq_envelope_valid_tool(""));
+    assert_false(oq_envelope_valid_tool("bad tool"));
+    assert_false(oq_envelope_valid_tool("a/b"));
+    assert_false(oq_envelope_valid_tool("caf\xc3\xa9"));
+    /* a NUL inside a JSON string never reaches the checks: the parser refuses it (a key
+     * "a\u0000b" must not become "a") */
+    static const char nul_key[] =
+        "{\"v\":1,\"kind\":\"tool_call\",\"message_id\":\"" MID "\",\"call_id\":\"" CID "\","
+        "\"tenant\":\"acme\",\"idem_key\":\"a\\u0000b\",\"fingerprint\":\"" FP "\","
+        "\"tool\":\"charge\",\"args\":{},\"attempt\":1,\"created_at\":1}";
+    oq_envelope_t e;
+    oq_error_t err = {0};
+    assert_int_not_equal(oq_envelope_decode(nul_key, strlen(nul_key), &e, &err), 0);
+    assert_null(e.idem_key);
+}
+
+/* oq_envelope_encode_canon(): the same encoder fed canonical args text gives the same bytes as
+ * the tree, and refuses what is not a tool_call with an object. */
+static void test_encode_canon(void **state)
+{
+    (void)state;
+    static const char *const argss[] = {"{}", "{\"b\":1.0,\"a\":[1e2,\"\\u00e9\\n\"]}",
+                                        "{\"z\":{\"y\":null,\"x\":true},\"\\u20ac\":-0.5}"};
+    oq_envelope_t e = {0};
+    oq_error_t err = {0};
+    assert_int_equal(oq_envelope_decode(good_call, strlen(good_call), &e, &err), 0);
+    json_t *orig = e.args;
+    for (size_t i = 0; i < sizeof argss / sizeof argss[0]; i++) {
+        e.args = json_loads(argss[i], 0, NULL);
+        assert_non_null(e.args);
+        char *canon = NULL, *a = NULL, *b = NULL;
+        size_t cl = 0, al = 0, bl = 0;
+        assert_int_equal(oq_jcs_canonicalize(e.args, &canon, &cl, &err), 0);
+        assert_int_equal(oq_envelope_encode(&e, &a, &al, &err), 0);
+        json_t *tree = e.args;
+        e.args = NULL; /* not used */
+        assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &b, &bl, &err), 0);
+        assert_int_equal(al, bl);
+        assert_string_equal(a, b);
+        /* refused: not an object, a result, a bad field; nothing allocated */
+        char *c = NULL;
+        assert_int_equal(oq_envelope_encode_canon(&e, "[1]", 3, &c, NULL, &err), OQ_EINVAL);
+        assert_int_equal(oq_envelope_encode_canon(&e, NULL, 0, &c, NULL, &err), OQ_EINVAL);
+        e.attempt = 0;
+        assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &c, NULL, &err), OQ_EINVAL);
+        assert_non_null(strstr(err.msg, "attempt"));
+        e.attempt = 1;
+        e.kind = OQ_KIND_TOOL_RESULT;
+        assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &c, NULL, &err), OQ_EINVAL);
+        e.kind = OQ_KIND_TOOL_CALL;
+        assert_null(c);
+        json_decref(tree);
+        free(canon);
+        free(a);
+        free(b);
+    }
+    e.args = orig;
+    oq_envelope_clear(&e);
+}
 
 /* --- the JSON Schema documents what the decoder does ---------------------------------------- */
 
@@ -468,6 +575,8 @@ int main(void)
         cmocka_unit_test(test_malformed_fields),
         cmocka_unit_test(test_malformed_documents),
         cmocka_unit_test(test_validate_and_encode_refuse),
+        cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_encode_canon),
         cmocka_unit_test(test_schema_matches_decoder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
