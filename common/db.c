@@ -17,6 +17,10 @@
  * Statement cache: keyed by the address of the SQL text (callers pass string literals), an
  * open-addressing table with linear probing that doubles when half full. Statements are
  * prepared with SQLITE_PREPARE_PERSISTENT and handed out reset with their bindings cleared.
+ *
+ * Outbox: the statements that write or count the shared outbox table from the producer's and
+ * the consumer's side (append in the writer's transaction, retention of delivered rows,
+ * counts) are here, once; the relay's reads and watermark live with the relay.
  */
 #include "oq_db.h"
 #include "oq_log.h"
@@ -442,5 +446,54 @@ out:
     } else {
         sqlite3_finalize(st);
     }
+    return rc;
+}
+
+/* The relay's publish watermark: rows with seq at or below it were delivered
+ * (schema/common/0002_outbox_watermark.sql). */
+#define OUTBOX_WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM relay_lease)"
+
+/* Looks at the oldest ?2 published rows only (bounded work however many young rows there are)
+ * and deletes those created before ?1. */
+static const char outbox_purge_sql[] =
+    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE seq <= " OUTBOX_WATERMARK
+    " ORDER BY seq LIMIT ?2) AND created_at < ?1";
+static const char outbox_count_sql[] =
+    "SELECT (SELECT count(*) FROM outbox WHERE seq > " OUTBOX_WATERMARK
+    "), (SELECT count(*) FROM outbox)";
+
+int oq_outbox_purge_published(sqlite3 *db, int64_t cutoff_ms, int limit, int64_t *deleted,
+                              oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, outbox_purge_sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "outbox purge: prepare");
+    sqlite3_bind_int64(st, 1, cutoff_ms);
+    sqlite3_bind_int(st, 2, limit);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        rc = 0;
+        if (deleted) *deleted = sqlite3_changes(db);
+    } else {
+        rc = oq_db_error(db, rc, err, "outbox purge");
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int oq_outbox_count(sqlite3 *db, int64_t *pending, int64_t *total, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, outbox_count_sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "outbox count: prepare");
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        rc = 0;
+        if (pending) *pending = sqlite3_column_int64(st, 0);
+        if (total) *total = sqlite3_column_int64(st, 1);
+    } else {
+        rc = oq_db_error(db, rc, err, "outbox count");
+    }
+    sqlite3_finalize(st);
     return rc;
 }

@@ -1,7 +1,8 @@
 /**
  * @file oq_db.h
  * @brief SQLite helpers: durable open, embedded migrations, a prepared-statement cache,
- *        transactions, and the outbox append shared by the producer and the consumer.
+ *        transactions, and the outbox statements shared by the producer and the consumer
+ *        (append, retention of delivered rows, counts; the relay's reads are in relay/).
  *
  * Durability default: journal_mode=WAL, synchronous=FULL. A component may lower it only when
  * its user passes an explicit flag (`--synchronous normal`).
@@ -111,5 +112,23 @@ typedef struct oq_outbox_row {
  */
 int oq_outbox_append(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
                      oq_error_t *err);
+
+/**
+ * @brief Retention: delete delivered rows (seq at or below the relay's watermark,
+ *        relay_lease.published_seq) created before \p cutoff_ms, looking at the \p limit
+ *        oldest delivered rows only, so the work per call is bounded. Rows not yet delivered
+ *        are never deleted, however old.
+ * @remark Runs in the caller's transaction if one is open; commits nothing itself.
+ * @param deleted receives the number of rows deleted; may be NULL.
+ * @returns 0, OQ_EBUSY or OQ_EDB.
+ */
+int oq_outbox_purge_published(sqlite3 *db, int64_t cutoff_ms, int limit, int64_t *deleted,
+                              oq_error_t *err);
+
+/**
+ * @brief Rows not yet delivered (above the relay's watermark) and all rows, in one statement.
+ * @param pending, total may be NULL. @returns 0, OQ_EBUSY or OQ_EDB.
+ */
+int oq_outbox_count(sqlite3 *db, int64_t *pending, int64_t *total, oq_error_t *err);
 
 #endif
