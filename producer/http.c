@@ -32,7 +32,7 @@
 
 #include "oq_envelope.h"
 #include "oq_log.h"
-#include "producer_int.h"
+#include "oq_producer.h"
 
 struct oq_http {
     struct MHD_Daemon *d;
@@ -57,6 +57,7 @@ typedef struct req_ctx {
     char *body;
     size_t len, cap;
     oq_submit_job_t *job;
+    int refused; /**< the producer was shutting down: the job was not queued */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -158,7 +159,7 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
                           "the Idempotency-Key header is required");
     char kbuf[OQ_MAX_KEY_LEN + 3];
     const char *key = unquote_key(raw, kbuf);
-    if (!oq__valid_key(key, OQ_MAX_KEY_LEN))
+    if (!oq_envelope_valid_key(key))
         return send_error(h, c, 400, "invalid_idempotency_key",
                           "Idempotency-Key must be 1-255 printable ASCII bytes");
     if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
@@ -232,7 +233,7 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     if (oq_producer_submit_async(h->p, ctx->job, job_done, ctx) != 0) {
-        ctx->job->rc = OQ_ESHUTDOWN;
+        ctx->refused = 1; /* not queued: the callback will not run */
         ctx->state = RS_DONE;
         MHD_resume_connection(c);
     }
@@ -248,7 +249,7 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     oq_submit_outcome_t oc;
     const oq_call_t *call;
     oq_error_t err = {0};
-    int rc = oq_submit_job_result(ctx->job, &oc, &call, &err);
+    int rc = ctx->refused ? OQ_ESHUTDOWN : oq_submit_job_result(ctx->job, &oc, &call, &err);
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
                           "this Idempotency-Key was used with a different request body");
@@ -407,7 +408,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (strncmp(url, BYKEY_PREFIX, strlen(BYKEY_PREFIX)) == 0) {
         const char *key = url + strlen(BYKEY_PREFIX);
         if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
-        if (!oq__valid_key(key, OQ_MAX_KEY_LEN))
+        if (!oq_envelope_valid_key(key))
             return send_error(h, c, 400, "invalid_idempotency_key", "bad key in path");
         return get_call(h, c, NULL, key);
     }

@@ -5,7 +5,7 @@
  *
  * Design. Messages are taken in batches (one blocking poll, then whatever is already fetched,
  * up to 256), decoded on this thread, and handed to the producer's group-commit writer as one
- * job (oq_producer_apply_results): the writer applies them with oq_store_apply_result() inside
+ * work item (oq_producer_apply_results): the writer applies them, by the rules of decide.c, inside
  * the same transaction as the submits queued with them, on the same connection. calls.db thus
  * has one writer per process (plus the relay), so results never fight the submits for
  * SQLite's write lock, and they ride on commits that happen anyway. The result_inbox row keyed
@@ -29,7 +29,7 @@
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
-#include "producer_int.h"
+#include "oq_producer.h"
 
 #define INGEST_BATCH 256
 

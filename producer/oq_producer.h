@@ -62,11 +62,12 @@ const char *oq_submit_outcome_name(oq_submit_outcome_t o);
 
 /** A submit request. All fields borrowed for the duration of the call. */
 typedef struct oq_submit_req {
-    const char *tenant;    /**< NULL or "" = "default"; 1..128 printable bytes */
-    const char *idem_key;  /**< 1..255 printable ASCII bytes (0x21..0x7e and space) */
+    const char *tenant;    /**< NULL or "" = "default"; 1..128 printable ASCII bytes */
+    const char *idem_key;  /**< 1..255 printable ASCII bytes (0x20..0x7e: space included) */
     const char *tool;      /**< 1..128 bytes, [A-Za-z0-9_.:-] */
     const json_t *args;    /**< a JSON object */
-    const char *client_id; /**< optional */
+    const char *client_id; /**< optional; 1..128 printable ASCII bytes
+                                (the rules: oq_envelope_valid_key / _name / _tool) */
     int64_t seq;           /**< optional client sequence number, used when has_seq */
     int has_seq;
 } oq_submit_req_t;
@@ -97,19 +98,20 @@ void oq_call_clear(oq_call_t *c);
 int oq_call_state_terminal(const char *state);
 
 /**
- * @brief The call as the JSON object of the HTTP API and the CLI: call_id, tenant, idem_key,
- *        fingerprint, tool, args, status, attempt, result, error, effect_id, client_id, seq,
- *        created_at/updated_at/expires_at (RFC 3339), query_url.
- * @returns a new reference, or NULL on ENOMEM.
- */
-json_t *oq_call_to_json(const oq_call_t *c);
-
-/**
- * @brief The same object as oq_call_to_json(), rendered straight to compact JSON text (the
- *        HTTP hot path: no intermediate jansson objects).
- * @param out malloc()ed NUL-terminated text (caller free()s). @returns 0 or OQ_ENOMEM.
+ * @brief The call as the compact JSON text of the HTTP API and the CLI: call_id, tenant,
+ *        idem_key, fingerprint, tool, args, status, attempt, result, error, effect_id,
+ *        client_id, seq, created_at/updated_at/expires_at (RFC 3339), query_url. The one
+ *        writer of a call's JSON (no intermediate jansson objects: the HTTP hot path).
+ * @param out malloc()ed NUL-terminated text (caller free()s).
+ * @returns 0, OQ_ENOMEM, or OQ_EUTF8 (a string of \p c that is not UTF-8).
  */
 int oq_call_render(const oq_call_t *c, char **out, size_t *out_len);
+
+/**
+ * @brief The same object as oq_call_render() writes, as a jansson tree (its text parsed).
+ * @returns a new reference, or NULL when rendering or parsing failed.
+ */
+json_t *oq_call_to_json(const oq_call_t *c);
 
 /**
  * @brief Open (create, migrate) the producer database at \p path and start its writer thread.

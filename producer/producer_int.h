@@ -1,19 +1,57 @@
 /**
  * @file producer_int.h
  * @brief Internals shared by the producer's files (not installed, not for callers).
+ *
+ * The files and who calls whom (no cycle; SQL only in store.c):
+ *   producer.c  the oq_producer_t object: open/close, the read pool, the public entry points
+ *               -> writer.c, submit.c, store.c
+ *   writer.c    the writer thread: queue of work items, group commit, checkpoints
+ *               -> decide.c, submit.c
+ *   decide.c    the rules: submit (new / replay / conflict / expired key / retry-reset) and
+ *               result apply (duplicate / unknown / stale / ignored / applied), retention
+ *               -> store.c, submit.c
+ *   submit.c    a submit request prepared outside the writer (oq_submit_job_t)
+ *   store.c     every SQL statement (producer_store.h)
+ *   call.c      oq_call_t and its one JSON writer
+ *   http.c, ingest.c  the HTTP API and the results consumer, on the public API
  */
 #ifndef OQ_PRODUCER_INT_H
 #define OQ_PRODUCER_INT_H
 
-#include <pthread.h>
 #include <stdint.h>
 
-#include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_producer.h"
+#include "producer_store.h"
 
-/** A prepared submit: validated input, canonical args, fingerprint, a fresh call id and the
- *  envelope of attempt 1, all computed outside the writer. */
+/* --- work items of the writer's queue ------------------------------------------------------ */
+
+typedef enum {
+    OQ__WORK_SUBMIT = 1, /**< an oq_submit_job_t */
+    OQ__WORK_RESULTS = 2 /**< an oq__results_t */
+} oq__work_kind_t;
+
+typedef struct oq__work oq__work_t;
+
+/** Completion of a work item, on the writer thread after the commit (or the failure). It must
+ *  not block. */
+typedef void (*oq__work_done_cb)(oq__work_t *w, void *opaque);
+
+/** The header every work item starts with. */
+struct oq__work {
+    oq__work_kind_t kind;
+    int rc;         /**< 0, OQ_ECONFLICT, or the error that failed it */
+    oq_error_t err; /**< with rc */
+    oq__work_done_cb done;
+    void *opaque;
+    int64_t enq_us; /**< monotonic time it was queued */
+    oq__work_t *next;
+};
+
+/** A submit prepared outside the writer (oq_submit_job_new): validated input, canonical args,
+ *  fingerprint, a fresh call id and the envelope of attempt 1; the writer runs only SQL. */
 struct oq_submit_job {
+    oq__work_t work; /**< first member: a job is a work item */
     /* input (owned) */
     char *tenant;
     char *idem_key;
@@ -29,62 +67,74 @@ struct oq_submit_job {
     char *payload;                    /**< envelope of attempt 1 (call_id above) */
     size_t payload_len;
     int64_t created_at;
-    /* output */
-    int rc;
-    oq_error_t err;
+    /* output, set by the decision */
     oq_submit_outcome_t outcome;
     oq_call_t call;
-    int call_from_job; /**< NEW: move the input strings into call after the commit */
-    /* a results batch instead of a submit (oq_producer_apply_results): applied in the
-     * writer's transaction; nothing above is used */
-    const struct oq_envelope *envs;
-    int nenv;
-    oq_result_outcome_t *outcomes; /**< per envelope; 0 = refused (not a known status) */
-    /* queue */
-    oq_submit_done_cb cb;
-    void *opaque;
-    int64_t enq_us;
-    struct oq_submit_job *next;
+    int call_from_job;    /**< NEW: the input strings move into call after the commit */
+    oq_submit_done_cb cb; /**< of oq_producer_submit_async(); its opaque is work.opaque */
 };
 
-/**
- * @brief The submit decision and its writes, inside an open write transaction on \p db.
- * @param cache statement cache for \p db, or NULL.
- * @returns 0 (new/replay/retry-reset), OQ_ECONFLICT, or OQ_EBUSY/OQ_EDB/OQ_ENOMEM (the
- *          caller must roll the transaction back).
- * @locality writer thread (or the caller's thread for the in-transaction API)
- */
-int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, int64_t now_ms,
-                     int64_t key_ttl_ms, oq_error_t *err);
+/** A batch of tool_result envelopes (oq_producer_apply_results), applied in the writer's
+ *  transaction with the submits queued around it. */
+typedef struct oq__results {
+    oq__work_t work;           /**< first member */
+    const oq_envelope_t *envs; /**< borrowed */
+    int n;
+    oq_result_outcome_t *outcomes; /**< per envelope; 0 = refused (not a known status) */
+} oq__results_t;
+
+/* --- submit.c: the prepared request -------------------------------------------------------- */
 
 /**
  * @brief Draw a new call id and message id for \p job and re-encode its envelope: the id it
- *        had collided with an existing call's primary key. @returns 0, OQ_ENOMEM, ...
+ *        had is taken by another call. @returns 0 or OQ_ENOMEM.
  */
-int oq__job_new_call_id(oq_submit_job_t *job, oq_error_t *err);
+int oq__job_new_ids(oq_submit_job_t *job, oq_error_t *err);
 
-/**
- * @brief oq_store_apply_result() with an optional statement cache (the writer's).
- * @locality writer thread, inside its open transaction
- */
-int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const struct oq_envelope *env,
-                           int64_t now_ms, oq_result_outcome_t *outcome, oq_error_t *err);
-
-/** @brief Move the job's strings into job->call after a NEW outcome committed. */
+/** @brief After a NEW outcome committed: move the job's strings into job->call. */
 void oq__job_finish_new(oq_submit_job_t *job);
 
-/** Cached or one-shot statements (cache may be NULL). */
-int oq__store_get(sqlite3 *db, oq_stmt_cache_t *cache, const char *call_id, oq_call_t *out,
-                  oq_error_t *err);
-int oq__store_get_by_key(sqlite3 *db, oq_stmt_cache_t *cache, const char *tenant,
-                         const char *idem_key, oq_call_t *out, oq_error_t *err);
+/* --- decide.c: the rules ------------------------------------------------------------------- */
 
-/** @brief Fingerprint from canonical args text (equals oq_fingerprint()). For tests. */
-int oq__fingerprint_canon(const char *tenant, const char *tool, const char *args, size_t args_len,
-                          char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err);
+/**
+ * @brief The submit decision and its writes, inside an open write transaction on \p s.
+ *        Sets job->outcome and job->call (on NEW, after oq__job_finish_new()).
+ * @returns 0 (new / replay / retry-reset), OQ_ECONFLICT, or OQ_EBUSY/OQ_EDB/OQ_ENOMEM/
+ *          OQ_ESTATE (the caller must roll the transaction back).
+ * @locality writer thread (or the caller's thread for the in-transaction API)
+ */
+int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
+                      int64_t key_ttl_ms, oq_error_t *err);
 
-/** @brief Validation helpers shared by the API and HTTP. */
-int oq__valid_key(const char *s, size_t max);
-int oq__valid_tool(const char *s);
+/**
+ * @brief The result decision for each of \p n envelopes, inside an open write transaction.
+ *        An envelope that is not a tool_result with a known status gets outcome 0 and writes
+ *        nothing. @returns 0, or a database error (roll back: nothing of the batch holds).
+ * @locality writer thread
+ */
+int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                       oq_result_outcome_t *outcomes, int64_t now_ms, oq_error_t *err);
+
+/* --- writer.c: the writer thread ----------------------------------------------------------- */
+
+typedef struct oq__writer oq__writer_t;
+
+/**
+ * @brief Open the writer's connection on \p path (migrating the producer schema) and start the
+ *        writer and checkpointer threads. \p o has its defaults resolved (key_ttl_ms,
+ *        max_batch, checkpoint_pages; metrics may be NULL and is borrowed).
+ * @returns 0 with \p out set (oq__writer_close), or OQ_EDB/OQ_EIO/OQ_ENOMEM/...
+ */
+int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t **out,
+                    oq_error_t *err);
+
+/** @brief Run what is queued, stop the threads, close the connections. NULL ok. */
+void oq__writer_close(oq__writer_t *w);
+
+/**
+ * @brief Queue \p item (its kind, done and opaque set); done runs once on the writer thread.
+ * @returns 0, or OQ_ESHUTDOWN (done will not run).
+ */
+int oq__writer_enqueue(oq__writer_t *w, oq__work_t *item);
 
 #endif

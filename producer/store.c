@@ -1,32 +1,30 @@
 /*
- * store.c: every SQL statement of the producer (calls, outbox append, result_inbox, audit,
- * stats, purge), so that a second backend (PostgreSQL) can be written beside this file.
+ * store.c: every SQL statement of the producer (calls, result_inbox, audit, retention, stats),
+ * as the row operations of producer_store.h, so that a second backend (PostgreSQL) can be
+ * written beside this file. The outbox rows themselves go through common/db.c
+ * (oq_outbox_append, oq_outbox_purge_published, oq_outbox_count), shared with the consumer.
  *
- * Nothing here opens or commits a transaction on behalf of the submit path: the caller (the
- * group-commit writer, or a service using oq_producer_submit_in_tx) owns the transaction. The
- * submit decision reads the (tenant, idem_key) row inside that write transaction, so two
- * submits of one key in one batch see each other (the second is a replay), and no other
- * writer can interleave (BEGIN IMMEDIATE). Reads (get, stats, audit) run on any connection.
- * Purge owns its short transactions itself: a bounded batch each, so the writer's lock wait is
- * bounded too.
+ * No rules here: this file does not know what a replay or a stale result is, nor about the
+ * writer's queue or its jobs. It runs the statement it is asked for on plain structs and
+ * reports what the database did (a key that exists, a call id that is taken, a message id
+ * already claimed), and producer/decide.c decides.
  *
- * Applying a tool_result is on the ingest hot path, so it does the least per message: a narrow
- * read of the call (state, attempt) decides the outcome, then one INSERT OR IGNORE into
- * result_inbox records the message with that final outcome. A message_id already there stops
- * everything (duplicate: nothing else is written); the read before the insert is safe because
- * both run in the caller's write transaction. Only then is the call updated and the audit row
- * written, its JSON detail composed directly (strings escaped as jansson escapes them).
+ * Transactions: write operations run inside the caller's open write transaction (the group
+ * commit writer's, or a service's own in oq_producer_submit_in_tx) and commit nothing, so a
+ * decision's read and its writes are atomic. Purge owns its short transactions itself (a
+ * bounded batch each, so the writer's wait for the lock is bounded too); the counts read one
+ * snapshot in a read transaction.
  *
- * Statements come from an oq_stmt_cache_t when the caller has one (the writer, the readers)
+ * Statements come from the store's oq_stmt_cache_t when it has one (the writer, the readers)
  * and are prepared per call otherwise (the in-transaction API on a caller's connection).
  */
-#include <jansson.h>
+#include "producer_store.h"
+
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "oq_envelope.h"
-#include "oq_log.h"
-#include "producer_int.h"
 
 #define CALL_COLS                                                                                  \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
@@ -40,43 +38,51 @@ static const char SQL_INSERT_CALL[] =
     "seq,created_at,updated_at,expires_at) VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10) "
     "ON CONFLICT(tenant,idem_key) DO NOTHING";
 static const char SQL_RESET_CALL[] =
-    "UPDATE calls SET state='pending',attempt=attempt+1,result=NULL,error=NULL,updated_at=?2,"
-    "expires_at=?3 WHERE call_id=?1 AND state='failed'";
+    "UPDATE calls SET state='pending',attempt=?2,result=NULL,error=NULL,updated_at=?3,"
+    "expires_at=?4 WHERE call_id=?1 AND state='failed' AND attempt=?2-1";
 static const char SQL_DELETE_CALL[] = "DELETE FROM calls WHERE call_id=?1";
 static const char SQL_DELETE_AUDIT[] = "DELETE FROM audit WHERE call_id=?1";
 static const char SQL_DELETE_INBOX[] = "DELETE FROM result_inbox WHERE call_id=?1";
-static const char SQL_AUDIT[] = "INSERT INTO audit(ts,call_id,event,detail) VALUES(?1,?2,?3,?4)";
+static const char SQL_AUDIT_ADD[] =
+    "INSERT INTO audit(ts,call_id,event,detail) VALUES(?1,?2,?3,?4)";
+static const char SQL_AUDIT_LIST[] =
+    "SELECT ts,event,detail FROM audit WHERE call_id=?1 ORDER BY id";
 static const char SQL_INBOX_INSERT[] =
     "INSERT OR IGNORE INTO result_inbox(message_id,call_id,status,outcome,received_at) "
     "VALUES(?1,?2,?3,?4,?5)";
-static const char SQL_RESULT_TARGET[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
-static const char SQL_APPLY_RESULT[] =
+static const char SQL_GET_STATE[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
+static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6 WHERE call_id=?1";
 
 /* --- statement helpers ---------------------------------------------------------------------- */
 
-static sqlite3_stmt *st_get(sqlite3 *db, oq_stmt_cache_t *cache, const char *sql, oq_error_t *err)
+static sqlite3_stmt *st_get(oq__producer_store_t *s, const char *sql, oq_error_t *err)
 {
-    if (cache) return oq_stmt_get(cache, sql, err);
+    if (s->cache) return oq_stmt_get(s->cache, sql, err);
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
     if (rc != SQLITE_OK) {
-        oq_db_error(db, rc, err, "prepare");
+        oq_db_error(s->db, rc, err, "prepare");
         return NULL;
     }
     return st;
 }
 
-static void st_done(oq_stmt_cache_t *cache, sqlite3_stmt *st)
+static void st_done(oq__producer_store_t *s, sqlite3_stmt *st)
 {
     if (!st) return;
-    if (cache) {
+    if (s->cache) {
         sqlite3_reset(st);
         sqlite3_clear_bindings(st);
     } else {
         sqlite3_finalize(st);
     }
+}
+
+static int st_failed(oq_error_t *err)
+{
+    return err && err->code ? err->code : OQ_EDB;
 }
 
 static void bind_text(sqlite3_stmt *st, int i, const char *s)
@@ -88,11 +94,23 @@ static void bind_text(sqlite3_stmt *st, int i, const char *s)
 }
 
 /** Run a statement expecting no rows. */
-static int st_exec(sqlite3 *db, sqlite3_stmt *st, oq_error_t *err, const char *what)
+static int st_exec(oq__producer_store_t *s, sqlite3_stmt *st, oq_error_t *err, const char *what)
 {
     int rc = sqlite3_step(st);
-    if (rc != SQLITE_DONE) return oq_db_error(db, rc, err, what);
+    if (rc != SQLITE_DONE) return oq_db_error(s->db, rc, err, what);
     return 0;
+}
+
+/** A statement with one text parameter (an id) and no rows. */
+static int exec_id(oq__producer_store_t *s, const char *sql, const char *id, oq_error_t *err,
+                   const char *what)
+{
+    sqlite3_stmt *st = st_get(s, sql, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, id);
+    int ret = st_exec(s, st, err, what);
+    st_done(s, st);
+    return ret;
 }
 
 static char *col_strdup(sqlite3_stmt *st, int i)
@@ -101,19 +119,22 @@ static char *col_strdup(sqlite3_stmt *st, int i)
     return t ? strdup((const char *)t) : NULL;
 }
 
+static void col_copy(sqlite3_stmt *st, int i, char *out, size_t n)
+{
+    const char *t = (const char *)sqlite3_column_text(st, i);
+    snprintf(out, n, "%s", t ? t : "");
+}
+
 static int read_call(sqlite3_stmt *st, oq_call_t *c)
 {
     memset(c, 0, sizeof *c);
-    const char *id = (const char *)sqlite3_column_text(st, 0);
-    snprintf(c->call_id, sizeof c->call_id, "%s", id ? id : "");
+    col_copy(st, 0, c->call_id, sizeof c->call_id);
     c->tenant = col_strdup(st, 1);
     c->idem_key = col_strdup(st, 2);
-    const char *fp = (const char *)sqlite3_column_text(st, 3);
-    snprintf(c->fingerprint, sizeof c->fingerprint, "%s", fp ? fp : "");
+    col_copy(st, 3, c->fingerprint, sizeof c->fingerprint);
     c->tool = col_strdup(st, 4);
     c->args = col_strdup(st, 5);
-    const char *state = (const char *)sqlite3_column_text(st, 6);
-    snprintf(c->state, sizeof c->state, "%s", state ? state : "");
+    col_copy(st, 6, c->state, sizeof c->state);
     c->result = col_strdup(st, 7);
     c->error = col_strdup(st, 8);
     c->attempt = sqlite3_column_int64(st, 9);
@@ -131,156 +152,194 @@ static int read_call(sqlite3_stmt *st, oq_call_t *c)
     return 0;
 }
 
-/* --- reads ---------------------------------------------------------------------------------- */
-
-int oq__store_get(sqlite3 *db, oq_stmt_cache_t *cache, const char *call_id, oq_call_t *out,
-                  oq_error_t *err)
+static int append_outbox(oq__producer_store_t *s, const char *message_id, const char *call_id,
+                         const char *payload, size_t payload_len, int64_t now_ms, oq_error_t *err)
 {
-    sqlite3_stmt *st = st_get(db, cache, SQL_GET_BY_ID, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, call_id);
-    int rc = sqlite3_step(st), ret;
-    if (rc == SQLITE_ROW)
-        ret = read_call(st, out);
-    else if (rc == SQLITE_DONE)
-        ret = oq_error_set(err, OQ_ENOTFOUND, 0, "no call %s", call_id);
-    else
-        ret = oq_db_error(db, rc, err, "get call");
-    st_done(cache, st);
-    return ret;
+    oq_outbox_row_t row = {message_id, OQ_TOPIC_CALLS, call_id, payload, payload_len, now_ms};
+    return oq_outbox_append(s->db, s->cache, &row, err);
 }
 
-int oq__store_get_by_key(sqlite3 *db, oq_stmt_cache_t *cache, const char *tenant,
-                         const char *idem_key, oq_call_t *out, oq_error_t *err)
+/* --- calls ---------------------------------------------------------------------------------- */
+
+int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
+                                   oq__producer_insert_t *result, oq_error_t *err)
 {
-    sqlite3_stmt *st = st_get(db, cache, SQL_GET_BY_KEY, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, tenant && *tenant ? tenant : OQ_DEFAULT_TENANT);
-    bind_text(st, 2, idem_key);
+    sqlite3_stmt *st = st_get(s, SQL_INSERT_CALL, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, c->call_id);
+    bind_text(st, 2, c->tenant);
+    bind_text(st, 3, c->idem_key);
+    bind_text(st, 4, c->fingerprint);
+    bind_text(st, 5, c->tool);
+    sqlite3_bind_text(st, 6, c->args, (int)c->args_len, SQLITE_STATIC);
+    bind_text(st, 7, c->client_id);
+    if (c->has_seq)
+        sqlite3_bind_int64(st, 8, c->seq);
+    else
+        sqlite3_bind_null(st, 8);
+    sqlite3_bind_int64(st, 9, c->created_at);
+    sqlite3_bind_int64(st, 10, c->expires_at);
+    int rc = sqlite3_step(st);
+    int ret = 0;
+    if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
+        /* The key was free (ON CONFLICT covers it), so only call_id can clash. The statement
+         * aborted alone; the transaction is intact. */
+        *result = OQ__INSERT_ID_TAKEN;
+    } else if (rc != SQLITE_DONE) {
+        ret = oq_db_error(s->db, rc, err, "insert call");
+    } else {
+        *result = sqlite3_changes(s->db) ? OQ__INSERT_NEW : OQ__INSERT_KEY_EXISTS;
+    }
+    st_done(s, st);
+    if (ret || *result != OQ__INSERT_NEW) return ret;
+    return append_outbox(s, c->message_id, c->call_id, c->payload, c->payload_len, c->created_at,
+                         err);
+}
+
+/* \p call_id names the call in the not-found message; NULL: looked up by key. */
+static int get_one(oq__producer_store_t *s, sqlite3_stmt *st, const char *call_id, oq_call_t *out,
+                   oq_error_t *err, const char *what)
+{
     int rc = sqlite3_step(st), ret;
     if (rc == SQLITE_ROW)
         ret = read_call(st, out);
+    else if (rc == SQLITE_DONE && call_id)
+        ret = oq_error_set(err, OQ_ENOTFOUND, 0, "no call %s", call_id);
     else if (rc == SQLITE_DONE)
         ret = oq_error_set(err, OQ_ENOTFOUND, 0, "no call for key");
     else
-        ret = oq_db_error(db, rc, err, "get call by key");
-    st_done(cache, st);
+        ret = oq_db_error(s->db, rc, err, what);
+    st_done(s, st);
     return ret;
 }
 
-int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err)
+int oq__producer_store_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
+                           oq_error_t *err)
 {
-    return oq__store_get(db, NULL, call_id, out, err);
+    sqlite3_stmt *st = st_get(s, SQL_GET_BY_ID, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, call_id);
+    return get_one(s, st, call_id, out, err, "get call");
 }
 
-int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
-                        oq_error_t *err)
+int oq__producer_store_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,
+                                  oq_call_t *out, oq_error_t *err)
 {
-    return oq__store_get_by_key(db, NULL, tenant, idem_key, out, err);
+    sqlite3_stmt *st = st_get(s, SQL_GET_BY_KEY, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, tenant && *tenant ? tenant : OQ_DEFAULT_TENANT);
+    bind_text(st, 2, idem_key);
+    return get_one(s, st, NULL, out, err, "get call by key");
 }
 
-static int count_query(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
+int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
+                                  oq_error_t *err)
 {
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
-    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "prepare stats");
-    rc = sqlite3_step(st);
-    int ret = 0;
-    if (rc == SQLITE_ROW)
-        *out = sqlite3_column_int64(st, 0);
-    else
-        ret = oq_db_error(db, rc, err, "stats");
-    sqlite3_finalize(st);
-    return ret;
+    sqlite3_stmt *st = st_get(s, SQL_RESET_CALL, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, a->call_id);
+    sqlite3_bind_int64(st, 2, a->attempt);
+    sqlite3_bind_int64(st, 3, a->updated_at);
+    sqlite3_bind_int64(st, 4, a->expires_at);
+    int ret = st_exec(s, st, err, "reset call");
+    st_done(s, st);
+    if (ret) return ret;
+    if (sqlite3_changes(s->db) != 1)
+        return oq_error_set(err, OQ_ESTATE, 0, "call %s is not failed at attempt %lld", a->call_id,
+                            (long long)(a->attempt - 1));
+    return append_outbox(s, a->message_id, a->call_id, a->payload, a->payload_len, a->updated_at,
+                         err);
 }
 
-int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
+int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id, oq_error_t *err)
 {
-    static const char *const states[] = {"pending", "running", "succeeded", "failed",
-                                         "needs_review"};
-    int ret = 0;
-    json_t *o = json_object(), *by = json_object();
-    sqlite3_stmt *st = NULL;
-    if (!o || !by) {
-        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-        goto out;
-    }
-    /* A read transaction so that the numbers are one snapshot. */
-    int rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        ret = oq_db_error(db, rc, err, "begin");
-        goto out;
-    }
-    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
-        json_object_set_new(by, states[i], json_integer(0));
-    /* Only rows that left 'pending' are in an index (calls_settled, see
-     * schema/producer/0002_calls_hot_path.sql): pending = all - the others. */
-    int64_t total = 0, settled = 0;
-    if ((ret = count_query(db, "SELECT count(*) FROM calls", &total, err))) goto out_tx;
-    rc = sqlite3_prepare_v2(
-        db, "SELECT state,count(*) FROM calls WHERE state<>'pending' GROUP BY state", -1, &st,
-        NULL);
-    if (rc != SQLITE_OK) {
-        ret = oq_db_error(db, rc, err, "prepare stats");
-        goto out_tx;
-    }
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int64_t n = sqlite3_column_int64(st, 1);
-        json_object_set_new(by, (const char *)sqlite3_column_text(st, 0), json_integer(n));
-        settled += n;
-    }
-    if (rc != SQLITE_DONE) {
-        ret = oq_db_error(db, rc, err, "stats");
-        goto out_tx;
-    }
-    json_object_set_new(by, "pending", json_integer(total - settled));
-    int64_t effects = 0, outbox_pending = 0, outbox_total = 0, inbox = 0, oldest = 0;
-    if ((ret = count_query(
-             db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
-             &effects, err)) ||
-        (ret = count_query(db, "SELECT count(*) FROM outbox_unpublished", &outbox_pending,
-                           err)) ||
-        (ret = count_query(db, "SELECT count(*) FROM outbox", &outbox_total, err)) ||
-        (ret = count_query(db, "SELECT count(*) FROM result_inbox", &inbox, err)) ||
-        (ret =
-             count_query(db, "SELECT COALESCE(min(created_at),0) FROM calls WHERE state='pending'",
-                         &oldest, err)))
-        goto out_tx;
-    json_object_set_new(o, "calls", json_integer(total));
-    json_object_set_new(o, "effects", json_integer(effects));
-    json_object_set(o, "by_status", by);
-    json_object_set_new(o, "outbox_pending", json_integer(outbox_pending));
-    json_object_set_new(o, "outbox_rows", json_integer(outbox_total));
-    json_object_set_new(o, "result_inbox", json_integer(inbox));
-    json_object_set_new(o, "oldest_pending_age_ms",
-                        json_integer(oldest ? oq_now_ms() - oldest : 0));
-out_tx:
-    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-out:
-    sqlite3_finalize(st);
-    json_decref(by);
-    if (ret) {
-        json_decref(o);
+    int ret;
+    if ((ret = exec_id(s, SQL_DELETE_AUDIT, call_id, err, "delete audit")) ||
+        (ret = exec_id(s, SQL_DELETE_INBOX, call_id, err, "delete result_inbox")))
         return ret;
-    }
-    *out = o;
-    return 0;
+    return exec_id(s, SQL_DELETE_CALL, call_id, err, "delete call");
 }
 
-int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,
-                   oq_error_t *err)
+/* --- results -------------------------------------------------------------------------------- */
+
+int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
+                                 oq__producer_call_state_t *out, int *found, oq_error_t *err)
 {
-    sqlite3_stmt *st = NULL;
+    sqlite3_stmt *st = st_get(s, SQL_GET_STATE, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, call_id);
+    int rc = sqlite3_step(st), ret = 0;
+    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW) {
+        col_copy(st, 0, out->state, sizeof out->state);
+        out->attempt = sqlite3_column_int64(st, 1);
+    } else if (rc != SQLITE_DONE) {
+        ret = oq_db_error(s->db, rc, err, "get call state");
+    }
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_claim_result(oq__producer_store_t *s, const oq__producer_inbox_row_t *r,
+                                    int *claimed, oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(s, SQL_INBOX_INSERT, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, r->message_id);
+    bind_text(st, 2, r->call_id);
+    bind_text(st, 3, r->status);
+    bind_text(st, 4, r->outcome);
+    sqlite3_bind_int64(st, 5, r->received_at);
+    int ret = st_exec(s, st, err, "insert result_inbox");
+    st_done(s, st);
+    if (!ret) *claimed = sqlite3_changes(s->db) != 0;
+    return ret;
+}
+
+int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
+                                  oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(s, SQL_SET_RESULT, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, r->call_id);
+    bind_text(st, 2, r->state);
+    bind_text(st, 3, r->result);
+    bind_text(st, 4, r->error);
+    bind_text(st, 5, r->effect_id);
+    sqlite3_bind_int64(st, 6, r->updated_at);
+    int ret = st_exec(s, st, err, "apply result");
+    st_done(s, st);
+    return ret;
+}
+
+/* --- audit ---------------------------------------------------------------------------------- */
+
+int oq__producer_store_audit_add(oq__producer_store_t *s, int64_t ts, const char *call_id,
+                                 const char *event, const char *detail, oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(s, SQL_AUDIT_ADD, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int64(st, 1, ts);
+    bind_text(st, 2, call_id);
+    bind_text(st, 3, event);
+    bind_text(st, 4, detail);
+    int ret = st_exec(s, st, err, "insert audit");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_audit_list(oq__producer_store_t *s, const char *call_id,
+                                  oq_audit_row_t **rows, size_t *n, oq_error_t *err)
+{
     oq_audit_row_t *v = NULL;
     size_t cnt = 0, cap = 0;
-    int ret = 0;
-    int rc = sqlite3_prepare_v2(
-        db, "SELECT ts,event,detail FROM audit WHERE call_id=?1 ORDER BY id", -1, &st, NULL);
-    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "prepare audit");
+    int ret = 0, rc;
+    sqlite3_stmt *st = st_get(s, SQL_AUDIT_LIST, err);
+    if (!st) return st_failed(err);
     bind_text(st, 1, call_id);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (cnt == cap) {
-            size_t ncap = cap ? cap * 2 : 8;
+            size_t ncap = cap ? cap * 2 : 16;
             oq_audit_row_t *nv = realloc(v, ncap * sizeof *nv);
             if (!nv) {
                 ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -289,14 +348,19 @@ int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size
             v = nv;
             cap = ncap;
         }
-        v[cnt].ts = sqlite3_column_int64(st, 0);
-        v[cnt].event = col_strdup(st, 1);
-        v[cnt].detail = col_strdup(st, 2);
+        oq_audit_row_t *r = &v[cnt];
+        r->ts = sqlite3_column_int64(st, 0);
+        r->event = col_strdup(st, 1);
+        r->detail = col_strdup(st, 2);
         cnt++;
+        if (!r->event) {
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto out;
+        }
     }
-    if (rc != SQLITE_DONE) ret = oq_db_error(db, rc, err, "audit");
+    if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "audit");
 out:
-    sqlite3_finalize(st);
+    st_done(s, st);
     if (ret) {
         oq_audit_free(v, cnt);
         return ret;
@@ -306,392 +370,27 @@ out:
     return 0;
 }
 
-void oq_audit_free(oq_audit_row_t *rows, size_t n)
-{
-    for (size_t i = 0; rows && i < n; i++) {
-        free(rows[i].event);
-        free(rows[i].detail);
-    }
-    free(rows);
-}
+/* --- retention ------------------------------------------------------------------------------ */
 
-/* --- writes --------------------------------------------------------------------------------- */
-
-static int audit_add(sqlite3 *db, oq_stmt_cache_t *cache, int64_t ts, const char *call_id,
-                     const char *event, const char *detail, oq_error_t *err)
+static int count_query(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
 {
-    sqlite3_stmt *st = st_get(db, cache, SQL_AUDIT, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    sqlite3_bind_int64(st, 1, ts);
-    bind_text(st, 2, call_id);
-    bind_text(st, 3, event);
-    bind_text(st, 4, detail);
-    int ret = st_exec(db, st, err, "insert audit");
-    st_done(cache, st);
-    return ret;
-}
-
-static int exec_id(sqlite3 *db, oq_stmt_cache_t *cache, const char *sql, const char *id,
-                   oq_error_t *err)
-{
-    sqlite3_stmt *st = st_get(db, cache, sql, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, id);
-    int ret = st_exec(db, st, err, "delete");
-    st_done(cache, st);
-    return ret;
-}
-
-/** Is the stored error JSON marked retryable? */
-static int error_retryable(const char *error_json)
-{
-    if (!error_json) return 0;
-    json_t *e = json_loads(error_json, 0, NULL);
-    int r = e && json_is_true(json_object_get(e, "retryable"));
-    json_decref(e);
-    return r;
-}
-
-/** New outbox row for attempt \p attempt of an existing call (retry-reset path). */
-static int append_attempt(sqlite3 *db, oq_stmt_cache_t *cache, const oq_call_t *c, int64_t attempt,
-                          int64_t now_ms, oq_error_t *err)
-{
-    oq_envelope_t e;
-    memset(&e, 0, sizeof e);
-    json_t *args = NULL;
-    char *payload = NULL;
-    size_t plen = 0;
-    int ret;
-    if ((ret = oq_json_parse(c->args, strlen(c->args), 0, &args, err))) goto out;
-    e.v = OQ_ENVELOPE_VERSION;
-    e.kind = OQ_KIND_TOOL_CALL;
-    oq_id_uuid(e.message_id);
-    snprintf(e.call_id, sizeof e.call_id, "%s", c->call_id);
-    e.tenant = c->tenant;
-    e.idem_key = c->idem_key;
-    snprintf(e.fingerprint, sizeof e.fingerprint, "%s", c->fingerprint);
-    e.tool = c->tool;
-    e.attempt = attempt;
-    e.created_at = now_ms;
-    e.args = args;
-    if ((ret = oq_envelope_encode(&e, &payload, &plen, err))) goto out;
-    oq_outbox_row_t row = {e.message_id, OQ_TOPIC_CALLS, c->call_id, payload, plen, now_ms};
-    ret = oq_outbox_append(db, cache, &row, err);
-out:
-    free(payload);
-    json_decref(args);
-    return ret;
-}
-
-/**
- * Insert the job's call and its outbox row. The insert does nothing when the key exists
- * (ON CONFLICT DO NOTHING): then *exists is set and nothing is written, so the common case,
- * a new key, costs one probe of the key index instead of a SELECT and then an INSERT.
- */
-static int insert_new(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, int64_t now_ms,
-                      int64_t ttl, int *exists, oq_error_t *err)
-{
-    *exists = 0;
-    sqlite3_stmt *st;
-    int ret, tries = 0;
-again:
-    st = st_get(db, cache, SQL_INSERT_CALL, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, job->call_id);
-    bind_text(st, 2, job->tenant);
-    bind_text(st, 3, job->idem_key);
-    bind_text(st, 4, job->fingerprint);
-    bind_text(st, 5, job->tool);
-    sqlite3_bind_text(st, 6, job->args, (int)job->args_len, SQLITE_STATIC);
-    bind_text(st, 7, job->client_id);
-    if (job->has_seq)
-        sqlite3_bind_int64(st, 8, job->seq);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "prepare count");
+    rc = sqlite3_step(st);
+    int ret = 0;
+    if (rc == SQLITE_ROW)
+        *out = sqlite3_column_int64(st, 0);
     else
-        sqlite3_bind_null(st, 8);
-    sqlite3_bind_int64(st, 9, now_ms);
-    sqlite3_bind_int64(st, 10, now_ms + ttl);
-    int rc = sqlite3_step(st);
-    ret = rc == SQLITE_DONE ? 0 : oq_db_error(db, rc, err, "insert call");
-    st_done(cache, st);
-    if (rc == SQLITE_CONSTRAINT_PRIMARYKEY && tries++ < 3) {
-        /* The time-ordered call id collided (same ms, same random tail): the key itself was
-         * looked up above, so only call_id can clash. The statement aborted alone; the
-         * transaction is intact. */
-        oq_error_clear(err);
-        OQ_LOG_INFO("producer", "call id %s already taken: drawing another", job->call_id);
-        if ((ret = oq__job_new_call_id(job, err))) return ret;
-        goto again;
-    }
-    if (ret) return ret;
-    if (sqlite3_changes(db) == 0) {
-        *exists = 1;
-        return 0;
-    }
-    oq_outbox_row_t row = {job->message_id, OQ_TOPIC_CALLS,   job->call_id,
-                           job->payload,    job->payload_len, now_ms};
-    if ((ret = oq_outbox_append(db, cache, &row, err))) return ret;
-    job->outcome = OQ_SUBMIT_NEW;
-    job->call_from_job = 1;
-    job->call.created_at = job->call.updated_at = now_ms;
-    job->call.expires_at = now_ms + ttl;
-    return 0;
-}
-
-int oq__store_submit(sqlite3 *db, oq_stmt_cache_t *cache, oq_submit_job_t *job, int64_t now_ms,
-                     int64_t ttl, oq_error_t *err)
-{
-    oq_call_clear(&job->call);
-    job->call_from_job = 0;
-    oq_call_t *c = &job->call;
-    int exists = 0;
-    int ret = insert_new(db, cache, job, now_ms, ttl, &exists, err);
-    if (ret || !exists) return ret;
-    ret = oq__store_get_by_key(db, cache, job->tenant, job->idem_key, c, err);
-    if (ret == OQ_ENOTFOUND) /* cannot happen inside the write transaction */
-        ret = oq_error_set(err, OQ_EDB, 0, "key vanished inside the transaction");
-    if (ret) return ret;
-
-    int terminal = oq_call_state_terminal(c->state);
-    if (terminal && c->expires_at <= now_ms) {
-        /* Past retention and finished: the key starts over as a new call (as after a purge). */
-        OQ_LOGC_INFO("producer", c->call_id, "expired key reused: old call replaced");
-        if ((ret = exec_id(db, cache, SQL_DELETE_AUDIT, c->call_id, err)) ||
-            (ret = exec_id(db, cache, SQL_DELETE_INBOX, c->call_id, err)) ||
-            (ret = exec_id(db, cache, SQL_DELETE_CALL, c->call_id, err)))
-            return ret;
-        oq_call_clear(c);
-        if ((ret = insert_new(db, cache, job, now_ms, ttl, &exists, err))) return ret;
-        return exists ? oq_error_set(err, OQ_EDB, 0, "expired call not replaced") : 0;
-    }
-    if (strcmp(c->fingerprint, job->fingerprint) != 0) {
-        job->outcome = OQ_SUBMIT_CONFLICT;
-        return oq_error_set(err, OQ_ECONFLICT, 0,
-                            "idempotency key reused with a different request (call %s)",
-                            c->call_id);
-    }
-    if (strcmp(c->state, "failed") == 0 && error_retryable(c->error)) {
-        sqlite3_stmt *st = st_get(db, cache, SQL_RESET_CALL, err);
-        if (!st) return err ? err->code : OQ_EDB;
-        bind_text(st, 1, c->call_id);
-        sqlite3_bind_int64(st, 2, now_ms);
-        sqlite3_bind_int64(st, 3, now_ms + ttl);
-        ret = st_exec(db, st, err, "reset call");
-        st_done(cache, st);
-        if (ret) return ret;
-        int64_t attempt = c->attempt + 1;
-        if ((ret = append_attempt(db, cache, c, attempt, now_ms, err))) return ret;
-        char detail[96];
-        snprintf(detail, sizeof detail, "{\"attempt\":%lld}", (long long)attempt);
-        if ((ret = audit_add(db, cache, now_ms, c->call_id, "retry_reset", detail, err)))
-            return ret;
-        snprintf(c->state, sizeof c->state, "pending");
-        c->attempt = attempt;
-        free(c->result);
-        free(c->error);
-        c->result = c->error = NULL;
-        c->updated_at = now_ms;
-        c->expires_at = now_ms + ttl;
-        job->outcome = OQ_SUBMIT_RETRY_RESET;
-        OQ_LOGC_INFO("producer", c->call_id, "retryable failure resubmitted attempt=%lld",
-                     (long long)attempt);
-        return 0;
-    }
-    job->outcome = OQ_SUBMIT_REPLAY;
-    return 0;
-}
-
-/* --- audit detail JSON --------------------------------------------------------------------- */
-
-/* The detail of an applied result: {"from":…,"attempt":…,"message_id":…,"effect_id":…|null
- * [,"error":…]}, written without building a JSON tree; \p error_json is the error as stored in
- * calls.error. @returns malloc()ed text, or NULL (out of memory, or a string that is not
- * UTF-8: the detail is then stored as NULL, as when json_pack() refused such input). */
-static char *applied_detail(const char *from, const oq_envelope_t *env, const char *error_json)
-{
-    oq_jcs_buf_t b = {0};
-    oq_error_t e = {0};
-    char *out = NULL;
-    int rc = oq_jcs_put_raw(&b, "{\"from\":", 8, &e);
-    if (!rc) rc = oq_jcs_put_string(&b, from, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, &e);
-    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, &e);
-    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"effect_id\":", 13, &e);
-    if (!rc)
-        rc = env->effect_id ? oq_jcs_put_string(&b, env->effect_id, &e)
-                            : oq_jcs_put_raw(&b, "null", 4, &e);
-    if (!rc && error_json) {
-        rc = oq_jcs_put_raw(&b, ",\"error\":", 9, &e);
-        if (!rc) rc = oq_jcs_put_raw(&b, error_json, strlen(error_json), &e);
-    }
-    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, &e);
-    return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
-}
-
-/* The detail of a result not applied: {"status":…,"attempt":…,"reason":…,"message_id":…}
- * (every string escaped: the public oq_store_apply_result() takes any message id). */
-static char *ignored_detail(const oq_envelope_t *env, const char *why)
-{
-    oq_jcs_buf_t b = {0};
-    oq_error_t e = {0};
-    char *out = NULL;
-    int rc = oq_jcs_put_raw(&b, "{\"status\":", 10, &e);
-    if (!rc) rc = oq_jcs_put_string(&b, env->status, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, &e);
-    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"reason\":", 10, &e);
-    if (!rc) rc = oq_jcs_put_string(&b, why, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, &e);
-    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, &e);
-    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, &e);
-    return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
-}
-
-/* --- results -------------------------------------------------------------------------------- */
-
-const char *oq_result_outcome_name(oq_result_outcome_t o)
-{
-    switch (o) {
-    case OQ_RESULT_APPLIED:
-        return "applied";
-    case OQ_RESULT_DUPLICATE:
-        return "duplicate";
-    case OQ_RESULT_UNKNOWN_CALL:
-        return "unknown_call";
-    case OQ_RESULT_STALE:
-        return "stale";
-    case OQ_RESULT_IGNORED:
-        return "ignored";
-    }
-    return "?";
-}
-
-static int valid_result_status(const char *s)
-{
-    return s && (strcmp(s, "running") == 0 || strcmp(s, "succeeded") == 0 ||
-                 strcmp(s, "failed") == 0 || strcmp(s, "needs_review") == 0);
-}
-
-int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
-                          oq_result_outcome_t *outcome, oq_error_t *err)
-{
-    return oq__store_apply_result(db, NULL, env, now_ms, outcome, err);
-}
-
-/** The call's state and attempt, all a result decision needs; *found = 0 when there is no call.
- *  @returns 0 or a database error. */
-static int read_target(sqlite3 *db, oq_stmt_cache_t *cache, const char *call_id, char *state,
-                       size_t state_size, int64_t *attempt, int *found, oq_error_t *err)
-{
-    sqlite3_stmt *st = st_get(db, cache, SQL_RESULT_TARGET, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, call_id);
-    int rc = sqlite3_step(st), ret = 0;
-    *found = rc == SQLITE_ROW;
-    if (rc == SQLITE_ROW) {
-        const char *s = (const char *)sqlite3_column_text(st, 0);
-        snprintf(state, state_size, "%s", s ? s : "");
-        *attempt = sqlite3_column_int64(st, 1);
-    } else if (rc != SQLITE_DONE) {
-        ret = oq_db_error(db, rc, err, "get call");
-    }
-    st_done(cache, st);
+        ret = oq_db_error(db, rc, err, "count");
+    sqlite3_finalize(st);
     return ret;
 }
 
-int oq__store_apply_result(sqlite3 *db, oq_stmt_cache_t *cache, const oq_envelope_t *env,
-                           int64_t now_ms, oq_result_outcome_t *outcome, oq_error_t *err)
+int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int batch,
+                                   oq_purge_stats_t *stats, int *more, oq_error_t *err)
 {
-    if (env->kind != OQ_KIND_TOOL_RESULT || !valid_result_status(env->status))
-        return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
-    char state[sizeof(((oq_call_t *)0)->state)] = "";
-    int64_t attempt = 0;
-    int found = 0;
-    oq_result_outcome_t oc = OQ_RESULT_APPLIED;
-    const char *why = NULL;
-
-    /* Decide first (the write transaction makes read-then-insert atomic)... */
-    int ret = read_target(db, cache, env->call_id, state, sizeof state, &attempt, &found, err);
-    if (ret) return ret;
-    if (!found) {
-        oc = OQ_RESULT_UNKNOWN_CALL;
-        why = "unknown call";
-    } else if (env->attempt != attempt) {
-        oc = OQ_RESULT_STALE;
-        why = env->attempt < attempt ? "stale attempt" : "attempt ahead of the call";
-    } else if (oq_call_state_terminal(state)) {
-        oc = OQ_RESULT_IGNORED;
-        why = "call already terminal";
-    } else if (strcmp(env->status, "running") == 0 && strcmp(state, "running") == 0) {
-        oc = OQ_RESULT_IGNORED;
-        why = "already running";
-    }
-
-    /* ...then claim the message id with the final outcome: a duplicate does nothing at all. */
-    sqlite3_stmt *st = st_get(db, cache, SQL_INBOX_INSERT, err);
-    if (!st) return err ? err->code : OQ_EDB;
-    bind_text(st, 1, env->message_id);
-    bind_text(st, 2, env->call_id);
-    bind_text(st, 3, env->status);
-    bind_text(st, 4, oq_result_outcome_name(oc));
-    sqlite3_bind_int64(st, 5, now_ms);
-    ret = st_exec(db, st, err, "insert result_inbox");
-    st_done(cache, st);
-    if (ret) return ret;
-    if (sqlite3_changes(db) == 0) {
-        *outcome = OQ_RESULT_DUPLICATE;
-        return 0;
-    }
-
-    if (why) {
-        OQ_LOGC_WARN("producer", env->call_id,
-                     "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
-                     env->status, (long long)env->attempt, env->message_id);
-        if (oc != OQ_RESULT_UNKNOWN_CALL) {
-            char *detail = ignored_detail(env, why);
-            ret = audit_add(db, cache, now_ms, env->call_id, "result_ignored", detail, err);
-            free(detail);
-            if (ret)
-                return ret;
-        }
-        *outcome = oc;
-        return 0;
-    }
-
-    char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    char *detail = NULL;
-    st = st_get(db, cache, SQL_APPLY_RESULT, err);
-    if (!st) {
-        ret = err ? err->code : OQ_EDB;
-        goto out;
-    }
-    bind_text(st, 1, env->call_id);
-    bind_text(st, 2, env->status);
-    bind_text(st, 3, result);
-    bind_text(st, 4, error);
-    bind_text(st, 5, env->effect_id);
-    sqlite3_bind_int64(st, 6, now_ms);
-    ret = st_exec(db, st, err, "apply result");
-    st_done(cache, st);
-    if (ret) goto out;
-    detail = applied_detail(state, env, error);
-    if ((ret = audit_add(db, cache, now_ms, env->call_id, env->status, detail, err))) goto out;
-    *outcome = OQ_RESULT_APPLIED;
-    OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", state, env->status);
-out:
-    free(detail);
-    free(result);
-    free(error);
-    return ret;
-}
-
-/* --- purge ---------------------------------------------------------------------------------- */
-
-static int purge_batch(sqlite3 *db, int64_t now_ms, int64_t ttl, int batch, oq_purge_stats_t *s,
-                       int *more, oq_error_t *err)
-{
+    sqlite3 *db = s->db;
     int ret;
     *more = 0;
     if ((ret = oq_db_begin_immediate(db, 10000, err))) return ret;
@@ -712,30 +411,24 @@ static int purge_batch(sqlite3 *db, int64_t now_ms, int64_t ttl, int batch, oq_p
                               "temp.purge_ids)",
                               err)))
             goto fail;
-        s->audit += sqlite3_changes(db);
+        stats->audit += sqlite3_changes(db);
         if ((ret = oq_db_exec(db,
                               "DELETE FROM result_inbox WHERE call_id IN (SELECT call_id FROM "
                               "temp.purge_ids)",
                               err)))
             goto fail;
-        s->result_inbox += sqlite3_changes(db);
+        stats->result_inbox += sqlite3_changes(db);
         if ((ret = oq_db_exec(db,
                               "DELETE FROM calls WHERE call_id IN (SELECT call_id FROM "
                               "temp.purge_ids)",
                               err)))
             goto fail;
-        s->calls += sqlite3_changes(db);
+        stats->calls += sqlite3_changes(db);
     }
-    /* Published rows (at or below the relay's watermark, schema/common/0002) past the key
-     * TTL, among the oldest `batch` rows: bounded work however many rows are young. */
-    snprintf(sql, sizeof sql,
-             "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE seq <= (SELECT "
-             "COALESCE(max(published_seq), 0) FROM relay_lease) ORDER BY seq LIMIT %d) "
-             "AND created_at<=%lld",
-             batch, (long long)(now_ms - ttl));
-    if ((ret = oq_db_exec(db, sql, err))) goto fail;
-    int64_t ob = sqlite3_changes(db);
-    s->outbox += ob;
+    /* Delivered outbox rows created at or before now - ttl (the cutoff is exclusive). */
+    int64_t ob = 0;
+    if ((ret = oq_outbox_purge_published(db, now_ms - ttl + 1, batch, &ob, err))) goto fail;
+    stats->outbox += ob;
     /* Results for calls that do not exist here (unknown_call) have no call to be purged with:
      * they go by age. */
     snprintf(sql, sizeof sql,
@@ -744,9 +437,9 @@ static int purge_batch(sqlite3 *db, int64_t now_ms, int64_t ttl, int batch, oq_p
              (long long)(now_ms - ttl), batch);
     if ((ret = oq_db_exec(db, sql, err))) goto fail;
     int64_t orphans = sqlite3_changes(db);
-    s->result_inbox += orphans;
+    stats->result_inbox += orphans;
     if ((ret = oq_db_commit(db, err))) goto fail;
-    s->batches++;
+    stats->batches++;
     *more = (n >= batch) || (ob >= batch) || (orphans >= batch);
     return 0;
 fail:
@@ -754,17 +447,59 @@ fail:
     return ret;
 }
 
-int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
-                   oq_purge_stats_t *stats, oq_error_t *err)
+/* --- stats ---------------------------------------------------------------------------------- */
+
+int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err)
 {
-    oq_purge_stats_t local;
-    memset(&local, 0, sizeof local);
-    if (!stats) stats = &local;
-    if (batch <= 0) batch = 500;
-    if (key_ttl_ms <= 0) key_ttl_ms = OQ_DEFAULT_KEY_TTL_MS;
-    int more = 1, ret = 0;
-    for (int i = 0; more && i < 1000000; i++) {
-        if ((ret = purge_batch(db, now_ms, key_ttl_ms, batch, stats, &more, err))) break;
+    sqlite3 *db = s->db;
+    sqlite3_stmt *st = NULL;
+    memset(out, 0, sizeof *out);
+    /* A read transaction so that the numbers are one snapshot. */
+    int rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "begin");
+    int ret;
+    /* Only rows that left 'pending' are in an index (calls_settled, see
+     * schema/producer/0002_calls_hot_path.sql): pending = all - the others. */
+    if ((ret = count_query(db, "SELECT count(*) FROM calls", &out->calls, err))) goto out;
+    rc = sqlite3_prepare_v2(
+        db, "SELECT state,count(*) FROM calls WHERE state<>'pending' GROUP BY state", -1, &st,
+        NULL);
+    if (rc != SQLITE_OK) {
+        ret = oq_db_error(db, rc, err, "prepare stats");
+        goto out;
     }
+    int64_t settled = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *state = (const char *)sqlite3_column_text(st, 0);
+        int64_t n = sqlite3_column_int64(st, 1);
+        settled += n;
+        if (!state) continue;
+        if (strcmp(state, "running") == 0)
+            out->running = n;
+        else if (strcmp(state, "succeeded") == 0)
+            out->succeeded = n;
+        else if (strcmp(state, "failed") == 0)
+            out->failed = n;
+        else if (strcmp(state, "needs_review") == 0)
+            out->needs_review = n;
+    }
+    if (rc != SQLITE_DONE) {
+        ret = oq_db_error(db, rc, err, "stats");
+        goto out;
+    }
+    out->pending = out->calls - settled;
+    if ((ret = count_query(
+             db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
+             &out->effects, err)) ||
+        (ret = oq_outbox_count(db, &out->outbox_pending, &out->outbox_rows, err)) ||
+        (ret = count_query(db, "SELECT count(*) FROM result_inbox", &out->result_inbox, err)) ||
+        (ret = count_query(db,
+                           "SELECT COALESCE(min(created_at),0) FROM calls WHERE "
+                           "state='pending'",
+                           &out->oldest_pending_created_at, err)))
+        goto out;
+out:
+    sqlite3_finalize(st);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     return ret;
 }

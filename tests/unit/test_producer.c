@@ -349,6 +349,32 @@ static void test_retryable_failure_and_results(void **state)
     assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 2);
     assert_int_equal(count(f->db, "SELECT count(DISTINCT message_id) FROM outbox"), 2);
     assert_int_equal(count(f->db, "SELECT count(*) FROM calls"), 1);
+    {
+        /* the new outbox row: the envelope of attempt 2, same call, same canonical args */
+        sqlite3_stmt *st = NULL;
+        assert_int_equal(sqlite3_prepare_v2(f->db,
+                                            "SELECT message_id,key,payload FROM outbox ORDER BY "
+                                            "seq DESC LIMIT 1",
+                                            -1, &st, NULL),
+                         SQLITE_OK);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        oq_envelope_t e = {0};
+        oq_error_t err = {0};
+        assert_int_equal(oq_envelope_decode((const char *)sqlite3_column_text(st, 2),
+                                            (size_t)sqlite3_column_bytes(st, 2), &e, &err),
+                         0);
+        assert_string_equal(e.message_id, (const char *)sqlite3_column_text(st, 0));
+        assert_string_equal((const char *)sqlite3_column_text(st, 1), a.call_id);
+        assert_string_equal(e.call_id, a.call_id);
+        assert_string_equal(e.fingerprint, a.fingerprint);
+        assert_int_equal(e.attempt, 2);
+        char *canon = NULL;
+        assert_int_equal(oq_jcs_canonicalize(e.args, &canon, NULL, &err), 0);
+        assert_string_equal(canon, "{\"retryable\":true}");
+        free(canon);
+        oq_envelope_clear(&e);
+        sqlite3_finalize(st);
+    }
     /* a stale result of attempt 1 is not applied; attempt 2 success is, with its effect id */
     assert_int_equal(apply(f, a.call_id, "m4", "succeeded", 1, NULL, "e1", &ro), 0);
     assert_int_equal(ro, OQ_RESULT_STALE);
@@ -409,10 +435,10 @@ static void test_retryable_failure_and_results(void **state)
     oq_call_clear(&n);
 }
 
-/* The audit detail of an applied result is the JSON it always was: effect_id and the error
- * are escaped exactly as jansson escapes them (quotes, backslashes, control characters,
- * non-ASCII text kept as UTF-8), keys in the order from, attempt, message_id, effect_id (null
- * when absent), error. */
+/* The audit detail of an applied result is the JSON it always was: the same value json_pack()
+ * makes of effect_id and the error (quotes, backslashes, control characters escaped, non-ASCII
+ * text kept as UTF-8; the escapes themselves are RFC 8785's), keys in the order from, attempt,
+ * message_id, effect_id (null when absent), error. */
 static void test_result_detail_escaping(void **state)
 {
     fx_t *f = *state;
@@ -707,7 +733,9 @@ static void test_group_commit_many(void **state)
     assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), N * 200);
 }
 
-/* The hot-path fingerprint and renderer agree with the reference implementations. */
+/* The fingerprint of canonical args text is the fingerprint of the tree, and the call JSON
+ * (one writer, oq_call_render; oq_call_to_json is its text parsed) is the documented object
+ * with every member in order. */
 static void test_fingerprint_and_render(void **state)
 {
     (void)state;
@@ -724,8 +752,7 @@ static void test_fingerprint_and_render(void **state)
             char a[OQ_FINGERPRINT_LEN + 1], b[OQ_FINGERPRINT_LEN + 1];
             assert_int_equal(oq_jcs_canonicalize(args, &canon, &cl, NULL), 0);
             assert_int_equal(oq_fingerprint(tenants[i], "send_email", args, a, NULL), 0);
-            assert_int_equal(oq__fingerprint_canon(tenants[i], "send_email", canon, cl, b, NULL),
-                             0);
+            assert_int_equal(oq_fingerprint_canon(tenants[i], "send_email", canon, cl, b, NULL), 0);
             assert_string_equal(a, b);
             free(canon);
             json_decref(args);
@@ -753,11 +780,41 @@ static void test_fingerprint_and_render(void **state)
     assert_int_equal(oq_call_render(&c, &text, &len), 0);
     assert_int_equal(strlen(text), len);
     json_t *r = json_loads(text, 0, NULL);
-    json_t *ref = oq_call_to_json(&c);
     assert_non_null(r);
-    assert_true(json_equal(r, ref));
+    /* the oracle, member by member */
+    json_t *want = json_pack(
+        "{s:s,s:s,s:s,s:s,s:s,s:{s:i},s:s,s:i,s:n,s:{s:s,s:s,s:b},s:s,s:n,s:i,s:s,s:s,s:s,s:s}",
+        "call_id", "c_0123456789abcdef", "tenant", "t\"\\x", "idem_key", "key with \"quotes\"",
+        "fingerprint", c.fingerprint, "tool", "charge", "args", "a", 1, "status", "failed",
+        "attempt", 3, "result", "error", "code", "x", "message", "caf\xc3\xa9", "retryable", 1,
+        "effect_id", "e\x01", "client_id", "seq", 42, "created_at", "2023-11-14T22:13:20.123Z",
+        "updated_at", "2023-11-14T22:13:20.124Z", "expires_at", "2023-11-14T22:13:20.125Z",
+        "query_url", "/v1/tool-calls/c_0123456789abcdef");
+    assert_non_null(want);
+    if (!json_equal(r, want)) fail_msg("rendered %s", text);
+    static const char *const order[] = {
+        "call_id", "tenant",     "idem_key",   "fingerprint", "tool",      "args",
+        "status",  "attempt",    "result",     "error",       "effect_id", "client_id",
+        "seq",     "created_at", "updated_at", "expires_at",  "query_url"};
+    const char *at = text;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "\"%s\":", order[i]);
+        const char *p = strstr(at, k);
+        if (!p) fail_msg("member %s missing or out of order in %s", order[i], text);
+        at = p;
+    }
+    json_t *tree = oq_call_to_json(&c);
+    assert_non_null(tree);
+    assert_true(json_equal(tree, want));
+    /* without a sequence number: null */
+    c.has_seq = 0;
+    free(text);
+    assert_int_equal(oq_call_render(&c, &text, &len), 0);
+    assert_non_null(strstr(text, ",\"seq\":null,"));
     json_decref(r);
-    json_decref(ref);
+    json_decref(tree);
+    json_decref(want);
     free(text);
     oq_call_clear(&c);
 }
@@ -803,7 +860,7 @@ static void test_job_envelope_and_ids(void **state)
         /* a redrawn id re-renders the envelope with the new ids */
         char old[OQ_CALL_ID_LEN + 1];
         memcpy(old, job->call_id, sizeof old);
-        assert_int_equal(oq__job_new_call_id(job, NULL), 0);
+        assert_int_equal(oq__job_new_ids(job, NULL), 0);
         assert_string_not_equal(old, job->call_id);
         assert_non_null(strstr(job->payload, job->call_id));
         assert_null(strstr(job->payload, old));
@@ -824,6 +881,55 @@ static void test_job_envelope_and_ids(void **state)
         oq_submit_job_destroy(job);
         if (i % 50 == 0) usleep(2000);
     }
+    json_decref(args);
+}
+
+/* The decision redraws a call id the store reports as taken (time-ordered ids can collide):
+ * the call is new under another id, its outbox row carries that id, the other call is intact.
+ * And the store's retry-reset refuses a call that is not failed at the previous attempt. */
+static void test_call_id_taken(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    json_t *args = json_pack("{s:i}", "amount", 4);
+    oq_submit_req_t req = {NULL, "collide", "charge", args, NULL, 0, 0};
+    oq_submit_job_t *job = NULL;
+    assert_int_equal(oq_submit_job_new(&req, &job, &err), 0);
+    char taken[OQ_CALL_ID_LEN + 1];
+    memcpy(taken, job->call_id, sizeof taken);
+    /* another key already holds the job's call id */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,"
+             "created_at,updated_at,expires_at) VALUES('%s','default','other','f','charge','{}',"
+             "'pending',1,1,1,9999999999999)",
+             taken);
+    assert_int_equal(oq_db_exec(f->db, sql, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
+    oq__producer_store_t st = {f->db, NULL};
+    assert_int_equal(oq__decide_submit(&st, job, 1000, OQ_DEFAULT_KEY_TTL_MS, &err), 0);
+    assert_int_equal(oq_db_commit(f->db, &err), 0);
+    oq__job_finish_new(job);
+    assert_int_equal(job->outcome, OQ_SUBMIT_NEW);
+    assert_string_not_equal(job->call.call_id, taken);
+    assert_non_null(strstr(job->payload, job->call.call_id));
+    snprintf(sql, sizeof sql, "SELECT idem_key FROM calls WHERE call_id='%s'", taken);
+    text_is(f->db, sql, "other");
+    snprintf(sql, sizeof sql, "SELECT key FROM outbox WHERE message_id='%s'", job->message_id);
+    text_is(f->db, sql, job->call.call_id);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+
+    /* reset of a pending call: refused, nothing written */
+    oq__producer_attempt_t a = {
+        job->call.call_id, 2, 2000, 3000, "0190f3a2-7b1c-7d2e-8f30-1a2b3c4d5e6f", "{}", 2};
+    assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
+    assert_int_equal(oq__producer_store_reset_call(&st, &a, &err), OQ_ESTATE);
+    assert_int_equal(oq_db_commit(f->db, &err), 0);
+    assert_int_equal(count(f->db, "SELECT count(*) FROM outbox"), 1);
+    snprintf(sql, sizeof sql, "SELECT state||attempt FROM calls WHERE call_id='%s'",
+             job->call.call_id);
+    text_is(f->db, sql, "pending1");
+    oq_submit_job_destroy(job);
     json_decref(args);
 }
 
@@ -1036,6 +1142,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_group_commit_many, setup, teardown),
         cmocka_unit_test(test_fingerprint_and_render),
         cmocka_unit_test(test_job_envelope_and_ids),
+        cmocka_unit_test_setup_teardown(test_call_id_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_results_through_writer, setup, teardown),
         cmocka_unit_test(test_migration_from_v1),
         cmocka_unit_test(test_background_checkpoint),

@@ -1,0 +1,372 @@
+/*
+ * decide.c: the producer's rules, top to bottom. What happens to a submit (new, replay,
+ * conflict, expired key, retry-reset), what happens to a tool_result (duplicate, unknown call,
+ * stale attempt, already terminal, applied), and what retention deletes. The rows are read and
+ * written through producer_store.h (no SQL here); the transactions belong to the caller.
+ *
+ * Submit, inside the caller's write transaction (the group commit, or a service's own
+ * transaction in oq_producer_submit_in_tx), for one (tenant, idem_key):
+ *  1. Insert the prepared call and its outbox row; the insert does nothing when the key
+ *     exists, so a new key costs one statement. A call id that is taken (time-ordered ids can
+ *     collide) is redrawn here and the insert repeated.
+ *  2. The key exists: read its call. Terminal and past expires_at -> the old call, its audit
+ *     and its result rows are deleted and the request is a NEW call (as after a purge).
+ *  3. Another fingerprint -> CONFLICT, nothing written.
+ *  4. `failed` with error.retryable = true -> RETRY_RESET: back to `pending` with attempt + 1
+ *     and a new outbox row (a new message id, the same call id), audited.
+ *  5. Otherwise -> REPLAY of the stored call, nothing written.
+ * Two submits of one key in one batch see each other (the second is a replay), and no other
+ * writer can interleave: the read and the writes share the write transaction.
+ *
+ * Result, inside the writer's transaction, for one tool_result envelope: decide first from the
+ * call's state and attempt (no call -> UNKNOWN_CALL; another attempt -> STALE; a terminal call,
+ * or `running` again -> IGNORED; else APPLIED), then claim the message id in result_inbox with
+ * that outcome. A message id already claimed stops everything (DUPLICATE: nothing else is
+ * written, not even an audit row). Only then is the call updated, or the refusal audited.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_log.h"
+#include "producer_int.h"
+
+/* --- submit --------------------------------------------------------------------------------- */
+
+/* Step 1: insert the job's call; *exists when the key already has one (nothing written). */
+static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
+                      int *exists, oq_error_t *err)
+{
+    for (int tries = 0;; tries++) {
+        oq__producer_new_call_t row = {.call_id = job->call_id,
+                                       .tenant = job->tenant,
+                                       .idem_key = job->idem_key,
+                                       .fingerprint = job->fingerprint,
+                                       .tool = job->tool,
+                                       .args = job->args,
+                                       .args_len = job->args_len,
+                                       .client_id = job->client_id,
+                                       .seq = job->seq,
+                                       .has_seq = job->has_seq,
+                                       .created_at = now_ms,
+                                       .expires_at = now_ms + ttl,
+                                       .message_id = job->message_id,
+                                       .payload = job->payload,
+                                       .payload_len = job->payload_len};
+        oq__producer_insert_t res = 0;
+        int ret = oq__producer_store_insert_call(s, &row, &res, err);
+        if (ret) return ret;
+        if (res == OQ__INSERT_ID_TAKEN) {
+            if (tries >= 3)
+                return oq_error_set(err, OQ_EDB, 0, "call id %s taken %d times in a row",
+                                    job->call_id, tries + 1);
+            OQ_LOG_INFO("producer", "call id %s already taken: drawing another", job->call_id);
+            if ((ret = oq__job_new_ids(job, err))) return ret;
+            continue;
+        }
+        *exists = res == OQ__INSERT_KEY_EXISTS;
+        if (!*exists) {
+            job->outcome = OQ_SUBMIT_NEW;
+            job->call_from_job = 1; /* the call is the job's input: moved after the commit */
+            job->call.created_at = job->call.updated_at = now_ms;
+            job->call.expires_at = now_ms + ttl;
+        }
+        return 0;
+    }
+}
+
+/** Is the stored error JSON marked retryable? */
+static int error_retryable(const char *error_json)
+{
+    if (!error_json) return 0;
+    json_t *e = json_loads(error_json, 0, NULL);
+    int r = e && json_is_true(json_object_get(e, "retryable"));
+    json_decref(e);
+    return r;
+}
+
+/* Step 4: the stored call \p c (failed, retryable) starts attempt + 1. */
+static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, int64_t ttl,
+                       oq_error_t *err)
+{
+    int64_t attempt = c->attempt + 1;
+    oq_envelope_t e;
+    memset(&e, 0, sizeof e);
+    e.v = OQ_ENVELOPE_VERSION;
+    e.kind = OQ_KIND_TOOL_CALL;
+    oq_id_uuid(e.message_id);
+    memcpy(e.call_id, c->call_id, sizeof e.call_id);
+    e.tenant = c->tenant;
+    e.idem_key = c->idem_key;
+    memcpy(e.fingerprint, c->fingerprint, sizeof e.fingerprint);
+    e.tool = c->tool;
+    e.attempt = attempt;
+    e.created_at = now_ms;
+    char *payload = NULL;
+    size_t len = 0;
+    /* calls.args holds the canonical text the call was submitted with */
+    int ret = oq_envelope_encode_canon(&e, c->args, strlen(c->args), &payload, &len, err);
+    if (ret) return ret;
+    oq__producer_attempt_t a = {c->call_id,   attempt, now_ms, now_ms + ttl,
+                                e.message_id, payload, len};
+    ret = oq__producer_store_reset_call(s, &a, err);
+    free(payload);
+    if (ret) return ret;
+    char detail[64];
+    snprintf(detail, sizeof detail, "{\"attempt\":%lld}", (long long)attempt);
+    if ((ret = oq__producer_store_audit_add(s, now_ms, c->call_id, "retry_reset", detail, err)))
+        return ret;
+    snprintf(c->state, sizeof c->state, "pending");
+    c->attempt = attempt;
+    free(c->result);
+    free(c->error);
+    c->result = c->error = NULL;
+    c->updated_at = now_ms;
+    c->expires_at = now_ms + ttl;
+    OQ_LOGC_INFO("producer", c->call_id, "retryable failure resubmitted attempt=%lld",
+                 (long long)attempt);
+    return 0;
+}
+
+int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
+                      oq_error_t *err)
+{
+    oq_call_clear(&job->call);
+    job->call_from_job = 0;
+    oq_call_t *c = &job->call;
+
+    /* 1. a new key */
+    int exists = 0;
+    int ret = insert_new(s, job, now_ms, ttl, &exists, err);
+    if (ret || !exists) return ret;
+
+    /* 2. the key exists: its call, unless that is finished and past retention */
+    ret = oq__producer_store_get_by_key(s, job->tenant, job->idem_key, c, err);
+    if (ret == OQ_ENOTFOUND) /* cannot happen inside the write transaction */
+        ret = oq_error_set(err, OQ_EDB, 0, "key vanished inside the transaction");
+    if (ret) return ret;
+    if (oq_call_state_terminal(c->state) && c->expires_at <= now_ms) {
+        OQ_LOGC_INFO("producer", c->call_id, "expired key reused: old call replaced");
+        if ((ret = oq__producer_store_delete_call(s, c->call_id, err))) return ret;
+        oq_call_clear(c);
+        if ((ret = insert_new(s, job, now_ms, ttl, &exists, err))) return ret;
+        return exists ? oq_error_set(err, OQ_EDB, 0, "expired call not replaced") : 0;
+    }
+
+    /* 3. the same key for another request */
+    if (strcmp(c->fingerprint, job->fingerprint) != 0) {
+        job->outcome = OQ_SUBMIT_CONFLICT;
+        return oq_error_set(err, OQ_ECONFLICT, 0,
+                            "idempotency key reused with a different request (call %s)",
+                            c->call_id);
+    }
+
+    /* 4. a retryable failure, submitted again */
+    if (strcmp(c->state, "failed") == 0 && error_retryable(c->error)) {
+        if ((ret = retry_reset(s, c, now_ms, ttl, err))) return ret;
+        job->outcome = OQ_SUBMIT_RETRY_RESET;
+        return 0;
+    }
+
+    /* 5. the same request again */
+    job->outcome = OQ_SUBMIT_REPLAY;
+    return 0;
+}
+
+int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                             oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
+{
+    if (sqlite3_get_autocommit(db))
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "oq_producer_submit_in_tx needs an open transaction (BEGIN IMMEDIATE)");
+    oq_submit_job_t *job = NULL;
+    int ret = oq_submit_job_new(req, &job, err);
+    if (ret) return ret;
+    oq__producer_store_t s = {db, NULL};
+    ret = oq__decide_submit(&s, job, oq_now_ms(),
+                            key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS, err);
+    if (ret == 0) oq__job_finish_new(job);
+    if (outcome) *outcome = job->outcome;
+    if (call && (ret == 0 || ret == OQ_ECONFLICT)) {
+        *call = job->call;
+        memset(&job->call, 0, sizeof job->call);
+    }
+    oq_submit_job_destroy(job);
+    return ret;
+}
+
+/* --- results -------------------------------------------------------------------------------- */
+
+static int known_result_status(const char *s)
+{
+    return s && (strcmp(s, "running") == 0 || strcmp(s, "succeeded") == 0 ||
+                 strcmp(s, "failed") == 0 || strcmp(s, "needs_review") == 0);
+}
+
+/* The audit detail of an applied result: {"from":…,"attempt":…,"message_id":…,"effect_id":…|null
+ * [,"error":…]}, written without building a JSON tree, strings escaped as RFC 8785 escapes them
+ * (oq_jcs_put_string); \p error_json is the error as stored in calls.error, copied verbatim.
+ * @returns malloc()ed text, or NULL (out of memory, or a string that is not UTF-8: the detail
+ * is then stored as NULL). */
+static char *applied_detail(const char *from, const oq_envelope_t *env, const char *error_json)
+{
+    oq_jcs_buf_t b = {0};
+    char *out = NULL;
+    int rc = oq_jcs_put_raw(&b, "{\"from\":", 8, NULL);
+    if (!rc) rc = oq_jcs_put_string(&b, from, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, NULL);
+    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, NULL);
+    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"effect_id\":", 13, NULL);
+    if (!rc)
+        rc = env->effect_id ? oq_jcs_put_string(&b, env->effect_id, NULL)
+                            : oq_jcs_put_raw(&b, "null", 4, NULL);
+    if (!rc && error_json) {
+        rc = oq_jcs_put_raw(&b, ",\"error\":", 9, NULL);
+        if (!rc) rc = oq_jcs_put_raw(&b, error_json, strlen(error_json), NULL);
+    }
+    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, NULL);
+    return oq_jcs_buf_finish(&b, rc, &out, NULL, NULL) ? NULL : out;
+}
+
+/* The detail of a result not applied: {"status":…,"attempt":…,"reason":…,"message_id":…}
+ * (every string escaped: the public oq_store_apply_result() takes any message id). */
+static char *ignored_detail(const oq_envelope_t *env, const char *why)
+{
+    oq_jcs_buf_t b = {0};
+    char *out = NULL;
+    int rc = oq_jcs_put_raw(&b, "{\"status\":", 10, NULL);
+    if (!rc) rc = oq_jcs_put_string(&b, env->status, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"attempt\":", 11, NULL);
+    if (!rc) rc = oq_jcs_put_int(&b, env->attempt, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"reason\":", 10, NULL);
+    if (!rc) rc = oq_jcs_put_string(&b, why, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, ",\"message_id\":", 14, NULL);
+    if (!rc) rc = oq_jcs_put_string(&b, env->message_id, NULL);
+    if (!rc) rc = oq_jcs_put_raw(&b, "}", 1, NULL);
+    return oq_jcs_buf_finish(&b, rc, &out, NULL, NULL) ? NULL : out;
+}
+
+/* Record the change: the call's new state, result, error and effect id, and its audit row. */
+static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *from,
+                 int64_t now_ms, oq_error_t *err)
+{
+    char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *detail = NULL;
+    oq__producer_result_t r = {env->call_id, env->status, result, error, env->effect_id, now_ms};
+    int ret = oq__producer_store_set_result(s, &r, err);
+    if (ret) goto out;
+    detail = applied_detail(from, env, error);
+    if ((ret = oq__producer_store_audit_add(s, now_ms, env->call_id, env->status, detail, err)))
+        goto out;
+    OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", from, env->status);
+out:
+    free(detail);
+    free(result);
+    free(error);
+    return ret;
+}
+
+static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int64_t now_ms,
+                         oq_result_outcome_t *outcome, oq_error_t *err)
+{
+    if (env->kind != OQ_KIND_TOOL_RESULT || !known_result_status(env->status))
+        return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
+
+    /* Decide first (the write transaction makes read-then-claim atomic)... */
+    oq__producer_call_state_t call = {"", 0};
+    int found = 0;
+    int ret = oq__producer_store_get_state(s, env->call_id, &call, &found, err);
+    if (ret) return ret;
+    oq_result_outcome_t oc = OQ_RESULT_APPLIED;
+    const char *why = NULL;
+    if (!found) {
+        oc = OQ_RESULT_UNKNOWN_CALL;
+        why = "unknown call";
+    } else if (env->attempt != call.attempt) {
+        oc = OQ_RESULT_STALE;
+        why = env->attempt < call.attempt ? "stale attempt" : "attempt ahead of the call";
+    } else if (oq_call_state_terminal(call.state)) {
+        oc = OQ_RESULT_IGNORED;
+        why = "call already terminal";
+    } else if (strcmp(env->status, "running") == 0 && strcmp(call.state, "running") == 0) {
+        oc = OQ_RESULT_IGNORED;
+        why = "already running";
+    }
+
+    /* ...then claim the message id with the final outcome: a duplicate does nothing at all. */
+    oq__producer_inbox_row_t in = {env->message_id, env->call_id, env->status,
+                                   oq_result_outcome_name(oc), now_ms};
+    int claimed = 0;
+    if ((ret = oq__producer_store_claim_result(s, &in, &claimed, err))) return ret;
+    if (!claimed) {
+        *outcome = OQ_RESULT_DUPLICATE;
+        return 0;
+    }
+
+    if (why) {
+        OQ_LOGC_WARN("producer", env->call_id,
+                     "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
+                     env->status, (long long)env->attempt, env->message_id);
+        if (oc != OQ_RESULT_UNKNOWN_CALL) {
+            char *detail = ignored_detail(env, why);
+            ret = oq__producer_store_audit_add(s, now_ms, env->call_id, "result_ignored", detail,
+                                               err);
+            free(detail);
+            if (ret) return ret;
+        }
+        *outcome = oc;
+        return 0;
+    }
+    if ((ret = apply(s, env, call.state, now_ms, err))) return ret;
+    *outcome = OQ_RESULT_APPLIED;
+    return 0;
+}
+
+int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                       oq_result_outcome_t *outcomes, int64_t now_ms, oq_error_t *err)
+{
+    for (int k = 0; k < n; k++) {
+        oq_result_outcome_t oc = 0;
+        int rc = decide_result(s, &envs[k], now_ms, &oc, err);
+        if (rc == OQ_EINVAL) { /* refused as a whole, nothing written for it */
+            oq_error_clear(err);
+            oc = 0;
+        } else if (rc) {
+            return rc;
+        }
+        outcomes[k] = oc;
+    }
+    return 0;
+}
+
+int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
+                          oq_result_outcome_t *outcome, oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    return decide_result(&s, env, now_ms, outcome, err);
+}
+
+/* --- retention ------------------------------------------------------------------------------ */
+
+/* Terminal calls past expires_at go with their rows, in short batches; pending and running
+ * calls never expire (the purge batch selects terminal states only). */
+int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                   oq_purge_stats_t *stats, oq_error_t *err)
+{
+    oq_purge_stats_t local;
+    memset(&local, 0, sizeof local);
+    if (!stats) stats = &local;
+    if (batch <= 0) batch = 500;
+    if (key_ttl_ms <= 0) key_ttl_ms = OQ_DEFAULT_KEY_TTL_MS;
+    oq__producer_store_t s = {db, NULL};
+    int more = 1, ret = 0;
+    for (int i = 0; more && i < 1000000; i++) {
+        if ((ret =
+                 oq__producer_store_purge_batch(&s, now_ms, key_ttl_ms, batch, stats, &more, err)))
+            break;
+    }
+    return ret;
+}

@@ -1,0 +1,287 @@
+/*
+ * producer.c: the oq_producer_t object and the public entry points of oq_producer.h.
+ *
+ * A producer is a writer (writer.c: one thread, one connection, group commit) plus a small
+ * pool of read-only connections for get and stats: WAL readers never wait for the writer.
+ * Submits are prepared on the caller's thread (submit.c) and handed to the writer as work
+ * items; the blocking calls (oq_producer_submit, oq_producer_apply_results) wait on a
+ * condition variable that the item's completion signals. The reads on a plain connection
+ * (oq_store_get, oq_store_stats, ..., used by the CLI) are here too, over the same store.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "producer_int.h"
+
+typedef struct rconn {
+    pthread_mutex_t mu;
+    sqlite3 *db;
+    oq_stmt_cache_t *cache;
+} rconn_t;
+
+struct oq_producer {
+    char *path;
+    int64_t key_ttl_ms;
+    oq__writer_t *writer;
+    rconn_t *reads;
+    int nreads;
+    atomic_uint rr;
+    oq_metrics_t *metrics;
+};
+
+/* --- open / close ----------------------------------------------------------------------------*/
+
+int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_producer_t **out,
+                     oq_error_t *err)
+{
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    if (opts) o = *opts;
+    o.key_ttl_ms = o.key_ttl_ms > 0 ? o.key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS;
+    o.max_batch = o.max_batch > 0 ? o.max_batch : 256;
+    o.read_conns = o.read_conns > 0 ? o.read_conns : 4;
+    o.checkpoint_pages = o.checkpoint_pages == 0 ? 1000 : o.checkpoint_pages;
+    int ret = 0;
+    oq_producer_t *p = calloc(1, sizeof *p);
+    if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    p->path = strdup(path);
+    p->key_ttl_ms = o.key_ttl_ms;
+    p->metrics = o.metrics;
+    p->reads = calloc((size_t)o.read_conns, sizeof *p->reads);
+    if (!p->path || !p->reads) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    /* the writer first: it creates and migrates the database */
+    if ((ret = oq__writer_open(path, &o, &p->writer, err))) goto out;
+    for (; p->nreads < o.read_conns; p->nreads++) {
+        rconn_t *r = &p->reads[p->nreads];
+        pthread_mutex_init(&r->mu, NULL);
+        oq_db_opts_t ro = {o.synchronous, 0, 1};
+        if ((ret = oq_db_open(path, &ro, &r->db, err))) {
+            p->nreads++;
+            goto out;
+        }
+        r->cache = oq_stmt_cache_new(r->db);
+        if (!r->cache) {
+            p->nreads++;
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto out;
+        }
+    }
+out:
+    if (ret) {
+        oq_producer_close(p);
+        return ret;
+    }
+    *out = p;
+    return 0;
+}
+
+void oq_producer_close(oq_producer_t *p)
+{
+    if (!p) return;
+    oq__writer_close(p->writer); /* runs what is queued first */
+    for (int i = 0; p->reads && i < p->nreads; i++) {
+        oq_stmt_cache_destroy(p->reads[i].cache);
+        if (p->reads[i].db) sqlite3_close_v2(p->reads[i].db);
+        pthread_mutex_destroy(&p->reads[i].mu);
+    }
+    free(p->reads);
+    free(p->path);
+    free(p);
+}
+
+int oq_producer_migrate(sqlite3 *db, oq_error_t *err)
+{
+    return oq_db_migrate(db, oq_migrations_producer, err);
+}
+
+/* --- writes through the writer ---------------------------------------------------------------*/
+
+static void job_done(oq__work_t *w, void *opaque)
+{
+    oq_submit_job_t *job = (oq_submit_job_t *)w;
+    job->cb(job, opaque);
+}
+
+int oq_producer_submit_async(oq_producer_t *p, oq_submit_job_t *job, oq_submit_done_cb cb,
+                             void *opaque)
+{
+    job->cb = cb;
+    job->work.kind = OQ__WORK_SUBMIT;
+    job->work.done = job_done;
+    job->work.opaque = opaque;
+    return oq__writer_enqueue(p->writer, &job->work);
+}
+
+/* A blocking caller's wait for its item. */
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+} waiter_t;
+
+static void waiter_done(oq__work_t *w, void *opaque)
+{
+    (void)w;
+    waiter_t *wt = opaque;
+    pthread_mutex_lock(&wt->mu);
+    wt->done = 1;
+    pthread_cond_signal(&wt->cv);
+    pthread_mutex_unlock(&wt->mu);
+}
+
+/* Queue \p item and wait for its completion. @returns 0 or OQ_ESHUTDOWN (not queued). */
+static int run_and_wait(oq_producer_t *p, oq__work_t *item)
+{
+    waiter_t wt = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    item->done = waiter_done;
+    item->opaque = &wt;
+    int ret = oq__writer_enqueue(p->writer, item);
+    if (ret == 0) {
+        pthread_mutex_lock(&wt.mu);
+        while (!wt.done)
+            pthread_cond_wait(&wt.cv, &wt.mu);
+        pthread_mutex_unlock(&wt.mu);
+    }
+    pthread_mutex_destroy(&wt.mu);
+    pthread_cond_destroy(&wt.cv);
+    return ret;
+}
+
+int oq_producer_submit(oq_producer_t *p, const oq_submit_req_t *req, oq_call_t *call,
+                       oq_submit_outcome_t *outcome, oq_error_t *err)
+{
+    oq_submit_job_t *job = NULL;
+    int ret = oq_submit_job_new(req, &job, err);
+    if (ret) return ret;
+    if ((ret = run_and_wait(p, &job->work))) {
+        oq_submit_job_destroy(job);
+        return oq_error_set(err, ret, 0, "producer is shutting down");
+    }
+    ret = job->work.rc;
+    if (err && ret) *err = job->work.err;
+    if (outcome) *outcome = job->outcome;
+    if (call) {
+        *call = job->call;
+        memset(&job->call, 0, sizeof job->call);
+    }
+    oq_submit_job_destroy(job);
+    return ret;
+}
+
+int oq_producer_apply_results(oq_producer_t *p, const oq_envelope_t *envs, int n,
+                              oq_result_outcome_t *outcomes, oq_error_t *err)
+{
+    if (n <= 0) return 0;
+    oq__results_t batch;
+    memset(&batch, 0, sizeof batch);
+    batch.work.kind = OQ__WORK_RESULTS;
+    batch.envs = envs;
+    batch.n = n;
+    batch.outcomes = outcomes;
+    int ret = run_and_wait(p, &batch.work);
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    if (batch.work.rc && err) *err = batch.work.err;
+    return batch.work.rc;
+}
+
+/* --- reads -----------------------------------------------------------------------------------*/
+
+static rconn_t *rconn_acquire(oq_producer_t *p)
+{
+    unsigned start = atomic_fetch_add(&p->rr, 1);
+    for (int i = 0; i < p->nreads; i++) {
+        rconn_t *r = &p->reads[(start + (unsigned)i) % (unsigned)p->nreads];
+        if (pthread_mutex_trylock(&r->mu) == 0) return r;
+    }
+    rconn_t *r = &p->reads[start % (unsigned)p->nreads];
+    pthread_mutex_lock(&r->mu);
+    return r;
+}
+
+int oq_producer_get(oq_producer_t *p, const char *call_id, oq_call_t *out, oq_error_t *err)
+{
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {r->db, r->cache};
+    int ret = oq__producer_store_get(&s, call_id, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
+}
+
+int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *idem_key,
+                           oq_call_t *out, oq_error_t *err)
+{
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {r->db, r->cache};
+    int ret = oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
+}
+
+int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err)
+{
+    rconn_t *r = rconn_acquire(p);
+    int ret = oq_store_stats(r->db, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
+}
+
+int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    return oq__producer_store_get(&s, call_id, out, err);
+}
+
+int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
+                        oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    return oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
+}
+
+int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,
+                   oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    return oq__producer_store_audit_list(&s, call_id, rows, n, err);
+}
+
+int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    oq__producer_counts_t c;
+    int ret = oq__producer_store_counts(&s, &c, err);
+    if (ret) return ret;
+    json_t *o = json_pack(
+        "{s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I}", "calls", (json_int_t)c.calls,
+        "effects", (json_int_t)c.effects, "by_status", "pending", (json_int_t)c.pending, "running",
+        (json_int_t)c.running, "succeeded", (json_int_t)c.succeeded, "failed", (json_int_t)c.failed,
+        "needs_review", (json_int_t)c.needs_review, "outbox_pending", (json_int_t)c.outbox_pending,
+        "outbox_rows", (json_int_t)c.outbox_rows, "result_inbox", (json_int_t)c.result_inbox,
+        "oldest_pending_age_ms",
+        (json_int_t)(c.oldest_pending_created_at ? oq_now_ms() - c.oldest_pending_created_at : 0));
+    if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    *out = o;
+    return 0;
+}
+
+/* --- accessors -------------------------------------------------------------------------------*/
+
+oq_metrics_t *oq_producer_metrics(oq_producer_t *p)
+{
+    return p->metrics;
+}
+
+const char *oq_producer_path(const oq_producer_t *p)
+{
+    return p->path;
+}
+
+int64_t oq_producer_key_ttl(const oq_producer_t *p)
+{
+    return p->key_ttl_ms;
+}

@@ -1,0 +1,173 @@
+/**
+ * @file producer_store.h
+ * @brief Internal: every SQL statement of the producer (producer/store.c) as row operations on
+ *        plain structs, so another backend can sit beside it. No rules here: which operation
+ *        runs when (new, replay, conflict, retry-reset; applied, stale, ignored) is decided in
+ *        producer/decide.c. Not part of the public API.
+ *
+ * A store borrows a connection and, optionally, that connection's statement cache: the
+ * writer's, a reader's, or a service's own connection in oq_producer_submit_in_tx(). Write
+ * operations run inside the caller's open write transaction and commit nothing; only
+ * oq__producer_store_purge_batch() and oq__producer_store_counts() open transactions of their
+ * own. Every function returns 0 or a negative OQ_E* code (OQ_EBUSY is retriable) with \p err
+ * filled, and changes nothing it did not report.
+ *
+ * @locality the thread that owns the borrowed connection (one at a time).
+ */
+#ifndef OQ_PRODUCER_STORE_H
+#define OQ_PRODUCER_STORE_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_db.h"
+#include "oq_error.h"
+#include "oq_producer.h"
+
+/** A borrowed connection. Build it on the stack: {db, cache} or {db, NULL}. */
+typedef struct oq__producer_store {
+    sqlite3 *db;            /**< borrowed */
+    oq_stmt_cache_t *cache; /**< borrowed statement cache of db; NULL = prepare per call */
+} oq__producer_store_t;
+
+/* --- calls ----------------------------------------------------------------------------------- */
+
+/** A new call in state `pending`, attempt 1, and the outbox row of that attempt. Borrowed. */
+typedef struct oq__producer_new_call {
+    const char *call_id;
+    const char *tenant;
+    const char *idem_key;
+    const char *fingerprint;
+    const char *tool;
+    const char *args; /**< canonical JSON text, \p args_len bytes */
+    size_t args_len;
+    const char *client_id; /**< NULL when not given */
+    int64_t seq;
+    int has_seq;
+    int64_t created_at; /**< also updated_at */
+    int64_t expires_at;
+    const char *message_id; /**< the outbox row: key = call_id, topic onceq.tool-calls */
+    const char *payload;    /**< its tool_call envelope */
+    size_t payload_len;
+} oq__producer_new_call_t;
+
+/** What an insert did. */
+typedef enum {
+    OQ__INSERT_NEW = 1,        /**< call and outbox row written */
+    OQ__INSERT_KEY_EXISTS = 2, /**< (tenant, idem_key) already has a call: nothing written */
+    OQ__INSERT_ID_TAKEN = 3    /**< call_id already used by another call: nothing written, the
+                                    transaction is intact (draw another id and retry) */
+} oq__producer_insert_t;
+
+/**
+ * Insert \p c and, when the key is new, its outbox row (through oq_outbox_append). A new key
+ * costs one probe of the key index (INSERT ... ON CONFLICT DO NOTHING), no SELECT first.
+ */
+int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
+                                   oq__producer_insert_t *result, oq_error_t *err);
+
+/** The call \p call_id into \p out (owned by \p out). @returns 0 or OQ_ENOTFOUND. */
+int oq__producer_store_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
+                           oq_error_t *err);
+
+/** The call of (\p tenant, \p idem_key); \p tenant NULL or "" = "default". 0 / OQ_ENOTFOUND. */
+int oq__producer_store_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,
+                                  oq_call_t *out, oq_error_t *err);
+
+/** A new attempt of a `failed` call and the outbox row of that attempt. Borrowed. */
+typedef struct oq__producer_attempt {
+    const char *call_id;
+    int64_t attempt; /**< the new attempt: the stored one + 1 */
+    int64_t updated_at;
+    int64_t expires_at;
+    const char *message_id;
+    const char *payload; /**< its tool_call envelope */
+    size_t payload_len;
+} oq__producer_attempt_t;
+
+/**
+ * Back to `pending` with attempt \p a->attempt, result and error cleared, and the outbox row
+ * appended. @returns 0, or OQ_ESTATE (nothing written) when the call is not `failed` at
+ * attempt \p a->attempt - 1.
+ */
+int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
+                                  oq_error_t *err);
+
+/** Delete the call \p call_id with its audit and result_inbox rows (a key past retention). */
+int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id, oq_error_t *err);
+
+/* --- results --------------------------------------------------------------------------------- */
+
+/** Of a call, what a result decision needs. */
+typedef struct oq__producer_call_state {
+    char state[sizeof(((oq_call_t *)0)->state)];
+    int64_t attempt;
+} oq__producer_call_state_t;
+
+/** The state and attempt of \p call_id; \p found = 0 (and \p out untouched) when none. */
+int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
+                                 oq__producer_call_state_t *out, int *found, oq_error_t *err);
+
+/** One result_inbox row: a tool_result message and what was decided for it. Borrowed. */
+typedef struct oq__producer_inbox_row {
+    const char *message_id;
+    const char *call_id;
+    const char *status;
+    const char *outcome; /**< oq_result_outcome_name() */
+    int64_t received_at;
+} oq__producer_inbox_row_t;
+
+/** Insert \p r unless its message id is there already: then \p claimed = 0, nothing written. */
+int oq__producer_store_claim_result(oq__producer_store_t *s, const oq__producer_inbox_row_t *r,
+                                    int *claimed, oq_error_t *err);
+
+/** A result applied to a call. Borrowed. */
+typedef struct oq__producer_result {
+    const char *call_id;
+    const char *state;     /**< the new state */
+    const char *result;    /**< JSON text or NULL */
+    const char *error;     /**< JSON text or NULL */
+    const char *effect_id; /**< NULL keeps the stored one */
+    int64_t updated_at;
+} oq__producer_result_t;
+
+/** Set the call's state, result, error and effect_id. */
+int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
+                                  oq_error_t *err);
+
+/* --- audit ----------------------------------------------------------------------------------- */
+
+/** Append an audit row (\p detail: JSON text or NULL). */
+int oq__producer_store_audit_add(oq__producer_store_t *s, int64_t ts, const char *call_id,
+                                 const char *event, const char *detail, oq_error_t *err);
+
+/** The audit rows of \p call_id in order (oq_audit_free them); 0 also with no rows. */
+int oq__producer_store_audit_list(oq__producer_store_t *s, const char *call_id,
+                                  oq_audit_row_t **rows, size_t *n, oq_error_t *err);
+
+/* --- retention and stats --------------------------------------------------------------------- */
+
+/**
+ * One purge batch in its own short BEGIN IMMEDIATE transaction: up to \p batch terminal calls
+ * with expires_at <= \p now_ms and their audit and result_inbox rows; delivered outbox rows
+ * created at or before now_ms - ttl_ms (oq_outbox_purge_published) among the \p batch oldest;
+ * result_inbox rows of unknown calls received at or before now_ms - ttl_ms, up to \p batch.
+ * @param stats accumulates what was deleted (and +1 batch). @param more set when a limit was
+ *        reached (another batch may find more).
+ */
+int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl_ms,
+                                   int batch, oq_purge_stats_t *stats, int *more, oq_error_t *err);
+
+/** Row counts for the stats, read in one snapshot (a read transaction of its own). */
+typedef struct oq__producer_counts {
+    int64_t calls;
+    int64_t pending, running, succeeded, failed, needs_review;
+    int64_t effects; /**< distinct effect ids reported */
+    int64_t outbox_pending, outbox_rows, result_inbox;
+    int64_t oldest_pending_created_at; /**< 0 when no call is pending */
+} oq__producer_counts_t;
+
+int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
+
+#endif

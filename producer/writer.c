@@ -1,0 +1,465 @@
+/*
+ * writer.c: the producer's one writer thread on calls.db, its group commit and its checkpoints.
+ *
+ * Design. A durable commit (fsync of the WAL) costs 0.2-0.6 ms here, so a transaction per
+ * submit tops out near 3,500/s. Instead, every submitter (blocking API caller or suspended
+ * HTTP connection) hands a prepared work item to ONE writer thread through a mutex-protected
+ * queue. The writer takes everything queued (up to max_batch), runs each item's decision
+ * (decide.c) inside one BEGIN IMMEDIATE transaction, commits once, and only then completes the
+ * items: no submit is acknowledged before its batch is durable, and there is one fsync per
+ * batch. Batch size follows the offered concurrency by itself: while a commit runs, the next
+ * batch queues.
+ *
+ * Work items are of two kinds (producer_int.h): a prepared submit (oq_submit_job_t) and a batch
+ * of tool_results from the ingest (oq__results_t). Results ride in the same transaction as the
+ * submits around them, on the same connection, so the process has one writer on calls.db and
+ * results cost no extra fsync.
+ *
+ * Commit delay. Closed-loop clients (HTTP keep-alive connections, threads calling the blocking
+ * API) come back right after their answer; without care they split into two groups that
+ * alternate (one commits while the other queues), so every submit waits two fsyncs. After a
+ * batch of more than one item, the writer therefore keeps gathering while items keep arriving
+ * (gaps under 200 us), for at most the duration of the previous commit (capped at 3 ms) or
+ * until max_batch: both groups share one fsync. A lone submitter never waits.
+ *
+ * Failure: when an item fails with a database error inside a batch, the batch is rolled back
+ * and every item of it is re-run alone in its own transaction, so one bad item cannot fail its
+ * neighbours; when the commit itself fails, every item of the batch reports the error and
+ * nothing of it is durable (retrying with the same key is safe).
+ *
+ * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
+ * it inside every ~45th commit, stalling that batch. The writer connection has a WAL hook
+ * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
+ * the writer finishes each pass with a small checkpoint of its own after acknowledging its
+ * batch, so that SQLite can restart the WAL (a pass alone never catches up with the writer).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "oq_log.h"
+#include "producer_int.h"
+
+struct oq__writer {
+    int64_t key_ttl_ms;
+    int max_batch;
+    int commit_delay_us;
+    sqlite3 *wdb;
+    oq_stmt_cache_t *wcache;
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    oq__work_t *head, *tail; /* under mu */
+    size_t qlen;             /* under mu */
+    int stopping;            /* under mu */
+    oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed;
+    oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu;
+    /* background checkpointer (see the file comment) */
+    int ckpt_pages;
+    sqlite3 *cdb;
+    pthread_t ckpt;
+    int ckpt_started;
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    int ckpt_wanted, ckpt_stop, ckpt_busy, ckpt_pass_done; /* under cmu */
+    int wal_last, ckpt_next, finish_due;                   /* writer thread only */
+    oq_metric_t *m_ckpt, *m_ckpt_fin;
+};
+
+/* --- one batch -------------------------------------------------------------------------------*/
+
+static int is_db_error(int rc)
+{
+    return rc == OQ_EDB || rc == OQ_EBUSY || rc == OQ_ENOMEM || rc == OQ_EIO;
+}
+
+/** The item's decision inside the open transaction. @returns its rc. */
+static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, int64_t now)
+{
+    oq_error_clear(&it->err);
+    if (it->kind == OQ__WORK_SUBMIT)
+        return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, &it->err);
+    oq__results_t *r = (oq__results_t *)it;
+    return oq__decide_results(s, r->envs, r->n, r->outcomes, now, &it->err);
+}
+
+/** Run \p n items in one transaction. @returns 0, or the batch-level error (all items
+ *  failed); \p item_failed is set when one item's database error caused it. */
+static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_failed)
+{
+    oq_error_t err = {0};
+    oq__producer_store_t s = {w->wdb, w->wcache};
+    int64_t now = oq_now_ms();
+    *item_failed = 0;
+    int ret = oq_db_begin_immediate(w->wdb, 10000, &err);
+    if (ret) goto fail;
+    for (int i = 0; i < n; i++) {
+        oq__work_t *it = items[i];
+        it->rc = run_item(w, &s, it, now);
+        if (is_db_error(it->rc)) {
+            *item_failed = 1;
+            err = it->err;
+            ret = it->rc;
+            oq_db_rollback(w->wdb);
+            goto fail;
+        }
+    }
+    int64_t t0 = oq_mono_us();
+    ret = oq_db_commit(w->wdb, &err);
+    oq_histogram_observe(w->m_commit, (double)(oq_mono_us() - t0) / 1e6);
+    if (ret) {
+        oq_db_rollback(w->wdb);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if (items[i]->kind == OQ__WORK_SUBMIT) oq__job_finish_new((oq_submit_job_t *)items[i]);
+    return 0;
+fail:
+    OQ_LOG_WARN("producer", "batch of %d failed: %s", n, err.msg);
+    for (int i = 0; i < n; i++) {
+        items[i]->rc = ret;
+        items[i]->err = err;
+        if (items[i]->kind == OQ__WORK_SUBMIT) { /* nothing of it holds: no call to report */
+            oq_submit_job_t *j = (oq_submit_job_t *)items[i];
+            j->call_from_job = 0;
+            oq_call_clear(&j->call);
+        }
+    }
+    return ret;
+}
+
+static void count_outcome(oq__writer_t *w, const oq_submit_job_t *j)
+{
+    if (j->work.rc != 0 && j->work.rc != OQ_ECONFLICT) {
+        oq_counter_add(w->m_failed, 1);
+        return;
+    }
+    switch (j->outcome) {
+    case OQ_SUBMIT_NEW:
+        oq_counter_add(w->m_new, 1);
+        break;
+    case OQ_SUBMIT_REPLAY:
+        oq_counter_add(w->m_replay, 1);
+        break;
+    case OQ_SUBMIT_CONFLICT:
+        oq_counter_add(w->m_conflict, 1);
+        break;
+    case OQ_SUBMIT_RETRY_RESET:
+        oq_counter_add(w->m_reset, 1);
+        break;
+    }
+}
+
+/* --- the queue ------------------------------------------------------------------------------*/
+
+static void abs_deadline(struct timespec *ts, int64_t us_from_now)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += us_from_now / 1000000;
+    ts->tv_nsec += (long)(us_from_now % 1000000) * 1000;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/** Commit delay (see the file comment). Called with w->mu held and a non-empty queue. */
+static void gather(oq__writer_t *w, int last_n, int64_t last_commit_us)
+{
+    if (w->commit_delay_us < 0 || last_n <= 1) return;
+    int64_t max_us = w->commit_delay_us > 0 ? w->commit_delay_us
+                                            : (last_commit_us < 3000 ? last_commit_us : 3000);
+    int64_t end = oq_mono_us() + max_us;
+    while (!w->stopping && w->qlen < (size_t)w->max_batch) {
+        int64_t left = end - oq_mono_us();
+        if (left <= 0) break;
+        size_t before = w->qlen;
+        struct timespec ts;
+        abs_deadline(&ts, left < 200 ? left : 200);
+        while (w->qlen == before && !w->stopping &&
+               pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
+        }
+        if (w->qlen == before) break; /* nobody came within the gap: go */
+    }
+}
+
+int oq__writer_enqueue(oq__writer_t *w, oq__work_t *item)
+{
+    item->next = NULL;
+    item->enq_us = oq_mono_us();
+    pthread_mutex_lock(&w->mu);
+    if (w->stopping) {
+        pthread_mutex_unlock(&w->mu);
+        return OQ_ESHUTDOWN;
+    }
+    if (w->tail)
+        w->tail->next = item;
+    else
+        w->head = item;
+    w->tail = item;
+    w->qlen++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+/* --- checkpointer ----------------------------------------------------------------------------*/
+
+/**
+ * WAL hook of the writer connection (it replaces SQLite's auto-checkpoint there), called after
+ * each commit with the WAL's size in frames. Past ckpt_next frames it wakes the background
+ * checkpointer, which copies the WAL into the database without holding up the writer. That
+ * pass cannot complete the WAL, since the writer keeps appending meanwhile, and SQLite only
+ * restarts the WAL from its beginning once every frame has been copied; so after a pass the
+ * writer copies the few frames appended during it itself (finish_checkpoint, after the batch
+ * was acknowledged) and its next transaction restarts the WAL. When readers keep the WAL from
+ * being copied completely, the next pass waits for ckpt_pages more frames.
+ * @locality writer thread, inside COMMIT
+ */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
+{
+    oq__writer_t *w = arg;
+    (void)db;
+    (void)name;
+    if (frames < w->wal_last) w->ckpt_next = w->ckpt_pages; /* the WAL restarted */
+    w->wal_last = frames;
+    pthread_mutex_lock(&w->cmu);
+    if (w->ckpt_pass_done) {
+        w->ckpt_pass_done = 0;
+        w->finish_due = 1;
+        w->ckpt_next = frames + w->ckpt_pages;
+    } else if (!w->ckpt_busy && frames >= w->ckpt_next) {
+        w->ckpt_busy = 1;
+        w->ckpt_wanted = 1;
+        pthread_cond_signal(&w->ccv);
+    }
+    pthread_mutex_unlock(&w->cmu);
+    return SQLITE_OK;
+}
+
+/** The writer's small checkpoint after a background pass (see wal_hook). @locality writer */
+static void finish_checkpoint(oq__writer_t *w)
+{
+    w->finish_due = 0;
+    int64_t t0 = oq_mono_us();
+    int log = 0, done = 0;
+    int rc = sqlite3_wal_checkpoint_v2(w->wdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    oq_histogram_observe(w->m_ckpt_fin, (double)(oq_mono_us() - t0) / 1e6);
+    if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
+        OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(w->wdb));
+}
+
+static void *ckpt_main(void *arg)
+{
+    oq__writer_t *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->cmu);
+        while (!w->ckpt_wanted && !w->ckpt_stop)
+            pthread_cond_wait(&w->ccv, &w->cmu);
+        int stop = w->ckpt_stop;
+        w->ckpt_wanted = 0;
+        pthread_mutex_unlock(&w->cmu);
+        if (stop) break;
+        int64_t t0 = oq_mono_us();
+        int log = 0, done = 0;
+        /* PASSIVE: copies what no reader still needs, never takes the write lock, so the
+         * writer keeps committing meanwhile; SQLite restarts the WAL at the writer's next
+         * transaction once everything was copied. */
+        int rc = sqlite3_wal_checkpoint_v2(w->cdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+        oq_histogram_observe(w->m_ckpt, (double)(oq_mono_us() - t0) / 1e6);
+        pthread_mutex_lock(&w->cmu);
+        w->ckpt_busy = 0;
+        w->ckpt_pass_done = 1;
+        pthread_mutex_unlock(&w->cmu);
+        if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
+            OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(w->cdb));
+        else
+            OQ_LOG_DEBUG("producer", "checkpoint: wal=%d copied=%d in %lld us", log, done,
+                         (long long)(oq_mono_us() - t0));
+    }
+    return NULL;
+}
+
+/* --- the writer thread -----------------------------------------------------------------------*/
+
+static void *writer_main(void *arg)
+{
+    oq__writer_t *w = arg;
+    int cap = w->max_batch;
+    int last_n = 0;
+    int64_t last_commit_us = 0;
+    oq__work_t **items = calloc((size_t)cap, sizeof *items);
+    if (!items) abort();
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->head && !w->stopping)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->head) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        gather(w, last_n, last_commit_us);
+        int n = 0;
+        while (w->head && n < cap) {
+            items[n++] = w->head;
+            w->head = w->head->next;
+            w->qlen--;
+        }
+        if (!w->head) w->tail = NULL;
+        oq_gauge_set(w->m_queue, (double)w->qlen);
+        pthread_mutex_unlock(&w->mu);
+
+        int item_failed = 0;
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+        int64_t t_batch = oq_mono_us();
+        int rc = run_batch(w, items, n, &item_failed);
+        last_commit_us = oq_mono_us() - t_batch;
+        last_n = n;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        oq_gauge_add(w->m_wcpu,
+                     (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9);
+        if (rc && item_failed && n > 1) {
+            /* Isolate the bad item: each item alone. */
+            for (int i = 0; i < n; i++) {
+                int dummy;
+                run_batch(w, &items[i], 1, &dummy);
+            }
+        }
+        OQ_CRASH_POINT("producer.after_commit_before_reply");
+        oq_counter_add(w->m_batches, 1);
+        oq_histogram_observe(w->m_batch, (double)n);
+        int64_t now_us = oq_mono_us();
+        for (int i = 0; i < n; i++) {
+            oq__work_t *it = items[i];
+            if (it->kind == OQ__WORK_SUBMIT) {
+                count_outcome(w, (oq_submit_job_t *)it);
+                oq_histogram_observe(w->m_wait, (double)(now_us - it->enq_us) / 1e6);
+            }
+            it->next = NULL;
+            it->done(it, it->opaque);
+        }
+        if (w->finish_due) finish_checkpoint(w);
+    }
+    free(items);
+    return NULL;
+}
+
+/* --- open / close ----------------------------------------------------------------------------*/
+
+static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
+{
+    if (!m) return;
+    const char *h = "Submits by outcome";
+    w->m_new = oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"new\"");
+    w->m_replay = oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"replay\"");
+    w->m_conflict =
+        oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"conflict\"");
+    w->m_reset =
+        oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"retry_reset\"");
+    w->m_failed = oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"error\"");
+    w->m_batches =
+        oq_metrics_counter(m, "onceq_producer_batches_total", "Group-commit transactions", NULL);
+    static const double bsz[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    w->m_batch = oq_metrics_histogram(m, "onceq_producer_batch_size", "Submits per group commit",
+                                      NULL, bsz, sizeof bsz / sizeof bsz[0]);
+    static const double lat[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                 0.01,   0.025,   0.05,   0.1,   0.5,    1};
+    w->m_commit = oq_metrics_histogram(m, "onceq_producer_commit_seconds",
+                                       "Duration of a group COMMIT (fsync)", NULL, lat,
+                                       sizeof lat / sizeof lat[0]);
+    w->m_wait =
+        oq_metrics_histogram(m, "onceq_producer_submit_seconds", "Queue + batch time of a submit",
+                             NULL, lat, sizeof lat / sizeof lat[0]);
+    w->m_ckpt = oq_metrics_histogram(m, "onceq_producer_checkpoint_seconds",
+                                     "Duration of a background WAL checkpoint pass", NULL, lat,
+                                     sizeof lat / sizeof lat[0]);
+    w->m_ckpt_fin = oq_metrics_histogram(m, "onceq_producer_checkpoint_finish_seconds",
+                                         "Duration of the writer's checkpoint after a pass", NULL,
+                                         lat, sizeof lat / sizeof lat[0]);
+    w->m_queue =
+        oq_metrics_gauge(m, "onceq_producer_queue_depth", "Submits waiting for the writer", NULL);
+    /* a gauge only because counters take integers; it only grows */
+    w->m_wcpu = oq_metrics_gauge(m, "onceq_producer_writer_cpu_seconds",
+                                 "CPU time of the writer thread in batches (SQL + commit)", NULL);
+}
+
+int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t **out,
+                    oq_error_t *err)
+{
+    int ret = 0;
+    oq__writer_t *w = calloc(1, sizeof *w);
+    if (!w) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&w->cmu, NULL);
+    pthread_cond_init(&w->ccv, NULL);
+    w->key_ttl_ms = o->key_ttl_ms;
+    w->max_batch = o->max_batch;
+    w->commit_delay_us = o->commit_delay_us;
+    w->ckpt_pages = o->checkpoint_pages;
+    w->ckpt_next = w->ckpt_pages;
+    oq_db_opts_t dbo = {o->synchronous, 0, 0};
+    if ((ret = oq_db_open(path, &dbo, &w->wdb, err))) goto out;
+    if ((ret = oq_db_migrate(w->wdb, oq_migrations_producer, err))) goto out;
+    w->wcache = oq_stmt_cache_new(w->wdb);
+    if (!w->wcache) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    register_metrics(w, o->metrics);
+    if (w->ckpt_pages > 0) {
+        oq_db_opts_t co = {o->synchronous, 0, 0};
+        if ((ret = oq_db_open(path, &co, &w->cdb, err))) goto out;
+        sqlite3_wal_hook(w->wdb, wal_hook, w); /* also turns the in-commit checkpoint off */
+        if (pthread_create(&w->ckpt, NULL, ckpt_main, w) != 0) {
+            ret = oq_error_set(err, OQ_EIO, errno, "cannot start the checkpointer thread");
+            goto out;
+        }
+        w->ckpt_started = 1;
+        pthread_setname_np(w->ckpt, "oq-ckpt"); /* top -H, perf; failure harmless */
+    }
+    if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
+        ret = oq_error_set(err, OQ_EIO, errno, "cannot start the writer thread");
+        goto out;
+    }
+    w->started = 1;
+    pthread_setname_np(w->th, "oq-writer");
+out:
+    if (ret) {
+        oq__writer_close(w);
+        return ret;
+    }
+    *out = w;
+    return 0;
+}
+
+void oq__writer_close(oq__writer_t *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stopping = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (w->started) pthread_join(w->th, NULL);
+    pthread_mutex_lock(&w->cmu);
+    w->ckpt_stop = 1;
+    pthread_cond_signal(&w->ccv);
+    pthread_mutex_unlock(&w->cmu);
+    if (w->ckpt_started) pthread_join(w->ckpt, NULL);
+    if (w->cdb) sqlite3_close_v2(w->cdb);
+    oq_stmt_cache_destroy(w->wcache);
+    if (w->wdb) sqlite3_close_v2(w->wdb);
+    pthread_mutex_destroy(&w->cmu);
+    pthread_cond_destroy(&w->ccv);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
