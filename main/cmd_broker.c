@@ -485,7 +485,7 @@ static void oq__control_read(oq_broker_t *b, int fd, oq_ctl_buf_t *cb)
  * @returns OQ_EXIT_OK after a clean stop, OQ_EXIT_USAGE on bad flags, OQ_EXIT_FAIL when the
  *          cluster, a topic, the bootstrap file or the control FIFO cannot be set up.
  */
-int oq_cmd_broker(int argc, char **argv)
+int oq__cmd_broker(int argc, char **argv)
 {
     oq_error_t err = {0};
     oq_broker_t b = {.ack_fd = -1};
@@ -504,7 +504,7 @@ int oq_cmd_broker(int argc, char **argv)
         fprintf(stderr, "onceq broker: out of memory\n");
         return OQ_EXIT_FAIL;
     }
-    if ((prc = oq_cmd_parse(cfg, oq__usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", oq__usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

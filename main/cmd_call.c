@@ -198,7 +198,7 @@ static const char *jstr(json_t *o, const char *k)
     return s ? s : "";
 }
 
-int oq_cmd_call(int argc, char **argv)
+int oq__cmd_call(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -207,7 +207,7 @@ int oq_cmd_call(int argc, char **argv)
     http_resp_t r = {0};
     oq_config_t *cfg = oq_config_new(call_settings, sizeof call_settings / sizeof call_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, call_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", call_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

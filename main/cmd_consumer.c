@@ -22,7 +22,7 @@ static void oq__cons_on_signal(int sig)
     if (oq__cons_running) oq_consumer_stop(oq__cons_running);
 }
 
-int oq_cmd_consumer(int argc, char **argv)
+int oq__cmd_consumer(int argc, char **argv)
 {
     const char *usage =
         "onceq consumer --brokers host:port --db effects.db [--group onceq-workers] "
@@ -32,7 +32,7 @@ int oq_cmd_consumer(int argc, char **argv)
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(oq_consumer_settings, oq_consumer_nsettings);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     if (!oq_config_str(cfg, "brokers") || oq_config_npositional(cfg) > 0) {
         fprintf(stderr, "onceq consumer: --brokers is required and no positional arguments "

@@ -70,7 +70,7 @@ static void oq__relay_on_signal(int sig)
  * @returns OQ_EXIT_OK after a clean stop, OQ_EXIT_USAGE on bad flags or Kafka settings,
  *          OQ_EXIT_FAIL when the database or the metrics listener cannot be set up.
  */
-int oq_cmd_relay(int argc, char **argv)
+int oq__cmd_relay(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -86,7 +86,7 @@ int oq_cmd_relay(int argc, char **argv)
         fprintf(stderr, "onceq relay: out of memory\n");
         return OQ_EXIT_FAIL;
     }
-    if ((prc = oq_cmd_parse(cfg, oq__relay_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", oq__relay_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

@@ -1,5 +1,5 @@
 /*
- * `onceq bench consumer`: the consumer worker from a pre-filled topic against a raw baseline
+ * `onceq-bench consumer`: the consumer worker from a pre-filled topic against a raw baseline
  * in the same run, as a ratio.
  *
  * Method. A fresh topic (auto-created by the broker) is filled with --calls tool_call
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_config.h"
 #include "oq_consumer.h"
 #include "oq_db.h"
@@ -39,10 +39,9 @@
 #include "oq_log.h"
 #include "oq_util.h"
 
-int oq_bench_consumer(int argc, char **argv);
 
 static const char oq__bcons_usage[] =
-    "usage: onceq bench consumer --brokers HOST:PORT[,...] [--calls 20000] [--batch 500]\n"
+    "usage: onceq-bench consumer --brokers HOST:PORT[,...] [--calls 20000] [--batch 500]\n"
     "                            [--synchronous full] [--dir /tmp] [--no-relay] [-X k=v]...\n"
     "\n"
     "Consumer worker rate from a pre-filled topic vs raw librdkafka consume + batched plain\n"
@@ -358,15 +357,15 @@ static double oq__median(const double *v, int n)
     return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
-int oq_bench_consumer(int argc, char **argv)
+int oq__bench_consumer(int argc, char **argv)
 {
     oq_config_t *cfg =
         oq_config_new(oq__bcons_settings, sizeof(oq__bcons_settings) / sizeof(oq__bcons_settings[0]));
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, oq__bcons_usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq-bench", oq__bcons_usage, argc, argv);
     if (rc >= 0) goto done;
     if (!oq_config_str(cfg, "brokers")) {
-        fprintf(stderr, "onceq bench consumer: --brokers is required (start `onceq broker`)\n");
+        fprintf(stderr, "onceq-bench consumer: --brokers is required (start `onceq broker`)\n");
         rc = OQ_EXIT_USAGE;
         goto done;
     }

@@ -1,5 +1,5 @@
 /*
- * `onceq bench relay`: outbox-to-broker throughput of the relay against raw librdkafka
+ * `onceq-bench relay`: outbox-to-broker throughput of the relay against raw librdkafka
  * production of the same payloads to the same broker, in the same run, plus the idle relay's
  * commit-to-published latency.
  *
@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_config.h"
 #include "oq_db.h"
 #include "oq_kafka.h"
@@ -37,10 +37,9 @@
 #include "oq_relay.h"
 #include "oq_util.h"
 
-int oq_bench_relay(int argc, char **argv);
 
 static const char oq__bench_relay_usage[] =
-    "usage: onceq bench relay --brokers HOST:PORT[,...] [--rows 1000000] [--size 300]\n"
+    "usage: onceq-bench relay --brokers HOST:PORT[,...] [--rows 1000000] [--size 300]\n"
     "                         [--keys 10000] [--topic onceq.tool-calls] [--samples 200]\n"
     "                         [--dir /tmp] [-X kafka.prop=value]...\n"
     "\n"
@@ -258,7 +257,7 @@ static double oq__latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, lon
     return -1;
 }
 
-int oq_bench_relay(int argc, char **argv)
+int oq__bench_relay(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -270,12 +269,12 @@ int oq_bench_relay(int argc, char **argv)
     oq_config_t *cfg = oq_config_new(oq__bench_relay_settings, sizeof(oq__bench_relay_settings) /
                                                                    sizeof(oq__bench_relay_settings[0]));
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, oq__bench_relay_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq-bench", oq__bench_relay_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }
     if (!oq_config_str(cfg, "brokers")) {
-        fprintf(stderr, "onceq bench relay: --brokers is required (start `onceq broker "
+        fprintf(stderr, "onceq-bench relay: --brokers is required (start `onceq broker "
                         "--partitions 64`)\n");
         ret = OQ_EXIT_USAGE;
         goto out;
