@@ -37,6 +37,7 @@ struct oq_httpc {
     char *buf;
     size_t len, cap;
     int too_big;
+    int answered; /* the last request got an answer: its headers can be read */
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -130,6 +131,17 @@ static int64_t retry_after_ms(CURL *curl)
     return ms > 0 ? ms : 0;
 }
 
+int oq_httpc_header(oq_httpc_t *c, const char *name, char *out, size_t n)
+{
+    struct curl_header *h = NULL;
+    if (!c->answered || curl_easy_header(c->curl, name, 0, CURLH_HEADER, -1, &h) != CURLHE_OK || !h)
+        return OQ_ENOTFOUND;
+    size_t len = strlen(h->value);
+    if (len >= n) return OQ_ETOOBIG;
+    memcpy(out, h->value, len + 1);
+    return 0;
+}
+
 int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const char *const *headers,
                      const char *body, oq_httpc_resp_t *resp, oq_error_t *err)
 {
@@ -153,6 +165,7 @@ int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const c
     curl_easy_reset(e); /* options from the previous request go; the connection stays */
     c->len = 0;
     c->too_big = 0;
+    c->answered = 0;
     c->errbuf[0] = '\0';
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -189,6 +202,7 @@ int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const c
                                         "http: %s %s: %s", method, url, why);
         goto out;
     }
+    c->answered = 1;
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &resp->status);
     resp->retry_after_ms = retry_after_ms(e);
     if (!(resp->body = malloc(c->len + 1))) goto nomem;

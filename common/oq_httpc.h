@@ -50,13 +50,20 @@ void oq_httpc_destroy(oq_httpc_t *c);
  * @param headers NULL-terminated "Name: value" lines to add, or NULL. `Accept:
  *        application/json` is always sent, `Content-Type: application/json` with a body.
  * @param body request body (POST), or NULL.
- * @param resp filled when the server answered, whatever the status (zeroed first).
+ * @param resp filled when the server answered, whatever the status (reset first).
  * @returns 0 when an answer came; OQ_ETIMEDOUT (retriable); OQ_EIO for a transport error
  *          (retriable unless it is a TLS verification failure; err->cause is the CURLcode);
  *          OQ_EINVAL for a bad URL or scheme; OQ_ENOMEM.
  */
 int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const char *const *headers,
                      const char *body, oq_httpc_resp_t *resp, oq_error_t *err);
+
+/**
+ * @brief Header \p name (case-insensitive; the last one when repeated) of the last answer
+ *        \p c received, copied into \p out (at most \p n - 1 bytes, NUL-terminated).
+ * @returns 0, or OQ_ENOTFOUND (absent, or no answer yet), OQ_ETOOBIG (value longer than n-1).
+ */
+int oq_httpc_header(oq_httpc_t *c, const char *name, char *out, size_t n);
 
 /** @brief Free the body of \p r and zero it; accepts NULL. */
 void oq_httpc_resp_clear(oq_httpc_resp_t *r);
