@@ -32,6 +32,7 @@
 #include "bench.h"
 #include "oq_config.h"
 #include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_relay.h"
@@ -164,7 +165,7 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
             rd_kafka_resp_err_t e = rd_kafka_producev(
                 rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                 RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(payload, strlen(payload)),
-                RD_KAFKA_V_HEADER("onceq-message-id", mid, OQ_UUID_LEN), RD_KAFKA_V_END);
+                RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, mid, OQ_UUID_LEN), RD_KAFKA_V_END);
             if (e == RD_KAFKA_RESP_ERR_NO_ERROR) break;
             if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                 fprintf(stderr, "bench relay: raw produce: %s\n", rd_kafka_err2str(e));

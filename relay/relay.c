@@ -53,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the consumer reads */
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_util.h"
@@ -62,7 +63,6 @@
 #define OQ__RELAY_BACKOFF_MIN_MS 100
 #define OQ__RELAY_BACKOFF_MAX_MS 5000
 #define OQ__RELAY_MARK_MAX_DELAY_US 10000
-#define OQ__RELAY_HDR "onceq-message-id"
 
 enum { OQ__JOB_IDLE = 0, OQ__JOB_PENDING, OQ__JOB_DONE };
 
@@ -800,7 +800,7 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
             r->rk, RD_KAFKA_V_RKT(r->topics[t].rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_KEY(row->key, row->key_len),
             RD_KAFKA_V_VALUE((void *)row->payload, row->payload_len),
-            RD_KAFKA_V_HEADER(OQ__RELAY_HDR, row->message_id, (ssize_t)strlen(row->message_id)),
+            RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, row->message_id, (ssize_t)strlen(row->message_id)),
             RD_KAFKA_V_OPAQUE((void *)(uintptr_t)h), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR) break;
         if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
