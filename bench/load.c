@@ -5,13 +5,15 @@
  *
  * Why a hand-written client next to libcurl (which `onceq call` and the health checks use,
  * through oq_httpc): CPU per request. Measured on the e2e load (20,000 calls at 6,000/s over
- * 128 keep-alive connections against one producer, same host, same run): libcurl's multi
- * interface driven by this same kind of epoll loop (curl_multi_socket_action) spent 45-51 us
- * of CPU per call (0.68 s user + 0.25-0.34 s system per 20,000 calls), this client 26-31 us
- * (0.15-0.17 s user + 0.35-0.47 s system). libcurl re-adds an easy handle per request, checks
- * a reused connection with an extra poll(), and re-arms each socket with epoll_ctl three
- * times a request; on a 2-core host that ~1.7x is CPU taken from the pipeline under test. So
- * this is the one hand-written HTTP client of the tree, and it is a tool, not product: a
+ * 128 keep-alive connections against one producer on the same host, the two clients
+ * alternating, in two sessions): libcurl's multi interface driven by the same kind of epoll
+ * loop (curl_multi_socket_action) spent 40-51 us of CPU per call (0.52-0.68 s user per
+ * 20,000 calls), this client 19-31 us (0.10-0.17 s user): about 2x. Per request libcurl
+ * re-adds an easy handle, checks the reused connection with an extra poll() and re-arms the
+ * socket with three epoll_ctl calls; on a 2-core host that is CPU taken from the pipeline
+ * under test (this client is already ~12 % of one core in `onceq-bench e2e`).
+ *
+ * So this is the one hand-written HTTP client of the tree, and it is a tool, not product: a
  * minimal HTTP/1.1 client: keep-alive, requests with Content-Length, responses with
  * Content-Length (what libmicrohttpd sends for buffered bodies; `Connection: close` is
  * honoured); anything else closes the connection and counts as a transport error. A
