@@ -65,7 +65,8 @@ static const char *jstr(json_t *o, const char *k)
 static int64_t next_wait_ms(int64_t want, const oq_httpc_resp_t *r, int64_t deadline_us)
 {
     if (r && r->retry_after_ms > want) want = r->retry_after_ms;
-    return oq_mono_us() + want * 1000 > deadline_us ? -1 : want;
+    int64_t left_ms = (deadline_us - oq_mono_us()) / 1000;
+    return want > left_ms ? -1 : want;
 }
 
 int oq__cmd_call(int argc, char **argv)
