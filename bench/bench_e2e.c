@@ -280,8 +280,8 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers)
     snprintf(cons, sizeof cons, "%d", consumers);
     snprintf(log, sizeof log, "%s/up.log", dir);
     snprintf(d, sizeof d, "%s", dir);
-    /* Fast group formation on the mock cluster (BROKER-NOTES.md): a member joining a stable
-     * group waits session.timeout.ms - 1000 (librdkafka default 45 s). */
+    /* Fast group formation on the mock cluster: a member joining a stable group waits
+     * session.timeout.ms - 1000 (librdkafka default 45 s). */
     char *const args[] = {"up", "--dir", d, "--consumers", cons, "--listen", listen, "-X",
                           "session.timeout.ms=6000", NULL};
     return e2e_spawn(args, log);

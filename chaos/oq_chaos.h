@@ -4,7 +4,7 @@
  *
  * oq_verify_run() opens a producer database (calls.db) and a consumer database (effects.db)
  * read-only, in one read transaction across both (the consumer database is ATTACHed), and
- * checks the invariants of DESIGN.md:
+ * checks the invariants of the pipeline:
  *   1. one call per (tenant, idem_key);
  *   2. at most one effect per call_id;
  *   3. no effect for a conflicting body (execution fingerprint != call fingerprint) and no

@@ -1,5 +1,5 @@
 /*
- * The invariant checker: every check of DESIGN.md "Invariants" as one SQL query over the
+ * The invariant checker: every invariant listed in oq_chaos.h as one SQL query over the
  * producer database with the consumer database ATTACHed as `c`, both read-only.
  *
  * Each check is a query that returns one row per violation, (call_id, detail); the runner

@@ -18,7 +18,7 @@
  * "err unknown command 'x'"), which scripts poll for the ack (tests/integration/lib.sh:
  * oq_broker_ctl). Commands are listed in broker_usage below.
  *
- * What the mock does not do (see shared BROKER-NOTES): retention is ~5 MiB per partition in
+ * What the mock does not do: retention is ~5 MiB per partition in
  * memory, nothing survives a restart, no broker-side dedupe for idempotent producers, no
  * transactions, slow rebalances, no admin API (so topics are created here).
  */

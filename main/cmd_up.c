@@ -131,8 +131,8 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = up->brokers;
         break;
     }
-    /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s
-     * (BROKER-NOTES.md): with librdkafka's 45 s default a restarted consumer idles for 44 s.
+    /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
+     * with librdkafka's 45 s default a restarted consumer idles for 44 s.
      * On the embedded broker use 6 s; the user's -X below still wins (last value counts). */
     if (k->kind == UP_CONSUMER && !oq_config_is_set(up->cfg, "brokers")) {
         argv[n++] = "-X";
