@@ -28,8 +28,9 @@ fuzz:
 chaos: build
 	cd $(BUILD) && ctest --output-on-failure -L 'chaos|long'
 bench: build
-	bash bench/run.sh $(BUILD)/onceq
+	bash bench/run.sh $(BUILD)/onceq   # runs $(BUILD)/onceq-bench
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
 format:
-	clang-format -i common/*.[ch] producer/*.[ch] relay/*.[ch] consumer/*.[ch] chaos/*.[ch] main/*.[ch]
+	clang-format -i common/*.[ch] producer/*.[ch] relay/*.[ch] consumer/*.[ch] chaos/*.[ch] main/*.[ch] \
+	  bench/*.[ch]

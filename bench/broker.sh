@@ -26,8 +26,8 @@ for mode in keyless keyed; do
     out=$("$KC" produce --brokers "$BROKERS" --topic "bench.$mode" --count "$N" --size "$SIZE" \
         "${keyopt[@]}" -X linger.ms=5 --timeout-ms 120000) || oq_fail "produce: $out"
     echo "produce $mode: $out"
-    # The mock's group coordinator sometimes revokes a fresh assignment mid-consume (the
-    # SyncGroup race in BROKER-NOTES): the consumer then stops short. Retry with a new group.
+    # The mock's group coordinator sometimes revokes a fresh assignment mid-consume (a
+    # SyncGroup race of the mock): the consumer then stops short. Retry with a new group.
     for try in 1 2 3; do
         out=$("$KC" consume --brokers "$BROKERS" --topic "bench.$mode" --group "bench-$mode-$try" \
             --max "$N" --quiet --timeout-ms 120000 -X session.timeout.ms=6000) && break

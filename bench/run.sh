@@ -3,6 +3,9 @@
 #
 #   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes)
 #
+# The benchmarks are the onceq-bench program next to that onceq (or ONCEQ_BENCH_BIN); the
+# e2e benchmark runs that onceq.
+#
 # 1. broker:   librdkafka produce/consume rates against `onceq broker` (bench/broker.sh)
 # 2. submit:   durable C-API submits (group commit) vs a 1-fsync-per-call SQLite loop
 # 3. http:     wrk -c32 against `onceq producer` (if wrk is installed), unique key per request
@@ -17,7 +20,9 @@ BIN=${1:-${ONCEQ_BIN:-$ROOT/build/onceq}}
 export ONCEQ_BIN=$BIN ONCEQ_BUILD=${ONCEQ_BUILD:-$(dirname "$BIN")} ONCEQ_SRC=$ROOT
 export ONCEQ_LOG_LEVEL=${ONCEQ_LOG_LEVEL:-error}
 . "$ROOT/tests/integration/lib.sh"
+BENCH=${ONCEQ_BENCH_BIN:-$(dirname "$BIN")/onceq-bench}
 [[ -x "$BIN" ]] || oq_fail "no onceq binary at $BIN (run make build first)"
+[[ -x "$BENCH" ]] || oq_fail "no onceq-bench binary at $BENCH (run make build first)"
 
 oq_tmpdir
 quick=${BENCH_QUICK:-0}
@@ -28,8 +33,8 @@ echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -
 echo; echo "## 1. broker (oq_kclient over loopback)"
 env -u T bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
 
-echo; echo "## 2. onceq bench submit --threads 32 --duration $DUR"
-"$BIN" bench submit --threads 32 --duration "$DUR"
+echo; echo "## 2. onceq-bench submit --threads 32 --duration $DUR"
+"$BENCH" submit --threads 32 --duration "$DUR"
 
 if command -v wrk >/dev/null; then
     echo; echo "## 3. HTTP: wrk -t2 -c32 -d10s --latency -s bench/wrk_submit.lua"
@@ -44,13 +49,13 @@ else
 fi
 
 oq_start_broker --partitions 64
-echo; echo "## 4. onceq bench relay --rows $RELAY_ROWS (64 partitions)"
-"$BIN" bench relay --brokers "$BROKERS" --rows "$RELAY_ROWS" --dir "$T"
-echo; echo "## 5. onceq bench consumer --calls $CALLS --rounds 3"
-"$BIN" bench consumer --brokers "$BROKERS" --calls "$CALLS" --rounds 3 --dir "$T"
+echo; echo "## 4. onceq-bench relay --rows $RELAY_ROWS (64 partitions)"
+"$BENCH" relay --brokers "$BROKERS" --rows "$RELAY_ROWS" --dir "$T"
+echo; echo "## 5. onceq-bench consumer --calls $CALLS --rounds 3"
+"$BENCH" consumer --brokers "$BROKERS" --calls "$CALLS" --rounds 3 --dir "$T"
 oq_kill broker
 
-echo; echo "## 6. onceq bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
-"$BIN" bench e2e --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
-echo; echo "## 7. onceq bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline (closed loop: capacity)"
-"$BIN" bench e2e --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline
+echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
+"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
+echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline (closed loop: capacity)"
+"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline

@@ -15,7 +15,7 @@
 #   pl_wait_drained S [N]     until no call is pending/running (and >= N calls); 1 on timeout
 
 PL_GROUP=${PL_GROUP:-onceq-workers}
-# Fast rebalances on the mock cluster (BROKER-NOTES.md): a member joining a stable group waits
+# Fast rebalances on the mock cluster: a member joining a stable group waits
 # session.timeout.ms - 1000.
 PL_CONSUMER_X=(-X session.timeout.ms=6000)
 

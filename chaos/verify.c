@@ -1,5 +1,5 @@
 /*
- * The invariant checker: every check of DESIGN.md "Invariants" as one SQL query over the
+ * The invariant checker: every invariant listed in oq_chaos.h as one SQL query over the
  * producer database with the consumer database ATTACHed as `c`, both read-only.
  *
  * Each check is a query that returns one row per violation, (call_id, detail); the runner
@@ -24,15 +24,24 @@
 #include "oq_chaos.h"
 #include "oq_log.h"
 
-static const char *const oq__vnames[OQ__V_COUNT] = {
-    "dup_key",           "dup_effect",           "conflict_effect",   "unknown_call_effect",
-    "not_terminal",      "succeeded_no_effect",  "failed_with_effect", "committed_no_effect",
-    "effect_not_committed", "reexecuted",        "terminal_left",     "accepted_missing",
+static const char *const vnames[OQ__V_COUNT] = {
+    "dup_key",
+    "dup_effect",
+    "conflict_effect",
+    "unknown_call_effect",
+    "not_terminal",
+    "succeeded_no_effect",
+    "failed_with_effect",
+    "committed_no_effect",
+    "effect_not_committed",
+    "reexecuted",
+    "terminal_left",
+    "accepted_missing",
 };
 
 const char *oq_violation_name(int kind)
 {
-    return (kind >= 0 && kind < OQ__V_COUNT) ? oq__vnames[kind] : "?";
+    return (kind >= 0 && kind < OQ__V_COUNT) ? vnames[kind] : "?";
 }
 
 /* Tools whose success writes an effect (the effectful tools of the registry). */
@@ -42,9 +51,9 @@ const char *oq_violation_name(int kind)
 typedef struct {
     int kind;
     const char *sql;
-} oq__check_t;
+} check_t;
 
-static const oq__check_t oq__checks[] = {
+static const check_t checks[] = {
     /* 1. One call per (tenant, idem_key): UNIQUE makes this hold by construction; a
      *    migration that lost the constraint would not. */
     {OQ_V_DUP_KEY,
@@ -124,7 +133,7 @@ void oq_verify_report_clear(oq_verify_report_t *rep)
 }
 
 /* Percent-encode \p path into a read-only SQLite URI. */
-static int oq__ro_uri(const char *path, char *out, size_t n)
+static int ro_uri(const char *path, char *out, size_t n)
 {
     static const char hex[] = "0123456789ABCDEF";
     size_t o = 0;
@@ -154,7 +163,7 @@ static int oq__ro_uri(const char *path, char *out, size_t n)
     return 0;
 }
 
-static int oq__scalar(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
+static int scalar(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
 {
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
@@ -174,18 +183,18 @@ static int oq__scalar(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *er
     return rc;
 }
 
-static int oq__has_table(sqlite3 *db, const char *schema, const char *table)
+static int has_table(sqlite3 *db, const char *schema, const char *table)
 {
     char sql[200];
     int64_t n = 0;
     snprintf(sql, sizeof sql, "SELECT count(*) FROM %s.sqlite_master WHERE type='table' AND "
                               "name='%s'", schema, table);
-    if (oq__scalar(db, sql, &n, NULL) != 0) return 0;
+    if (scalar(db, sql, &n, NULL) != 0) return 0;
     return n > 0;
 }
 
-static int oq__run_check(sqlite3 *db, const oq__check_t *ck, int max_examples,
-                         oq_verify_report_t *rep, oq_error_t *err)
+static int run_check(sqlite3 *db, const check_t *ck, int max_examples, oq_verify_report_t *rep,
+                     oq_error_t *err)
 {
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(db, ck->sql, -1, &st, NULL);
@@ -223,7 +232,7 @@ static int oq__run_check(sqlite3 *db, const oq__check_t *ck, int max_examples,
 
 /* Read the accepted call ids (one per line) into temp.accepted; the temp schema is writable
  * on a read-only connection and vanishes with it. */
-static int oq__load_accepted(sqlite3 *db, const char *path, oq_error_t *err)
+static int load_accepted(sqlite3 *db, const char *path, oq_error_t *err)
 {
     FILE *f = fopen(path, "r");
     if (!f) return oq_error_set(err, OQ_EIO, errno, "accepted file %s: %s", path, strerror(errno));
@@ -270,7 +279,7 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
                             strerror(errno));
 
     char puri[4200], curi[4200];
-    if (oq__ro_uri(producer_db, puri, sizeof puri) || oq__ro_uri(consumer_db, curi, sizeof curi))
+    if (ro_uri(producer_db, puri, sizeof puri) || ro_uri(consumer_db, curi, sizeof curi))
         return oq_error_set(err, OQ_EINVAL, 0, "verify: database path too long");
 
     sqlite3 *db = NULL;
@@ -301,16 +310,18 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
         goto out;
     }
     int64_t dummy;
-    rc = oq__scalar(db, "SELECT (SELECT count(*) FROM main.sqlite_master) + "
-                        "(SELECT count(*) FROM c.sqlite_master)", &dummy, err);
+    rc = scalar(db,
+                "SELECT (SELECT count(*) FROM main.sqlite_master) + "
+                "(SELECT count(*) FROM c.sqlite_master)",
+                &dummy, err);
     if (rc != 0) goto out;
-    if (!oq__has_table(db, "main", "calls") || !oq__has_table(db, "main", "audit")) {
+    if (!has_table(db, "main", "calls") || !has_table(db, "main", "audit")) {
         rc = oq_error_set(err, OQ_EDB, 0, "%s is not a producer database (no calls/audit table)",
                           producer_db);
         goto out;
     }
-    if (!oq__has_table(db, "c", "effects") || !oq__has_table(db, "c", "executions") ||
-        !oq__has_table(db, "c", "audit")) {
+    if (!has_table(db, "c", "effects") || !has_table(db, "c", "executions") ||
+        !has_table(db, "c", "audit")) {
         rc = oq_error_set(err, OQ_EDB, 0,
                           "%s is not a consumer database (no effects/executions/audit table)",
                           consumer_db);
@@ -319,37 +330,37 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
 
     static const char *const states[5] = {"pending", "running", "succeeded", "failed",
                                           "needs_review"};
-    if ((rc = oq__scalar(db, "SELECT count(*) FROM main.calls", &rep->calls, err))) goto out;
+    if ((rc = scalar(db, "SELECT count(*) FROM main.calls", &rep->calls, err))) goto out;
     for (int i = 0; i < 5; i++) {
         char sql[128];
         snprintf(sql, sizeof sql, "SELECT count(*) FROM main.calls WHERE state = '%s'", states[i]);
-        if ((rc = oq__scalar(db, sql, &rep->by_state[i], err))) goto out;
+        if ((rc = scalar(db, sql, &rep->by_state[i], err))) goto out;
     }
-    if ((rc = oq__scalar(db, "SELECT count(*) FROM c.effects", &rep->effects, err))) goto out;
+    if ((rc = scalar(db, "SELECT count(*) FROM c.effects", &rep->effects, err))) goto out;
     int64_t distinct = 0;
-    if ((rc = oq__scalar(db, "SELECT count(DISTINCT call_id) FROM c.effects", &distinct, err)))
+    if ((rc = scalar(db, "SELECT count(DISTINCT call_id) FROM c.effects", &distinct, err)))
         goto out;
     rep->duplicates = rep->effects - distinct;
-    if ((rc = oq__scalar(db,
-                         "SELECT count(*) FROM main.calls WHERE state = 'succeeded' AND tool IN "
-                         OQ__EFFECT_TOOLS, &rep->expected_effects, err)))
+    if ((rc = scalar(db,
+                     "SELECT count(*) FROM main.calls WHERE state = 'succeeded' AND tool "
+                     "IN " OQ__EFFECT_TOOLS,
+                     &rep->expected_effects, err)))
         goto out;
     /* Redeliveries absorbed: informative only (unknown = -1, never an error). */
     rep->inbox_duplicates = -1;
-    if (oq__has_table(db, "c", "inbox") &&
-        oq__scalar(db, "SELECT ifnull(sum(seen - 1),0) FROM c.inbox WHERE seen > 1", &dummy,
-                   NULL) == 0)
+    if (has_table(db, "c", "inbox") &&
+        scalar(db, "SELECT ifnull(sum(seen - 1),0) FROM c.inbox WHERE seen > 1", &dummy, NULL) == 0)
         rep->inbox_duplicates = dummy;
 
-    for (size_t i = 0; i < sizeof oq__checks / sizeof oq__checks[0]; i++)
-        if ((rc = oq__run_check(db, &oq__checks[i], max_examples, rep, err))) goto out;
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
+        if ((rc = run_check(db, &checks[i], max_examples, rep, err))) goto out;
     if (opts->accepted_file) {
-        if ((rc = oq__load_accepted(db, opts->accepted_file, err))) goto out;
-        static const oq__check_t acc = {
+        if ((rc = load_accepted(db, opts->accepted_file, err))) goto out;
+        static const check_t acc = {
             OQ_V_ACCEPTED_MISSING,
             "SELECT a.call_id, 'accepted (2xx) but not in calls.db' FROM temp.accepted a"
             " WHERE NOT EXISTS (SELECT 1 FROM main.calls p WHERE p.call_id = a.call_id)"};
-        if ((rc = oq__run_check(db, &acc, max_examples, rep, err))) goto out;
+        if ((rc = run_check(db, &acc, max_examples, rep, err))) goto out;
     }
 
     rep->pending = rep->by_state[0] + rep->by_state[1];
@@ -373,7 +384,7 @@ out:
     return rc;
 }
 
-static int oq__print_json(const oq_verify_report_t *rep, FILE *out)
+static int print_json(const oq_verify_report_t *rep, FILE *out)
 {
     json_t *o = json_object();
     json_t *bs = json_object();
@@ -419,7 +430,7 @@ nomem:
 
 int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
 {
-    if (json) return oq__print_json(rep, out);
+    if (json) return print_json(rep, out);
     fprintf(out, "calls            %lld (pending %lld, running %lld, succeeded %lld, failed %lld, "
                  "needs_review %lld)\n",
             (long long)rep->calls, (long long)rep->by_state[0], (long long)rep->by_state[1],

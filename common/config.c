@@ -31,26 +31,26 @@ typedef struct {
     int64_t i;
     char *s;
     int set; /* given explicitly by the user */
-} oq__value_t;
+} value_t;
 
 typedef struct {
     char *name;
     char *value;
-} oq__kv_t;
+} kv_t;
 
 struct oq_config {
     const oq_setting_t *table;
     size_t n;
-    oq__value_t *vals;
+    value_t *vals;
     const char **pos; /* borrowed from argv */
     int npos, cappos;
-    oq__kv_t *kafka;
+    kv_t *kafka;
     int nkafka, capkafka;
 };
 
 /* --- value parsing ------------------------------------------------------------------------ */
 
-static const oq_setting_t *oq__find(const oq_config_t *c, const char *name, size_t *idx)
+static const oq_setting_t *find(const oq_config_t *c, const char *name, size_t *idx)
 {
     for (size_t i = 0; i < c->n; i++) {
         if (strcmp(c->table[i].name, name) == 0) {
@@ -61,7 +61,7 @@ static const oq_setting_t *oq__find(const oq_config_t *c, const char *name, size
     return NULL;
 }
 
-static int oq__parse_bool(const char *v, int64_t *out)
+static int parse_bool(const char *v, int64_t *out)
 {
     static const char *const yes[] = {"true", "1", "yes", "on"};
     static const char *const no[] = {"false", "0", "no", "off"};
@@ -72,7 +72,7 @@ static int oq__parse_bool(const char *v, int64_t *out)
     return OQ_EINVAL;
 }
 
-static int oq__parse_int(const char *v, int64_t *out)
+static int parse_int(const char *v, int64_t *out)
 {
     char *end;
     errno = 0;
@@ -83,7 +83,7 @@ static int oq__parse_int(const char *v, int64_t *out)
 }
 
 /* Human form of a duration (ms) or size (bytes) for bound messages and --help. */
-static void oq__fmt_value(oq_setting_type_t type, int64_t v, char *out, size_t cap)
+static void fmt_value(oq_setting_type_t type, int64_t v, char *out, size_t cap)
 {
     if (type == OQ_SET_DURATION && v > 0) {
         static const struct {
@@ -116,7 +116,7 @@ static void oq__fmt_value(oq_setting_type_t type, int64_t v, char *out, size_t c
 
 /* Finds \p v among the '|'-separated \p choices (case-insensitive); copies the table's
  * spelling into \p out. */
-static int oq__match_choice(const char *choices, const char *v, char *out, size_t cap)
+static int match_choice(const char *choices, const char *v, char *out, size_t cap)
 {
     size_t vlen = strlen(v);
     for (const char *p = choices; p && *p;) {
@@ -134,17 +134,17 @@ static int oq__match_choice(const char *choices, const char *v, char *out, size_
 
 /* Parses and checks \p text for setting \p s; on success stores into \p val (freeing the
  * previous string). Error messages name the setting as --name. */
-static int oq__store(const oq_setting_t *s, const char *text, oq__value_t *val, oq_error_t *err)
+static int store(const oq_setting_t *s, const char *text, value_t *val, oq_error_t *err)
 {
     int64_t x = 0;
     int rc = 0;
     const char *expect = NULL;
     switch (s->type) {
     case OQ_SET_BOOL:
-        if (oq__parse_bool(text, &x) != 0) expect = "a boolean (true/false/yes/no/on/off/1/0)";
+        if (parse_bool(text, &x) != 0) expect = "a boolean (true/false/yes/no/on/off/1/0)";
         break;
     case OQ_SET_INT:
-        if (oq__parse_int(text, &x) != 0) expect = "integer";
+        if (parse_int(text, &x) != 0) expect = "integer";
         break;
     case OQ_SET_DURATION:
         if (oq_parse_duration_ms(text, &x) != 0) expect = "a duration such as 250ms, 30s, 5m, 24h";
@@ -174,7 +174,7 @@ static int oq__store(const oq_setting_t *s, const char *text, oq__value_t *val, 
     }
     case OQ_SET_ENUM: {
         char word[128];
-        if (oq__match_choice(s->choices, text, word, sizeof(word)) != 0)
+        if (match_choice(s->choices, text, word, sizeof(word)) != 0)
             return oq_error_set(err, OQ_EINVAL, 0, "setting --%s: expected one of %s, got '%s'",
                                 s->name, s->choices ? s->choices : "(none)", text);
         char *dup = strdup(word);
@@ -193,13 +193,13 @@ static int oq__store(const oq_setting_t *s, const char *text, oq__value_t *val, 
     if (s->type != OQ_SET_BOOL && s->min <= s->max) {
         char a[48], b[48];
         if (x < s->min) {
-            oq__fmt_value(s->type, x, a, sizeof(a));
-            oq__fmt_value(s->type, s->min, b, sizeof(b));
+            fmt_value(s->type, x, a, sizeof(a));
+            fmt_value(s->type, s->min, b, sizeof(b));
             rc = oq_error_set(err, OQ_EINVAL, 0, "setting --%s: %s is below the minimum %s",
                               s->name, a, b);
         } else if (x > s->max) {
-            oq__fmt_value(s->type, x, a, sizeof(a));
-            oq__fmt_value(s->type, s->max, b, sizeof(b));
+            fmt_value(s->type, x, a, sizeof(a));
+            fmt_value(s->type, s->max, b, sizeof(b));
             rc = oq_error_set(err, OQ_EINVAL, 0, "setting --%s: %s is above the maximum %s",
                               s->name, a, b);
         }
@@ -227,7 +227,7 @@ oq_config_t *oq_config_new(const oq_setting_t *table, size_t n)
             }
         if (!table[i].def) continue;
         oq_error_t err = {0};
-        if (oq__store(&table[i], table[i].def, &c->vals[i], &err) != 0) {
+        if (store(&table[i], table[i].def, &c->vals[i], &err) != 0) {
             OQ_LOG_ERROR("config", "settings table: bad default: %s", err.msg);
             goto fail;
         }
@@ -256,7 +256,7 @@ void oq_config_destroy(oq_config_t *c)
 
 /* --- setting ------------------------------------------------------------------------------ */
 
-static size_t oq__edit_distance(const char *a, const char *b)
+static size_t edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 63 || lb > 63) return 99;
@@ -274,12 +274,12 @@ static size_t oq__edit_distance(const char *a, const char *b)
     return d[la][lb];
 }
 
-static int oq__unknown(const oq_config_t *c, const char *name, oq_error_t *err)
+static int unknown_setting(const oq_config_t *c, const char *name, oq_error_t *err)
 {
     const char *best = NULL;
     size_t bestd = 3;
     for (size_t i = 0; i < c->n; i++) {
-        size_t d = oq__edit_distance(name, c->table[i].name);
+        size_t d = edit_distance(name, c->table[i].name);
         if (d < bestd) {
             bestd = d;
             best = c->table[i].name;
@@ -294,10 +294,10 @@ static int oq__unknown(const oq_config_t *c, const char *name, oq_error_t *err)
 int oq_config_set(oq_config_t *c, const char *name, const char *value, oq_error_t *err)
 {
     size_t i;
-    const oq_setting_t *s = oq__find(c, name, &i);
-    if (!s) return oq__unknown(c, name, err);
+    const oq_setting_t *s = find(c, name, &i);
+    if (!s) return unknown_setting(c, name, err);
     if (!value) return oq_error_set(err, OQ_EINVAL, 0, "setting --%s needs a value", name);
-    int rc = oq__store(s, value, &c->vals[i], err);
+    int rc = store(s, value, &c->vals[i], err);
     if (rc == 0) c->vals[i].set = 1;
     return rc;
 }
@@ -317,7 +317,7 @@ int oq_config_set_kafka(oq_config_t *c, const char *name, const char *value, oq_
     }
     if (c->nkafka == c->capkafka) {
         int ncap = c->capkafka ? c->capkafka * 2 : 8;
-        oq__kv_t *nk = realloc(c->kafka, (size_t)ncap * sizeof(*nk));
+        kv_t *nk = realloc(c->kafka, (size_t)ncap * sizeof(*nk));
         if (!nk) goto nomem;
         c->kafka = nk;
         c->capkafka = ncap;
@@ -334,7 +334,7 @@ nomem:
 }
 
 /* Splits "name=value" (from -X) and records it. */
-static int oq__set_kafka_pair(oq_config_t *c, const char *pair, oq_error_t *err)
+static int set_kafka_pair(oq_config_t *c, const char *pair, oq_error_t *err)
 {
     const char *eq = strchr(pair, '=');
     if (!eq || eq == pair)
@@ -350,7 +350,7 @@ static int oq__set_kafka_pair(oq_config_t *c, const char *pair, oq_error_t *err)
 
 /* --- config file -------------------------------------------------------------------------- */
 
-static char *oq__trim(char *s)
+static char *trim(char *s)
 {
     while (isspace((unsigned char)*s))
         s++;
@@ -372,7 +372,7 @@ int oq_config_load_file(oq_config_t *c, const char *path, oq_error_t *err)
     oq_error_t e = {0};
     while (getline(&line, &cap, f) >= 0) {
         lineno++;
-        char *p = oq__trim(line);
+        char *p = trim(line);
         if (*p == '\0' || *p == '#') continue;
         /* A '#' preceded by whitespace starts a trailing comment. */
         for (char *h = strchr(p, '#'); h; h = strchr(h + 1, '#'))
@@ -387,7 +387,7 @@ int oq_config_load_file(oq_config_t *c, const char *path, oq_error_t *err)
             goto out;
         }
         *eq = '\0';
-        char *name = oq__trim(p), *value = oq__trim(eq + 1);
+        char *name = trim(p), *value = trim(eq + 1);
         size_t vl = strlen(value);
         if (vl >= 2 && ((value[0] == '"' && value[vl - 1] == '"') ||
                         (value[0] == '\'' && value[vl - 1] == '\''))) {
@@ -418,7 +418,7 @@ out:
 
 /* --- command line ------------------------------------------------------------------------- */
 
-static int oq__add_positional(oq_config_t *c, const char *arg, oq_error_t *err)
+static int add_positional(oq_config_t *c, const char *arg, oq_error_t *err)
 {
     if (c->npos == c->cappos) {
         int ncap = c->cappos ? c->cappos * 2 : 8;
@@ -439,7 +439,7 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
             for (i++; i < argc && rc == 0; i++)
-                rc = oq__add_positional(c, argv[i], err);
+                rc = add_positional(c, argv[i], err);
             break;
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -449,7 +449,7 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
         if (strncmp(a, "-X", 2) == 0) {
             const char *pair = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
             if (!pair) return oq_error_set(err, OQ_EINVAL, 0, "-X needs property=value");
-            rc = oq__set_kafka_pair(c, pair, err);
+            rc = set_kafka_pair(c, pair, err);
             continue;
         }
         if (strcmp(a, "-F") == 0 || strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
@@ -466,20 +466,20 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
             char buf[128];
             if (eq) {
                 size_t nlen = (size_t)(eq - name);
-                if (nlen >= sizeof(buf)) return oq__unknown(c, name, err);
+                if (nlen >= sizeof(buf)) return unknown_setting(c, name, err);
                 memcpy(buf, name, nlen);
                 buf[nlen] = '\0';
                 name = buf;
             }
-            const oq_setting_t *s = oq__find(c, name, NULL);
+            const oq_setting_t *s = find(c, name, NULL);
             if (!s && !eq && strncmp(name, "no-", 3) == 0) {
-                const oq_setting_t *b = oq__find(c, name + 3, NULL);
+                const oq_setting_t *b = find(c, name + 3, NULL);
                 if (b && b->type == OQ_SET_BOOL) {
                     rc = oq_config_set(c, name + 3, "false", err);
                     continue;
                 }
             }
-            if (!s) return oq__unknown(c, name, err);
+            if (!s) return unknown_setting(c, name, err);
             if (eq) {
                 rc = oq_config_set(c, name, eq + 1, err);
             } else if (s->type == OQ_SET_BOOL) {
@@ -493,17 +493,17 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
         }
         if (a[0] == '-' && a[1] != '\0')
             return oq_error_set(err, OQ_EINVAL, 0, "unknown option %s", a);
-        rc = oq__add_positional(c, a, err);
+        rc = add_positional(c, a, err);
     }
     return rc;
 }
 
 /* --- accessors ---------------------------------------------------------------------------- */
 
-static size_t oq__must_find(const oq_config_t *c, const char *name, const char *accessor)
+static size_t must_find(const oq_config_t *c, const char *name, const char *accessor)
 {
     size_t i;
-    if (!oq__find(c, name, &i)) {
+    if (!find(c, name, &i)) {
         fprintf(stderr, "onceq: BUG: %s(\"%s\"): no such setting in this command's table\n",
                 accessor, name);
         abort();
@@ -513,7 +513,7 @@ static size_t oq__must_find(const oq_config_t *c, const char *name, const char *
 
 int64_t oq_config_int(const oq_config_t *c, const char *name)
 {
-    size_t i = oq__must_find(c, name, "oq_config_int");
+    size_t i = must_find(c, name, "oq_config_int");
     oq_setting_type_t t = c->table[i].type;
     if (t == OQ_SET_STRING || t == OQ_SET_ENUM) {
         fprintf(stderr, "onceq: BUG: oq_config_int(\"%s\"): the setting is a string\n", name);
@@ -524,7 +524,7 @@ int64_t oq_config_int(const oq_config_t *c, const char *name)
 
 const char *oq_config_str(const oq_config_t *c, const char *name)
 {
-    size_t i = oq__must_find(c, name, "oq_config_str");
+    size_t i = must_find(c, name, "oq_config_str");
     oq_setting_type_t t = c->table[i].type;
     if (t != OQ_SET_STRING && t != OQ_SET_ENUM) {
         fprintf(stderr, "onceq: BUG: oq_config_str(\"%s\"): the setting is not a string\n", name);
@@ -535,7 +535,7 @@ const char *oq_config_str(const oq_config_t *c, const char *name)
 
 int oq_config_is_set(const oq_config_t *c, const char *name)
 {
-    return c->vals[oq__must_find(c, name, "oq_config_is_set")].set;
+    return c->vals[must_find(c, name, "oq_config_is_set")].set;
 }
 
 int oq_config_npositional(const oq_config_t *c)
@@ -576,9 +576,9 @@ int oq_config_apply_kafka(const oq_config_t *c, void *rd_kafka_conf, oq_error_t 
 /* --- help --------------------------------------------------------------------------------- */
 
 /* snprintf that appends and never runs past \p cap. */
-static void oq__append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+static void append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void oq__append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+static void append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
 {
     if (*n >= cap - 1) return;
     va_list ap;
@@ -588,7 +588,7 @@ static void oq__append(char *buf, size_t cap, size_t *n, const char *fmt, ...)
     if (w > 0) *n = (*n + (size_t)w < cap) ? *n + (size_t)w : cap - 1;
 }
 
-static const char *oq__type_name(oq_setting_type_t t)
+static const char *type_name(oq_setting_type_t t)
 {
     switch (t) {
     case OQ_SET_BOOL:
@@ -620,21 +620,21 @@ void oq_config_print_help(const oq_config_t *c, const char *usage, FILE *out)
         const oq_setting_t *s = &c->table[i];
         char flag[160];
         snprintf(flag, sizeof(flag), "--%s", s->name);
-        fprintf(out, "  %-*s %-8s  %s", w, flag, oq__type_name(s->type), s->doc ? s->doc : "");
+        fprintf(out, "  %-*s %-8s  %s", w, flag, type_name(s->type), s->doc ? s->doc : "");
         char extra[256] = "";
         size_t n = 0;
-        if (s->def) oq__append(extra, sizeof(extra), &n, "default: %s", *s->def ? s->def : "\"\"");
+        if (s->def) append(extra, sizeof(extra), &n, "default: %s", *s->def ? s->def : "\"\"");
         if (s->type == OQ_SET_ENUM && s->choices)
-            oq__append(extra, sizeof(extra), &n, "%sone of: %s", n ? "; " : "", s->choices);
+            append(extra, sizeof(extra), &n, "%sone of: %s", n ? "; " : "", s->choices);
         else if ((s->type == OQ_SET_INT || s->type == OQ_SET_DURATION || s->type == OQ_SET_SIZE) &&
                  s->min <= s->max) {
             char a[48], b[48];
-            oq__fmt_value(s->type, s->min, a, sizeof(a));
-            oq__fmt_value(s->type, s->max, b, sizeof(b));
-            oq__append(extra, sizeof(extra), &n, "%srange: %s..%s", n ? "; " : "", a, b);
+            fmt_value(s->type, s->min, a, sizeof(a));
+            fmt_value(s->type, s->max, b, sizeof(b));
+            append(extra, sizeof(extra), &n, "%srange: %s..%s", n ? "; " : "", a, b);
         } else if (s->type == OQ_SET_STRING && s->max > 0 && s->min <= s->max) {
-            oq__append(extra, sizeof(extra), &n, "%slength: %" PRId64 "..%" PRId64, n ? "; " : "",
-                       s->min, s->max);
+            append(extra, sizeof(extra), &n, "%slength: %" PRId64 "..%" PRId64, n ? "; " : "",
+                   s->min, s->max);
         }
         if (n) fprintf(out, " [%s]", extra);
         fputc('\n', out);

@@ -11,7 +11,7 @@
 static const struct {
     const char *name;
     const char *text;
-} oq__codes[OQ__ECOUNT] = {
+} codes[OQ__ECOUNT] = {
     {"ok", "success"},
     {"invalid", "invalid argument or input"},
     {"nomem", "out of memory"},
@@ -41,11 +41,11 @@ void oq_error_clear(oq_error_t *err)
 }
 
 /* The format attribute lets clang check callers (-Wformat-nonliteral under -Wformat=2). */
-static int oq__error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
-                          va_list ap) __attribute__((format(printf, 5, 0)));
+static int error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
+                      va_list ap) __attribute__((format(printf, 5, 0)));
 
-static int oq__error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
-                          va_list ap)
+static int error_vset(oq_error_t *err, int code, int cause, int retriable, const char *fmt,
+                      va_list ap)
 {
     if (!err) return code;
     err->code = code;
@@ -59,7 +59,7 @@ int oq_error_set(oq_error_t *err, int code, int cause, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int rc = oq__error_vset(err, code, cause, code == OQ_EBUSY || code == OQ_ETIMEDOUT, fmt, ap);
+    int rc = error_vset(err, code, cause, code == OQ_EBUSY || code == OQ_ETIMEDOUT, fmt, ap);
     va_end(ap);
     return rc;
 }
@@ -69,7 +69,7 @@ int oq_error_set_retriable(oq_error_t *err, int code, int cause, int retriable, 
 {
     va_list ap;
     va_start(ap, fmt);
-    int rc = oq__error_vset(err, code, cause, retriable, fmt, ap);
+    int rc = error_vset(err, code, cause, retriable, fmt, ap);
     va_end(ap);
     return rc;
 }
@@ -77,11 +77,11 @@ int oq_error_set_retriable(oq_error_t *err, int code, int cause, int retriable, 
 const char *oq_error_name(int code)
 {
     int i = -code;
-    return (i >= 0 && i < OQ__ECOUNT) ? oq__codes[i].name : "unknown";
+    return (i >= 0 && i < OQ__ECOUNT) ? codes[i].name : "unknown";
 }
 
 const char *oq_strerror(int code)
 {
     int i = -code;
-    return (i >= 0 && i < OQ__ECOUNT) ? oq__codes[i].text : "unknown error";
+    return (i >= 0 && i < OQ__ECOUNT) ? codes[i].text : "unknown error";
 }

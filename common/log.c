@@ -14,31 +14,31 @@
 #include <unistd.h>
 
 oq_log_level_t oq_log_threshold = OQ_LOG_INFO;
-static oq_log_format_t oq__log_format = OQ_LOG_FMT_LOGFMT;
+static oq_log_format_t log_format = OQ_LOG_FMT_LOGFMT;
 
-static const char *const oq__level_names[] = {"debug", "info", "warn", "error", "off"};
+static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
 int oq_log_level_parse(const char *s)
 {
     for (int i = 0; i <= OQ_LOG_OFF; i++)
-        if (s && strcasecmp(s, oq__level_names[i]) == 0) return i;
+        if (s && strcasecmp(s, level_names[i]) == 0) return i;
     return -1;
 }
 
 void oq_log_init(oq_log_level_t level, oq_log_format_t fmt, int from_env)
 {
     oq_log_threshold = level;
-    oq__log_format = fmt;
+    log_format = fmt;
     if (!from_env) return;
     const char *e = getenv("ONCEQ_LOG_LEVEL");
     int l = oq_log_level_parse(e);
     if (l >= 0) oq_log_threshold = (oq_log_level_t)l;
     e = getenv("ONCEQ_LOG_FORMAT");
-    if (e && strcasecmp(e, "json") == 0) oq__log_format = OQ_LOG_FMT_JSON;
+    if (e && strcasecmp(e, "json") == 0) log_format = OQ_LOG_FMT_JSON;
 }
 
 /* Appends \p s quoted for logfmt or JSON (both accept a JSON-style escaped string). */
-static size_t oq__log_quote(char *out, size_t cap, size_t pos, const char *s)
+static size_t log_quote(char *out, size_t cap, size_t pos, const char *s)
 {
     if (pos + 1 < cap) out[pos++] = '"';
     for (; *s && pos + 7 < cap; s++) {
@@ -59,8 +59,8 @@ static size_t oq__log_quote(char *out, size_t cap, size_t pos, const char *s)
     return pos;
 }
 
-static void oq__log_emit(oq_log_level_t level, const char *component, const char *call_id,
-                         const char *msg)
+static void log_emit(oq_log_level_t level, const char *component, const char *call_id,
+                     const char *msg)
 {
     char line[4096];
     size_t pos = 0;
@@ -74,18 +74,18 @@ static void oq__log_emit(oq_log_level_t level, const char *component, const char
              (unsigned)(tm.tm_year + 1900) % 10000u, (unsigned)(tm.tm_mon + 1) % 100u,
              (unsigned)tm.tm_mday % 100u, (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u,
              (unsigned)tm.tm_sec % 100u, (unsigned)(ts.tv_nsec / 1000000) % 1000u);
-    const char *lvl = oq__level_names[level < OQ_LOG_OFF ? level : OQ_LOG_ERROR];
-    if (oq__log_format == OQ_LOG_FMT_JSON) {
+    const char *lvl = level_names[level < OQ_LOG_OFF ? level : OQ_LOG_ERROR];
+    if (log_format == OQ_LOG_FMT_JSON) {
         pos = (size_t)snprintf(line, sizeof(line),
                                "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"component\":", tbuf,
                                lvl, (int)getpid());
-        pos = oq__log_quote(line, sizeof(line), pos, component ? component : "onceq");
+        pos = log_quote(line, sizeof(line), pos, component ? component : "onceq");
         if (call_id) {
             pos += (size_t)snprintf(line + pos, sizeof(line) - pos, ",\"call_id\":");
-            pos = oq__log_quote(line, sizeof(line), pos, call_id);
+            pos = log_quote(line, sizeof(line), pos, call_id);
         }
         pos += (size_t)snprintf(line + pos, sizeof(line) - pos, ",\"msg\":");
-        pos = oq__log_quote(line, sizeof(line), pos, msg);
+        pos = log_quote(line, sizeof(line), pos, msg);
         if (pos + 2 < sizeof(line)) line[pos++] = '}';
     } else {
         pos = (size_t)snprintf(line, sizeof(line), "ts=%s level=%s pid=%d component=%s", tbuf, lvl,
@@ -96,7 +96,7 @@ static void oq__log_emit(oq_log_level_t level, const char *component, const char
             memcpy(line + pos, " msg=", 5);
             pos += 5;
         }
-        pos = oq__log_quote(line, sizeof(line), pos, msg);
+        pos = log_quote(line, sizeof(line), pos, msg);
     }
     if (pos >= sizeof(line)) pos = sizeof(line) - 1;
     line[pos++] = '\n';
@@ -112,7 +112,7 @@ void oq_log_write(oq_log_level_t level, const char *component, const char *call_
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    oq__log_emit(level, component, call_id, msg);
+    log_emit(level, component, call_id, msg);
 }
 
 void oq_log_rdkafka_cb(const struct rd_kafka_s *rk, int level, const char *fac, const char *buf)

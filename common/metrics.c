@@ -33,13 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OQ__COUNTER, OQ__GAUGE, OQ__HISTOGRAM } oq__mtype_t;
+typedef enum { OQ__COUNTER, OQ__GAUGE, OQ__HISTOGRAM } mtype_t;
 
 struct oq_metric {
     char *name;
     char *help;
     char *labels; /* NULL or `k="v",...` */
-    oq__mtype_t type;
+    mtype_t type;
     _Atomic uint64_t value; /* counter: count; gauge: double bits */
     size_t nb;              /* histogram bounds (excluding +Inf) */
     double *bounds;
@@ -55,25 +55,25 @@ struct oq_metrics {
     void *collect_arg;
 };
 
-static uint64_t oq__d2u(double d)
+static uint64_t d2u(double d)
 {
     uint64_t u;
     memcpy(&u, &d, sizeof(u));
     return u;
 }
 
-static double oq__u2d(uint64_t u)
+static double u2d(uint64_t u)
 {
     double d;
     memcpy(&d, &u, sizeof(d));
     return d;
 }
 
-static void oq__atomic_add_double(_Atomic uint64_t *a, double d)
+static void atomic_add_double(_Atomic uint64_t *a, double d)
 {
     uint64_t old = atomic_load_explicit(a, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(a, &old, oq__d2u(oq__u2d(old) + d),
-                                                  memory_order_relaxed, memory_order_relaxed))
+    while (!atomic_compare_exchange_weak_explicit(a, &old, d2u(u2d(old) + d), memory_order_relaxed,
+                                                  memory_order_relaxed))
         ;
 }
 
@@ -87,7 +87,7 @@ oq_metrics_t *oq_metrics_new(void)
     return m;
 }
 
-static void oq__metric_free(oq_metric_t *mt)
+static void metric_free(oq_metric_t *mt)
 {
     if (!mt) return;
     free(mt->name);
@@ -103,7 +103,7 @@ void oq_metrics_destroy(oq_metrics_t *m)
     if (!m) return;
     for (oq_metric_t *mt = m->head, *next; mt; mt = next) {
         next = mt->next;
-        oq__metric_free(mt);
+        metric_free(mt);
     }
     pthread_mutex_destroy(&m->mu);
     free(m);
@@ -117,7 +117,7 @@ void oq_metrics_set_collect_cb(oq_metrics_t *m, oq_metrics_collect_cb_t *cb, voi
     pthread_mutex_unlock(&m->mu);
 }
 
-static int oq__valid_name(const char *s)
+static int valid_name(const char *s)
 {
     if (!s || !*s) return 0;
     for (const char *p = s; *p; p++) {
@@ -129,17 +129,17 @@ static int oq__valid_name(const char *s)
     return 1;
 }
 
-static int oq__same_labels(const char *a, const char *b)
+static int same_labels(const char *a, const char *b)
 {
     if (!a || !*a) return !b || !*b;
     return b && strcmp(a, b) == 0;
 }
 
-static oq_metric_t *oq__register(oq_metrics_t *m, oq__mtype_t type, const char *name,
-                                 const char *help, const char *labels, const double *bounds,
-                                 size_t nb)
+static oq_metric_t *metric_register(oq_metrics_t *m, mtype_t type, const char *name,
+                                    const char *help, const char *labels, const double *bounds,
+                                    size_t nb)
 {
-    if (!m || !oq__valid_name(name)) {
+    if (!m || !valid_name(name)) {
         OQ_LOG_ERROR("metrics", "invalid metric name '%s'", name ? name : "(null)");
         return NULL;
     }
@@ -151,7 +151,7 @@ static oq_metric_t *oq__register(oq_metrics_t *m, oq__mtype_t type, const char *
             OQ_LOG_ERROR("metrics", "metric %s registered twice with different types", name);
             goto out;
         }
-        if (oq__same_labels(mt->labels, labels)) {
+        if (same_labels(mt->labels, labels)) {
             res = mt;
             goto out;
         }
@@ -183,7 +183,7 @@ static oq_metric_t *oq__register(oq_metrics_t *m, oq__mtype_t type, const char *
     res = mt;
     goto out;
 fail:
-    oq__metric_free(mt);
+    metric_free(mt);
 out:
     pthread_mutex_unlock(&m->mu);
     return res;
@@ -192,20 +192,20 @@ out:
 oq_metric_t *oq_metrics_counter(oq_metrics_t *m, const char *name, const char *help,
                                 const char *labels)
 {
-    return oq__register(m, OQ__COUNTER, name, help, labels, NULL, 0);
+    return metric_register(m, OQ__COUNTER, name, help, labels, NULL, 0);
 }
 
 oq_metric_t *oq_metrics_gauge(oq_metrics_t *m, const char *name, const char *help,
                               const char *labels)
 {
-    return oq__register(m, OQ__GAUGE, name, help, labels, NULL, 0);
+    return metric_register(m, OQ__GAUGE, name, help, labels, NULL, 0);
 }
 
 oq_metric_t *oq_metrics_histogram(oq_metrics_t *m, const char *name, const char *help,
                                   const char *labels, const double *bounds, size_t n)
 {
     if (n && !bounds) return NULL;
-    return oq__register(m, OQ__HISTOGRAM, name, help, labels, bounds, n);
+    return metric_register(m, OQ__HISTOGRAM, name, help, labels, bounds, n);
 }
 
 /* --- updates ------------------------------------------------------------------------------ */
@@ -217,13 +217,12 @@ void oq_counter_add(oq_metric_t *c, uint64_t n)
 
 void oq_gauge_set(oq_metric_t *g, double v)
 {
-    if (g && g->type == OQ__GAUGE)
-        atomic_store_explicit(&g->value, oq__d2u(v), memory_order_relaxed);
+    if (g && g->type == OQ__GAUGE) atomic_store_explicit(&g->value, d2u(v), memory_order_relaxed);
 }
 
 void oq_gauge_add(oq_metric_t *g, double d)
 {
-    if (g && g->type == OQ__GAUGE) oq__atomic_add_double(&g->value, d);
+    if (g && g->type == OQ__GAUGE) atomic_add_double(&g->value, d);
 }
 
 void oq_histogram_observe(oq_metric_t *h, double v)
@@ -233,7 +232,7 @@ void oq_histogram_observe(oq_metric_t *h, double v)
     while (i < h->nb && v > h->bounds[i])
         i++; /* few buckets: a scan beats bsearch */
     atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
-    oq__atomic_add_double(&h->sum, v);
+    atomic_add_double(&h->sum, v);
 }
 
 double oq_metric_value(const oq_metric_t *mt)
@@ -241,7 +240,7 @@ double oq_metric_value(const oq_metric_t *mt)
     if (!mt) return 0;
     uint64_t u = atomic_load_explicit(&((oq_metric_t *)mt)->value, memory_order_relaxed);
     if (mt->type == OQ__COUNTER) return (double)u;
-    if (mt->type == OQ__GAUGE) return oq__u2d(u);
+    if (mt->type == OQ__GAUGE) return u2d(u);
     uint64_t n = 0;
     for (size_t i = 0; i <= mt->nb; i++)
         n += atomic_load_explicit(&((oq_metric_t *)mt)->buckets[i], memory_order_relaxed);
@@ -254,10 +253,10 @@ typedef struct {
     char *buf;
     size_t len, cap;
     int oom;
-} oq__sb_t;
+} sb_t;
 
-static void oq__sb_printf(oq__sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void oq__sb_printf(oq__sb_t *sb, const char *fmt, ...)
+static void sb_printf(sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sb_t *sb, const char *fmt, ...)
 {
     if (sb->oom) return;
     for (;;) {
@@ -288,7 +287,7 @@ static void oq__sb_printf(oq__sb_t *sb, const char *fmt, ...)
 
 /* Prometheus number: integers without exponent or fraction, otherwise the shortest %g form
  * that reads back exactly; NaN and infinities spelled as the format wants. */
-static void oq__fmt_num(double v, char out[40])
+static void fmt_num(double v, char out[40])
 {
     if (isnan(v)) {
         strcpy(out, "NaN");
@@ -304,35 +303,35 @@ static void oq__fmt_num(double v, char out[40])
     }
 }
 
-static void oq__sb_escaped_help(oq__sb_t *sb, const char *s)
+static void sb_escaped_help(sb_t *sb, const char *s)
 {
     if (!strpbrk(s, "\\\n")) {
-        oq__sb_printf(sb, "%s", s);
+        sb_printf(sb, "%s", s);
         return;
     }
     for (; *s; s++) {
         if (*s == '\\')
-            oq__sb_printf(sb, "\\\\");
+            sb_printf(sb, "\\\\");
         else if (*s == '\n')
-            oq__sb_printf(sb, "\\n");
+            sb_printf(sb, "\\n");
         else
-            oq__sb_printf(sb, "%c", *s);
+            sb_printf(sb, "%c", *s);
     }
 }
 
-static void oq__render_metric(oq__sb_t *sb, oq_metric_t *mt)
+static void render_metric(sb_t *sb, oq_metric_t *mt)
 {
     char num[40];
     const char *lb = mt->labels ? mt->labels : "";
     const char *open = mt->labels ? "{" : "", *close = mt->labels ? "}" : "";
     uint64_t u = atomic_load_explicit(&mt->value, memory_order_relaxed);
     if (mt->type == OQ__COUNTER) {
-        oq__sb_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
+        sb_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
         return;
     }
     if (mt->type == OQ__GAUGE) {
-        oq__fmt_num(oq__u2d(u), num);
-        oq__sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
+        fmt_num(u2d(u), num);
+        sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
         return;
     }
     uint64_t cum = 0;
@@ -340,21 +339,21 @@ static void oq__render_metric(oq__sb_t *sb, oq_metric_t *mt)
     for (size_t i = 0; i <= mt->nb; i++) {
         cum += atomic_load_explicit(&mt->buckets[i], memory_order_relaxed);
         if (i < mt->nb)
-            oq__fmt_num(mt->bounds[i], num);
+            fmt_num(mt->bounds[i], num);
         else
             strcpy(num, "+Inf");
-        oq__sb_printf(sb, "%s_bucket{%s%sle=\"%s\"} %llu\n", mt->name, lb, sep, num,
-                      (unsigned long long)cum);
+        sb_printf(sb, "%s_bucket{%s%sle=\"%s\"} %llu\n", mt->name, lb, sep, num,
+                  (unsigned long long)cum);
     }
-    oq__fmt_num(oq__u2d(atomic_load_explicit(&mt->sum, memory_order_relaxed)), num);
-    oq__sb_printf(sb, "%s_sum%s%s%s %s\n", mt->name, open, lb, close, num);
-    oq__sb_printf(sb, "%s_count%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)cum);
+    fmt_num(u2d(atomic_load_explicit(&mt->sum, memory_order_relaxed)), num);
+    sb_printf(sb, "%s_sum%s%s%s %s\n", mt->name, open, lb, close, num);
+    sb_printf(sb, "%s_count%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)cum);
 }
 
 int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
 {
     static const char *const tnames[] = {"counter", "gauge", "histogram"};
-    oq__sb_t sb = {.buf = malloc(4096), .cap = 4096};
+    sb_t sb = {.buf = malloc(4096), .cap = 4096};
     *out = NULL;
     if (out_len) *out_len = 0;
     if (!sb.buf) return OQ_ENOMEM;
@@ -370,11 +369,11 @@ int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
                 break;
             }
         if (seen) continue;
-        oq__sb_printf(&sb, "# HELP %s ", fam->name);
-        oq__sb_escaped_help(&sb, fam->help);
-        oq__sb_printf(&sb, "\n# TYPE %s %s\n", fam->name, tnames[fam->type]);
+        sb_printf(&sb, "# HELP %s ", fam->name);
+        sb_escaped_help(&sb, fam->help);
+        sb_printf(&sb, "\n# TYPE %s %s\n", fam->name, tnames[fam->type]);
         for (oq_metric_t *mt = fam; mt; mt = mt->next)
-            if (strcmp(mt->name, fam->name) == 0) oq__render_metric(&sb, mt);
+            if (strcmp(mt->name, fam->name) == 0) render_metric(&sb, mt);
     }
     pthread_mutex_unlock(&m->mu);
     if (sb.oom) {
@@ -427,8 +426,8 @@ int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *er
     return 0;
 }
 
-static enum MHD_Result oq__reply(struct MHD_Connection *conn, unsigned status, char *body,
-                                 size_t len, enum MHD_ResponseMemoryMode mode, const char *ctype)
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
+                             enum MHD_ResponseMemoryMode mode, const char *ctype)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
     if (!r) {
@@ -441,9 +440,9 @@ static enum MHD_Result oq__reply(struct MHD_Connection *conn, unsigned status, c
     return ret;
 }
 
-static enum MHD_Result oq__handle(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version, const char *upload_data,
-                                  size_t *upload_data_size, void **ctx)
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **ctx)
 {
     oq_metrics_server_t *s = cls;
     static int first_call_marker;
@@ -461,24 +460,23 @@ static enum MHD_Result oq__handle(void *cls, struct MHD_Connection *conn, const 
     int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (strcmp(url, "/metrics") == 0 || strcmp(url, "/healthz") == 0) {
         if (!get)
-            return oq__reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
-                             sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT, "text/plain");
+            return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof(not_allowed) - 1,
+                         MHD_RESPMEM_PERSISTENT, "text/plain");
         if (url[1] == 'h')
-            return oq__reply(conn, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
-                             "text/plain");
+            return reply(conn, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
+                         "text/plain");
         char *text = NULL;
         size_t len = 0;
         if (oq_metrics_render(s->m, &text, &len) != 0) return MHD_NO;
-        return oq__reply(conn, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE,
-                         "text/plain; version=0.0.4; charset=utf-8");
+        return reply(conn, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE,
+                     "text/plain; version=0.0.4; charset=utf-8");
     }
-    return oq__reply(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
-                     MHD_RESPMEM_PERSISTENT, "text/plain");
+    return reply(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1, MHD_RESPMEM_PERSISTENT,
+                 "text/plain");
 }
 
-static void oq__mhd_log(void *cls, const char *fmt, va_list ap)
-    __attribute__((format(printf, 2, 0)));
-static void oq__mhd_log(void *cls, const char *fmt, va_list ap)
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     char msg[512];
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -509,8 +507,8 @@ oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_er
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
     s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, oq__handle, s, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sin, MHD_OPTION_EXTERNAL_LOGGER, oq__mhd_log, NULL,
+                            (uint16_t)port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sin, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!s->d) {

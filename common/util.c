@@ -147,12 +147,12 @@ void oq_sleep_ms(int64_t ms, volatile int *stop)
 typedef struct {
     const char *suffix;
     int64_t mult;
-} oq__unit_t;
+} unit_t;
 
 /* A non-negative decimal number ("1", "1.5", ".5") optionally followed by one of \p units.
  * Only plain decimals are accepted: strtod alone would also take "nan", "inf", hex and
  * exponents, and NaN would then be converted to an integer (undefined behaviour). */
-static int oq__parse_scaled(const char *s, int64_t *out, const oq__unit_t *units, size_t nunits)
+static int parse_scaled(const char *s, int64_t *out, const unit_t *units, size_t nunits)
 {
     if (!s || !*s) return OQ_EINVAL;
     size_t span = strspn(s, "0123456789.");
@@ -178,37 +178,37 @@ static int oq__parse_scaled(const char *s, int64_t *out, const oq__unit_t *units
 
 int oq_parse_duration_ms(const char *s, int64_t *out)
 {
-    static const oq__unit_t units[] = {
+    static const unit_t units[] = {
         {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
-    return oq__parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
+    return parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
 }
 
 int oq_parse_size(const char *s, int64_t *out)
 {
-    static const oq__unit_t units[] = {
-        {"b", 1},           {"k", 1024},       {"kb", 1000},       {"kib", 1024},
-        {"m", 1048576},     {"mb", 1000000},   {"mib", 1048576},   {"g", 1073741824},
-        {"gb", 1000000000}, {"gib", 1073741824}};
-    return oq__parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
+    static const unit_t units[] = {{"b", 1},           {"k", 1024},       {"kb", 1000},
+                                   {"kib", 1024},      {"m", 1048576},    {"mb", 1000000},
+                                   {"mib", 1048576},   {"g", 1073741824}, {"gb", 1000000000},
+                                   {"gib", 1073741824}};
+    return parse_scaled(s, out, units, sizeof(units) / sizeof(units[0]));
 }
 
 /* --- crash points -------------------------------------------------------------------------- */
 
 int oq__crash_armed = -1;
-static const char *oq__crash_spec;
+static const char *crash_spec;
 
 void oq__crash_check(const char *point)
 {
     if (oq__crash_armed < 0) {
-        oq__crash_spec = getenv("ONCEQ_CRASH_AT");
-        oq__crash_armed = (oq__crash_spec && *oq__crash_spec) ? 1 : 0;
+        crash_spec = getenv("ONCEQ_CRASH_AT");
+        oq__crash_armed = (crash_spec && *crash_spec) ? 1 : 0;
         if (!oq__crash_armed) return;
     }
     /* spec: name[@N][,name[@N]...]; each entry counts its own hits */
     static _Atomic long hits[32];
     size_t plen = strlen(point);
     size_t entry = 0;
-    for (const char *p = oq__crash_spec; p && *p; entry++) {
+    for (const char *p = crash_spec; p && *p; entry++) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         const char *at = memchr(p, '@', len);

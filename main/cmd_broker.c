@@ -16,9 +16,9 @@
  * EOF, and poll() never spins on POLLHUP. A FIFO has no reply path, so every command's outcome
  * is logged (component broker) and appended as one line to `<control>.log` ("ok down 2",
  * "err unknown command 'x'"), which scripts poll for the ack (tests/integration/lib.sh:
- * oq_broker_ctl). Commands are listed in oq__usage below.
+ * oq_broker_ctl). Commands are listed in broker_usage below.
  *
- * What the mock does not do (see shared BROKER-NOTES): retention is ~5 MiB per partition in
+ * What the mock does not do: retention is ~5 MiB per partition in
  * memory, nothing survives a restart, no broker-side dedupe for idempotent producers, no
  * transactions, slow rebalances, no admin API (so topics are created here).
  */
@@ -47,7 +47,7 @@
 #define OQ_BROKER_MAX 16
 #define OQ_CTL_LINE_MAX 1024
 
-static const char oq__usage[] =
+static const char broker_usage[] =
     "usage: onceq broker [--brokers N] [--partitions N] [--bootstrap-file PATH]\n"
     "                    [--control PATH] [--topics a,b:12,...] [-X kafka.prop=value]\n"
     "\n"
@@ -79,7 +79,7 @@ static const char oq__usage[] =
     "ERR: a librdkafka error name without RD_KAFKA_RESP_ERR_ (e.g. REQUEST_TIMED_OUT,\n"
     "_TRANSPORT to disconnect), or a number.";
 
-static const oq_setting_t oq__broker_settings[] = {
+static const oq_setting_t broker_settings[] = {
     {"brokers", OQ_SET_INT, "3", 1, OQ_BROKER_MAX, NULL, "number of mock brokers (ids 1..N)"},
     {"partitions", OQ_SET_INT, "6", 1, 1024, NULL, "partitions of each onceq topic"},
     {"bootstrap-file", OQ_SET_STRING, NULL, 0, 4096, NULL,
@@ -90,26 +90,42 @@ static const oq_setting_t oq__broker_settings[] = {
      "extra topics, comma-separated NAME or NAME:PARTITIONS"},
 };
 
-static volatile sig_atomic_t oq__broker_stop;
+static volatile sig_atomic_t broker_stop;
 
-static void oq__broker_on_signal(int sig)
+static void broker_on_signal(int sig)
 {
-    oq__broker_stop = sig;
+    broker_stop = sig;
 }
 
 /* Kafka protocol API keys (the RD_KAFKAP_* values are not in librdkafka's public headers). */
 static const struct {
     const char *name;
     int16_t key;
-} oq__apis[] = {
-    {"Produce", 0},          {"Fetch", 1},           {"ListOffsets", 2},
-    {"Metadata", 3},         {"OffsetCommit", 8},    {"OffsetFetch", 9},
-    {"FindCoordinator", 10}, {"JoinGroup", 11},      {"Heartbeat", 12},
-    {"LeaveGroup", 13},      {"SyncGroup", 14},      {"DescribeGroups", 15},
-    {"ListGroups", 16},      {"SaslHandshake", 17},  {"ApiVersions", 18},
-    {"CreateTopics", 19},    {"DeleteTopics", 20},   {"DeleteRecords", 21},
-    {"InitProducerId", 22},  {"OffsetForLeaderEpoch", 23}, {"AddPartitionsToTxn", 24},
-    {"AddOffsetsToTxn", 25}, {"EndTxn", 26},         {"TxnOffsetCommit", 28},
+} apis[] = {
+    {"Produce", 0},
+    {"Fetch", 1},
+    {"ListOffsets", 2},
+    {"Metadata", 3},
+    {"OffsetCommit", 8},
+    {"OffsetFetch", 9},
+    {"FindCoordinator", 10},
+    {"JoinGroup", 11},
+    {"Heartbeat", 12},
+    {"LeaveGroup", 13},
+    {"SyncGroup", 14},
+    {"DescribeGroups", 15},
+    {"ListGroups", 16},
+    {"SaslHandshake", 17},
+    {"ApiVersions", 18},
+    {"CreateTopics", 19},
+    {"DeleteTopics", 20},
+    {"DeleteRecords", 21},
+    {"InitProducerId", 22},
+    {"OffsetForLeaderEpoch", 23},
+    {"AddPartitionsToTxn", 24},
+    {"AddOffsetsToTxn", 25},
+    {"EndTxn", 26},
+    {"TxnOffsetCommit", 28},
 };
 #define OQ__API_KEY_MAX 70 /* clear sweeps 0..this */
 
@@ -121,9 +137,9 @@ typedef struct {
     int down[OQ_BROKER_MAX + 1];
     int rtt[OQ_BROKER_MAX + 1];
     int ack_fd; /* <control>.log, O_APPEND; -1 without a control channel */
-} oq_broker_t;
+} broker_t;
 
-static int oq__parse_long(const char *s, long lo, long hi, long *out)
+static int parse_long(const char *s, long lo, long hi, long *out)
 {
     char *end;
     if (!s || !*s) return -1;
@@ -134,16 +150,16 @@ static int oq__parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-static int oq__api_key(const char *s, int16_t *out)
+static int api_key(const char *s, int16_t *out)
 {
     long v;
-    for (size_t i = 0; i < sizeof(oq__apis) / sizeof(oq__apis[0]); i++) {
-        if (strcasecmp(s, oq__apis[i].name) == 0) {
-            *out = oq__apis[i].key;
+    for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++) {
+        if (strcasecmp(s, apis[i].name) == 0) {
+            *out = apis[i].key;
             return 0;
         }
     }
-    if (oq__parse_long(s, 0, OQ__API_KEY_MAX, &v) == 0) {
+    if (parse_long(s, 0, OQ__API_KEY_MAX, &v) == 0) {
         *out = (int16_t)v;
         return 0;
     }
@@ -151,7 +167,7 @@ static int oq__api_key(const char *s, int16_t *out)
 }
 
 /* Error by name, scanning librdkafka's own table so every code it knows is accepted. */
-static int oq__err_code(const char *s, rd_kafka_resp_err_t *out)
+static int err_code(const char *s, rd_kafka_resp_err_t *out)
 {
     const struct rd_kafka_err_desc *descs;
     size_t n;
@@ -168,7 +184,7 @@ static int oq__err_code(const char *s, rd_kafka_resp_err_t *out)
             return 0;
         }
     }
-    if (oq__parse_long(s, -200, 200, &v) == 0) {
+    if (parse_long(s, -200, 200, &v) == 0) {
         *out = (rd_kafka_resp_err_t)v;
         return 0;
     }
@@ -176,22 +192,22 @@ static int oq__err_code(const char *s, rd_kafka_resp_err_t *out)
 }
 
 /* Broker id 1..N, or "all"/-1 for every broker. */
-static int oq__broker_id(const oq_broker_t *b, const char *s, int32_t *out)
+static int broker_id(const broker_t *b, const char *s, int32_t *out)
 {
     long v;
     if (s && (strcasecmp(s, "all") == 0 || strcmp(s, "-1") == 0)) {
         *out = -1;
         return 0;
     }
-    if (oq__parse_long(s, 1, b->nbrokers, &v) != 0) return -1;
+    if (parse_long(s, 1, b->nbrokers, &v) != 0) return -1;
     *out = (int32_t)v;
     return 0;
 }
 
 /* One ack line: logged, and appended to <control>.log with a single write(2). */
-static void oq__ack(oq_broker_t *b, int ok, const char *fmt, ...)
+static void ctl_ack(broker_t *b, int ok, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void oq__ack(oq_broker_t *b, int ok, const char *fmt, ...)
+static void ctl_ack(broker_t *b, int ok, const char *fmt, ...)
 {
     char line[OQ_CTL_LINE_MAX + 512];
     int n = snprintf(line, sizeof(line), "%s ", ok ? "ok" : "err");
@@ -211,13 +227,13 @@ static void oq__ack(oq_broker_t *b, int ok, const char *fmt, ...)
     }
 }
 
-static void oq__set_down(oq_broker_t *b, int32_t id, int down)
+static void set_down(broker_t *b, int32_t id, int down)
 {
     for (int i = 1; i <= b->nbrokers; i++)
         if (id == -1 || id == i) b->down[i] = down;
 }
 
-static void oq__status(oq_broker_t *b)
+static void ctl_status(broker_t *b)
 {
     char downs[128] = "", rtts[256] = "";
     size_t dl = 0, rl = 0;
@@ -236,12 +252,12 @@ static void oq__status(oq_broker_t *b)
         if (rd_kafka_mock_broker_error_stack_cnt(b->mc, i, 0 /* Produce */, &cnt)) cnt = 0;
         pl += (size_t)snprintf(pend + pl, sizeof(pend) - pl, "%s%d:%zu", pl ? "," : "", i, cnt);
     }
-    oq__ack(b, 1, "status brokers=%d down=%s rtt_ms=%s pending_produce=%s bootstrap=%s",
+    ctl_ack(b, 1, "status brokers=%d down=%s rtt_ms=%s pending_produce=%s bootstrap=%s",
             b->nbrokers, dl ? downs : "none", rtts, pend, b->bootstraps);
 }
 
 /* Execute one command line (already stripped of its newline). */
-static void oq__command(oq_broker_t *b, char *line)
+static void ctl_command(broker_t *b, char *line)
 {
     char *argv[8], *save = NULL, *tok;
     int argc = 0;
@@ -256,115 +272,115 @@ static void oq__command(oq_broker_t *b, char *line)
         argv[argc++] = tok;
     if (argc == 0 || argv[0][0] == '#') return;
     if (tok) {
-        oq__ack(b, 0, "too many arguments: %s", orig);
+        ctl_ack(b, 0, "too many arguments: %s", orig);
         return;
     }
     const char *cmd = argv[0];
 
     if ((strcmp(cmd, "down") == 0 || strcmp(cmd, "up") == 0) && argc == 2) {
         int down = cmd[0] == 'd';
-        if (oq__broker_id(b, argv[1], &id) != 0) goto bad_broker;
+        if (broker_id(b, argv[1], &id) != 0) goto bad_broker;
         kerr = down ? rd_kafka_mock_broker_set_down(b->mc, id)
                     : rd_kafka_mock_broker_set_up(b->mc, id);
         if (kerr) goto kafka_err;
-        oq__set_down(b, id, down);
-        oq__ack(b, 1, "%s", orig);
+        set_down(b, id, down);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "rtt") == 0 && argc == 3) {
-        if (oq__broker_id(b, argv[1], &id) != 0) goto bad_broker;
-        if (oq__parse_long(argv[2], 0, 600000, &v) != 0) {
-            oq__ack(b, 0, "bad rtt (0..600000 ms): %s", orig);
+        if (broker_id(b, argv[1], &id) != 0) goto bad_broker;
+        if (parse_long(argv[2], 0, 600000, &v) != 0) {
+            ctl_ack(b, 0, "bad rtt (0..600000 ms): %s", orig);
             return;
         }
         if ((kerr = rd_kafka_mock_broker_set_rtt(b->mc, id, (int)v))) goto kafka_err;
         for (int i = 1; i <= b->nbrokers; i++)
             if (id == -1 || id == i) b->rtt[i] = (int)v;
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "error") == 0 && (argc == 3 || argc == 4)) {
         count = 1;
-        if (oq__api_key(argv[1], &api) != 0) goto bad_api;
-        if (oq__err_code(argv[2], &code) != 0) goto bad_err;
-        if (argc == 4 && oq__parse_long(argv[3], 1, 100000, &count) != 0) {
-            oq__ack(b, 0, "bad count (1..100000): %s", orig);
+        if (api_key(argv[1], &api) != 0) goto bad_api;
+        if (err_code(argv[2], &code) != 0) goto bad_err;
+        if (argc == 4 && parse_long(argv[3], 1, 100000, &count) != 0) {
+            ctl_ack(b, 0, "bad count (1..100000): %s", orig);
             return;
         }
         rd_kafka_resp_err_t *errs = malloc(sizeof(*errs) * (size_t)count);
         if (!errs) {
-            oq__ack(b, 0, "out of memory: %s", orig);
+            ctl_ack(b, 0, "out of memory: %s", orig);
             return;
         }
         for (long i = 0; i < count; i++) errs[i] = code;
         rd_kafka_mock_push_request_errors_array(b->mc, api, (size_t)count, errs);
         free(errs);
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "error_rtt") == 0 && (argc == 5 || argc == 6)) {
         count = 1;
-        if (oq__broker_id(b, argv[1], &id) != 0 || id == -1) goto bad_broker;
-        if (oq__api_key(argv[2], &api) != 0) goto bad_api;
-        if (oq__err_code(argv[3], &code) != 0) goto bad_err;
-        if (oq__parse_long(argv[4], 0, 600000, &v) != 0) {
-            oq__ack(b, 0, "bad rtt (0..600000 ms): %s", orig);
+        if (broker_id(b, argv[1], &id) != 0 || id == -1) goto bad_broker;
+        if (api_key(argv[2], &api) != 0) goto bad_api;
+        if (err_code(argv[3], &code) != 0) goto bad_err;
+        if (parse_long(argv[4], 0, 600000, &v) != 0) {
+            ctl_ack(b, 0, "bad rtt (0..600000 ms): %s", orig);
             return;
         }
-        if (argc == 6 && oq__parse_long(argv[5], 1, 10000, &count) != 0) {
-            oq__ack(b, 0, "bad count (1..10000): %s", orig);
+        if (argc == 6 && parse_long(argv[5], 1, 10000, &count) != 0) {
+            ctl_ack(b, 0, "bad count (1..10000): %s", orig);
             return;
         }
         for (long i = 0; i < count && !kerr; i++)
             kerr = rd_kafka_mock_broker_push_request_error_rtts(b->mc, id, api, 1, code, (int)v);
         if (kerr) goto kafka_err;
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "leader") == 0 && argc == 4) {
-        if (oq__parse_long(argv[2], 0, 1 << 20, &v) != 0) {
-            oq__ack(b, 0, "bad partition: %s", orig);
+        if (parse_long(argv[2], 0, 1 << 20, &v) != 0) {
+            ctl_ack(b, 0, "bad partition: %s", orig);
             return;
         }
-        if (oq__broker_id(b, argv[3], &id) != 0) goto bad_broker;
+        if (broker_id(b, argv[3], &id) != 0) goto bad_broker;
         if ((kerr = rd_kafka_mock_partition_set_leader(b->mc, argv[1], (int32_t)v, id)))
             goto kafka_err;
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "topic_error") == 0 && argc == 3) {
-        if (oq__err_code(argv[2], &code) != 0) goto bad_err;
+        if (err_code(argv[2], &code) != 0) goto bad_err;
         rd_kafka_mock_topic_set_error(b->mc, argv[1], code);
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "coordinator") == 0 && argc == 4) {
         if (strcmp(argv[1], "group") != 0 && strcmp(argv[1], "transaction") != 0) {
-            oq__ack(b, 0, "coordinator type must be group or transaction: %s", orig);
+            ctl_ack(b, 0, "coordinator type must be group or transaction: %s", orig);
             return;
         }
-        if (oq__broker_id(b, argv[3], &id) != 0 || id == -1) goto bad_broker;
+        if (broker_id(b, argv[3], &id) != 0 || id == -1) goto bad_broker;
         if ((kerr = rd_kafka_mock_coordinator_set(b->mc, argv[1], argv[2], id))) goto kafka_err;
-        oq__ack(b, 1, "%s", orig);
+        ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "clear") == 0 && argc == 1) {
         for (int16_t k = 0; k <= OQ__API_KEY_MAX; k++) rd_kafka_mock_clear_request_errors(b->mc, k);
         rd_kafka_mock_broker_set_up(b->mc, -1);
         rd_kafka_mock_broker_set_rtt(b->mc, -1, 0);
-        oq__set_down(b, -1, 0);
+        set_down(b, -1, 0);
         for (int i = 1; i <= b->nbrokers; i++) b->rtt[i] = 0;
-        oq__ack(b, 1, "clear");
+        ctl_ack(b, 1, "clear");
     } else if (strcmp(cmd, "status") == 0 && argc == 1) {
-        oq__status(b);
+        ctl_status(b);
     } else {
-        oq__ack(b, 0, "unknown command or wrong arguments: %s (see onceq broker --help)", orig);
+        ctl_ack(b, 0, "unknown command or wrong arguments: %s (see onceq broker --help)", orig);
     }
     return;
 
 bad_broker:
-    oq__ack(b, 0, "bad broker id (1..%d%s): %s", b->nbrokers,
+    ctl_ack(b, 0, "bad broker id (1..%d%s): %s", b->nbrokers,
             strcmp(cmd, "error_rtt") == 0 || strcmp(cmd, "coordinator") == 0 ? "" : " or all",
             orig);
     return;
 bad_api:
-    oq__ack(b, 0, "unknown API name: %s", orig);
+    ctl_ack(b, 0, "unknown API name: %s", orig);
     return;
 bad_err:
-    oq__ack(b, 0, "unknown error name: %s", orig);
+    ctl_ack(b, 0, "unknown error name: %s", orig);
     return;
 kafka_err:
-    oq__ack(b, 0, "%s: %s", rd_kafka_err2name(kerr), orig);
+    ctl_ack(b, 0, "%s: %s", rd_kafka_err2name(kerr), orig);
 }
 
 /* Write \p text + '\n' to \p path through a temporary file and rename(2). */
-static int oq__write_atomic(const char *path, const char *text, oq_error_t *err)
+static int write_atomic(const char *path, const char *text, oq_error_t *err)
 {
     char tmp[4200];
     int rc = 0, fd;
@@ -390,7 +406,7 @@ out:
 }
 
 /* Create the FIFO (replacing a stale FIFO, never a regular file) and open it O_RDWR. */
-static int oq__control_open(const char *path, int *fd_out, int *ack_fd_out, oq_error_t *err)
+static int control_open(const char *path, int *fd_out, int *ack_fd_out, oq_error_t *err)
 {
     struct stat st;
     char logpath[4200];
@@ -419,8 +435,7 @@ static int oq__control_open(const char *path, int *fd_out, int *ack_fd_out, oq_e
 }
 
 /* Create one topic; \p spec is NAME or NAME:PARTITIONS. */
-static int oq__topic_create(oq_broker_t *b, const char *spec, int partitions, int repl,
-                            oq_error_t *err)
+static int topic_create(broker_t *b, const char *spec, int partitions, int repl, oq_error_t *err)
 {
     char name[256];
     long v = partitions;
@@ -430,7 +445,7 @@ static int oq__topic_create(oq_broker_t *b, const char *spec, int partitions, in
         return oq_error_set(err, OQ_EINVAL, 0, "bad topic name in --topics: '%s'", spec);
     memcpy(name, spec, len);
     name[len] = '\0';
-    if (colon && oq__parse_long(colon + 1, 1, 1024, &v) != 0)
+    if (colon && parse_long(colon + 1, 1, 1024, &v) != 0)
         return oq_error_set(err, OQ_EINVAL, 0, "bad partition count in --topics: '%s'", spec);
     rd_kafka_resp_err_t kerr = rd_kafka_mock_topic_create(b->mc, name, (int)v, repl);
     if (kerr)
@@ -445,10 +460,10 @@ typedef struct {
     char buf[OQ_CTL_LINE_MAX];
     size_t used;
     int discarding; /* inside an over-long line: drop bytes up to the next newline */
-} oq_ctl_buf_t;
+} ctl_buf_t;
 
 /* Read what is available on the FIFO; run each complete line. */
-static void oq__control_read(oq_broker_t *b, int fd, oq_ctl_buf_t *cb)
+static void control_read(broker_t *b, int fd, ctl_buf_t *cb)
 {
     for (;;) {
         ssize_t n = read(fd, cb->buf + cb->used, sizeof(cb->buf) - 1 - cb->used);
@@ -464,14 +479,14 @@ static void oq__control_read(oq_broker_t *b, int fd, oq_ctl_buf_t *cb)
             if (cb->discarding)
                 cb->discarding = 0; /* the tail of an over-long line */
             else
-                oq__command(b, start);
+                ctl_command(b, start);
             start = nl + 1;
         }
         cb->used = (size_t)(end - start);
         if (cb->discarding) {
             cb->used = 0;
         } else if (cb->used == sizeof(cb->buf) - 1) {
-            oq__ack(b, 0, "line too long (max %d bytes)", OQ_CTL_LINE_MAX - 2);
+            ctl_ack(b, 0, "line too long (max %d bytes)", OQ_CTL_LINE_MAX - 2);
             cb->used = 0;
             cb->discarding = 1;
         } else {
@@ -485,26 +500,26 @@ static void oq__control_read(oq_broker_t *b, int fd, oq_ctl_buf_t *cb)
  * @returns OQ_EXIT_OK after a clean stop, OQ_EXIT_USAGE on bad flags, OQ_EXIT_FAIL when the
  *          cluster, a topic, the bootstrap file or the control FIFO cannot be set up.
  */
-int oq_cmd_broker(int argc, char **argv)
+int oq__cmd_broker(int argc, char **argv)
 {
     oq_error_t err = {0};
-    oq_broker_t b = {.ack_fd = -1};
+    broker_t b = {.ack_fd = -1};
     int ret = OQ_EXIT_FAIL, ctl_fd = -1, prc;
     char ctl_default[4200];
-    static oq_ctl_buf_t ctl_buf;
+    static ctl_buf_t ctl_buf;
     const char *bootstrap_file, *ctl_path = NULL, *extra;
     rd_kafka_conf_t *conf = NULL;
     char errstr[512];
     struct sigaction sa, old_term, old_int;
     int sig_installed = 0, wrote_bootstrap = 0;
 
-    oq_config_t *cfg = oq_config_new(oq__broker_settings,
-                                     sizeof(oq__broker_settings) / sizeof(oq__broker_settings[0]));
+    oq_config_t *cfg =
+        oq_config_new(broker_settings, sizeof(broker_settings) / sizeof(broker_settings[0]));
     if (!cfg) {
         fprintf(stderr, "onceq broker: out of memory\n");
         return OQ_EXIT_FAIL;
     }
-    if ((prc = oq_cmd_parse(cfg, oq__usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", broker_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }
@@ -533,7 +548,7 @@ int oq_cmd_broker(int argc, char **argv)
 
     /* Signals first, so a TERM during start-up still ends in a clean teardown. */
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = oq__broker_on_signal;
+    sa.sa_handler = broker_on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0; /* no SA_RESTART: poll() returns EINTR at once */
     sigaction(SIGTERM, &sa, &old_term);
@@ -567,7 +582,7 @@ int oq_cmd_broker(int argc, char **argv)
     static const char *const base_topics[] = {"onceq.tool-calls", "onceq.tool-results",
                                               "onceq.dlq"};
     for (size_t i = 0; i < 3; i++)
-        if (oq__topic_create(&b, base_topics[i], partitions, repl, &err) != 0) goto fail;
+        if (topic_create(&b, base_topics[i], partitions, repl, &err) != 0) goto fail;
     extra = oq_config_str(cfg, "topics");
     if (extra && *extra) {
         char *copy = strdup(extra), *save = NULL, *t;
@@ -575,7 +590,7 @@ int oq_cmd_broker(int argc, char **argv)
         for (t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             while (isspace((unsigned char)*t)) t++;
             if (!*t) continue;
-            if (oq__topic_create(&b, t, partitions, repl, &err) != 0) {
+            if (topic_create(&b, t, partitions, repl, &err) != 0) {
                 free(copy);
                 ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
                 fprintf(stderr, "onceq broker: %s\n", err.msg);
@@ -586,9 +601,9 @@ int oq_cmd_broker(int argc, char **argv)
     }
 
     /* The control channel exists before the bootstrap file: the file means "ready". */
-    if (ctl_path && oq__control_open(ctl_path, &ctl_fd, &b.ack_fd, &err) != 0) goto fail;
+    if (ctl_path && control_open(ctl_path, &ctl_fd, &b.ack_fd, &err) != 0) goto fail;
     if (bootstrap_file) {
-        if (oq__write_atomic(bootstrap_file, b.bootstraps, &err) != 0) goto fail;
+        if (write_atomic(bootstrap_file, b.bootstraps, &err) != 0) goto fail;
         wrote_bootstrap = 1;
     }
     printf("%s\n", b.bootstraps);
@@ -596,16 +611,16 @@ int oq_cmd_broker(int argc, char **argv)
     OQ_LOG_INFO("broker", "ready bootstrap=%s brokers=%d partitions=%d control=%s", b.bootstraps,
                 b.nbrokers, partitions, ctl_path ? ctl_path : "none");
 
-    while (!oq__broker_stop) {
+    while (!broker_stop) {
         struct pollfd pfd = {.fd = ctl_fd, .events = POLLIN};
         int n = poll(&pfd, ctl_fd >= 0 ? 1 : 0, 200);
         if (n < 0 && errno != EINTR) {
             OQ_LOG_ERROR("broker", "poll: %s", strerror(errno));
             goto out;
         }
-        if (n > 0 && (pfd.revents & POLLIN)) oq__control_read(&b, ctl_fd, &ctl_buf);
+        if (n > 0 && (pfd.revents & POLLIN)) control_read(&b, ctl_fd, &ctl_buf);
     }
-    OQ_LOG_INFO("broker", "signal %d: stopping", (int)oq__broker_stop);
+    OQ_LOG_INFO("broker", "signal %d: stopping", (int)broker_stop);
     ret = OQ_EXIT_OK;
     goto out;
 

@@ -54,7 +54,7 @@ static int read_all(FILE *f, size_t limit, char **out, size_t *out_len, oq_error
     return 0;
 }
 
-int oq_cmd_canon(int argc, char **argv)
+int oq__cmd_canon(int argc, char **argv)
 {
     const char *usage =
         "onceq canon < in.json\n\n"
@@ -66,7 +66,7 @@ int oq_cmd_canon(int argc, char **argv)
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(NULL, 0);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     if (oq_config_npositional(cfg) > 0 || oq_config_kafka_count(cfg) > 0) {
         fprintf(stderr, "onceq canon: takes no arguments (JSON is read from stdin)\n");

@@ -12,17 +12,17 @@
 #include "oq_consumer.h"
 #include "oq_log.h"
 
-static oq_consumer_t *volatile oq__cons_running;
-static volatile sig_atomic_t oq__cons_signalled;
+static oq_consumer_t *volatile cons_running;
+static volatile sig_atomic_t cons_signalled;
 
-static void oq__cons_on_signal(int sig)
+static void cons_on_signal(int sig)
 {
     (void)sig;
-    oq__cons_signalled = 1;
-    if (oq__cons_running) oq_consumer_stop(oq__cons_running);
+    cons_signalled = 1;
+    if (cons_running) oq_consumer_stop(cons_running);
 }
 
-int oq_cmd_consumer(int argc, char **argv)
+int oq__cmd_consumer(int argc, char **argv)
 {
     const char *usage =
         "onceq consumer --brokers host:port --db effects.db [--group onceq-workers] "
@@ -32,7 +32,7 @@ int oq_cmd_consumer(int argc, char **argv)
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(oq_consumer_settings, oq_consumer_nsettings);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     if (!oq_config_str(cfg, "brokers") || oq_config_npositional(cfg) > 0) {
         fprintf(stderr, "onceq consumer: --brokers is required and no positional arguments "
@@ -46,7 +46,7 @@ int oq_cmd_consumer(int argc, char **argv)
     struct sigaction sa, old_term, old_int;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;
-    sa.sa_handler = oq__cons_on_signal;
+    sa.sa_handler = cons_on_signal;
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGINT, &sa, &old_int);
     signal(SIGPIPE, SIG_IGN);
@@ -56,8 +56,8 @@ int oq_cmd_consumer(int argc, char **argv)
         rc = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto restore;
     }
-    oq__cons_running = c;
-    if (oq__cons_signalled) oq_consumer_stop(c);
+    cons_running = c;
+    if (cons_signalled) oq_consumer_stop(c);
     rc = oq_consumer_run(c, oq_config_int(cfg, "exit-idle"), &err) == 0 ? OQ_EXIT_OK
                                                                        : OQ_EXIT_FAIL;
     if (rc != OQ_EXIT_OK) fprintf(stderr, "onceq consumer: %s\n", err.msg);
@@ -68,7 +68,7 @@ int oq_cmd_consumer(int argc, char **argv)
                 (unsigned long long)st.consumed, (unsigned long long)st.duplicates,
                 (unsigned long long)st.effects, (unsigned long long)st.dlq,
                 (unsigned long long)st.terminal);
-    oq__cons_running = NULL;
+    cons_running = NULL;
     oq_consumer_destroy(c);
 restore:
     sigaction(SIGTERM, &old_term, NULL);

@@ -58,7 +58,7 @@ static const char *json_type_name(const json_t *v)
     return "unknown";
 }
 
-int oq_cmd_fingerprint(int argc, char **argv)
+int oq__cmd_fingerprint(int argc, char **argv)
 {
     const char *usage =
         "onceq fingerprint --tool T [--tenant X] < args.json\n\n"
@@ -71,7 +71,7 @@ int oq_cmd_fingerprint(int argc, char **argv)
     oq_config_t *cfg = oq_config_new(fingerprint_settings,
                                       sizeof fingerprint_settings / sizeof fingerprint_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     const char *tool = oq_config_str(cfg, "tool");
     const char *tenant = oq_config_str(cfg, "tenant");

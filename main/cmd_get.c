@@ -19,7 +19,7 @@ static const char get_usage[] = "usage: onceq get [--db calls.db] <call_id>\n"
                                 "       onceq get [--db calls.db] --key K [--tenant X]\n"
                                 "Exit codes: 0 found, 4 not found.";
 
-int oq_cmd_get(int argc, char **argv)
+int oq__cmd_get(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -27,7 +27,7 @@ int oq_cmd_get(int argc, char **argv)
     oq_call_t call = {0};
     oq_config_t *cfg = oq_config_new(get_settings, sizeof get_settings / sizeof get_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, get_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", get_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

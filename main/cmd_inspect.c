@@ -17,7 +17,7 @@ static const oq_setting_t inspect_settings[] = {
 static const char inspect_usage[] = "usage: onceq inspect [--db calls.db] <call_id>\n"
                                     "Exit codes: 0 found, 4 not found.";
 
-int oq_cmd_inspect(int argc, char **argv)
+int oq__cmd_inspect(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -29,7 +29,7 @@ int oq_cmd_inspect(int argc, char **argv)
     oq_config_t *cfg =
         oq_config_new(inspect_settings, sizeof inspect_settings / sizeof inspect_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, inspect_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", inspect_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

@@ -61,7 +61,7 @@ static void on_signal(int sig)
     producer_stop = sig;
 }
 
-int oq_cmd_producer(int argc, char **argv)
+int oq__cmd_producer(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -77,7 +77,7 @@ int oq_cmd_producer(int argc, char **argv)
         fprintf(stderr, "onceq producer: out of memory\n");
         goto out;
     }
-    if ((prc = oq_cmd_parse(cfg, producer_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", producer_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

@@ -21,7 +21,7 @@ static const oq_setting_t purge_settings[] = {
 static const char purge_usage[] =
     "usage: onceq purge [--db calls.db] [--key-ttl 24h] [--batch 500]";
 
-int oq_cmd_purge(int argc, char **argv)
+int oq__cmd_purge(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -29,7 +29,7 @@ int oq_cmd_purge(int argc, char **argv)
     oq_config_t *cfg =
         oq_config_new(purge_settings, sizeof purge_settings / sizeof purge_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, purge_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", purge_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

@@ -20,7 +20,7 @@
 #include "oq_relay.h"
 #include "oq_util.h"
 
-static const char oq__relay_usage[] =
+static const char relay_usage[] =
     "usage: onceq relay --db calls.db --brokers HOST:PORT[,...] [-X kafka.prop=value]...\n"
     "                   [--lease 5s] [--batch-rows N] [--retention 1h]\n"
     "                   [--metrics-listen 127.0.0.1:PORT]\n"
@@ -31,14 +31,15 @@ static const char oq__relay_usage[] =
     "the others stand by and take over when its lease lapses. SIGTERM/SIGINT: flush in-flight\n"
     "deliveries, mark them, release the lease, exit 0.";
 
-static const oq_setting_t oq__relay_settings[] = {
+static const oq_setting_t relay_settings[] = {
     {"db", OQ_SET_STRING, NULL, 1, 4096, NULL, "database with the outbox (calls.db, effects.db)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers"},
     {"lease", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
      "lease duration; a standby takes over this long after the holder stops renewing"},
     {"lease-name", OQ_SET_STRING, "outbox", 1, 255, NULL, "relay_lease row name"},
     {"owner", OQ_SET_STRING, NULL, 1, 255, NULL, "lease owner id (default host:pid:random)"},
-    {"batch-rows", OQ_SET_INT, "1000", 1, 100000, NULL, "rows per read batch (a mark transaction takes what was delivered meanwhile)"},
+    {"batch-rows", OQ_SET_INT, "1000", 1, 100000, NULL,
+     "rows per read batch (a mark transaction takes what was delivered meanwhile)"},
     {"batch-bytes", OQ_SET_SIZE, "1MiB", 1, 1073741824, NULL, "payload bytes per read batch"},
     {"max-inflight", OQ_SET_INT, "50000", 1, 1000000, NULL,
      "messages produced but not yet acknowledged"},
@@ -58,11 +59,11 @@ static const oq_setting_t oq__relay_settings[] = {
      "wait this long for the database tables to appear (the producer migrates them)"},
 };
 
-static volatile sig_atomic_t oq__relay_sig;
+static volatile sig_atomic_t relay_sig;
 
-static void oq__relay_on_signal(int sig)
+static void relay_on_signal(int sig)
 {
-    oq__relay_sig = sig;
+    relay_sig = sig;
 }
 
 /**
@@ -70,7 +71,7 @@ static void oq__relay_on_signal(int sig)
  * @returns OQ_EXIT_OK after a clean stop, OQ_EXIT_USAGE on bad flags or Kafka settings,
  *          OQ_EXIT_FAIL when the database or the metrics listener cannot be set up.
  */
-int oq_cmd_relay(int argc, char **argv)
+int oq__cmd_relay(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -80,13 +81,13 @@ int oq_cmd_relay(int argc, char **argv)
     struct sigaction sa, old_term, old_int;
     int sig_installed = 0;
 
-    oq_config_t *cfg = oq_config_new(oq__relay_settings,
-                                     sizeof(oq__relay_settings) / sizeof(oq__relay_settings[0]));
+    oq_config_t *cfg =
+        oq_config_new(relay_settings, sizeof(relay_settings) / sizeof(relay_settings[0]));
     if (!cfg) {
         fprintf(stderr, "onceq relay: out of memory\n");
         return OQ_EXIT_FAIL;
     }
-    if ((prc = oq_cmd_parse(cfg, oq__relay_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", relay_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }
@@ -100,7 +101,7 @@ int oq_cmd_relay(int argc, char **argv)
     }
 
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = oq__relay_on_signal;
+    sa.sa_handler = relay_on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGINT, &sa, &old_int);
@@ -144,7 +145,7 @@ int oq_cmd_relay(int argc, char **argv)
         oq_error_clear(&err);
         relay = oq_relay_new(&o, &err);
         if (relay) break;
-        if (err.code != OQ_EDB || oq_mono_us() >= wait_until || oq__relay_sig) {
+        if (err.code != OQ_EDB || oq_mono_us() >= wait_until || relay_sig) {
             fprintf(stderr, "onceq relay: %s\n", err.msg);
             ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
             goto out;
@@ -171,8 +172,9 @@ int oq_cmd_relay(int argc, char **argv)
         fprintf(stderr, "onceq relay: %s\n", err.msg);
         goto out;
     }
-    while (!oq__relay_sig) oq_sleep_ms(50, NULL);
-    OQ_LOG_INFO("relay", "signal %d: stopping (flushing in-flight deliveries)", (int)oq__relay_sig);
+    while (!relay_sig)
+        oq_sleep_ms(50, NULL);
+    OQ_LOG_INFO("relay", "signal %d: stopping (flushing in-flight deliveries)", (int)relay_sig);
     oq_relay_stop(relay);
     ret = OQ_EXIT_OK;
 out:

@@ -16,7 +16,7 @@ static const oq_setting_t stats_settings[] = {
 
 static const char stats_usage[] = "usage: onceq stats [--db calls.db]";
 
-int oq_cmd_stats(int argc, char **argv)
+int oq__cmd_stats(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -25,7 +25,7 @@ int oq_cmd_stats(int argc, char **argv)
     oq_config_t *cfg =
         oq_config_new(stats_settings, sizeof stats_settings / sizeof stats_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, stats_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", stats_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

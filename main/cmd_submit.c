@@ -29,7 +29,7 @@ static const char submit_usage[] =
     "usage: onceq submit --db calls.db --key K --tool T [--args JSON] [--tenant X]\n"
     "Exit codes: 0 new/replay/retry_reset, 2 invalid input, 5 idempotency conflict.";
 
-int oq_cmd_submit(int argc, char **argv)
+int oq__cmd_submit(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -39,7 +39,7 @@ int oq_cmd_submit(int argc, char **argv)
     oq_config_t *cfg =
         oq_config_new(submit_settings, sizeof submit_settings / sizeof submit_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, submit_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq", submit_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

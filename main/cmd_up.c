@@ -131,8 +131,8 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = up->brokers;
         break;
     }
-    /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s
-     * (BROKER-NOTES.md): with librdkafka's 45 s default a restarted consumer idles for 44 s.
+    /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
+     * with librdkafka's 45 s default a restarted consumer idles for 44 s.
      * On the embedded broker use 6 s; the user's -X below still wins (last value counts). */
     if (k->kind == UP_CONSUMER && !oq_config_is_set(up->cfg, "brokers")) {
         argv[n++] = "-X";
@@ -326,7 +326,7 @@ static int up_restart_all(up_t *up)
     return 0;
 }
 
-int oq_cmd_up(int argc, char **argv)
+int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
         "onceq up [--dir DIR] [--consumers N] [--listen HOST:PORT] [--brokers B] [-X k=v]...\n"
@@ -340,7 +340,7 @@ int oq_cmd_up(int argc, char **argv)
         "last) and exit 0.";
     oq_config_t *cfg = oq_config_new(up_settings, sizeof up_settings / sizeof up_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) {
         oq_config_destroy(cfg);
         return rc;

@@ -22,14 +22,14 @@ static const oq_setting_t verify_settings[] = {
     {"examples", OQ_SET_INT, "10", 0, 100000, NULL, "examples printed per kind of violation"},
 };
 
-int oq_cmd_verify(int argc, char **argv)
+int oq__cmd_verify(int argc, char **argv)
 {
     const char *usage = "onceq verify --producer-db calls.db --consumer-db effects.db [--json] "
                         "[--allow-pending] [--accepted FILE]";
     oq_config_t *cfg =
         oq_config_new(verify_settings, sizeof verify_settings / sizeof verify_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     const char *pdb = oq_config_str(cfg, "producer-db");
     const char *cdb = oq_config_str(cfg, "consumer-db");

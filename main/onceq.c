@@ -1,6 +1,8 @@
 /*
- * The `onceq` binary: a dispatch table over the subcommands in cmds.h. Subcommands are weak
- * symbols while the project grows, so a build without one says so instead of failing to link.
+ * The `onceq` binary: a dispatch table over the subcommands listed in cmds.h, every one of
+ * them linked in. Subcommands that moved to another program (the benchmarks, now
+ * `onceq-bench`) keep an entry that says where they went, so an old command line fails with
+ * a pointer instead of "unknown command".
  */
 #include <stdio.h>
 #include <string.h>
@@ -12,34 +14,33 @@ typedef struct {
     const char *name;
     int (*fn)(int, char **);
     const char *doc;
-} oq_cmd_entry_t;
+} cmd_entry_t;
 
-#define OQ_CMD_ENTRY(name, doc) {#name, oq_cmd_##name, doc},
-static const oq_cmd_entry_t oq__cmds[] = {OQ_CMDS(OQ_CMD_ENTRY){NULL, NULL, NULL}};
+#define OQ_CMD_ENTRY(name, doc) {#name, oq__cmd_##name, doc},
+static const cmd_entry_t cmds[] = {OQ_CMDS(OQ_CMD_ENTRY){NULL, NULL, NULL}};
+#undef OQ_CMD_ENTRY
 
-static void oq__usage(FILE *out)
+/* Subcommands that live in another program now. */
+static const struct {
+    const char *name, *program;
+} moved[] = {
+    {"bench", "onceq-bench"},
+};
+
+static void usage(FILE *out)
 {
-    fprintf(out, "onceq %s: effectively-once tool calls over SQLite and Kafka\n\n"
-                 "usage: onceq <command> [options]   (onceq <command> --help for its options)\n\n"
-                 "commands:\n",
+    fprintf(out,
+            "onceq %s: effectively-once tool calls over SQLite and Kafka\n\n"
+            "usage: onceq <command> [options]   (onceq <command> --help for its options)\n\n"
+            "commands:\n",
             ONCEQ_VERSION);
-    for (const oq_cmd_entry_t *c = oq__cmds; c->name; c++)
-        fprintf(out, "  %-12s %s%s\n", c->name, c->doc, c->fn ? "" : " (not in this build)");
-    fprintf(out, "\nexit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input,\n"
-                 "            3 invariant violation (verify), 4 not found, 5 idempotency conflict\n"
-                 "environment: ONCEQ_LOG_LEVEL=debug|info|warn|error, ONCEQ_LOG_FORMAT=logfmt|json\n");
-}
-
-int oq_cmd_parse(oq_config_t *cfg, const char *usage, int argc, char **argv)
-{
-    oq_error_t err = {0};
-    int rc = oq_config_parse_args(cfg, usage, argc, argv, 1, &err);
-    if (rc == OQ_EHELP) return OQ_EXIT_OK;
-    if (rc != 0) {
-        fprintf(stderr, "onceq %s: %s\n(see: onceq %s --help)\n", argv[0], err.msg, argv[0]);
-        return OQ_EXIT_USAGE;
-    }
-    return -1;
+    for (const cmd_entry_t *c = cmds; c->name; c++)
+        fprintf(out, "  %-12s %s\n", c->name, c->doc);
+    fprintf(out,
+            "\nbenchmarks and the HTTP load generator: the onceq-bench program\n"
+            "exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input,\n"
+            "            3 invariant violation (verify), 4 not found, 5 idempotency conflict\n"
+            "environment: ONCEQ_LOG_LEVEL=debug|info|warn|error, ONCEQ_LOG_FORMAT=logfmt|json\n");
 }
 
 int main(int argc, char **argv)
@@ -47,22 +48,25 @@ int main(int argc, char **argv)
     oq_log_init(OQ_LOG_INFO, OQ_LOG_FMT_LOGFMT, 1);
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
-        oq__usage(argc < 2 ? stderr : stdout);
+        usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? OQ_EXIT_USAGE : OQ_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
         printf("onceq %s\n", ONCEQ_VERSION);
         return OQ_EXIT_OK;
     }
-    for (const oq_cmd_entry_t *c = oq__cmds; c->name; c++) {
-        if (strcmp(c->name, argv[1]) != 0) continue;
-        if (!c->fn) {
-            fprintf(stderr, "onceq: command '%s' is not in this build\n", c->name);
-            return OQ_EXIT_FAIL;
-        }
-        return c->fn(argc - 1, argv + 1);
+    for (const cmd_entry_t *c = cmds; c->name; c++)
+        if (strcmp(c->name, argv[1]) == 0) return c->fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof moved / sizeof moved[0]; i++) {
+        if (strcmp(moved[i].name, argv[1]) != 0) continue;
+        fprintf(stderr,
+                "onceq %s: moved to the %s program, built next to onceq: run `%s %s ...` "
+                "(%s --help lists them)\n",
+                argv[1], moved[i].program, moved[i].program, argc > 2 ? argv[2] : "<name>",
+                moved[i].program);
+        return OQ_EXIT_USAGE;
     }
     fprintf(stderr, "onceq: unknown command '%s'\n\n", argv[1]);
-    oq__usage(stderr);
+    usage(stderr);
     return OQ_EXIT_USAGE;
 }

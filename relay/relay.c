@@ -53,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the consumer reads */
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_util.h"
@@ -62,7 +63,6 @@
 #define OQ__RELAY_BACKOFF_MIN_MS 100
 #define OQ__RELAY_BACKOFF_MAX_MS 5000
 #define OQ__RELAY_MARK_MAX_DELAY_US 10000
-#define OQ__RELAY_HDR "onceq-message-id"
 
 enum { OQ__JOB_IDLE = 0, OQ__JOB_PENDING, OQ__JOB_DONE };
 
@@ -70,12 +70,12 @@ typedef struct {
     int64_t seq;
     int32_t partition; /* -1: unknown (failed before partitioning) */
     int32_t topic;     /* index in the topic cache */
-} oq__entry_t;
+} entry_t;
 
 typedef struct {
-    oq__entry_t *v;
+    entry_t *v;
     size_t n, cap;
-} oq__list_t;
+} list_t;
 
 typedef struct {
     int64_t seq;
@@ -84,12 +84,12 @@ typedef struct {
     uint32_t next_free;
     uint32_t ring; /* index of this message's entry in the in-flight ring */
     int used;
-} oq__slot_t;
+} slot_t;
 
 typedef struct {
     char *name;
     rd_kafka_topic_t *rkt;
-} oq__topic_t;
+} topic_t;
 
 struct oq_relay {
     /* options (immutable after new) */
@@ -110,11 +110,11 @@ struct oq_relay {
     /* relay-thread state */
     oq__relay_store_t *store;
     rd_kafka_t *rk;
-    oq__topic_t topics[OQ__RELAY_MAX_TOPICS];
+    topic_t topics[OQ__RELAY_MAX_TOPICS];
     int ntopics;
-    oq__slot_t *slots;
+    slot_t *slots;
     uint32_t free_head; /* slot index + 1, 0 = none */
-    oq__list_t failed;
+    list_t failed;
     /* in-flight seqs in produce order (capacity max_inflight): head..tail, done = reported */
     int64_t *ring_seq;
     unsigned char *ring_done;
@@ -164,16 +164,16 @@ struct oq_relay {
 
 /* --- small helpers ------------------------------------------------------------------------- */
 
-static char *oq__strdup(const char *s)
+static char *dup_str(const char *s)
 {
     return s ? strdup(s) : NULL;
 }
 
-static int oq__list_push(oq__list_t *l, oq__entry_t e)
+static int list_push(list_t *l, entry_t e)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 1024;
-        oq__entry_t *v = realloc(l->v, cap * sizeof(*v));
+        entry_t *v = realloc(l->v, cap * sizeof(*v));
         if (!v) return OQ_ENOMEM;
         l->v = v;
         l->cap = cap;
@@ -197,7 +197,7 @@ void oq_relay_opts_init(oq_relay_opts_t *o)
 
 /* --- slots --------------------------------------------------------------------------------- */
 
-static void oq__slots_reset(oq_relay_t *r)
+static void slots_reset(oq_relay_t *r)
 {
     r->free_head = 0;
     for (int i = r->max_inflight - 1; i >= 0; i--) {
@@ -208,7 +208,7 @@ static void oq__slots_reset(oq_relay_t *r)
     r->st.inflight = 0;
 }
 
-static uint32_t oq__slot_alloc(oq_relay_t *r)
+static uint32_t slot_alloc(oq_relay_t *r)
 {
     uint32_t h = r->free_head;
     if (!h) return 0;
@@ -217,7 +217,7 @@ static uint32_t oq__slot_alloc(oq_relay_t *r)
     return h;
 }
 
-static void oq__slot_free(oq_relay_t *r, uint32_t h)
+static void slot_free(oq_relay_t *r, uint32_t h)
 {
     r->slots[h - 1].used = 0;
     r->slots[h - 1].next_free = r->free_head;
@@ -226,14 +226,14 @@ static void oq__slot_free(oq_relay_t *r, uint32_t h)
 
 /* --- the in-flight ring and the watermark ------------------------------------------------- */
 
-static void oq__ring_reset(oq_relay_t *r)
+static void ring_reset(oq_relay_t *r)
 {
     r->ring_head = 0;
     r->ring_len = 0;
 }
 
 /* Appends \p seq (produced in seq order); the caller has a free slot, so there is room. */
-static uint32_t oq__ring_push(oq_relay_t *r, int64_t seq)
+static uint32_t ring_push(oq_relay_t *r, int64_t seq)
 {
     uint32_t cap = (uint32_t)r->max_inflight;
     uint32_t i = (r->ring_head + r->ring_len) % cap;
@@ -245,7 +245,7 @@ static uint32_t oq__ring_push(oq_relay_t *r, int64_t seq)
 
 /* A delivery report for ring entry \p i: move the head (and the watermark) over every
  * delivered entry. */
-static void oq__ring_delivered(oq_relay_t *r, uint32_t i)
+static void ring_delivered(oq_relay_t *r, uint32_t i)
 {
     uint32_t cap = (uint32_t)r->max_inflight;
     r->ring_done[i] = 1;
@@ -257,35 +257,35 @@ static void oq__ring_delivered(oq_relay_t *r, uint32_t i)
 }
 
 /* Every message still without a delivery report counts as failed (producer gone or purged). */
-static void oq__abandon_inflight(oq_relay_t *r)
+static void abandon_inflight(oq_relay_t *r)
 {
     for (int i = 0; i < r->max_inflight; i++) {
         if (!r->slots[i].used) continue;
-        oq__list_push(&r->failed,
-                      (oq__entry_t){.seq = r->slots[i].seq, .partition = -1, .topic = r->slots[i].topic});
+        list_push(&r->failed,
+                  (entry_t){.seq = r->slots[i].seq, .partition = -1, .topic = r->slots[i].topic});
     }
     if (r->failed.n) r->draining = 1;
-    oq__slots_reset(r);
+    slots_reset(r);
 }
 
 /* --- librdkafka callbacks (served by rd_kafka_poll on the relay thread) ------------------- */
 
-static void oq__dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     oq_relay_t *r = opaque;
     uint32_t h = (uint32_t)(uintptr_t)m->_private;
     (void)rk;
     if (h == 0 || h > (uint32_t)r->max_inflight || !r->slots[h - 1].used) return; /* stale */
-    oq__slot_t *s = &r->slots[h - 1];
-    oq__entry_t e = {.seq = s->seq, .partition = m->partition, .topic = s->topic};
+    slot_t *s = &r->slots[h - 1];
+    entry_t e = {.seq = s->seq, .partition = m->partition, .topic = s->topic};
     int64_t created = s->created_at;
     uint32_t ring = s->ring;
-    oq__slot_free(r, h);
+    slot_free(r, h);
     r->st.inflight--;
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         if (!r->holder) return; /* tracking was dropped with the lease */
         if (r->ndelivered++ == 0) r->first_delivered_us = oq_mono_us();
-        oq__ring_delivered(r, ring);
+        ring_delivered(r, ring);
         if (r->m_latency) {
             int64_t lat = oq_now_ms() - created;
             oq_histogram_observe(r->m_latency, lat > 0 ? (double)lat / 1000.0 : 0.0);
@@ -299,7 +299,7 @@ static void oq__dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         OQ_LOG_WARN("relay", "delivery failed seq=%" PRId64 " topic=%s partition=%d: %s; "
                              "draining in-flight messages, then re-publishing from that row",
                     e.seq, rd_kafka_topic_name(m->rkt), (int)m->partition, rd_kafka_err2str(m->err));
-    if (oq__list_push(&r->failed, e) != 0) {
+    if (list_push(&r->failed, e) != 0) {
         /* Out of memory: a global rewind to this seq is still correct (rows stay pending). */
         e.partition = -1;
         if (r->failed.n) r->failed.v[0] = e;
@@ -307,7 +307,7 @@ static void oq__dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     r->draining = 1;
 }
 
-static void oq__error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
     oq_relay_t *r = opaque;
     (void)rk;
@@ -326,7 +326,7 @@ static void oq__error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaq
 
 /* --- producer ------------------------------------------------------------------------------ */
 
-static int oq__user_set(const oq_relay_t *r, const char *name)
+static int user_set(const oq_relay_t *r, const char *name)
 {
     if (!r->kafka_cfg) return 0;
     int n = oq_config_kafka_count(r->kafka_cfg);
@@ -338,13 +338,13 @@ static int oq__user_set(const oq_relay_t *r, const char *name)
     return 0;
 }
 
-static rd_kafka_conf_t *oq__conf(oq_relay_t *r, oq_error_t *err)
+static rd_kafka_conf_t *kafka_conf(oq_relay_t *r, oq_error_t *err)
 {
     rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, r->brokers, r->kafka_cfg, err);
     if (!conf) return NULL;
     /* Relay defaults the user may override: a short linger keeps idle latency low; under load
      * batches fill up by size long before it matters. */
-    if (!oq__user_set(r, "linger.ms") && !oq__user_set(r, "queue.buffering.max.ms") &&
+    if (!user_set(r, "linger.ms") && !user_set(r, "queue.buffering.max.ms") &&
         oq_kafka_conf_set(conf, "linger.ms", "1", err) != 0)
         goto fail;
     /* Order: with a finite message.timeout.ms the idempotent producer lets earlier messages of
@@ -353,27 +353,27 @@ static rd_kafka_conf_t *oq__conf(oq_relay_t *r, oq_error_t *err)
      * in-order retries; an outage then simply stalls the relay. Gapless turns every other
      * batch failure that would leave a gap into a fatal error: the producer stops, is purged
      * and rebuilt, and the relay re-sends from the first undelivered row. */
-    if (!oq__user_set(r, "message.timeout.ms") && !oq__user_set(r, "delivery.timeout.ms") &&
+    if (!user_set(r, "message.timeout.ms") && !user_set(r, "delivery.timeout.ms") &&
         oq_kafka_conf_set(conf, "message.timeout.ms", "0", err) != 0)
         goto fail;
-    if (!oq__user_set(r, "enable.gapless.guarantee") &&
+    if (!user_set(r, "enable.gapless.guarantee") &&
         oq_kafka_conf_set(conf, "enable.gapless.guarantee", "true", err) != 0)
         goto fail;
-    if (!oq__user_set(r, "queue.buffering.max.messages")) {
+    if (!user_set(r, "queue.buffering.max.messages")) {
         char v[32];
         snprintf(v, sizeof(v), "%d", r->max_inflight + 1000);
         if (oq_kafka_conf_set(conf, "queue.buffering.max.messages", v, err) != 0) goto fail;
     }
     /* The contract, not overridable: idempotent producer, acks from all in-sync replicas. */
-    if ((oq__user_set(r, "enable.idempotence") || oq__user_set(r, "acks")) &&
+    if ((user_set(r, "enable.idempotence") || user_set(r, "acks")) &&
         oq_log_threshold <= OQ_LOG_WARN)
         OQ_LOG_WARN("relay", "ignoring -X enable.idempotence/acks: the relay always uses "
                              "enable.idempotence=true acks=all");
     if (oq_kafka_conf_set(conf, "enable.idempotence", "true", err) != 0 ||
         oq_kafka_conf_set(conf, "acks", "all", err) != 0)
         goto fail;
-    rd_kafka_conf_set_dr_msg_cb(conf, oq__dr_cb);
-    rd_kafka_conf_set_error_cb(conf, oq__error_cb);
+    rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
+    rd_kafka_conf_set_error_cb(conf, error_cb);
     rd_kafka_conf_set_opaque(conf, r);
     return conf;
 fail:
@@ -381,7 +381,7 @@ fail:
     return NULL;
 }
 
-static void oq__producer_destroy(oq_relay_t *r)
+static void producer_destroy(oq_relay_t *r)
 {
     if (!r->rk) return;
     rd_kafka_purge(r->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
@@ -394,13 +394,13 @@ static void oq__producer_destroy(oq_relay_t *r)
     }
     rd_kafka_destroy(r->rk);
     r->rk = NULL;
-    oq__abandon_inflight(r); /* anything that never got a report */
+    abandon_inflight(r); /* anything that never got a report */
 }
 
-static int oq__producer_create(oq_relay_t *r, oq_error_t *err)
+static int producer_new(oq_relay_t *r, oq_error_t *err)
 {
     char errstr[512];
-    rd_kafka_conf_t *conf = oq__conf(r, err);
+    rd_kafka_conf_t *conf = kafka_conf(r, err);
     if (!conf) return err ? err->code : OQ_EINVAL;
     r->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
     if (!r->rk) {
@@ -410,7 +410,7 @@ static int oq__producer_create(oq_relay_t *r, oq_error_t *err)
     for (int i = 0; i < r->ntopics; i++) {
         r->topics[i].rkt = rd_kafka_topic_new(r->rk, r->topics[i].name, NULL);
         if (!r->topics[i].rkt) {
-            oq__producer_destroy(r);
+            producer_destroy(r);
             return oq_error_set(err, OQ_EKAFKA, 0, "topic %s: %s", r->topics[i].name,
                                 rd_kafka_err2str(rd_kafka_last_error()));
         }
@@ -419,7 +419,7 @@ static int oq__producer_create(oq_relay_t *r, oq_error_t *err)
 }
 
 /* Topic index for \p name (creating the handle once); -1 when the cache is full. */
-static int oq__topic(oq_relay_t *r, const char *name)
+static int topic_index(oq_relay_t *r, const char *name)
 {
     for (int i = 0; i < r->ntopics; i++)
         if (strcmp(r->topics[i].name, name) == 0) return i;
@@ -431,13 +431,13 @@ static int oq__topic(oq_relay_t *r, const char *name)
         free(dup);
         return -1;
     }
-    r->topics[r->ntopics] = (oq__topic_t){.name = dup, .rkt = rkt};
+    r->topics[r->ntopics] = (topic_t){.name = dup, .rkt = rkt};
     return r->ntopics++;
 }
 
 /* --- stats / metrics ----------------------------------------------------------------------- */
 
-static void oq__publish_stats(oq_relay_t *r)
+static void publish_stats(oq_relay_t *r)
 {
     r->st.lease_state = r->holder ? OQ_RELAY_HOLDER : OQ_RELAY_STANDBY;
     r->st.fence = r->fence;
@@ -451,7 +451,7 @@ static void oq__publish_stats(oq_relay_t *r)
     oq_gauge_set(r->m_fence, (double)r->fence);
 }
 
-static void oq__refresh_pending(oq_relay_t *r)
+static void refresh_pending(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int64_t count, oldest;
@@ -469,7 +469,7 @@ static void oq__refresh_pending(oq_relay_t *r)
 /* --- waiting ------------------------------------------------------------------------------- */
 
 /* Sleep up to \p ms on the condition variable; returns early (1) on notify or stop. */
-static int oq__wait(oq_relay_t *r, int ms)
+static int wait_ms(oq_relay_t *r, int ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -491,11 +491,11 @@ static int oq__wait(oq_relay_t *r, int ms)
 
 /* --- lease --------------------------------------------------------------------------------- */
 
-static void oq__mark_wait(oq_relay_t *r);
+static void mark_wait(oq_relay_t *r);
 
-static void oq__lose_lease(oq_relay_t *r, const char *why)
+static void lose_lease(oq_relay_t *r, const char *why)
 {
-    oq__mark_wait(r); /* may itself find the lease lost */
+    mark_wait(r); /* may itself find the lease lost */
     if (!r->holder) return;
     OQ_LOG_WARN("relay", "lease %s lost (%s) fence=%" PRId64 ": stop publishing, marking nothing; "
                          "in-flight messages are dropped from tracking (already sent copies are "
@@ -505,15 +505,15 @@ static void oq__lose_lease(oq_relay_t *r, const char *why)
     atomic_store(&r->is_holder, 0);
     r->st.fenced++;
     oq_counter_add(r->m_fenced, 1);
-    if (r->rk) oq__producer_destroy(r);
+    if (r->rk) producer_destroy(r);
     r->failed.n = 0;
     r->draining = 0;
-    oq__ring_reset(r);
+    ring_reset(r);
     r->ndelivered = 0;
     r->cursor = r->wm = r->wm_stored = 0;
 }
 
-static void oq__try_acquire(oq_relay_t *r)
+static void try_acquire(oq_relay_t *r)
 {
     oq_error_t err = {0};
     char holder[256];
@@ -533,7 +533,7 @@ static void oq__try_acquire(oq_relay_t *r)
     r->renewed_at_ms = now;
     r->expires_at_ms = now + r->lease_ms;
     r->cursor = r->wm = r->wm_stored = wm; /* publish everything after the stored watermark */
-    oq__ring_reset(r);
+    ring_reset(r);
     r->ndelivered = 0;
     r->failed.n = 0;
     r->draining = 0;
@@ -545,7 +545,7 @@ static void oq__try_acquire(oq_relay_t *r)
     OQ_CRASH_POINT("relay.after_lease_acquire");
 }
 
-static void oq__renew(oq_relay_t *r)
+static void renew(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int64_t now = oq_now_ms();
@@ -555,7 +555,7 @@ static void oq__renew(oq_relay_t *r)
         r->renewed_at_ms = now;
         r->expires_at_ms = now + r->lease_ms;
     } else if (rc == OQ_EFENCED) {
-        oq__lose_lease(r, "renewal refused");
+        lose_lease(r, "renewal refused");
     } else {
         OQ_LOG_WARN("relay", "lease renewal failed (will retry): %s", err.msg);
         r->renewed_at_ms = now - r->lease_ms / 3 + 50; /* retry in ~50 ms */
@@ -570,7 +570,7 @@ static void oq__renew(oq_relay_t *r)
  * failure leaves the watermark for the next job (it only grows meanwhile).
  * @returns 1 when a job was collected.
  */
-static int oq__mark_collect(oq_relay_t *r)
+static int mark_collect(oq_relay_t *r)
 {
     pthread_mutex_lock(&r->wmu);
     if (r->job_state != OQ__JOB_DONE) {
@@ -599,7 +599,7 @@ static int oq__mark_collect(oq_relay_t *r)
                               " delivery reports) fence=%" PRId64,
                      from, upto, n, fence);
     } else if (rc == OQ_EFENCED) {
-        if (current) oq__lose_lease(r, "mark refused by the fencing check");
+        if (current) lose_lease(r, "mark refused by the fencing check");
     } else {
         if (current) {
             if (r->ndelivered == 0) r->first_delivered_us = oq_mono_us();
@@ -614,7 +614,7 @@ static int oq__mark_collect(oq_relay_t *r)
 
 /* Hands the watermark to the writer if it moved and the writer is idle. @returns 1 when
  * submitted. */
-static int oq__mark_submit(oq_relay_t *r)
+static int mark_submit(oq_relay_t *r)
 {
     if (!r->holder || r->wm <= r->wm_stored) return 0;
     pthread_mutex_lock(&r->wmu);
@@ -634,10 +634,10 @@ static int oq__mark_submit(oq_relay_t *r)
 }
 
 /* Waits until the writer has no job, collecting a finished one. */
-static void oq__mark_wait(oq_relay_t *r)
+static void mark_wait(oq_relay_t *r)
 {
     for (;;) {
-        if (oq__mark_collect(r)) return;
+        if (mark_collect(r)) return;
         pthread_mutex_lock(&r->wmu);
         int idle = r->job_state == OQ__JOB_IDLE;
         pthread_mutex_unlock(&r->wmu);
@@ -649,7 +649,7 @@ static void oq__mark_wait(oq_relay_t *r)
 /* --- the writer thread --------------------------------------------------------------------- */
 
 /* Runs one mark job on the writer's connection. @locality writer thread, job PENDING. */
-static void oq__writer_mark(oq_relay_t *r)
+static void writer_mark(oq_relay_t *r)
 {
     oq_error_t err = {0};
     OQ_CRASH_POINT("relay.after_delivery_before_mark");
@@ -664,7 +664,7 @@ static void oq__writer_mark(oq_relay_t *r)
 }
 
 /* One bounded retention DELETE. @returns rows deleted. @locality writer thread. */
-static int64_t oq__writer_cleanup(oq_relay_t *r)
+static int64_t writer_cleanup(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int64_t deleted = 0;
@@ -688,7 +688,7 @@ static int64_t oq__writer_cleanup(oq_relay_t *r)
  * once a second while the relay holds the lease (sooner while full batches come back). Its
  * fsyncs overlap with the relay thread's reading and producing.
  */
-static void *oq__writer_main(void *arg)
+static void *writer_main(void *arg)
 {
     oq_relay_t *r = arg;
     int64_t next_cleanup_us = oq_mono_us() + 1000000;
@@ -696,7 +696,7 @@ static void *oq__writer_main(void *arg)
     while (!r->wstop) {
         if (r->job_state == OQ__JOB_PENDING) {
             pthread_mutex_unlock(&r->wmu);
-            oq__writer_mark(r);
+            writer_mark(r);
             pthread_mutex_lock(&r->wmu);
             r->job_state = OQ__JOB_DONE;
             pthread_mutex_unlock(&r->wmu);
@@ -707,7 +707,7 @@ static void *oq__writer_main(void *arg)
         int64_t now_us = oq_mono_us();
         if (r->retention_ms > 0 && now_us >= next_cleanup_us && atomic_load(&r->is_holder)) {
             pthread_mutex_unlock(&r->wmu);
-            int64_t d = oq__writer_cleanup(r);
+            int64_t d = writer_cleanup(r);
             next_cleanup_us = oq_mono_us() + (d >= r->cleanup_batch ? 10000 : 1000000);
             pthread_mutex_lock(&r->wmu);
             continue;
@@ -733,7 +733,7 @@ static void *oq__writer_main(void *arg)
  * head is the lowest failed row. Rewind the cursor to the watermark (rows delivered above it
  * are sent again, in order) and back off.
  */
-static void oq__finish_drain(oq_relay_t *r)
+static void finish_drain(oq_relay_t *r)
 {
     size_t nf = r->failed.n;
     int64_t gmin = INT64_MAX;
@@ -744,7 +744,7 @@ static void oq__finish_drain(oq_relay_t *r)
     if (gmin != INT64_MAX && r->wm > gmin - 1) r->wm = gmin - 1;
     if (r->wm < r->wm_stored) r->wm = r->wm_stored;
     int64_t resend = r->cursor > r->wm ? r->cursor - r->wm : 0;
-    oq__ring_reset(r);
+    ring_reset(r);
     r->cursor = r->wm;
     r->st.rewinds++;
     oq_counter_add(r->m_rewinds, 1);
@@ -758,14 +758,14 @@ static void oq__finish_drain(oq_relay_t *r)
     if (r->backoff_ms > OQ__RELAY_BACKOFF_MAX_MS) r->backoff_ms = OQ__RELAY_BACKOFF_MAX_MS;
 }
 
-static void oq__handle_fatal(oq_relay_t *r)
+static void handle_fatal(oq_relay_t *r)
 {
     char buf[512] = "";
     rd_kafka_resp_err_t e = r->rk ? rd_kafka_fatal_error(r->rk, buf, sizeof(buf)) : 0;
     OQ_LOG_ERROR("relay", "fatal producer error %s: %s; recreating the producer (rows stay "
                           "unpublished and are re-sent)",
                  rd_kafka_err2name(e), buf);
-    oq__producer_destroy(r); /* purged/abandoned messages land in `failed` */
+    producer_destroy(r); /* purged/abandoned messages land in `failed` */
     r->fatal = 0;
     r->st.producer_restarts++;
     oq_counter_add(r->m_restarts, 1);
@@ -776,21 +776,21 @@ static void oq__handle_fatal(oq_relay_t *r)
 
 /* --- producing ----------------------------------------------------------------------------- */
 
-static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
+static int produce_row(void *ctx, const oq__relay_row_t *row)
 {
     oq_relay_t *r = ctx;
     if (r->draining || r->fatal || atomic_load(&r->stop)) return 1;
     if (r->batch_n == 0) OQ_CRASH_POINT("relay.after_read_batch");
-    int t = oq__topic(r, row->topic);
+    int t = topic_index(r, row->topic);
     if (t < 0) {
         OQ_LOG_ERROR("relay", "seq=%" PRId64 ": cannot create a handle for topic '%s'", row->seq,
                      row->topic);
-        oq__list_push(&r->failed, (oq__entry_t){.seq = row->seq, .partition = -1, .topic = 0});
+        list_push(&r->failed, (entry_t){.seq = row->seq, .partition = -1, .topic = 0});
         r->draining = 1;
         return 1;
     }
     if (r->ring_len >= (uint32_t)r->max_inflight) return 1; /* ring full behind a slow row */
-    uint32_t h = oq__slot_alloc(r);
+    uint32_t h = slot_alloc(r);
     if (!h) return 1; /* max_inflight reached */
     r->slots[h - 1].seq = row->seq;
     r->slots[h - 1].created_at = row->created_at;
@@ -800,22 +800,22 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
             r->rk, RD_KAFKA_V_RKT(r->topics[t].rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_KEY(row->key, row->key_len),
             RD_KAFKA_V_VALUE((void *)row->payload, row->payload_len),
-            RD_KAFKA_V_HEADER(OQ__RELAY_HDR, row->message_id, (ssize_t)strlen(row->message_id)),
+            RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, row->message_id, (ssize_t)strlen(row->message_id)),
             RD_KAFKA_V_OPAQUE((void *)(uintptr_t)h), RD_KAFKA_V_END);
         if (e == RD_KAFKA_RESP_ERR_NO_ERROR) break;
         if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
             rd_kafka_poll(r->rk, 50);
             if (!r->draining && !r->fatal && !atomic_load(&r->stop)) continue;
-            oq__slot_free(r, h);
+            slot_free(r, h);
             return 1;
         }
-        oq__slot_free(r, h);
+        slot_free(r, h);
         if (e == RD_KAFKA_RESP_ERR__FATAL) {
             r->fatal = 1;
         } else {
             OQ_LOG_ERROR("relay", "produce seq=%" PRId64 " topic=%s: %s", row->seq, row->topic,
                          rd_kafka_err2str(e));
-            oq__list_push(&r->failed, (oq__entry_t){.seq = row->seq, .partition = -1, .topic = t});
+            list_push(&r->failed, (entry_t){.seq = row->seq, .partition = -1, .topic = t});
             r->st.delivery_errors++;
             oq_counter_add(r->m_errors, 1);
             r->draining = 1;
@@ -823,7 +823,7 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
         return 1;
     }
     /* Its delivery report can only come from a later rd_kafka_poll() on this thread. */
-    r->slots[h - 1].ring = oq__ring_push(r, row->seq);
+    r->slots[h - 1].ring = ring_push(r, row->seq);
     r->st.inflight++;
     r->st.produced++;
     oq_counter_add(r->m_produced, 1);
@@ -833,7 +833,7 @@ static int oq__produce_row(void *ctx, const oq__relay_row_t *row)
 }
 
 /* Reads and produces one batch. @returns rows produced, or -1 on a database error. */
-static int oq__produce_batch(oq_relay_t *r)
+static int produce_batch(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int room = r->max_inflight - r->st.inflight;
@@ -844,8 +844,8 @@ static int oq__produce_batch(oq_relay_t *r)
     int n = 0;
     r->batch_n = 0;
     int64_t t0 = oq_mono_us();
-    int rc = oq__relay_store_read(r->store, r->cursor, room, r->batch_bytes, oq__produce_row, r,
-                                  &n, &err);
+    int rc =
+        oq__relay_store_read(r->store, r->cursor, room, r->batch_bytes, produce_row, r, &n, &err);
     r->t_read_us += oq_mono_us() - t0;
     if (rc != 0) {
         OQ_LOG_WARN("relay", "reading the outbox failed (will retry): %s", err.msg);
@@ -861,20 +861,20 @@ static int oq__produce_batch(oq_relay_t *r)
 
 /* --- the thread ---------------------------------------------------------------------------- */
 
-static void oq__periodic(oq_relay_t *r)
+static void periodic(oq_relay_t *r)
 {
     int64_t now_us = oq_mono_us();
     if (now_us >= r->next_stats_us) {
         /* count(*) over a large backlog is not free (~0.1 s per million pending rows): keep
          * the refresh under ~2% of the thread by spacing it 50x its own duration, >= 1 s. */
-        oq__refresh_pending(r);
+        refresh_pending(r);
         r->st.cleaned = atomic_load(&r->cleaned);
         int64_t took = oq_mono_us() - now_us;
         r->next_stats_us = now_us + (took * 50 > 1000000 ? took * 50 : 1000000);
     }
 }
 
-static void oq__shutdown(oq_relay_t *r)
+static void relay_shutdown(oq_relay_t *r)
 {
     if (r->holder && r->rk) {
         int64_t deadline = oq_mono_us() + r->stop_timeout_ms * 1000;
@@ -884,17 +884,17 @@ static void oq__shutdown(oq_relay_t *r)
                                  " ms; they stay unpublished",
                         r->st.inflight, r->stop_timeout_ms);
         if (r->draining || r->st.inflight > 0) {
-            oq__abandon_inflight(r);
-            oq__finish_drain(r);
+            abandon_inflight(r);
+            finish_drain(r);
         }
-        oq__mark_wait(r);
+        mark_wait(r);
         for (int tries = 0; r->holder && r->wm > r->wm_stored && tries < 20; tries++) {
-            if (oq__mark_submit(r)) oq__mark_wait(r);
+            if (mark_submit(r)) mark_wait(r);
             if (r->wm > r->wm_stored) oq_sleep_ms(50, NULL);
         }
     }
-    oq__mark_wait(r);
-    if (r->rk) oq__producer_destroy(r);
+    mark_wait(r);
+    if (r->rk) producer_destroy(r);
     if (r->holder) {
         oq_error_t err = {0};
         if (oq__relay_lease_release(r->store, r->lease_name, r->owner, r->fence, &err) != 0)
@@ -913,8 +913,8 @@ static void oq__shutdown(oq_relay_t *r)
         r->writer_started = 0;
     }
     r->st.cleaned = atomic_load(&r->cleaned);
-    oq__refresh_pending(r);
-    oq__publish_stats(r);
+    refresh_pending(r);
+    publish_stats(r);
     pthread_mutex_lock(&r->mu);
     r->shared.lease_state = OQ_RELAY_STOPPED;
     pthread_mutex_unlock(&r->mu);
@@ -926,7 +926,7 @@ static void oq__shutdown(oq_relay_t *r)
                 (double)r->t_poll_us / 1e6);
 }
 
-static void *oq__relay_main(void *arg)
+static void *relay_main(void *arg)
 {
     oq_relay_t *r = arg;
     oq_error_t err = {0};
@@ -935,7 +935,7 @@ static void *oq__relay_main(void *arg)
     r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
     r->idle_ms = 1;
     r->last_dv = -1;
-    int e = pthread_create(&r->writer, NULL, oq__writer_main, r);
+    int e = pthread_create(&r->writer, NULL, writer_main, r);
     if (e != 0) {
         OQ_LOG_ERROR("relay", "cannot start the writer thread: %s; relay not running",
                      strerror(e));
@@ -948,44 +948,44 @@ static void *oq__relay_main(void *arg)
     r->writer_started = 1;
 
     while (!atomic_load(&r->stop)) {
-        oq__mark_collect(r);
+        mark_collect(r);
         int64_t now = oq_now_ms();
-        oq__periodic(r);
+        periodic(r);
         if (!r->holder) {
             if (now >= r->next_lease_try_ms) {
-                oq__try_acquire(r);
+                try_acquire(r);
                 r->next_lease_try_ms = now + standby_poll_ms;
             }
-            oq__publish_stats(r);
+            publish_stats(r);
             if (!r->holder) {
-                oq__wait(r, standby_poll_ms);
+                wait_ms(r, standby_poll_ms);
                 continue;
             }
         } else if (now - r->renewed_at_ms >= r->lease_ms / 3) {
-            oq__renew(r);
+            renew(r);
             if (!r->holder) continue;
         }
         if (!r->rk) {
-            if (oq__producer_create(r, &err) != 0) {
+            if (producer_new(r, &err) != 0) {
                 OQ_LOG_ERROR("relay", "cannot create the producer (retrying in %" PRId64 " ms): %s",
                              r->backoff_ms, err.msg);
-                oq__wait(r, (int)r->backoff_ms);
+                wait_ms(r, (int)r->backoff_ms);
                 if (r->backoff_ms < OQ__RELAY_BACKOFF_MAX_MS) r->backoff_ms *= 2;
                 continue;
             }
         }
         rd_kafka_poll(r->rk, 0);
         if (r->fatal) {
-            oq__handle_fatal(r);
+            handle_fatal(r);
             continue;
         }
         if (r->draining) {
             if (r->st.inflight > 0) {
                 rd_kafka_poll(r->rk, 10);
-                oq__publish_stats(r);
+                publish_stats(r);
                 continue;
             }
-            oq__finish_drain(r);
+            finish_drain(r);
         }
 
         int progressed = 0, caught_up = 0;
@@ -995,16 +995,16 @@ static void *oq__relay_main(void *arg)
         if (now_us >= r->resume_at_us && lease_ok && r->st.inflight < r->max_inflight) {
             oq_error_t derr = {0};
             if (oq__relay_store_data_version(r->store, &dv, &derr) != 0) dv = -1;
-            int n = oq__produce_batch(r);
+            int n = produce_batch(r);
             if (n > 0) progressed = 1;
             if (n == 0 && !r->draining && !r->fatal) caught_up = 1;
         }
         if (r->wm > r->wm_stored &&
             (r->st.inflight == 0 || r->ndelivered >= (uint64_t)r->batch_rows ||
              oq_mono_us() - r->first_delivered_us >= OQ__RELAY_MARK_MAX_DELAY_US)) {
-            if (oq__mark_submit(r)) progressed = 1;
+            if (mark_submit(r)) progressed = 1;
         }
-        oq__publish_stats(r);
+        publish_stats(r);
         if (progressed) {
             r->idle_ms = 1;
             continue;
@@ -1019,18 +1019,18 @@ static void *oq__relay_main(void *arg)
         now_us = oq_mono_us();
         if (now_us < r->resume_at_us) { /* backing off after a failure */
             int64_t ms = (r->resume_at_us - now_us) / 1000;
-            oq__wait(r, (int)(ms < 1 ? 1 : ms > 50 ? 50 : ms));
+            wait_ms(r, (int)(ms < 1 ? 1 : ms > 50 ? 50 : ms));
             continue;
         }
         if (!lease_ok || !caught_up || dv < 0) { /* renewal pending or a read error */
-            oq__wait(r, r->poll_max_ms);
+            wait_ms(r, r->poll_max_ms);
             continue;
         }
         r->last_dv = dv;
         /* Idle: wait until another connection commits (data_version moves) or a notify. */
         int64_t wait_until = now_us + 200000; /* re-check lease/cleanup at least every 200 ms */
         while (!atomic_load(&r->stop) && oq_mono_us() < wait_until) {
-            int woke = oq__wait(r, r->idle_ms);
+            int woke = wait_ms(r, r->idle_ms);
             if (r->idle_ms < r->poll_max_ms) r->idle_ms = r->idle_ms * 2 > r->poll_max_ms
                                                               ? r->poll_max_ms
                                                               : r->idle_ms * 2;
@@ -1040,14 +1040,13 @@ static void *oq__relay_main(void *arg)
             if (woke || oq_now_ms() - r->renewed_at_ms >= r->lease_ms / 3) break;
         }
     }
-    oq__shutdown(r);
+    relay_shutdown(r);
     return NULL;
 }
 
 /* --- public API ---------------------------------------------------------------------------- */
 
-static int oq__register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labels,
-                                oq_error_t *err)
+static int register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labels, oq_error_t *err)
 {
     static const double batch_bounds[] = {1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
     static const double lat_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -1124,12 +1123,12 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     atomic_init(&r->is_holder, 0);
     atomic_init(&r->cleaned, 0);
 
-    r->db_path = oq__strdup(opts->db_path);
-    r->sync = oq__strdup(opts->db_synchronous ? opts->db_synchronous : "NORMAL");
-    r->brokers = oq__strdup(opts->brokers);
-    r->lease_name = oq__strdup(opts->lease_name ? opts->lease_name : "outbox");
+    r->db_path = dup_str(opts->db_path);
+    r->sync = dup_str(opts->db_synchronous ? opts->db_synchronous : "NORMAL");
+    r->brokers = dup_str(opts->brokers);
+    r->lease_name = dup_str(opts->lease_name ? opts->lease_name : "outbox");
     if (opts->owner) {
-        r->owner = oq__strdup(opts->owner);
+        r->owner = dup_str(opts->owner);
     } else {
         char host[128] = "host", rnd[9], buf[200];
         unsigned char b[4];
@@ -1138,7 +1137,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
         oq_random_bytes(b, sizeof(b));
         oq_hex(b, sizeof(b), rnd);
         snprintf(buf, sizeof(buf), "%s:%d:%s", host, (int)getpid(), rnd);
-        r->owner = oq__strdup(buf);
+        r->owner = dup_str(buf);
     }
     r->kafka_cfg = opts->kafka_cfg;
     r->lease_ms = opts->lease_ms;
@@ -1161,19 +1160,19 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
         oq_error_set(err, OQ_ENOMEM, 0, "relay: out of memory");
         goto fail;
     }
-    oq__slots_reset(r);
+    slots_reset(r);
 
     /* Validate the Kafka settings now, so a typo fails at start-up, not in the thread. */
-    rd_kafka_conf_t *conf = oq__conf(r, err);
+    rd_kafka_conf_t *conf = kafka_conf(r, err);
     if (!conf) goto fail;
     rd_kafka_conf_destroy(conf);
 
     if (oq__relay_store_open(r->db_path, r->sync, &r->store, err) != 0 ||
         oq__relay_store_open(r->db_path, r->sync, &r->wstore, err) != 0)
         goto fail;
-    if (opts->metrics && oq__register_metrics(r, opts->metrics, opts->metrics_labels, err) != 0)
+    if (opts->metrics && register_metrics(r, opts->metrics, opts->metrics_labels, err) != 0)
         goto fail;
-    oq__refresh_pending(r);
+    refresh_pending(r);
     r->shared = r->st;
     return r;
 fail:
@@ -1185,7 +1184,7 @@ int oq_relay_start(oq_relay_t *r, oq_error_t *err)
 {
     if (!r) return oq_error_set(err, OQ_EINVAL, 0, "relay: NULL");
     if (r->started) return oq_error_set(err, OQ_ESTATE, 0, "relay: already started");
-    int e = pthread_create(&r->thread, NULL, oq__relay_main, r);
+    int e = pthread_create(&r->thread, NULL, relay_main, r);
     if (e != 0) return oq_error_set(err, OQ_EIO, e, "relay: pthread_create: %s", strerror(e));
     r->started = 1;
     pthread_setname_np(r->thread, "oq-relay"); /* shows in top -H / perf; failure harmless */
@@ -1219,7 +1218,7 @@ void oq_relay_destroy(oq_relay_t *r)
 {
     if (!r) return;
     oq_relay_stop(r);
-    if (r->rk) oq__producer_destroy(r);
+    if (r->rk) producer_destroy(r);
     for (int i = 0; i < r->ntopics; i++) free(r->topics[i].name);
     oq__relay_store_close(r->store);
     oq__relay_store_close(r->wstore);

@@ -146,21 +146,21 @@ void oq__relay_store_close(oq__relay_store_t *s)
     free(s);
 }
 
-static sqlite3_stmt *oq__get(oq__relay_store_t *s, const char *sql, oq_error_t *err)
+static sqlite3_stmt *get(oq__relay_store_t *s, const char *sql, oq_error_t *err)
 {
     return oq_stmt_get(s->cache, sql, err);
 }
 
-/* Returns the OQ_E* code recorded by a failed oq__get(). */
-static int oq__prep_fail(oq_error_t *err)
+/* Returns the OQ_E* code recorded by a failed get(). */
+static int prep_fail(oq_error_t *err)
 {
     return (err && err->code) ? err->code : OQ_EDB;
 }
 
 int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err)
 {
-    sqlite3_stmt *st = oq__get(s, sql_data_version, err);
-    if (!st) return oq__prep_fail(err);
+    sqlite3_stmt *st = get(s, sql_data_version, err);
+    if (!st) return prep_fail(err);
     int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) {
         *out = sqlite3_column_int64(st, 0);
@@ -174,8 +174,8 @@ int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t 
 
 /* Binds ?1..?5 of the statements that renew a held lease (sql_lease_renew, sql_mark): name,
  * owner, fence, now, new expiry. */
-static void oq__bind_lease(sqlite3_stmt *st, const char *name, const char *owner, int64_t fence,
-                           int64_t now_ms, int64_t lease_ms)
+static void bind_lease(sqlite3_stmt *st, const char *name, const char *owner, int64_t fence,
+                       int64_t now_ms, int64_t lease_ms)
 {
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
@@ -199,18 +199,18 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
     rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
 
-    st = oq__get(s, sql_lease_get, err);
+    st = get(s, sql_lease_get, err);
     if (!st) {
-        rc = oq__prep_fail(err);
+        rc = prep_fail(err);
         goto out;
     }
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     step = sqlite3_step(st);
     if (step == SQLITE_DONE) {
         sqlite3_reset(st);
-        st = oq__get(s, sql_lease_insert, err);
+        st = get(s, sql_lease_insert, err);
         if (!st) {
-            rc = oq__prep_fail(err);
+            rc = prep_fail(err);
             goto out;
         }
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -243,16 +243,16 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
 
     int ours = strcmp(cur_owner, owner) == 0 && cur_fence == *fence && cur_exp > now_ms;
     if (ours) {
-        st = oq__get(s, sql_lease_renew, err);
+        st = get(s, sql_lease_renew, err);
         if (!st) {
-            rc = oq__prep_fail(err);
+            rc = prep_fail(err);
             goto out;
         }
-        oq__bind_lease(st, name, owner, cur_fence, now_ms, lease_ms);
+        bind_lease(st, name, owner, cur_fence, now_ms, lease_ms);
     } else if (cur_exp <= now_ms) {
-        st = oq__get(s, sql_lease_take, err);
+        st = get(s, sql_lease_take, err);
         if (!st) {
-            rc = oq__prep_fail(err);
+            rc = prep_fail(err);
             goto out;
         }
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -284,12 +284,12 @@ out:
     return rc;
 }
 
-static int oq__lease_renew_stmt(oq__relay_store_t *s, const char *name, const char *owner,
-                                int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
+static int lease_renew_stmt(oq__relay_store_t *s, const char *name, const char *owner,
+                            int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
 {
-    sqlite3_stmt *st = oq__get(s, sql_lease_renew, err);
-    if (!st) return oq__prep_fail(err);
-    oq__bind_lease(st, name, owner, fence, now_ms, lease_ms);
+    sqlite3_stmt *st = get(s, sql_lease_renew, err);
+    if (!st) return prep_fail(err);
+    bind_lease(st, name, owner, fence, now_ms, lease_ms);
     int step = sqlite3_step(st);
     sqlite3_reset(st);
     if (step != SQLITE_DONE) return oq_db_error(s->db, step, err, "relay lease renew");
@@ -302,14 +302,14 @@ int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *ow
                           int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
 {
     /* A single UPDATE is its own transaction: no BEGIN needed. */
-    return oq__lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
+    return lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
 }
 
 int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *owner,
                             int64_t fence, oq_error_t *err)
 {
-    sqlite3_stmt *st = oq__get(s, sql_lease_release, err);
-    if (!st) return oq__prep_fail(err);
+    sqlite3_stmt *st = get(s, sql_lease_release, err);
+    if (!st) return prep_fail(err);
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, fence);
@@ -324,11 +324,11 @@ int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *
 int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int64_t max_bytes,
                          oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err)
 {
-    sqlite3_stmt *st = oq__get(s, sql_read, err);
+    sqlite3_stmt *st = get(s, sql_read, err);
     int rc = 0, n = 0;
     int64_t bytes = 0;
     *nread = 0;
-    if (!st) return oq__prep_fail(err);
+    if (!st) return prep_fail(err);
     sqlite3_bind_int64(st, 1, after);
     sqlite3_bind_int(st, 2, max_rows);
     for (;;) {
@@ -369,12 +369,12 @@ int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *own
 {
     int rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
-    sqlite3_stmt *st = oq__get(s, sql_mark, err);
+    sqlite3_stmt *st = get(s, sql_mark, err);
     if (!st) {
-        rc = oq__prep_fail(err);
+        rc = prep_fail(err);
         goto out;
     }
-    oq__bind_lease(st, name, owner, fence, now_ms, lease_ms);
+    bind_lease(st, name, owner, fence, now_ms, lease_ms);
     sqlite3_bind_int64(st, 6, upto);
     int step = sqlite3_step(st);
     sqlite3_reset(st);
@@ -403,9 +403,9 @@ int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, 
     *deleted = 0;
     rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
-    sqlite3_stmt *st = oq__get(s, sql_cleanup, err);
+    sqlite3_stmt *st = get(s, sql_cleanup, err);
     if (!st) {
-        rc = oq__prep_fail(err);
+        rc = prep_fail(err);
         goto out;
     }
     sqlite3_bind_int64(st, 1, cutoff_ms);
@@ -427,8 +427,8 @@ out:
 
 /* --- stats --------------------------------------------------------------------------------- */
 
-static int oq__scalar(sqlite3 *db, sqlite3_stmt *st, int64_t *out, int *found, oq_error_t *err,
-                      const char *what)
+static int scalar(sqlite3 *db, sqlite3_stmt *st, int64_t *out, int *found, oq_error_t *err,
+                  const char *what)
 {
     int step = sqlite3_step(st);
     *found = 0;
@@ -445,21 +445,21 @@ int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldes
                             oq_error_t *err)
 {
     int found, rc;
-    sqlite3_stmt *st = oq__get(s, sql_pending_count, err);
-    if (!st) return oq__prep_fail(err);
+    sqlite3_stmt *st = get(s, sql_pending_count, err);
+    if (!st) return prep_fail(err);
     *count = 0;
     *oldest_created_at = 0;
-    rc = oq__scalar(s->db, st, count, &found, err, "relay pending count");
+    rc = scalar(s->db, st, count, &found, err, "relay pending count");
     if (rc != 0) return rc;
-    st = oq__get(s, sql_pending_oldest, err);
-    if (!st) return oq__prep_fail(err);
-    return oq__scalar(s->db, st, oldest_created_at, &found, err, "relay pending oldest");
+    st = get(s, sql_pending_oldest, err);
+    if (!st) return prep_fail(err);
+    return scalar(s->db, st, oldest_created_at, &found, err, "relay pending oldest");
 }
 
 /* Appends printf output to buf at *pos, never past n (truncates silently). */
-static void oq__append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void oq__append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
 {
     if (*pos >= n) return;
     va_list ap;
@@ -494,16 +494,16 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
     } while (0)
 
     OQ__PREP(sql_pending_count);
-    if ((rc = oq__scalar(db, st, &pending, &found, err, "relay status")) != 0) goto out;
+    if ((rc = scalar(db, st, &pending, &found, err, "relay status")) != 0) goto out;
     OQ__PREP(sql_pending_oldest);
-    if ((rc = oq__scalar(db, st, &oldest, &found, err, "relay status")) != 0) goto out;
+    if ((rc = scalar(db, st, &oldest, &found, err, "relay status")) != 0) goto out;
     if (!found) oldest = 0;
     OQ__PREP(q_pub);
-    if ((rc = oq__scalar(db, st, &published, &found, err, "relay status")) != 0) goto out;
+    if ((rc = scalar(db, st, &published, &found, err, "relay status")) != 0) goto out;
 
     double age = oldest > 0 && now_ms > oldest ? (double)(now_ms - oldest) / 1000.0 : 0.0;
-    oq__append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
-               pending, age, published);
+    append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
+           pending, age, published);
     OQ__PREP(q_lease);
     int leases = 0;
     for (;;) {
@@ -517,18 +517,17 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
         const unsigned char *owner = sqlite3_column_text(st, 1);
         int64_t fence = sqlite3_column_int64(st, 2);
         int64_t exp = sqlite3_column_int64(st, 3);
-        oq__append(buf, n, &pos, " lease=%s published_seq=%" PRId64,
-                   lname ? (const char *)lname : "?", (int64_t)sqlite3_column_int64(st, 4));
+        append(buf, n, &pos, " lease=%s published_seq=%" PRId64, lname ? (const char *)lname : "?",
+               (int64_t)sqlite3_column_int64(st, 4));
         if (exp > now_ms)
-            oq__append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs",
-                       owner ? (const char *)owner : "?", fence,
-                       (double)(exp - now_ms) / 1000.0);
+            append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs",
+                   owner ? (const char *)owner : "?", fence, (double)(exp - now_ms) / 1000.0);
         else
-            oq__append(buf, n, &pos, " holder=none fence=%" PRId64 " last_holder=%s expired",
-                       fence, owner ? (const char *)owner : "?");
+            append(buf, n, &pos, " holder=none fence=%" PRId64 " last_holder=%s expired", fence,
+                   owner ? (const char *)owner : "?");
         leases++;
     }
-    if (leases == 0) oq__append(buf, n, &pos, " holder=none");
+    if (leases == 0) append(buf, n, &pos, " holder=none");
 #undef OQ__PREP
 out:
     sqlite3_finalize(st);

@@ -1,6 +1,6 @@
 /*
  * oq_e2e_load: HTTP load generator for the end-to-end tests (a thin CLI over oq_load_run() in
- * chaos/load.c). It submits calls "<prefix>-<i>" for i in [first, first+calls) with a
+ * bench/load.c). It submits calls "<prefix>-<i>" for i in [first, first+calls) with a
  * deterministic mix of tools, retrying transport errors / 429 / 5xx with the same key and body,
  * and prints one `name=value` per line so shell scripts can read the figures without jq.
  *
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "oq_chaos.h"
+#include "oq_load.h"
 #include "oq_log.h"
 
 static void usage(void)

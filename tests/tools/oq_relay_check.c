@@ -29,6 +29,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -262,7 +263,7 @@ int main(int argc, char **argv)
         size_t hn = 0;
         long i = -1;
         if (rd_kafka_message_headers(m, &hdrs) == 0 &&
-            rd_kafka_header_get_last(hdrs, "onceq-message-id", &hv, &hn) == 0 && hv)
+            rd_kafka_header_get_last(hdrs, OQ_HDR_MESSAGE_ID, &hv, &hn) == 0 && hv)
             i = find_row(hv, hn);
         if (i < 0) {
             unknown++;

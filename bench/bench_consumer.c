@@ -1,5 +1,5 @@
 /*
- * `onceq bench consumer`: the consumer worker from a pre-filled topic against a raw baseline
+ * `onceq-bench consumer`: the consumer worker from a pre-filled topic against a raw baseline
  * in the same run, as a ratio.
  *
  * Method. A fresh topic (auto-created by the broker) is filled with --calls tool_call
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_config.h"
 #include "oq_consumer.h"
 #include "oq_db.h"
@@ -39,16 +39,14 @@
 #include "oq_log.h"
 #include "oq_util.h"
 
-int oq_bench_consumer(int argc, char **argv);
-
-static const char oq__bcons_usage[] =
-    "usage: onceq bench consumer --brokers HOST:PORT[,...] [--calls 20000] [--batch 500]\n"
+static const char bcons_usage[] =
+    "usage: onceq-bench consumer --brokers HOST:PORT[,...] [--calls 20000] [--batch 500]\n"
     "                            [--synchronous full] [--dir /tmp] [--no-relay] [-X k=v]...\n"
     "\n"
     "Consumer worker rate from a pre-filled topic vs raw librdkafka consume + batched plain\n"
     "SQLite inserts of the same messages, same run, as a ratio (target >= 0.5).";
 
-static const oq_setting_t oq__bcons_settings[] = {
+static const oq_setting_t bcons_settings[] = {
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers (onceq broker)"},
     {"calls", OQ_SET_INT, "20000", 1, 10000000, NULL, "tool calls in the topic"},
     {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "poll batch / transaction size (all runs)"},
@@ -66,9 +64,9 @@ typedef struct {
     int batch;
     int round;
     char tag[16];
-} oq__bc_t;
+} bc_t;
 
-static int oq__bc_fill(oq__bc_t *b)
+static int bc_fill(bc_t *b)
 {
     oq_error_t err = {0};
     char errstr[256];
@@ -126,12 +124,12 @@ static int oq__bc_fill(oq__bc_t *b)
 
 /* --- raw baselines ----------------------------------------------------------------------- */
 
-static const char oq__raw_schema[] =
+static const char raw_schema[] =
     "CREATE TABLE IF NOT EXISTS raw(message_id TEXT PRIMARY KEY, call_id TEXT, "
     "partition INTEGER, offset INTEGER, received_at INTEGER, payload BLOB) WITHOUT ROWID";
 
 /* same_rows = 0: one row per message; 1: the worker's rows with plain INSERTs. */
-static int oq__bc_raw(oq__bc_t *b, int same_rows, double *rate)
+static int bc_raw(bc_t *b, int same_rows, double *rate)
 {
     static const char *const ins_same[] = {
         "INSERT INTO inbox(message_id, call_id, topic, partition, offset, received_at, outcome)"
@@ -161,7 +159,7 @@ static int oq__bc_raw(oq__bc_t *b, int same_rows, double *rate)
     oq_db_opts_t o = {.synchronous = b->sync};
     if (!batch || oq_db_open(path, &o, &db, &err)) goto out;
     if (same_rows ? oq_db_migrate(db, oq_migrations_consumer, &err)
-                  : oq_db_exec(db, oq__raw_schema, &err))
+                  : oq_db_exec(db, raw_schema, &err))
         goto out;
     /* the same page cache as the worker's connections (consumer/store.c) */
     if (oq_db_exec(db, "PRAGMA cache_size = -32768", &err)) goto out;
@@ -277,18 +275,18 @@ out:
 typedef struct {
     oq_consumer_t *c;
     int rc;
-} oq__bc_run_t;
+} bc_run_t;
 
-static void *oq__bc_thread(void *arg)
+static void *bc_thread(void *arg)
 {
-    oq__bc_run_t *r = arg;
+    bc_run_t *r = arg;
     oq_error_t err = {0};
     r->rc = oq_consumer_run(r->c, 0, &err);
     if (r->rc) fprintf(stderr, "consumer: %s\n", err.msg);
     return NULL;
 }
 
-static int oq__bc_onceq(oq__bc_t *b, int no_relay, double *rate, oq_consumer_stats_t *st_out)
+static int bc_onceq(bc_t *b, int no_relay, double *rate, oq_consumer_stats_t *st_out)
 {
     oq_error_t err = {0};
     char path[1100], group[64], side[1200];
@@ -311,9 +309,9 @@ static int oq__bc_onceq(oq__bc_t *b, int no_relay, double *rate, oq_consumer_sta
         fprintf(stderr, "consumer: %s\n", err.msg);
         return -1;
     }
-    oq__bc_run_t run = {.c = c, .rc = 0};
+    bc_run_t run = {.c = c, .rc = 0};
     pthread_t th;
-    pthread_create(&th, NULL, oq__bc_thread, &run);
+    pthread_create(&th, NULL, bc_thread, &run);
     pthread_setname_np(th, "oq-consumer");
     oq_consumer_stats_t st;
     int64_t deadline = oq_mono_us() + 300 * 1000000LL, t1 = 0;
@@ -345,7 +343,7 @@ static int oq__bc_onceq(oq__bc_t *b, int no_relay, double *rate, oq_consumer_sta
     return rc;
 }
 
-static double oq__median(const double *v, int n)
+static double median_of(const double *v, int n)
 {
     double t[100];
     for (int i = 0; i < n; i++) t[i] = v[i];
@@ -358,19 +356,19 @@ static double oq__median(const double *v, int n)
     return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
-int oq_bench_consumer(int argc, char **argv)
+int oq__bench_consumer(int argc, char **argv)
 {
     oq_config_t *cfg =
-        oq_config_new(oq__bcons_settings, sizeof(oq__bcons_settings) / sizeof(oq__bcons_settings[0]));
+        oq_config_new(bcons_settings, sizeof(bcons_settings) / sizeof(bcons_settings[0]));
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, oq__bcons_usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq-bench", bcons_usage, argc, argv);
     if (rc >= 0) goto done;
     if (!oq_config_str(cfg, "brokers")) {
-        fprintf(stderr, "onceq bench consumer: --brokers is required (start `onceq broker`)\n");
+        fprintf(stderr, "onceq-bench consumer: --brokers is required (start `onceq broker`)\n");
         rc = OQ_EXIT_USAGE;
         goto done;
     }
-    oq__bc_t b;
+    bc_t b;
     memset(&b, 0, sizeof(b));
     char topic[96];
     unsigned char rnd[4];
@@ -391,7 +389,7 @@ int oq_bench_consumer(int argc, char **argv)
            b.n, b.batch, b.sync, b.topic);
     fflush(stdout);
     int64_t f0 = oq_mono_us();
-    if (oq__bc_fill(&b)) {
+    if (bc_fill(&b)) {
         rc = OQ_EXIT_FAIL;
         goto done;
     }
@@ -406,8 +404,8 @@ int oq_bench_consumer(int argc, char **argv)
      * the machine is shared, so load changes hit all three alike. */
     for (int r = 0; r < rounds; r++) {
         b.round = r;
-        if (oq__bc_raw(&b, 0, &raws[r]) || oq__bc_raw(&b, 1, &sames[r]) ||
-            oq__bc_onceq(&b, no_relay, &onceqs[r], &st)) {
+        if (bc_raw(&b, 0, &raws[r]) || bc_raw(&b, 1, &sames[r]) ||
+            bc_onceq(&b, no_relay, &onceqs[r], &st)) {
             rc = OQ_EXIT_FAIL;
             goto done;
         }
@@ -423,9 +421,9 @@ int oq_bench_consumer(int argc, char **argv)
                r + 1, raws[r], sames[r], onceqs[r], ratios[r], ratios_same[r]);
         fflush(stdout);
     }
-    double m_raw = oq__median(raws, rounds), m_same = oq__median(sames, rounds),
-           m_onceq = oq__median(onceqs, rounds), m_ratio = oq__median(ratios, rounds),
-           m_ratio_same = oq__median(ratios_same, rounds);
+    double m_raw = median_of(raws, rounds), m_same = median_of(sames, rounds),
+           m_onceq = median_of(onceqs, rounds), m_ratio = median_of(ratios, rounds),
+           m_ratio_same = median_of(ratios_same, rounds);
     printf("median of %d: raw %.0f msgs/s, raw-same-rows %.0f msgs/s, onceq %.0f calls/s (%s "
            "relay)\n", rounds, m_raw, m_same, m_onceq, no_relay ? "no" : "with");
     printf("ratio onceq/raw = %.2f; onceq/raw-same-rows = %.2f (target >= 0.5)\n", m_ratio,

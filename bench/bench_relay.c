@@ -1,5 +1,5 @@
 /*
- * `onceq bench relay`: outbox-to-broker throughput of the relay against raw librdkafka
+ * `onceq-bench relay`: outbox-to-broker throughput of the relay against raw librdkafka
  * production of the same payloads to the same broker, in the same run, plus the idle relay's
  * commit-to-published latency.
  *
@@ -29,18 +29,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_config.h"
 #include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_relay.h"
 #include "oq_util.h"
 
-int oq_bench_relay(int argc, char **argv);
-
-static const char oq__bench_relay_usage[] =
-    "usage: onceq bench relay --brokers HOST:PORT[,...] [--rows 1000000] [--size 300]\n"
+static const char bench_relay_usage[] =
+    "usage: onceq-bench relay --brokers HOST:PORT[,...] [--rows 1000000] [--size 300]\n"
     "                         [--keys 10000] [--topic onceq.tool-calls] [--samples 200]\n"
     "                         [--dir /tmp] [-X kafka.prop=value]...\n"
     "\n"
@@ -48,7 +47,7 @@ static const char oq__bench_relay_usage[] =
     "to the same broker (both idempotent, acks=all), and the idle relay's commit-to-published\n"
     "latency p50/p99. Target: relay >= 0.5x raw.";
 
-static const oq_setting_t oq__bench_relay_settings[] = {
+static const oq_setting_t bench_relay_settings[] = {
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers (onceq broker)"},
     {"rows", OQ_SET_INT, "1000000", 1, 100000000, NULL, "outbox rows to publish"},
     {"size", OQ_SET_INT, "300", 32, 1000000, NULL, "payload bytes per row"},
@@ -64,7 +63,7 @@ static const oq_setting_t oq__bench_relay_settings[] = {
 };
 
 /* Deterministic row content shared by the fill and the raw producer. */
-static void oq__bench_row(long i, long keys, int size, char *key, size_t keycap, char *payload)
+static void bench_row(long i, long keys, int size, char *key, size_t keycap, char *payload)
 {
     snprintf(key, keycap, "c_%016lx", (unsigned long)(i % keys) * 2654435761UL);
     int n = snprintf(payload, (size_t)size + 64,
@@ -75,7 +74,7 @@ static void oq__bench_row(long i, long keys, int size, char *key, size_t keycap,
     payload[n] = '\0';
 }
 
-static int oq__bench_fill(const char *path, long rows, long keys, int size, const char *topic)
+static int bench_fill(const char *path, long rows, long keys, int size, const char *topic)
 {
     oq_error_t err = {0};
     sqlite3 *db = NULL;
@@ -93,7 +92,7 @@ static int oq__bench_fill(const char *path, long rows, long keys, int size, cons
         long end = i + 50000 < rows ? i + 50000 : rows;
         for (; i < end; i++) {
             char key[40], mid[OQ_UUID_LEN + 1];
-            oq__bench_row(i, keys, size, key, sizeof(key), payload);
+            bench_row(i, keys, size, key, sizeof(key), payload);
             oq_id_uuid(mid);
             oq_outbox_row_t row = {.message_id = mid, .topic = topic, .key = key,
                                    .payload = payload, .payload_len = strlen(payload),
@@ -114,21 +113,20 @@ out:
     return rc;
 }
 
-static long oq__raw_delivered, oq__raw_failed;
+static long raw_delivered, raw_failed;
 
-static void oq__raw_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+static void raw_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
     (void)opaque;
     if (m->err)
-        oq__raw_failed++;
+        raw_failed++;
     else
-        oq__raw_delivered++;
+        raw_delivered++;
 }
 
 /* Raw baseline: @returns elapsed seconds, or -1. */
-static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int size,
-                            const char *topic)
+static double bench_raw(const oq_config_t *cfg, long rows, long keys, int size, const char *topic)
 {
     oq_error_t err = {0};
     char errstr[512];
@@ -141,7 +139,7 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
         if (conf) rd_kafka_conf_destroy(conf);
         return -1;
     }
-    rd_kafka_conf_set_dr_msg_cb(conf, oq__raw_dr);
+    rd_kafka_conf_set_dr_msg_cb(conf, raw_dr);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
     if (!rk) {
         fprintf(stderr, "bench relay: %s\n", errstr);
@@ -151,21 +149,21 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
     char *payload = malloc((size_t)size + 64);
     /* warm-up: metadata and producer id, not timed */
-    oq__raw_delivered = oq__raw_failed = 0;
+    raw_delivered = raw_failed = 0;
     rd_kafka_producev(rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_VALUE("warmup", 6), RD_KAFKA_V_KEY("w", 1),
                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
     rd_kafka_flush(rk, 10000);
-    oq__raw_delivered = oq__raw_failed = 0;
+    raw_delivered = raw_failed = 0;
     int64_t t0 = oq_mono_us();
     for (long i = 0; i < rows; i++) {
         char key[40], mid[OQ_UUID_LEN + 1];
-        oq__bench_row(i, keys, size, key, sizeof(key), payload);
+        bench_row(i, keys, size, key, sizeof(key), payload);
         oq_id_uuid(mid);
         for (;;) {
             rd_kafka_resp_err_t e = rd_kafka_producev(
                 rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                 RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(payload, strlen(payload)),
-                RD_KAFKA_V_HEADER("onceq-message-id", mid, OQ_UUID_LEN), RD_KAFKA_V_END);
+                RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, mid, OQ_UUID_LEN), RD_KAFKA_V_END);
             if (e == RD_KAFKA_RESP_ERR_NO_ERROR) break;
             if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                 fprintf(stderr, "bench relay: raw produce: %s\n", rd_kafka_err2str(e));
@@ -179,7 +177,7 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
         }
         rd_kafka_poll(rk, 0);
     }
-    while (oq__raw_delivered + oq__raw_failed < rows && rd_kafka_outq_len(rk) > 0) {
+    while (raw_delivered + raw_failed < rows && rd_kafka_outq_len(rk) > 0) {
         rd_kafka_poll(rk, 50);
         if (oq_mono_us() - t0 > 600LL * 1000000) {
             fprintf(stderr, "bench relay: raw produce stalled (broker down?)\n");
@@ -187,7 +185,7 @@ static double oq__bench_raw(const oq_config_t *cfg, long rows, long keys, int si
         }
     }
     double secs = (double)(oq_mono_us() - t0) / 1e6;
-    if (oq__raw_failed) fprintf(stderr, "bench relay: raw: %ld deliveries failed\n", oq__raw_failed);
+    if (raw_failed) fprintf(stderr, "bench relay: raw: %ld deliveries failed\n", raw_failed);
     free(payload);
     rd_kafka_topic_destroy(rkt);
     rd_kafka_destroy(rk);
@@ -199,13 +197,13 @@ fail:
     return -1;
 }
 
-static int oq__cmp_d(const void *a, const void *b)
+static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static double oq__pct(const double *v, int n, double p)
+static double pct(const double *v, int n, double p)
 {
     if (n <= 0) return 0;
     int i = (int)ceil(p * n) - 1;
@@ -214,7 +212,7 @@ static double oq__pct(const double *v, int n, double p)
     return v[i];
 }
 
-static double oq__cpu_s(void)
+static double cpu_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -223,8 +221,8 @@ static double oq__cpu_s(void)
 
 /* Commit one row; wait until the relay produced it (*notice_ms: it noticed the commit) and
  * marked it. @returns the commit-to-published ms, or -1 on timeout/error. */
-static double oq__latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, long i, int size,
-                                 const char *topic, char *payload, double *notice_ms)
+static double latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, long i, int size,
+                             const char *topic, char *payload, double *notice_ms)
 {
     oq_error_t err = {0};
     oq_relay_stats_t s;
@@ -232,7 +230,7 @@ static double oq__latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, lon
     oq_relay_stats(relay, &s);
     uint64_t before = s.published, produced_before = s.produced;
     *notice_ms = -1;
-    oq__bench_row(i, 1000, size, key, sizeof(key), payload);
+    bench_row(i, 1000, size, key, sizeof(key), payload);
     oq_id_uuid(mid);
     oq_outbox_row_t row = {.message_id = mid, .topic = topic, .key = key, .payload = payload,
                            .payload_len = strlen(payload), .created_at = oq_now_ms()};
@@ -258,7 +256,7 @@ static double oq__latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, lon
     return -1;
 }
 
-int oq_bench_relay(int argc, char **argv)
+int oq__bench_relay(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
@@ -267,15 +265,15 @@ int oq_bench_relay(int argc, char **argv)
     double *lat = NULL;
     char dir[1100] = "", path[1200] = "";
     char *payload = NULL;
-    oq_config_t *cfg = oq_config_new(oq__bench_relay_settings, sizeof(oq__bench_relay_settings) /
-                                                                   sizeof(oq__bench_relay_settings[0]));
+    oq_config_t *cfg = oq_config_new(bench_relay_settings, sizeof(bench_relay_settings) /
+                                                               sizeof(bench_relay_settings[0]));
     if (!cfg) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, oq__bench_relay_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq-bench", bench_relay_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }
     if (!oq_config_str(cfg, "brokers")) {
-        fprintf(stderr, "onceq bench relay: --brokers is required (start `onceq broker "
+        fprintf(stderr, "onceq-bench relay: --brokers is required (start `onceq broker "
                         "--partitions 64`)\n");
         ret = OQ_EXIT_USAGE;
         goto out;
@@ -298,13 +296,13 @@ int oq_bench_relay(int argc, char **argv)
            path);
     fflush(stdout);
     int64_t tf = oq_mono_us();
-    if (oq__bench_fill(path, rows, keys, size, topic) != 0) goto out;
+    if (bench_fill(path, rows, keys, size, topic) != 0) goto out;
     printf("fill: %.2f s (not timed)\n", (double)(oq_mono_us() - tf) / 1e6);
     fflush(stdout);
 
-    double rc0 = oq__cpu_s();
-    double raw_s = oq__bench_raw(cfg, rows, keys, size, topic);
-    double raw_cpu = oq__cpu_s() - rc0;
+    double rc0 = cpu_s();
+    double raw_s = bench_raw(cfg, rows, keys, size, topic);
+    double raw_cpu = cpu_s() - rc0;
     if (raw_s <= 0) goto out;
     double raw_rate = (double)rows / raw_s;
     printf("raw librdkafka produce: %ld msgs in %.2f s = %.0f msgs/s (cpu %.2f s)\n", rows, raw_s,
@@ -325,7 +323,7 @@ int oq_bench_relay(int argc, char **argv)
         fprintf(stderr, "bench relay: %s\n", err.msg);
         goto out;
     }
-    double cpu0 = oq__cpu_s();
+    double cpu0 = cpu_s();
     int64_t t0 = oq_mono_us();
     if (oq_relay_start(relay, &err) != 0) {
         fprintf(stderr, "bench relay: %s\n", err.msg);
@@ -343,7 +341,7 @@ int oq_bench_relay(int argc, char **argv)
         oq_sleep_ms(2, NULL);
     }
     double relay_s = (double)(oq_mono_us() - t0) / 1e6;
-    double relay_cpu = oq__cpu_s() - cpu0;
+    double relay_cpu = cpu_s() - cpu0;
     double relay_rate = (double)rows / relay_s;
     printf("relay (read + produce + delivery + mark): %ld rows in %.2f s = %.0f rows/s "
            "(cpu %.2f s; produced=%" PRIu64 " errors=%" PRIu64 ")\n",
@@ -353,10 +351,10 @@ int oq_bench_relay(int argc, char **argv)
 
     /* idle CPU */
     oq_sleep_ms(300, NULL);
-    double c0 = oq__cpu_s();
+    double c0 = cpu_s();
     int64_t w0 = oq_mono_us();
     oq_sleep_ms(1000, NULL);
-    double idle_cpu = (oq__cpu_s() - c0) / ((double)(oq_mono_us() - w0) / 1e6) * 100.0;
+    double idle_cpu = (cpu_s() - c0) / ((double)(oq_mono_us() - w0) / 1e6) * 100.0;
     printf("idle relay process CPU: %.2f%% of one core\n", idle_cpu);
 
     /* latency */
@@ -376,7 +374,7 @@ int oq_bench_relay(int argc, char **argv)
             oq_random_bytes(&r, 1);
             oq_sleep_ms(20 + r % 41, NULL);
             double nms;
-            double ms = oq__latency_sample(db, relay, mode, rows + i, size, topic, payload, &nms);
+            double ms = latency_sample(db, relay, mode, rows + i, size, topic, payload, &nms);
             if (ms < 0) {
                 fprintf(stderr, "bench relay: a latency sample timed out\n");
                 free(notice);
@@ -385,13 +383,13 @@ int oq_bench_relay(int argc, char **argv)
             notice[k] = nms;
             lat[k++] = ms;
         }
-        qsort(notice, (size_t)k, sizeof(double), oq__cmp_d);
-        n50[mode] = oq__pct(notice, k, 0.50);
-        n99[mode] = oq__pct(notice, k, 0.99);
-        qsort(lat, (size_t)k, sizeof(double), oq__cmp_d);
+        qsort(notice, (size_t)k, sizeof(double), cmp_d);
+        n50[mode] = pct(notice, k, 0.50);
+        n99[mode] = pct(notice, k, 0.99);
+        qsort(lat, (size_t)k, sizeof(double), cmp_d);
         nl[mode] = k;
-        p50[mode] = oq__pct(lat, k, 0.50);
-        p99[mode] = oq__pct(lat, k, 0.99);
+        p50[mode] = pct(lat, k, 0.50);
+        p99[mode] = pct(lat, k, 0.99);
         mx[mode] = k ? lat[k - 1] : 0;
         printf("idle commit->produced (noticed) (%s): n=%d p50=%.2f ms p99=%.2f ms\n",
                mode == 0 ? "data_version polling" : "with oq_relay_notify", k, n50[mode],

@@ -1,11 +1,12 @@
 /*
- * `onceq bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
+ * `onceq-bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
  *
- * It runs the real thing as separate processes: `onceq up` (embedded broker, producer, relay,
+ * It runs the real thing as separate processes of the `onceq` binary (the one next to this
+ * program, or --onceq): `onceq up` (embedded broker, producer, relay,
  * N consumers, all durable: WAL + synchronous=FULL for accepted data; the relays' progress
  * marks use NORMAL) in a scratch directory, warms the consumer
  * group up (assignment on the mock cluster takes seconds), then offers a fixed load over HTTP
- * (chaos/load.c: keep-alive connections, open-loop pacing) and waits until every call of the
+ * (bench/load.c: keep-alive connections, open-loop pacing) and waits until every call of the
  * run is terminal at the producer. Latencies are not sampled by polling: they are read back
  * from the databases afterwards, per call, from the timestamps each stage writes anyway:
  *
@@ -37,9 +38,11 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_chaos.h"
 #include "oq_config.h"
+#include "oq_httpc.h"
+#include "oq_load.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -50,7 +53,6 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
 
-int oq_bench_e2e(int argc, char **argv);
 
 static const oq_setting_t e2e_settings[] = {
     {"calls", OQ_SET_INT, "20000", 1, 10000000, NULL, "calls in the measured run"},
@@ -68,7 +70,12 @@ static const oq_setting_t e2e_settings[] = {
     {"keep", OQ_SET_BOOL, "false", 0, -1, NULL, "keep the scratch directory"},
     {"baseline", OQ_SET_BOOL, "true", 0, -1, NULL,
      "first run the same load against the producer alone (same-run baseline)"},
+    {"onceq", OQ_SET_STRING, NULL, 1, 1024, NULL,
+     "the onceq binary to run (default: the onceq next to this program)"},
 };
+
+/* The onceq binary the processes run: --onceq, else `onceq` in this program's directory. */
+static char e2e_onceq[PATH_MAX];
 
 static int e2e_free_port(void)
 {
@@ -88,18 +95,35 @@ static int e2e_free_port(void)
 }
 
 /* CPU seconds (utime + stime) of every child of \p parent, summed per subcommand name. */
+#define E2E_CPU_KINDS 8
 typedef struct {
     char name[16];
     double cpu;
     int n;
 } e2e_cpu_t;
 
-static int e2e_cpu_sample(pid_t parent, e2e_cpu_t *out, int max)
+typedef struct {
+    int n; /* kinds in k[], at most E2E_CPU_KINDS */
+    e2e_cpu_t k[E2E_CPU_KINDS];
+} e2e_cpu_set_t;
+
+/* The CPU seconds of \p name in \p s, 0 when absent. */
+static double e2e_cpu_of(const e2e_cpu_set_t *s, const char *name)
 {
+    for (int j = 0; j < s->n && j < E2E_CPU_KINDS; j++)
+        if (strcmp(s->k[j].name, name) == 0) return s->k[j].cpu;
+    return 0;
+}
+
+static void e2e_cpu_sample(pid_t parent, e2e_cpu_set_t *set)
+{
+    e2e_cpu_t *out = set->k;
+    const int max = E2E_CPU_KINDS;
     int n = 0;
+    set->n = 0;
     long hz = sysconf(_SC_CLK_TCK);
     DIR *d = opendir("/proc");
-    if (!d) return 0;
+    if (!d) return;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         char *end;
@@ -144,7 +168,7 @@ static int e2e_cpu_sample(pid_t parent, e2e_cpu_t *out, int max)
         out[i].n++;
     }
     closedir(d);
-    return n;
+    set->n = n;
 }
 
 static int e2e_cmp(const void *a, const void *b)
@@ -205,13 +229,32 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
     return -1;
 }
 
-/* fork + execv of this binary with \p args (argv[1..]), output appended to \p log. */
+/* Find the onceq binary: \p given, or `onceq` next to /proc/self/exe. 0, or -1 (message). */
+static int e2e_find_onceq(const char *given)
+{
+    if (given) {
+        snprintf(e2e_onceq, sizeof e2e_onceq, "%s", given);
+    } else {
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) return -1;
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) *slash = '\0';
+        snprintf(e2e_onceq, sizeof e2e_onceq, "%s/onceq", slash ? self : ".");
+    }
+    if (access(e2e_onceq, X_OK) != 0) {
+        fprintf(stderr, "onceq-bench e2e: no onceq binary at %s (build it, or pass --onceq)\n",
+                e2e_onceq);
+        return -1;
+    }
+    return 0;
+}
+
+/* fork + execv of the onceq binary with \p args (argv[1..]), output appended to \p log. */
 static pid_t e2e_spawn(char *const args[], const char *log)
 {
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return -1;
-    exe[n] = '\0';
+    char *exe = e2e_onceq;
     char *argv[32];
     int k = 0;
     argv[k++] = exe;
@@ -237,8 +280,8 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers)
     snprintf(cons, sizeof cons, "%d", consumers);
     snprintf(log, sizeof log, "%s/up.log", dir);
     snprintf(d, sizeof d, "%s", dir);
-    /* Fast group formation on the mock cluster (BROKER-NOTES.md): a member joining a stable
-     * group waits session.timeout.ms - 1000 (librdkafka default 45 s). */
+    /* Fast group formation on the mock cluster: a member joining a stable group waits
+     * session.timeout.ms - 1000 (librdkafka default 45 s). */
     char *const args[] = {"up", "--dir", d, "--consumers", cons, "--listen", listen, "-X",
                           "session.timeout.ms=6000", NULL};
     return e2e_spawn(args, log);
@@ -246,14 +289,19 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers)
 
 static int e2e_healthy(int port, int tenths)
 {
-    for (int i = 0; i < tenths; i++) {
-        int status = 0;
-        if (oq_http_get("127.0.0.1", port, "/healthz", 1000, &status, NULL, NULL) == 0 &&
-            status == 200)
-            return 1;
-        oq_sleep_ms(100, NULL);
+    oq_httpc_opts_t ho = {.timeout_ms = 1000};
+    oq_httpc_t *http = oq_httpc_new(&ho, NULL);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", port);
+    int ok = 0;
+    for (int i = 0; http && i < tenths && !ok; i++) {
+        oq_httpc_resp_t r;
+        ok = oq_httpc_request(http, "GET", url, NULL, NULL, &r, NULL) == 0 && r.status == 200;
+        oq_httpc_resp_clear(&r);
+        if (!ok) oq_sleep_ms(100, NULL);
     }
-    return 0;
+    oq_httpc_destroy(http);
+    return ok;
 }
 
 static void e2e_stop_up(pid_t pid);
@@ -429,39 +477,43 @@ static void e2e_rmdir(const char *dir)
     rmdir(dir);
 }
 
-int oq_bench_e2e(int argc, char **argv)
+int oq__bench_e2e(int argc, char **argv)
 {
-    const char *usage = "onceq bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
-                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep]";
+    const char *usage = "onceq-bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
+                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH]";
     oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cmd_parse(cfg, usage, argc, argv);
+    int rc = oq_cli_parse(cfg, "onceq-bench", usage, argc, argv);
     if (rc >= 0) {
         oq_config_destroy(cfg);
         return rc;
     }
     rc = OQ_EXIT_FAIL;
     pid_t up = -1;
+    if (e2e_find_onceq(oq_config_str(cfg, "onceq")) != 0) {
+        oq_config_destroy(cfg);
+        return OQ_EXIT_USAGE;
+    }
     char dir[PATH_MAX];
     int made_dir = 0;
     oq_load_opts_t lo;
     memset(&lo, 0, sizeof lo);
     if (sscanf(oq_config_str(cfg, "mix"), "%d,%d,%d,%d,%d", &lo.mix[0], &lo.mix[1], &lo.mix[2],
                &lo.mix[3], &lo.mix[4]) != 5) {
-        fprintf(stderr, "onceq bench e2e: --mix needs five comma-separated weights\n");
+        fprintf(stderr, "onceq-bench e2e: --mix needs five comma-separated weights\n");
         oq_config_destroy(cfg);
         return OQ_EXIT_USAGE;
     }
     if (oq_config_str(cfg, "dir")) {
         snprintf(dir, sizeof dir, "%s", oq_config_str(cfg, "dir"));
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            fprintf(stderr, "onceq bench e2e: mkdir %s: %s\n", dir, strerror(errno));
+            fprintf(stderr, "onceq-bench e2e: mkdir %s: %s\n", dir, strerror(errno));
             goto out;
         }
     } else {
         snprintf(dir, sizeof dir, "/tmp/onceq-bench-e2e.XXXXXX");
         if (!mkdtemp(dir)) {
-            fprintf(stderr, "onceq bench e2e: mkdtemp: %s\n", strerror(errno));
+            fprintf(stderr, "onceq-bench e2e: mkdtemp: %s\n", strerror(errno));
             goto out;
         }
         made_dir = 1;
@@ -492,12 +544,12 @@ int oq_bench_e2e(int argc, char **argv)
     int consumers = (int)oq_config_int(cfg, "consumers");
     up = e2e_start_up(dir, port, consumers);
     if (up <= 0 || port <= 0) goto out;
-    printf("onceq bench e2e: onceq up pid=%d dir=%s http=127.0.0.1:%d consumers=%d "
+    printf("onceq-bench e2e: onceq up pid=%d dir=%s http=127.0.0.1:%d consumers=%d "
            "(durable: WAL + synchronous=FULL for accepted data)\n",
            (int)up, dir, port, consumers);
     fflush(stdout);
     if (!e2e_healthy(port, 300)) {
-        fprintf(stderr, "onceq bench e2e: producer not healthy after 30 s (see %s/up.log)\n", dir);
+        fprintf(stderr, "onceq-bench e2e: producer not healthy after 30 s (see %s/up.log)\n", dir);
         goto out;
     }
     lo.host = "127.0.0.1";
@@ -512,7 +564,7 @@ int oq_bench_e2e(int argc, char **argv)
         lo.rate = 0;
         lo.key_prefix = "warm";
         if (oq_load_run(&lo, &r, &err) != 0 || r.accepted != warm) {
-            fprintf(stderr, "onceq bench e2e: warm-up failed: %s\n", err.msg);
+            fprintf(stderr, "onceq-bench e2e: warm-up failed: %s\n", err.msg);
             goto out;
         }
         if (e2e_wait_drained(calls_db, "warm", warm, drain, up) != 0) goto out;
@@ -520,8 +572,8 @@ int oq_bench_e2e(int argc, char **argv)
                (double)(oq_mono_us() - bench_t0) / 1e6);
         fflush(stdout);
     }
-    e2e_cpu_t cpu0[8], cpu1[8];
-    int nc0 = e2e_cpu_sample(up, cpu0, 8);
+    e2e_cpu_set_t cpu0, cpu1;
+    e2e_cpu_sample(up, &cpu0);
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     lo.calls = oq_config_int(cfg, "calls");
@@ -529,7 +581,7 @@ int oq_bench_e2e(int argc, char **argv)
     lo.key_prefix = "run";
     int64_t t0 = oq_mono_us();
     if (oq_load_run(&lo, &r, &err) != 0) {
-        fprintf(stderr, "onceq bench e2e: load: %s\n", err.msg);
+        fprintf(stderr, "onceq-bench e2e: load: %s\n", err.msg);
         goto out;
     }
     char offered[32] = "max";
@@ -541,7 +593,7 @@ int oq_bench_e2e(int argc, char **argv)
            r.p50_ms, r.p99_ms, (long long)r.retries);
     if (e2e_wait_drained(calls_db, "run", r.accepted, drain, up) != 0) goto out;
     double wall = (double)(oq_mono_us() - t0) / 1e6;
-    int nc1 = e2e_cpu_sample(up, cpu1, 8);
+    e2e_cpu_sample(up, &cpu1);
     getrusage(RUSAGE_SELF, &ru1);
     double self_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                       (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
@@ -550,19 +602,18 @@ int oq_bench_e2e(int argc, char **argv)
     printf("drained: all %lld calls terminal %.2f s after the first submit\n",
            (long long)r.accepted, wall);
     printf("\nCPU seconds during the run (2 cores = %.1f s available):\n", 2 * wall);
-    for (int i = 0; i < nc1; i++) {
-        double before = 0;
-        for (int j = 0; j < nc0; j++)
-            if (strcmp(cpu0[j].name, cpu1[i].name) == 0) before = cpu0[j].cpu;
-        printf("  %-10s x%d  %6.2f s  (%.0f%% of one core)\n", cpu1[i].name, cpu1[i].n,
-               cpu1[i].cpu - before, 100.0 * (cpu1[i].cpu - before) / wall);
+    for (int i = 0; i < cpu1.n && i < E2E_CPU_KINDS; i++) {
+        const e2e_cpu_t *k = &cpu1.k[i];
+        double used = k->cpu - e2e_cpu_of(&cpu0, k->name);
+        printf("  %-10s x%d  %6.2f s  (%.0f%% of one core)\n", k->name, k->n, used,
+               100.0 * used / wall);
     }
     printf("  %-10s x1  %6.2f s  (%.0f%% of one core; this process: HTTP client threads)\n",
            "load", self_cpu, 100.0 * self_cpu / wall);
     e2e_stop_up(up);
     up = -1;
     if (e2e_analyse(dir, "run", r.accepted) != 0) {
-        fprintf(stderr, "onceq bench e2e: analysis incomplete\n");
+        fprintf(stderr, "onceq-bench e2e: analysis incomplete\n");
         goto out;
     }
     oq_verify_report_t rep;

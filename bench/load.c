@@ -1,11 +1,24 @@
 /*
  * An HTTP load generator for the producer, used by the end-to-end tests (tests/tools/
- * oq_e2e_load) and `onceq bench e2e`, which runs it on the same cores as the pipeline it
- * measures: so it must be cheap. libcurl is not a dependency, so this is a minimal HTTP/1.1
- * client: keep-alive, requests with Content-Length, responses with Content-Length (what
- * libmicrohttpd sends for buffered bodies; `Connection: close` is honoured); anything else
- * closes the connection and counts as a transport error. A keep-alive connection that the
- * server closes while idle is dropped at once and reopened by its next request.
+ * oq_e2e_load) and `onceq-bench e2e`, which runs it on the same cores as the pipeline it
+ * measures: so it must be cheap.
+ *
+ * Why a hand-written client next to libcurl (which `onceq call` and the health checks use,
+ * through oq_httpc): CPU per request. Measured on the e2e load (20,000 calls at 6,000/s over
+ * 128 keep-alive connections against one producer on the same host, the two clients
+ * alternating, in two sessions): libcurl's multi interface driven by the same kind of epoll
+ * loop (curl_multi_socket_action) spent 40-51 us of CPU per call (0.52-0.68 s user per
+ * 20,000 calls), this client 19-31 us (0.10-0.17 s user): about 2x. Per request libcurl
+ * re-adds an easy handle, checks the reused connection with an extra poll() and re-arms the
+ * socket with three epoll_ctl calls; on a 2-core host that is CPU taken from the pipeline
+ * under test (this client is already ~12 % of one core in `onceq-bench e2e`).
+ *
+ * So this is the one hand-written HTTP client of the tree, and it is a tool, not product: a
+ * minimal HTTP/1.1 client: keep-alive, requests with Content-Length, responses with
+ * Content-Length (what libmicrohttpd sends for buffered bodies; `Connection: close` is
+ * honoured); anything else closes the connection and counts as a transport error. A
+ * keep-alive connection that the server closes while idle is dropped at once and reopened by
+ * its next request. IPv4 literal addresses only ("localhost" is 127.0.0.1).
  *
  * Engine: a small event loop. At most two threads (one when there are fewer than
  * OQ__LOAD_CONNS_PER_THREAD connections), each owning connections j with j % threads == its
@@ -28,8 +41,6 @@
  * call k is due at start + k/rate (rounded up to the millisecond of the epoll timeout) on its
  * connection, so the offered load does not shrink when the server slows down (within the
  * connection count); with rate 0 a connection sends its next call as soon as it is free.
- *
- * oq_http_get() is a separate one-shot blocking GET for health checks.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -47,19 +58,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "oq_chaos.h"
+#include "oq_load.h"
 #include "oq_util.h"
 
 #define OQ__LOAD_MAX_THREADS 2
 #define OQ__LOAD_CONNS_PER_THREAD 8 /* fewer connections than this: one thread */
 #define OQ__LOAD_IO_TIMEOUT_US (30 * 1000000LL) /* connect, and no progress on send/read */
 #define OQ__LOAD_BUF 65536                       /* largest response head + body, plus NUL */
-#define OQ__EV_TIMER 0x80000000u                 /* oq__drive(): woken by the connection's timer */
+#define OQ__EV_TIMER 0x80000000u                 /* drive(): woken by the connection's timer */
 
 /* --- HTTP response head ---------------------------------------------------------------------*/
 
 /* Case-insensitive "close" within [p, end). */
-static int oq__has_close(const char *p, const char *end)
+static int has_close(const char *p, const char *end)
 {
     for (; end - p >= 5; p++)
         if (strncasecmp(p, "close", 5) == 0) return 1;
@@ -72,7 +83,7 @@ static int oq__has_close(const char *p, const char *end)
  * \p status, \p clen (0 when absent) and \p keep (0 for `Connection: close`), or -1 (not an
  * HTTP/1.x status line, or chunked).
  */
-static int oq__parse_head(const char *buf, const char *hend, int *status, long *clen, int *keep)
+static int parse_head(const char *buf, const char *hend, int *status, long *clen, int *keep)
 {
     *keep = 1;
     *clen = -1;
@@ -90,7 +101,7 @@ static int oq__parse_head(const char *buf, const char *hend, int *status, long *
         const char *eol = memmem(h, (size_t)(hend + 2 - h), "\r\n", 2);
         if (!eol) break;
         if (strncasecmp(h, "Content-Length:", 15) == 0) *clen = strtol(h + 15, NULL, 10);
-        else if (strncasecmp(h, "Connection:", 11) == 0 && oq__has_close(h + 11, eol))
+        else if (strncasecmp(h, "Connection:", 11) == 0 && has_close(h + 11, eol))
             *keep = 0;
         else if (strncasecmp(h, "Transfer-Encoding:", 18) == 0)
             return -1; /* chunked: not supported here */
@@ -100,108 +111,16 @@ static int oq__parse_head(const char *buf, const char *hend, int *status, long *
     return 0;
 }
 
-/* --- blocking client (oq_http_get) ----------------------------------------------------------*/
-
-typedef struct {
-    int fd;
-    char buf[OQ__LOAD_BUF];
-    size_t len; /* bytes buffered */
-} oq__conn_t;
-
-static int oq__connect(const char *host, int port, int timeout_ms)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, &a.sin_addr) != 1) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int oq__send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/*
- * Read one response from \p c. Returns 0 with \p status and a malloc()ed \p body, or -1
- * (connection unusable). \p keep is cleared when the server asked to close.
- */
-static int oq__read_response(oq__conn_t *c, int *status, char **body, int *keep)
-{
-    *body = NULL;
-    *keep = 1;
-    char *hend = NULL;
-    for (;;) {
-        if (c->len > 0) {
-            c->buf[c->len] = '\0';
-            hend = strstr(c->buf, "\r\n\r\n");
-            if (hend) break;
-        }
-        if (c->len >= sizeof c->buf - 1) return -1;
-        ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        c->len += (size_t)r;
-    }
-    size_t hlen = (size_t)(hend - c->buf) + 4;
-    long clen = 0;
-    if (oq__parse_head(c->buf, hend, status, &clen, keep) != 0) return -1;
-    if ((size_t)clen > sizeof c->buf - hlen - 1) return -1;
-    while (c->len < hlen + (size_t)clen) {
-        ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        c->len += (size_t)r;
-    }
-    *body = malloc((size_t)clen + 1);
-    if (!*body) return -1;
-    memcpy(*body, c->buf + hlen, (size_t)clen);
-    (*body)[clen] = '\0';
-    size_t used = hlen + (size_t)clen;
-    memmove(c->buf, c->buf + used, c->len - used);
-    c->len -= used;
-    return 0;
-}
-
-static void oq__conn_close(oq__conn_t *c)
-{
-    if (c->fd >= 0) close(c->fd);
-    c->fd = -1;
-    c->len = 0;
-}
-
 /* --- JSON answers, without a tree -----------------------------------------------------------*/
 
-static const char *oq__js_ws(const char *p)
+static const char *js_ws(const char *p)
 {
     while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
     return p;
 }
 
 /* \p p at '"': past the closing quote, or NULL. */
-static const char *oq__js_str(const char *p)
+static const char *js_str(const char *p)
 {
     for (p++; *p; p++) {
         if (*p == '\\') {
@@ -217,14 +136,14 @@ static const char *oq__js_str(const char *p)
 }
 
 /* \p p at a value: past it, or NULL. Nesting is counted, not checked bracket by bracket. */
-static const char *oq__js_value(const char *p)
+static const char *js_value(const char *p)
 {
-    if (*p == '"') return oq__js_str(p);
+    if (*p == '"') return js_str(p);
     if (*p == '{' || *p == '[') {
         int depth = 0;
         while (*p) {
             if (*p == '"') {
-                p = oq__js_str(p);
+                p = js_str(p);
                 if (!p) return NULL;
                 continue;
             }
@@ -245,12 +164,12 @@ static const char *oq__js_value(const char *p)
  * Member \p key of the object at \p p ('{'): 1 with \p val at its value (the last one wins, as
  * in jansson), 0 when absent, -1 when malformed. \p end is set past the object.
  */
-static int oq__js_member(const char *p, const char *key, const char **val, const char **end)
+static int js_member(const char *p, const char *key, const char **val, const char **end)
 {
     size_t klen = strlen(key);
     int found = 0;
     if (*p != '{') return -1;
-    p = oq__js_ws(p + 1);
+    p = js_ws(p + 1);
     if (*p == '}') {
         *end = p + 1;
         return 0;
@@ -258,21 +177,21 @@ static int oq__js_member(const char *p, const char *key, const char **val, const
     for (;;) {
         if (*p != '"') return -1;
         const char *k = p + 1;
-        const char *q = oq__js_str(p);
+        const char *q = js_str(p);
         if (!q) return -1;
         int match = (size_t)(q - 1 - k) == klen && memcmp(k, key, klen) == 0;
-        p = oq__js_ws(q);
+        p = js_ws(q);
         if (*p != ':') return -1;
-        p = oq__js_ws(p + 1);
+        p = js_ws(p + 1);
         if (match) {
             *val = p;
             found = 1;
         }
-        p = oq__js_value(p);
+        p = js_value(p);
         if (!p) return -1;
-        p = oq__js_ws(p);
+        p = js_ws(p);
         if (*p == ',') {
-            p = oq__js_ws(p + 1);
+            p = js_ws(p + 1);
             continue;
         }
         if (*p != '}') return -1;
@@ -286,7 +205,7 @@ static int oq__js_member(const char *p, const char *key, const char **val, const
  * (at most n-1 bytes). Returns 0, or -1 (absent, not a string, too long, not an object).
  * Bodies with a backslash anywhere go through jansson so escapes decode exactly.
  */
-static int oq__json_str_at(const char *body, const char *k1, const char *k2, char *out, size_t n)
+static int json_str_at(const char *body, const char *k1, const char *k2, char *out, size_t n)
 {
     if (strchr(body, '\\')) {
         json_error_t je;
@@ -299,11 +218,11 @@ static int oq__json_str_at(const char *body, const char *k1, const char *k2, cha
         json_decref(v);
         return ok ? 0 : -1;
     }
-    const char *p = oq__js_ws(body), *v = NULL, *end = NULL;
-    if (oq__js_member(p, k1, &v, &end) != 1 || *oq__js_ws(end) != '\0') return -1;
-    if (k2 && oq__js_member(v, k2, &v, &end) != 1) return -1;
+    const char *p = js_ws(body), *v = NULL, *end = NULL;
+    if (js_member(p, k1, &v, &end) != 1 || *js_ws(end) != '\0') return -1;
+    if (k2 && js_member(v, k2, &v, &end) != 1) return -1;
     if (*v != '"') return -1;
-    const char *q = oq__js_str(v);
+    const char *q = js_str(v);
     if (!q) return -1;
     size_t len = (size_t)(q - 1 - (v + 1));
     if (len >= n) return -1;
@@ -312,21 +231,21 @@ static int oq__json_str_at(const char *body, const char *k1, const char *k2, cha
     return 0;
 }
 
-static int oq__call_id_of(const char *body, char out[64])
+static int call_id_of(const char *body, char out[64])
 {
-    return oq__json_str_at(body, "call_id", NULL, out, 64);
+    return json_str_at(body, "call_id", NULL, out, 64);
 }
 
-static int oq__is_conflict(const char *body)
+static int is_conflict(const char *body)
 {
     char code[32];
-    return oq__json_str_at(body, "error", "code", code, sizeof code) == 0 &&
+    return json_str_at(body, "error", "code", code, sizeof code) == 0 &&
            strcmp(code, "idempotency_conflict") == 0;
 }
 
 /* --- calls: keys, tools, bodies -------------------------------------------------------------*/
 
-typedef struct oq__load_shared {
+typedef struct load_shared {
     const oq_load_opts_t *o;
     int64_t t0_us;
     struct sockaddr_in addr;
@@ -336,10 +255,10 @@ typedef struct oq__load_shared {
     double *lat; /* one slot per call (ms) */
     int total_weight;
     int mix[OQ_LOAD__NTOOLS];
-} oq__load_shared_t;
+} load_shared_t;
 
 /* Deterministic per-index choice (splitmix64), so re-runs send identical bodies. */
-static uint64_t oq__mix64(uint64_t x)
+static uint64_t mix64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -347,9 +266,9 @@ static uint64_t oq__mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static int oq__tool_of(const oq__load_shared_t *s, int64_t i)
+static int tool_of(const load_shared_t *s, int64_t i)
 {
-    int w = (int)(oq__mix64((uint64_t)i) % (uint64_t)s->total_weight);
+    int w = (int)(mix64((uint64_t)i) % (uint64_t)s->total_weight);
     for (int t = 0; t < OQ_LOAD__NTOOLS; t++) {
         if (w < s->mix[t]) return t;
         w -= s->mix[t];
@@ -357,11 +276,10 @@ static int oq__tool_of(const oq__load_shared_t *s, int64_t i)
     return OQ_LOAD_CHARGE;
 }
 
-static int oq__body(const oq__load_shared_t *s, int64_t i, int tool, int variant, char *out,
-                    size_t n)
+static int call_body(const load_shared_t *s, int64_t i, int tool, int variant, char *out, size_t n)
 {
     /* variant != 0 gives a different body for the same key (conflict probe). */
-    int64_t amount = 1 + (int64_t)(oq__mix64((uint64_t)i ^ 0x5a5a) % 10000) + variant;
+    int64_t amount = 1 + (int64_t)(mix64((uint64_t)i ^ 0x5a5a) % 10000) + variant;
     switch (tool) {
     case OQ_LOAD_CHARGE:
         return snprintf(out, n, "{\"tool\":\"charge\",\"args\":{\"amount\":%lld}}",
@@ -399,7 +317,7 @@ enum {
     OQ__ST_FINISHED    /* no more calls on this connection */
 };
 
-typedef struct oq__lconn {
+typedef struct lconn {
     int fd;
     uint32_t gen;       /* bumped on close: events of an old socket are ignored */
     int state;          /* OQ__ST_* */
@@ -422,19 +340,19 @@ typedef struct oq__lconn {
     char rcid[64];      /* call_id of the last answer */
     char req[2048];
     char buf[OQ__LOAD_BUF];
-} oq__lconn_t;
+} lconn_t;
 
 typedef struct {
-    oq__load_shared_t *s;
+    load_shared_t *s;
     int ep;
-    oq__lconn_t *c;
+    lconn_t *c;
     int n;          /* connections of this thread */
     int active;     /* connections not FINISHED */
     int err;        /* errno of a fatal epoll error (the run is incomplete) */
     oq_load_result_t loc;
-} oq__lthread_t;
+} lthread_t;
 
-static void oq__lclose(oq__lconn_t *c)
+static void lclose(lconn_t *c)
 {
     if (c->fd >= 0) close(c->fd); /* also leaves the epoll set */
     c->fd = -1;
@@ -446,7 +364,7 @@ static void oq__lclose(oq__lconn_t *c)
 }
 
 /* Start a non-blocking connect. Returns 0 connected, 1 in progress, -1 failed. */
-static int oq__lconnect(oq__lthread_t *t, oq__lconn_t *c)
+static int lconnect(lthread_t *t, lconn_t *c)
 {
     if (!t->s->addr_ok) return -1;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -465,25 +383,25 @@ static int oq__lconnect(oq__lthread_t *t, oq__lconn_t *c)
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     ev.data.u64 = ((uint64_t)c->gen << 32) | (uint64_t)(c - t->c);
     if (epoll_ctl(t->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        oq__lclose(c);
+        lclose(c);
         return -1;
     }
     return rc == 0 ? 0 : 1;
 }
 
 /* A request (c->req) begins: its retry deadline and backoff start now. */
-static void oq__lrequest(const oq__load_shared_t *s, oq__lconn_t *c)
+static void lrequest(const load_shared_t *s, lconn_t *c)
 {
     c->deadline_us = oq_mono_us() + s->o->retry_ms * 1000;
     c->backoff_ms = 20;
     c->state = OQ__ST_ATTEMPT;
 }
 
-static void oq__lbuild(const oq__load_shared_t *s, oq__lconn_t *c, int64_t i, int variant)
+static void lbuild(const load_shared_t *s, lconn_t *c, int64_t i, int variant)
 {
     const oq_load_opts_t *o = s->o;
     char body[1024];
-    int bn = oq__body(s, i, c->tool, variant, body, sizeof body);
+    int bn = call_body(s, i, c->tool, variant, body, sizeof body);
     int n = snprintf(c->req, sizeof c->req,
                      "POST /v1/tool-calls HTTP/1.1\r\nHost: %s:%d\r\nIdempotency-Key: %s-%lld\r\n"
                      "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
@@ -493,20 +411,20 @@ static void oq__lbuild(const oq__load_shared_t *s, oq__lconn_t *c, int64_t i, in
 }
 
 /* An idle connection (no request in flight) became readable: EOF, error or stray bytes. */
-static void oq__lidle(oq__lconn_t *c, uint32_t ev)
+static void lidle(lconn_t *c, uint32_t ev)
 {
     if (c->fd < 0 || !(ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) return;
     char tmp[512];
     ssize_t r = recv(c->fd, tmp, sizeof tmp, 0);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    oq__lclose(c); /* the next request reconnects */
+    lclose(c); /* the next request reconnects */
 }
 
 /*
  * Look for a complete response in c->buf. Returns 1 complete, 0 need more, -1 malformed or too
  * large (the connection must be dropped).
  */
-static int oq__lparse(oq__lconn_t *c)
+static int lparse(lconn_t *c)
 {
     if (!c->head) {
         size_t from = c->scan > 3 ? c->scan - 3 : 0;
@@ -517,7 +435,7 @@ static int oq__lparse(oq__lconn_t *c)
             return c->len >= sizeof c->buf - 1 ? -1 : 0;
         }
         long clen = 0;
-        if (oq__parse_head(c->buf, hend, &c->status, &clen, &c->keep) != 0) return -1;
+        if (parse_head(c->buf, hend, &c->status, &clen, &c->keep) != 0) return -1;
         c->hlen = (size_t)(hend - c->buf) + 4;
         if ((size_t)clen > sizeof c->buf - c->hlen - 1) return -1;
         c->need = c->hlen + (size_t)clen;
@@ -527,7 +445,7 @@ static int oq__lparse(oq__lconn_t *c)
 }
 
 /* A complete response is in c->buf: judge it, consume it. Returns 1 to retry, 0 answered. */
-static int oq__lresponse(oq__lconn_t *c, int hup)
+static int lresponse(lconn_t *c, int hup)
 {
     int retry = c->status == 429 || c->status >= 500;
     char *body = c->buf + c->hlen;
@@ -536,9 +454,9 @@ static int oq__lresponse(oq__lconn_t *c, int hup)
     c->ok = 0;
     if (!retry) {
         if (c->phase < 2)
-            c->ok = (c->status == 200 || c->status == 202) && oq__call_id_of(body, c->rcid) == 0;
+            c->ok = (c->status == 200 || c->status == 202) && call_id_of(body, c->rcid) == 0;
         else
-            c->ok = c->status == 422 && oq__is_conflict(body);
+            c->ok = c->status == 422 && is_conflict(body);
     }
     c->buf[c->need] = saved;
     memmove(c->buf, c->buf + c->need, c->len - c->need);
@@ -546,13 +464,13 @@ static int oq__lresponse(oq__lconn_t *c, int hup)
     c->buf[c->len] = '\0';
     c->head = 0;
     c->scan = 0;
-    if (!c->keep || hup) oq__lclose(c);
+    if (!c->keep || hup) lclose(c);
     return retry;
 }
 
-static void oq__laccount_call(oq__lthread_t *t, oq__lconn_t *c)
+static void laccount_call(lthread_t *t, lconn_t *c)
 {
-    oq__load_shared_t *s = t->s;
+    load_shared_t *s = t->s;
     const oq_load_opts_t *o = s->o;
     s->lat[c->k] = (double)(oq_mono_us() - c->t1_us) / 1000.0;
     c->cid[0] = '\0';
@@ -574,15 +492,15 @@ static void oq__laccount_call(oq__lthread_t *t, oq__lconn_t *c)
  * Run connection \p c's state machine until it has to wait. \p ev: the epoll events that woke
  * it, OQ__EV_TIMER when its timer fired, 0 to (re)start it.
  */
-static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
+static void drive(lthread_t *t, lconn_t *c, uint32_t ev)
 {
-    oq__load_shared_t *s = t->s;
+    load_shared_t *s = t->s;
     const oq_load_opts_t *o = s->o;
     for (;;) {
         switch (c->state) {
         case OQ__ST_NEXT:
             if (c->k >= o->calls) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FINISHED;
                 c->timer_us = INT64_MAX;
                 t->active--;
@@ -599,24 +517,24 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             /* fall through: the call is due */
         begin_call: {
             int64_t i = o->first + c->k;
-            c->tool = oq__tool_of(s, i);
+            c->tool = tool_of(s, i);
             c->phase = 0;
-            oq__lbuild(s, c, i, 0);
+            lbuild(s, c, i, 0);
             int64_t sent_ms = oq_now_ms();
             if (sent_ms < t->loc.first_ms) t->loc.first_ms = sent_ms;
             c->t1_us = oq_mono_us();
-            oq__lrequest(s, c);
+            lrequest(s, c);
             ev = 0;
             continue;
         }
         case OQ__ST_WAIT:
             if (ev == OQ__EV_TIMER) goto begin_call;
-            oq__lidle(c, ev);
+            lidle(c, ev);
             return;
         case OQ__ST_ATTEMPT:
             ev = 0;
             if (c->fd < 0) {
-                int rc = oq__lconnect(t, c);
+                int rc = lconnect(t, c);
                 if (rc < 0) {
                     c->state = OQ__ST_FAILED;
                     continue;
@@ -633,7 +551,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             continue;
         case OQ__ST_CONNECTING: {
             if (ev == OQ__EV_TIMER) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
@@ -641,7 +559,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             int soerr = 0;
             socklen_t sl = sizeof soerr;
             if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
@@ -653,7 +571,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
         }
         case OQ__ST_SEND: {
             if (ev == OQ__EV_TIMER) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
@@ -670,7 +588,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
                 c->sent += (size_t)w;
             }
             if (failed) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
@@ -689,7 +607,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
         }
         case OQ__ST_READ: {
             if (ev == OQ__EV_TIMER) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
@@ -697,7 +615,7 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             int hup = (ev & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) != 0;
             int done = 0;
             for (;;) {
-                int pr = oq__lparse(c);
+                int pr = lparse(c);
                 if (pr != 0) {
                     done = pr;
                     break;
@@ -719,11 +637,11 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             }
             c->timer_us = INT64_MAX;
             if (done < 0) {
-                oq__lclose(c);
+                lclose(c);
                 c->state = OQ__ST_FAILED;
                 continue;
             }
-            c->state = oq__lresponse(c, hup) ? OQ__ST_FAILED : OQ__ST_DONE_REQ;
+            c->state = lresponse(c, hup) ? OQ__ST_FAILED : OQ__ST_DONE_REQ;
             continue;
         }
         case OQ__ST_FAILED: {
@@ -744,16 +662,16 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
                 c->state = OQ__ST_ATTEMPT;
                 continue;
             }
-            oq__lidle(c, ev);
+            lidle(c, ev);
             return;
         case OQ__ST_DONE_REQ: {
             int64_t i = o->first + c->k;
             c->timer_us = INT64_MAX;
             if (c->phase == 0) {
-                oq__laccount_call(t, c);
+                laccount_call(t, c);
                 if (c->cid[0] && o->dup_every > 0 && i % o->dup_every == 0) {
                     c->phase = 1; /* same key, same body: c->req as it is */
-                    oq__lrequest(s, c);
+                    lrequest(s, c);
                     continue;
                 }
             } else if (c->phase == 1) {
@@ -765,8 +683,8 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
             }
             if (c->phase < 2 && c->cid[0] && o->conflict_every > 0 && i % o->conflict_every == 0) {
                 c->phase = 2;
-                oq__lbuild(s, c, i, 1);
-                oq__lrequest(s, c);
+                lbuild(s, c, i, 1);
+                lrequest(s, c);
                 continue;
             }
             int64_t done_ms = oq_now_ms();
@@ -781,20 +699,21 @@ static void oq__drive(oq__lthread_t *t, oq__lconn_t *c, uint32_t ev)
     }
 }
 
-static void *oq__load_thread(void *arg)
+static void *load_thread(void *arg)
 {
-    oq__lthread_t *t = arg;
-    oq__load_shared_t *s = t->s;
-    for (int j = 0; j < t->n; j++) oq__drive(t, &t->c[j], 0);
+    lthread_t *t = arg;
+    load_shared_t *s = t->s;
+    for (int j = 0; j < t->n; j++)
+        drive(t, &t->c[j], 0);
     struct epoll_event evs[64];
     while (t->active > 0) {
         /* Timers first: fire what is due, find the next one. */
         int64_t now = oq_mono_us(), next = INT64_MAX;
         for (int j = 0; j < t->n; j++) {
-            oq__lconn_t *c = &t->c[j];
+            lconn_t *c = &t->c[j];
             if (c->timer_us <= now) {
                 c->timer_us = INT64_MAX;
-                oq__drive(t, c, OQ__EV_TIMER);
+                drive(t, c, OQ__EV_TIMER);
             }
             if (c->timer_us < next) next = c->timer_us;
         }
@@ -815,12 +734,13 @@ static void *oq__load_thread(void *arg)
             uint32_t idx = (uint32_t)(evs[e].data.u64 & 0xffffffffu);
             uint32_t gen = (uint32_t)(evs[e].data.u64 >> 32);
             if (idx >= (uint32_t)t->n) continue;
-            oq__lconn_t *c = &t->c[idx];
+            lconn_t *c = &t->c[idx];
             if (c->gen != gen || c->fd < 0) continue; /* a socket closed since */
-            oq__drive(t, c, evs[e].events & ~OQ__EV_TIMER);
+            drive(t, c, evs[e].events & ~OQ__EV_TIMER);
         }
     }
-    for (int j = 0; j < t->n; j++) oq__lclose(&t->c[j]);
+    for (int j = 0; j < t->n; j++)
+        lclose(&t->c[j]);
     pthread_mutex_lock(&s->mu);
     s->r.accepted += t->loc.accepted;
     for (int k = 0; k < OQ_LOAD__NTOOLS; k++) s->r.by_tool[k] += t->loc.by_tool[k];
@@ -836,7 +756,7 @@ static void *oq__load_thread(void *arg)
     return NULL;
 }
 
-static int oq__cmp_double(const void *a, const void *b)
+static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -857,7 +777,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     if (strlen(o.host) > 255 || strlen(o.key_prefix) > 255)
         return oq_error_set(err, OQ_EINVAL, 0, "load: host or key prefix too long");
     int nthreads = o.conns < OQ__LOAD_CONNS_PER_THREAD ? 1 : OQ__LOAD_MAX_THREADS;
-    oq__load_shared_t *s = calloc(1, sizeof *s);
+    load_shared_t *s = calloc(1, sizeof *s);
     if (!s) return oq_error_set(err, OQ_ENOMEM, 0, "load: out of memory");
     s->o = &o;
     s->addr.sin_family = AF_INET;
@@ -873,7 +793,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     }
     s->lat = calloc((size_t)(o.calls > 0 ? o.calls : 1), sizeof *s->lat);
     pthread_t *th = calloc((size_t)nthreads, sizeof *th);
-    oq__lthread_t *ta = calloc((size_t)nthreads, sizeof *ta);
+    lthread_t *ta = calloc((size_t)nthreads, sizeof *ta);
     int rc = 0, started = 0, mu_init = 0;
     if (ta)
         for (int t = 0; t < nthreads; t++) ta[t].ep = -1;
@@ -882,7 +802,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
         goto out;
     }
     for (int t = 0; t < nthreads; t++) {
-        oq__lthread_t *tt = &ta[t];
+        lthread_t *tt = &ta[t];
         tt->s = s;
         tt->n = o.conns / nthreads + (t < o.conns % nthreads);
         tt->loc.first_ms = INT64_MAX;
@@ -895,7 +815,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
             goto out;
         }
         for (int j = 0; j < tt->n; j++) {
-            oq__lconn_t *c = &tt->c[j];
+            lconn_t *c = &tt->c[j];
             c->fd = -1;
             c->k = (int64_t)j * nthreads + t; /* connection j*nthreads+t: calls k % conns == it */
             c->state = OQ__ST_NEXT;
@@ -908,7 +828,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     s->r.first_ms = INT64_MAX;
     s->t0_us = oq_mono_us();
     for (int t = 0; t < nthreads; t++) {
-        if (pthread_create(&th[t], NULL, oq__load_thread, &ta[t]) != 0) break;
+        if (pthread_create(&th[t], NULL, load_thread, &ta[t]) != 0) break;
         started++;
     }
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
@@ -926,7 +846,7 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     if (r->first_ms == INT64_MAX) r->first_ms = 0;
     r->elapsed_s = (double)(oq_mono_us() - s->t0_us) / 1e6;
     if (o.calls > 0) {
-        qsort(s->lat, (size_t)o.calls, sizeof *s->lat, oq__cmp_double);
+        qsort(s->lat, (size_t)o.calls, sizeof *s->lat, cmp_double);
         r->p50_ms = s->lat[(size_t)((double)(o.calls - 1) * 0.50)];
         r->p99_ms = s->lat[(size_t)((double)(o.calls - 1) * 0.99)];
         r->max_ms = s->lat[o.calls - 1];
@@ -942,33 +862,5 @@ out:
     free(th);
     free(s->lat);
     free(s);
-    return rc;
-}
-
-int oq_http_get(const char *host, int port, const char *path, int timeout_ms, int *status,
-                char **body, oq_error_t *err)
-{
-    if (body) *body = NULL;
-    oq__conn_t *c = calloc(1, sizeof *c);
-    if (!c) return oq_error_set(err, OQ_ENOMEM, 0, "http: out of memory");
-    c->fd = oq__connect(host, port, timeout_ms > 0 ? timeout_ms : 5000);
-    if (c->fd < 0) {
-        int e = errno;
-        free(c);
-        return oq_error_set(err, OQ_EIO, e, "connect %s:%d: %s", host, port, strerror(e));
-    }
-    char req[1024];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n",
-                     path, host, port);
-    int keep = 0;
-    char *b = NULL;
-    int rc = 0;
-    if (n < 0 || (size_t)n >= sizeof req || oq__send_all(c->fd, req, (size_t)n) != 0 ||
-        oq__read_response(c, status, &b, &keep) != 0)
-        rc = oq_error_set(err, OQ_EIO, errno, "GET %s from %s:%d failed", path, host, port);
-    oq__conn_close(c);
-    free(c);
-    if (rc == 0 && body) *body = b;
-    else free(b);
     return rc;
 }

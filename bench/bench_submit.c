@@ -1,5 +1,5 @@
 /*
- * `onceq bench submit`: durable submits per second through the C API (N submitter threads,
+ * `onceq-bench submit`: durable submits per second through the C API (N submitter threads,
  * unique keys, group commit) against a plain single-thread SQLite loop that inserts the same
  * two rows (a calls row and an outbox row of the same size) with one transaction, hence one
  * fsync, per call. Both run in the same invocation on fresh databases in --dir, with the same
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
@@ -30,7 +30,7 @@ static const oq_setting_t bench_settings[] = {
 };
 
 static const char bench_usage[] =
-    "usage: onceq bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full]";
+    "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full]";
 
 typedef struct lat {
     int64_t *v;
@@ -162,15 +162,14 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int oq_bench_submit(int argc, char **argv); /* called by main/cmd_bench.c */
-int oq_bench_submit(int argc, char **argv)
+int oq__bench_submit(int argc, char **argv)
 {
     int ret = OQ_EXIT_FAIL, prc;
     oq_metrics_t *m = oq_metrics_new();
     oq_config_t *cfg =
         oq_config_new(bench_settings, sizeof bench_settings / sizeof bench_settings[0]);
     if (!cfg || !m) return OQ_EXIT_FAIL;
-    if ((prc = oq_cmd_parse(cfg, bench_usage, argc, argv)) >= 0) {
+    if ((prc = oq_cli_parse(cfg, "onceq-bench", bench_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
     }

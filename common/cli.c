@@ -1,0 +1,21 @@
+/*
+ * The parse-or-exit step shared by the subcommands of both command-line programs: settings
+ * come from the command's table (oq_config), --help prints that table, and any error is one
+ * line naming the program and subcommand, then a pointer to its --help. Nothing here exits:
+ * the caller returns the code to main().
+ */
+#include <stdio.h>
+
+#include "oq_cli.h"
+
+int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc, char **argv)
+{
+    oq_error_t err = {0};
+    int rc = oq_config_parse_args(cfg, usage, argc, argv, 1, &err);
+    if (rc == OQ_EHELP) return OQ_EXIT_OK;
+    if (rc != 0) {
+        fprintf(stderr, "%s %s: %s\n(see: %s %s --help)\n", prog, argv[0], err.msg, prog, argv[0]);
+        return OQ_EXIT_USAGE;
+    }
+    return -1;
+}

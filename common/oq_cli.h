@@ -1,0 +1,28 @@
+/**
+ * @file oq_cli.h
+ * @brief What the command-line programs (`onceq`, `onceq-bench`) share: exit codes and the
+ *        parse-or-exit step of every subcommand.
+ */
+#ifndef OQ_CLI_H
+#define OQ_CLI_H
+
+#include "oq_config.h"
+
+/* Exit codes (documented in README "Exit codes"). */
+#define OQ_EXIT_OK 0
+#define OQ_EXIT_FAIL 1      /**< runtime failure (database, broker, I/O) */
+#define OQ_EXIT_USAGE 2     /**< bad usage or invalid input; nothing was changed */
+#define OQ_EXIT_VIOLATION 3 /**< `verify` found an invariant violation */
+#define OQ_EXIT_NOTFOUND 4  /**< `get`/`inspect`: no such call */
+#define OQ_EXIT_CONFLICT 5  /**< `submit`/`call`: same key, different body */
+
+/**
+ * @brief Parse a subcommand's arguments into \p cfg, print help for --help, report bad usage
+ *        on stderr as "<prog> <argv[0]>: <message>".
+ * @param prog the program name ("onceq", "onceq-bench"); argv[0] is the subcommand name.
+ * @returns -1 to go on, or the exit code to return now (OQ_EXIT_OK after --help,
+ *          OQ_EXIT_USAGE on bad usage).
+ */
+int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc, char **argv);
+
+#endif

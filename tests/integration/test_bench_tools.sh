@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The benchmark program stays usable: `onceq bench` points at onceq-bench (exit 2), and a short
+# `onceq-bench e2e` runs the onceq binary next to it (onceq up, load over HTTP, drain, hop
+# table, verify) end to end and reports a clean verify.
+set -u
+. "$ONCEQ_SRC/tests/integration/lib.sh"
+oq_tmpdir
+BENCH=${ONCEQ_BENCH_BIN:-$(dirname "$ONCEQ_BIN")/onceq-bench}
+[[ -x "$BENCH" ]] || oq_fail "no onceq-bench at $BENCH"
+
+"$ONCEQ_BIN" bench e2e --calls 10 >"$T/old.out" 2>&1
+rc=$?
+[[ $rc == 2 ]] || oq_fail "onceq bench: want exit 2, got $rc"
+grep -q "onceq-bench e2e" "$T/old.out" || oq_fail "onceq bench does not point at onceq-bench: $(cat "$T/old.out")"
+"$BENCH" --help | grep -q '^  e2e ' || oq_fail "onceq-bench --help lacks e2e"
+"$BENCH" nope 2>/dev/null
+[[ $? == 2 ]] || oq_fail "unknown benchmark: want exit 2"
+"$BENCH" e2e --onceq "$T/missing" --calls 10 2>/dev/null
+[[ $? == 2 ]] || oq_fail "missing onceq binary: want exit 2"
+
+ONCEQ_LOG_LEVEL=error timeout 150 "$BENCH" e2e --calls 600 --rate 2000 --conns 16 --warmup 50 \
+    --no-baseline --dir "$T/e2e" >"$T/e2e.out" 2>&1
+rc=$?
+cat "$T/e2e.out"
+[[ $rc == 0 ]] || oq_fail "onceq-bench e2e exit $rc"
+grep -q "^submit: 600 calls offered at 2000/s, 600 accepted" "$T/e2e.out" || oq_fail "not all calls accepted"
+grep -q "^verify: .* clean$" "$T/e2e.out" || oq_fail "verify not clean"
+grep -qE "^  load +x1 " "$T/e2e.out" || oq_fail "no CPU line for the load generator"
+oq_pass "onceq bench points at onceq-bench; onceq-bench e2e runs onceq end to end"
