@@ -149,6 +149,7 @@ typedef struct ds_mode {
     double prob[F__COUNT];
     int64_t slow_ms, late_ms;
     int retry_after_s;
+    uint64_t seed;
     char spec[256];
 } ds_mode_t;
 
@@ -195,8 +196,7 @@ struct oq_downstream {
     atomic_int inflight;
 
     pthread_mutex_t mode_mu;
-    ds_mode_t mode;
-    uint64_t seed;
+    ds_mode_t mode; /* under mode_mu; draws restarts at 0 when the seed is set */
     atomic_uint_fast64_t draws;
 
     /* writer */
@@ -542,7 +542,7 @@ static int decide(oq_downstream_t *s, ds_req_t *r, struct MHD_Connection *c, int
         r->fault = (fault_t)f;
     } else if (is_post) {
         uint64_t n = atomic_fetch_add(&s->draws, 1);
-        double u = (double)(splitmix64(s->seed ^ splitmix64(n)) >> 11) * 0x1.0p-53;
+        double u = (double)(splitmix64(m.seed ^ splitmix64(n)) >> 11) * 0x1.0p-53;
         double acc = 0;
         for (int f = 1; f < F__COUNT; f++) {
             acc += m.prob[f];
@@ -731,7 +731,7 @@ static json_t *mode_json(oq_downstream_t *s)
         if (m.prob[i] > 0) json_object_set_new(f, fault_names[i], json_real(m.prob[i]));
     return json_pack("{s:s,s:s,s:o,s:s,s:I,s:I,s:I,s:i,s:b}", "keys",
                      m.keys_ignore ? "ignore" : "honour", "lookup", m.lookup_off ? "off" : "on",
-                     "faults", f, "fault_spec", m.spec, "seed", (json_int_t)s->seed, "slow_ms",
+                     "faults", f, "fault_spec", m.spec, "seed", (json_int_t)m.seed, "slow_ms",
                      (json_int_t)m.slow_ms, "late_ms", (json_int_t)m.late_ms, "retry_after_s",
                      m.retry_after_s, "down", !atomic_load(&s->listening));
 }
@@ -747,7 +747,6 @@ static enum MHD_Result admin_mode(oq_downstream_t *s, ds_req_t *r, struct MHD_Co
         return send_error(s, c, 400, "bad_request", err.msg);
     ds_mode_t m;
     mode_get(s, &m);
-    uint64_t seed = s->seed;
     int reseed = 0;
     if (!json_is_object(root)) {
         snprintf(msg, sizeof msg, "body must be a JSON object");
@@ -769,7 +768,7 @@ static enum MHD_Result admin_mode(oq_downstream_t *s, ds_req_t *r, struct MHD_Co
             }
             snprintf(m.spec, sizeof m.spec, "%s", sv);
         } else if (strcmp(k, "seed") == 0 && json_is_integer(v) && json_integer_value(v) >= 0) {
-            seed = (uint64_t)json_integer_value(v);
+            m.seed = (uint64_t)json_integer_value(v);
             reseed = 1;
         } else if (strcmp(k, "slow_ms") == 0 && json_is_integer(v) && json_integer_value(v) >= 0 &&
                    json_integer_value(v) <= 600000) {
@@ -791,10 +790,7 @@ static enum MHD_Result admin_mode(oq_downstream_t *s, ds_req_t *r, struct MHD_Co
     json_decref(root);
     pthread_mutex_lock(&s->mode_mu);
     s->mode = m;
-    if (reseed) {
-        s->seed = seed;
-        atomic_store(&s->draws, 0);
-    }
+    if (reseed) atomic_store(&s->draws, 0);
     pthread_mutex_unlock(&s->mode_mu);
     OQ_LOG_INFO("downstream", "mode keys=%s lookup=%s faults=%s",
                 m.keys_ignore ? "ignore" : "honour", m.lookup_off ? "off" : "on",
@@ -1156,7 +1152,7 @@ int oq_downstream_start(const oq_downstream_opts_t *o, oq_downstream_t **out, oq
     s->sa.sin_port = htons((uint16_t)port);
     s->threads = (unsigned)(o->threads >= 1 ? o->threads : 2);
     s->max_body = o->max_body > 0 ? o->max_body : 64 * 1024;
-    s->max_batch = o->max_batch > 0 ? o->max_batch : 64;
+    s->max_batch = o->max_batch > 0 ? o->max_batch : 256;
     snprintf(s->db_path, sizeof s->db_path, "%s", o->db ? o->db : "downstream.db");
     snprintf(s->sync, sizeof s->sync, "%s", o->synchronous ? o->synchronous : "full");
     s->mode.keys_ignore = o->keys_ignore;
@@ -1166,11 +1162,10 @@ int oq_downstream_start(const oq_downstream_opts_t *o, oq_downstream_t **out, oq
     s->mode.retry_after_s = o->retry_after_s > 0 ? o->retry_after_s : 1;
     if ((rc = faults_parse(o->faults, s->mode.prob, err)) != 0) goto fail;
     snprintf(s->mode.spec, sizeof s->mode.spec, "%s", o->faults ? o->faults : "");
-    if (o->seed) {
-        s->seed = o->seed;
-    } else {
-        oq_random_bytes(&s->seed, sizeof s->seed);
-    }
+    if (o->seed)
+        s->mode.seed = o->seed;
+    else
+        oq_random_bytes(&s->mode.seed, sizeof s->mode.seed);
     if (!(s->metrics = oq_metrics_new())) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto fail;
@@ -1193,7 +1188,7 @@ int oq_downstream_start(const oq_downstream_opts_t *o, oq_downstream_t **out, oq
                 "synchronous=%s",
                 host, s->port, s->db_path, s->mode.keys_ignore ? "ignore" : "honour",
                 s->mode.lookup_off ? "off" : "on", s->mode.spec[0] ? s->mode.spec : "none",
-                (unsigned long long)s->seed, s->max_batch, s->sync);
+                (unsigned long long)s->mode.seed, s->max_batch, s->sync);
     *out = s;
     return 0;
 fail:

@@ -35,7 +35,7 @@ static const oq_setting_t downstream_settings[] = {
     {"retry-after", OQ_SET_DURATION, "1s", 1000, 86400000, NULL,
      "Retry-After sent with 429 and 503 (whole seconds)"},
     {"threads", OQ_SET_INT, "2", 1, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
-    {"max-batch", OQ_SET_INT, "64", 1, 10000, NULL,
+    {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL,
      "payments per ledger transaction (group commit; 1 = one commit per payment)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
      "SQLite synchronous level of the ledger (anything but full weakens durability)"},
