@@ -859,7 +859,6 @@ static enum MHD_Result dispatch(oq_downstream_t *s, ds_req_t *r, struct MHD_Conn
                                 const char *url, const char *method)
 {
     int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    int is_post = strcmp(method, "POST") == 0;
     enum MHD_Result ret;
 
     if (r->route == ROUTE_PAY_POST) {
@@ -913,7 +912,6 @@ static enum MHD_Result dispatch(oq_downstream_t *s, ds_req_t *r, struct MHD_Conn
             return send_error(s, c, 400, "bad_request", "lookup value: 1-255 printable bytes");
         return get_payment(s, r, c, NULL, ref, key);
     }
-    (void)is_post;
     return send_error(s, c, 404, "not_found", "no such endpoint");
 }
 
