@@ -1,0 +1,1566 @@
+/*
+ * http_tools.c: declarative HTTP tools and their executor (libcurl multi interface).
+ *
+ * Design. A tools file declares, per tool, the request to send (URL and body templates,
+ * headers, the idempotency header that carries effect_id), how long to wait, how to read the
+ * downstream's object id, and which answers mean what. The executor runs any number of such
+ * requests from one thread with one curl multi handle: requests are queued by any thread
+ * (oq__http_exec_submit), started on the polling thread up to max_inflight at a time, and each
+ * ends in exactly one callback with a classified outcome. Connections are kept alive and
+ * reused; HTTP/1.1 is forced so that "what was written to the socket" is exact.
+ *
+ * The classification rule (what "sent" means). A request counts as SENT once its last byte
+ * (end of headers and the whole body) has been written to the socket, as reported by curl's
+ * debug callback (CURLINFO_HEADER_OUT / CURLINFO_DATA_OUT are reported after the write, with
+ * the number of bytes actually written), or once any byte of an answer has arrived. Before
+ * that the downstream cannot have a complete request, so it cannot have acted on it:
+ *
+ *   transfer ends with                                    call                lookup
+ *   a status that a rule declares success/final/retry.    SUCCESS/FINAL/RETRY. FOUND/ABSENT
+ *   a status no rule declares (e.g. 500, 502, 503 w/o     UNKNOWN             UNDECIDED
+ *     Retry-After when only "503:retry-after" is declared)
+ *   no status, request not sent (CURLE_COULDNT_CONNECT,   RETRYABLE           UNDECIDED
+ *     CURLE_COULDNT_RESOLVE_HOST, CURLE_OPERATION_TIMEDOUT before the last byte was
+ *     written, a connection that died while the request was being written)
+ *   no status, request sent (CURLE_OPERATION_TIMEDOUT,    UNKNOWN             UNDECIDED
+ *     CURLE_GOT_NOTHING, CURLE_RECV_ERROR, CURLE_SEND_ERROR after the last byte)
+ *   bad arguments for the templates, malformed URL        FINAL (never sent)  UNDECIDED
+ *
+ * A status is definite once the status line and headers arrived, even when the body is then
+ * cut off: the downstream decided. A SUCCESS whose body cannot be read has object_id NULL.
+ *
+ * One trap of libcurl is closed here: when a kept-alive connection dies after the request was
+ * written and before any answer, curl silently resends the same request on a new connection
+ * (up to 5 times). For a downstream that ignores keys that is a duplicate effect nobody asked
+ * for. The pre-request callback (CURLOPT_PREREQFUNCTION) runs before every send attempt of a
+ * transfer: a second attempt after a SENT first one is aborted, and the outcome is UNKNOWN
+ * (code "connection_lost_after_send"); a second attempt after an unsent first one is allowed,
+ * because nothing reached the downstream. Every resend is thus the caller's decision.
+ */
+#include <ctype.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "http_tools.h"
+#include "oq_json.h"
+#include "oq_util.h"
+
+const char *oq__http_class_name(oq__http_class_t c)
+{
+    switch (c) {
+    case OQ__HTTP_SUCCESS:
+        return "SUCCESS";
+    case OQ__HTTP_FINAL:
+        return "FINAL";
+    case OQ__HTTP_RETRYABLE:
+        return "RETRYABLE_BEFORE_SEND";
+    case OQ__HTTP_UNKNOWN:
+        return "UNKNOWN";
+    case OQ__HTTP_FOUND:
+        return "FOUND";
+    case OQ__HTTP_ABSENT:
+        return "ABSENT";
+    case OQ__HTTP_UNDECIDED:
+        return "UNDECIDED";
+    }
+    return "?";
+}
+
+/* ============================================================================================
+ * Tools file
+ * ==========================================================================================*/
+
+typedef struct pctx {
+    const char *origin;
+    char where[128];
+    oq_error_t *err;
+} pctx_t;
+
+static int perr(pctx_t *p, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int perr(pctx_t *p, const char *field, const char *fmt, ...)
+{
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (field)
+        return oq_error_set(p->err, OQ_EINVAL, 0, "%s: %s: field %s: %s", p->origin, p->where,
+                            field, msg);
+    return oq_error_set(p->err, OQ_EINVAL, 0, "%s: %s: %s", p->origin, p->where, msg);
+}
+
+static int check_fields(pctx_t *p, const json_t *obj, const char *prefix,
+                        const char *const *allowed)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v)
+    {
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, k) == 0) ok = 1;
+        if (!ok) {
+            char list[200] = "";
+            for (const char *const *a = allowed; *a; a++) {
+                size_t n = strlen(list);
+                snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", *a);
+            }
+            char f[96];
+            snprintf(f, sizeof f, "%s%.64s", prefix, k);
+            return perr(p, f, "unknown field (allowed: %s)", list);
+        }
+    }
+    (void)v;
+    return 0;
+}
+
+/* Placeholder syntax: {name} or {name?}, name = [A-Za-z_][A-Za-z0-9_]*. Counts them. */
+static int check_template(pctx_t *p, const char *field, const char *t, int *count)
+{
+    for (const char *s = t; *s; s++) {
+        if (*s == '}') return perr(p, field, "'}' without '{' in \"%.80s\"", t);
+        if (*s != '{') continue;
+        const char *e = strchr(s, '}');
+        if (!e) return perr(p, field, "'{' without '}' in \"%.80s\"", t);
+        const char *n = s + 1;
+        size_t len = (size_t)(e - n);
+        if (len && n[len - 1] == '?') len--;
+        if (len == 0 || !(isalpha((unsigned char)n[0]) || n[0] == '_'))
+            return perr(p, field, "bad placeholder \"%.*s\" (use {name} or {name?})",
+                        (int)(e - s + 1), s);
+        for (size_t i = 0; i < len; i++)
+            if (!(isalnum((unsigned char)n[i]) || n[i] == '_'))
+                return perr(p, field, "bad placeholder \"%.*s\" (use {name} or {name?})",
+                            (int)(e - s + 1), s);
+        if (count) (*count)++;
+        s = e;
+    }
+    return 0;
+}
+
+static int check_body_template(pctx_t *p, const json_t *v)
+{
+    if (json_is_string(v)) return check_template(p, "body", json_string_value(v), NULL);
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (check_body_template(p, e)) return OQ_EINVAL;
+    } else if (json_is_object(v)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach((json_t *)v, k, e) if (check_body_template(p, e)) return OQ_EINVAL;
+    }
+    return 0;
+}
+
+static int get_string(pctx_t *p, const json_t *o, const char *name, const char *field, char **out,
+                      int required)
+{
+    const json_t *v = json_object_get(o, name);
+    if (!v) {
+        if (required) return perr(p, field, "missing (a string is required)");
+        return 0;
+    }
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return perr(p, field, "expected a non-empty string");
+    if (!(*out = strdup(json_string_value(v)))) return perr(p, field, "out of memory");
+    return 0;
+}
+
+static int get_ms(pctx_t *p, const json_t *o, const char *name, const char *field, int64_t lo,
+                  int64_t hi, int64_t *out)
+{
+    const json_t *v = json_object_get(o, name);
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return perr(p, field, "expected an integer of milliseconds in %lld..%lld", (long long)lo,
+                    (long long)hi);
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int get_path(pctx_t *p, const json_t *o, const char *name, const char *field, char **out,
+                    int *given)
+{
+    const json_t *v = json_object_get(o, name);
+    if (given) *given = v != NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return perr(p, field, "expected a JSON pointer or a dotted path");
+    const char *s = json_string_value(v);
+    if (!*s) return perr(p, field, "empty path (use \"/id\" or \"id\")");
+    if (!(*out = strdup(s))) return perr(p, field, "out of memory");
+    return 0;
+}
+
+/* One status list ("success": [200, "2xx", "503:retry-after"]) into req->rules. */
+static int parse_rules(pctx_t *p, const json_t *o, const char *name, const char *field,
+                       oq__http_class_t cls, const char *const *defaults, oq__http_request_t *req)
+{
+    const json_t *list = json_object_get(o, name);
+    json_t *tmp = NULL;
+    int rc = 0;
+    if (!list) {
+        tmp = json_array();
+        for (const char *const *d = defaults; *d; d++) {
+            char *e;
+            long n = strtol(*d, &e, 10);
+            json_array_append_new(tmp, *e ? json_string(*d) : json_integer(n));
+        }
+        list = tmp;
+    }
+    if (!json_is_array(list)) {
+        rc = perr(p, field, "expected an array of statuses (200, \"4xx\", \"503:retry-after\")");
+        goto out;
+    }
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        char f[96];
+        snprintf(f, sizeof f, "%s[%zu]", field, i);
+        oq__http_rule_t r = {0, 0, 0, cls};
+        if (json_is_integer(e)) {
+            r.lo = r.hi = (int)json_integer_value(e);
+            if (json_integer_value(e) < 100 || json_integer_value(e) > 599) {
+                rc = perr(p, f, "status %lld is not in 100..599", (long long)json_integer_value(e));
+                goto out;
+            }
+        } else if (json_is_string(e)) {
+            const char *s = json_string_value(e);
+            if (strlen(s) == 3 && s[0] >= '1' && s[0] <= '5' && (s[1] == 'x' || s[1] == 'X') &&
+                (s[2] == 'x' || s[2] == 'X')) {
+                r.lo = (s[0] - '0') * 100;
+                r.hi = r.lo + 99;
+            } else if (strlen(s) == 15 && isdigit((unsigned char)s[0]) &&
+                       isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
+                       strcasecmp(s + 3, ":retry-after") == 0 && s[0] >= '1' && s[0] <= '5') {
+                r.lo = r.hi = atoi(s);
+                r.need_retry_after = 1;
+            } else {
+                rc = perr(p, f,
+                          "\"%.40s\" is not a status (200), a class (\"4xx\") or "
+                          "\"503:retry-after\"",
+                          s);
+                goto out;
+            }
+        } else {
+            rc = perr(p, f, "expected a status (200), a class (\"4xx\") or \"503:retry-after\"");
+            goto out;
+        }
+        for (size_t j = 0; j < req->nrules; j++) {
+            const oq__http_rule_t *q = &req->rules[j];
+            if (q->lo == r.lo && q->hi == r.hi && q->need_retry_after == r.need_retry_after) {
+                rc = perr(p, f, "status rule listed twice (here and in the %s list)",
+                          oq__http_class_name(q->cls));
+                goto out;
+            }
+        }
+        if (req->nrules == OQ__HTTP_MAX_RULES) {
+            rc = perr(p, f, "more than %d status rules", OQ__HTTP_MAX_RULES);
+            goto out;
+        }
+        req->rules[req->nrules++] = r;
+    }
+out:
+    json_decref(tmp);
+    return rc;
+}
+
+static int valid_header_name(const char *s, size_t n)
+{
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || strchr("!#$%&'*+-.^_`|~", s[i]))) return 0;
+    return 1;
+}
+
+static int add_header(oq__http_request_t *req, const char *name, const char *value)
+{
+    char **nh = realloc(req->headers, (req->nheaders + 1) * sizeof *nh);
+    if (!nh) return OQ_ENOMEM;
+    req->headers = nh;
+    size_t n = strlen(name) + strlen(value) + 3;
+    if (!(nh[req->nheaders] = malloc(n))) return OQ_ENOMEM;
+    snprintf(nh[req->nheaders], n, "%s: %s", name, value);
+    req->nheaders++;
+    return 0;
+}
+
+static int parse_headers(pctx_t *p, const json_t *o, const char *field, oq__http_request_t *req,
+                         const char *idem_header)
+{
+    const json_t *h = json_object_get(o, "headers");
+    if (!h) return 0;
+    if (!json_is_object(h)) return perr(p, field, "expected an object of name: value strings");
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)h, k, v)
+    {
+        char f[128];
+        snprintf(f, sizeof f, "%s.%.64s", field, k);
+        if (!valid_header_name(k, strlen(k))) return perr(p, f, "not a valid header name");
+        if (!json_is_string(v) || strpbrk(json_string_value(v), "\r\n"))
+            return perr(p, f, "expected a one-line string");
+        static const char *const reserved[] = {"Content-Length", "Host",       "Transfer-Encoding",
+                                               "Expect",         "Connection", NULL};
+        for (const char *const *r = reserved; *r; r++)
+            if (strcasecmp(*r, k) == 0) return perr(p, f, "set by the executor, not by tools");
+        if (idem_header && strcasecmp(idem_header, k) == 0)
+            return perr(p, f, "is the idempotency header; its value is always the effect id");
+        if (add_header(req, k, json_string_value(v))) return perr(p, f, "out of memory");
+    }
+    return 0;
+}
+
+static int parse_method(pctx_t *p, const json_t *o, const char *field, const char *def,
+                        oq__http_request_t *req)
+{
+    static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", NULL};
+    const json_t *v = json_object_get(o, "method");
+    const char *m = def;
+    if (v) {
+        if (!json_is_string(v)) return perr(p, field, "expected a string");
+        m = json_string_value(v);
+    }
+    for (const char *const *x = methods; *x; x++)
+        if (strcmp(*x, m) == 0) {
+            if (!(req->method = strdup(m))) return perr(p, field, "out of memory");
+            return 0;
+        }
+    return perr(p, field, "\"%.16s\" is not one of GET, POST, PUT, PATCH, DELETE", m);
+}
+
+static int parse_url(pctx_t *p, const json_t *o, const char *field, oq__http_request_t *req,
+                     int *placeholders)
+{
+    int rc = get_string(p, o, "url", field, &req->url, 1);
+    if (rc) return rc;
+    if (strncmp(req->url, "http://", 7) != 0 && strncmp(req->url, "https://", 8) != 0)
+        return perr(p, field, "must start with http:// or https://");
+    if (strpbrk(req->url, " \t\r\n")) return perr(p, field, "contains white space");
+    return check_template(p, field, req->url, placeholders);
+}
+
+static void request_clear(oq__http_request_t *r)
+{
+    free(r->method);
+    free(r->url);
+    json_decref(r->body);
+    for (size_t i = 0; i < r->nheaders; i++)
+        free(r->headers[i]);
+    free(r->headers);
+    free(r->object_id);
+    free(r->exists);
+    memset(r, 0, sizeof *r);
+}
+
+static int parse_lookup(pctx_t *p, const json_t *l, oq__http_tool_t *t)
+{
+    static const char *const fields[] = {"method",     "url",       "headers", "connect_timeout_ms",
+                                         "timeout_ms", "object_id", "exists",  "found",
+                                         "absent",     NULL};
+    static const char *const found_def[] = {"200", NULL};
+    static const char *const absent_def[] = {"404", NULL};
+    oq__http_request_t *r = &t->lookup;
+    int rc, n = 0, given;
+    if (!json_is_object(l)) return perr(p, "lookup", "expected an object");
+    if ((rc = check_fields(p, l, "lookup.", fields))) return rc;
+    if ((rc = parse_method(p, l, "lookup.method", "GET", r))) return rc;
+    if (strcmp(r->method, "GET") != 0)
+        return perr(p, "lookup.method", "a lookup must be a GET (it must not change anything)");
+    if ((rc = parse_url(p, l, "lookup.url", r, &n))) return rc;
+    if (n == 0)
+        return perr(p, "lookup.url",
+                    "needs a placeholder that identifies the call ({effect_id}, {idem_key} or an "
+                    "argument)");
+    r->body_mode = OQ__HTTP_BODY_NONE;
+    if ((rc = parse_headers(p, l, "lookup.headers", r, NULL))) return rc;
+    r->connect_timeout_ms = t->call.connect_timeout_ms;
+    r->timeout_ms = t->call.timeout_ms;
+    if ((rc = get_ms(p, l, "connect_timeout_ms", "lookup.connect_timeout_ms", 1, 600000,
+                     &r->connect_timeout_ms)) ||
+        (rc = get_ms(p, l, "timeout_ms", "lookup.timeout_ms", 1, 3600000, &r->timeout_ms)))
+        return rc;
+    if (r->connect_timeout_ms > r->timeout_ms)
+        return perr(p, "lookup.connect_timeout_ms", "longer than lookup.timeout_ms");
+    if ((rc = get_path(p, l, "object_id", "lookup.object_id", &r->object_id, &given))) return rc;
+    if (!given && t->call.object_id && !(r->object_id = strdup(t->call.object_id)))
+        return perr(p, "lookup.object_id", "out of memory");
+    if ((rc = get_path(p, l, "exists", "lookup.exists", &r->exists, NULL))) return rc;
+    if ((rc = parse_rules(p, l, "found", "lookup.found", OQ__HTTP_FOUND, found_def, r)) ||
+        (rc = parse_rules(p, l, "absent", "lookup.absent", OQ__HTTP_ABSENT, absent_def, r)))
+        return rc;
+    t->has_lookup = 1;
+    return 0;
+}
+
+static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
+{
+    static const char *const fields[] = {"name",
+                                         "description",
+                                         "method",
+                                         "url",
+                                         "body",
+                                         "headers",
+                                         "idempotency_header",
+                                         "idempotent",
+                                         "connect_timeout_ms",
+                                         "timeout_ms",
+                                         "object_id",
+                                         "success",
+                                         "final",
+                                         "retryable",
+                                         "lookup",
+                                         NULL};
+    static const char *const success_def[] = {"2xx", NULL};
+    static const char *const final_def[] = {"4xx", NULL};
+    static const char *const retry_def[] = {"429", "503:retry-after", NULL};
+    oq__http_request_t *r = &t->call;
+    int rc, given;
+    const json_t *v;
+    if (!json_is_object(o)) return perr(p, NULL, "expected an object");
+    if ((rc = get_string(p, o, "name", "name", &t->name, 1))) return rc;
+    for (const char *s = t->name; *s; s++)
+        if (!(isalnum((unsigned char)*s) || strchr("_.-", *s)) || s - t->name >= 64)
+            return perr(p, "name", "use 1-64 letters, digits, '_', '.', '-'");
+    char idx[sizeof p->where];
+    snprintf(idx, sizeof idx, "%s", p->where);
+    snprintf(p->where, sizeof p->where, "tool \"%s\" (%.40s)", t->name, idx);
+    if ((rc = check_fields(p, o, "", fields))) return rc;
+    if ((v = json_object_get(o, "description")) && !json_is_string(v))
+        return perr(p, "description", "expected a string");
+    if ((rc = parse_method(p, o, "method", "POST", r))) return rc;
+    if ((rc = parse_url(p, o, "url", r, NULL))) return rc;
+
+    /* idempotency header: default Idempotency-Key; null or "" sends none */
+    const char *ih = "Idempotency-Key";
+    if ((v = json_object_get(o, "idempotency_header"))) {
+        if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0))
+            ih = NULL;
+        else if (json_is_string(v) &&
+                 valid_header_name(json_string_value(v), json_string_length(v)))
+            ih = json_string_value(v);
+        else
+            return perr(p, "idempotency_header", "expected a header name, or null for none");
+    }
+    if (ih && !(t->idem_header = strdup(ih))) return perr(p, "idempotency_header", "out of memory");
+    if ((v = json_object_get(o, "idempotent"))) {
+        if (!json_is_boolean(v)) return perr(p, "idempotent", "expected true or false");
+        t->idempotent = json_is_true(v);
+    }
+    if (t->idempotent && !t->idem_header)
+        return perr(p, "idempotent",
+                    "true needs an idempotency_header (the downstream honours a key it never "
+                    "receives?)");
+
+    /* body */
+    int can_body = strcmp(r->method, "GET") != 0 && strcmp(r->method, "DELETE") != 0;
+    v = json_object_get(o, "body");
+    if (!v) {
+        r->body_mode = can_body ? OQ__HTTP_BODY_ARGS : OQ__HTTP_BODY_NONE;
+    } else if (json_is_string(v) && strcmp(json_string_value(v), "args") == 0) {
+        r->body_mode = OQ__HTTP_BODY_ARGS;
+    } else if (json_is_string(v) && strcmp(json_string_value(v), "none") == 0) {
+        r->body_mode = OQ__HTTP_BODY_NONE;
+    } else if (json_is_object(v) || json_is_array(v)) {
+        if ((rc = check_body_template(p, v))) return rc;
+        r->body_mode = OQ__HTTP_BODY_TEMPLATE;
+        r->body = json_deep_copy(v);
+        if (!r->body) return perr(p, "body", "out of memory");
+    } else {
+        return perr(p, "body", "expected \"args\", \"none\", or a JSON object/array template");
+    }
+    if (r->body_mode != OQ__HTTP_BODY_NONE && strcmp(r->method, "GET") == 0)
+        return perr(p, "body", "a GET carries no body (use \"none\")");
+
+    if ((rc = parse_headers(p, o, "headers", r, t->idem_header))) return rc;
+    r->connect_timeout_ms = 2000;
+    r->timeout_ms = 10000;
+    if ((rc = get_ms(p, o, "connect_timeout_ms", "connect_timeout_ms", 1, 600000,
+                     &r->connect_timeout_ms)) ||
+        (rc = get_ms(p, o, "timeout_ms", "timeout_ms", 1, 3600000, &r->timeout_ms)))
+        return rc;
+    if (r->connect_timeout_ms > r->timeout_ms)
+        return perr(p, "connect_timeout_ms", "longer than timeout_ms");
+    if ((rc = get_path(p, o, "object_id", "object_id", &r->object_id, &given))) return rc;
+    if (!given && !(r->object_id = strdup("/id"))) return perr(p, "object_id", "out of memory");
+    if ((rc = parse_rules(p, o, "success", "success", OQ__HTTP_SUCCESS, success_def, r)) ||
+        (rc = parse_rules(p, o, "final", "final", OQ__HTTP_FINAL, final_def, r)) ||
+        (rc = parse_rules(p, o, "retryable", "retryable", OQ__HTTP_RETRYABLE, retry_def, r)))
+        return rc;
+    if ((v = json_object_get(o, "lookup")) && !json_is_null(v) && (rc = parse_lookup(p, v, t)))
+        return rc;
+    return 0;
+}
+
+static void tool_clear(oq__http_tool_t *t)
+{
+    free(t->name);
+    free(t->idem_header);
+    request_clear(&t->call);
+    request_clear(&t->lookup);
+}
+
+void oq__http_tools_destroy(oq__http_tools_t *t)
+{
+    if (!t) return;
+    for (size_t i = 0; i < t->n; i++)
+        tool_clear(&t->tools[i]);
+    free(t->tools);
+    free(t);
+}
+
+int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__http_tools_t **out,
+                         oq_error_t *err)
+{
+    pctx_t p = {origin ? origin : "tools", "top level", err};
+    json_t *root = NULL;
+    oq_error_t jerr = {0};
+    int rc;
+    oq__http_tools_t *set = calloc(1, sizeof *set);
+    if (!set) return oq_error_set(err, OQ_ENOMEM, 0, "%s: out of memory", p.origin);
+    if (oq_json_parse(text, len, 32, &root, &jerr) != 0) {
+        rc = oq_error_set(err, OQ_EINVAL, 0, "%s: %s", p.origin, jerr.msg);
+        goto out;
+    }
+    static const char *const top[] = {"version", "tools", NULL};
+    if (!json_is_object(root)) {
+        rc = perr(&p, NULL, "expected an object {\"version\":1,\"tools\":[...]}");
+        goto out;
+    }
+    if ((rc = check_fields(&p, root, "", top))) goto out;
+    const json_t *ver = json_object_get(root, "version");
+    if (ver && !(json_is_integer(ver) && json_integer_value(ver) == 1)) {
+        rc = perr(&p, "version", "only version 1 is known");
+        goto out;
+    }
+    const json_t *tools = json_object_get(root, "tools");
+    if (!json_is_array(tools)) {
+        rc = perr(&p, "tools", "expected an array of tools");
+        goto out;
+    }
+    size_t n = json_array_size(tools);
+    if (n && !(set->tools = calloc(n, sizeof *set->tools))) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "%s: out of memory", p.origin);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(p.where, sizeof p.where, "tools[%zu]", i);
+        set->n = i + 1;
+        if ((rc = parse_tool(&p, json_array_get(tools, i), &set->tools[i]))) goto out;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(set->tools[j].name, set->tools[i].name) == 0) {
+                rc = perr(&p, "name", "declared twice (also tools[%zu])", j);
+                goto out;
+            }
+    }
+    *out = set;
+    set = NULL;
+    rc = 0;
+out:
+    json_decref(root);
+    oq__http_tools_destroy(set);
+    return rc;
+}
+
+int oq__http_tools_load(const char *path, oq__http_tools_t **out, oq_error_t *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > 16 * 1024 * 1024) {
+                rc = oq_error_set(err, OQ_ETOOBIG, 0, "tools file %s is over 16 MiB", path);
+                goto out;
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+                goto out;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        rc = oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
+        goto out;
+    }
+    rc = oq__http_tools_parse(buf ? buf : "", len, path, out, err);
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+const oq__http_tool_t *oq__http_tools_find(const oq__http_tools_t *t, const char *name)
+{
+    if (!t || !name) return NULL;
+    for (size_t i = 0; i < t->n; i++)
+        if (strcmp(t->tools[i].name, name) == 0) return &t->tools[i];
+    return NULL;
+}
+
+/* ============================================================================================
+ * Expansion
+ * ==========================================================================================*/
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf_t;
+
+static void sb_put(sbuf_t *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 128;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+typedef struct tctx {
+    const char *tool;
+    const json_t *args;
+    const char *effect_id;
+    oq_error_t *err;
+} tctx_t;
+
+/* Resolves one placeholder name (without braces and '?') to a value: *str for text values,
+ * *val for argument values. Returns 1 found, 0 absent, <0 error. */
+static int resolve(const tctx_t *t, const char *name, size_t n, const char **str,
+                   const json_t **val)
+{
+    *str = NULL;
+    *val = NULL;
+    if ((n == 9 && strncmp(name, "effect_id", 9) == 0) ||
+        (n == 8 && strncmp(name, "idem_key", 8) == 0)) {
+        *str = t->effect_id;
+        return 1;
+    }
+    if (n == 4 && strncmp(name, "tool", 4) == 0) {
+        *str = t->tool;
+        return 1;
+    }
+    if (n == 4 && strncmp(name, "args", 4) == 0) {
+        *val = t->args;
+        return 1;
+    }
+    char key[128];
+    if (n >= sizeof key) return 0;
+    memcpy(key, name, n);
+    key[n] = '\0';
+    const json_t *v = t->args ? json_object_get(t->args, key) : NULL;
+    if (!v || json_is_null(v)) return 0;
+    *val = v;
+    return 1;
+}
+
+/* Text of a scalar value (strings as they are, numbers canonical, booleans). */
+static int scalar_text(const tctx_t *t, const char *name, size_t n, const char *str,
+                       const json_t *val, char **out)
+{
+    if (str) return (*out = strdup(str)) ? 0 : OQ_ENOMEM;
+    if (json_is_string(val)) return (*out = strdup(json_string_value(val))) ? 0 : OQ_ENOMEM;
+    if (json_is_number(val) || json_is_boolean(val)) {
+        oq_error_t e = {0};
+        if (oq_jcs_canonicalize(val, out, NULL, &e) != 0)
+            return oq_error_set(t->err, OQ_EINVAL, 0, "argument %.*s: %s", (int)n, name, e.msg);
+        return 0;
+    }
+    return oq_error_set(t->err, OQ_EINVAL, 0,
+                        "argument %.*s: an object or array cannot fill a text placeholder", (int)n,
+                        name);
+}
+
+/* Expands the placeholders of text \p s into \p b; \p escape URL-encodes the values. */
+static int expand_text(const tctx_t *t, const char *s, int escape, sbuf_t *b)
+{
+    for (;;) {
+        const char *o = strchr(s, '{');
+        if (!o) {
+            sb_put(b, s, strlen(s));
+            break;
+        }
+        sb_put(b, s, (size_t)(o - s));
+        const char *c = strchr(o, '}');
+        if (!c) return oq_error_set(t->err, OQ_EINVAL, 0, "unclosed placeholder");
+        const char *name = o + 1;
+        size_t n = (size_t)(c - name);
+        int optional = n && name[n - 1] == '?';
+        if (optional) n--;
+        const char *str;
+        const json_t *val;
+        int found = resolve(t, name, n, &str, &val);
+        if (!found) {
+            if (!optional)
+                return oq_error_set(t->err, OQ_EINVAL, 0, "missing argument %.*s", (int)n, name);
+        } else {
+            char *text = NULL;
+            int rc = scalar_text(t, name, n, str, val, &text);
+            if (rc) return rc == OQ_ENOMEM ? oq_error_set(t->err, rc, 0, "out of memory") : rc;
+            if (escape) {
+                char *e = curl_easy_escape(NULL, text, (int)strlen(text));
+                free(text);
+                if (!e) return oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory");
+                sb_put(b, e, strlen(e));
+                curl_free(e);
+            } else {
+                sb_put(b, text, strlen(text));
+                free(text);
+            }
+        }
+        s = c + 1;
+    }
+    return b->oom ? oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory") : 0;
+}
+
+int oq__http_expand_url(const char *tmpl, const char *tool, const json_t *args,
+                        const char *effect_id, char **out, oq_error_t *err)
+{
+    tctx_t t = {tool, args, effect_id, err};
+    sbuf_t b = {0};
+    int rc = expand_text(&t, tmpl, 1, &b);
+    if (rc) {
+        free(b.p);
+        return rc;
+    }
+    *out = b.p ? b.p : strdup("");
+    return *out ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+/* A string that is exactly one placeholder: its name (and optional flag), else NULL. */
+static const char *whole_placeholder(const char *s, size_t *n, int *optional)
+{
+    size_t len = strlen(s);
+    if (len < 3 || s[0] != '{' || s[len - 1] != '}' || memchr(s + 1, '{', len - 2) ||
+        memchr(s + 1, '}', len - 2))
+        return NULL;
+    *n = len - 2;
+    *optional = s[len - 2] == '?';
+    if (*optional) (*n)--;
+    return s + 1;
+}
+
+/* Expands template value \p v; *out = NULL means "leave the member out" (optional absent). */
+static int expand_value(const tctx_t *t, const json_t *v, json_t **out)
+{
+    *out = NULL;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        size_t n;
+        int optional;
+        const char *name = whole_placeholder(s, &n, &optional);
+        if (name) {
+            const char *str;
+            const json_t *val;
+            if (!resolve(t, name, n, &str, &val)) {
+                if (optional) return 0;
+                return oq_error_set(t->err, OQ_EINVAL, 0, "missing argument %.*s", (int)n, name);
+            }
+            *out = str ? json_string(str) : json_deep_copy(val);
+            return *out ? 0 : oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory");
+        }
+        sbuf_t b = {0};
+        int rc = expand_text(t, s, 0, &b);
+        if (rc == 0) {
+            *out = json_string(b.p ? b.p : "");
+            if (!*out) rc = oq_error_set(t->err, OQ_EINVAL, 0, "expanded text is not UTF-8");
+        }
+        free(b.p);
+        return rc;
+    }
+    if (json_is_array(v)) {
+        json_t *a = json_array();
+        size_t i;
+        json_t *e;
+        if (!a) return oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory");
+        json_array_foreach(v, i, e)
+        {
+            json_t *x;
+            int rc = expand_value(t, e, &x);
+            if (rc) {
+                json_decref(a);
+                return rc;
+            }
+            if (x) json_array_append_new(a, x);
+        }
+        *out = a;
+        return 0;
+    }
+    if (json_is_object(v)) {
+        json_t *o = json_object();
+        const char *k;
+        json_t *e;
+        if (!o) return oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory");
+        json_object_foreach((json_t *)v, k, e)
+        {
+            json_t *x;
+            int rc = expand_value(t, e, &x);
+            if (rc) {
+                json_decref(o);
+                return rc;
+            }
+            if (x) json_object_set_new(o, k, x);
+        }
+        *out = o;
+        return 0;
+    }
+    *out = json_deep_copy(v);
+    return *out ? 0 : oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory");
+}
+
+int oq__http_build_body(const oq__http_request_t *req, const char *tool, const json_t *args,
+                        const char *effect_id, char **out, size_t *out_len, oq_error_t *err)
+{
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (req->body_mode == OQ__HTTP_BODY_NONE) return 0;
+    json_t *empty = NULL, *doc = NULL;
+    int rc;
+    if (!args) args = empty = json_object();
+    if (req->body_mode == OQ__HTTP_BODY_ARGS) {
+        rc = oq_jcs_canonicalize(args, out, out_len, err);
+    } else {
+        tctx_t t = {tool, args, effect_id, err};
+        rc = expand_value(&t, req->body, &doc);
+        if (rc == 0) rc = oq_jcs_canonicalize(doc, out, out_len, err);
+    }
+    json_decref(doc);
+    json_decref(empty);
+    return rc;
+}
+
+const json_t *oq__http_json_path(const json_t *doc, const char *path)
+{
+    if (!doc || !path) return NULL;
+    const json_t *cur = doc;
+    char seg[256];
+    const char *s = path;
+    int pointer = *s == '/';
+    if (pointer) s++;
+    if (!*s) return pointer ? cur : NULL;
+    for (;;) {
+        const char *end = strchr(s, pointer ? '/' : '.');
+        size_t n = end ? (size_t)(end - s) : strlen(s), k = 0;
+        if (n >= sizeof seg) return NULL;
+        for (size_t i = 0; i < n; i++) { /* RFC 6901 escapes: ~1 is '/', ~0 is '~' */
+            if (pointer && s[i] == '~' && i + 1 < n && (s[i + 1] == '0' || s[i + 1] == '1')) {
+                seg[k++] = s[i + 1] == '1' ? '/' : '~';
+                i++;
+            } else {
+                seg[k++] = s[i];
+            }
+        }
+        seg[k] = '\0';
+        if (json_is_object(cur)) {
+            cur = json_object_get(cur, seg);
+        } else if (json_is_array(cur)) {
+            char *e;
+            if (!k || !isdigit((unsigned char)seg[0]) || (seg[0] == '0' && k > 1)) return NULL;
+            unsigned long idx = strtoul(seg, &e, 10);
+            if (*e) return NULL;
+            cur = json_array_get(cur, idx);
+        } else {
+            return NULL;
+        }
+        if (!cur) return NULL;
+        if (!end) return cur;
+        s = end + 1;
+    }
+}
+
+/* ============================================================================================
+ * Classification
+ * ==========================================================================================*/
+
+static const oq__http_rule_t *match_rule(const oq__http_request_t *req, long status,
+                                         int has_retry_after)
+{
+    const oq__http_rule_t *best = NULL;
+    int best_score = 0;
+    for (size_t i = 0; i < req->nrules; i++) {
+        const oq__http_rule_t *r = &req->rules[i];
+        if (status < r->lo || status > r->hi) continue;
+        if (r->need_retry_after && !has_retry_after) continue;
+        int score = r->need_retry_after ? 3 : r->lo == r->hi ? 2 : 1;
+        if (score > best_score) {
+            best = r;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+oq__http_class_t oq__http_classify(const oq__http_request_t *req, const oq__http_facts_t *f,
+                                   char code[48])
+{
+    oq__http_class_t not_sent = f->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE;
+    oq__http_class_t maybe = f->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_UNKNOWN;
+    if (f->status >= 100) {
+        const oq__http_rule_t *r = match_rule(req, f->status, f->has_retry_after);
+        if (!r) {
+            snprintf(code, 48, "undeclared_status_%ld", f->status);
+            return maybe;
+        }
+        snprintf(code, 48, "status_%ld", f->status);
+        return r->cls;
+    }
+    switch (f->curl_code) {
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        snprintf(code, 48, "bad_url");
+        return f->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_FINAL;
+    default:
+        break;
+    }
+    if (f->sent) {
+        switch (f->curl_code) {
+        case CURLE_OPERATION_TIMEDOUT:
+            snprintf(code, 48, "timeout_after_send");
+            break;
+        case CURLE_GOT_NOTHING:
+            snprintf(code, 48, "closed_without_answer");
+            break;
+        case CURLE_RECV_ERROR:
+        case CURLE_SEND_ERROR:
+            snprintf(code, 48, "connection_reset_after_send");
+            break;
+        case CURLE_ABORTED_BY_CALLBACK:
+            snprintf(code, 48, "connection_lost_after_send");
+            break;
+        case CURLE_OK:
+            snprintf(code, 48, "no_status");
+            break;
+        default:
+            snprintf(code, 48, "error_after_send_%d", f->curl_code);
+            break;
+        }
+        return maybe;
+    }
+    switch (f->curl_code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+        snprintf(code, 48, "dns_failed");
+        break;
+    case CURLE_COULDNT_CONNECT:
+        snprintf(code, 48, "connect_failed");
+        break;
+    case CURLE_OPERATION_TIMEDOUT:
+        snprintf(code, 48, "timeout_before_send");
+        break;
+    default:
+        snprintf(code, 48, "not_sent_%d", f->curl_code);
+        break;
+    }
+    return not_sent;
+}
+
+/* ============================================================================================
+ * Executor
+ * ==========================================================================================*/
+
+typedef struct xfer xfer_t;
+struct xfer {
+    oq__http_exec_t *x;
+    CURL *easy;
+    const oq__http_tool_t *tool;
+    const oq__http_request_t *req;
+    int is_lookup;
+    char *effect_id;
+    char *url;
+    char *body;
+    size_t body_len;
+    struct curl_slist *hdrs;
+    char *resp;
+    size_t resp_len, resp_cap;
+    /* what reached the socket in the current attempt */
+    char tail[4];
+    size_t tail_len;
+    int hdr_done;
+    int64_t body_out;
+    int sent;
+    int attempts;
+    int got_answer;
+    int has_retry_after;
+    int64_t retry_after_ms;
+    int64_t submit_us;
+    oq__http_cb cb;
+    void *ctx;
+    /* set when the request failed before it could be built (bad arguments) */
+    int prefail;
+    char prefail_msg[256];
+    xfer_t *next, *prev;
+};
+
+struct oq__http_exec {
+    CURLM *multi;
+    int max_inflight;
+    int64_t max_response;
+    long max_conn_age_s;
+    /* submissions from any thread */
+    pthread_mutex_t mu;
+    xfer_t *in_head, *in_tail;
+    int closing;
+    atomic_int pending;
+    /* polling thread only */
+    xfer_t *wait_head, *wait_tail; /* accepted, waiting for a slot */
+    xfer_t *running;               /* in the multi handle (doubly linked) */
+    int nrunning;
+    CURL *idle[64];
+    int nidle;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+static void curl_init(void)
+{
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static void xfer_free(xfer_t *t)
+{
+    if (!t) return;
+    free(t->effect_id);
+    free(t->url);
+    free(t->body);
+    curl_slist_free_all(t->hdrs);
+    free(t->resp);
+    free(t);
+}
+
+oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t *err)
+{
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK) {
+        oq_error_set(err, OQ_EIO, (int)curl_init_rc, "curl_global_init: %s",
+                     curl_easy_strerror(curl_init_rc));
+        return NULL;
+    }
+    oq__http_exec_t *x = calloc(1, sizeof *x);
+    if (!x) {
+        oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        return NULL;
+    }
+    x->max_inflight = opts && opts->max_inflight > 0 ? opts->max_inflight : 1024;
+    x->max_response = opts && opts->max_response > 0 ? opts->max_response : 1024 * 1024;
+    int64_t age = opts && opts->max_conn_age_ms > 0 ? opts->max_conn_age_ms : 20000;
+    x->max_conn_age_s = age < 1000 ? 1 : (long)(age / 1000);
+    pthread_mutex_init(&x->mu, NULL);
+    if (!(x->multi = curl_multi_init())) {
+        oq_error_set(err, OQ_ENOMEM, 0, "curl_multi_init failed");
+        pthread_mutex_destroy(&x->mu);
+        free(x);
+        return NULL;
+    }
+    curl_multi_setopt(x->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, 0L);
+    curl_multi_setopt(x->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+    curl_multi_setopt(x->multi, CURLMOPT_MAXCONNECTS, (long)x->max_inflight);
+    return x;
+}
+
+/* --- curl callbacks (polling thread) ----------------------------------------------------- */
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    xfer_t *t = ud;
+    size_t n = size * nmemb;
+    t->got_answer = 1;
+    size_t keep = n;
+    if ((int64_t)(t->resp_len + keep) > t->x->max_response)
+        keep = t->x->max_response > (int64_t)t->resp_len ? (size_t)t->x->max_response - t->resp_len
+                                                         : 0;
+    if (keep) {
+        if (t->resp_len + keep + 1 > t->resp_cap) {
+            size_t nc = t->resp_cap ? t->resp_cap : 1024;
+            while (nc < t->resp_len + keep + 1)
+                nc *= 2;
+            char *np = realloc(t->resp, nc);
+            if (!np) return n; /* keep reading; the body is just not kept */
+            t->resp = np;
+            t->resp_cap = nc;
+        }
+        memcpy(t->resp + t->resp_len, ptr, keep);
+        t->resp_len += keep;
+        t->resp[t->resp_len] = '\0';
+    }
+    return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    xfer_t *t = ud;
+    size_t n = size * nmemb;
+    t->got_answer = 1;
+    t->sent = 1; /* an answer arrived: the request reached the downstream */
+    if (n >= 5 && strncmp(ptr, "HTTP/", 5) == 0) { /* a new response (e.g. after a 1xx) */
+        t->has_retry_after = 0;
+        t->retry_after_ms = -1;
+        return n;
+    }
+    static const char name[] = "retry-after:";
+    if (n > sizeof name - 1 && strncasecmp(ptr, name, sizeof name - 1) == 0) {
+        char v[128];
+        size_t vl = n - (sizeof name - 1);
+        if (vl >= sizeof v) vl = sizeof v - 1;
+        memcpy(v, ptr + sizeof name - 1, vl);
+        v[vl] = '\0';
+        char *s = v;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        size_t l = strlen(s);
+        while (l && (s[l - 1] == '\r' || s[l - 1] == '\n' || s[l - 1] == ' '))
+            s[--l] = '\0';
+        char *e;
+        long long secs = strtoll(s, &e, 10);
+        if (l && !*e && secs >= 0) {
+            t->has_retry_after = 1;
+            t->retry_after_ms = secs > 86400 ? 86400000 : secs * 1000;
+        } else {
+            time_t when = curl_getdate(s, NULL);
+            if (when != (time_t)-1) {
+                int64_t ms = ((int64_t)when - (int64_t)time(NULL)) * 1000;
+                t->has_retry_after = 1;
+                t->retry_after_ms = ms < 0 ? 0 : ms > 86400000 ? 86400000 : ms;
+            }
+        }
+    }
+    return n;
+}
+
+static int on_debug(CURL *h, curl_infotype type, char *data, size_t size, void *ud)
+{
+    xfer_t *t = ud;
+    (void)h;
+    if (type == CURLINFO_HEADER_OUT) {
+        /* track the last 4 bytes written: the header block ends with CRLF CRLF */
+        for (size_t i = 0; i < size; i++) {
+            if (t->tail_len == 4) {
+                memmove(t->tail, t->tail + 1, 3);
+                t->tail_len = 3;
+            }
+            t->tail[t->tail_len++] = data[i];
+        }
+        if (t->tail_len == 4 && memcmp(t->tail, "\r\n\r\n", 4) == 0) t->hdr_done = 1;
+    } else if (type == CURLINFO_DATA_OUT) {
+        t->body_out += (int64_t)size;
+    } else if (type == CURLINFO_HEADER_IN) {
+        t->sent = 1;
+    } else {
+        return 0;
+    }
+    if (t->hdr_done && t->body_out >= (int64_t)t->body_len) t->sent = 1;
+    return 0;
+}
+
+static int on_prereq(void *ud, char *ip, char *lip, int port, int lport)
+{
+    xfer_t *t = ud;
+    (void)ip, (void)lip, (void)port, (void)lport;
+    if (t->attempts++ > 0) {
+        /* curl is about to resend on a new connection after the old one died */
+        if (t->sent) return CURL_PREREQFUNC_ABORT;
+        t->tail_len = 0;
+        t->hdr_done = 0;
+        t->body_out = 0;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+
+/* --- lifecycle of one transfer ----------------------------------------------------------- */
+
+static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const char *code,
+                    const char *msg, long status, int curl_code)
+{
+    oq__http_outcome_t o;
+    memset(&o, 0, sizeof o);
+    o.cls = cls;
+    o.code = code;
+    o.message = msg;
+    o.status = status;
+    o.curl_code = curl_code;
+    o.sent = t->sent;
+    o.retry_after_ms = t->has_retry_after ? t->retry_after_ms : -1;
+    o.body = t->resp;
+    o.body_len = t->resp_len;
+    o.elapsed_us = oq_mono_us() - t->submit_us;
+    o.effect_id = t->effect_id;
+    o.tool = t->tool;
+    char idbuf[256];
+    json_t *doc = NULL;
+    const char *exists_missing = NULL;
+    if ((cls == OQ__HTTP_SUCCESS || cls == OQ__HTTP_FOUND) && t->resp_len &&
+        (t->req->object_id || t->req->exists))
+        doc = json_loadb(t->resp, t->resp_len, 0, NULL);
+    if (cls == OQ__HTTP_FOUND && t->req->exists) {
+        const json_t *e = oq__http_json_path(doc, t->req->exists);
+        if (!doc) {
+            o.cls = OQ__HTTP_UNDECIDED;
+            o.code = "unreadable_answer";
+        } else if (!e || json_is_null(e) || (json_is_array(e) && json_array_size(e) == 0)) {
+            o.cls = OQ__HTTP_ABSENT;
+            o.code = "not_in_answer";
+            exists_missing = t->req->exists;
+        }
+    }
+    if ((o.cls == OQ__HTTP_SUCCESS || o.cls == OQ__HTTP_FOUND) && t->req->object_id) {
+        const json_t *v = oq__http_json_path(doc, t->req->object_id);
+        if (json_is_string(v) && json_string_length(v) < sizeof idbuf) {
+            o.object_id = json_string_value(v);
+        } else if (json_is_integer(v)) {
+            snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(v));
+            o.object_id = idbuf;
+        }
+    }
+    char mbuf[256];
+    if (exists_missing) {
+        snprintf(mbuf, sizeof mbuf, "status %ld but nothing at %s", status, exists_missing);
+        o.message = mbuf;
+    }
+    atomic_fetch_sub(&x->pending, 1);
+    t->cb(&o, t->ctx);
+    json_decref(doc);
+}
+
+static void finish(oq__http_exec_t *x, xfer_t *t, CURLcode cc)
+{
+    long status = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    oq__http_facts_t f = {t->is_lookup,
+                          (int)cc,
+                          t->sent,
+                          status,
+                          cc == CURLE_OK,
+                          t->has_retry_after,
+                          t->has_retry_after ? t->retry_after_ms : -1};
+    char code[48], msg[256];
+    oq__http_class_t cls = oq__http_classify(t->req, &f, code);
+    if (cc == CURLE_OK)
+        snprintf(msg, sizeof msg, "HTTP %ld", status);
+    else
+        snprintf(msg, sizeof msg, "%s%s (request %s)", curl_easy_strerror(cc),
+                 status ? " after the status line" : "", t->sent ? "sent" : "not sent");
+    deliver(x, t, cls, code, msg, status, (int)cc);
+}
+
+static int start(oq__http_exec_t *x, xfer_t *t)
+{
+    CURL *e = x->nidle ? x->idle[--x->nidle] : curl_easy_init();
+    if (!e) return OQ_ENOMEM;
+    t->easy = e;
+    t->retry_after_ms = -1;
+    const oq__http_request_t *r = t->req;
+    curl_easy_setopt(e, CURLOPT_URL, t->url);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)r->connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)r->timeout_ms);
+    curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, x->max_conn_age_s);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->hdrs);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+    curl_easy_setopt(e, CURLOPT_VERBOSE, 1L); /* feeds on_debug: bytes actually written */
+    curl_easy_setopt(e, CURLOPT_DEBUGFUNCTION, on_debug);
+    curl_easy_setopt(e, CURLOPT_DEBUGDATA, t);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+    if (strcmp(r->method, "GET") == 0) {
+        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->body ? t->body : "");
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)t->body_len);
+        if (strcmp(r->method, "POST") != 0) curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
+    }
+    CURLMcode mc = curl_multi_add_handle(x->multi, e);
+    if (mc != CURLM_OK) {
+        curl_easy_cleanup(e);
+        t->easy = NULL;
+        return OQ_ENOMEM;
+    }
+    t->prev = NULL;
+    t->next = x->running;
+    if (x->running) x->running->prev = t;
+    x->running = t;
+    x->nrunning++;
+    return 0;
+}
+
+static void retire(oq__http_exec_t *x, xfer_t *t)
+{
+    curl_multi_remove_handle(x->multi, t->easy);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        x->running = t->next;
+    if (t->next) t->next->prev = t->prev;
+    x->nrunning--;
+    if (x->nidle < (int)(sizeof x->idle / sizeof x->idle[0])) {
+        curl_easy_reset(t->easy);
+        x->idle[x->nidle++] = t->easy;
+    } else {
+        curl_easy_cleanup(t->easy);
+    }
+    t->easy = NULL;
+}
+
+/* Builds a transfer (URL, body, headers) on the submitting thread. Bad arguments do not fail
+ * the submit: they become a FINAL "bad_args" outcome delivered by poll(). */
+static int submit(oq__http_exec_t *x, const oq__http_tool_t *tool, int is_lookup,
+                  const json_t *args, const char *effect_id, oq__http_cb cb, void *ctx,
+                  oq_error_t *err)
+{
+    if (!x || !tool || !effect_id || !cb)
+        return oq_error_set(err, OQ_EINVAL, 0, "http exec: missing argument");
+    if (args && !json_is_object(args))
+        return oq_error_set(err, OQ_EINVAL, 0, "http exec: args must be a JSON object");
+    if (is_lookup && !tool->has_lookup)
+        return oq_error_set(err, OQ_ESTATE, 0, "tool %s declares no lookup", tool->name);
+    xfer_t *t = calloc(1, sizeof *t);
+    if (!t || !(t->effect_id = strdup(effect_id))) {
+        free(t);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    t->x = x;
+    t->tool = tool;
+    t->is_lookup = is_lookup;
+    t->req = is_lookup ? &tool->lookup : &tool->call;
+    t->cb = cb;
+    t->ctx = ctx;
+    t->submit_us = oq_mono_us();
+    t->retry_after_ms = -1;
+    oq_error_t e = {0};
+    int rc = oq__http_expand_url(t->req->url, tool->name, args, effect_id, &t->url, &e);
+    if (rc == 0)
+        rc = oq__http_build_body(t->req, tool->name, args, effect_id, &t->body, &t->body_len, &e);
+    if (rc == OQ_ENOMEM) {
+        xfer_free(t);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    if (rc != 0) {
+        t->prefail = 1;
+        snprintf(t->prefail_msg, sizeof t->prefail_msg, "%s", e.msg);
+    } else {
+        struct curl_slist *h = NULL, *n;
+        char line[300];
+        int ok = 1;
+        if (t->body && (n = curl_slist_append(h, "Content-Type: application/json")))
+            h = n;
+        else if (t->body)
+            ok = 0;
+        if (ok && (n = curl_slist_append(h, "Accept: application/json"))) h = n;
+        if (ok && (n = curl_slist_append(h, "Expect:"))) h = n; /* no 100-continue round trip */
+        if (ok && !is_lookup && tool->idem_header) {
+            snprintf(line, sizeof line, "%s: %s", tool->idem_header, effect_id);
+            if ((n = curl_slist_append(h, line)))
+                h = n;
+            else
+                ok = 0;
+        }
+        for (size_t i = 0; ok && i < t->req->nheaders; i++) {
+            if ((n = curl_slist_append(h, t->req->headers[i])))
+                h = n;
+            else
+                ok = 0;
+        }
+        t->hdrs = h;
+        if (!ok) {
+            xfer_free(t);
+            return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        }
+    }
+    pthread_mutex_lock(&x->mu);
+    if (x->closing) {
+        pthread_mutex_unlock(&x->mu);
+        xfer_free(t);
+        return oq_error_set(err, OQ_ESHUTDOWN, 0, "http exec: closing");
+    }
+    if (x->in_tail)
+        x->in_tail->next = t;
+    else
+        x->in_head = t;
+    x->in_tail = t;
+    atomic_fetch_add(&x->pending, 1);
+    pthread_mutex_unlock(&x->mu);
+    curl_multi_wakeup(x->multi);
+    return 0;
+}
+
+int oq__http_exec_submit(oq__http_exec_t *x, const oq__http_tool_t *tool, const json_t *args,
+                         const char *effect_id, oq__http_cb cb, void *ctx, oq_error_t *err)
+{
+    return submit(x, tool, 0, args, effect_id, cb, ctx, err);
+}
+
+int oq__http_exec_lookup(oq__http_exec_t *x, const oq__http_tool_t *tool, const json_t *args,
+                         const char *effect_id, oq__http_cb cb, void *ctx, oq_error_t *err)
+{
+    return submit(x, tool, 1, args, effect_id, cb, ctx, err);
+}
+
+/* Moves submissions in, delivers bad-argument outcomes, starts what fits. */
+static int admit(oq__http_exec_t *x)
+{
+    int delivered = 0;
+    pthread_mutex_lock(&x->mu);
+    xfer_t *in = x->in_head;
+    x->in_head = x->in_tail = NULL;
+    pthread_mutex_unlock(&x->mu);
+    while (in) {
+        xfer_t *t = in;
+        in = in->next;
+        t->next = NULL;
+        if (t->prefail) {
+            deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_FINAL, "bad_args",
+                    t->prefail_msg, 0, 0);
+            xfer_free(t);
+            delivered++;
+            continue;
+        }
+        if (x->wait_tail)
+            x->wait_tail->next = t;
+        else
+            x->wait_head = t;
+        x->wait_tail = t;
+    }
+    while (x->wait_head && x->nrunning < x->max_inflight) {
+        xfer_t *t = x->wait_head;
+        x->wait_head = t->next;
+        if (!x->wait_head) x->wait_tail = NULL;
+        t->next = NULL;
+        if (start(x, t) != 0) {
+            deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE, "local_error",
+                    "could not start the transfer (out of memory)", 0, 0);
+            xfer_free(t);
+            delivered++;
+        }
+    }
+    return delivered;
+}
+
+static int reap(oq__http_exec_t *x)
+{
+    int delivered = 0, left;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(x->multi, &left))) {
+        if (m->msg != CURLMSG_DONE) continue;
+        CURL *e = m->easy_handle;
+        CURLcode cc = m->data.result;
+        xfer_t *t = NULL;
+        curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&t);
+        finish(x, t, cc);
+        retire(x, t);
+        xfer_free(t);
+        delivered++;
+    }
+    return delivered;
+}
+
+int oq__http_exec_poll(oq__http_exec_t *x, int timeout_ms, oq_error_t *err)
+{
+    int running = 0, n = admit(x);
+    CURLMcode mc = curl_multi_perform(x->multi, &running);
+    if (mc != CURLM_OK)
+        return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_perform: %s",
+                            curl_multi_strerror(mc));
+    n += reap(x);
+    if (n == 0 && timeout_ms > 0) {
+        mc = curl_multi_poll(x->multi, NULL, 0, timeout_ms, NULL);
+        if (mc != CURLM_OK)
+            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_poll: %s",
+                                curl_multi_strerror(mc));
+        n += admit(x);
+        mc = curl_multi_perform(x->multi, &running);
+        if (mc != CURLM_OK)
+            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_perform: %s",
+                                curl_multi_strerror(mc));
+        n += reap(x);
+    }
+    n += admit(x); /* slots freed by reaped transfers */
+    return n;
+}
+
+void oq__http_exec_wakeup(oq__http_exec_t *x)
+{
+    if (x) curl_multi_wakeup(x->multi);
+}
+
+int oq__http_exec_pending(oq__http_exec_t *x)
+{
+    return x ? atomic_load(&x->pending) : 0;
+}
+
+void oq__http_exec_destroy(oq__http_exec_t *x)
+{
+    if (!x) return;
+    pthread_mutex_lock(&x->mu);
+    x->closing = 1;
+    pthread_mutex_unlock(&x->mu);
+    /* every request is called back exactly once, even now */
+    reap(x);
+    while (x->running) {
+        xfer_t *t = x->running;
+        oq__http_class_t cls = t->is_lookup ? OQ__HTTP_UNDECIDED
+                               : t->sent    ? OQ__HTTP_UNKNOWN
+                                            : OQ__HTTP_RETRYABLE;
+        deliver(x, t, cls, "abandoned",
+                t->sent ? "executor closed after the request was sent"
+                        : "executor closed before the request was sent",
+                0, 0);
+        retire(x, t);
+        xfer_free(t);
+    }
+    pthread_mutex_lock(&x->mu);
+    xfer_t *in = x->in_head;
+    x->in_head = x->in_tail = NULL;
+    pthread_mutex_unlock(&x->mu);
+    if (x->wait_tail)
+        x->wait_tail->next = in;
+    else
+        x->wait_head = in;
+    for (xfer_t *t = x->wait_head, *next; t; t = next) {
+        next = t->next;
+        if (t->prefail)
+            deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_FINAL, "bad_args",
+                    t->prefail_msg, 0, 0);
+        else
+            deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE, "abandoned",
+                    "executor closed before the request was sent", 0, 0);
+        xfer_free(t);
+    }
+    for (int i = 0; i < x->nidle; i++)
+        curl_easy_cleanup(x->idle[i]);
+    curl_multi_cleanup(x->multi);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
