@@ -422,10 +422,8 @@ int oq__exec_plan(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t now
     return rc;
 }
 
-int oq__exec_start_inline(oq__consumer_store_t *s, const oq_envelope_t *env, oq__exec_row_t *x,
-                          oq_error_t *err)
+int oq__exec_start_inline(const oq_envelope_t *env, oq__exec_row_t *x, oq_error_t *err)
 {
-    (void)s;
     int rc = row_from_envelope(env, x, err);
     if (rc) return rc;
     /* PLANNED -> STARTED, in memory: the row is written by oq__exec_finish */

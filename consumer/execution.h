@@ -117,8 +117,7 @@ int oq__exec_plan(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t now
  *        written until oq__exec_finish(..., OQ__RUN_INLINE, ...), which MUST follow in the same
  *        transaction before any other intake of the call. Clear \p x after.
  */
-int oq__exec_start_inline(oq__consumer_store_t *s, const oq_envelope_t *env, oq__exec_row_t *x,
-                          oq_error_t *err);
+int oq__exec_start_inline(const oq_envelope_t *env, oq__exec_row_t *x, oq_error_t *err);
 
 /**
  * @brief In tx: claim \p call_id if it is due (a state the table lets move to STARTED, with

@@ -277,7 +277,7 @@ static int run_inline(oq_consumer_t *c, const oq_envelope_t *env, const char *ca
     memset(&x, 0, sizeof(x));
     memset(&o, 0, sizeof(o));
     if (env)
-        rc = oq__exec_start_inline(c->store, env, &x, err);
+        rc = oq__exec_start_inline(env, &x, err);
     else
         rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
     if (rc == OQ_ESTATE && !env) return 0;

@@ -45,7 +45,7 @@ static int fast(oq__consumer_store_t *s, const oq_envelope_t *e, int64_t now, in
                          0);
         oq__exec_row_t x;
         oq__outcome_t o;
-        assert_int_equal(oq__exec_start_inline(s, e, &x, &err), 0);
+        assert_int_equal(oq__exec_start_inline(e, &x, &err), 0);
         assert_int_equal(x.tries, 1);
         run_registry_tool(&x, e->args, &o);
         assert_int_equal(
@@ -136,7 +136,7 @@ static void test_fast_same_call_twice_in_one_tx(void **state)
     assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
     assert_int_equal(oq__exec_intake(f->a, &e, &src, now, &outcome, &err), 0);
     assert_int_equal(outcome, OQ__INTAKE_NEW);
-    assert_int_equal(oq__exec_start_inline(f->a, &e, &x, &err), 0);
+    assert_int_equal(oq__exec_start_inline(&e, &x, &err), 0);
     o.cls = OQ__OUTCOME_SUCCESS;
     o.out.has_effect = 1;
     snprintf(o.out.recipient, sizeof(o.out.recipient), "a@b.c");
