@@ -4,24 +4,34 @@
  *
  * A worker is one member of a Kafka consumer group reading onceq.tool-calls. Several worker
  * processes on one host share one effects database (SQLite WAL). Per poll batch, in one write
- * transaction (group commit), each message is de-duplicated by the inbox, and a fast tool of
- * a new call is run right there, its effect inserted (UNIQUE call_id: the last gate) and its
+ * transaction (group commit), each message is de-duplicated by the inbox, and a fast tool of a
+ * new call is run right there, its effect inserted (UNIQUE call_id: the last gate) and its
  * execution row written once in its outcome state with its result event in the consumer's
- * outbox (a re-planned or due execution is claimed first: conditional UPDATE + fencing token). Offsets are committed only after that transaction commits. Tools that
- * block (sleep, a charge with delay_ms) are left PLANNED and run by runner threads outside any
- * transaction while a heartbeat renews their lease; their finishing write checks the fence, so
- * a worker that lost its lease writes nothing. Retries (FAILED_RETRYABLE, exponential backoff
- * with jitter) and recovery (lapsed STARTED -> UNKNOWN -> COMMITTED | SAFE_RETRY |
- * NEEDS_REVIEW) are driven from the database, not from Kafka, so they never block a partition.
- * Result events are published to onceq.tool-results by the relay library embedded in the
- * worker (one publisher per database at a time, by the relay's lease).
+ * outbox (a re-planned or due execution is claimed first: conditional UPDATE + fencing token).
+ * Offsets are committed only after that transaction commits. Tools that block (sleep, a charge
+ * with delay_ms) are left PLANNED and run by runner threads outside any transaction while a
+ * heartbeat renews their lease; their finishing write checks the fence, so a worker that lost
+ * its lease writes nothing. Retries (FAILED_RETRYABLE, exponential backoff with jitter) and
+ * recovery (lapsed STARTED -> UNKNOWN -> COMMITTED | SAFE_RETRY | NEEDS_REVIEW) are driven from
+ * the database, not from Kafka, so they never block a partition. Result events are published
+ * to onceq.tool-results by the relay library embedded in the worker (one publisher per database
+ * at a time, by the relay's lease).
  *
- * Crash points (ONCEQ_CRASH_AT, see oq_util.h):
- *   consumer.after_intake_before_commit  batch written, transaction not committed
- *   consumer.in_tool                     inside a tool run (before the tool function returns)
- *   consumer.after_effect_before_commit  effect + terminal state written, not committed
- *   consumer.after_commit_before_offset  batch committed, Kafka offsets not committed
+ * Where the code is: consumer/worker.c (Kafka, threads, batches, the tool call),
+ * consumer/execution.c (the rules: intake, state machine, finish, recovery, retries),
+ * consumer/store.c behind consumer/consumer_store.h (every SQL statement), consumer/tools.c
+ * (the registry and the built-in tools).
+ *
+ * Crash points (ONCEQ_CRASH_AT, see oq_util.h), in the order a call meets them:
+ *   consumer.after_intake_before_commit  batch: inbox rows, plans and inline runs written,
+ *                                        the batch transaction not committed
  *   consumer.after_claim                 runner: STARTED committed, tool not yet run
+ *   consumer.in_tool                     inside a tool run, inline or on a runner (before the
+ *                                        tool function returns)
+ *   consumer.after_effect_before_commit  effect + outcome state written, not committed (in a
+ *                                        batch at the same point as after_intake_before_commit;
+ *                                        on a runner in its finishing transaction)
+ *   consumer.after_commit_before_offset  batch committed, Kafka offsets not committed
  */
 #ifndef OQ_CONSUMER_H
 #define OQ_CONSUMER_H
@@ -48,29 +58,29 @@ typedef struct oq_tool_call {
     const char *effect_id; /**< stable per call: the downstream idempotency key */
     const char *tenant;
     const char *tool;
-    const json_t *args;    /**< JSON object */
-    int64_t attempt;       /**< producer attempt */
-    int64_t try_no;        /**< 1-based run number within this attempt (retries) */
-    volatile int *stop;    /**< non-zero: the worker is stopping; long tools return early */
+    const json_t *args; /**< JSON object */
+    int64_t attempt;    /**< producer attempt */
+    int64_t try_no;     /**< 1-based run number within this attempt (retries) */
+    volatile int *stop; /**< non-zero: the worker is stopping; long tools return early */
 } oq_tool_call_t;
 
 /** Tool return codes. */
 enum {
-    OQ_TOOL_OK = 0,         /**< success: out->result set (may stay NULL = {}) */
-    OQ_TOOL_FAIL = 1,       /**< failed: out->retryable decides FAILED_RETRYABLE vs FINAL */
-    OQ_TOOL_BADARGS = 2,    /**< invalid arguments: FAILED_FINAL, code "bad_args" */
-    OQ_TOOL_ABANDONED = 3   /**< stopped early (call->stop): nothing happened, run it again */
+    OQ_TOOL_OK = 0,       /**< success: out->result set (may stay NULL = {}) */
+    OQ_TOOL_FAIL = 1,     /**< failed: out->retryable decides FAILED_RETRYABLE vs FINAL */
+    OQ_TOOL_BADARGS = 2,  /**< invalid arguments: FAILED_FINAL, code "bad_args" */
+    OQ_TOOL_ABANDONED = 3 /**< stopped early (call->stop): nothing happened, run it again */
 };
 
 /** What a tool reports. Zeroed by the caller before the call. */
 typedef struct oq_tool_out {
-    json_t *result;        /**< success: a JSON object (the tool gives its reference) */
-    int has_effect;        /**< success: record one row in effects for this call */
-    int64_t amount;        /**< effect column (charge) */
-    char recipient[256];   /**< effect column (send_email) */
-    int retryable;         /**< OQ_TOOL_FAIL: retry with backoff */
-    char code[48];         /**< failure code, e.g. "tool_failed", "bad_args" */
-    char message[256];     /**< failure message */
+    json_t *result;      /**< success: a JSON object (the tool gives its reference) */
+    int has_effect;      /**< success: record one row in effects for this call */
+    int64_t amount;      /**< effect column (charge) */
+    char recipient[256]; /**< effect column (send_email) */
+    int retryable;       /**< OQ_TOOL_FAIL: retry with backoff */
+    char code[48];       /**< failure code, e.g. "tool_failed", "bad_args" */
+    char message[256];   /**< failure message */
 } oq_tool_out_t;
 
 typedef int (*oq_tool_fn)(const oq_tool_call_t *call, oq_tool_out_t *out);
@@ -106,26 +116,26 @@ void oq_tool_out_clear(oq_tool_out_t *out);
 
 /** Worker settings (see oq_consumer_settings for the command-line names and defaults). */
 typedef struct oq_consumer_opts {
-    const char *db_path;        /**< effects database (created and migrated) */
-    const char *brokers;        /**< bootstrap servers */
-    const char *group;          /**< consumer group id (default "onceq-workers") */
-    const char *topic;          /**< input topic (default onceq.tool-calls) */
-    const char *worker_id;      /**< NULL: host:pid:random */
-    const char *synchronous;    /**< SQLite synchronous level (NULL: FULL) */
+    const char *db_path;           /**< effects database (created and migrated) */
+    const char *brokers;           /**< bootstrap servers */
+    const char *group;             /**< consumer group id (default "onceq-workers") */
+    const char *topic;             /**< input topic (default onceq.tool-calls) */
+    const char *worker_id;         /**< NULL: host:pid:random */
+    const char *synchronous;       /**< SQLite synchronous level (NULL: FULL) */
     const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):
                                         NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
-    const char *metrics_listen; /**< NULL: no metrics server */
-    const oq_config_t *cfg;     /**< -X Kafka properties (may be NULL); borrowed */
-    int64_t lease_ms;           /**< execution lease (default 30000) */
-    int max_attempts;           /**< tool runs per attempt before FAILED_FINAL (default 5) */
-    int batch;                  /**< max messages per poll batch / transaction (default 500) */
-    int runners;                /**< threads for blocking tools (default 4) */
-    int64_t retry_base_ms;      /**< first backoff (default 200) */
-    int64_t retry_max_ms;       /**< backoff cap (default 30000) */
-    int64_t recover_every_ms;   /**< recovery scan period (default 1000) */
-    int no_relay;               /**< do not embed the result relay (tests, benchmarks) */
-    int64_t inbox_retention_ms; /**< inbox rows older than this are purged (default 7 days;
-                                     keep it >= the input topic's retention) */
+    const char *metrics_listen;    /**< NULL: no metrics server */
+    const oq_config_t *cfg;        /**< -X Kafka properties (may be NULL); borrowed */
+    int64_t lease_ms;              /**< execution lease (default 30000) */
+    int max_attempts;              /**< tool runs per attempt before FAILED_FINAL (default 5) */
+    int batch;                     /**< max messages per poll batch / transaction (default 500) */
+    int runners;                   /**< threads for blocking tools (default 4) */
+    int64_t retry_base_ms;         /**< first backoff (default 200) */
+    int64_t retry_max_ms;          /**< backoff cap (default 30000) */
+    int64_t recover_every_ms;      /**< recovery scan period (default 1000) */
+    int no_relay;                  /**< do not embed the result relay (tests, benchmarks) */
+    int64_t inbox_retention_ms;    /**< inbox rows older than this are purged (default 7 days;
+                                        keep it >= the input topic's retention) */
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;
@@ -152,11 +162,11 @@ void oq_consumer_destroy(oq_consumer_t *c);
 
 /** Counters of one worker (for benchmarks and tests). */
 typedef struct oq_consumer_stats {
-    uint64_t consumed;   /**< Kafka messages handled */
-    uint64_t duplicates; /**< inbox hits (redelivered message ids) */
-    uint64_t effects;    /**< effects written by this worker */
-    uint64_t dlq;        /**< messages dead-lettered */
-    uint64_t terminal;   /**< executions this worker brought to a terminal state */
+    uint64_t consumed;     /**< Kafka messages handled */
+    uint64_t duplicates;   /**< inbox hits (redelivered message ids) */
+    uint64_t effects;      /**< effects written by this worker */
+    uint64_t dlq;          /**< messages dead-lettered */
+    uint64_t terminal;     /**< executions this worker brought to a terminal state */
     int64_t first_poll_us; /**< oq_mono_us() when the first message was polled (0: none) */
 } oq_consumer_stats_t;
 

@@ -18,9 +18,9 @@
 #include "oq_consumer.h"
 #include "oq_util.h"
 
-#define OQ__MAX_SLEEP_MS 10000
+#define MAX_SLEEP_MS 10000
 
-static int oq__bad(oq_tool_out_t *out, const char *message)
+static int bad_args(oq_tool_out_t *out, const char *message)
 {
     snprintf(out->code, sizeof(out->code), "bad_args");
     snprintf(out->message, sizeof(out->message), "%s", message);
@@ -28,7 +28,7 @@ static int oq__bad(oq_tool_out_t *out, const char *message)
 }
 
 /* Optional integer argument within [lo, hi]; absent -> *v unchanged. */
-static int oq__opt_int(const json_t *args, const char *name, int64_t lo, int64_t hi, int64_t *v)
+static int opt_int(const json_t *args, const char *name, int64_t lo, int64_t hi, int64_t *v)
 {
     const json_t *f = json_object_get(args, name);
     if (!f) return 0;
@@ -40,7 +40,7 @@ static int oq__opt_int(const json_t *args, const char *name, int64_t lo, int64_t
 }
 
 /* Sleeps \p ms in 20 ms slices; returns -1 when asked to stop first. */
-static int oq__sleep(int64_t ms, volatile int *stop)
+static int sleep_sliced(int64_t ms, volatile int *stop)
 {
     int64_t end = oq_mono_us() + ms * 1000;
     for (;;) {
@@ -52,29 +52,29 @@ static int oq__sleep(int64_t ms, volatile int *stop)
 }
 
 /* charge {amount:int>0, currency?:string, delay_ms?:0..10000, fail_times?:0..100} */
-static int oq__charge_check(const json_t *args, int64_t *amount, int64_t *delay, int64_t *fails,
-                            oq_tool_out_t *out)
+static int charge_check(const json_t *args, int64_t *amount, int64_t *delay, int64_t *fails,
+                        oq_tool_out_t *out)
 {
     const json_t *a = json_object_get(args, "amount");
-    if (!a) return oq__bad(out, "missing field amount");
+    if (!a) return bad_args(out, "missing field amount");
     if (!json_is_integer(a) || json_integer_value(a) <= 0)
-        return oq__bad(out, "field amount: expected integer > 0");
+        return bad_args(out, "field amount: expected integer > 0");
     *amount = (int64_t)json_integer_value(a);
     const json_t *c = json_object_get(args, "currency");
-    if (c && !json_is_string(c)) return oq__bad(out, "field currency: expected string");
-    if (oq__opt_int(args, "delay_ms", 0, OQ__MAX_SLEEP_MS, delay))
-        return oq__bad(out, "field delay_ms: expected integer 0..10000");
-    if (oq__opt_int(args, "fail_times", 0, 100, fails))
-        return oq__bad(out, "field fail_times: expected integer 0..100");
+    if (c && !json_is_string(c)) return bad_args(out, "field currency: expected string");
+    if (opt_int(args, "delay_ms", 0, MAX_SLEEP_MS, delay))
+        return bad_args(out, "field delay_ms: expected integer 0..10000");
+    if (opt_int(args, "fail_times", 0, 100, fails))
+        return bad_args(out, "field fail_times: expected integer 0..100");
     return OQ_TOOL_OK;
 }
 
-static int oq__charge(const oq_tool_call_t *call, oq_tool_out_t *out)
+static int charge(const oq_tool_call_t *call, oq_tool_out_t *out)
 {
     int64_t amount = 0, delay = 0, fails = 0;
-    int rc = oq__charge_check(call->args, &amount, &delay, &fails, out);
+    int rc = charge_check(call->args, &amount, &delay, &fails, out);
     if (rc) return rc;
-    if (delay > 0 && oq__sleep(delay, call->stop)) return OQ_TOOL_ABANDONED;
+    if (delay > 0 && sleep_sliced(delay, call->stop)) return OQ_TOOL_ABANDONED;
     if (call->try_no <= fails) {
         snprintf(out->code, sizeof(out->code), "downstream_unavailable");
         snprintf(out->message, sizeof(out->message), "payment API unavailable (try %lld of %lld)",
@@ -91,57 +91,56 @@ static int oq__charge(const oq_tool_call_t *call, oq_tool_out_t *out)
     return OQ_TOOL_OK;
 }
 
-static int64_t oq__charge_blocks(const json_t *args)
+static int64_t charge_blocks(const json_t *args)
 {
     int64_t d = 0;
-    if (oq__opt_int(args, "delay_ms", 0, OQ__MAX_SLEEP_MS, &d)) return 0;
+    if (opt_int(args, "delay_ms", 0, MAX_SLEEP_MS, &d)) return 0;
     return d;
 }
 
 /* send_email {to:string with '@', subject:string} */
-static int oq__send_email(const oq_tool_call_t *call, oq_tool_out_t *out)
+static int send_email(const oq_tool_call_t *call, oq_tool_out_t *out)
 {
     const json_t *to = json_object_get(call->args, "to");
     const json_t *subject = json_object_get(call->args, "subject");
-    if (!to) return oq__bad(out, "missing field to");
-    if (!json_is_string(to) || !strchr(json_string_value(to), '@') ||
-        json_string_length(to) > 254)
-        return oq__bad(out, "field to: expected an email address (<= 254 bytes)");
-    if (!subject) return oq__bad(out, "missing field subject");
+    if (!to) return bad_args(out, "missing field to");
+    if (!json_is_string(to) || !strchr(json_string_value(to), '@') || json_string_length(to) > 254)
+        return bad_args(out, "field to: expected an email address (<= 254 bytes)");
+    if (!subject) return bad_args(out, "missing field subject");
     if (!json_is_string(subject) || json_string_length(subject) > 998)
-        return oq__bad(out, "field subject: expected string (<= 998 bytes)");
+        return bad_args(out, "field subject: expected string (<= 998 bytes)");
     /* A real implementation hands the mail to its provider with Message-ID = effect_id. */
-    out->result = json_pack("{s:s, s:s}", "sent_to", json_string_value(to), "message_id",
-                            call->effect_id);
+    out->result =
+        json_pack("{s:s, s:s}", "sent_to", json_string_value(to), "message_id", call->effect_id);
     out->has_effect = 1;
     snprintf(out->recipient, sizeof(out->recipient), "%s", json_string_value(to));
     return OQ_TOOL_OK;
 }
 
 /* sleep {ms:0..10000}: a long execution with no side effect. */
-static int oq__sleep_tool(const oq_tool_call_t *call, oq_tool_out_t *out)
+static int sleep_tool(const oq_tool_call_t *call, oq_tool_out_t *out)
 {
     int64_t ms = -1;
-    if (!json_object_get(call->args, "ms")) return oq__bad(out, "missing field ms");
-    if (oq__opt_int(call->args, "ms", 0, OQ__MAX_SLEEP_MS, &ms))
-        return oq__bad(out, "field ms: expected integer 0..10000");
-    if (oq__sleep(ms, call->stop)) return OQ_TOOL_ABANDONED;
+    if (!json_object_get(call->args, "ms")) return bad_args(out, "missing field ms");
+    if (opt_int(call->args, "ms", 0, MAX_SLEEP_MS, &ms))
+        return bad_args(out, "field ms: expected integer 0..10000");
+    if (sleep_sliced(ms, call->stop)) return OQ_TOOL_ABANDONED;
     out->result = json_pack("{s:I}", "slept_ms", (json_int_t)ms);
     return OQ_TOOL_OK;
 }
 
-static int64_t oq__sleep_blocks(const json_t *args)
+static int64_t sleep_blocks(const json_t *args)
 {
     int64_t ms = 0;
-    if (oq__opt_int(args, "ms", 0, OQ__MAX_SLEEP_MS, &ms)) return 0;
+    if (opt_int(args, "ms", 0, MAX_SLEEP_MS, &ms)) return 0;
     return ms;
 }
 
 /* fail {retryable:bool}: always fails (retryable ones are retried, then fail final). */
-static int oq__fail(const oq_tool_call_t *call, oq_tool_out_t *out)
+static int fail_tool(const oq_tool_call_t *call, oq_tool_out_t *out)
 {
     const json_t *r = json_object_get(call->args, "retryable");
-    if (r && !json_is_boolean(r)) return oq__bad(out, "field retryable: expected boolean");
+    if (r && !json_is_boolean(r)) return bad_args(out, "field retryable: expected boolean");
     out->retryable = r && json_is_true(r);
     snprintf(out->code, sizeof(out->code), "tool_failed");
     snprintf(out->message, sizeof(out->message), "failed on request (%s)",
@@ -150,17 +149,17 @@ static int oq__fail(const oq_tool_call_t *call, oq_tool_out_t *out)
 }
 
 /* The registry: one line per tool. */
-static const oq_tool_t oq__tools[] = {
-    {"charge", oq__charge, oq__charge_blocks},
-    {"send_email", oq__send_email, NULL},
-    {"sleep", oq__sleep_tool, oq__sleep_blocks},
-    {"fail", oq__fail, NULL},
+static const oq_tool_t registry[] = {
+    {"charge", charge, charge_blocks},
+    {"send_email", send_email, NULL},
+    {"sleep", sleep_tool, sleep_blocks},
+    {"fail", fail_tool, NULL},
 };
 
 const oq_tool_t *oq_tool_find(const char *name)
 {
-    for (size_t i = 0; name && i < sizeof(oq__tools) / sizeof(oq__tools[0]); i++)
-        if (strcmp(oq__tools[i].name, name) == 0) return &oq__tools[i];
+    for (size_t i = 0; name && i < sizeof(registry) / sizeof(registry[0]); i++)
+        if (strcmp(registry[i].name, name) == 0) return &registry[i];
     return NULL;
 }
 
@@ -185,7 +184,7 @@ int oq_tool_invoke(const oq_tool_t *tool, const oq_tool_call_t *call, oq_tool_ou
                  call->tool ? call->tool : "");
         return OQ_TOOL_BADARGS;
     }
-    if (!json_is_object(call->args)) return oq__bad(out, "field args: expected object");
+    if (!json_is_object(call->args)) return bad_args(out, "field args: expected object");
     OQ_CRASH_POINT("consumer.in_tool");
     int rc = tool->run(call, out);
     if (rc == OQ_TOOL_OK && out->result && !json_is_object(out->result)) {

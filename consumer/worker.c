@@ -1,19 +1,20 @@
 /*
- * The consumer-group worker.
+ * The consumer-group worker: Kafka, threads, batching, and the one place a tool is called
+ * (run_tool). What a message means and how an execution moves are decided in
+ * consumer/execution.c; every row goes through consumer/consumer_store.h.
  *
  * Threads: the main thread owns the Kafka consumer and one database connection; it polls a
  * batch, handles it in ONE write transaction (group commit: inbox dedupe, planning, and for
  * fast tools run + effect + terminal state + result event), commits, and only then stores and
- * commits the Kafka offsets. A new call of a fast tool takes the inline path
- * (oq_cstore_intake_fast + oq_cstore_finish_new): the tool runs first and its execution row is
- * inserted once, in its outcome state, with one audit row: nobody can observe the PLANNED or
- * STARTED versions inside the transaction, and writing them cost about half the worker's
- * database time (see `onceq bench consumer`). Blocking tools are not run there: their executions are
- * left PLANNED (durable, so the offsets can be committed) and handed to runner threads, each
- * with its own connection, which claim them in a short transaction, run the tool with no
- * transaction open, and finish with a fenced write. A heartbeat thread (own connection)
- * renews the leases of running executions every lease/3; when a renewal finds the fence
- * changed the lease is lost and the runner's finishing write will be refused by the store.
+ * commits the Kafka offsets. A new call of a fast tool runs inline: its run is prepared in
+ * memory and its execution row written once, in its outcome state, with one audit row (see
+ * execution.c: writing the PLANNED and STARTED versions cost about half the worker's database
+ * time, `onceq bench consumer`). Blocking tools are not run there: their executions are left
+ * PLANNED (durable, so the offsets can be committed) and handed to runner threads, each with
+ * its own connection, which claim them in a short transaction, run the tool with no
+ * transaction open, and finish with a fenced write. A heartbeat thread (own connection) renews
+ * the leases of running executions every lease/3; when a renewal finds the fence changed the
+ * lease is lost and the runner's finishing write is refused.
  *
  * Everything after intake is driven by the database, not by Kafka: the main thread
  * periodically runs recovery (lapsed leases -> UNKNOWN -> reconcile) and a scheduler that
@@ -26,6 +27,9 @@
  * onceq.dlq after the commit (retried until delivered), so a crash loses none. Rebalance: on a
  * revoke the pending batch is finished and its offsets committed before the partitions go;
  * commit failures during a rebalance are tolerated (the inbox absorbs the redelivery).
+ *
+ * (About 1,250 lines, over the usual 800: every part shares the worker struct, its mutex and
+ * its threads; the rules, the SQL and the tools already live in their own files.)
  */
 #include "oq_consumer.h"
 
@@ -39,7 +43,8 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "oq_cstore.h"
+#include "consumer_store.h"
+#include "execution.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
@@ -55,14 +60,14 @@ typedef struct {
     int64_t fence;
     int used;
     int lost;
-} oq__lease_slot_t;
+} lease_slot_t;
 
-typedef struct oq__runner {
+typedef struct runner {
     struct oq_consumer *c;
     int index;
     pthread_t th;
-    oq_cstore_t *store;
-} oq__runner_t;
+    oq__consumer_store_t *store;
+} runner_t;
 
 struct oq_consumer {
     oq_consumer_opts_t o;
@@ -73,11 +78,11 @@ struct oq_consumer {
     rd_kafka_ConfigResource_t *rres;
     int64_t rdeadline_us;
     char worker_id[128];
-    oq_retry_policy_t policy;
+    oq__retry_policy_t policy;
     volatile int stop;
     volatile int hb_stop;
 
-    oq_cstore_t *store;
+    oq__consumer_store_t *store;
     rd_kafka_t *rk;
     rd_kafka_t *dlq_rk;
     oq_relay_t *relay;
@@ -96,16 +101,16 @@ struct oq_consumer {
     int dlq_added;
 
     /* runners */
-    oq__runner_t *runners;
+    runner_t *runners;
     int nrunners;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     char (*queue)[OQ_CALL_ID_LEN + 1];
     int qlen, qcap;
-    oq__lease_slot_t *slots; /* one per runner, guarded by mu */
+    lease_slot_t *slots; /* one per runner, guarded by mu */
     pthread_t hb_th;
     int hb_started;
-    oq_cstore_t *hb_store;
+    oq__consumer_store_t *hb_store;
 
     /* counters */
     atomic_uint_fast64_t n_consumed, n_dup, n_effects, n_dlq, n_terminal;
@@ -134,8 +139,7 @@ const oq_setting_t oq_consumer_settings[] = {
     {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous level"},
     {"relay-synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
      "synchronous level of the result relay's marks (a lost mark only republishes a result)"},
-    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
-     "serve Prometheus /metrics on host:port"},
+    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL, "serve Prometheus /metrics on host:port"},
     {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
     {"exit-idle", OQ_SET_DURATION, "0", 0, 86400000, NULL,
      "exit after this long without input or due work, once a message was handled (0: never)"},
@@ -171,9 +175,12 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
 
 /* --- helpers --------------------------------------------------------------------------------- */
 
-static char *oq__strdup0(const char *s) { return s ? strdup(s) : NULL; }
+static char *strdup0(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
 
-static void oq__metrics_init(oq_consumer_t *c)
+static void metrics_init(oq_consumer_t *c)
 {
     static const double lat[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                  0.1,    0.25,  0.5,    1,     2.5,  5,     10};
@@ -187,14 +194,15 @@ static void oq__metrics_init(oq_consumer_t *c)
                                       "effects recorded by this worker", NULL);
     c->m_dlq = oq_metrics_counter(m, "onceq_consumer_dlq_total",
                                   "messages sent to the dead-letter topic", NULL);
-    c->m_lease_lost = oq_metrics_counter(m, "onceq_consumer_lease_lost_total",
-                                         "finishing writes refused because the lease was lost",
-                                         NULL);
+    c->m_lease_lost =
+        oq_metrics_counter(m, "onceq_consumer_lease_lost_total",
+                           "finishing writes refused because the lease was lost", NULL);
     c->m_recovered = oq_metrics_counter(m, "onceq_consumer_recovered_total",
                                         "executions reconciled after a lapsed lease", NULL);
     for (int i = 0; i < OQ_X__COUNT; i++) {
         char labels[64];
-        snprintf(labels, sizeof(labels), "state=\"%s\"", oq_xstate_name(i));
+        if (i == OQ_X_RECONCILING) continue; /* not stored yet: no series (a NULL gauge) */
+        snprintf(labels, sizeof(labels), "state=\"%s\"", oq__xstate_name(i));
         c->m_state[i] = oq_metrics_gauge(m, "onceq_consumer_executions",
                                          "executions in the database by state", labels);
     }
@@ -202,37 +210,45 @@ static void oq__metrics_init(oq_consumer_t *c)
                                         "poll to database commit, per message", NULL, lat,
                                         sizeof(lat) / sizeof(lat[0]));
     c->m_attempts = oq_metrics_histogram(m, "onceq_consumer_attempts",
-                                         "tool runs per execution at its terminal state", NULL,
-                                         att, sizeof(att) / sizeof(att[0]));
+                                         "tool runs per execution at its terminal state", NULL, att,
+                                         sizeof(att) / sizeof(att[0]));
     c->m_lag = oq_metrics_gauge(m, "onceq_consumer_lag",
-                                "messages behind the high watermark on assigned partitions",
-                                NULL);
+                                "messages behind the high watermark on assigned partitions", NULL);
 }
 
-static void oq__note_terminal(oq_consumer_t *c, int state, int64_t tries, int effect_new)
+/* Counts what a finish did. A refused finish (OQ_EFENCED: the lease was lost, which the
+ * finish already audited) is counted and absorbed. @returns the remaining error, or 0. */
+static int note_finish(oq_consumer_t *c, int rc, const oq__exec_row_t *x, int state, int effect_new)
 {
+    if (rc == OQ_EFENCED) {
+        oq_counter_add(c->m_lease_lost, 1);
+        return 0;
+    }
+    if (rc) return rc;
     if (effect_new) {
         atomic_fetch_add(&c->n_effects, 1);
         oq_counter_add(c->m_effects, 1);
     }
-    if (oq_xstate_terminal(state)) {
+    if (oq__xstate_terminal(state)) {
         atomic_fetch_add(&c->n_terminal, 1);
-        oq_histogram_observe(c->m_attempts, (double)tries);
+        oq_histogram_observe(c->m_attempts, (double)x->tries);
     }
+    return 0;
 }
 
-/* Runs a fast tool for the claimed execution \p x and finishes it, in the caller's
- * transaction. \p args may be NULL (parsed from the row). */
-static int oq__run_claimed(oq_consumer_t *c, oq_cstore_t *st, oq_exec_t *x, const json_t *args,
-                           oq_error_t *err)
+/*
+ * The one place a tool is called, for every path (inline new call, inline claimed call,
+ * runner): the call is built from the execution \p x, with the call's stable effect id as the
+ * downstream idempotency key, the registry tool runs with \p args (x's arguments, parsed), and
+ * its answer is classified for oq__exec_finish(). \p stop (may be NULL) lets a blocking tool
+ * return early when the worker stops. Clear \p o after.
+ */
+static void run_tool(const oq__exec_row_t *x, const json_t *args, volatile int *stop,
+                     oq__outcome_t *o)
 {
-    oq_tool_out_t out;
-    json_t *own = NULL;
-    int rc, trc, state = -1, enew = 0;
-    memset(&out, 0, sizeof(out));
-    if (!args) args = own = json_loads(x->args ? x->args : "{}", 0, NULL);
     char eid[OQ_CALL_ID_LEN + 1];
-    oq_effect_id_for(x->call_id, eid);
+    memset(o, 0, sizeof(*o));
+    oq__exec_effect_id(x->call_id, eid);
     oq_tool_call_t call = {.call_id = x->call_id,
                            .effect_id = eid,
                            .tenant = x->tenant,
@@ -240,61 +256,42 @@ static int oq__run_claimed(oq_consumer_t *c, oq_cstore_t *st, oq_exec_t *x, cons
                            .args = args,
                            .attempt = x->attempt,
                            .try_no = x->tries,
-                           .stop = NULL};
-    trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &out);
-    rc = oq_cstore_finish(st, x, trc, &out, &c->policy, oq_now_ms(), &state, &enew, err);
-    if (rc == OQ_EFENCED) {
-        oq_counter_add(c->m_lease_lost, 1);
-        rc = 0;
-    }
-    if (rc == 0) {
-        oq__note_terminal(c, state, x->tries, enew);
-        if (oq_xstate_terminal(state)) c->results_emitted = 1;
-    }
-    json_decref(own);
-    oq_tool_out_clear(&out);
-    return rc;
+                           .stop = stop};
+    int trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &o->out);
+    oq__outcome_classify(trc, o);
 }
 
-/* Runs the fast \p tool of the new call \p env (first try) and writes its execution in the
- * outcome state, in the caller's transaction (oq_cstore_intake_fast said it is new). */
-static int oq__run_new(oq_consumer_t *c, oq_cstore_t *st, const oq_tool_t *tool,
-                       const oq_envelope_t *env, int64_t now, oq_error_t *err)
+/*
+ * Runs a fast tool inside the caller's (batch or scheduler) transaction and finishes the run
+ * there: the first run of the NEW call \p env (nothing stored yet: the row is written once, in
+ * its outcome state), or, with \p env NULL, the claimed run of \p call_id (not due, or taken
+ * by another worker: nothing to do). \p args may be NULL (parsed from the row).
+ */
+static int run_inline(oq_consumer_t *c, const oq_envelope_t *env, const char *call_id,
+                      const json_t *args, int64_t now, oq_error_t *err)
 {
-    oq_tool_out_t out;
-    int rc, trc, state = -1, enew = 0;
-    char eid[OQ_CALL_ID_LEN + 1];
-    memset(&out, 0, sizeof(out));
-    oq_effect_id_for(env->call_id, eid);
-    oq_tool_call_t call = {.call_id = env->call_id,
-                           .effect_id = eid,
-                           .tenant = env->tenant,
-                           .tool = env->tool,
-                           .args = env->args,
-                           .attempt = env->attempt,
-                           .try_no = 1,
-                           .stop = NULL};
-    trc = oq_tool_invoke(tool, &call, &out);
-    rc = oq_cstore_finish_new(st, env, trc, &out, &c->policy, now, &state, &enew, err);
-    if (rc == 0) {
-        oq__note_terminal(c, state, 1, enew);
-        if (oq_xstate_terminal(state)) c->results_emitted = 1;
-    }
-    oq_tool_out_clear(&out);
-    return rc;
-}
-
-/* Claims \p call_id, runs its (fast) tool and finishes it, inside the caller's transaction.
- * \p args may be NULL (parsed from the claimed row). */
-static int oq__run_inline(oq_consumer_t *c, oq_cstore_t *st, const char *call_id,
-                          const json_t *args, int64_t now, oq_error_t *err)
-{
-    oq_exec_t x;
+    oq__exec_row_t x;
+    oq__outcome_t o;
+    json_t *own = NULL;
+    int rc, state = -1, enew = 0;
     memset(&x, 0, sizeof(x));
-    int rc = oq_cstore_claim(st, call_id, c->o.lease_ms, now, &x, err);
-    if (rc == OQ_ESTATE) return 0; /* someone else has it, or not due */
-    if (rc == 0) rc = oq__run_claimed(c, st, &x, args, err);
-    oq_exec_clear(&x);
+    memset(&o, 0, sizeof(o));
+    if (env)
+        rc = oq__exec_start_inline(env, &x, err);
+    else
+        rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
+    if (rc == OQ_ESTATE && !env) return 0;
+    if (rc) goto out;
+    if (!args) args = own = json_loads(x.args ? x.args : "{}", 0, NULL);
+    run_tool(&x, args, NULL, &o);
+    rc = oq__exec_finish(c->store, &x, env ? OQ__RUN_INLINE : OQ__RUN_CLAIMED, &o, &c->policy,
+                         env ? now : oq_now_ms(), &state, &enew, err);
+    if ((rc = note_finish(c, rc, &x, state, enew)) == 0 && oq__xstate_terminal(state))
+        c->results_emitted = 1;
+out:
+    json_decref(own);
+    oq__outcome_clear(&o);
+    oq__exec_row_clear(&x);
     return rc;
 }
 
@@ -303,27 +300,26 @@ static int oq__run_inline(oq_consumer_t *c, oq_cstore_t *st, const char *call_id
 typedef struct {
     int64_t id;
     int state; /* 0 in flight, 1 delivered, -1 failed */
-} oq__dlq_track_t;
+} dlq_track_t;
 
 typedef struct {
     oq_consumer_t *c;
-    oq__dlq_track_t *t;
+    dlq_track_t *t;
     int n, cap;
-} oq__dlq_pub_t;
+} dlq_pub_t;
 
-static void oq__dlq_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+static void dlq_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
-    oq__dlq_track_t *t = m->_private;
+    dlq_track_t *t = m->_private;
     if (t) t->state = m->err ? -1 : 1;
-    if (m->err)
-        OQ_LOG_WARN(OQ__COMP, "dead letter delivery failed: %s", rd_kafka_err2str(m->err));
+    if (m->err) OQ_LOG_WARN(OQ__COMP, "dead letter delivery failed: %s", rd_kafka_err2str(m->err));
 }
 
-static void oq__dlq_produce_one(const oq_dlq_row_t *r, void *opaque)
+static void dlq_produce_one(const oq__dlq_row_t *r, void *opaque)
 {
-    oq__dlq_pub_t *p = opaque;
+    dlq_pub_t *p = opaque;
     if (p->n >= p->cap) return;
-    oq__dlq_track_t *t = &p->t[p->n];
+    dlq_track_t *t = &p->t[p->n];
     t->id = r->id;
     t->state = 0;
     rd_kafka_resp_err_t e = rd_kafka_producev(
@@ -340,13 +336,13 @@ static void oq__dlq_produce_one(const oq_dlq_row_t *r, void *opaque)
 }
 
 /* Produces every unpublished dead letter and marks the delivered ones. */
-static void oq__dlq_publish(oq_consumer_t *c)
+static void dlq_publish(oq_consumer_t *c)
 {
-    oq__dlq_track_t t[128];
-    oq__dlq_pub_t p = {.c = c, .t = t, .n = 0, .cap = 128};
+    dlq_track_t t[128];
+    dlq_pub_t p = {.c = c, .t = t, .n = 0, .cap = 128};
     oq_error_t err = {0};
     if (!c->dlq_rk) return;
-    if (oq_cstore_dlq_pending(c->store, p.cap, oq__dlq_produce_one, &p, &err)) {
+    if (oq__consumer_store_dlq_pending(c->store, p.cap, dlq_produce_one, &p, &err)) {
         OQ_LOG_WARN(OQ__COMP, "dead letters: %s", err.msg);
         return;
     }
@@ -358,7 +354,7 @@ static void oq__dlq_publish(oq_consumer_t *c)
     int ok = 0;
     for (int i = 0; i < p.n; i++) {
         if (t[i].state != 1) continue;
-        if (oq_cstore_dlq_mark(c->store, t[i].id, oq_now_ms(), &err) == 0) ok++;
+        if (oq__consumer_store_dlq_mark(c->store, t[i].id, oq_now_ms(), &err) == 0) ok++;
     }
     if (ok == p.n) c->dlq_added = 0;
     OQ_LOG_INFO(OQ__COMP, "dead letters published=%d of %d", ok, p.n);
@@ -366,9 +362,9 @@ static void oq__dlq_publish(oq_consumer_t *c)
 
 /* --- the batch ------------------------------------------------------------------------------- */
 
-static void oq__dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq_msg_src_t *src,
-                        const char *call_id, const char *message_id_hint, const char *reason,
-                        int64_t now, oq_error_t *err, int *rc)
+static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg_src_t *src,
+                    const char *call_id, const char *message_id_hint, const char *reason,
+                    int64_t now, oq_error_t *err, int *rc)
 {
     char key[OQ_UUID_LEN + 64];
     const void *hv = NULL;
@@ -387,8 +383,15 @@ static void oq__dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq_
             snprintf(key, sizeof(key), "dlq:%s:%d:%" PRId64, src->topic, src->partition,
                      src->offset);
     }
-    *rc = oq_cstore_dlq_add(c->store, key, call_id, src, m->key, m->key_len, m->payload, m->len,
-                            reason, now, &dup, err);
+    oq__dlq_row_t row = {.message_id = key,
+                         .reason = reason,
+                         .src = *src,
+                         .key = m->key,
+                         .key_len = m->key_len,
+                         .payload = m->payload,
+                         .len = m->len,
+                         .created_at = now};
+    *rc = oq__exec_dead_letter(c->store, &row, call_id, &dup, err);
     if (*rc) return;
     if (dup) {
         atomic_fetch_add(&c->n_dup, 1);
@@ -402,65 +405,65 @@ static void oq__dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq_
     c->dlq_added = 1;
 }
 
+/* Hands \p call_id (PLANNED, durable once the batch commits) to the runners after the commit. */
+static void hand_off(oq_consumer_t *c, const char *call_id)
+{
+    if (c->nhandoff < c->o.batch)
+        snprintf(c->handoff[c->nhandoff++], OQ_CALL_ID_LEN + 1, "%s", call_id);
+}
+
 /* One message, inside the batch transaction. */
-static int oq__handle(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t now,
-                      oq_error_t *err)
+static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t now,
+                          oq_error_t *err)
 {
     oq_envelope_t env;
     oq_error_t derr = {0};
-    int rc = 0, outcome = 0;
-    oq_msg_src_t src = {.topic = rd_kafka_topic_name(m->rkt),
-                        .partition = m->partition,
-                        .offset = m->offset};
+    int rc = 0, decision = -1;
+    oq__msg_src_t src = {
+        .topic = rd_kafka_topic_name(m->rkt), .partition = m->partition, .offset = m->offset};
     memset(&env, 0, sizeof(env));
     if (!m->payload || m->len == 0) {
-        oq__dlq_msg(c, m, &src, NULL, NULL, "empty message", now, err, &rc);
+        dlq_msg(c, m, &src, NULL, NULL, "empty message", now, err, &rc);
         return rc;
     }
     if (oq_envelope_decode(m->payload, m->len, &env, &derr) != 0) {
         char reason[300];
         snprintf(reason, sizeof(reason), "undecodable envelope: %s", derr.msg);
-        oq__dlq_msg(c, m, &src, NULL, NULL, reason, now, err, &rc);
+        dlq_msg(c, m, &src, NULL, NULL, reason, now, err, &rc);
         return rc;
     }
     if (env.kind != OQ_KIND_TOOL_CALL) {
-        oq__dlq_msg(c, m, &src, env.call_id, env.message_id, "not a tool_call envelope", now,
-                    err, &rc);
+        dlq_msg(c, m, &src, env.call_id, env.message_id, "not a tool_call envelope", now, err, &rc);
         goto out;
     }
-    /* A new call of a fast tool is run right here, in the batch transaction, and its
-     * execution row is written once, in its outcome state (oq_cstore_intake_fast). */
-    const oq_tool_t *tool = oq_tool_find(env.tool);
-    int fast = oq_tool_blocks(tool, env.args) == 0;
-    int is_new = 0;
-    if (fast)
-        rc = oq_cstore_intake_fast(c->store, &env, &src, now, &is_new, &outcome, err);
-    else
-        rc = oq_cstore_intake(c->store, &env, &src, now, &outcome, err);
-    int ran = rc == 0 && is_new;
-    if (ran) rc = oq__run_new(c, c->store, tool, &env, now, err);
-    if (rc) goto out;
-    switch (outcome) {
-    case OQ_IN_DUPLICATE:
+    /* A fast tool runs right here, in the batch transaction; a blocking one is left PLANNED
+     * (durable with the batch) and handed to the runners after the commit. */
+    int fast = oq_tool_blocks(oq_tool_find(env.tool), env.args) == 0;
+    if ((rc = oq__exec_intake(c->store, &env, &src, now, &decision, err))) goto out;
+    switch (decision) {
+    case OQ__INTAKE_NEW:
+        if (fast) {
+            rc = run_inline(c, &env, NULL, env.args, now, err);
+        } else if ((rc = oq__exec_plan(c->store, &env, now, err)) == 0) {
+            hand_off(c, env.call_id);
+        }
+        break;
+    case OQ__INTAKE_REPLANNED:
+        if (fast)
+            rc = run_inline(c, NULL, env.call_id, env.args, now, err);
+        else
+            hand_off(c, env.call_id);
+        break;
+    case OQ__INTAKE_DUPLICATE:
         atomic_fetch_add(&c->n_dup, 1);
         oq_counter_add(c->m_dup, 1);
         break;
-    case OQ_IN_MISMATCH:
-        oq__dlq_msg(c, m, &src, env.call_id, env.message_id,
-                    "fingerprint differs from the existing execution of this call_id", now, err,
-                    &rc);
+    case OQ__INTAKE_MISMATCH:
+        dlq_msg(c, m, &src, env.call_id, env.message_id,
+                "fingerprint differs from the existing execution of this call_id", now, err, &rc);
         break;
-    case OQ_IN_DONE:
+    case OQ__INTAKE_DONE:
         c->results_emitted = 1;
-        break;
-    case OQ_IN_PLANNED:
-        if (ran) break;
-        if (!fast) {
-            if (c->nhandoff < c->o.batch)
-                snprintf(c->handoff[c->nhandoff++], OQ_CALL_ID_LEN + 1, "%s", env.call_id);
-        } else {
-            rc = oq__run_inline(c, c->store, env.call_id, env.args, now, err); /* re-planned */
-        }
         break;
     default:
         break;
@@ -470,13 +473,13 @@ out:
     return rc;
 }
 
-static void oq__queue_push(oq_consumer_t *c, const char *call_id);
+static void queue_push(oq_consumer_t *c, const char *call_id);
 
 /*
  * Handles the collected batch in one transaction, retried as a whole on a database error (a
  * partial batch is never committed), then stores and commits the offsets.
  */
-static int oq__process_batch(oq_consumer_t *c)
+static int process_batch(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     int rc = 0;
@@ -485,24 +488,25 @@ static int oq__process_batch(oq_consumer_t *c)
         c->nhandoff = 0;
         c->results_emitted = 0;
         int64_t now = oq_now_ms();
-        if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
+        if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
-                rc = oq__handle(c, c->batch[i], now, &err);
+                rc = handle_message(c, c->batch[i], now, &err);
             if (rc == 0) {
                 OQ_CRASH_POINT("consumer.after_intake_before_commit");
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
                 int64_t tc = oq_mono_us();
-                rc = oq_cstore_commit(c->store, &err);
+                rc = oq__consumer_store_commit(c->store, &err);
                 c->t_commit_us += oq_mono_us() - tc;
             }
-            if (rc) oq_cstore_rollback(c->store);
+            if (rc) oq__consumer_store_rollback(c->store);
         }
         if (rc == 0) break;
         OQ_LOG_ERROR(OQ__COMP, "batch of %d rolled back (try %d): %s", c->nbatch, tries + 1,
                      err.msg);
         if (c->stop) {
             /* Not committed: offsets stay where they were, the batch will be redelivered. */
-            for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+            for (int i = 0; i < c->nbatch; i++)
+                rd_kafka_message_destroy(c->batch[i]);
             c->nbatch = 0;
             return rc;
         }
@@ -514,10 +518,10 @@ static int oq__process_batch(oq_consumer_t *c)
     rd_kafka_topic_partition_list_t *offs = rd_kafka_topic_partition_list_new(8);
     for (int i = 0; i < c->nbatch; i++) {
         rd_kafka_message_t *m = c->batch[i];
-        rd_kafka_topic_partition_t *p = rd_kafka_topic_partition_list_find(
-            offs, rd_kafka_topic_name(m->rkt), m->partition);
-        if (!p) p = rd_kafka_topic_partition_list_add(offs, rd_kafka_topic_name(m->rkt),
-                                                      m->partition);
+        rd_kafka_topic_partition_t *p =
+            rd_kafka_topic_partition_list_find(offs, rd_kafka_topic_name(m->rkt), m->partition);
+        if (!p)
+            p = rd_kafka_topic_partition_list_add(offs, rd_kafka_topic_name(m->rkt), m->partition);
         if (m->offset + 1 > p->offset) p->offset = m->offset + 1;
         oq_histogram_observe(c->m_latency, (double)(t1 - c->batch_t0[i]) / 1e6);
     }
@@ -530,19 +534,21 @@ static int oq__process_batch(oq_consumer_t *c)
 
     atomic_fetch_add(&c->n_consumed, (uint64_t)c->nbatch);
     oq_counter_add(c->m_consumed, (uint64_t)c->nbatch);
-    for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+    for (int i = 0; i < c->nbatch; i++)
+        rd_kafka_message_destroy(c->batch[i]);
     c->nbatch = 0;
     if (c->results_emitted) oq_relay_notify(c->relay);
-    for (int i = 0; i < c->nhandoff; i++) oq__queue_push(c, c->handoff[i]);
+    for (int i = 0; i < c->nhandoff; i++)
+        queue_push(c, c->handoff[i]);
     c->nhandoff = 0;
-    if (c->dlq_added) oq__dlq_publish(c);
+    if (c->dlq_added) dlq_publish(c);
     return 0;
 }
 
 /* --- rebalance ------------------------------------------------------------------------------- */
 
-static void oq__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                             rd_kafka_topic_partition_list_t *parts, void *opaque)
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     oq_consumer_t *c = opaque;
     int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
@@ -558,7 +564,7 @@ static void oq__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
     /* Revoke (or error): finish what was polled, commit it, then let the partitions go. */
     OQ_LOG_INFO(OQ__COMP, "revoking %d partition(s) (%s)", parts->cnt, rd_kafka_err2str(err));
-    oq__process_batch(c);
+    process_batch(c);
     rd_kafka_resp_err_t ce = rd_kafka_commit(rk, NULL, 0);
     if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET)
         OQ_LOG_INFO(OQ__COMP, "commit on revoke: %s (redelivery is absorbed by the inbox)",
@@ -571,8 +577,8 @@ static void oq__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
-static void oq__commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                          rd_kafka_topic_partition_list_t *offsets, void *opaque)
+static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
 {
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
         OQ_LOG_DEBUG(OQ__COMP, "offset commit failed: %s (tolerated)", rd_kafka_err2str(err));
@@ -582,11 +588,12 @@ static void oq__commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 
 /* Queues \p call_id for a runner unless it is queued or running already, or the queue is full
  * (the scheduler offers it again later). */
-static void oq__queue_push(oq_consumer_t *c, const char *call_id)
+static void queue_push(oq_consumer_t *c, const char *call_id)
 {
     pthread_mutex_lock(&c->mu);
     int dup = 0;
-    for (int i = 0; i < c->qlen && !dup; i++) dup = strcmp(c->queue[i], call_id) == 0;
+    for (int i = 0; i < c->qlen && !dup; i++)
+        dup = strcmp(c->queue[i], call_id) == 0;
     for (int i = 0; i < c->nrunners && !dup; i++)
         dup = c->slots[i].used && strcmp(c->slots[i].call_id, call_id) == 0;
     if (!dup && c->qlen < c->qcap) {
@@ -596,34 +603,38 @@ static void oq__queue_push(oq_consumer_t *c, const char *call_id)
     pthread_mutex_unlock(&c->mu);
 }
 
-static int oq__runners_idle(oq_consumer_t *c)
+static int runners_idle(oq_consumer_t *c)
 {
     pthread_mutex_lock(&c->mu);
     int busy = c->qlen;
-    for (int i = 0; i < c->nrunners; i++) busy += c->slots[i].used;
+    for (int i = 0; i < c->nrunners; i++)
+        busy += c->slots[i].used;
     pthread_mutex_unlock(&c->mu);
     return busy == 0;
 }
 
-static void oq__runner_exec(oq__runner_t *r, const char *call_id)
+/* A runner's execution: claim (committed: STARTED is durable before the tool runs), run the
+ * tool with no transaction open while the heartbeat renews the lease, finish (fenced). */
+static void runner_exec(runner_t *r, const char *call_id)
 {
     oq_consumer_t *c = r->c;
     oq_error_t err = {0};
-    oq_exec_t x;
-    oq_tool_out_t out;
+    oq__exec_row_t x;
+    oq__outcome_t o;
     json_t *args = NULL;
-    int rc, trc, state = -1, enew = 0;
+    int rc, state = -1, enew = 0;
     memset(&x, 0, sizeof(x));
-    memset(&out, 0, sizeof(out));
+    memset(&o, 0, sizeof(o));
 
-    if ((rc = oq_cstore_begin(r->store, &err)) == 0) {
-        rc = oq_cstore_claim(r->store, call_id, c->o.lease_ms, oq_now_ms(), &x, &err);
-        if (rc == 0) rc = oq_cstore_commit(r->store, &err);
-        if (rc) oq_cstore_rollback(r->store);
+    if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
+        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, oq_now_ms(), &x, &err);
+        if (rc == 0) rc = oq__consumer_store_commit(r->store, &err);
+        if (rc) oq__consumer_store_rollback(r->store);
     }
     if (rc == OQ_ESTATE) return; /* taken by another worker or not due */
     if (rc) {
         OQ_LOGC_WARN(OQ__COMP, call_id, "claim failed: %s", err.msg);
+        oq__exec_row_clear(&x);
         return;
     }
     /* The lease is ours and durable: register it with the heartbeat before the tool runs. */
@@ -637,62 +648,50 @@ static void oq__runner_exec(oq__runner_t *r, const char *call_id)
     OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running %s fence=%" PRId64, x.tool, x.fence);
 
     args = json_loads(x.args ? x.args : "{}", 0, NULL);
-    char eid[OQ_CALL_ID_LEN + 1];
-    oq_effect_id_for(x.call_id, eid);
-    oq_tool_call_t call = {.call_id = x.call_id,
-                           .effect_id = eid,
-                           .tenant = x.tenant,
-                           .tool = x.tool,
-                           .args = args,
-                           .attempt = x.attempt,
-                           .try_no = x.tries,
-                           .stop = &c->stop};
-    trc = oq_tool_invoke(oq_tool_find(x.tool), &call, &out);
+    run_tool(&x, args, &c->stop, &o);
 
     pthread_mutex_lock(&c->mu);
     int lost = c->slots[r->index].lost;
     pthread_mutex_unlock(&c->mu);
     if (lost) OQ_LOGC_WARN(OQ__COMP, x.call_id, "heartbeat lost the lease during the tool run");
 
-    /* The finishing write is fenced: a stale worker (lease lost) writes nothing. */
+    /* The finishing write is fenced: a stale worker (lease lost) writes nothing but the audit
+     * row that says so. A busy database is retried (x is unchanged by a rolled-back finish). */
     for (int tries = 0; tries < 20; tries++) {
-        if ((rc = oq_cstore_begin(r->store, &err)) == 0) {
-            rc = oq_cstore_finish(r->store, &x, trc, &out, &c->policy, oq_now_ms(), &state,
-                                  &enew, &err);
+        if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
+            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, oq_now_ms(), &state,
+                                 &enew, &err);
             if (rc == 0 || rc == OQ_EFENCED) {
                 int frc = rc;
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
-                rc = oq_cstore_commit(r->store, &err);
+                rc = oq__consumer_store_commit(r->store, &err);
                 if (rc == 0) rc = frc;
             }
-            if (rc && rc != OQ_EFENCED) oq_cstore_rollback(r->store);
+            if (rc && rc != OQ_EFENCED) oq__consumer_store_rollback(r->store);
         }
         if (rc != OQ_EBUSY) break;
     }
     pthread_mutex_lock(&c->mu);
     c->slots[r->index].used = 0;
     pthread_mutex_unlock(&c->mu);
-    if (rc == OQ_EFENCED) {
-        oq_counter_add(c->m_lease_lost, 1);
-    } else if (rc) {
+    if ((rc = note_finish(c, rc, &x, state, enew)))
         OQ_LOGC_ERROR(OQ__COMP, x.call_id, "finish failed: %s (the lease will lapse)", err.msg);
-    } else {
-        oq__note_terminal(c, state, x.tries, enew);
-        if (oq_xstate_terminal(state)) oq_relay_notify(c->relay);
-    }
+    else if (oq__xstate_terminal(state))
+        oq_relay_notify(c->relay);
     json_decref(args);
-    oq_tool_out_clear(&out);
-    oq_exec_clear(&x);
+    oq__outcome_clear(&o);
+    oq__exec_row_clear(&x);
 }
 
-static void *oq__runner_main(void *arg)
+static void *runner_main(void *arg)
 {
-    oq__runner_t *r = arg;
+    runner_t *r = arg;
     oq_consumer_t *c = r->c;
     char call_id[OQ_CALL_ID_LEN + 1];
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        while (!c->stop && c->qlen == 0) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->stop && c->qlen == 0)
+            pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop) {
             pthread_mutex_unlock(&c->mu);
             break;
@@ -701,12 +700,12 @@ static void *oq__runner_main(void *arg)
         memmove(c->queue[0], c->queue[1], (size_t)(c->qlen - 1) * sizeof(c->queue[0]));
         c->qlen--;
         pthread_mutex_unlock(&c->mu);
-        oq__runner_exec(r, call_id);
+        runner_exec(r, call_id);
     }
     return NULL;
 }
 
-static void *oq__heartbeat_main(void *arg)
+static void *heartbeat_main(void *arg)
 {
     oq_consumer_t *c = arg;
     int64_t every = c->o.lease_ms / 3;
@@ -724,8 +723,8 @@ static void *oq__heartbeat_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (!live) continue;
             oq_error_t err = {0};
-            int rc = oq_cstore_renew(c->hb_store, call_id, fence, oq_now_ms() + c->o.lease_ms,
-                                     &err);
+            int rc = oq__consumer_store_lease_renew(c->hb_store, call_id, fence,
+                                                    oq_now_ms() + c->o.lease_ms, &err);
             if (rc == OQ_EFENCED) {
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
                 pthread_mutex_lock(&c->mu);
@@ -741,15 +740,15 @@ static void *oq__heartbeat_main(void *arg)
 
 /* --- periodic work --------------------------------------------------------------------------- */
 
-static void oq__recover(oq_consumer_t *c)
+static void recover_lapsed(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     int n = 0, rc;
-    if (!oq_cstore_recover_needed(c->store, oq_now_ms())) return;
-    if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
-        rc = oq_cstore_recover(c->store, oq_now_ms(), c->o.max_attempts, 200, &n, &err);
-        if (rc == 0) rc = oq_cstore_commit(c->store, &err);
-        if (rc) oq_cstore_rollback(c->store);
+    if (!oq__consumer_store_recovery_pending(c->store, oq_now_ms())) return;
+    if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
+        rc = oq__exec_recover(c->store, oq_now_ms(), &c->policy, 200, &n, &err);
+        if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
+        if (rc) oq__consumer_store_rollback(c->store);
     }
     if (rc) {
         OQ_LOG_WARN(OQ__COMP, "recovery: %s", err.msg);
@@ -762,46 +761,73 @@ static void oq__recover(oq_consumer_t *c)
     }
 }
 
-/* Runs due executions: fast ones inline in one transaction, blocking ones on runners.
- * @returns the number of due rows seen. */
-static int oq__schedule(oq_consumer_t *c)
+/* A due execution and how long its tool blocks (0: fast, run inline). */
+typedef struct {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    int64_t blocks_ms;
+} due_t;
+
+typedef struct {
+    due_t *rows;
+    int n, cap;
+} due_list_t;
+
+static void due_collect(const oq__due_row_t *r, void *opaque)
 {
-    static oq_due_t due[OQ__DUE_CAP];
+    due_list_t *l = opaque;
+    if (l->n >= l->cap) return;
+    due_t *d = &l->rows[l->n++];
+    snprintf(d->call_id, sizeof(d->call_id), "%s", r->call_id ? r->call_id : "");
+    json_t *a = r->args ? json_loads(r->args, 0, NULL) : NULL;
+    d->blocks_ms = oq_tool_blocks(oq_tool_find(r->tool), a);
+    json_decref(a);
+}
+
+/* Runs due executions: fast ones inline in one transaction, blocking ones on runners.
+ * @locality main thread (the row buffer is static). @returns the number of due rows seen. */
+static int schedule_due(oq_consumer_t *c)
+{
+    static due_t due[OQ__DUE_CAP];
+    due_list_t list = {.rows = due, .n = 0, .cap = OQ__DUE_CAP};
     oq_error_t err = {0};
     int n = 0, rc, nfast = 0;
     int64_t now = oq_now_ms();
-    if (oq_cstore_next_due(c->store) > now) return 0;
-    if (oq_cstore_due(c->store, now, due, OQ__DUE_CAP, &n, &err)) {
+    if (oq__consumer_store_next_due(c->store) > now) return 0;
+    if (oq__consumer_store_due(c->store, now, OQ__DUE_CAP, due_collect, &list, &err)) {
         OQ_LOG_WARN(OQ__COMP, "scheduler: %s", err.msg);
         return 0;
     }
+    n = list.n;
     for (int i = 0; i < n; i++) {
         if (due[i].blocks_ms > 0)
-            oq__queue_push(c, due[i].call_id);
+            queue_push(c, due[i].call_id);
         else
             nfast++;
     }
     if (nfast == 0) return n;
     c->results_emitted = 0;
-    if ((rc = oq_cstore_begin(c->store, &err)) == 0) {
+    if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
         for (int i = 0; i < n && rc == 0; i++)
             if (due[i].blocks_ms == 0)
-                rc = oq__run_inline(c, c->store, due[i].call_id, NULL, oq_now_ms(), &err);
-        if (rc == 0) rc = oq_cstore_commit(c->store, &err);
-        if (rc) oq_cstore_rollback(c->store);
+                rc = run_inline(c, NULL, due[i].call_id, NULL, oq_now_ms(), &err);
+        if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
+        if (rc) oq__consumer_store_rollback(c->store);
     }
-    if (rc) OQ_LOG_WARN(OQ__COMP, "scheduler batch rolled back: %s", err.msg);
-    else if (c->results_emitted) oq_relay_notify(c->relay);
+    if (rc)
+        OQ_LOG_WARN(OQ__COMP, "scheduler batch rolled back: %s", err.msg);
+    else if (c->results_emitted)
+        oq_relay_notify(c->relay);
     return n;
 }
 
 /* Retention, in small autocommit steps so batches are not held up. */
-static void oq__purge(oq_consumer_t *c)
+static void purge_retention(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     int64_t n = 0, total = 0;
     for (int i = 0; i < 20; i++) {
-        if (oq_cstore_purge(c->store, oq_now_ms() - c->o.inbox_retention_ms, 1000, &n, &err)) {
+        if (oq__consumer_store_purge(c->store, oq_now_ms() - c->o.inbox_retention_ms, 1000, &n,
+                                     &err)) {
             OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
             break;
         }
@@ -811,12 +837,13 @@ static void oq__purge(oq_consumer_t *c)
     if (total) OQ_LOG_INFO(OQ__COMP, "purged %" PRId64 " inbox/dlq rows past retention", total);
 }
 
-static void oq__refresh_gauges(oq_consumer_t *c)
+static void refresh_gauges(oq_consumer_t *c)
 {
     int64_t counts[OQ_X__COUNT];
     /* counts by state scan the table: only worth it when someone scrapes them */
-    if (c->msrv && oq_cstore_state_counts(c->store, counts, NULL) == 0)
-        for (int i = 0; i < OQ_X__COUNT; i++) oq_gauge_set(c->m_state[i], (double)counts[i]);
+    if (c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
+        for (int i = 0; i < OQ_X__COUNT; i++)
+            oq_gauge_set(c->m_state[i], (double)counts[i]);
     rd_kafka_topic_partition_list_t *parts = NULL;
     if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR || !parts) return;
     int64_t lag = 0;
@@ -848,12 +875,12 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->o = *opts;
-    c->db_path = oq__strdup0(opts->db_path ? opts->db_path : "effects.db");
-    c->brokers = oq__strdup0(opts->brokers);
-    c->group = oq__strdup0(opts->group ? opts->group : "onceq-workers");
-    c->topic = oq__strdup0(opts->topic ? opts->topic : OQ_TOPIC_CALLS);
-    c->sync = oq__strdup0(opts->synchronous);
-    c->metrics_listen = oq__strdup0(opts->metrics_listen);
+    c->db_path = strdup0(opts->db_path ? opts->db_path : "effects.db");
+    c->brokers = strdup0(opts->brokers);
+    c->group = strdup0(opts->group ? opts->group : "onceq-workers");
+    c->topic = strdup0(opts->topic ? opts->topic : OQ_TOPIC_CALLS);
+    c->sync = strdup0(opts->synchronous);
+    c->metrics_listen = strdup0(opts->metrics_listen);
     if (c->o.lease_ms <= 0) c->o.lease_ms = 30000;
     if (c->o.max_attempts <= 0) c->o.max_attempts = 5;
     if (c->o.batch <= 0) c->o.batch = 500;
@@ -892,15 +919,17 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto fail;
     }
-    oq__metrics_init(c);
+    metrics_init(c);
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
-    if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
-    if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err))) goto fail;
+    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
+    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)))
+        goto fail;
     for (int i = 0; i < c->nrunners; i++) {
         c->runners[i].c = c;
         c->runners[i].index = i;
-        if ((rc = oq_cstore_open(c->db_path, &dbo, c->worker_id, &c->runners[i].store, err)))
+        if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->runners[i].store,
+                                          err)))
             goto fail;
     }
 
@@ -921,8 +950,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         (rc = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)))
         goto fail;
     rd_kafka_conf_set_opaque(conf, c);
-    rd_kafka_conf_set_rebalance_cb(conf, oq__rebalance_cb);
-    rd_kafka_conf_set_offset_commit_cb(conf, oq__commit_cb);
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
     if (!(c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr)))) {
         rc = oq_error_set(err, OQ_EKAFKA, 0, "consumer: %s", errstr);
         goto fail;
@@ -938,7 +967,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     if ((rc = oq_kafka_conf_set(conf, "acks", "all", err)) ||
         (rc = oq_kafka_conf_set(conf, "linger.ms", "0", err)))
         goto fail;
-    rd_kafka_conf_set_dr_msg_cb(conf, oq__dlq_dr);
+    rd_kafka_conf_set_dr_msg_cb(conf, dlq_dr);
     if (!(c->dlq_rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr)))) {
         rc = oq_error_set(err, OQ_EKAFKA, 0, "dlq producer: %s", errstr);
         goto fail;
@@ -966,14 +995,14 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         goto fail;
     }
     for (int i = 0; i < c->nrunners; i++) {
-        if (pthread_create(&c->runners[i].th, NULL, oq__runner_main, &c->runners[i]) != 0) {
+        if (pthread_create(&c->runners[i].th, NULL, runner_main, &c->runners[i]) != 0) {
             rc = oq_error_set(err, OQ_EIO, 0, "runner thread");
             c->nrunners = i;
             goto fail;
         }
         pthread_setname_np(c->runners[i].th, "oq-runner"); /* top -H, perf; failure harmless */
     }
-    if (pthread_create(&c->hb_th, NULL, oq__heartbeat_main, c) != 0) {
+    if (pthread_create(&c->hb_th, NULL, heartbeat_main, c) != 0) {
         rc = oq_error_set(err, OQ_EIO, 0, "heartbeat thread");
         goto fail;
     }
@@ -994,7 +1023,7 @@ void oq_consumer_stop(oq_consumer_t *c)
     if (c) c->stop = 1;
 }
 
-static void oq__shutdown_threads(oq_consumer_t *c)
+static void shutdown_threads(oq_consumer_t *c)
 {
     pthread_mutex_lock(&c->mu);
     c->stop = 1;
@@ -1021,7 +1050,7 @@ static void oq__shutdown_threads(oq_consumer_t *c)
  * DescribeConfigs (bounded wait) and warns when --inbox-retention is shorter. A broker that
  * does not answer (the embedded mock has no admin API) is logged at info level.
  */
-static void oq__retention_check_start(oq_consumer_t *c)
+static void retention_check_start(oq_consumer_t *c)
 {
     char errstr[256];
     c->rres = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, c->topic);
@@ -1033,7 +1062,7 @@ static void oq__retention_check_start(oq_consumer_t *c)
     c->rdeadline_us = oq_mono_us() + 5000000;
 }
 
-static void oq__retention_check_done(oq_consumer_t *c)
+static void retention_check_done(oq_consumer_t *c)
 {
     if (c->rao) rd_kafka_AdminOptions_destroy(c->rao);
     if (c->rq) rd_kafka_queue_destroy(c->rq);
@@ -1045,7 +1074,7 @@ static void oq__retention_check_done(oq_consumer_t *c)
 }
 
 /* Polls the answer without waiting (from the worker loop); logs once and cleans up. */
-static void oq__retention_check_poll(oq_consumer_t *c)
+static void retention_check_poll(oq_consumer_t *c)
 {
     if (!c->rdeadline_us && !c->rq && !c->rao && !c->rres) return;
     rd_kafka_event_t *ev = c->rq && c->rdeadline_us ? rd_kafka_queue_poll(c->rq, 0) : NULL;
@@ -1091,7 +1120,7 @@ static void oq__retention_check_poll(oq_consumer_t *c)
         OQ_LOG_DEBUG(OQ__COMP, "topic %s retention.ms=%lld <= inbox retention %" PRId64 " ms",
                      c->topic, retention, c->o.inbox_retention_ms);
     if (ev) rd_kafka_event_destroy(ev);
-    oq__retention_check_done(c);
+    retention_check_done(c);
 }
 
 int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
@@ -1102,14 +1131,14 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
     rd_kafka_topic_partition_list_destroy(topics);
     if (e) return oq_error_set(err, OQ_EKAFKA, e, "subscribe: %s", rd_kafka_err2str(e));
     c->subscribed = 1;
-    if (!c->rq && !c->rdeadline_us) oq__retention_check_start(c); /* answer polled below */
+    if (!c->rq && !c->rdeadline_us) retention_check_start(c); /* answer polled below */
 
-    oq__recover(c);
-    oq__dlq_publish(c);
+    recover_lapsed(c);
+    dlq_publish(c);
     int64_t last_recover = oq_mono_us(), last_gauges = 0, last_sched = 0, last_dlq = oq_mono_us();
     int64_t last_busy = oq_mono_us(), last_purge = 0;
     while (!c->stop) {
-        oq__retention_check_poll(c);
+        retention_check_poll(c);
         /* collect a batch: wait briefly for the first message, then take what is there */
         int64_t t0 = oq_mono_us();
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 50);
@@ -1133,55 +1162,54 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         if (c->nbatch > 0) {
             last_busy = now;
             c->n_batches++;
-            oq__process_batch(c);
+            process_batch(c);
             c->t_batch_us += oq_mono_us() - now;
         }
         if (now - last_recover >= c->o.recover_every_ms * 1000) {
             int64_t tr = oq_mono_us();
-            oq__recover(c);
+            recover_lapsed(c);
             c->t_recover_us += oq_mono_us() - tr;
             last_recover = now;
         }
         if (now - last_sched >= 20000) {
             int64_t ts = oq_mono_us();
-            if (oq__schedule(c) > 0) last_busy = now;
+            if (schedule_due(c) > 0) last_busy = now;
             c->t_sched_us += oq_mono_us() - ts;
             last_sched = now;
         }
-        if (!oq__runners_idle(c)) last_busy = now;
+        if (!runners_idle(c)) last_busy = now;
         if (c->dlq_added && now - last_dlq >= 1000000) {
-            oq__dlq_publish(c);
+            dlq_publish(c);
             last_dlq = now;
         }
         if (now - last_purge >= 60000000) {
-            oq__purge(c);
+            purge_retention(c);
             last_purge = now;
         }
         if (now - last_gauges >= 2000000) {
-            oq__refresh_gauges(c);
+            refresh_gauges(c);
             last_gauges = now;
         }
         if (max_idle_ms > 0 && atomic_load(&c->first_poll_us) != 0 &&
             now - last_busy >= max_idle_ms * 1000 &&
-            oq_cstore_next_due(c->store) == INT64_MAX)
+            oq__consumer_store_next_due(c->store) == INT64_MAX)
             break;
     }
-    OQ_LOG_INFO(OQ__COMP,
-                "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64
-                " (commit=%" PRId64 ") poll-collect=%" PRId64 " schedule=%" PRId64
-                " recover=%" PRId64,
-                c->n_batches, (unsigned long long)atomic_load(&c->n_consumed),
-                c->t_batch_us / 1000, c->t_commit_us / 1000, c->t_poll_us / 1000,
-                c->t_sched_us / 1000, c->t_recover_us / 1000);
-    oq__process_batch(c);
+    OQ_LOG_INFO(
+        OQ__COMP,
+        "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64 " (commit=%" PRId64
+        ") poll-collect=%" PRId64 " schedule=%" PRId64 " recover=%" PRId64,
+        c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
+        c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000);
+    process_batch(c);
     e = rd_kafka_commit(c->rk, NULL, 0);
     if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
         OQ_LOG_INFO(OQ__COMP, "final commit: %s", rd_kafka_err2str(e));
     rd_kafka_consumer_close(c->rk);
     c->subscribed = 0;
-    oq__shutdown_threads(c);
-    if (c->dlq_added) oq__dlq_publish(c);
-    oq__refresh_gauges(c);
+    shutdown_threads(c);
+    if (c->dlq_added) dlq_publish(c);
+    refresh_gauges(c);
     return 0;
 }
 
@@ -1198,13 +1226,14 @@ void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out)
 void oq_consumer_destroy(oq_consumer_t *c)
 {
     if (!c) return;
-    oq__shutdown_threads(c);
+    shutdown_threads(c);
     if (c->relay) oq_relay_destroy(c->relay);
     if (c->msrv) oq_metrics_serve_stop(c->msrv);
-    oq__retention_check_done(c);
+    retention_check_done(c);
     if (c->rk) {
         if (c->subscribed) rd_kafka_consumer_close(c->rk);
-        for (int i = 0; i < c->nbatch; i++) rd_kafka_message_destroy(c->batch[i]);
+        for (int i = 0; i < c->nbatch; i++)
+            rd_kafka_message_destroy(c->batch[i]);
         rd_kafka_destroy(c->rk);
     }
     if (c->dlq_rk) {
@@ -1212,9 +1241,10 @@ void oq_consumer_destroy(oq_consumer_t *c)
         rd_kafka_destroy(c->dlq_rk);
     }
     if (c->runners)
-        for (int i = 0; i < c->o.runners; i++) oq_cstore_close(c->runners[i].store);
-    oq_cstore_close(c->hb_store);
-    oq_cstore_close(c->store);
+        for (int i = 0; i < c->o.runners; i++)
+            oq__consumer_store_close(c->runners[i].store);
+    oq__consumer_store_close(c->hb_store);
+    oq__consumer_store_close(c->store);
     oq_metrics_destroy(c->metrics);
     free(c->batch);
     free(c->batch_t0);

@@ -1,8 +1,9 @@
 /*
- * Unit tests of the consumer store's inline fast path (oq_cstore_intake_fast +
- * oq_cstore_finish_new): a new call of a fast tool gets its inbox row at intake, runs, and its
- * execution is inserted once, directly in its outcome state, with ONE audit row carrying the
- * planned -> started -> outcome path. What must hold: the same guarantees as the general path
+ * Unit tests of the consumer's inline fast path (oq__exec_intake -> OQ__INTAKE_NEW, then
+ * oq__exec_start_inline + oq__exec_finish(OQ__RUN_INLINE), the same finish as a claimed run):
+ * a new call of a fast tool gets its inbox row at intake, runs, and its execution is inserted
+ * once, directly in its outcome state, with ONE audit row carrying the planned -> started ->
+ * outcome path. What must hold: the same guarantees as the general path
  * (inbox dedupe, effects UNIQUE(call_id) as the last gate, result event in the same
  * transaction, retries through the normal claim), a second message for the same call in the
  * same transaction sees the row, and any re-execution after a terminal state still leaves a
@@ -22,39 +23,37 @@
 #include <sqlite3.h>
 
 #include "consumer_fixture.h"
-#include "oq_cstore.h"
 #include "oq_envelope.h"
 #include "oq_json.h"
 #include "oq_util.h"
 
-/* Intake on the fast path and, when new, run the registry tool and finish_new, in one tx. */
-static int fast(oq_cstore_t *s, const oq_envelope_t *e, int64_t now, int *is_new, int *state,
-                int *enew)
+/* Intake as the worker does it for a fast tool and, when new, run the registry tool inline and
+ * finish it, in one tx. */
+static int fast(oq__consumer_store_t *s, const oq_envelope_t *e, int64_t now, int *is_new,
+                int *state, int *enew)
 {
     oq_error_t err = {0};
     int outcome = -1;
     *state = -1;
     *enew = 0;
-    assert_int_equal(oq_cstore_begin(s, &err), 0);
-    assert_int_equal(oq_cstore_intake_fast(s, e, &src, now, is_new, &outcome, &err), 0);
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    assert_int_equal(oq__exec_intake(s, e, &src, now, &outcome, &err), 0);
+    *is_new = outcome == OQ__INTAKE_NEW;
     if (*is_new) {
-        assert_int_equal(outcome, OQ_IN_PLANNED);
         /* nothing but the inbox row yet */
-        assert_int_equal(q_count(s, "SELECT count(*) FROM executions WHERE call_id=?1",
-                                 e->call_id), 0);
-        oq_tool_out_t out;
-        memset(&out, 0, sizeof(out));
-        char eid[OQ_CALL_ID_LEN + 1];
-        oq_effect_id_for(e->call_id, eid);
-        oq_tool_call_t call = {.call_id = e->call_id, .effect_id = eid, .tenant = e->tenant,
-                               .tool = e->tool, .args = e->args, .attempt = e->attempt,
-                               .try_no = 1};
-        int trc = oq_tool_invoke(oq_tool_find(e->tool), &call, &out);
+        assert_int_equal(q_count(s, "SELECT count(*) FROM executions WHERE call_id=?1", e->call_id),
+                         0);
+        oq__exec_row_t x;
+        oq__outcome_t o;
+        assert_int_equal(oq__exec_start_inline(e, &x, &err), 0);
+        assert_int_equal(x.tries, 1);
+        run_registry_tool(&x, e->args, &o);
         assert_int_equal(
-            oq_cstore_finish_new(s, e, trc, &out, &policy, now, state, enew, &err), 0);
-        oq_tool_out_clear(&out);
+            oq__exec_finish(s, &x, OQ__RUN_INLINE, &o, &policy, now, state, enew, &err), 0);
+        oq__outcome_clear(&o);
+        oq__exec_row_clear(&x);
     }
-    assert_int_equal(oq_cstore_commit(s, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(s, &err), 0);
     return outcome;
 }
 
@@ -62,17 +61,17 @@ static void test_fast_commit_one_audit_row(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e, again;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     int is_new = 0, st = -1, enew = 0;
     memset(&x, 0, sizeof(x));
     mk_env(&e, "charge", "{\"amount\":8}", 1);
     int64_t now = 5000000;
-    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ__INTAKE_NEW);
     assert_int_equal(is_new, 1);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 1);
-    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_COMMITTED);
     assert_int_equal(x.tries, 1);
     assert_int_equal(x.fence, 1);
@@ -80,36 +79,43 @@ static void test_fast_commit_one_audit_row(void **state)
     assert_int_equal(x.next_attempt_at, 0);
     assert_non_null(x.effect_id);
     assert_non_null(strstr(x.result, "\"charged\""));
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
     /* one audit row, the outcome, with the inline path in its detail */
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1", e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='committed' AND fence=1 AND worker='worker-a' AND "
-                                   "detail LIKE 'inline: planned, started, try 1%'",
-                             e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='committed' AND fence=1 AND worker='worker-a' AND "
+                             "detail LIKE 'inline: planned, started, try 1%'",
+                             e.call_id),
+                     1);
     /* the result event went to the outbox in the same transaction */
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
-                                   "topic='onceq.tool-results'", e.call_id), 1);
-    oq_exec_clear(&x);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                             "topic='onceq.tool-results'",
+                             e.call_id),
+                     1);
+    oq__exec_row_clear(&x);
 
     /* the same message again (other worker): a duplicate, nothing new */
-    assert_int_equal(fast(f->b, &e, now + 10, &is_new, &st, &enew), OQ_IN_DUPLICATE);
+    assert_int_equal(fast(f->b, &e, now + 10, &is_new, &st, &enew), OQ__INTAKE_DUPLICATE);
     assert_int_equal(is_new, 0);
     assert_int_equal(q_count(f->a, "SELECT seen FROM inbox WHERE call_id=?1", e.call_id), 2);
     /* the same call under a new message id (producer republish): done, result re-emitted */
     again = e;
     oq_id_uuid(again.message_id);
-    assert_int_equal(fast(f->b, &again, now + 20, &is_new, &st, &enew), OQ_IN_DONE);
+    assert_int_equal(fast(f->b, &again, now + 20, &is_new, &st, &enew), OQ__INTAKE_DONE);
     assert_int_equal(is_new, 0);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 2);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event IN ('started','committed')", e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event IN ('started','committed')",
+                             e.call_id),
+                     1);
     /* and nobody can claim it: terminal */
-    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
-    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 100000, NULL, &err),
-                     OQ_ESTATE);
-    oq_cstore_rollback(f->b);
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now + 100000, NULL, &err), OQ_ESTATE);
+    oq__consumer_store_rollback(f->b);
     oq_envelope_clear(&e);
 }
 
@@ -123,23 +129,26 @@ static void test_fast_same_call_twice_in_one_tx(void **state)
     e2 = e;
     oq_id_uuid(e2.message_id);
     int64_t now = 6000000;
-    int is_new = 0, outcome = -1, st = -1, enew = 0;
-    oq_tool_out_t out;
-    memset(&out, 0, sizeof(out));
-    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
-    assert_int_equal(oq_cstore_intake_fast(f->a, &e, &src, now, &is_new, &outcome, &err), 0);
-    assert_int_equal(is_new, 1);
-    out.has_effect = 1;
-    snprintf(out.recipient, sizeof(out.recipient), "a@b.c");
-    assert_int_equal(
-        oq_cstore_finish_new(f->a, &e, OQ_TOOL_OK, &out, &policy, now, &st, &enew, &err), 0);
-    assert_int_equal(oq_cstore_intake_fast(f->a, &e2, &src, now, &is_new, &outcome, &err), 0);
-    assert_int_equal(is_new, 0);
-    assert_int_equal(outcome, OQ_IN_DONE);
-    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
-                             e.call_id), 1);
+    int outcome = -1, st = -1, enew = 0;
+    oq__exec_row_t x;
+    oq__outcome_t o;
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &e, &src, now, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ__INTAKE_NEW);
+    assert_int_equal(oq__exec_start_inline(&e, &x, &err), 0);
+    o.cls = OQ__OUTCOME_SUCCESS;
+    o.out.has_effect = 1;
+    snprintf(o.out.recipient, sizeof(o.out.recipient), "a@b.c");
+    assert_int_equal(oq__exec_finish(f->a, &x, OQ__RUN_INLINE, &o, &policy, now, &st, &enew, &err),
+                     0);
+    oq__exec_row_clear(&x);
+    assert_int_equal(oq__exec_intake(f->a, &e2, &src, now, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ__INTAKE_DONE);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1", e.call_id),
+                     1);
     oq_envelope_clear(&e);
 }
 
@@ -148,7 +157,7 @@ static void test_fast_effect_gate(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     mk_env(&e, "charge", "{\"amount\":3}", 1);
@@ -158,18 +167,21 @@ static void test_fast_effect_gate(void **state)
              "worker, created_at) VALUES ('%s', 'e_old', 'charge', 3, '{\"old\":true}', 1, 1, "
              "'w0', 1)",
              e.call_id);
-    assert_int_equal(sqlite3_exec(oq_cstore_db(f->a), sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(oq__consumer_store_db(f->a), sql, NULL, NULL, NULL), SQLITE_OK);
     int is_new = 0, st = -1, enew = 0;
-    assert_int_equal(fast(f->a, &e, 7000000, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(fast(f->a, &e, 7000000, &is_new, &st, &enew), OQ__INTAKE_NEW);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 0);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
     assert_string_equal(x.effect_id, "e_old");
     assert_string_equal(x.result, "{\"old\":true}");
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "detail LIKE '%effect already present'", e.call_id), 1);
-    oq_exec_clear(&x);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "detail LIKE '%effect already present'",
+                             e.call_id),
+                     1);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 
@@ -178,30 +190,32 @@ static void test_fast_retry_then_claim(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     mk_env(&e, "fail", "{\"retryable\":true}", 1);
     int64_t now = 8000000;
     int is_new = 0, st = -1, enew = 0;
-    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(fast(f->a, &e, now, &is_new, &st, &enew), OQ__INTAKE_NEW);
     assert_int_equal(st, OQ_X_FAILED_RETRYABLE);
-    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_FAILED_RETRYABLE);
     assert_int_equal(x.tries, 1);
     assert_true(x.next_attempt_at >= now + 50 && x.next_attempt_at < now + 150);
-    oq_exec_clear(&x);
+    oq__exec_row_clear(&x);
     /* not due yet, then due: claimed with fence 2, try 2 */
-    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
-    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 1, NULL, &err), OQ_ESTATE);
-    assert_int_equal(oq_cstore_claim(f->b, e.call_id, 1000, now + 200, &x, &err), 0);
-    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now + 1, NULL, &err), OQ_ESTATE);
+    assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now + 200, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
     assert_int_equal(x.fence, 2);
     assert_int_equal(x.tries, 2);
-    oq_exec_clear(&x);
-    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'failed_retryable,started' "
-                                   "FROM (SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
-                             e.call_id), 1);
+    oq__exec_row_clear(&x);
+    assert_int_equal(q_count(f->a,
+                             "SELECT group_concat(event) = 'failed_retryable,started' "
+                             "FROM (SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
+                             e.call_id),
+                     1);
     /* no result event for a non-terminal failure */
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 0);
     oq_envelope_clear(&e);
@@ -211,22 +225,25 @@ static void test_fast_bad_args_final(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     mk_env(&e, "charge", "{\"amount\":-1}", 1);
     int is_new = 0, st = -1, enew = 0;
-    assert_int_equal(fast(f->a, &e, 9000000, &is_new, &st, &enew), OQ_IN_PLANNED);
+    assert_int_equal(fast(f->a, &e, 9000000, &is_new, &st, &enew), OQ__INTAKE_NEW);
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(enew, 0);
-    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_FAILED_FINAL);
     assert_non_null(strstr(x.error, "bad_args"));
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='failed_final'", e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 0);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='failed_final'",
+                             e.call_id),
+                     1);
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
-    oq_exec_clear(&x);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 

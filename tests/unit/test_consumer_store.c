@@ -1,9 +1,11 @@
 /*
- * Unit tests of the consumer store and state machine (consumer/store.c, consumer/tools.c) on a
- * temporary effects.db: inbox dedupe, claim by conditional UPDATE and fencing across two
- * connections (two "workers"), the effects UNIQUE last gate, recovery and reconcile, terminal
- * rows left alone, stale writes refused, retries with backoff, new attempts, dead letters and
- * tool argument validation. Time is passed explicitly, so lease expiry needs no sleeping.
+ * Unit tests of the consumer's rules over its store (consumer/execution.c, consumer/store.c,
+ * consumer/tools.c) on a temporary effects.db: inbox dedupe, claim by conditional UPDATE and
+ * fencing across two connections (two "workers"), the effects UNIQUE last gate, recovery and
+ * reconcile, terminal rows left alone, stale writes refused, retries with backoff, new
+ * attempts, dead letters, tool argument validation, the transition table (illegal moves are
+ * refused and write nothing), the hand-back of an abandoned run, and a finish retried after a
+ * rolled-back transaction. Time is passed explicitly, so lease expiry needs no sleeping.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,15 +20,14 @@
 
 #include "oq_consumer.h"
 #include "consumer_fixture.h"
-#include "oq_cstore.h"
 #include "oq_envelope.h"
 #include "oq_json.h"
 #include "oq_util.h"
 
-static int64_t q_int(oq_cstore_t *s, const char *sql)
+static int64_t q_int(oq__consumer_store_t *s, const char *sql)
 {
     sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_prepare_v2(oq_cstore_db(s), sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(s), sql, -1, &st, NULL), SQLITE_OK);
     int64_t v = -1;
     if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
     sqlite3_finalize(st);
@@ -34,51 +35,46 @@ static int64_t q_int(oq_cstore_t *s, const char *sql)
 }
 
 /* One integer from \p sql with ?1 bound to \p call_id. */
-static void exec_sql(oq_cstore_t *s, const char *sql)
+static void exec_sql(oq__consumer_store_t *s, const char *sql)
 {
-    assert_int_equal(sqlite3_exec(oq_cstore_db(s), sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(oq__consumer_store_db(s), sql, NULL, NULL, NULL), SQLITE_OK);
 }
 
-static int intake(oq_cstore_t *s, const oq_envelope_t *e, int64_t now)
+/* Intake as the worker does it for a blocking tool: a NEW call is planned (PLANNED, due now). */
+static int intake(oq__consumer_store_t *s, const oq_envelope_t *e, int64_t now)
 {
     oq_error_t err = {0};
-    int outcome = -1;
-    assert_int_equal(oq_cstore_begin(s, &err), 0);
-    assert_int_equal(oq_cstore_intake(s, e, &src, now, &outcome, &err), 0);
-    assert_int_equal(oq_cstore_commit(s, &err), 0);
-    return outcome;
+    int decision = -1;
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    assert_int_equal(oq__exec_intake(s, e, &src, now, &decision, &err), 0);
+    if (decision == OQ__INTAKE_NEW) assert_int_equal(oq__exec_plan(s, e, now, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(s, &err), 0);
+    return decision;
 }
 
-static int claim(oq_cstore_t *s, const char *call_id, int64_t now, oq_exec_t *x)
+static int claim(oq__consumer_store_t *s, const char *call_id, int64_t now, oq__exec_row_t *x)
 {
     oq_error_t err = {0};
-    assert_int_equal(oq_cstore_begin(s, &err), 0);
-    int rc = oq_cstore_claim(s, call_id, 1000, now, x, &err);
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    int rc = oq__exec_claim(s, call_id, 1000, now, x, &err);
     if (rc == 0)
-        assert_int_equal(oq_cstore_commit(s, &err), 0);
+        assert_int_equal(oq__consumer_store_commit(s, &err), 0);
     else
-        oq_cstore_rollback(s);
+        oq__consumer_store_rollback(s);
     return rc;
 }
 
 /* Runs the registry tool for \p x and finishes it; returns finish's rc. */
-static int run_finish(oq_cstore_t *s, oq_exec_t *x, int64_t now, int *state, int *enew)
+static int run_finish(oq__consumer_store_t *s, oq__exec_row_t *x, int64_t now, int *state,
+                      int *enew)
 {
     oq_error_t err = {0};
-    oq_tool_out_t out;
-    memset(&out, 0, sizeof(out));
-    json_t *args = json_loads(x->args, 0, NULL);
-    char eid[OQ_CALL_ID_LEN + 1];
-    oq_effect_id_for(x->call_id, eid);
-    oq_tool_call_t call = {.call_id = x->call_id, .effect_id = eid, .tenant = x->tenant,
-                           .tool = x->tool, .args = args, .attempt = x->attempt,
-                           .try_no = x->tries};
-    int trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &out);
-    assert_int_equal(oq_cstore_begin(s, &err), 0);
-    int rc = oq_cstore_finish(s, x, trc, &out, &policy, now, state, enew, &err);
-    assert_int_equal(oq_cstore_commit(s, &err), 0);
-    oq_tool_out_clear(&out);
-    json_decref(args);
+    oq__outcome_t o;
+    run_registry_tool(x, NULL, &o);
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    int rc = oq__exec_finish(s, x, OQ__RUN_CLAIMED, &o, &policy, now, state, enew, &err);
+    assert_int_equal(oq__consumer_store_commit(s, &err), 0);
+    oq__outcome_clear(&o);
     return rc;
 }
 
@@ -88,17 +84,20 @@ static void test_inbox_dedupe(void **state)
     oq_envelope_t e;
     mk_env(&e, "charge", "{\"amount\":5}", 1);
     int64_t now = 1000000;
-    assert_int_equal(intake(f->a, &e, now), OQ_IN_PLANNED);
-    assert_int_equal(intake(f->b, &e, now), OQ_IN_DUPLICATE); /* other worker, same message */
-    assert_int_equal(intake(f->a, &e, now), OQ_IN_DUPLICATE);
+    assert_int_equal(intake(f->a, &e, now), OQ__INTAKE_NEW);
+    assert_int_equal(intake(f->b, &e, now), OQ__INTAKE_DUPLICATE); /* other worker, same message */
+    assert_int_equal(intake(f->a, &e, now), OQ__INTAKE_DUPLICATE);
     assert_int_equal(q_count(f->a, "SELECT seen FROM inbox WHERE call_id=?1", e.call_id), 3);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
-                             e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='duplicate_skipped'", e.call_id), 2);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1", e.call_id),
+                     1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='duplicate_skipped'",
+                             e.call_id),
+                     2);
     /* a new message id for the same in-flight call is not executed again */
     oq_id_uuid(e.message_id);
-    assert_int_equal(intake(f->a, &e, now), OQ_IN_IN_PROGRESS);
+    assert_int_equal(intake(f->a, &e, now), OQ__INTAKE_IN_PROGRESS);
     oq_envelope_clear(&e);
 }
 
@@ -106,7 +105,7 @@ static void test_claim_fencing(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t xa, xb;
+    oq__exec_row_t xa, xb;
     memset(&xa, 0, sizeof(xa));
     memset(&xb, 0, sizeof(xb));
     mk_env(&e, "charge", "{\"amount\":5}", 1);
@@ -121,18 +120,23 @@ static void test_claim_fencing(void **state)
     assert_int_equal(claim(f->b, e.call_id, now, &xb), OQ_ESTATE);
     /* a renewal with a wrong fence or from another owner is refused */
     oq_error_t err = {0};
-    assert_int_equal(oq_cstore_renew(f->a, e.call_id, 1, now + 5000, &err), 0);
-    assert_int_equal(oq_cstore_renew(f->a, e.call_id, 2, now + 5000, &err), OQ_EFENCED);
-    assert_int_equal(oq_cstore_renew(f->b, e.call_id, 1, now + 5000, &err), OQ_EFENCED);
+    assert_int_equal(oq__consumer_store_lease_renew(f->a, e.call_id, 1, now + 5000, &err), 0);
+    assert_int_equal(oq__consumer_store_lease_renew(f->a, e.call_id, 2, now + 5000, &err),
+                     OQ_EFENCED);
+    assert_int_equal(oq__consumer_store_lease_renew(f->b, e.call_id, 1, now + 5000, &err),
+                     OQ_EFENCED);
     int st = -1, enew = 0;
     assert_int_equal(run_finish(f->a, &xa, now + 1, &st, &enew), 0);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 1);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
-                                   "json_extract(payload,'$.status')='succeeded'", e.call_id), 1);
-    oq_exec_clear(&xa);
-    oq_exec_clear(&xb);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                             "json_extract(payload,'$.status')='succeeded'",
+                             e.call_id),
+                     1);
+    oq__exec_row_clear(&xa);
+    oq__exec_row_clear(&xb);
     oq_envelope_clear(&e);
 }
 
@@ -140,7 +144,7 @@ static void test_stale_worker_refused(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t xa, xb;
+    oq__exec_row_t xa, xb;
     oq_error_t err = {0};
     memset(&xa, 0, sizeof(xa));
     memset(&xb, 0, sizeof(xb));
@@ -150,38 +154,48 @@ static void test_stale_worker_refused(void **state)
     assert_int_equal(claim(f->a, e.call_id, now, &xa), 0); /* lease until now + 1000 */
     /* worker A is paused; its lease lapses; B's recovery reconciles: no effect -> SAFE_RETRY */
     int n = 0;
-    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
-    assert_int_equal(oq_cstore_recover(f->b, now + 500, 3, 100, &n, &err), 0); /* not yet */
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_recover(f->b, now + 500, &policy, 100, &n, &err), 0); /* not yet */
     assert_int_equal(n, 0);
-    assert_int_equal(oq_cstore_recover(f->b, now + 1500, 3, 100, &n, &err), 0);
-    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(oq__exec_recover(f->b, now + 1500, &policy, 100, &n, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
     assert_int_equal(n, 1);
-    assert_int_equal(oq_cstore_exec_get(f->b, e.call_id, &xb, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->b, e.call_id, &xb, &err), 0);
     assert_int_equal(xb.state, OQ_X_SAFE_RETRY);
     assert_int_equal(claim(f->b, e.call_id, now + 1600, &xb), 0);
     assert_int_equal(xb.fence, 3); /* claim 1, recovery 2, claim 3 */
     /* A wakes up: its heartbeat and its finishing write are refused */
-    assert_int_equal(oq_cstore_renew(f->a, e.call_id, xa.fence, now + 9000, &err), OQ_EFENCED);
+    assert_int_equal(oq__consumer_store_lease_renew(f->a, e.call_id, xa.fence, now + 9000, &err),
+                     OQ_EFENCED);
     int st = -1, enew = 0;
     assert_int_equal(run_finish(f->a, &xa, now + 1700, &st, &enew), OQ_EFENCED);
     assert_int_equal(enew, 0);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='lease_lost'", e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 0);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='lease_lost'",
+                             e.call_id),
+                     1);
     /* B completes: exactly one effect */
     assert_int_equal(run_finish(f->b, &xb, now + 1800, &st, &enew), 0);
     assert_int_equal(st, OQ_X_COMMITTED);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
     assert_int_equal(q_count(f->a, "SELECT fence FROM effects WHERE call_id=?1", e.call_id), 3);
     /* every audit row carries the producer attempt (the auditor compares attempts) */
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "attempt <> 1", e.call_id), 0);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "attempt <> 1",
+                             e.call_id),
+                     0);
     /* audit order: planned, started, unknown, safe_retry, started, lease_lost, committed */
-    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'planned,started,unknown,"
-                                   "safe_retry,started,lease_lost,committed' FROM (SELECT event "
-                                   "FROM audit WHERE call_id=?1 ORDER BY id)", e.call_id), 1);
-    oq_exec_clear(&xa);
-    oq_exec_clear(&xb);
+    assert_int_equal(q_count(f->a,
+                             "SELECT group_concat(event) = 'planned,started,unknown,"
+                             "safe_retry,started,lease_lost,committed' FROM (SELECT event "
+                             "FROM audit WHERE call_id=?1 ORDER BY id)",
+                             e.call_id),
+                     1);
+    oq__exec_row_clear(&xa);
+    oq__exec_row_clear(&xb);
     oq_envelope_clear(&e);
 }
 
@@ -189,7 +203,7 @@ static void test_effects_unique_last_gate(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     memset(&x, 0, sizeof(x));
     mk_env(&e, "charge", "{\"amount\":3}", 1);
     int64_t now = 4000000;
@@ -197,20 +211,25 @@ static void test_effects_unique_last_gate(void **state)
     assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
     /* someone already recorded this call's effect (e.g. a tool committing on its own) */
     char sql[512];
-    snprintf(sql, sizeof(sql), "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
              "attempt, fence, worker, created_at) VALUES ('e_other', '%s', 'charge', 3, "
-             "'{\"charged\":3,\"first\":true}', 1, 1, 'x', 0)", e.call_id);
+             "'{\"charged\":3,\"first\":true}', 1, 1, 'x', 0)",
+             e.call_id);
     exec_sql(f->a, sql);
     int st = -1, enew = 1;
     assert_int_equal(run_finish(f->a, &x, now + 1, &st, &enew), 0);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 0);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
     /* the existing effect wins: its id and result are what the execution reports */
-    assert_int_equal(q_count(f->a, "SELECT effect_id = 'e_other' AND "
-                                   "json_extract(result,'$.first') FROM executions WHERE "
-                                   "call_id=?1", e.call_id), 1);
-    oq_exec_clear(&x);
+    assert_int_equal(q_count(f->a,
+                             "SELECT effect_id = 'e_other' AND "
+                             "json_extract(result,'$.first') FROM executions WHERE "
+                             "call_id=?1",
+                             e.call_id),
+                     1);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 
@@ -218,7 +237,7 @@ static void test_reconcile(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e1, e2, e3;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     int64_t now = 5000000;
@@ -234,34 +253,41 @@ static void test_reconcile(void **state)
     /* e3 has used up its tries: unknown outcome must go to review, not run again */
     exec_sql(f->a, "UPDATE executions SET tries = 3 WHERE tool = 'sleep' AND state='STARTED'");
     char sql[512];
-    snprintf(sql, sizeof(sql), "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO effects(effect_id, call_id, tool, amount, detail, "
              "attempt, fence, worker, created_at) VALUES ('e_x1', '%s', 'charge', 1, "
-             "'{\"charged\":1}', 1, 1, 'worker-a', 0)", e1.call_id);
+             "'{\"charged\":1}', 1, 1, 'worker-a', 0)",
+             e1.call_id);
     exec_sql(f->a, sql);
     int n = 0;
-    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
-    assert_int_equal(oq_cstore_recover(f->b, now + 2000, 3, 100, &n, &err), 0);
-    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_recover(f->b, now + 2000, &policy, 100, &n, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
     assert_int_equal(n, 3);
-    assert_int_equal(oq_cstore_exec_get(f->b, e1.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->b, e1.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_COMMITTED); /* effect present */
     assert_string_equal(x.effect_id, "e_x1");
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
-                                   "json_extract(payload,'$.status')='succeeded'", e1.call_id), 1);
-    assert_int_equal(oq_cstore_exec_get(f->b, e2.call_id, &x, &err), 0);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                             "json_extract(payload,'$.status')='succeeded'",
+                             e1.call_id),
+                     1);
+    assert_int_equal(oq__consumer_store_exec_get(f->b, e2.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_SAFE_RETRY); /* no effect: safe to run again */
-    assert_int_equal(oq_cstore_exec_get(f->b, e3.call_id, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_get(f->b, e3.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_NEEDS_REVIEW);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
-                                   "json_extract(payload,'$.status')='needs_review'", e3.call_id),
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                             "json_extract(payload,'$.status')='needs_review'",
+                             e3.call_id),
                      1);
     /* SAFE_RETRY is re-executed and commits once */
     assert_int_equal(claim(f->b, e2.call_id, now + 2001, &x), 0);
     int st = -1, enew = 0;
     assert_int_equal(run_finish(f->b, &x, now + 2002, &st, &enew), 0);
     assert_int_equal(st, OQ_X_COMMITTED);
-    assert_int_equal(oq_cstore_effect_count(f->a, e2.call_id), 1);
-    oq_exec_clear(&x);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e2.call_id), 1);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e1);
     oq_envelope_clear(&e2);
     oq_envelope_clear(&e3);
@@ -271,7 +297,7 @@ static void test_terminal_untouched(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     int64_t now = 6000000;
@@ -283,30 +309,35 @@ static void test_terminal_untouched(void **state)
     assert_int_equal(st, OQ_X_COMMITTED);
     char sql[256];
     /* even with a stale lease value left behind, recovery must not touch a terminal row */
-    snprintf(sql, sizeof(sql), "UPDATE executions SET lease_until = 1, next_attempt_at = 0 "
-             "WHERE call_id = '%s'", e.call_id);
+    snprintf(sql, sizeof(sql),
+             "UPDATE executions SET lease_until = 1, next_attempt_at = 0 "
+             "WHERE call_id = '%s'",
+             e.call_id);
     exec_sql(f->a, sql);
     int64_t fence = q_count(f->a, "SELECT fence FROM executions WHERE call_id=?1", e.call_id);
     int n = 0;
-    assert_int_equal(oq_cstore_begin(f->b, &err), 0);
-    assert_int_equal(oq_cstore_recover(f->b, now + 100000, 3, 100, &n, &err), 0);
-    assert_int_equal(oq_cstore_commit(f->b, &err), 0);
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_recover(f->b, now + 100000, &policy, 100, &n, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
     assert_int_equal(n, 0);
     assert_int_equal(claim(f->b, e.call_id, now + 100000, &x), OQ_ESTATE);
     assert_int_equal(q_count(f->a, "SELECT fence FROM executions WHERE call_id=?1", e.call_id),
                      fence);
     /* a redelivery under a new message id, even a higher attempt, is not executed again */
     oq_id_uuid(e.message_id);
-    assert_int_equal(intake(f->b, &e, now + 100001), OQ_IN_DONE);
+    assert_int_equal(intake(f->b, &e, now + 100001), OQ__INTAKE_DONE);
     oq_id_uuid(e.message_id);
     e.attempt = 2;
-    assert_int_equal(intake(f->b, &e, now + 100002), OQ_IN_DONE);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='started'", e.call_id), 1);
+    assert_int_equal(intake(f->b, &e, now + 100002), OQ__INTAKE_DONE);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='started'",
+                             e.call_id),
+                     1);
     /* the result was re-emitted for the producer each time */
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 3);
-    oq_exec_clear(&x);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 
@@ -314,7 +345,7 @@ static void test_retry_backoff_and_exhaustion(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e, g;
-    oq_exec_t x;
+    oq__exec_row_t x;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     int64_t now = 7000000;
@@ -322,28 +353,28 @@ static void test_retry_backoff_and_exhaustion(void **state)
     mk_env(&e, "charge", "{\"amount\":4,\"fail_times\":2}", 1);
     intake(f->a, &e, now);
     int st = -1, enew = 0;
-    int64_t prev_wait = 0;
     for (int i = 1; i <= 3; i++) {
         assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
         assert_int_equal(x.tries, i);
         assert_int_equal(run_finish(f->a, &x, now, &st, &enew), 0);
         if (i < 3) {
             assert_int_equal(st, OQ_X_FAILED_RETRYABLE);
-            assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &x, &err), 0);
+            assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
             int64_t wait = x.next_attempt_at - now;
             assert_true(wait >= 50 && wait <= 1500);
             if (i == 2) assert_true(wait >= 100); /* base 100 doubled, jitter >= 0.5x */
-            prev_wait = wait;
             /* not due before its backoff */
             assert_int_equal(claim(f->b, e.call_id, now, &x), OQ_ESTATE);
             now = x.next_attempt_at;
         }
     }
-    (void)prev_wait;
     assert_int_equal(st, OQ_X_COMMITTED);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1 AND "
-                                   "event='failed_retryable'", e.call_id), 2);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='failed_retryable'",
+                             e.call_id),
+                     2);
 
     /* always failing: exhausted after max_attempts (3) -> FAILED_FINAL + failed result */
     mk_env(&g, "fail", "{\"retryable\":true}", 1);
@@ -354,21 +385,24 @@ static void test_retry_backoff_and_exhaustion(void **state)
     }
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(claim(f->a, g.call_id, now + 900000, &x), OQ_ESTATE);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND "
-                                   "json_extract(payload,'$.status')='failed' AND "
-                                   "json_extract(payload,'$.error.retryable')=1", g.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND "
+                             "json_extract(payload,'$.status')='failed' AND "
+                             "json_extract(payload,'$.error.retryable')=1",
+                             g.call_id),
+                     1);
     /* a new producer attempt re-plans a FAILED_FINAL call; an old one is stale */
     oq_id_uuid(g.message_id);
     g.attempt = 2;
-    assert_int_equal(intake(f->a, &g, now + 1000000), OQ_IN_PLANNED);
-    assert_int_equal(oq_cstore_exec_get(f->a, g.call_id, &x, &err), 0);
+    assert_int_equal(intake(f->a, &g, now + 1000000), OQ__INTAKE_REPLANNED);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, g.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_PLANNED);
     assert_int_equal(x.attempt, 2);
     assert_int_equal(x.tries, 0);
     oq_id_uuid(g.message_id);
     g.attempt = 1;
-    assert_int_equal(intake(f->a, &g, now + 1000001), OQ_IN_STALE);
-    oq_exec_clear(&x);
+    assert_int_equal(intake(f->a, &g, now + 1000001), OQ__INTAKE_STALE);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
     oq_envelope_clear(&g);
 }
@@ -384,23 +418,32 @@ static void test_mismatch_and_dlq(void **state)
     oq_id_uuid(e.message_id);
     memset(e.fingerprint, 'a', OQ_FINGERPRINT_LEN);
     int outcome = -1, dup = -1;
-    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
-    assert_int_equal(oq_cstore_intake(f->a, &e, &src, now, &outcome, &err), 0);
-    assert_int_equal(outcome, OQ_IN_MISMATCH);
-    oq_msg_src_t s2 = {.topic = "onceq.tool-calls", .partition = 3, .offset = 42};
-    assert_int_equal(oq_cstore_dlq_add(f->a, "dlq:onceq.tool-calls:3:42", NULL, &s2, "k", 1,
-                                       "garbage", 7, "undecodable", now, &dup, &err), 0);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &e, &src, now, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ__INTAKE_MISMATCH);
+    /* nothing written for the mismatching message: the worker dead-letters it */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM inbox WHERE message_id=?1", e.message_id),
+                     0);
+    oq__dlq_row_t d = {.message_id = "dlq:onceq.tool-calls:3:42",
+                       .reason = "undecodable",
+                       .src = {.topic = "onceq.tool-calls", .partition = 3, .offset = 42},
+                       .key = "k",
+                       .key_len = 1,
+                       .payload = "garbage",
+                       .len = 7,
+                       .created_at = now};
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
     assert_int_equal(dup, 0);
-    assert_int_equal(oq_cstore_dlq_add(f->a, "dlq:onceq.tool-calls:3:42", NULL, &s2, "k", 1,
-                                       "garbage", 7, "undecodable", now, &dup, &err), 0);
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
     assert_int_equal(dup, 1);
-    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
     assert_int_equal(q_int(f->a, "SELECT count(*) FROM dlq WHERE published_at IS NULL AND "
-                                 "payload = CAST('garbage' AS BLOB)"), 1);
+                                 "payload = CAST('garbage' AS BLOB)"),
+                     1);
     assert_int_equal(q_int(f->a, "SELECT count(*) FROM inbox WHERE outcome='dlq' AND seen=2"), 1);
     assert_int_equal(q_int(f->a, "SELECT max(id) FROM dlq") > 0, 1);
-    assert_int_equal(oq_cstore_dlq_mark(f->a, q_int(f->a, "SELECT max(id) FROM dlq"), now, &err),
-                     0);
+    assert_int_equal(
+        oq__consumer_store_dlq_mark(f->a, q_int(f->a, "SELECT max(id) FROM dlq"), now, &err), 0);
     assert_int_equal(q_int(f->a, "SELECT count(*) FROM dlq WHERE published_at IS NULL"), 0);
     oq_envelope_clear(&e);
 }
@@ -412,8 +455,13 @@ static int try_tool(const char *tool, const char *args, char code[48])
     memset(&out, 0, sizeof(out));
     json_t *a = json_loads(args, 0, NULL);
     assert_non_null(a);
-    oq_tool_call_t call = {.call_id = "c_0123456789abcdef", .effect_id = "e_0123456789abcdef",
-                           .tenant = "t", .tool = tool, .args = a, .attempt = 1, .try_no = 1};
+    oq_tool_call_t call = {.call_id = "c_0123456789abcdef",
+                           .effect_id = "e_0123456789abcdef",
+                           .tenant = "t",
+                           .tool = tool,
+                           .args = a,
+                           .attempt = 1,
+                           .try_no = 1};
     int rc = oq_tool_invoke(oq_tool_find(tool), &call, &out);
     snprintf(code, 48, "%s", out.code);
     if (rc == OQ_TOOL_BADARGS) assert_true(strlen(out.message) > 5);
@@ -458,7 +506,7 @@ static void test_bad_args_fail_final(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x;
+    oq__exec_row_t x;
     memset(&x, 0, sizeof(x));
     int64_t now = 9000000;
     mk_env(&e, "charge", "{\"amount\":-1}", 1);
@@ -467,60 +515,185 @@ static void test_bad_args_fail_final(void **state)
     int st = -1, enew = 0;
     assert_int_equal(run_finish(f->a, &x, now, &st, &enew), 0);
     assert_int_equal(st, OQ_X_FAILED_FINAL);
-    assert_int_equal(q_count(f->a, "SELECT json_extract(error,'$.code')='bad_args' AND "
-                                   "json_extract(error,'$.retryable')=0 FROM executions WHERE "
-                                   "call_id=?1", e.call_id), 1);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 0);
-    oq_exec_clear(&x);
+    assert_int_equal(q_count(f->a,
+                             "SELECT json_extract(error,'$.code')='bad_args' AND "
+                             "json_extract(error,'$.retryable')=0 FROM executions WHERE "
+                             "call_id=?1",
+                             e.call_id),
+                     1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 0);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 
-static void test_intake_start_fast_path(void **state)
+/* The transition table: the moves the design names are legal, everything else is refused. */
+static void test_transition_table(void **state)
+{
+    (void)state;
+    static const int legal[][2] = {
+        {OQ__X_NONE, OQ_X_PLANNED},
+        {OQ_X_FAILED_FINAL, OQ_X_PLANNED},
+        {OQ_X_PLANNED, OQ_X_STARTED},
+        {OQ_X_FAILED_RETRYABLE, OQ_X_STARTED},
+        {OQ_X_SAFE_RETRY, OQ_X_STARTED},
+        {OQ_X_STARTED, OQ_X_COMMITTED},
+        {OQ_X_STARTED, OQ_X_FAILED_RETRYABLE},
+        {OQ_X_STARTED, OQ_X_FAILED_FINAL},
+        {OQ_X_STARTED, OQ_X_UNKNOWN},
+        {OQ_X_UNKNOWN, OQ_X_COMMITTED},
+        {OQ_X_UNKNOWN, OQ_X_SAFE_RETRY},
+        {OQ_X_UNKNOWN, OQ_X_NEEDS_REVIEW},
+        {OQ_X_UNKNOWN, OQ_X_RECONCILING},
+        {OQ_X_RECONCILING, OQ_X_COMMITTED},
+        {OQ_X_RECONCILING, OQ_X_SAFE_RETRY},
+        {OQ_X_RECONCILING, OQ_X_NEEDS_REVIEW},
+    };
+    int n_legal = 0;
+    for (int from = OQ__X_NONE; from < OQ_X__COUNT; from++) {
+        for (int to = 0; to < OQ_X__COUNT; to++) {
+            int want = 0;
+            for (size_t i = 0; i < sizeof(legal) / sizeof(legal[0]); i++)
+                want |= legal[i][0] == from && legal[i][1] == to;
+            if (oq__exec_transition_legal(from, to) != want)
+                fail_msg("%s -> %s: legal=%d, want %d", oq__xstate_name(from), oq__xstate_name(to),
+                         oq__exec_transition_legal(from, to), want);
+            n_legal += want;
+        }
+    }
+    assert_int_equal(n_legal, (int)(sizeof(legal) / sizeof(legal[0])));
+    /* no way out of COMMITTED or NEEDS_REVIEW, and no outcome without a run */
+    for (int to = 0; to < OQ_X__COUNT; to++) {
+        assert_false(oq__exec_transition_legal(OQ_X_COMMITTED, to));
+        assert_false(oq__exec_transition_legal(OQ_X_NEEDS_REVIEW, to));
+    }
+    assert_false(oq__exec_transition_legal(OQ_X_PLANNED, OQ_X_COMMITTED));
+    assert_false(oq__exec_transition_legal(OQ__X_NONE, OQ_X_STARTED));
+    assert_true(oq__xstate_terminal(OQ_X_FAILED_FINAL));
+    assert_false(oq__xstate_terminal(OQ_X_UNKNOWN));
+    assert_int_equal(oq__xstate_parse(oq__xstate_name(OQ_X_RECONCILING)), OQ_X_RECONCILING);
+}
+
+/* A finish the state machine cannot take writes nothing: an outcome class it does not store
+ * yet (UNKNOWN), and a run that is not STARTED (an illegal transition). */
+static void test_finish_refuses(void **state)
 {
     fx_t *f = *state;
     oq_envelope_t e;
-    oq_exec_t x, y;
+    oq__exec_row_t x;
+    oq__outcome_t o;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    memset(&o, 0, sizeof(o));
+    int64_t now = 10000000;
+    mk_env(&e, "charge", "{\"amount\":8}", 1);
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    int64_t audits = q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1", e.call_id);
+    int st = 0, enew = 1;
+    o.cls = OQ__OUTCOME_UNKNOWN;
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &policy, now, &st, &enew, &err),
+                     OQ_EINVAL);
+    assert_int_equal(st, -1);
+    assert_int_equal(enew, 0);
+    /* a row that is not STARTED is not a run: PLANNED -> COMMITTED is not in the table */
+    x.state = OQ_X_PLANNED;
+    o.cls = OQ__OUTCOME_SUCCESS;
+    assert_int_equal(oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &policy, now, &st, &enew, &err),
+                     OQ_ESTATE);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM audit WHERE call_id=?1", e.call_id),
+                     audits);
+    assert_int_equal(
+        q_count(f->a, "SELECT state='STARTED' FROM executions WHERE call_id=?1", e.call_id), 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 0);
+    oq__exec_row_clear(&x);
+    oq_envelope_clear(&e);
+}
+
+/* A claimed run that did nothing (worker stopping) is handed back: STARTED -> UNKNOWN ->
+ * SAFE_RETRY, due now, the run not counted, the old fence stale. */
+static void test_hand_back(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq__exec_row_t x, y;
+    oq__outcome_t o;
     oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     memset(&y, 0, sizeof(y));
-    int64_t now = 10000000;
-    mk_env(&e, "charge", "{\"amount\":8}", 1);
-    int outcome = -1;
-    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
-    assert_int_equal(oq_cstore_intake_start(f->a, &e, &src, now, 5000, &x, &outcome, &err), 0);
-    assert_int_equal(outcome, OQ_IN_PLANNED);
-    assert_int_equal(x.state, OQ_X_STARTED);
-    assert_int_equal(x.fence, 1);
-    assert_int_equal(x.tries, 1);
-    /* the row really is STARTED, leased by this worker, not due for anyone */
-    assert_int_equal(oq_cstore_exec_get(f->a, e.call_id, &y, &err), 0);
-    assert_int_equal(y.state, OQ_X_STARTED);
-    assert_string_equal(y.lease_owner, "worker-a");
-    assert_int_equal(y.lease_until, now + 5000);
-    x.args = strdup(y.args);
+    memset(&o, 0, sizeof(o));
+    int64_t now = 11000000;
+    mk_env(&e, "sleep", "{\"ms\":5000}", 1);
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    o.cls = OQ__OUTCOME_NOT_RUN;
     int st = -1, enew = 0;
-    oq_tool_out_t out;
-    memset(&out, 0, sizeof(out));
-    out.has_effect = 1;
-    out.amount = 8;
-    assert_int_equal(oq_cstore_finish(f->a, &x, OQ_TOOL_OK, &out, &policy, now, &st, &enew, &err),
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(
+        oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &policy, now + 5, &st, &enew, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(st, OQ_X_SAFE_RETRY);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &y, &err), 0);
+    assert_int_equal(y.state, OQ_X_SAFE_RETRY);
+    assert_int_equal(y.tries, 0);
+    assert_int_equal(y.fence, x.fence + 1);
+    assert_int_equal(y.next_attempt_at, now + 5);
+    assert_null(y.lease_owner);
+    assert_int_equal(q_count(f->a,
+                             "SELECT group_concat(event) = 'planned,started,unknown,"
+                             "safe_retry' FROM (SELECT event FROM audit WHERE call_id=?1 "
+                             "ORDER BY id)",
+                             e.call_id),
+                     1);
+    /* the old holder's renewal is refused; the next claim is try 1 again */
+    assert_int_equal(oq__consumer_store_lease_renew(f->a, e.call_id, x.fence, now + 9000, &err),
+                     OQ_EFENCED);
+    assert_int_equal(claim(f->b, e.call_id, now + 6, &y), 0);
+    assert_int_equal(y.tries, 1);
+    assert_int_equal(y.fence, x.fence + 2);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 0);
+    oq__exec_row_clear(&x);
+    oq__exec_row_clear(&y);
+    oq_envelope_clear(&e);
+}
+
+/* The runner retries a finish whose transaction was rolled back (a busy database): the run
+ * it holds is unchanged by the first try, so the second one commits exactly once. */
+static void test_finish_after_rollback(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq__exec_row_t x;
+    oq__outcome_t o;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int64_t now = 12000000;
+    mk_env(&e, "charge", "{\"amount\":6}", 1);
+    intake(f->a, &e, now);
+    assert_int_equal(claim(f->a, e.call_id, now, &x), 0);
+    run_registry_tool(&x, NULL, &o);
+    int st = -1, enew = 0;
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &policy, now, &st, &enew, &err),
                      0);
-    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
+    oq__consumer_store_rollback(f->a);
+    assert_int_equal(x.state, OQ_X_STARTED);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &policy, now, &st, &enew, &err),
+                     0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 1);
-    assert_int_equal(q_count(f->a, "SELECT group_concat(event) = 'planned,started,committed' FROM "
-                                   "(SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
-                             e.call_id), 1);
-    /* redelivery: nothing is started again */
-    assert_int_equal(oq_cstore_begin(f->a, &err), 0);
-    oq_exec_clear(&y);
-    assert_int_equal(oq_cstore_intake_start(f->a, &e, &src, now, 5000, &y, &outcome, &err), 0);
-    assert_int_equal(oq_cstore_commit(f->a, &err), 0);
-    assert_int_equal(outcome, OQ_IN_DUPLICATE);
-    assert_int_not_equal(y.state, OQ_X_STARTED);
-    assert_int_equal(oq_cstore_effect_count(f->a, e.call_id), 1);
-    oq_exec_clear(&x);
-    oq_exec_clear(&y);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND "
+                             "event='committed'",
+                             e.call_id),
+                     1);
+    oq__outcome_clear(&o);
+    oq__exec_row_clear(&x);
     oq_envelope_clear(&e);
 }
 
@@ -534,14 +707,14 @@ static void test_purge(void **state)
     intake(f->a, &e1, 1000);
     intake(f->a, &e2, 5000);
     int64_t n = -1;
-    assert_int_equal(oq_cstore_purge(f->a, 2000, 100, &n, &err), 0);
+    assert_int_equal(oq__consumer_store_purge(f->a, 2000, 100, &n, &err), 0);
     assert_int_equal(n, 1);
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM inbox WHERE call_id=?1", e1.call_id), 0);
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM inbox WHERE call_id=?1", e2.call_id), 1);
     /* executions stay: a late redelivery of e1 is recognised by its call, not re-run */
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1",
-                             e1.call_id), 1);
-    assert_int_equal(intake(f->a, &e1, 6000), OQ_IN_IN_PROGRESS);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1", e1.call_id),
+                     1);
+    assert_int_equal(intake(f->a, &e1, 6000), OQ__INTAKE_IN_PROGRESS);
     oq_envelope_clear(&e1);
     oq_envelope_clear(&e2);
 }
@@ -559,7 +732,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mismatch_and_dlq, setup, teardown),
         cmocka_unit_test(test_tool_args),
         cmocka_unit_test_setup_teardown(test_bad_args_fail_final, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_intake_start_fast_path, setup, teardown),
+        cmocka_unit_test(test_transition_table),
+        cmocka_unit_test_setup_teardown(test_finish_refuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hand_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_finish_after_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,265 @@
+/**
+ * @file consumer_store.h
+ * @brief Internal: every SQL statement of the consumer (consumer/store.c), as row operations on
+ *        plain structs, so another backend can sit beside it. Not part of the public API.
+ *
+ * The store holds no rules: which transition is legal, what a redelivery means, when to retry
+ * and how an unknown outcome is reconciled are decided in consumer/execution.c, which reads and
+ * writes rows only through this header. The one thing the store adds is the connection's
+ * identity: the worker id given at open is written into audit.worker and effects.worker.
+ *
+ * Functions marked "in tx" run inside the caller's open write transaction
+ * (oq__consumer_store_begin) and commit nothing; the others are single autocommit statements.
+ * Times are unix ms; a time of 0 in a row struct means NULL (none). Strings in the *_row_t and
+ * update structs handed to the store are borrowed for the call.
+ *
+ * @locality one store per thread; the connection is not shared.
+ */
+#ifndef OQ_CONSUMER_STORE_H
+#define OQ_CONSUMER_STORE_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oq_db.h"
+#include "oq_error.h"
+#include "oq_json.h"
+#include "oq_util.h"
+
+typedef struct oq__consumer_store oq__consumer_store_t;
+
+/**
+ * Execution states, stored as their names in executions.state. Which moves between them are
+ * legal is the transition table in consumer/execution.c. RECONCILING is part of the state set
+ * but no code path writes it yet (the schema's CHECK does not admit it before a migration).
+ */
+typedef enum {
+    OQ_X_PLANNED = 0,
+    OQ_X_STARTED,
+    OQ_X_COMMITTED,
+    OQ_X_FAILED_RETRYABLE,
+    OQ_X_FAILED_FINAL,
+    OQ_X_UNKNOWN,
+    OQ_X_RECONCILING,
+    OQ_X_SAFE_RETRY,
+    OQ_X_NEEDS_REVIEW,
+    OQ_X__COUNT
+} oq__xstate_t;
+
+/** @brief "PLANNED", ... ; "?" when out of range. */
+const char *oq__xstate_name(int state);
+/** @brief State from its stored name, or -1. */
+int oq__xstate_parse(const char *name);
+
+/** One executions row as read. Strings are owned (malloc); free with oq__exec_row_clear(). */
+typedef struct oq__exec_row {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char fingerprint[OQ_FINGERPRINT_LEN + 1];
+    char message_id[OQ_UUID_LEN + 1]; /**< the inbox message that planned this attempt */
+    char *tenant, *idem_key, *tool;
+    char *args; /**< JSON object text */
+    char *lease_owner, *result, *error, *effect_id;
+    int state; /**< oq__xstate_t */
+    int64_t attempt, tries, fence;
+    int64_t lease_until, next_attempt_at; /**< 0: NULL */
+} oq__exec_row_t;
+
+/** @brief Free what \p x owns and zero it; accepts NULL and a zeroed row. */
+void oq__exec_row_clear(oq__exec_row_t *x);
+
+/**
+ * A conditional update of one execution: WHERE call_id, state = from_state, fence =
+ * from_fence (and lease_owner = from_owner when that is not NULL); SET every mutable column to
+ * the values given (NULL strings and 0 times write NULL). The caller decides the values; the
+ * store only applies them if the row is still the one the caller saw.
+ */
+typedef struct oq__exec_update {
+    const char *call_id;
+    int from_state;
+    int64_t from_fence;
+    const char *from_owner; /**< NULL: the owner is not checked */
+    int state;
+    int64_t attempt, tries, fence;
+    const char *lease_owner;
+    int64_t lease_until;
+    const char *result, *error, *effect_id;
+    int64_t next_attempt_at;
+    const char *message_id; /**< NULL: unchanged */
+    int64_t now;            /**< updated_at */
+} oq__exec_update_t;
+
+/** Where a message came from. */
+typedef struct oq__msg_src {
+    const char *topic;
+    int32_t partition;
+    int64_t offset;
+} oq__msg_src_t;
+
+/** One inbox row. */
+typedef struct oq__inbox_row {
+    const char *message_id;
+    const char *call_id; /**< NULL when the message did not decode */
+    oq__msg_src_t src;
+    const char *outcome; /**< 'planned', 'done', 'in_progress', 'stale', 'dlq' */
+    int64_t received_at;
+} oq__inbox_row_t;
+
+/** One effects row. */
+typedef struct oq__effect_row {
+    const char *effect_id, *call_id, *tool;
+    int64_t amount;        /**< 0: NULL */
+    const char *recipient; /**< NULL or "" : NULL */
+    const char *detail;    /**< JSON text: the tool's result */
+    int64_t attempt, fence, created_at;
+} oq__effect_row_t;
+
+/** One audit row (the worker column is the store's worker id). */
+typedef struct oq__audit_row {
+    int64_t ts;
+    const char *call_id; /**< may be NULL (a dead letter that did not decode) */
+    const char *event, *detail;
+    int64_t attempt, fence;
+} oq__audit_row_t;
+
+/** One dead letter. On reads (oq__consumer_store_dlq_pending) src and created_at are not
+ *  filled and every pointer is valid only during the callback. */
+typedef struct oq__dlq_row {
+    int64_t id;
+    const char *message_id, *reason;
+    oq__msg_src_t src;
+    const void *key, *payload;
+    size_t key_len, len;
+    int64_t created_at;
+} oq__dlq_row_t;
+
+/** One due execution; pointers valid only during the callback. */
+typedef struct oq__due_row {
+    const char *call_id, *tool, *args;
+} oq__due_row_t;
+
+/* --- connection ------------------------------------------------------------------------------ */
+
+/**
+ * @brief Open \p path (WAL, synchronous per \p opts) and migrate it to the consumer set.
+ * @param worker_id written into audit.worker and effects.worker; copied.
+ * @returns 0 with \p out set, or OQ_EDB / OQ_EIO / OQ_EVERSION / OQ_ENOMEM.
+ */
+int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const char *worker_id,
+                            oq__consumer_store_t **out, oq_error_t *err);
+/** @brief Close; accepts NULL. */
+void oq__consumer_store_close(oq__consumer_store_t *s);
+/** @brief The connection (tests read it directly); owned by the store. */
+sqlite3 *oq__consumer_store_db(oq__consumer_store_t *s);
+/** @brief The worker id given at open. */
+const char *oq__consumer_store_worker(const oq__consumer_store_t *s);
+
+/** @brief BEGIN IMMEDIATE (bounded wait). @returns 0, OQ_EBUSY or OQ_EDB. */
+int oq__consumer_store_begin(oq__consumer_store_t *s, oq_error_t *err);
+int oq__consumer_store_commit(oq__consumer_store_t *s, oq_error_t *err);
+/** @brief ROLLBACK if a transaction is open. */
+void oq__consumer_store_rollback(oq__consumer_store_t *s);
+
+/* --- rows (in tx unless said otherwise) ------------------------------------------------------ */
+
+/**
+ * @brief Inbox insert of \p row. A new message id gets its row and *seen = 1; a known one is
+ *        counted (seen + 1, nothing else changes) and *seen is its new count (> 1).
+ */
+int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row_t *row,
+                                    int64_t *seen, oq_error_t *err);
+
+/** @brief Load \p call_id. @returns 0, OQ_ENOTFOUND, OQ_EDB. Autocommit or in tx. */
+int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq__exec_row_t *out,
+                                oq_error_t *err);
+
+/** @brief Insert the execution \p x (every column from \p x; created_at = updated_at = \p now).
+ *  @returns 0, or OQ_EDB (a second row for the call violates UNIQUE(call_id)). */
+int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
+                                   oq_error_t *err);
+
+/** @brief Apply \p u (see oq__exec_update_t). *updated = 1 when the row matched, 0 when it had
+ *  moved on (nothing written). */
+int oq__consumer_store_exec_update(oq__consumer_store_t *s, const oq__exec_update_t *u,
+                                   int *updated, oq_error_t *err);
+
+/** @brief Replace result and effect_id of \p call_id, whatever its state (the effects gate held
+ *  and the existing effect's values stand). */
+int oq__consumer_store_exec_set_result(oq__consumer_store_t *s, const char *call_id,
+                                       const char *result, const char *effect_id, oq_error_t *err);
+
+/**
+ * @brief Heartbeat (autocommit): lease_until = \p lease_until on \p call_id if it is STARTED
+ *        with \p fence and held by this store's worker.
+ * @returns 0, or OQ_EFENCED when it is not (the lease is lost).
+ */
+int oq__consumer_store_lease_renew(oq__consumer_store_t *s, const char *call_id, int64_t fence,
+                                   int64_t lease_until, oq_error_t *err);
+
+/** @brief Up to \p cap STARTED rows whose lease_until is before \p now. Caller clears rows. */
+int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
+                                   int cap, int *n, oq_error_t *err);
+
+/** @brief Up to \p cap rows in \p state. Caller clears rows. */
+int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exec_row_t *rows,
+                                     int cap, int *n, oq_error_t *err);
+
+/** @brief Cheap read (autocommit): non-zero when a STARTED row's lease lapsed before \p now or a
+ *  row is UNKNOWN (also on error, so that recovery itself reports it). */
+int oq__consumer_store_recovery_pending(oq__consumer_store_t *s, int64_t now);
+
+/** @brief Call \p cb for up to \p limit waiting rows (PLANNED, FAILED_RETRYABLE, SAFE_RETRY)
+ *  with next_attempt_at <= \p now, earliest first (autocommit). */
+int oq__consumer_store_due(oq__consumer_store_t *s, int64_t now, int limit,
+                           void (*cb)(const oq__due_row_t *row, void *opaque), void *opaque,
+                           oq_error_t *err);
+
+/** @brief Earliest next_attempt_at of any row, or INT64_MAX when none (autocommit). */
+int64_t oq__consumer_store_next_due(oq__consumer_store_t *s);
+
+/** @brief Insert \p e unless the call has an effect already (UNIQUE call_id): *inserted = 0
+ *  then, and nothing is written. */
+int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_row_t *e,
+                                     int *inserted, oq_error_t *err);
+
+/** @brief The effect of \p call_id: *found, and (when not NULL) its effect_id and detail,
+ *  malloc()ed for the caller. */
+int oq__consumer_store_effect_get(oq__consumer_store_t *s, const char *call_id, int *found,
+                                  char **effect_id, char **detail, oq_error_t *err);
+
+/** @brief Number of effects of \p call_id (NULL: all effects), or a negative OQ_E* code. */
+int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *call_id);
+
+/** @brief Append \p a to the audit. */
+int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t *a,
+                                 oq_error_t *err);
+
+/** @brief Append \p row (a result event) to the outbox, through oq_outbox_append. */
+int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_row_t *row,
+                                     oq_error_t *err);
+
+/** @brief Insert the dead letter \p r (original bytes and reason), unpublished. */
+int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *r, oq_error_t *err);
+
+/** @brief Call \p cb for up to \p limit unpublished dead letters, in id order (autocommit). */
+int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
+                                   void (*cb)(const oq__dlq_row_t *row, void *opaque), void *opaque,
+                                   oq_error_t *err);
+
+/** @brief Mark dead letter \p id published at \p now (autocommit). */
+int oq__consumer_store_dlq_mark(oq__consumer_store_t *s, int64_t id, int64_t now, oq_error_t *err);
+
+/** @brief Execution counts by state, indexed by oq__xstate_t (autocommit; scans the table). */
+int oq__consumer_store_state_counts(oq__consumer_store_t *s, int64_t counts[OQ_X__COUNT],
+                                    oq_error_t *err);
+
+/**
+ * @brief Retention (autocommit): delete up to \p limit inbox rows received before \p before and
+ *        up to \p limit published dead letters created before it. Executions, effects and audit
+ *        are kept (the effects table stays the last gate for late redeliveries).
+ * @param n_deleted receives the number of rows deleted (may be NULL).
+ */
+int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit, int64_t *n_deleted,
+                             oq_error_t *err);
+
+#endif
