@@ -70,12 +70,10 @@ static int check_uuid(const char *s)
     return 1;
 }
 
+/* Both call-id formats (oq_call_id_valid): messages in flight from before the longer ids. */
 static int check_call_id(const char *s)
 {
-    if (!s || strlen(s) != OQ_CALL_ID_LEN || s[0] != 'c' || s[1] != '_') return 0;
-    for (int i = 2; i < OQ_CALL_ID_LEN; i++)
-        if (!is_lower_hex(s[i])) return 0;
-    return 1;
+    return oq_call_id_valid(s);
 }
 
 static int check_fingerprint(const char *s)
@@ -161,7 +159,7 @@ static int validate_fields(const oq_envelope_t *e, oq_error_t *err)
                             "field message_id: expected a lowercase UUID (8-4-4-4-12 hex)");
     if (!check_call_id(e->call_id))
         return oq_error_set(err, OQ_EINVAL, 0,
-                            "field call_id: expected \"c_\" + 16 lowercase hex digits");
+                            "field call_id: expected \"c_\" + 32 (or 16) lowercase hex digits");
     if (!oq_envelope_valid_name(e->tenant))
         return oq_error_set(err, OQ_EINVAL, 0, "field tenant: expected 1..%d printable ASCII bytes",
                             OQ_MAX_NAME_LEN);

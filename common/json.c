@@ -130,7 +130,9 @@ static void counting_install(void)
 
 /* --- parsing -------------------------------------------------------------------------------- */
 
-static int json_walk(const json_t *v, size_t depth, size_t max_depth, oq_error_t *err)
+/* *zero_real is set when the tree holds a real equal to 0 (see check_underflow). */
+static int json_walk(const json_t *v, size_t depth, size_t max_depth, int *zero_real,
+                     oq_error_t *err)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
@@ -142,7 +144,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, oq_error_t
         json_t *m;
         json_object_keylen_foreach((json_t *)v, key, klen, m)
         {
-            int rc = json_walk(m, depth + 1, max_depth, err);
+            int rc = json_walk(m, depth + 1, max_depth, zero_real, err);
             if (rc) return rc;
         }
         (void)key;
@@ -155,7 +157,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, oq_error_t
                                 max_depth);
         size_t n = json_array_size(v);
         for (size_t i = 0; i < n; i++) {
-            int rc = json_walk(json_array_get(v, i), depth + 1, max_depth, err);
+            int rc = json_walk(json_array_get(v, i), depth + 1, max_depth, zero_real, err);
             if (rc) return rc;
         }
         return 0;
@@ -174,6 +176,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, oq_error_t
          * parser, would then refuse or read differently. Refuse it here, so that whatever we
          * accept has a canonical form we accept again. */
         double d = fabs(json_real_value(v));
+        if (d == 0.0) *zero_real = 1;
         if (d > (double)JCS_MAX_SAFE_INT && d < 1e21) {
             char num[OQ_JCS_NUMBER_MAX];
             oq_jcs_number(json_real_value(v), num, NULL);
@@ -187,6 +190,55 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, oq_error_t
     default:
         return 0;
     }
+}
+
+static int is_number_char(char c)
+{
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+/* jansson reads numbers with strtod and refuses only overflow: a literal such as 1e-400
+ * underflows to 0 and would be accepted as a 0 the client never sent (its fingerprint equal to
+ * that of 0). Refuse it as overflow is refused. Called only when the tree holds a real 0, so
+ * ordinary documents never pay for this second pass: it finds the number tokens of the text
+ * (already parsed, so well formed: outside strings only numbers hold digits, '-' or '+') and
+ * refuses one that has a non-zero digit before its exponent and still reads as 0. */
+static int check_underflow(const char *buf, size_t len, oq_error_t *err)
+{
+    size_t i = 0;
+    while (i < len) {
+        char c = buf[i];
+        if (c == '"') {
+            for (i++; i < len && buf[i] != '"'; i++)
+                if (buf[i] == '\\') i++;
+            i++;
+            continue;
+        }
+        if (c != '-' && (c < '0' || c > '9')) {
+            i++;
+            continue;
+        }
+        size_t start = i;
+        int nonzero = 0, exp = 0;
+        for (; i < len && is_number_char(buf[i]); i++) {
+            if (buf[i] == 'e' || buf[i] == 'E') exp = 1;
+            if (!exp && buf[i] >= '1' && buf[i] <= '9') nonzero = 1;
+        }
+        if (!nonzero) continue;
+        size_t n = i - start;
+        char small[64], *tok = n < sizeof small ? small : malloc(n + 1);
+        if (!tok) return oq_error_set(err, OQ_ENOMEM, ENOMEM, "out of memory");
+        memcpy(tok, buf + start, n);
+        tok[n] = '\0';
+        double d = strtod(tok, NULL);
+        if (tok != small) free(tok);
+        if (d == 0.0)
+            return oq_error_set(err, OQ_ERANGE, 0,
+                                "number %.*s%s at byte %zu is too small for an IEEE double and "
+                                "would read as 0",
+                                (int)(n > 40 ? 40 : n), buf + start, n > 40 ? "..." : "", start);
+    }
+    return 0;
 }
 
 int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, oq_error_t *err)
@@ -227,7 +279,9 @@ int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, o
         return oq_error_set(err, code, 0, "line %d column %d (byte %d): %s", jerr.line,
                             jerr.column, jerr.position, jerr.text);
     }
-    int rc = json_walk(v, 0, max_depth, err);
+    int zero_real = 0;
+    int rc = json_walk(v, 0, max_depth, &zero_real, err);
+    if (rc == 0 && zero_real) rc = check_underflow(buf, len, err);
     if (rc) {
         json_decref(v);
         return rc;

@@ -10,7 +10,8 @@
 
 #include "oq_error.h"
 
-#define OQ_CALL_ID_LEN 18    /**< "c_" + 16 lowercase hex. */
+#define OQ_CALL_ID_LEN 34    /**< "c_" + 32 lowercase hex: the ids written now. */
+#define OQ_CALL_ID_LEN_V1 18 /**< "c_" + 16 lowercase hex: the first format, still accepted. */
 #define OQ_UUID_LEN 36       /**< 8-4-4-4-12. */
 
 /** @brief Fill \p n bytes from the OS CSPRNG (getrandom). Aborts only if the kernel refuses. */
@@ -23,8 +24,19 @@ void oq_random_bytes(void *buf, size_t n);
  */
 void oq_random_bytes_buffered(void *buf, size_t n);
 
-/** @brief Write a new call id ("c_" + 16 hex) into \p out (at least OQ_CALL_ID_LEN+1 bytes). */
+/**
+ * @brief Write a new call id into \p out (OQ_CALL_ID_LEN+1 bytes): "c_" + 32 lowercase hex of
+ *        48 bits of wall-clock milliseconds (big-endian, so ids sort by time and B-tree inserts
+ *        stay on the right-most leaf) followed by 80 bits from the CSPRNG.
+ */
 void oq_id_call(char out[OQ_CALL_ID_LEN + 1]);
+
+/**
+ * @brief Non-zero when \p s is a call id: "c_" + 32 lowercase hex (oq_id_call), or "c_" + 16
+ *        lowercase hex, the first format (42 bits of ms + 22 random bits), which databases and
+ *        messages written before the change still hold. Buffers of OQ_CALL_ID_LEN+1 hold both.
+ */
+int oq_call_id_valid(const char *s);
 
 /**
  * @brief Write a new message id: a UUIDv7 (time-ordered, 74 random bits), lowercase.

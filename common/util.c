@@ -2,9 +2,12 @@
  * Small shared helpers: CSPRNG ids, clocks, duration/size parsing and crash points.
  *
  * Ids come from getrandom(2), the kernel CSPRNG, which never blocks after boot. Message ids
- * are UUIDv7 so that inbox primary-key inserts land near the end of the B-tree. Crash points
- * read ONCEQ_CRASH_AT once and cache whether any point is armed, so a point that is off costs a
- * single branch.
+ * are UUIDv7 so that inbox primary-key inserts land near the end of the B-tree. Call ids are
+ * time-ordered for the same reason (48 bits of milliseconds, then 80 random bits: a call id is
+ * a capability for reading the call where tokens are off, so it must not be guessable); ids of
+ * the first format ("c_" + 16 hex, 22 random bits) stay valid in databases and messages. Crash
+ * points read ONCEQ_CRASH_AT once and cache whether any point is armed, so a point that is off
+ * costs a single branch.
  */
 #include "oq_util.h"
 #include "oq_log.h"
@@ -77,11 +80,25 @@ void oq_hex(const unsigned char *in, size_t n, char *out)
 
 void oq_id_call(char out[OQ_CALL_ID_LEN + 1])
 {
-    unsigned char b[8];
-    oq_random_bytes_buffered(b, sizeof(b));
+    unsigned char b[16];
+    uint64_t ms = (uint64_t)oq_now_ms();
+    for (int i = 0; i < 6; i++)
+        b[i] = (unsigned char)(ms >> (40 - 8 * i));
+    oq_random_bytes_buffered(b + 6, 10);
     out[0] = 'c';
     out[1] = '_';
     oq_hex(b, sizeof(b), out + 2);
+}
+
+int oq_call_id_valid(const char *s)
+{
+    if (!s || s[0] != 'c' || s[1] != '_') return 0;
+    size_t n = 2;
+    for (; s[n]; n++) {
+        char c = s[n];
+        if (n >= OQ_CALL_ID_LEN || !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return 0;
+    }
+    return n == OQ_CALL_ID_LEN || n == OQ_CALL_ID_LEN_V1;
 }
 
 void oq_id_uuid(char out[OQ_UUID_LEN + 1])

@@ -4,7 +4,8 @@
  * ingest (only with --brokers) and, with --purge-interval, a periodic purge of expired keys.
  *
  * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
- * check it and to run the periodic purge on its own connection (bounded batches, so the
+ * check it, to reload the token files after SIGHUP, and to run the periodic purge on its own
+ * connection (bounded batches, so the
  * writer never waits long for the lock). SIGTERM/SIGINT drain: stop accepting, answer
  * requests in flight (up to --drain), stop the ingest after its batch, close the writer
  * after its queue, exit 0.
@@ -43,7 +44,23 @@ static const oq_setting_t producer_settings[] = {
     {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, wait this long for requests in flight"},
     {"metrics-listen", OQ_SET_STRING, NULL, 0, 128, NULL,
-     "also serve /metrics on this host:port (GET /metrics on --listen always works)"},
+     "also serve /metrics on this host:port, open to whoever reaches it (bind it to loopback)"},
+    {"max-connections", OQ_SET_INT, "1000", 1, 1000000, NULL,
+     "open HTTP connections in all; more are closed at accept (logged, counted)"},
+    {"max-connections-per-ip", OQ_SET_INT, "256", 0, 1000000, NULL,
+     "open HTTP connections per client address, 0 = no limit (behind a proxy every client "
+     "has the proxy's address)"},
+    {"idle-timeout", OQ_SET_DURATION, "10s", 1000, 3600000, NULL,
+     "close a connection that sent nothing for this long (incomplete request or keep-alive); "
+     "a submit waiting for its commit is never timed out"},
+    {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "API tokens, lines 'TOKEN TENANT': /v1/ then needs Authorization: Bearer and the tenant "
+     "is the token's (reloaded on SIGHUP)"},
+    {"metrics-access", OQ_SET_ENUM, "loopback", 0, 0, "loopback|open|token",
+     "who may GET /metrics and /stats: loopback peers, anyone, or --metrics-token-file bearers"},
+    {"metrics-token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "tokens for /metrics and /stats, one per line (--metrics-access token; reloaded on "
+     "SIGHUP)"},
 };
 
 static const char producer_usage[] =
@@ -51,14 +68,19 @@ static const char producer_usage[] =
     "                      [--key-ttl 24h] [--max-body 1MiB] [--purge-interval 0]\n"
     "\n"
     "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
-    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz.\n"
-    "Without --brokers the results ingest (topic onceq.tool-results) is off.";
+    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz\n"
+    "(liveness), GET /readyz (database writable, brokers reachable).\n"
+    "Without --brokers the results ingest (topic onceq.tool-results) is off.\n"
+    "SIGHUP reloads --token-file and --metrics-token-file; SIGTERM/SIGINT drain and exit.";
 
-static volatile sig_atomic_t producer_stop;
+static volatile sig_atomic_t producer_stop, producer_hup;
 
 static void on_signal(int sig)
 {
-    producer_stop = sig;
+    if (sig == SIGHUP)
+        producer_hup = 1;
+    else
+        producer_stop = sig;
 }
 
 int oq__cmd_producer(int argc, char **argv)
@@ -91,6 +113,16 @@ int oq__cmd_producer(int argc, char **argv)
     const char *brokers = oq_config_str(cfg, "brokers");
     int64_t ttl = oq_config_int(cfg, "key-ttl");
     int64_t purge_every = oq_config_int(cfg, "purge-interval");
+    const char *maccess = oq_config_str(cfg, "metrics-access");
+    const char *mtokens = oq_config_str(cfg, "metrics-token-file");
+    int by_token = strcmp(maccess, "token") == 0;
+    if (by_token != (mtokens != NULL)) {
+        fprintf(stderr, "onceq producer: %s\n",
+                by_token ? "--metrics-access token needs --metrics-token-file"
+                         : "--metrics-token-file needs --metrics-access token");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -98,6 +130,7 @@ int oq__cmd_producer(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     if (strcmp(sync, "full") != 0)
@@ -124,14 +157,26 @@ int oq__cmd_producer(int argc, char **argv)
     } else {
         OQ_LOG_INFO("producer", "no --brokers: results ingest is off (calls stay pending/running)");
     }
-    oq_http_opts_t ho = {oq_config_str(cfg, "listen"),
-                         oq_config_int(cfg, "max-body"),
-                         (int)oq_config_int(cfg, "threads"),
-                         (size_t)oq_config_int(cfg, "max-depth"),
-                         metrics,
-                         in};
+    int64_t per_ip = oq_config_int(cfg, "max-connections-per-ip");
+    oq_http_opts_t ho = {
+        .listen = oq_config_str(cfg, "listen"),
+        .max_body = oq_config_int(cfg, "max-body"),
+        .threads = (int)oq_config_int(cfg, "threads"),
+        .max_depth = (size_t)oq_config_int(cfg, "max-depth"),
+        .metrics = metrics,
+        .ingest = in,
+        .max_conns = (int)oq_config_int(cfg, "max-connections"),
+        .max_conns_per_ip = per_ip == 0 ? -1 : (int)per_ip,
+        .idle_timeout_ms = (int)oq_config_int(cfg, "idle-timeout"),
+        .token_file = oq_config_str(cfg, "token-file"),
+        .metrics_access = by_token                       ? OQ_HTTP_METRICS_TOKEN
+                          : strcmp(maccess, "open") == 0 ? OQ_HTTP_METRICS_OPEN
+                                                         : OQ_HTTP_METRICS_LOOPBACK,
+        .metrics_token_file = mtokens,
+    };
     if (oq_http_start(p, &ho, &h, &err) != 0) {
         fprintf(stderr, "onceq producer: %s\n", err.msg);
+        ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
     }
     const char *ml = oq_config_str(cfg, "metrics-listen");
@@ -145,6 +190,11 @@ int oq__cmd_producer(int argc, char **argv)
     int64_t next_purge = oq_mono_us() + purge_every * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
+        if (producer_hup) {
+            producer_hup = 0;
+            if (oq_http_reload(h, &err) != 0)
+                OQ_LOG_ERROR("producer", "SIGHUP: %s; the tokens in use are kept", err.msg);
+        }
         if (purge_every > 0 && oq_mono_us() >= next_purge) {
             next_purge = oq_mono_us() + purge_every * 1000;
             if (!pdb) {

@@ -16,7 +16,8 @@
  * their inbox), but committed offsets are, so messages already consumed may be redelivered and
  * absorbed as duplicates.
  *
- * SIGTERM / SIGINT stop the pipeline in dependency order: consumers, relay and producer first
+ * SIGHUP is passed to the producer (it reloads its token files). SIGTERM / SIGINT stop the
+ * pipeline in dependency order: consumers, relay and producer first
  * (TERM, wait up to --stop-timeout, then KILL), the broker last. Signal handlers only set flags;
  * all work happens in the loop.
  */
@@ -54,7 +55,28 @@ static const oq_setting_t up_settings[] = {
      "how long to wait for children after SIGTERM before SIGKILL"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
      "how long to wait for the embedded broker's bootstrap file"},
+    /* Passed to the producer when given; unset, the producer's defaults apply. */
+    {"max-connections", OQ_SET_INT, NULL, 1, 1000000, NULL,
+     "producer: open HTTP connections in all (producer default 1000)"},
+    {"max-connections-per-ip", OQ_SET_INT, NULL, 0, 1000000, NULL,
+     "producer: open HTTP connections per client address, 0 = no limit (default 256)"},
+    {"idle-timeout", OQ_SET_DURATION, NULL, 1000, 3600000, NULL,
+     "producer: close a connection idle this long (default 10s)"},
+    {"token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
+     "producer: API tokens, lines 'TOKEN TENANT' (default: no authentication); SIGHUP to "
+     "onceq up reloads it"},
+    {"metrics-access", OQ_SET_ENUM, NULL, 0, 0, "loopback|open|token",
+     "producer: who may GET /metrics and /stats (default loopback)"},
+    {"metrics-token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
+     "producer: tokens for /metrics and /stats (with --metrics-access token)"},
 };
+
+/* The producer settings that onceq up passes through when the user gave them (the last three
+ * are strings, the others numbers: durations pass as milliseconds). */
+#define UP_PASS_N 6
+static const char *const up_producer_pass[UP_PASS_N] = {"max-connections", "max-connections-per-ip",
+                                                        "idle-timeout",    "token-file",
+                                                        "metrics-access",  "metrics-token-file"};
 
 typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
 
@@ -79,13 +101,17 @@ typedef struct {
     int embedded;
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
+    char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
 } up_t;
 
-static volatile sig_atomic_t up_stop_sig;
+static volatile sig_atomic_t up_stop_sig, up_hup;
 
 static void up_on_signal(int sig)
 {
-    up_stop_sig = sig;
+    if (sig == SIGHUP)
+        up_hup = 1;
+    else
+        up_stop_sig = sig;
 }
 
 static int up_path(char *out, size_t n, const char *dir, const char *file)
@@ -113,6 +139,17 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = (char *)oq_config_str(up->cfg, "listen");
         argv[n++] = "--brokers";
         argv[n++] = up->brokers;
+        for (size_t i = 0; i < sizeof up_producer_pass / sizeof up_producer_pass[0]; i++) {
+            const char *name = up_producer_pass[i];
+            if (!oq_config_is_set(up->cfg, name)) continue;
+            if (i >= 3)
+                snprintf(up->pass[i], sizeof up->pass[i], "--%s=%s", name,
+                         oq_config_str(up->cfg, name));
+            else
+                snprintf(up->pass[i], sizeof up->pass[i], "--%s=%lld", name,
+                         (long long)oq_config_int(up->cfg, name));
+            argv[n++] = up->pass[i];
+        }
         break;
     case UP_RELAY:
         argv[n++] = "relay";
@@ -279,7 +316,7 @@ static void up_print_where(const up_t *up)
 {
     printf("onceq up: pipeline running\n");
     printf("  http      http://%s  (POST /v1/tool-calls, GET /v1/tool-calls/{id}, /stats, "
-           "/metrics, /healthz)\n",
+           "/metrics, /healthz, /readyz)\n",
            oq_config_str(up->cfg, "listen"));
     printf("  brokers   %s%s\n", up->brokers, up->embedded ? " (embedded, in memory)" : "");
     if (up->embedded) printf("  bootstrap %s\n", up->bootstrap_file);
@@ -336,7 +373,9 @@ int oq__cmd_up(int argc, char **argv)
         "(group --group, DIR/effects.db). Each child logs to DIR/<name>.log. A child that dies\n"
         "is restarted with backoff (250 ms doubling to 30 s); if the embedded broker dies, all\n"
         "topics and offsets are gone, so every child is restarted against a new broker.\n"
-        "-X properties go to every Kafka client. SIGTERM/SIGINT stop the children (broker\n"
+        "-X properties go to every Kafka client. The producer's HTTP limits and tokens pass\n"
+        "through (--max-connections, --token-file, ...: see onceq producer --help). SIGHUP is\n"
+        "passed to the producer (token reload). SIGTERM/SIGINT stop the children (broker\n"
         "last) and exit 0.";
     oq_config_t *cfg = oq_config_new(up_settings, sizeof up_settings / sizeof up_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
@@ -394,6 +433,7 @@ int oq__cmd_up(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     if (up->embedded && up_start_broker(up, &up->kids[0]) != 0) goto stop;
@@ -416,6 +456,15 @@ int oq__cmd_up(int argc, char **argv)
             if (up_restart_all(up) != 0) goto stop;
             up_print_where(up);
             continue;
+        }
+        if (up_hup) { /* the producer reloads its token files */
+            up_hup = 0;
+            for (int i = 0; i < up->nkids; i++)
+                if (up->kids[i].kind == UP_PRODUCER && up->kids[i].pid > 0) {
+                    kill(up->kids[i].pid, SIGHUP);
+                    OQ_LOG_INFO("up", "SIGHUP passed to %s pid=%d", up->kids[i].name,
+                                (int)up->kids[i].pid);
+                }
         }
         int64_t now = oq_mono_us();
         for (int i = 0; i < up->nkids; i++) {

@@ -14,25 +14,89 @@
  *
  * GETs read through the producer's read-connection pool (WAL readers: no waiting on the
  * writer). Error bodies are {"error":{"code":...,"message":...}} with stable codes:
- * missing_idempotency_key, invalid_idempotency_key, bad_request, payload_too_large,
- * idempotency_conflict, not_found, method_not_allowed, unavailable, internal.
+ * missing_idempotency_key, invalid_idempotency_key, bad_request, unauthorized, forbidden,
+ * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
+ * unavailable, internal.
+ *
+ * Connection limits. libmicrohttpd's own limits stop polling the listening socket when a
+ * worker is full, so new clients wait unseen in the kernel's backlog, and they do not say
+ * which limit was hit. Instead an accept policy callback refuses a connection over the global
+ * limit or over the per-address limit at once (the client sees the connection closed, not a
+ * hang), counts it by reason and logs at most one line per second. The counts are kept in the
+ * connection notifications (started / closed, which libmicrohttpd always pairs), so a
+ * connection that fails inside libmicrohttpd after the policy said yes is never leaked; as a
+ * consequence the policy can let through at most one connection per pool thread over a
+ * limit. libmicrohttpd's own cap is set past ours (global limit times the pool size), only as
+ * a backstop. An idle timeout (10 s by default) closes connections whose request is
+ * incomplete, so a flood of half requests holds its slots for seconds, not minutes.
+ *
+ * Authentication (optional). A token file maps bearer tokens to tenants; only SHA-256
+ * digests of the tokens are held in memory, and a presented token's digest is compared with
+ * every entry in constant time (CRYPTO_memcmp, no early exit). With tokens on, the tenant of
+ * a request is the token's: a different tenant in the body or the query is 403
+ * tenant_mismatch, and a call of another tenant is 404, exactly as a call that does not exist.
+ * The token sets are swapped under a read-write lock on reload (SIGHUP); a reload that fails
+ * keeps the old set. /metrics and /stats have their own access rule (loopback, open, or
+ * their own tokens); /healthz and /readyz are always open.
+ *
+ * Readiness. /healthz says the process serves HTTP. /readyz says a submit can succeed: a
+ * thread probes once a second, off the epoll threads, that calls.db opens read-write and
+ * takes the write lock (BEGIN IMMEDIATE, then ROLLBACK, bounded by a 1 s busy wait), and that
+ * the results ingest's brokers answer; a submit whose commit failed also makes the producer
+ * unready until a later commit succeeds or 10 s pass.
  *
  * Shutdown (oq_http_stop): quiesce (stop accepting), wait for requests in progress (bounded),
  * then stop the daemon.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <search.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_producer.h"
+
+#define TOKEN_MIN_LEN 16
+#define TOKEN_MAX_LEN 512
+#define READY_PERIOD_MS 1000   /* probe interval */
+#define READY_STALE_US 5000000 /* a probe older than this: the prober is stuck */
+#define COMMIT_FAIL_WINDOW_US 10000000
+#define DEFAULT_MAX_CONNS 1000
+#define DEFAULT_MAX_CONNS_PER_IP 256
+#define DEFAULT_IDLE_TIMEOUT_MS 10000
+
+/** The SHA-256 digests of a token file's tokens, each with its tenant. */
+typedef struct token_entry {
+    unsigned char digest[32];
+    char tenant[OQ_MAX_NAME_LEN + 1]; /**< "" in a metrics token file */
+} token_entry_t;
+
+typedef struct token_table {
+    token_entry_t *v;
+    size_t n;
+} token_table_t;
+
+/** Open connections of one client address (a node of the tsearch tree). */
+typedef struct ip_count {
+    unsigned char addr[16];
+    size_t len; /**< 4 (IPv4, also v4-mapped IPv6), 16 (IPv6) or 0 (other families) */
+    unsigned n;
+} ip_count_t;
 
 struct oq_http {
     struct MHD_Daemon *d;
@@ -44,6 +108,34 @@ struct oq_http {
     atomic_int inflight;
     oq_metrics_t *metrics;
     oq_metric_t *m_2xx, *m_4xx, *m_5xx;
+
+    /* connection limits (conn_lock guards the tree, the count and the log state) */
+    unsigned max_conns, max_conns_per_ip; /**< per ip: 0 = no limit */
+    pthread_mutex_t conn_lock;
+    void *ip_tree;
+    unsigned conns;
+    int64_t refuse_logged_us;
+    uint64_t refused_unlogged;
+    oq_metric_t *m_conns, *m_refused_global, *m_refused_ip;
+
+    /* authentication */
+    pthread_rwlock_t tok_lock;
+    token_table_t *tokens;         /**< NULL: authentication off */
+    token_table_t *metrics_tokens; /**< for OQ_HTTP_METRICS_TOKEN */
+    char *token_file, *metrics_token_file;
+    oq_http_metrics_access_t metrics_access;
+    oq_metric_t *m_auth_fail;
+
+    /* readiness (ready_lock guards the strings and the flag) */
+    pthread_t ready_th;
+    int ready_started;
+    pthread_mutex_t ready_lock;
+    pthread_cond_t ready_cond;
+    int ready_stop;
+    int64_t ready_probed_us; /**< 0 until the first probe finished */
+    char ready_db[192], ready_kafka[192], commit_error[192];
+    atomic_llong last_commit_ok_us, last_commit_fail_us;
+    oq_metric_t *m_ready;
 };
 
 enum { RS_NEW = 0, RS_READING, RS_WAITING, RS_DONE };
@@ -58,6 +150,9 @@ typedef struct req_ctx {
     size_t len, cap;
     oq_submit_job_t *job;
     int refused; /**< the producer was shutting down: the job was not queued */
+    int authed;  /**< tokens are on and the request carried a valid one */
+    int n_key;   /**< Idempotency-Key headers received */
+    char tenant[OQ_MAX_NAME_LEN + 1]; /**< the token's tenant when authed */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -72,9 +167,10 @@ static void count_status(oq_http_t *h, unsigned status)
         oq_counter_add(h->m_5xx, 1);
 }
 
+/* \p www_auth: the WWW-Authenticate value of a 401 (NULL otherwise). */
 static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                  char *text, size_t len, const char *ctype, const char *location,
-                                 int replayed, int close)
+                                 int replayed, int close, const char *www_auth)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -85,6 +181,7 @@ static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigne
     if (location) MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, location);
     if (replayed) MHD_add_response_header(r, "Idempotent-Replayed", "true");
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (www_auth) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, www_auth);
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -98,17 +195,26 @@ static enum MHD_Result send_json(oq_http_t *h, struct MHD_Connection *c, unsigne
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!text) return MHD_NO;
-    return send_text(h, c, status, text, strlen(text), "application/json", location, replayed, 0);
+    return send_text(h, c, status, text, strlen(text), "application/json", location, replayed, 0,
+                     NULL);
 }
 
-static enum MHD_Result send_error_ex(oq_http_t *h, struct MHD_Connection *c, unsigned status,
-                                     const char *code, const char *msg, int close)
+static enum MHD_Result send_error_auth(oq_http_t *h, struct MHD_Connection *c, unsigned status,
+                                       const char *code, const char *msg, int close,
+                                       const char *www_auth)
 {
     json_t *b = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg ? msg : code);
     char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!text) return MHD_NO;
-    return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close);
+    return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close,
+                     www_auth);
+}
+
+static enum MHD_Result send_error_ex(oq_http_t *h, struct MHD_Connection *c, unsigned status,
+                                     const char *code, const char *msg, int close)
+{
+    return send_error_auth(h, c, status, code, msg, close, NULL);
 }
 
 static enum MHD_Result send_error(oq_http_t *h, struct MHD_Connection *c, unsigned status,
@@ -126,7 +232,490 @@ static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigne
     char loc[64];
     snprintf(loc, sizeof loc, "/v1/tool-calls/%s", call->call_id);
     return send_text(h, c, status, text, len, "application/json", status == 202 ? loc : NULL,
-                     replayed, 0);
+                     replayed, 0, NULL);
+}
+
+/* --- client addresses ------------------------------------------------------------------------*/
+
+/** The address bytes of \p sa (a v4-mapped IPv6 address as its IPv4 form). */
+static void addr_key(const struct sockaddr *sa, ip_count_t *k)
+{
+    memset(k, 0, sizeof *k);
+    if (!sa) return;
+    if (sa->sa_family == AF_INET) {
+        memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        k->len = 4;
+    } else if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(a6)) {
+            memcpy(k->addr, a6->s6_addr + 12, 4);
+            k->len = 4;
+        } else {
+            memcpy(k->addr, a6->s6_addr, 16);
+            k->len = 16;
+        }
+    }
+}
+
+static void addr_text(const ip_count_t *k, char out[INET6_ADDRSTRLEN])
+{
+    if (k->len == 4)
+        inet_ntop(AF_INET, k->addr, out, INET6_ADDRSTRLEN);
+    else if (k->len == 16)
+        inet_ntop(AF_INET6, k->addr, out, INET6_ADDRSTRLEN);
+    else
+        snprintf(out, INET6_ADDRSTRLEN, "?");
+}
+
+static int client_is_loopback(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    ip_count_t k;
+    addr_key(ci ? ci->client_addr : NULL, &k);
+    static const unsigned char v6_loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    if (k.len == 4) return k.addr[0] == 127;
+    if (k.len == 16) return memcmp(k.addr, v6_loopback, 16) == 0;
+    return 0;
+}
+
+/* --- connection limits -----------------------------------------------------------------------*/
+
+static int ip_cmp(const void *a, const void *b)
+{
+    const ip_count_t *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return memcmp(x->addr, y->addr, x->len);
+}
+
+/* One warning per second at most, with what was refused since the last one. conn_lock held. */
+static void log_refusal(oq_http_t *h, const char *why, const ip_count_t *k)
+{
+    h->refused_unlogged++;
+    int64_t now = oq_mono_us();
+    if (now - h->refuse_logged_us < 1000000) return;
+    char a[INET6_ADDRSTRLEN];
+    addr_text(k, a);
+    OQ_LOG_WARN("http",
+                "connection refused: %s (client %s); %llu refused since the last line; open=%u "
+                "max_connections=%u max_connections_per_ip=%u",
+                why, a, (unsigned long long)h->refused_unlogged, h->conns, h->max_conns,
+                h->max_conns_per_ip);
+    h->refused_unlogged = 0;
+    h->refuse_logged_us = now;
+}
+
+/* libmicrohttpd's accept policy: runs on the accepting pool thread before the connection is
+ * set up. Refusing closes the socket at once. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    oq_http_t *h = cls;
+    (void)addrlen;
+    ip_count_t k;
+    addr_key(addr, &k);
+    enum MHD_Result ok = MHD_YES;
+    pthread_mutex_lock(&h->conn_lock);
+    if (h->conns >= h->max_conns) {
+        oq_counter_add(h->m_refused_global, 1);
+        log_refusal(h, "max_connections reached", &k);
+        ok = MHD_NO;
+    } else if (h->max_conns_per_ip > 0) {
+        ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
+        if (found && (*found)->n >= h->max_conns_per_ip) {
+            oq_counter_add(h->m_refused_ip, 1);
+            log_refusal(h, "max_connections_per_ip reached", &k);
+            ok = MHD_NO;
+        }
+    }
+    pthread_mutex_unlock(&h->conn_lock);
+    return ok;
+}
+
+/* Started / closed: libmicrohttpd calls closed exactly once for every started connection. */
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                        enum MHD_ConnectionNotificationCode code)
+{
+    oq_http_t *h = cls;
+    pthread_mutex_lock(&h->conn_lock);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        h->conns++;
+        *socket_ctx = NULL;
+        if (h->max_conns_per_ip > 0) {
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            ip_count_t k;
+            addr_key(ci ? ci->client_addr : NULL, &k);
+            ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
+            ip_count_t *node = found ? *found : NULL;
+            if (!node && (node = malloc(sizeof *node)) != NULL) {
+                *node = k;
+                if (!tsearch(node, &h->ip_tree, ip_cmp)) {
+                    free(node);
+                    node = NULL;
+                }
+            }
+            if (node) node->n++;
+            *socket_ctx = node; /* NULL when out of memory: the address is not counted */
+        }
+    } else {
+        h->conns--;
+        ip_count_t *node = *socket_ctx;
+        if (node && --node->n == 0) {
+            tdelete(node, &h->ip_tree, ip_cmp);
+            free(node);
+        }
+        *socket_ctx = NULL;
+    }
+    oq_gauge_set(h->m_conns, (double)h->conns);
+    pthread_mutex_unlock(&h->conn_lock);
+}
+
+/* --- tokens ----------------------------------------------------------------------------------*/
+
+static void token_table_free(token_table_t *t)
+{
+    if (!t) return;
+    OPENSSL_cleanse(t->v, t->n * sizeof *t->v);
+    free(t->v);
+    free(t);
+}
+
+static int token_digest(const char *tok, size_t len, unsigned char out[32])
+{
+    unsigned int n = 0;
+    return EVP_Digest(tok, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
+}
+
+/* RFC 6750 b64token: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=" */
+static int b64token_valid(const char *t, size_t n)
+{
+    size_t i = 0;
+    for (; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/'))
+            break;
+    }
+    if (i == 0) return 0;
+    for (; i < n; i++)
+        if (t[i] != '=') return 0;
+    return 1;
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* The digest of one token-file entry: a token, or "sha256:" + its digest in hex. */
+static int parse_token(const char *tok, size_t n, unsigned char digest[32])
+{
+    if (strncmp(tok, "sha256:", 7) == 0) {
+        if (n != 7 + 64) return -1;
+        for (int i = 0; i < 32; i++) {
+            int hi = hex_value(tok[7 + 2 * i]), lo = hex_value(tok[8 + 2 * i]);
+            if (hi < 0 || lo < 0) return -1;
+            digest[i] = (unsigned char)(hi << 4 | lo);
+        }
+        return 0;
+    }
+    if (n < TOKEN_MIN_LEN || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return -1;
+    return token_digest(tok, n, digest);
+}
+
+/*
+ * Read a token file: lines "TOKEN TENANT" (\p with_tenant) or "TOKEN", blank lines and lines
+ * starting with '#' ignored. TOKEN is an RFC 6750 b64token of 16..512 characters, or
+ * "sha256:" + 64 lowercase hex digits (the digest of the token, so the file need not hold the
+ * secret itself). Errors name the file and the line, never a token.
+ */
+static int token_file_load(const char *path, int with_tenant, token_table_t **out, oq_error_t *err)
+{
+    int ret = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0;
+    token_table_t *t = calloc(1, sizeof *t);
+    size_t tcap = 0;
+    FILE *f = NULL;
+    if (!t) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (!(f = fopen(path, "r"))) {
+        ret = oq_error_set(err, OQ_EIO, errno, "token file %s: %s", path, strerror(errno));
+        goto out;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
+        OQ_LOG_WARN("http", "token file %s is readable by group or others (mode %03o)", path,
+                    (unsigned)(st.st_mode & 0777));
+    ssize_t got;
+    while ((got = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        char *save = NULL;
+        char *tok = strtok_r(line, " \t\r\n", &save);
+        if (!tok || tok[0] == '#') continue;
+        char *tenant = strtok_r(NULL, " \t\r\n", &save);
+        char *extra = strtok_r(NULL, " \t\r\n", &save);
+        if ((with_tenant && (!tenant || extra)) || (!with_tenant && tenant)) {
+            ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: expected %s", path,
+                               lineno, with_tenant ? "TOKEN TENANT" : "TOKEN");
+            goto out;
+        }
+        if (with_tenant && !oq_envelope_valid_name(tenant)) {
+            ret = oq_error_set(err, OQ_EINVAL, 0,
+                               "token file %s line %d: the tenant must be 1..%d printable ASCII "
+                               "bytes",
+                               path, lineno, OQ_MAX_NAME_LEN);
+            goto out;
+        }
+        token_entry_t e;
+        memset(&e, 0, sizeof e);
+        size_t n = strlen(tok);
+        int bad = parse_token(tok, n, e.digest);
+        OPENSSL_cleanse(tok, n);
+        if (bad) {
+            ret = oq_error_set(err, OQ_EINVAL, 0,
+                               "token file %s line %d: a token is %d..%d characters of A-Z a-z "
+                               "0-9 - . _ ~ + / (then optional '='), or sha256: + 64 lowercase hex",
+                               path, lineno, TOKEN_MIN_LEN, TOKEN_MAX_LEN);
+            goto out;
+        }
+        if (with_tenant) snprintf(e.tenant, sizeof e.tenant, "%s", tenant);
+        for (size_t i = 0; i < t->n; i++)
+            if (memcmp(t->v[i].digest, e.digest, 32) == 0) {
+                ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: a token listed twice",
+                                   path, lineno);
+                goto out;
+            }
+        if (t->n == tcap) {
+            size_t ncap = tcap ? 2 * tcap : 8;
+            token_entry_t *nv = realloc(t->v, ncap * sizeof *nv);
+            if (!nv) {
+                ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+                goto out;
+            }
+            t->v = nv;
+            tcap = ncap;
+        }
+        t->v[t->n++] = e;
+    }
+    if (ferror(f)) ret = oq_error_set(err, OQ_EIO, errno, "token file %s: read error", path);
+out:
+    if (line) OPENSSL_cleanse(line, cap);
+    free(line);
+    if (f) fclose(f);
+    if (ret) {
+        token_table_free(t);
+        return ret;
+    }
+    *out = t;
+    return 0;
+}
+
+/* Index of the entry whose digest is that of \p tok, or -1. Every entry is compared, each in
+ * constant time, so the time taken says nothing about which entry matched or how closely. */
+static long token_find(const token_table_t *t, const char *tok, size_t len)
+{
+    unsigned char d[32];
+    if (!t || token_digest(tok, len, d) != 0) return -1;
+    long found = -1;
+    for (size_t i = 0; i < t->n; i++)
+        if (CRYPTO_memcmp(t->v[i].digest, d, 32) == 0) found = (long)i;
+    return found;
+}
+
+typedef enum { AUTH_OK = 0, AUTH_MISSING, AUTH_INVALID } auth_result_t;
+
+/* Check "Authorization: Bearer <token>" against \p which (h->tokens or h->metrics_tokens);
+ * \p tenant (may be NULL) receives the token's tenant. \p n_auth: Authorization headers seen. */
+static auth_result_t check_bearer(oq_http_t *h, struct MHD_Connection *c, int n_auth,
+                                  token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
+{
+    const char *v = NULL;
+    size_t vlen = 0;
+    if (n_auth == 0) return AUTH_MISSING;
+    if (n_auth > 1 ||
+        MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v,
+                                      &vlen) != MHD_YES ||
+        !v || strlen(v) != vlen)
+        return AUTH_INVALID;
+    if (vlen < 7 || strncasecmp(v, "Bearer", 6) != 0 || (v[6] != ' ' && v[6] != '\t'))
+        return AUTH_INVALID;
+    const char *tok = v + 6;
+    while (*tok == ' ' || *tok == '\t')
+        tok++;
+    size_t n = strlen(tok);
+    while (n && (tok[n - 1] == ' ' || tok[n - 1] == '\t'))
+        n--;
+    if (n == 0 || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return AUTH_INVALID;
+    auth_result_t r = AUTH_INVALID;
+    pthread_rwlock_rdlock(&h->tok_lock);
+    long i = token_find(*which, tok, n);
+    if (i >= 0) {
+        if (tenant) memcpy(tenant, (*which)->v[i].tenant, OQ_MAX_NAME_LEN + 1);
+        r = AUTH_OK;
+    }
+    pthread_rwlock_unlock(&h->tok_lock);
+    return r;
+}
+
+static enum MHD_Result send_unauthorized(oq_http_t *h, struct MHD_Connection *c, auth_result_t why,
+                                         int close)
+{
+    oq_counter_add(h->m_auth_fail, 1);
+    if (why == AUTH_MISSING)
+        return send_error_auth(h, c, 401, "unauthorized",
+                               "this endpoint needs an Authorization: Bearer token", close,
+                               "Bearer realm=\"onceq\"");
+    return send_error_auth(h, c, 401, "unauthorized", "the bearer token is not valid", close,
+                           "Bearer realm=\"onceq\", error=\"invalid_token\"");
+}
+
+int oq_http_reload(oq_http_t *h, oq_error_t *err)
+{
+    token_table_t *t = NULL, *mt = NULL;
+    int ret;
+    if (!h->token_file && !h->metrics_token_file) return 0;
+    if (h->token_file && (ret = token_file_load(h->token_file, 1, &t, err))) return ret;
+    if (h->metrics_token_file && (ret = token_file_load(h->metrics_token_file, 0, &mt, err))) {
+        token_table_free(t);
+        return ret;
+    }
+    pthread_rwlock_wrlock(&h->tok_lock);
+    token_table_t *old = h->tokens, *mold = h->metrics_tokens;
+    if (h->token_file) h->tokens = t;
+    if (h->metrics_token_file) h->metrics_tokens = mt;
+    pthread_rwlock_unlock(&h->tok_lock);
+    if (h->token_file) token_table_free(old);
+    if (h->metrics_token_file) token_table_free(mold);
+    OQ_LOG_INFO("http", "tokens loaded: api=%zu (%s) metrics=%zu (%s)", t ? t->n : 0,
+                h->token_file ? h->token_file : "off", mt ? mt->n : 0,
+                h->metrics_token_file ? h->metrics_token_file : "off");
+    return 0;
+}
+
+/* --- readiness -------------------------------------------------------------------------------*/
+
+/* One probe of calls.db on the prober's own connection. \p db is opened (again) as needed. */
+static void probe_db(oq_http_t *h, sqlite3 **db, int *busy_streak, char *out, size_t cap)
+{
+    oq_error_t err = {0};
+    if (!*db) {
+        oq_db_opts_t o = {NULL, READY_PERIOD_MS, 0};
+        if (oq_db_open(oq_producer_path(h->p), &o, db, &err) != 0) {
+            snprintf(out, cap, "cannot open: %.160s", err.msg);
+            *db = NULL;
+            return;
+        }
+    }
+    if (sqlite3_db_readonly(*db, "main") == 1) {
+        snprintf(out, cap, "read-only: the database file cannot be written");
+        sqlite3_close_v2(*db); /* reopen next time: the file may become writable */
+        *db = NULL;
+        return;
+    }
+    int rc = oq_db_begin_immediate(*db, READY_PERIOD_MS, &err);
+    if (rc == OQ_EBUSY) {
+        /* another writer held the lock for the whole second: once is load, twice is a fault */
+        if (++*busy_streak >= 2)
+            snprintf(out, cap, "locked: the write lock was not free for %d s", *busy_streak);
+        else
+            snprintf(out, cap, "ok");
+        return;
+    }
+    *busy_streak = 0;
+    if (rc != 0) {
+        snprintf(out, cap, "cannot take the write lock: %.160s", err.msg);
+        sqlite3_close_v2(*db);
+        *db = NULL;
+        return;
+    }
+    oq_db_rollback(*db);
+    snprintf(out, cap, "ok");
+}
+
+static void *ready_main(void *arg)
+{
+    oq_http_t *h = arg;
+    sqlite3 *db = NULL;
+    int busy_streak = 0;
+    pthread_mutex_lock(&h->ready_lock);
+    while (!h->ready_stop) {
+        pthread_mutex_unlock(&h->ready_lock);
+        char dbs[192], ks[192] = "off";
+        probe_db(h, &db, &busy_streak, dbs, sizeof dbs);
+        if (h->ingest) {
+            oq_error_t err = {0};
+            if (oq_ingest_probe(h->ingest, READY_PERIOD_MS, &err) == 0)
+                snprintf(ks, sizeof ks, "ok");
+            else
+                snprintf(ks, sizeof ks, "unreachable: %.160s", err.msg);
+        }
+        pthread_mutex_lock(&h->ready_lock);
+        int was_ready = h->ready_probed_us && strcmp(h->ready_db, "ok") == 0 &&
+                        (strcmp(h->ready_kafka, "ok") == 0 || strcmp(h->ready_kafka, "off") == 0);
+        int ready = strcmp(dbs, "ok") == 0 && (strcmp(ks, "ok") == 0 || strcmp(ks, "off") == 0);
+        if (ready != was_ready || !h->ready_probed_us) {
+            if (ready)
+                OQ_LOG_INFO("http", "ready: database=%s kafka=%s", dbs, ks);
+            else
+                OQ_LOG_WARN("http", "not ready: database=%s kafka=%s", dbs, ks);
+        }
+        memcpy(h->ready_db, dbs, sizeof dbs);
+        memcpy(h->ready_kafka, ks, sizeof ks);
+        h->ready_probed_us = oq_mono_us();
+        oq_gauge_set(h->m_ready, ready ? 1 : 0);
+        if (h->ready_stop) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += READY_PERIOD_MS / 1000;
+        pthread_cond_timedwait(&h->ready_cond, &h->ready_lock, &ts);
+    }
+    pthread_mutex_unlock(&h->ready_lock);
+    if (db) sqlite3_close_v2(db);
+    return NULL;
+}
+
+/* Submits report their commit's outcome: a failed commit makes the producer unready until a
+ * later one succeeds or COMMIT_FAIL_WINDOW_US pass (traffic may have stopped by then). */
+static void note_commit(oq_http_t *h, int ok, const char *msg)
+{
+    int64_t now = oq_mono_us();
+    if (ok) {
+        atomic_store(&h->last_commit_ok_us, now);
+        return;
+    }
+    pthread_mutex_lock(&h->ready_lock);
+    snprintf(h->commit_error, sizeof h->commit_error, "%.180s", msg ? msg : "");
+    pthread_mutex_unlock(&h->ready_lock);
+    atomic_store(&h->last_commit_fail_us, now);
+}
+
+static enum MHD_Result get_readyz(oq_http_t *h, struct MHD_Connection *c)
+{
+    int64_t now = oq_mono_us();
+    int64_t fail = atomic_load(&h->last_commit_fail_us), ok = atomic_load(&h->last_commit_ok_us);
+    pthread_mutex_lock(&h->ready_lock);
+    char db[256];
+    int ready;
+    if (!h->ready_probed_us)
+        snprintf(db, sizeof db, "not probed yet");
+    else if (now - h->ready_probed_us > READY_STALE_US)
+        snprintf(db, sizeof db, "the readiness probe has not finished for %lld s",
+                 (long long)((now - h->ready_probed_us) / 1000000));
+    else if (strcmp(h->ready_db, "ok") != 0 || fail <= ok || now - fail >= COMMIT_FAIL_WINDOW_US)
+        snprintf(db, sizeof db, "%s", h->ready_db); /* the probe's finding is the more precise */
+    else
+        snprintf(db, sizeof db, "the last commit failed: %s", h->commit_error);
+    ready = strcmp(db, "ok") == 0 &&
+            (strcmp(h->ready_kafka, "ok") == 0 || strcmp(h->ready_kafka, "off") == 0);
+    json_t *b = json_pack("{s:s,s:s,s:s}", "status", ready ? "ready" : "unready", "database", db,
+                          "kafka", h->ready_kafka);
+    pthread_mutex_unlock(&h->ready_lock);
+    if (!b) return MHD_NO;
+    return send_json(h, c, ready ? 200 : 503, b, NULL, 0);
 }
 
 /* --- POST /v1/tool-calls ---------------------------------------------------------------------*/
@@ -153,15 +742,33 @@ static const char *unquote_key(const char *k, char buf[OQ_MAX_KEY_LEN + 3])
 
 static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
 {
-    const char *raw = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
-    if (!raw || !*raw)
+    const char *raw = NULL;
+    size_t raw_len = 0;
+    if (ctx->n_key == 0 ||
+        MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Idempotency-Key",
+                                      strlen("Idempotency-Key"), &raw, &raw_len) != MHD_YES ||
+        !raw || !*raw)
         return send_error(h, c, 400, "missing_idempotency_key",
                           "the Idempotency-Key header is required");
+    if (ctx->n_key > 1)
+        return send_error(h, c, 400, "invalid_idempotency_key",
+                          "send exactly one Idempotency-Key header");
+    /* A NUL inside the value would end the key early. libmicrohttpd 0.9.75 itself ends a
+     * header value at a NUL (the length it reports is already cut), so this catches it only
+     * with a libmicrohttpd that keeps the bytes behind it. */
+    if (strlen(raw) != raw_len)
+        return send_error(h, c, 400, "invalid_idempotency_key",
+                          "Idempotency-Key contains a NUL byte");
     char kbuf[OQ_MAX_KEY_LEN + 3];
     const char *key = unquote_key(raw, kbuf);
     if (!oq_envelope_valid_key(key))
         return send_error(h, c, 400, "invalid_idempotency_key",
                           "Idempotency-Key must be 1-255 printable ASCII bytes");
+    /* HTTP drops the spaces before a header value and proxies may drop those after it, so a
+     * key with spaces at either end would not name one call: refused, in the quoted form too. */
+    if (key[0] == ' ' || key[strlen(key) - 1] == ' ')
+        return send_error(h, c, 400, "invalid_idempotency_key",
+                          "Idempotency-Key must not begin or end with a space");
     if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
 
     oq_error_t err = {0};
@@ -225,6 +832,19 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
         snprintf(msg, sizeof msg, "missing field args");
         goto bad;
     }
+    if (req.tenant && !*req.tenant) {
+        snprintf(msg, sizeof msg, "field tenant: must not be empty (leave it out for \"%s\")",
+                 OQ_DEFAULT_TENANT);
+        goto bad;
+    }
+    if (ctx->authed) {
+        if (req.tenant && strcmp(req.tenant, ctx->tenant) != 0) {
+            json_decref(root);
+            return send_error(h, c, 403, "tenant_mismatch",
+                              "field tenant differs from the tenant of the bearer token");
+        }
+        req.tenant = ctx->tenant;
+    }
     if (oq_submit_job_new(&req, &ctx->job, &err) != 0) {
         snprintf(msg, sizeof msg, "%s", err.msg);
         goto bad;
@@ -250,6 +870,10 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     const oq_call_t *call;
     oq_error_t err = {0};
     int rc = ctx->refused ? OQ_ESHUTDOWN : oq_submit_job_result(ctx->job, &oc, &call, &err);
+    if (rc == 0)
+        note_commit(h, 1, NULL);
+    else if (rc != OQ_ECONFLICT && rc != OQ_EINVAL && rc != OQ_ESHUTDOWN)
+        note_commit(h, 0, err.msg);
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
                           "this Idempotency-Key was used with a different request body");
@@ -267,8 +891,8 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
 
 /* --- GET handlers ----------------------------------------------------------------------------*/
 
-static enum MHD_Result get_call(oq_http_t *h, struct MHD_Connection *c, const char *id,
-                                const char *key)
+static enum MHD_Result get_call(oq_http_t *h, const req_ctx_t *ctx, struct MHD_Connection *c,
+                                const char *id, const char *key)
 {
     oq_call_t call;
     memset(&call, 0, sizeof call);
@@ -276,9 +900,23 @@ static enum MHD_Result get_call(oq_http_t *h, struct MHD_Connection *c, const ch
     int rc;
     if (key) {
         const char *tenant = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "tenant");
+        if (tenant && !*tenant)
+            return send_error(h, c, 400, "bad_request",
+                              "query tenant must not be empty (leave it out for \"default\")");
+        if (ctx->authed) {
+            if (tenant && strcmp(tenant, ctx->tenant) != 0)
+                return send_error(h, c, 403, "tenant_mismatch",
+                                  "query tenant differs from the tenant of the bearer token");
+            tenant = ctx->tenant;
+        }
         rc = oq_producer_get_by_key(h->p, tenant, key, &call, &err);
     } else {
         rc = oq_producer_get(h->p, id, &call, &err);
+        /* another tenant's call is answered exactly as one that does not exist */
+        if (rc == 0 && ctx->authed && strcmp(call.tenant ? call.tenant : "", ctx->tenant) != 0) {
+            oq_call_clear(&call);
+            rc = OQ_ENOTFOUND;
+        }
     }
     if (rc == OQ_ENOTFOUND) return send_error(h, c, 404, "not_found", "no such call");
     if (rc) return send_error(h, c, 503, "unavailable", err.msg);
@@ -316,10 +954,29 @@ static enum MHD_Result get_metrics(oq_http_t *h, struct MHD_Connection *c)
         return send_error(h, c, 500, "internal", "metrics render failed");
     }
     if (!text) return MHD_NO;
-    return send_text(h, c, 200, text, strlen(text), "text/plain; version=0.0.4", NULL, 0, 0);
+    return send_text(h, c, 200, text, strlen(text), "text/plain; version=0.0.4", NULL, 0, 0, NULL);
 }
 
 /* --- dispatch --------------------------------------------------------------------------------*/
+
+typedef struct hdr_count {
+    int host, key, auth;
+} hdr_count_t;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    hdr_count_t *n = cls;
+    (void)kind;
+    (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+        n->host++;
+    else if (strcasecmp(key, "Idempotency-Key") == 0)
+        n->key++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0)
+        n->auth++;
+    return MHD_YES;
+}
 
 #define CALLS_PREFIX "/v1/tool-calls"
 #define BYKEY_PREFIX "/v1/tool-calls/by-key/"
@@ -342,6 +999,32 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         ctx->is_submit = is_post && strcmp(url, CALLS_PREFIX) == 0;
         *con_cls = ctx;
         atomic_fetch_add(&h->inflight, 1);
+        /* a POST answered before its body was read closes the connection */
+        int close = is_post;
+        hdr_count_t n = {0, 0, 0};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &n);
+        ctx->n_key = n.key;
+        if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && n.host != 1)
+            return send_error_ex(h, c, 400, "bad_request",
+                                 n.host ? "more than one Host header"
+                                        : "an HTTP/1.1 request needs a Host header",
+                                 close);
+        if (h->token_file && strncmp(url, "/v1/", 4) == 0) {
+            auth_result_t a = check_bearer(h, c, n.auth, &h->tokens, ctx->tenant);
+            if (a != AUTH_OK) return send_unauthorized(h, c, a, close);
+            ctx->authed = 1;
+        }
+        if (strcmp(url, "/metrics") == 0 || strcmp(url, "/stats") == 0) {
+            if (h->metrics_access == OQ_HTTP_METRICS_LOOPBACK && !client_is_loopback(c))
+                return send_error_ex(h, c, 403, "forbidden",
+                                     "/metrics and /stats answer loopback clients only "
+                                     "(--metrics-access)",
+                                     close);
+            if (h->metrics_access == OQ_HTTP_METRICS_TOKEN) {
+                auth_result_t a = check_bearer(h, c, n.auth, &h->metrics_tokens, NULL);
+                if (a != AUTH_OK) return send_unauthorized(h, c, a, close);
+            }
+        }
         if (ctx->is_submit) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -393,7 +1076,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (strcmp(url, "/healthz") == 0) {
         if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
         return send_text(h, c, 200, strdup("{\"status\":\"ok\"}"), 15, "application/json", NULL, 0,
-                         0);
+                         0, NULL);
+    }
+    if (strcmp(url, "/readyz") == 0) {
+        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        return get_readyz(h, c);
     }
     if (strcmp(url, "/stats") == 0) {
         if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
@@ -410,14 +1097,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
         if (!oq_envelope_valid_key(key))
             return send_error(h, c, 400, "invalid_idempotency_key", "bad key in path");
-        return get_call(h, c, NULL, key);
+        return get_call(h, ctx, c, NULL, key);
     }
     if (strncmp(url, CALLS_PREFIX "/", strlen(CALLS_PREFIX) + 1) == 0) {
         const char *id = url + strlen(CALLS_PREFIX) + 1;
         if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
-        if (!*id || strlen(id) > OQ_CALL_ID_LEN || strchr(id, '/'))
-            return send_error(h, c, 404, "not_found", "no such call");
-        return get_call(h, c, id, NULL);
+        if (!oq_call_id_valid(id)) return send_error(h, c, 404, "not_found", "no such call");
+        return get_call(h, ctx, c, id, NULL);
     }
     return send_error(h, c, 404, "not_found", "no such endpoint");
 }
@@ -450,6 +1136,58 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     OQ_LOG_DEBUG("http", "libmicrohttpd: %s", buf);
 }
 
+/* Each connection is a descriptor: make room for max_conns of them (plus the database,
+ * Kafka and log files) in RLIMIT_NOFILE, or lower the limit to what the process may open. */
+static unsigned fit_fd_limit(unsigned max_conns)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)max_conns + 128;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need) return max_conns;
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = old;
+    if (rl.rlim_cur >= need) return max_conns;
+    unsigned fit = rl.rlim_cur > 256 ? (unsigned)(rl.rlim_cur - 128) : 128;
+    OQ_LOG_WARN("http",
+                "max_connections=%u needs %llu descriptors but RLIMIT_NOFILE is %llu: using %u",
+                max_conns, (unsigned long long)need, (unsigned long long)rl.rlim_cur, fit);
+    return fit;
+}
+
+static void http_free(oq_http_t *h)
+{
+    if (!h) return;
+    if (h->ip_tree) tdestroy(h->ip_tree, free);
+    token_table_free(h->tokens);
+    token_table_free(h->metrics_tokens);
+    free(h->token_file);
+    free(h->metrics_token_file);
+    pthread_mutex_destroy(&h->conn_lock);
+    pthread_rwlock_destroy(&h->tok_lock);
+    pthread_mutex_destroy(&h->ready_lock);
+    pthread_cond_destroy(&h->ready_cond);
+    free(h);
+}
+
+static void register_metrics(oq_http_t *h)
+{
+    oq_metrics_t *m = h->metrics;
+    if (!m) return;
+    const char *help = "HTTP responses by status class";
+    h->m_2xx = oq_metrics_counter(m, "onceq_http_responses_total", help, "class=\"2xx\"");
+    h->m_4xx = oq_metrics_counter(m, "onceq_http_responses_total", help, "class=\"4xx\"");
+    h->m_5xx = oq_metrics_counter(m, "onceq_http_responses_total", help, "class=\"5xx\"");
+    h->m_conns = oq_metrics_gauge(m, "onceq_http_connections", "open HTTP connections", NULL);
+    help = "HTTP connections closed at accept because a limit was reached";
+    h->m_refused_global = oq_metrics_counter(m, "onceq_http_connections_refused_total", help,
+                                             "reason=\"max_connections\"");
+    h->m_refused_ip = oq_metrics_counter(m, "onceq_http_connections_refused_total", help,
+                                         "reason=\"max_connections_per_ip\"");
+    h->m_auth_fail = oq_metrics_counter(m, "onceq_http_auth_failures_total",
+                                        "requests refused with 401 (no or an unknown token)", NULL);
+    h->m_ready = oq_metrics_gauge(m, "onceq_http_ready", "1 when GET /readyz answers 200", NULL);
+}
+
 int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out, oq_error_t *err)
 {
     char host[64];
@@ -462,44 +1200,79 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     sa.sin_port = htons((uint16_t)port);
     if (inet_pton(AF_INET, strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, &sa.sin_addr) != 1)
         return oq_error_set(err, OQ_EINVAL, 0, "bad listen address %s", host);
+    if (opts->metrics_access == OQ_HTTP_METRICS_TOKEN && !opts->metrics_token_file)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "metrics access by token needs a metrics token file");
 
     oq_http_t *h = calloc(1, sizeof *h);
     if (!h) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    pthread_mutex_init(&h->conn_lock, NULL);
+    pthread_rwlock_init(&h->tok_lock, NULL);
+    pthread_mutex_init(&h->ready_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_cond_init(&h->ready_cond, &ca);
+    pthread_condattr_destroy(&ca);
     h->p = p;
     h->ingest = opts->ingest;
     h->max_body = opts->max_body > 0 ? opts->max_body : 1024 * 1024;
     h->max_depth = opts->max_depth > 0 ? opts->max_depth : 32;
     h->metrics = opts->metrics;
-    if (h->metrics) {
-        const char *help = "HTTP responses by status class";
-        h->m_2xx =
-            oq_metrics_counter(h->metrics, "onceq_http_responses_total", help, "class=\"2xx\"");
-        h->m_4xx =
-            oq_metrics_counter(h->metrics, "onceq_http_responses_total", help, "class=\"4xx\"");
-        h->m_5xx =
-            oq_metrics_counter(h->metrics, "onceq_http_responses_total", help, "class=\"5xx\"");
+    h->max_conns =
+        fit_fd_limit(opts->max_conns > 0 ? (unsigned)opts->max_conns : DEFAULT_MAX_CONNS);
+    h->max_conns_per_ip = opts->max_conns_per_ip < 0    ? 0
+                          : opts->max_conns_per_ip == 0 ? DEFAULT_MAX_CONNS_PER_IP
+                                                        : (unsigned)opts->max_conns_per_ip;
+    int idle_ms = opts->idle_timeout_ms > 0 ? opts->idle_timeout_ms : DEFAULT_IDLE_TIMEOUT_MS;
+    unsigned idle_s = (unsigned)((idle_ms + 999) / 1000); /* libmicrohttpd counts seconds */
+    h->metrics_access = opts->metrics_access;
+    register_metrics(h);
+    if ((opts->token_file && !(h->token_file = strdup(opts->token_file))) ||
+        (opts->metrics_token_file && !(h->metrics_token_file = strdup(opts->metrics_token_file)))) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto fail;
     }
+    if ((ret = oq_http_reload(h, err)) != 0) goto fail;
+
     unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, &sa,
-                            MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
-                            completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-                            /* the pool is zeroed on every keep-alive request: keep it small;
-                             * bodies stream through the upload callback anyway */
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    h->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG,
+        (uint16_t)port, accept_policy, h, handler, h, MHD_OPTION_SOCK_ADDR, &sa,
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
+        /* libmicrohttpd splits its cap between the pool threads: set it past ours so that the
+         * accept policy, not a worker that stopped listening, decides */
+        MHD_OPTION_CONNECTION_LIMIT, h->max_conns * threads + threads,
+        MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+        /* the pool is zeroed on every keep-alive request: keep it small;
+         * bodies stream through the upload callback anyway */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_END);
     if (!h->d) {
-        free(h);
-        return oq_error_set(err, OQ_EIO, 0, "cannot listen on %s:%d", host, port);
+        ret = oq_error_set(err, OQ_EIO, 0, "cannot listen on %s:%d", host, port);
+        goto fail;
     }
+    if (pthread_create(&h->ready_th, NULL, ready_main, h) != 0) {
+        MHD_stop_daemon(h->d);
+        ret = oq_error_set(err, OQ_EIO, errno, "cannot start the readiness thread");
+        goto fail;
+    }
+    h->ready_started = 1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? info->port : port;
-    OQ_LOG_INFO("http", "listening on %s:%d threads=%u max_body=%lld", host, h->port, threads,
-                (long long)h->max_body);
+    static const char *const access_names[] = {"loopback", "open", "token"};
+    OQ_LOG_INFO("http",
+                "listening on %s:%d threads=%u max_body=%lld max_connections=%u "
+                "max_connections_per_ip=%u idle_timeout_s=%u auth=%s metrics_access=%s",
+                host, h->port, threads, (long long)h->max_body, h->max_conns, h->max_conns_per_ip,
+                idle_s, h->token_file ? "tokens" : "off",
+                access_names[(unsigned)h->metrics_access < 3 ? h->metrics_access : 0]);
     *out = h;
     return 0;
+fail:
+    http_free(h);
+    return ret;
 }
 
 int oq_http_port(const oq_http_t *h)
@@ -510,6 +1283,13 @@ int oq_http_port(const oq_http_t *h)
 void oq_http_stop(oq_http_t *h, int drain_ms)
 {
     if (!h) return;
+    if (h->ready_started) {
+        pthread_mutex_lock(&h->ready_lock);
+        h->ready_stop = 1;
+        pthread_cond_signal(&h->ready_cond);
+        pthread_mutex_unlock(&h->ready_lock);
+        pthread_join(h->ready_th, NULL);
+    }
     MHD_socket ls = MHD_quiesce_daemon(h->d);
     int64_t deadline = oq_mono_us() + (int64_t)drain_ms * 1000;
     while (atomic_load(&h->inflight) > 0 && oq_mono_us() < deadline)
@@ -519,5 +1299,5 @@ void oq_http_stop(oq_http_t *h, int drain_ms)
                     atomic_load(&h->inflight));
     MHD_stop_daemon(h->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
-    free(h);
+    http_free(h);
 }

@@ -251,3 +251,16 @@ void oq_ingest_stop(oq_ingest_t *in)
     }
     free(in);
 }
+
+int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err)
+{
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t e = rd_kafka_metadata(in->rk, 0, NULL, &md, timeout_ms);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return oq_error_set(err, OQ_EKAFKA, e, "no broker answered within %d ms: %s", timeout_ms,
+                            rd_kafka_err2str(e));
+    int brokers = md->broker_cnt;
+    rd_kafka_metadata_destroy(md);
+    if (brokers == 0) return oq_error_set(err, OQ_EKAFKA, 0, "the cluster lists no broker");
+    return 0;
+}

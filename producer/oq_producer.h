@@ -291,24 +291,60 @@ void oq_ingest_counts(const oq_ingest_t *in, oq_ingest_counts_t *out);
 
 typedef struct oq_http oq_http_t;
 
+/** Who may read GET /metrics and GET /stats on the API port. */
+typedef enum {
+    OQ_HTTP_METRICS_LOOPBACK = 0, /**< clients whose TCP peer is 127.0.0.0/8 or ::1 (default) */
+    OQ_HTTP_METRICS_OPEN,         /**< anyone who reaches the port */
+    OQ_HTTP_METRICS_TOKEN         /**< a bearer token listed in metrics_token_file */
+} oq_http_metrics_access_t;
+
+/** HTTP options. Zero-initialise, then set what you need (0 = the default said here). */
 typedef struct oq_http_opts {
     const char *listen;    /**< "127.0.0.1:8081" */
     int64_t max_body;      /**< default 1 MiB */
     int threads;           /**< libmicrohttpd thread pool; default 2 (minimum 2) */
     size_t max_depth;      /**< JSON nesting limit; default 32 */
     oq_metrics_t *metrics; /**< optional, served on GET /metrics */
-    oq_ingest_t *ingest;   /**< optional: its counters appear in GET /stats as "results" */
+    oq_ingest_t *ingest;   /**< optional: its counters appear in GET /stats as "results", and
+                                GET /readyz checks that its brokers answer */
+    int max_conns;         /**< open connections in all; a new one over it is closed at accept
+                                (counted, logged); default 1000 */
+    int max_conns_per_ip;  /**< open connections per client address; default 256; < 0 = none */
+    int idle_timeout_ms;   /**< close a connection that sent nothing for this long (a request
+                                still incomplete, or keep-alive between requests); a submit
+                                waiting for its commit is never timed out; default 10 s */
+    const char *token_file; /**< API tokens, lines "TOKEN TENANT" (README "Authentication");
+                                 NULL = no authentication. Borrowed: kept for oq_http_reload */
+    oq_http_metrics_access_t metrics_access;
+    const char *metrics_token_file; /**< lines "TOKEN", for OQ_HTTP_METRICS_TOKEN (borrowed) */
 } oq_http_opts_t;
 
-/** @brief Serve the HTTP API for \p p. @returns 0 with \p out set, or OQ_EIO/OQ_EINVAL. */
+/**
+ * @brief Serve the HTTP API for \p p.
+ * @returns 0 with \p out set, or OQ_EIO (cannot listen), OQ_EINVAL (bad address, unreadable
+ *          or malformed token file: \p err names the file and line, never a token).
+ */
 int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out, oq_error_t *err);
 /** @brief Port actually bound (useful with port 0). */
 int oq_http_port(const oq_http_t *h);
+/**
+ * @brief Read the token files again (SIGHUP). Requests in progress keep the tokens they were
+ *        checked with; later ones see the new set. On any error the tokens in use are kept.
+ * @returns 0 (also when no token file is configured), or OQ_EINVAL/OQ_EIO with \p err set.
+ */
+int oq_http_reload(oq_http_t *h, oq_error_t *err);
 /**
  * @brief Stop accepting, wait up to \p drain_ms for in-flight requests to be answered, then
  *        stop the server. NULL ok.
  */
 void oq_http_stop(oq_http_t *h, int drain_ms);
+
+/**
+ * @brief Ask the ingest's brokers for metadata (readiness): blocks up to \p timeout_ms.
+ *        Safe from any thread while the ingest runs.
+ * @returns 0 when a broker answered, OQ_EKAFKA otherwise.
+ */
+int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err);
 
 /** @brief Metrics registry the producer was opened with (may be NULL). */
 oq_metrics_t *oq_producer_metrics(oq_producer_t *p);

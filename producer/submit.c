@@ -9,32 +9,17 @@
  * envelope, fed the args text it already has). The writer thread then runs only prepared
  * statements (decide.c, store.c).
  *
- * Call ids are "c_" + 16 hex as oq_id_call() writes them, but time-ordered: the first 42 bits
- * are the wall clock in ms and the last 22 random. calls.call_id is a B-tree index: a random id
- * dirties a random leaf page per submit (a 4 KiB WAL frame written and fsynced by every group
- * commit, and another page write at the checkpoint), while time-ordered ids all land on the
- * right-most leaf. The random tail keeps ids of one millisecond apart; the rare collision (two
- * ids in one ms with the same 22 bits, in this or another process) is reported by the store and
- * the decision draws new ids (oq__job_new_ids).
+ * Call ids come from oq_id_call(): time-ordered (48 bits of ms, then 80 random bits).
+ * calls.call_id is a B-tree index: a random id dirties a random leaf page per submit (a 4 KiB
+ * WAL frame written and fsynced by every group commit, and another page write at the
+ * checkpoint), while time-ordered ids all land on the right-most leaf. A collision (the same 80
+ * bits in one ms) is in practice impossible, but it would be reported by the store and the
+ * decision draws new ids (oq__job_new_ids).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "producer_int.h"
-
-static void call_id_new(char out[OQ_CALL_ID_LEN + 1])
-{
-    unsigned char r[3];
-    oq_random_bytes_buffered(r, sizeof r);
-    uint64_t ms = (uint64_t)oq_now_ms() & ((1ULL << 42) - 1);
-    uint64_t v = (ms << 22) | (((uint64_t)r[0] << 16 | (uint64_t)r[1] << 8 | r[2]) & 0x3fffff);
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)(v >> (56 - 8 * i));
-    out[0] = 'c';
-    out[1] = '_';
-    oq_hex(b, sizeof b, out + 2);
-}
 
 /* The envelope of attempt 1 (job->call_id, job->message_id) into job->payload. */
 static int encode_first(oq_submit_job_t *job, oq_error_t *err)
@@ -110,7 +95,7 @@ int oq_submit_job_new(const oq_submit_req_t *req, oq_submit_job_t **out, oq_erro
     if ((ret = oq_fingerprint_canon(job->tenant, job->tool, job->args, job->args_len,
                                     job->fingerprint, err)))
         goto out;
-    call_id_new(job->call_id);
+    oq_id_call(job->call_id);
     oq_id_uuid(job->message_id);
     job->created_at = oq_now_ms();
     ret = encode_first(job, err);
@@ -125,7 +110,7 @@ out:
 
 int oq__job_new_ids(oq_submit_job_t *job, oq_error_t *err)
 {
-    call_id_new(job->call_id);
+    oq_id_call(job->call_id);
     oq_id_uuid(job->message_id);
     return encode_first(job, err);
 }

@@ -866,7 +866,7 @@ static void test_job_envelope_and_ids(void **state)
         assert_null(strstr(job->payload, old));
         assert_int_equal(strlen(job->call_id), OQ_CALL_ID_LEN);
         assert_true(strncmp(job->call_id, "c_", 2) == 0);
-        assert_int_equal(strspn(job->call_id + 2, "0123456789abcdef"), 16);
+        assert_int_equal(strspn(job->call_id + 2, "0123456789abcdef"), 32);
         oq_submit_job_destroy(job);
         json_decref(args);
     }
@@ -963,7 +963,7 @@ static void fill_result(oq_envelope_t *e, const char *call_id, const char *statu
     e->v = 1;
     e->kind = OQ_KIND_TOOL_RESULT;
     oq_id_uuid(e->message_id);
-    snprintf(e->call_id, sizeof e->call_id, "%.18s", call_id);
+    snprintf(e->call_id, sizeof e->call_id, "%.*s", OQ_CALL_ID_LEN, call_id);
     e->attempt = 1;
     e->status = (char *)status;
     e->effect_id = (char *)effect_id;
