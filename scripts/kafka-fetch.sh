@@ -55,8 +55,10 @@ tmp=$(mktemp -d "$cache/.libs.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 say "fetching Kafka $version and its runtime dependencies with Maven (about 45 MB) into $cache/libs"
 # -q: only errors; the local Maven repository (~/.m2) keeps the downloads for the next fetch.
-"${MVN:-mvn}" -B -q -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$tmp" >&2
+rc=0
+"${MVN:-mvn}" -B -q -f "$pom" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$tmp" 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' -e '/^$/d' >&2 || rc=${PIPESTATUS[0]}
+[[ $rc == 0 ]] || { say "Maven failed (exit $rc)"; exit 1; }
 [[ -f "$tmp/kafka_2.13-$version.jar" ]] || { say "Maven did not deliver kafka_2.13-$version.jar"; exit 1; }
 rm -rf "$cache/libs" "$cache/.complete"
 mv "$tmp" "$cache/libs"
