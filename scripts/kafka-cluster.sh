@@ -72,10 +72,16 @@ usage() {
     exit 2
 }
 
+# Listening ports are taken below the kernel's ephemeral range: a client that keeps
+# reconnecting to a dead node's port inside that range can be handed that very port as its
+# own local port and connect to itself (TCP self-connect), and the restarted node then fails
+# with "Address already in use".
 free_port() {
-    local i p
+    local i p lo
+    lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    ((lo > 12000)) || die "the ephemeral port range starts at $lo: no room below it for the nodes"
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        p=$((10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000)))
         if ! ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" &&
             ! grep -qw "$p" "$dir/ports.tmp" 2>/dev/null; then
             echo "$p" >>"$dir/ports.tmp"
