@@ -219,10 +219,15 @@ oq_fail() {
 
 oq_pass() { echo "PASS: $*"; }
 
+# Ports come from below the kernel's ephemeral range (where the outgoing connections of every
+# process on the machine take theirs), so a port found free is not taken a moment later by a
+# client's connection.
 oq_free_port() {
-    local i p
+    local i p lo
+    lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    ((lo > 12000)) || lo=61000
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        p=$((10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000)))
         if ! ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$"; then
             echo "$p"
             return 0
