@@ -5,8 +5,10 @@
  *
  * create sends one CreateTopics request for every named topic (default: the three onceq
  * topics) with --partitions, --replication-factor and the topic configs min.insync.replicas
- * and retention.ms, then waits until the metadata shows every partition with a leader, so a
- * relay or consumer started next never sees UNKNOWN_TOPIC. Retention follows onceq's rules
+ * and retention.ms, then waits until the metadata of every broker (each asked on its own:
+ * brokers apply the cluster's metadata each at its own pace) shows every partition with a
+ * leader, so a relay or consumer started next never sees UNKNOWN_TOPIC, whichever broker it
+ * asks. Retention follows onceq's rules
  * unless --retention says otherwise: tool-calls keep their messages for the consumer's default
  * inbox retention (7 d; a longer topic retention makes each consumer warn at start-up),
  * tool-results for the producer's default key TTL (24 h); other topics get the broker's
@@ -213,40 +215,106 @@ static const rd_kafka_metadata_topic_t *md_find(const rd_kafka_metadata_t *md, c
     return NULL;
 }
 
+/* The first topic of \p ts (among \p which) that is not yet ready (\p want_present: listed
+ * with all its partitions led) or not yet gone in \p md; NULL when none. */
+static const char *topics_pending(const rd_kafka_metadata_t *md, const topic_spec_t *ts,
+                                  const int *which, int n, int want_present)
+{
+    for (int i = 0; i < n; i++) {
+        if (!which[i]) continue;
+        const rd_kafka_metadata_topic_t *t = md_find(md, ts[i].name);
+        int ready = t && t->err == 0 && t->partition_cnt > 0;
+        for (int p = 0; ready && p < t->partition_cnt; p++)
+            if (t->partitions[p].err || t->partitions[p].leader < 0) ready = 0;
+        if (want_present ? !ready : t != NULL) return ts[i].name;
+    }
+    return NULL;
+}
+
+/* One metadata request to the broker at \p addr alone: a handle of its own that knows no
+ * other broker, so the answer is that broker's view. Returns the pending topic as
+ * topics_pending() does, or a reason when the broker did not answer. */
+static const char *ask_broker(const oq_config_t *cfg, const char *addr, const topic_spec_t *ts,
+                              const int *which, int n, int want_present, int timeout_ms, char *why,
+                              size_t whylen)
+{
+    char errstr[256];
+    const char *pending = "no answer";
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, addr, cfg, NULL);
+    rd_kafka_t *rk = conf ? rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr) : NULL;
+    if (!rk) {
+        if (conf) rd_kafka_conf_destroy(conf);
+        return "client creation failed";
+    }
+    rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 1, NULL, &md, timeout_ms);
+    if (e) {
+        snprintf(why, whylen, "%s", rd_kafka_err2str(e));
+        pending = why;
+    } else {
+        pending = topics_pending(md, ts, which, n, want_present);
+        rd_kafka_metadata_destroy(md);
+    }
+    rd_kafka_destroy(rk);
+    return pending;
+}
+
 /*
- * Polls the metadata until every topic of \p ts is ready (\p want_present: listed with all its
- * partitions led) or gone (!want_present), bounded by \p timeout_ms.
+ * Waits, bounded by \p timeout_ms, until every topic of \p ts (among \p which) is ready
+ * (\p want_present: listed with all its partitions led) or gone (!want_present) in the
+ * metadata of EVERY broker. Brokers apply the cluster's metadata each at its own pace: one
+ * that answers "created" while another still says "unknown topic" would fail the first
+ * client that asks the other (the consumers' retention check did, in the real-Kafka suite).
+ * First the cluster's view through \p rk, then each broker's own.
  */
-static int wait_metadata(rd_kafka_t *rk, const topic_spec_t *ts, const int *which, int n,
-                         int want_present, int64_t timeout_ms, oq_error_t *err)
+static int wait_metadata(rd_kafka_t *rk, const oq_config_t *cfg, const topic_spec_t *ts,
+                         const int *which, int n, int want_present, int64_t timeout_ms,
+                         oq_error_t *err)
 {
     int64_t deadline = oq_mono_us() + timeout_ms * 1000;
     const char *pending = NULL;
+    char addrs[64][300], why[128];
+    int naddr = 0, done[64] = {0};
     for (;;) {
         const rd_kafka_metadata_t *md = NULL;
         int64_t left = (deadline - oq_mono_us()) / 1000;
         rd_kafka_resp_err_t e = rd_kafka_metadata(
             rk, 1, NULL, &md, left > 200 ? (int)(left < 5000 ? left : 5000) : 200);
-        pending = NULL;
         if (e) {
             pending = rd_kafka_err2str(e);
         } else {
-            for (int i = 0; i < n && !pending; i++) {
-                if (!which[i]) continue;
-                const rd_kafka_metadata_topic_t *t = md_find(md, ts[i].name);
-                int ready = t && t->err == 0 && t->partition_cnt > 0;
-                for (int p = 0; ready && p < t->partition_cnt; p++)
-                    if (t->partitions[p].err || t->partitions[p].leader < 0) ready = 0;
-                if (want_present ? !ready : t != NULL) pending = ts[i].name;
-            }
+            pending = topics_pending(md, ts, which, n, want_present);
+            for (int b = 0; !pending && b < md->broker_cnt && b < 64; b++)
+                snprintf(addrs[naddr++], sizeof addrs[0], "%s:%d", md->brokers[b].host,
+                         md->brokers[b].port);
             rd_kafka_metadata_destroy(md);
         }
-        if (!pending) return 0;
-        if (oq_mono_us() >= deadline)
-            return oq_error_set(err, OQ_ETIMEDOUT, 0, "%s: not %s after %" PRId64 " ms", pending,
-                                want_present ? "ready (all partitions led)" : "gone", timeout_ms);
+        if (!pending) break;
+        if (oq_mono_us() >= deadline) goto timeout;
         oq_sleep_ms(100, NULL);
     }
+    for (int left_n = naddr; left_n > 0;) {
+        for (int b = 0; b < naddr; b++) {
+            if (done[b]) continue;
+            int64_t left = (deadline - oq_mono_us()) / 1000;
+            const char *p =
+                ask_broker(cfg, addrs[b], ts, which, n, want_present,
+                           left > 200 ? (int)(left < 3000 ? left : 3000) : 200, why, sizeof why);
+            if (!p) {
+                done[b] = 1;
+                left_n--;
+            } else {
+                pending = p;
+            }
+        }
+        if (left_n == 0) break;
+        if (oq_mono_us() >= deadline) goto timeout;
+        oq_sleep_ms(100, NULL);
+    }
+    return 0;
+timeout:
+    return oq_error_set(err, OQ_ETIMEDOUT, 0, "%s: not %s on every broker after %" PRId64 " ms",
+                        pending, want_present ? "ready (all partitions led)" : "gone", timeout_ms);
 }
 
 static int do_create(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *cfg,
@@ -327,7 +395,7 @@ static int do_create(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *cfg
                                       : "broker-default");
     }
     fflush(stdout);
-    if (!validate && wait_metadata(rk, ts, created, n, 1, timeout_ms, err) != 0) {
+    if (!validate && wait_metadata(rk, cfg, ts, created, n, 1, timeout_ms, err) != 0) {
         rc = err ? err->code : OQ_ETIMEDOUT;
         goto out;
     }
@@ -392,7 +460,7 @@ static int do_delete(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *cfg
         printf("deleted %s\n", name);
     }
     fflush(stdout);
-    if (wait_metadata(rk, ts, gone, n, 0, timeout_ms, err) != 0) {
+    if (wait_metadata(rk, cfg, ts, gone, n, 0, timeout_ms, err) != 0) {
         rc = err ? err->code : OQ_ETIMEDOUT;
         goto out;
     }
