@@ -8,7 +8,7 @@
 #        starts the nodes. Later starts in D reuse the ports and the data and start only the
 #        nodes that are not running. Waits until the metadata lists N brokers (kcat -L), then
 #        writes the bootstrap list to D/bootstrap and, with --bootstrap-file, to F (tmp+rename).
-#   scripts/kafka-cluster.sh stop [--dir D]        SIGTERM every node by its pid, KILL after 30 s
+#   scripts/kafka-cluster.sh stop [--dir D]        SIGTERM every node by its pid, KILL after 10 s
 #   scripts/kafka-cluster.sh status [--dir D]      one line per node; exit 0 when all run
 #   scripts/kafka-cluster.sh wait-ready [--dir D] [--timeout S] [--brokers N]
 #   scripts/kafka-cluster.sh pid I [--dir D]       the pid of node I (empty when not running)
@@ -307,8 +307,10 @@ wait_gone() { # pid node tenths
     return 1
 }
 
-stop_nodes() { # node ids...; TERM all, then wait, then KILL the ones left
-    local i pid left=() t
+# stop_nodes GRACE_S node ids...: TERM all, wait up to GRACE_S for each, then KILL the ones left.
+stop_nodes() {
+    local grace=$1 i pid left=() t
+    shift
     for i in "$@"; do
         pid=$(node_pid "$i")
         [[ -n "$pid" ]] || continue
@@ -319,8 +321,8 @@ stop_nodes() { # node ids...; TERM all, then wait, then KILL the ones left
     for t in "${left[@]}"; do
         i=${t%%:*}
         pid=${t#*:}
-        if ! wait_gone "$pid" "$i" 300; then
-            say "node $i pid $pid still running 30 s after TERM: KILL"
+        if ! wait_gone "$pid" "$i" $((grace * 10)); then
+            say "node $i pid $pid still running $grace s after TERM: KILL"
             kill -KILL "$pid" 2>/dev/null || true
             wait_gone "$pid" "$i" 100 || say "node $i pid $pid did not die"
         fi
@@ -356,7 +358,9 @@ stop)
     load_env
     ids=()
     for ((i = NODES; i >= 1; i--)); do ids+=("$i"); done
-    stop_nodes "${ids[@]}"
+    # When the whole cluster goes, the last nodes can lose their quorum and hang in controlled
+    # shutdown: 10 s of grace, then KILL (the next start recovers the logs).
+    stop_nodes 10 "${ids[@]}"
     ;;
 status)
     load_env
@@ -398,14 +402,14 @@ kill-node)
 stop-node)
     load_env
     need_node
-    stop_nodes "$node_arg"
+    stop_nodes 30 "$node_arg"
     ;;
 start-node | restart-node)
     load_env
     need_node
     KAFKA_VERSION=${KAFKA_VERSION:-}
     LIBS=$(libs_dir)
-    [[ "$cmd" == restart-node ]] && stop_nodes "$node_arg"
+    [[ "$cmd" == restart-node ]] && stop_nodes 30 "$node_arg"
     start_node "$node_arg"
     wait_ready "$NODES"
     ;;
