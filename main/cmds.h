@@ -16,6 +16,7 @@
 
 #define OQ_CMDS(X)                                                                                 \
     X(broker, "run the embedded Kafka broker (librdkafka mock cluster)")                           \
+    X(topics, "create, describe or delete the onceq topics on a real Kafka cluster")              \
     X(producer, "run the producer: HTTP submit API, group commit, results ingest")                 \
     X(relay, "run the outbox relay daemon for one database")                                       \
     X(consumer, "run a consumer-group worker (inbox, executions, effects)")                        \

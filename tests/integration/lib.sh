@@ -15,6 +15,12 @@
 #   ONCEQ_SRC       source dir
 #   ONCEQ_TESTDATA  tests/data
 #   ONCEQ_KEEP_TMP  1 keeps $T after exit (its path is printed)
+#   ONCEQ_TEST_BROKERS  a Kafka bootstrap list, or a file holding one: run against that (real)
+#                   cluster instead of spawning `onceq broker` (see oq_start_broker)
+#   ONCEQ_KAFKA_DIR the cluster's folder when it was started by scripts/kafka-cluster.sh
+#                   (lets a test kill or pause a node: oq_kafka_cluster)
+#   ONCEQ_TEST_RF, ONCEQ_TEST_MIN_ISR  replication factor (3) and min.insync.replicas (2) of
+#                   the topics created on that cluster
 #
 # Stable functions (other scripts depend on these names):
 #   oq_tmpdir                  create $T (idempotent; oq_spawn calls it when needed)
@@ -27,9 +33,15 @@
 #   oq_on_exit CMD             run CMD (eval'd) during cleanup, before processes are killed
 #   oq_wait_for TIMEOUT_S CMD...  poll CMD every 0.1 s until it succeeds; 1 on timeout
 #   oq_start_broker [ARGS]     spawn `onceq broker` (name "broker"), wait for its bootstrap
-#                              file and control FIFO; exports BROKERS and BROKER_CTL
+#                              file and control FIFO; exports BROKERS and BROKER_CTL. With
+#                              ONCEQ_TEST_BROKERS set: use that cluster, (re)create the topics
+#                              instead (BROKER_CTL is then empty)
 #   oq_broker_ctl "COMMAND"    send one fault command to the broker and wait for its ack;
-#                              prints the ack line; 0 if it starts with "ok"
+#                              prints the ack line; 0 if it starts with "ok" (mock only)
+#   oq_real_kafka              true when the tests run against ONCEQ_TEST_BROKERS
+#   oq_require_real_kafka      for real-Kafka-only scripts: exit 77 (skipped) without a
+#                              cluster, or fail under CI=true
+#   oq_kafka_cluster CMD...    scripts/kafka-cluster.sh CMD ... --dir $ONCEQ_KAFKA_DIR
 #   oq_free_port               print an unused loopback TCP port
 #   oq_tool NAME               print the path of a test tool (e.g. oq_kclient) in the build dir
 #   oq_log MSG                 progress line on stderr
@@ -207,10 +219,15 @@ oq_fail() {
 
 oq_pass() { echo "PASS: $*"; }
 
+# Ports come from below the kernel's ephemeral range (where the outgoing connections of every
+# process on the machine take theirs), so a port found free is not taken a moment later by a
+# client's connection.
 oq_free_port() {
-    local i p
+    local i p lo
+    lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    ((lo > 12000)) || lo=61000
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        p=$((10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000)))
         if ! ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$"; then
             echo "$p"
             return 0
@@ -224,6 +241,10 @@ oq_free_port() {
 # (its control FIFO is then $T/bootstrap.ctl, acks in $T/bootstrap.ctl.log).
 oq_start_broker() {
     oq_tmpdir
+    if oq_real_kafka; then
+        oq__real_kafka_topics "$@"
+        return 0
+    fi
     local i ctl=$T/bootstrap.ctl a prev=
     for a in "$@"; do # an explicit --control PATH replaces the default FIFO path
         [[ $prev == --control ]] && ctl=$a
@@ -251,6 +272,10 @@ oq_start_broker() {
 # Not safe for two scripts writing the same FIFO at once (acks are matched by count).
 oq_broker_ctl() {
     local cmd=$1 timeout=${2:-10} ctl=${BROKER_CTL:-} before i line
+    if oq_real_kafka; then
+        echo "oq_broker_ctl: fault commands need the embedded broker, not real Kafka" >&2
+        return 1
+    fi
     [[ -n "$ctl" && -p "$ctl" ]] || { echo "oq_broker_ctl: no control FIFO (BROKER_CTL='$ctl')" >&2; return 1; }
     before=0
     [[ -f "$ctl.log" ]] && before=$(wc -l <"$ctl.log")
@@ -270,4 +295,62 @@ oq_broker_ctl() {
     done
     echo "oq_broker_ctl: no ack for '$cmd' within ${timeout}s" >&2
     return 1
+}
+
+# --- real Kafka (ONCEQ_TEST_BROKERS) ---------------------------------------------------------
+
+oq_real_kafka() { [[ -n "${ONCEQ_TEST_BROKERS:-}" ]]; }
+
+oq_require_real_kafka() {
+    oq_real_kafka && return 0
+    if [[ "${CI:-}" == true ]]; then
+        oq_fail "real-Kafka test without ONCEQ_TEST_BROKERS under CI=true (run scripts/test-real-kafka.sh)"
+    fi
+    echo "SKIP: needs a real Kafka cluster (ONCEQ_TEST_BROKERS; scripts/test-real-kafka.sh runs it)"
+    exit 77
+}
+
+oq_kafka_cluster() {
+    [[ -n "${ONCEQ_KAFKA_DIR:-}" ]] || oq_fail "ONCEQ_KAFKA_DIR is not set (the cluster's folder)"
+    bash "$ONCEQ_SRC/scripts/kafka-cluster.sh" "$@" --dir "$ONCEQ_KAFKA_DIR"
+}
+
+# The real cluster stands in for `onceq broker [--partitions N] [--topics a,b:12]`: the onceq
+# topics and the extra ones are deleted (with whatever an earlier script left in them and the
+# group offsets on them) and created afresh, RF ONCEQ_TEST_RF, min.insync.replicas
+# ONCEQ_TEST_MIN_ISR. Scripts therefore share a cluster one at a time, never in parallel.
+# --brokers and --control of the mock have no meaning here and are ignored.
+oq__real_kafka_topics() {
+    local parts=6 extra= prev= a t
+    for a in "$@"; do
+        [[ $prev == --partitions ]] && parts=$a
+        [[ $a == --partitions=* ]] && parts=${a#--partitions=}
+        [[ $prev == --topics ]] && extra=$a
+        [[ $a == --topics=* ]] && extra=${a#--topics=}
+        prev=$a
+    done
+    if [[ -f "$ONCEQ_TEST_BROKERS" ]]; then
+        BROKERS=$(cat "$ONCEQ_TEST_BROKERS")
+    else
+        BROKERS=$ONCEQ_TEST_BROKERS
+    fi
+    [[ -n "$BROKERS" ]] || oq_fail "ONCEQ_TEST_BROKERS ($ONCEQ_TEST_BROKERS) gives no bootstrap list"
+    BROKER_CTL=
+    export BROKERS BROKER_CTL
+    local names=(onceq.tool-calls onceq.tool-results onceq.dlq) specs=()
+    IFS=, read -ra t <<<"$extra"
+    for a in "${t[@]}"; do
+        a=${a// /}
+        [[ -n "$a" ]] || continue
+        names+=("${a%%:*}")
+        specs+=("$a")
+    done
+    "$ONCEQ_BIN" topics delete --if-exists --brokers "$BROKERS" "${names[@]}" >"$T/topics.log" 2>&1 ||
+        { cat "$T/topics.log" >&2; oq_fail "real Kafka: could not delete the test topics"; }
+    "$ONCEQ_BIN" topics create --brokers "$BROKERS" --partitions "$parts" \
+        --replication-factor "${ONCEQ_TEST_RF:-3}" --min-insync-replicas "${ONCEQ_TEST_MIN_ISR:-2}" \
+        onceq.tool-calls onceq.tool-results onceq.dlq "${specs[@]}" >>"$T/topics.log" 2>&1 ||
+        { cat "$T/topics.log" >&2; oq_fail "real Kafka: could not create the test topics"; }
+    oq_log "real Kafka: BROKERS=$BROKERS, topics recreated (${#names[@]}, $parts partitions each)"
+    return 0
 }

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Relay and end-to-end benchmarks on the embedded mock broker and on a real 3-node Kafka
+# cluster, in one run on one machine, so the two columns are comparable.
+#
+#   scripts/kafka-bench.sh [--build DIR] [--rows 300000] [--partitions 64] [--calls 10000]
+#                          [--rate 0] [--conns 64] [--consumers 2] [--only mock|real]
+#                          [--cluster-dir D]
+#
+# relay: `onceq-bench relay --rows N` (outbox -> broker, idempotent, acks=all; its same-run
+#        baseline is raw librdkafka produce of the same payloads to the same broker) against
+#        a topic of --partitions partitions (RF 3, min.insync.replicas 2 on real Kafka).
+# e2e:   `onceq up` (producer, relay, --consumers consumers; --brokers for the real cluster,
+#        whose onceq topics are recreated with 6 partitions, RF 3, as the embedded broker's),
+#        300 warm-up calls, then --calls calls of charge/send_email (60/40) over HTTP at
+#        --rate calls/s (0: closed loop, as fast as the pipeline answers) on --conns
+#        connections. calls/s = calls / (last result applied - first submit committed), and
+#        the submit-to-result latency p50/p99, both read from calls.db's timestamps.
+# Each block also reports the brokers' CPU seconds and resident memory over the run: on the
+# 2-core machine the brokers share the CPU with everything else.
+# The real cluster is started in a temporary folder and stopped by pid at the end, unless
+# --cluster-dir names one started with scripts/kafka-cluster.sh (left running).
+set -uo pipefail
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+build=${BUILD_DIR:-$src/build}
+rows=300000
+partitions=64
+calls=10000
+rate=0
+conns=64
+consumers=2
+only=
+cluster_dir=
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --build) build=$2; shift 2 ;;
+    --rows) rows=$2; shift 2 ;;
+    --partitions) partitions=$2; shift 2 ;;
+    --calls) calls=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --conns) conns=$2; shift 2 ;;
+    --consumers) consumers=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --cluster-dir) cluster_dir=$2; shift 2 ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
+    esac
+done
+[[ "$build" == /* ]] || build=$PWD/$build
+export ONCEQ_SRC=$src ONCEQ_BUILD=$build ONCEQ_BIN=$build/onceq
+export ONCEQ_LOG_LEVEL=${ONCEQ_LOG_LEVEL:-error}
+unset ONCEQ_TEST_BROKERS
+. "$src/tests/integration/lib.sh"
+[[ -x "$ONCEQ_BIN" ]] || oq_fail "no onceq binary at $ONCEQ_BIN"
+BENCH=$build/onceq-bench
+[[ -x "$BENCH" ]] || oq_fail "no onceq-bench program at $BENCH"
+oq_tmpdir
+LOAD=$(oq_tool oq_e2e_load)
+TICK=$(getconf CLK_TCK)
+
+cpu_s() { # total user+system CPU seconds of the pids given
+    local p t=0 v
+    for p in "$@"; do
+        v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || continue
+        t=$((t + v))
+    done
+    awk -v t="$t" -v k="$TICK" 'BEGIN {printf "%.1f", t / k}'
+}
+rss_mib() { # resident MiB of each pid given, space-separated
+    local p
+    for p in "$@"; do ps -o rss= -p "$p" 2>/dev/null | awk '{printf "%.0f ", $1 / 1024}'; done
+}
+
+# --- the real cluster --------------------------------------------------------------------------
+REAL=
+JAVA_PIDS=()
+kcluster() { bash "$src/scripts/kafka-cluster.sh" "$@" --dir "$cluster_dir"; }
+if [[ "$only" != mock ]]; then
+    if [[ -z "$cluster_dir" ]]; then
+        cluster_dir=$T/cluster
+        bash "$src/scripts/kafka-fetch.sh" >/dev/null || oq_fail "cannot fetch Kafka"
+        kcluster start >/dev/null || oq_fail "cannot start the Kafka cluster"
+        oq_on_exit "bash '$src/scripts/kafka-cluster.sh' stop --dir '$cluster_dir'"
+    fi
+    REAL=$(kcluster bootstrap) || oq_fail "no cluster in $cluster_dir"
+    for i in 1 2 3; do
+        p=$(kcluster pid "$i" 2>/dev/null)
+        [[ -n "$p" ]] && JAVA_PIDS+=("$p")
+    done
+fi
+
+echo "# onceq on the mock broker vs real Kafka ($(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$src/kafka/pom.xml"), 3 KRaft nodes, RF 3), $(date -u +%FT%TZ)"
+echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); relay rows=$rows partitions=$partitions; e2e calls=$calls rate=$rate conns=$conns consumers=$consumers"
+
+topics_real() { # topics_real PARTITIONS: recreate the onceq topics on the real cluster
+    "$ONCEQ_BIN" topics delete --if-exists --brokers "$REAL" onceq.tool-calls onceq.tool-results \
+        onceq.dlq >/dev/null &&
+        "$ONCEQ_BIN" topics create --brokers "$REAL" --partitions "$1" >/dev/null ||
+        oq_fail "could not recreate the topics on the real cluster"
+}
+
+# --- relay -------------------------------------------------------------------------------------
+bench_relay() { # bench_relay mock|real
+    local target=$1 b pids c0 c1
+    if [[ $target == mock ]]; then
+        oq_start_broker --partitions "$partitions"
+        b=$BROKERS
+        pids=("$(oq_pid broker)")
+    else
+        topics_real "$partitions"
+        b=$REAL
+        pids=("${JAVA_PIDS[@]}")
+    fi
+    echo
+    echo "## relay, $target: onceq-bench relay --rows $rows ($partitions partitions)"
+    c0=$(cpu_s "${pids[@]}")
+    "$BENCH" relay --brokers "$b" --rows "$rows" --dir "$T" 2>&1 | grep -v '^ts='
+    c1=$(cpu_s "${pids[@]}")
+    echo "broker CPU during the benchmark: $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s; RSS MiB: $(rss_mib "${pids[@]}")"
+    [[ $target == mock ]] && oq_kill broker
+    return 0
+}
+
+# --- e2e ---------------------------------------------------------------------------------------
+q() { sqlite3 -cmd '.timeout 5000' "$1" "$2"; }
+
+drained() { # drained DB PREFIX N: N calls with that key prefix, none pending or running
+    local r
+    r=$(q "$1" "SELECT count(*), sum(state IN ('pending','running')) FROM calls WHERE idem_key LIKE '$2-%'" 2>/dev/null)
+    [[ "$r" == "$3|0" ]]
+}
+
+bench_e2e() { # bench_e2e mock|real
+    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i
+    mkdir -p "$d"
+    port=$(oq_free_port)
+    if [[ $target == real ]]; then
+        topics_real 6
+        bargs=(--brokers "$REAL")
+    fi
+    oq_spawn "up-$target" "$ONCEQ_BIN" up --dir "$d" --consumers "$consumers" \
+        --listen "127.0.0.1:$port" "${bargs[@]}"
+    oq_wait_for 60 curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" ||
+        oq_fail "$target: producer not healthy"
+    if [[ $target == mock ]]; then
+        for i in $(seq 1 50); do
+            pids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq broker" || true))
+            [[ ${#pids[@]} -gt 0 ]] && break
+            sleep 0.1
+        done
+    else
+        pids=("${JAVA_PIDS[@]}")
+    fi
+    "$LOAD" --port "$port" --calls 300 --conns 8 --prefix "warm-$target" --mix 60,40,0,0,0 \
+        >"$T/warm-$target.out" 2>&1 || oq_fail "$target: warm-up load failed"
+    oq_wait_for 120 drained "$d/calls.db" "warm-$target" 300 || oq_fail "$target: warm-up not drained"
+
+    echo
+    echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}; $calls calls, rate $rate, $conns conns"
+    c0=$(cpu_s "${pids[@]}")
+    "$LOAD" --port "$port" --calls "$calls" --rate "$rate" --conns "$conns" --prefix "run-$target" \
+        --mix 60,40,0,0,0 >"$T/run-$target.out" 2>&1 || oq_fail "$target: load failed: $(cat "$T/run-$target.out")"
+    oq_wait_for 300 drained "$d/calls.db" "run-$target" "$calls" || oq_fail "$target: not drained in 300 s"
+    c1=$(cpu_s "${pids[@]}")
+    grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
+    q "$d/calls.db" "
+        WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
+                   FROM calls WHERE idem_key LIKE 'run-$target-%'),
+             n AS (SELECT count(*) AS n, min(c) AS c0, max(u) AS u1 FROM r)
+        SELECT printf('calls/s %.0f over %.2f s; submit->result p50 %d ms, p99 %d ms, max %d ms',
+                      n.n * 1000.0 / max(n.u1 - n.c0, 1), (n.u1 - n.c0) / 1000.0,
+                      (SELECT l FROM r ORDER BY l LIMIT 1 OFFSET (SELECT n / 2 FROM n)),
+                      (SELECT l FROM r ORDER BY l LIMIT 1 OFFSET (SELECT n * 99 / 100 FROM n)),
+                      (SELECT max(l) FROM r))
+        FROM n;"
+    echo "broker CPU during the run: $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s; RSS MiB: $(rss_mib "${pids[@]}")"
+    oq_kill "up-$target"
+    return 0
+}
+
+for target in mock real; do
+    [[ -n "$only" && "$only" != "$target" ]] && continue
+    bench_relay "$target"
+done
+for target in mock real; do
+    [[ -n "$only" && "$only" != "$target" ]] && continue
+    bench_e2e "$target"
+done
