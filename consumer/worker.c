@@ -728,7 +728,11 @@ static void *heartbeat_main(void *arg)
             if (rc == OQ_EFENCED) {
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
                 pthread_mutex_lock(&c->mu);
-                if (c->slots[i].used && c->slots[i].fence == fence) c->slots[i].lost = 1;
+                /* Only if the slot still holds that lease: the runner may have finished this
+                 * call and claimed another one (with a fence that can be equal) meanwhile. */
+                if (c->slots[i].used && c->slots[i].fence == fence &&
+                    strcmp(c->slots[i].call_id, call_id) == 0)
+                    c->slots[i].lost = 1;
                 pthread_mutex_unlock(&c->mu);
             } else if (rc) {
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat renew failed: %s", err.msg);
