@@ -2,7 +2,7 @@
  * @file http_tools.h
  * @brief Internal: declarative HTTP tools (the `--tools FILE` format) and the executor that
  *        calls them with libcurl's multi interface, classifying every outcome for the
- *        execution protocol (DESIGN.md, "Calling downstream services").
+ *        execution protocol (docs/DESIGN.md, "Calling downstream services").
  *
  * The tools file is JSON (parsed strictly: duplicate keys, bad UTF-8 and unknown fields are
  * errors); examples/tools.json documents every field. In short:

@@ -3,7 +3,7 @@
  * @brief The producer: idempotent submit of tool calls (calls + outbox row in one SQLite
  *        transaction), group commit, reads, stats, results ingest, purge and the HTTP API.
  *
- * Semantics (DESIGN.md "Submit"), for one (tenant, idem_key):
+ * Semantics (docs/DESIGN.md "Data flow", step 1), for one (tenant, idem_key):
  *  - new key                          -> OQ_SUBMIT_NEW: a `pending` call and an outbox row;
  *  - same key, same fingerprint       -> OQ_SUBMIT_REPLAY: the original call, nothing written;
  *  - same key, different fingerprint  -> OQ_SUBMIT_CONFLICT (return OQ_ECONFLICT), nothing written;

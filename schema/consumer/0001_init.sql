@@ -1,7 +1,7 @@
 -- Consumer database (effects.db), shared by every worker process of one consumer group on one
 -- host (WAL). Owned by consumer/store.c: all SQL against these tables lives there.
 --
--- Execution state machine (DESIGN.md "States"):
+-- Execution state machine (docs/DESIGN.md "States"):
 --   PLANNED -> STARTED -> COMMITTED | FAILED_RETRYABLE | FAILED_FINAL
 --   FAILED_RETRYABLE -> STARTED (after next_attempt_at; tries < max attempts) | FAILED_FINAL
 --   STARTED with a lapsed lease -> UNKNOWN -> COMMITTED (effect present, result re-emitted)
