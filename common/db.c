@@ -23,6 +23,7 @@
  * counts) are here, once; the relay's reads and watermark live with the relay.
  */
 #include "oq_db.h"
+#include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the relay adds to each row */
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -402,6 +403,19 @@ sqlite3_stmt *oq_stmt_get(oq_stmt_cache_t *c, const char *sql, oq_error_t *err)
 }
 
 /* --- outbox ------------------------------------------------------------------------------- */
+
+/* librdkafka's RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the varints of a v2 record at their widest
+ * (length 5, attributes 1, timestamp delta 10, offset delta 5, key length 5, value length 5,
+ * header count 5). */
+#define OQ__RECORD_V2_MAX_OVERHEAD 36
+/* A header's name and value lengths, as varints at their widest. */
+#define OQ__HEADER_VARINTS 10
+
+size_t oq_outbox_wire_size(size_t key_len, size_t payload_len, size_t message_id_len)
+{
+    return OQ__RECORD_V2_MAX_OVERHEAD + key_len + payload_len + OQ__HEADER_VARINTS +
+           strlen(OQ_HDR_MESSAGE_ID) + message_id_len;
+}
 
 static const char oq__outbox_insert_sql[] =
     "INSERT INTO outbox(message_id, topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";

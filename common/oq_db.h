@@ -105,6 +105,15 @@ typedef struct oq_outbox_row {
 } oq_outbox_row_t;
 
 /**
+ * @brief What librdkafka counts against its message.max.bytes for a row the relay publishes:
+ *        value + key + the onceq-message-id header (name, value and their two length varints)
+ *        + the record's worst-case framing (36 bytes for MsgVersion 2). The producer refuses a
+ *        call whose row would be larger than the relay's limit, so a row accepted is a row the
+ *        relay can publish.
+ */
+size_t oq_outbox_wire_size(size_t key_len, size_t payload_len, size_t message_id_len);
+
+/**
  * @brief Append \p row to the outbox.
  * @remark The caller holds an open write transaction on \p db; nothing is committed here.
  * @param cache optional statement cache for \p db (NULL: prepare each time).

@@ -28,6 +28,10 @@ static const oq_setting_t producer_settings[] = {
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
      "retention of idempotency keys (expires_at = created_at + key-ttl)"},
     {"max-body", OQ_SET_SIZE, "1MiB", 256, 64LL * 1024 * 1024, NULL, "HTTP request body limit"},
+    {"max-message-bytes", OQ_SET_SIZE, "1000000", 1000, 1000000000, NULL,
+     "largest Kafka message the relay publishes: keep it equal to the relay's -X "
+     "message.max.bytes (librdkafka's default is 1000000); a call whose message would be "
+     "larger is refused at submit (413 payload_too_large), nothing written"},
     {"max-depth", OQ_SET_INT, "32", 2, 256, NULL, "JSON nesting limit of a request body"},
     {"threads", OQ_SET_INT, "2", 2, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
     {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL, "group-commit batch cap (submits)"},
@@ -48,7 +52,8 @@ static const oq_setting_t producer_settings[] = {
 
 static const char producer_usage[] =
     "usage: onceq producer --db calls.db --listen 127.0.0.1:8081 [--brokers B] [-X k=v]...\n"
-    "                      [--key-ttl 24h] [--max-body 1MiB] [--purge-interval 0]\n"
+    "                      [--key-ttl 24h] [--max-body 1MiB] [--max-message-bytes 1000000]\n"
+    "                      [--purge-interval 5m]\n"
     "\n"
     "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
     "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz.\n"
@@ -102,9 +107,14 @@ int oq__cmd_producer(int argc, char **argv)
 
     if (strcmp(sync, "full") != 0)
         OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
-    oq_producer_opts_t po = {sync, ttl,     (int)oq_config_int(cfg, "max-batch"),
-                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us"),
-                             (int)oq_config_int(cfg, "checkpoint-pages")};
+    oq_producer_opts_t po = {sync,
+                             ttl,
+                             (int)oq_config_int(cfg, "max-batch"),
+                             0,
+                             metrics,
+                             (int)oq_config_int(cfg, "commit-delay-us"),
+                             (int)oq_config_int(cfg, "checkpoint-pages"),
+                             oq_config_int(cfg, "max-message-bytes")};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
@@ -139,8 +149,12 @@ int oq__cmd_producer(int argc, char **argv)
         fprintf(stderr, "onceq producer: metrics: %s\n", err.msg);
         goto out;
     }
-    OQ_LOG_INFO("producer", "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld", db,
-                oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every);
+    OQ_LOG_INFO("producer",
+                "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld max_body=%lld "
+                "max_message_bytes=%lld",
+                db, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
+                (long long)oq_config_int(cfg, "max-body"),
+                (long long)oq_config_int(cfg, "max-message-bytes"));
 
     int64_t next_purge = oq_mono_us() + purge_every * 1000;
     while (!producer_stop) {
