@@ -12,7 +12,9 @@
  * are applied. The missing tail is applied inside one BEGIN IMMEDIATE transaction, and
  * user_version is re-read after the lock is held, so two processes migrating the same file at
  * once apply each script exactly once. A database with a higher user_version than the set
- * was written by a newer binary and is refused untouched.
+ * was written by a newer binary and is refused untouched: oq_db_open() checks it for every
+ * opener (producer, consumer, relay, purge, the read-only tools) before it writes anything,
+ * even the switch to WAL, and oq_db_migrate() checks it again under the write lock.
  *
  * Statement cache: keyed by the address of the SQL text (callers pass string literals), an
  * open-addressing table with linear probing that doubles when half full. Statements are
@@ -94,6 +96,55 @@ static int oq__db_busy_cb(void *ctx, int count)
     return 1;
 }
 
+static int set_len(const char *const *set)
+{
+    int n = 0;
+    while (set[n])
+        n++;
+    return n;
+}
+
+int oq_db_check_version(sqlite3 *db, const char *schema, const char *path, oq_error_t *err)
+{
+    char sql[160];
+    sqlite3_stmt *st = NULL;
+    int version = 0, has_calls = 0, has_exec = 0, rc;
+    if (!schema) schema = "main";
+    snprintf(sql, sizeof(sql), "PRAGMA \"%s\".user_version", schema);
+    rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        version = sqlite3_column_int(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (rc != SQLITE_OK) goto dberr;
+    if (version == 0) return 0;
+    snprintf(sql, sizeof(sql),
+             "SELECT name FROM \"%s\".sqlite_master WHERE type = 'table' AND name IN "
+             "('calls', 'executions')",
+             schema);
+    rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (name && strcmp(name, "calls") == 0) has_calls = 1;
+        if (name && strcmp(name, "executions") == 0) has_exec = 1;
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) goto dberr;
+    int np = set_len(oq_migrations_producer), nc = set_len(oq_migrations_consumer);
+    int known = has_calls ? np : has_exec ? nc : (np > nc ? np : nc);
+    if (version > known)
+        return oq_error_set(err, OQ_EVERSION, 0,
+                            "database %s: schema version %d is newer than this binary (%d); "
+                            "upgrade onceq (nothing was changed)",
+                            path ? path : schema, version, known);
+    return 0;
+dberr:
+    return oq_db_error(db, rc, err, "read the schema version");
+}
+
 int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_error_t *err)
 {
     static const char *const levels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
@@ -125,6 +176,10 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
     }
     sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_handler(db, oq__db_busy_cb, (void *)(intptr_t)busy_ms);
+
+    /* The schema-version guard, before anything below may write (the switch to WAL does). */
+    rc = oq_db_check_version(db, NULL, path, err);
+    if (rc != 0) goto prefix_fail;
 
     if (readonly) {
         rc = oq__db_pragma_text(db, "PRAGMA journal_mode", buf, sizeof(buf), err);
