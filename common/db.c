@@ -1,6 +1,9 @@
 /*
  * SQLite helpers shared by every onceq database (calls.db, effects.db).
  *
+ * Files: a database this code creates is created owner-only (0600); SQLite gives its -wal and
+ * -shm files the same permissions.
+ *
  * Durability: every read-write connection runs in WAL mode (verified, not assumed: a database
  * on a file system without shared memory support silently stays in "delete" mode, which we
  * refuse) with synchronous=FULL unless the caller asks for less. Connections are opened with
@@ -29,11 +32,14 @@
 #include "oq_log.h"
 #include "oq_util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 /* --- errors ------------------------------------------------------------------------------- */
 
@@ -166,6 +172,17 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
 
     int flags = SQLITE_OPEN_NOMUTEX |
                 (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    /* A new database file is created here, owner-only (0600, minus the umask), instead of by
+     * SQLite with 0644: it holds every call's arguments. SQLite gives the -wal and -shm files
+     * the database file's permissions, so they follow. An existing file keeps its mode. */
+    if (!readonly && path[0] && strcmp(path, ":memory:") != 0) {
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            close(fd);
+        else if (errno != EEXIST)
+            return oq_error_set(err, OQ_EIO, errno, "cannot create database %s: %s", path,
+                                strerror(errno));
+    }
     rc = sqlite3_open_v2(path, &db, flags, NULL);
     if (rc != SQLITE_OK) {
         int code = (rc & 0xff) == SQLITE_CANTOPEN ? OQ_EIO : OQ_EDB;

@@ -162,7 +162,8 @@ static int up_spawn(up_t *up, up_child_t *k)
     up_build_argv(up, k, argv);
     snprintf(fname, sizeof fname, "%s.log", k->name);
     if (up_path(logpath, sizeof logpath, up->dir, fname) != 0) return -1;
-    int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    /* owner-only: the logs carry call ids, keys and error details */
+    int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (logfd < 0) {
         OQ_LOG_ERROR("up", "open %s: %s", logpath, strerror(errno));
         return -1;
@@ -357,7 +358,7 @@ int oq__cmd_up(int argc, char **argv)
     }
     up->exe[n] = '\0';
     const char *dir = oq_config_str(cfg, "dir");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         fprintf(stderr, "onceq up: mkdir %s: %s\n", dir, strerror(errno));
         goto out;
     }
