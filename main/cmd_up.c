@@ -113,6 +113,17 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = (char *)oq_config_str(up->cfg, "listen");
         argv[n++] = "--brokers";
         argv[n++] = up->brokers;
+        /* The two message limits stay tied: the relay's -X message.max.bytes is also the
+         * producer's limit at submit. */
+        for (int i = 0; i < oq_config_kafka_count(up->cfg); i++) {
+            const char *name, *value;
+            oq_config_kafka_get(up->cfg, i, &name, &value);
+            if (strcmp(name, "message.max.bytes") == 0) {
+                argv[n++] = "--max-message-bytes";
+                argv[n++] = (char *)value;
+                break;
+            }
+        }
         break;
     case UP_RELAY:
         argv[n++] = "relay";
@@ -132,9 +143,12 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         break;
     }
     /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
-     * with librdkafka's 45 s default a restarted consumer idles for 44 s.
-     * On the embedded broker use 6 s; the user's -X below still wins (last value counts). */
-    if (k->kind == UP_CONSUMER && !oq_config_is_set(up->cfg, "brokers")) {
+     * with librdkafka's 45 s default a restarted consumer idles for 44 s, and so does the
+     * producer's results consumer (group onceq-producer): results were applied 29-88 s after a
+     * producer restart. On the embedded broker use 6 s for both; the user's -X below still
+     * wins (last value counts). */
+    if ((k->kind == UP_CONSUMER || k->kind == UP_PRODUCER) &&
+        !oq_config_is_set(up->cfg, "brokers")) {
         argv[n++] = "-X";
         argv[n++] = "session.timeout.ms=6000";
     }
