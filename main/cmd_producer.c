@@ -1,7 +1,9 @@
 /*
  * `onceq producer`: the producer daemon. Opens calls.db (WAL, synchronous=FULL unless
  * --synchronous says otherwise), starts the group-commit writer, the HTTP API, the results
- * ingest (only with --brokers) and, with --purge-interval, a periodic purge of expired keys.
+ * ingest (only with --brokers) and the retention: a purge of expired keys a second after
+ * start and then every --purge-interval (5 min by default, 0 turns it off), so the database
+ * does not grow without bound unless the operator runs `onceq purge`.
  *
  * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
  * check it and to run the periodic purge on its own connection (bounded batches, so the
@@ -41,8 +43,9 @@ static const oq_setting_t producer_settings[] = {
      "WAL frames that trigger a background checkpoint (-1 = SQLite's own, inside commits)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
      "SQLite synchronous level (anything but full weakens durability)"},
-    {"purge-interval", OQ_SET_DURATION, "0", 0, 365LL * 24 * 3600 * 1000, NULL,
-     "run the purge this often (0 = off; use `onceq purge` instead)"},
+    {"purge-interval", OQ_SET_DURATION, "5m", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "retention: delete terminal calls past --key-ttl (and their audit, results, published "
+     "outbox rows) a second after start and then this often; 0 = off (run `onceq purge`)"},
     {"purge-batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per purge transaction"},
     {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, wait this long for requests in flight"},
@@ -156,7 +159,11 @@ int oq__cmd_producer(int argc, char **argv)
                 (long long)oq_config_int(cfg, "max-body"),
                 (long long)oq_config_int(cfg, "max-message-bytes"));
 
-    int64_t next_purge = oq_mono_us() + purge_every * 1000;
+    if (purge_every == 0)
+        OQ_LOG_WARN("producer", "retention is off (--purge-interval 0): calls.db grows until "
+                                "`onceq purge` runs");
+    /* The first purge soon after start (a restart catches up at once), then every interval. */
+    int64_t next_purge = oq_mono_us() + 1000 * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
         if (purge_every > 0 && oq_mono_us() >= next_purge) {
@@ -172,9 +179,12 @@ int oq__cmd_producer(int argc, char **argv)
             if (oq_store_purge(pdb, oq_now_ms(), ttl, (int)oq_config_int(cfg, "purge-batch"), &ps,
                                &err) != 0)
                 OQ_LOG_WARN("producer", "purge: %s", err.msg);
-            else if (ps.calls || ps.outbox)
-                OQ_LOG_INFO("producer", "purged calls=%lld outbox=%lld audit=%lld",
-                            (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit);
+            else if (ps.calls || ps.outbox || ps.result_inbox || ps.dead)
+                OQ_LOG_INFO("producer",
+                            "purged calls=%lld outbox=%lld audit=%lld result_inbox=%lld "
+                            "dead_letters=%lld",
+                            (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit,
+                            (long long)ps.result_inbox, (long long)ps.dead);
         }
     }
     OQ_LOG_INFO("producer", "signal %d: draining", (int)producer_stop);
