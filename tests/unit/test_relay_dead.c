@@ -10,6 +10,9 @@
  *  - A row the broker refuses again when it is sent alone is set aside; rows appended after it
  *    are delivered and the watermark passes it.
  *  - A transient error (NOT_LEADER_FOR_PARTITION) sets nothing aside.
+ *  - The same on a consumer's effects.db (the result outbox a consumer relays with the same
+ *    library): a result too large is set aside, counted under relay="results", and the
+ *    results behind it go on.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -47,6 +50,19 @@ static int setup(void **state)
     snprintf(path, sizeof(path), "%s/calls.db", dir);
     if (oq_db_open(path, NULL, &db, &err) != 0) return -1;
     if (oq_db_migrate(db, oq_migrations_producer, &err) != 0) return -1;
+    return 0;
+}
+
+/* As setup(), with the consumer's migration set (effects.db). */
+static int setup_consumer(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    snprintf(dir, sizeof(dir), "/tmp/oq_test_relay_dead_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    snprintf(path, sizeof(path), "%s/effects.db", dir);
+    if (oq_db_open(path, NULL, &db, &err) != 0) return -1;
+    if (oq_db_migrate(db, oq_migrations_consumer, &err) != 0) return -1;
     return 0;
 }
 
@@ -346,6 +362,65 @@ static void test_transient_error_sets_nothing_aside(void **state)
     rd_kafka_destroy(mrk);
 }
 
+static void test_consumer_result_set_aside(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk);
+    assert_int_equal(rd_kafka_mock_topic_create(mcl, "onceq.tool-results", 1, 1), 0);
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    for (int i = 0; i < 3; i++) {
+        char mid[OQ_UUID_LEN + 1];
+        oq_id_uuid(mid);
+        size_t size = i == 1 ? 30000 : 100;
+        char *payload = malloc(size);
+        assert_non_null(payload);
+        memset(payload, 'r', size);
+        oq_outbox_row_t row = {.message_id = mid,
+                               .topic = "onceq.tool-results",
+                               .key = "c_0000000000000002",
+                               .payload = payload,
+                               .payload_len = size,
+                               .created_at = oq_now_ms()};
+        assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
+        free(payload);
+    }
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    oq_config_t *cfg = oq_config_new(NULL, 0);
+    assert_non_null(cfg);
+    assert_int_equal(oq_config_set_kafka(cfg, "message.max.bytes", "20000", &err), 0);
+    oq_metrics_t *m = oq_metrics_new();
+    assert_non_null(m);
+    oq_relay_opts_t o;
+    oq_relay_opts_init(&o);
+    o.db_path = path;
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.owner = "consumer-worker";
+    o.kafka_cfg = cfg;
+    o.metrics = m;
+    o.metrics_labels = "relay=\"results\"";
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_watermark(3, 30));
+    assert_int_equal(oq_relay_stop(r), 0);
+    assert_int_equal(scalar("SELECT count(*) FROM outbox_dead WHERE seq = 2 AND topic = "
+                            "'onceq.tool-results' AND reason = 'MSG_SIZE_TOO_LARGE'"),
+                     1);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(oq_metrics_render(m, &text, &len), 0);
+    assert_non_null(strstr(
+        text, "onceq_relay_dead_letters_total{relay=\"results\",reason=\"MSG_SIZE_TOO_LARGE\"} 1"));
+    free(text);
+    oq_relay_destroy(r);
+    oq_metrics_destroy(m);
+    oq_config_destroy(cfg);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(getenv("ONCEQ_TEST_LOG") ? OQ_LOG_DEBUG : OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -354,6 +429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_refusal_sets_nothing_aside, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_alone_set_aside, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transient_error_sets_nothing_aside, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_consumer_result_set_aside, setup_consumer, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
