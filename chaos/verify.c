@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "oq_chaos.h"
+#include "oq_db.h"
 #include "oq_log.h"
 
 static const char *const vnames[OQ__V_COUNT] = {
@@ -303,6 +304,10 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
         rc = oq_error_set(err, OQ_EIO, rc, "attach %s: %s", consumer_db, sqlite3_errmsg(db));
         goto out;
     }
+    /* A schema newer than this binary: its checks might not hold there. */
+    if ((rc = oq_db_check_version(db, "main", producer_db, err)) != 0 ||
+        (rc = oq_db_check_version(db, "c", consumer_db, err)) != 0)
+        goto out;
     /* One read transaction; touching both schemas starts both snapshots back to back. */
     rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {

@@ -1,6 +1,9 @@
 /*
  * SQLite helpers shared by every onceq database (calls.db, effects.db).
  *
+ * Files: a database this code creates is created owner-only (0600); SQLite gives its -wal and
+ * -shm files the same permissions.
+ *
  * Durability: every read-write connection runs in WAL mode (verified, not assumed: a database
  * on a file system without shared memory support silently stays in "delete" mode, which we
  * refuse) with synchronous=FULL unless the caller asks for less. Connections are opened with
@@ -12,7 +15,9 @@
  * are applied. The missing tail is applied inside one BEGIN IMMEDIATE transaction, and
  * user_version is re-read after the lock is held, so two processes migrating the same file at
  * once apply each script exactly once. A database with a higher user_version than the set
- * was written by a newer binary and is refused untouched.
+ * was written by a newer binary and is refused untouched: oq_db_open() checks it for every
+ * opener (producer, consumer, relay, purge, the read-only tools) before it writes anything,
+ * even the switch to WAL, and oq_db_migrate() checks it again under the write lock.
  *
  * Statement cache: keyed by the address of the SQL text (callers pass string literals), an
  * open-addressing table with linear probing that doubles when half full. Statements are
@@ -23,14 +28,18 @@
  * counts) are here, once; the relay's reads and watermark live with the relay.
  */
 #include "oq_db.h"
+#include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the relay adds to each row */
 #include "oq_log.h"
 #include "oq_util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 /* --- errors ------------------------------------------------------------------------------- */
 
@@ -93,6 +102,55 @@ static int oq__db_busy_cb(void *ctx, int count)
     return 1;
 }
 
+static int set_len(const char *const *set)
+{
+    int n = 0;
+    while (set[n])
+        n++;
+    return n;
+}
+
+int oq_db_check_version(sqlite3 *db, const char *schema, const char *path, oq_error_t *err)
+{
+    char sql[160];
+    sqlite3_stmt *st = NULL;
+    int version = 0, has_calls = 0, has_exec = 0, rc;
+    if (!schema) schema = "main";
+    snprintf(sql, sizeof(sql), "PRAGMA \"%s\".user_version", schema);
+    rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        version = sqlite3_column_int(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (rc != SQLITE_OK) goto dberr;
+    if (version == 0) return 0;
+    snprintf(sql, sizeof(sql),
+             "SELECT name FROM \"%s\".sqlite_master WHERE type = 'table' AND name IN "
+             "('calls', 'executions')",
+             schema);
+    rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (name && strcmp(name, "calls") == 0) has_calls = 1;
+        if (name && strcmp(name, "executions") == 0) has_exec = 1;
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) goto dberr;
+    int np = set_len(oq_migrations_producer), nc = set_len(oq_migrations_consumer);
+    int known = has_calls ? np : has_exec ? nc : (np > nc ? np : nc);
+    if (version > known)
+        return oq_error_set(err, OQ_EVERSION, 0,
+                            "database %s: schema version %d is newer than this binary (%d); "
+                            "upgrade onceq (nothing was changed)",
+                            path ? path : schema, version, known);
+    return 0;
+dberr:
+    return oq_db_error(db, rc, err, "read the schema version");
+}
+
 int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_error_t *err)
 {
     static const char *const levels[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
@@ -114,6 +172,17 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
 
     int flags = SQLITE_OPEN_NOMUTEX |
                 (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    /* A new database file is created here, owner-only (0600, minus the umask), instead of by
+     * SQLite with 0644: it holds every call's arguments. SQLite gives the -wal and -shm files
+     * the database file's permissions, so they follow. An existing file keeps its mode. */
+    if (!readonly && path[0] && strcmp(path, ":memory:") != 0) {
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            close(fd);
+        else if (errno != EEXIST)
+            return oq_error_set(err, OQ_EIO, errno, "cannot create database %s: %s", path,
+                                strerror(errno));
+    }
     rc = sqlite3_open_v2(path, &db, flags, NULL);
     if (rc != SQLITE_OK) {
         int code = (rc & 0xff) == SQLITE_CANTOPEN ? OQ_EIO : OQ_EDB;
@@ -124,6 +193,10 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
     }
     sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_handler(db, oq__db_busy_cb, (void *)(intptr_t)busy_ms);
+
+    /* The schema-version guard, before anything below may write (the switch to WAL does). */
+    rc = oq_db_check_version(db, NULL, path, err);
+    if (rc != 0) goto prefix_fail;
 
     if (readonly) {
         rc = oq__db_pragma_text(db, "PRAGMA journal_mode", buf, sizeof(buf), err);
@@ -402,6 +475,19 @@ sqlite3_stmt *oq_stmt_get(oq_stmt_cache_t *c, const char *sql, oq_error_t *err)
 }
 
 /* --- outbox ------------------------------------------------------------------------------- */
+
+/* librdkafka's RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the varints of a v2 record at their widest
+ * (length 5, attributes 1, timestamp delta 10, offset delta 5, key length 5, value length 5,
+ * header count 5). */
+#define OQ__RECORD_V2_MAX_OVERHEAD 36
+/* A header's name and value lengths, as varints at their widest. */
+#define OQ__HEADER_VARINTS 10
+
+size_t oq_outbox_wire_size(size_t key_len, size_t payload_len, size_t message_id_len)
+{
+    return OQ__RECORD_V2_MAX_OVERHEAD + key_len + payload_len + OQ__HEADER_VARINTS +
+           strlen(OQ_HDR_MESSAGE_ID) + message_id_len;
+}
 
 static const char oq__outbox_insert_sql[] =
     "INSERT INTO outbox(message_id, topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";

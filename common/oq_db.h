@@ -10,7 +10,8 @@
  * Migrations are the schema/ files compiled into the binary (cmake/embed_sql.cmake). A
  * migration set is an ordered list of those names; PRAGMA user_version counts how many are
  * applied. oq_db_migrate() applies the missing ones in one transaction and refuses a database
- * whose user_version is higher than the set (a newer binary wrote it).
+ * whose user_version is higher than the set (a newer binary wrote it); oq_db_open() already
+ * refuses such a database for every opener (oq_db_check_version()), before it writes anything.
  */
 #ifndef OQ_DB_H
 #define OQ_DB_H
@@ -66,6 +67,19 @@ int oq_db_migrate_sql(sqlite3 *db, const char *const *sql_texts, oq_error_t *err
 /** @brief Current PRAGMA user_version, or a negative OQ_E* code. */
 int oq_db_user_version(sqlite3 *db);
 
+/**
+ * @brief The schema-version guard every opener goes through (oq_db_open() calls it before it
+ *        changes anything, so a refused database is left exactly as it was): refuse a
+ *        database whose PRAGMA user_version is higher than this binary knows. The set is told
+ *        by the tables: `calls` -> the producer set, `executions` -> the consumer set, neither
+ *        -> the longer of the two. A fresh database (version 0) passes.
+ * @param schema the attached schema to check ("main" when NULL), e.g. "c" for an ATTACHed one.
+ * @param path the file, for the message; may be NULL.
+ * @returns 0, OQ_EVERSION ("database X: schema version 99 is newer than this binary (5);
+ *          upgrade onceq (nothing was changed)"), or OQ_EDB when it cannot be read.
+ */
+int oq_db_check_version(sqlite3 *db, const char *schema, const char *path, oq_error_t *err);
+
 /** @brief Execute \p sql (no results); maps SQLITE_BUSY to OQ_EBUSY. */
 int oq_db_exec(sqlite3 *db, const char *sql, oq_error_t *err);
 
@@ -103,6 +117,15 @@ typedef struct oq_outbox_row {
     size_t payload_len;
     int64_t created_at;     /**< unix ms */
 } oq_outbox_row_t;
+
+/**
+ * @brief What librdkafka counts against its message.max.bytes for a row the relay publishes:
+ *        value + key + the onceq-message-id header (name, value and their two length varints)
+ *        + the record's worst-case framing (36 bytes for MsgVersion 2). The producer refuses a
+ *        call whose row would be larger than the relay's limit, so a row accepted is a row the
+ *        relay can publish.
+ */
+size_t oq_outbox_wire_size(size_t key_len, size_t payload_len, size_t message_id_len);
 
 /**
  * @brief Append \p row to the outbox.

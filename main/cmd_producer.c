@@ -1,7 +1,9 @@
 /*
  * `onceq producer`: the producer daemon. Opens calls.db (WAL, synchronous=FULL unless
  * --synchronous says otherwise), starts the group-commit writer, the HTTP API, the results
- * ingest (only with --brokers) and, with --purge-interval, a periodic purge of expired keys.
+ * ingest (only with --brokers) and the retention: a purge of expired keys a second after
+ * start and then every --purge-interval (5 min by default, 0 turns it off), so the database
+ * does not grow without bound unless the operator runs `onceq purge`.
  *
  * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
  * check it, to reload the token files after SIGHUP, and to run the periodic purge on its own
@@ -29,6 +31,10 @@ static const oq_setting_t producer_settings[] = {
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
      "retention of idempotency keys (expires_at = created_at + key-ttl)"},
     {"max-body", OQ_SET_SIZE, "1MiB", 256, 64LL * 1024 * 1024, NULL, "HTTP request body limit"},
+    {"max-message-bytes", OQ_SET_SIZE, "1000000", 1000, 1000000000, NULL,
+     "largest Kafka message the relay publishes: keep it equal to the relay's -X "
+     "message.max.bytes (librdkafka's default is 1000000); a call whose message would be "
+     "larger is refused at submit (413 payload_too_large), nothing written"},
     {"max-depth", OQ_SET_INT, "32", 2, 256, NULL, "JSON nesting limit of a request body"},
     {"threads", OQ_SET_INT, "2", 2, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
     {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL, "group-commit batch cap (submits)"},
@@ -38,8 +44,9 @@ static const oq_setting_t producer_settings[] = {
      "WAL frames that trigger a background checkpoint (-1 = SQLite's own, inside commits)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
      "SQLite synchronous level (anything but full weakens durability)"},
-    {"purge-interval", OQ_SET_DURATION, "0", 0, 365LL * 24 * 3600 * 1000, NULL,
-     "run the purge this often (0 = off; use `onceq purge` instead)"},
+    {"purge-interval", OQ_SET_DURATION, "5m", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "retention: delete terminal calls past --key-ttl (and their audit, results, published "
+     "outbox rows) a second after start and then this often; 0 = off (run `onceq purge`)"},
     {"purge-batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per purge transaction"},
     {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, wait this long for requests in flight"},
@@ -65,7 +72,8 @@ static const oq_setting_t producer_settings[] = {
 
 static const char producer_usage[] =
     "usage: onceq producer --db calls.db --listen 127.0.0.1:8081 [--brokers B] [-X k=v]...\n"
-    "                      [--key-ttl 24h] [--max-body 1MiB] [--purge-interval 0]\n"
+    "                      [--key-ttl 24h] [--max-body 1MiB] [--max-message-bytes 1000000]\n"
+    "                      [--purge-interval 5m]\n"
     "\n"
     "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
     "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz\n"
@@ -135,9 +143,14 @@ int oq__cmd_producer(int argc, char **argv)
 
     if (strcmp(sync, "full") != 0)
         OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
-    oq_producer_opts_t po = {sync, ttl,     (int)oq_config_int(cfg, "max-batch"),
-                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us"),
-                             (int)oq_config_int(cfg, "checkpoint-pages")};
+    oq_producer_opts_t po = {sync,
+                             ttl,
+                             (int)oq_config_int(cfg, "max-batch"),
+                             0,
+                             metrics,
+                             (int)oq_config_int(cfg, "commit-delay-us"),
+                             (int)oq_config_int(cfg, "checkpoint-pages"),
+                             oq_config_int(cfg, "max-message-bytes")};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
@@ -184,10 +197,18 @@ int oq__cmd_producer(int argc, char **argv)
         fprintf(stderr, "onceq producer: metrics: %s\n", err.msg);
         goto out;
     }
-    OQ_LOG_INFO("producer", "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld", db,
-                oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every);
+    OQ_LOG_INFO("producer",
+                "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld max_body=%lld "
+                "max_message_bytes=%lld",
+                db, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
+                (long long)oq_config_int(cfg, "max-body"),
+                (long long)oq_config_int(cfg, "max-message-bytes"));
 
-    int64_t next_purge = oq_mono_us() + purge_every * 1000;
+    if (purge_every == 0)
+        OQ_LOG_WARN("producer", "retention is off (--purge-interval 0): calls.db grows until "
+                                "`onceq purge` runs");
+    /* The first purge soon after start (a restart catches up at once), then every interval. */
+    int64_t next_purge = oq_mono_us() + 1000 * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
         if (producer_hup) {
@@ -208,9 +229,12 @@ int oq__cmd_producer(int argc, char **argv)
             if (oq_store_purge(pdb, oq_now_ms(), ttl, (int)oq_config_int(cfg, "purge-batch"), &ps,
                                &err) != 0)
                 OQ_LOG_WARN("producer", "purge: %s", err.msg);
-            else if (ps.calls || ps.outbox)
-                OQ_LOG_INFO("producer", "purged calls=%lld outbox=%lld audit=%lld",
-                            (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit);
+            else if (ps.calls || ps.outbox || ps.result_inbox || ps.dead)
+                OQ_LOG_INFO("producer",
+                            "purged calls=%lld outbox=%lld audit=%lld result_inbox=%lld "
+                            "dead_letters=%lld",
+                            (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit,
+                            (long long)ps.result_inbox, (long long)ps.dead);
         }
     }
     OQ_LOG_INFO("producer", "signal %d: draining", (int)producer_stop);

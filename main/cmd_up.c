@@ -150,6 +150,17 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
                          (long long)oq_config_int(up->cfg, name));
             argv[n++] = up->pass[i];
         }
+        /* The two message limits stay tied: the relay's -X message.max.bytes is also the
+         * producer's limit at submit. */
+        for (int i = 0; i < oq_config_kafka_count(up->cfg); i++) {
+            const char *name, *value;
+            oq_config_kafka_get(up->cfg, i, &name, &value);
+            if (strcmp(name, "message.max.bytes") == 0) {
+                argv[n++] = "--max-message-bytes";
+                argv[n++] = (char *)value;
+                break;
+            }
+        }
         break;
     case UP_RELAY:
         argv[n++] = "relay";
@@ -169,9 +180,12 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         break;
     }
     /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
-     * with librdkafka's 45 s default a restarted consumer idles for 44 s.
-     * On the embedded broker use 6 s; the user's -X below still wins (last value counts). */
-    if (k->kind == UP_CONSUMER && !oq_config_is_set(up->cfg, "brokers")) {
+     * with librdkafka's 45 s default a restarted consumer idles for 44 s, and so does the
+     * producer's results consumer (group onceq-producer): results were applied 29-88 s after a
+     * producer restart. On the embedded broker use 6 s for both; the user's -X below still
+     * wins (last value counts). */
+    if ((k->kind == UP_CONSUMER || k->kind == UP_PRODUCER) &&
+        !oq_config_is_set(up->cfg, "brokers")) {
         argv[n++] = "-X";
         argv[n++] = "session.timeout.ms=6000";
     }
@@ -199,7 +213,8 @@ static int up_spawn(up_t *up, up_child_t *k)
     up_build_argv(up, k, argv);
     snprintf(fname, sizeof fname, "%s.log", k->name);
     if (up_path(logpath, sizeof logpath, up->dir, fname) != 0) return -1;
-    int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    /* owner-only: the logs carry call ids, keys and error details */
+    int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (logfd < 0) {
         OQ_LOG_ERROR("up", "open %s: %s", logpath, strerror(errno));
         return -1;
@@ -396,7 +411,7 @@ int oq__cmd_up(int argc, char **argv)
     }
     up->exe[n] = '\0';
     const char *dir = oq_config_str(cfg, "dir");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         fprintf(stderr, "onceq up: mkdir %s: %s\n", dir, strerror(errno));
         goto out;
     }

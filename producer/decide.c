@@ -6,6 +6,11 @@
  *
  * Submit, inside the caller's write transaction (the group commit, or a service's own
  * transaction in oq_producer_submit_in_tx), for one (tenant, idem_key):
+ *  0. The message this submit would publish must fit the relay's limit (max_message_bytes,
+ *     Kafka's message.max.bytes): a row over it would never be published. Too large -> the
+ *     request is refused (OQ_ETOOBIG) when it would write anything (a new call, an expired
+ *     key, a retry); a key that exists is still answered as below (replay, conflict), since
+ *     nothing new is published then.
  *  1. Insert the prepared call and its outbox row; the insert does nothing when the key
  *     exists, so a new key costs one statement. A call id that is taken (time-ordered ids can
  *     collide) is redrawn here and the insert repeated.
@@ -17,6 +22,10 @@
  *  5. Otherwise -> REPLAY of the stored call, nothing written.
  * Two submits of one key in one batch see each other (the second is a replay), and no other
  * writer can interleave: the read and the writes share the write transaction.
+ *
+ * Dead letters: a call whose message the relay set aside (outbox_dead: Kafka refused it for
+ * good) gets a tool_result `failed` with error code "unpublishable" through the very same
+ * result rule below, keyed by the dead message's id, and the dead letter is marked handled.
  *
  * Result, inside the writer's transaction, for one tool_result envelope: decide first from the
  * call's state and attempt (no call -> UNKNOWN_CALL; another attempt -> STALE; a terminal call,
@@ -75,6 +84,24 @@ static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
     }
 }
 
+/* Step 0: the Kafka message of \p payload_len bytes (key = call id, header = message id) does
+ * not fit \p max: fill \p err. */
+static int refuse_too_big(size_t payload_len, int64_t max, oq_error_t *err)
+{
+    size_t wire = oq_outbox_wire_size(OQ_CALL_ID_LEN, payload_len, OQ_UUID_LEN);
+    return oq_error_set(err, OQ_ETOOBIG, 0,
+                        "the call's Kafka message would be %zu bytes, over the %lld bytes the "
+                        "relay can publish (message.max.bytes, the producer's "
+                        "--max-message-bytes): nothing was accepted; send smaller args",
+                        wire, (long long)max);
+}
+
+static int fits(size_t payload_len, int64_t max)
+{
+    return max <= 0 ||
+           (int64_t)oq_outbox_wire_size(OQ_CALL_ID_LEN, payload_len, OQ_UUID_LEN) <= max;
+}
+
 /** Is the stored error JSON marked retryable? */
 static int error_retryable(const char *error_json)
 {
@@ -87,7 +114,7 @@ static int error_retryable(const char *error_json)
 
 /* Step 4: the stored call \p c (failed, retryable) starts attempt + 1. */
 static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, int64_t ttl,
-                       oq_error_t *err)
+                       int64_t max_bytes, oq_error_t *err)
 {
     int64_t attempt = c->attempt + 1;
     oq_envelope_t e;
@@ -107,6 +134,10 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
     /* calls.args holds the canonical text the call was submitted with */
     int ret = oq_envelope_encode_canon(&e, c->args, strlen(c->args), &payload, &len, err);
     if (ret) return ret;
+    if (!fits(len, max_bytes)) {
+        free(payload);
+        return refuse_too_big(len, max_bytes, err);
+    }
     oq__producer_attempt_t a = {c->call_id,   attempt, now_ms, now_ms + ttl,
                                 e.message_id, payload, len};
     ret = oq__producer_store_reset_call(s, &a, err);
@@ -129,23 +160,36 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
 }
 
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
-                      oq_error_t *err)
+                      int64_t max_bytes, oq_error_t *err)
 {
     oq_call_clear(&job->call);
     job->call_from_job = 0;
     oq_call_t *c = &job->call;
 
+    /* 0. a message too large for the relay: only an existing key is answered */
+    int big = !fits(job->payload_len, max_bytes);
+
     /* 1. a new key */
-    int exists = 0;
-    int ret = insert_new(s, job, now_ms, ttl, &exists, err);
-    if (ret || !exists) return ret;
+    int exists = 0, ret = 0;
+    if (!big) {
+        ret = insert_new(s, job, now_ms, ttl, &exists, err);
+        if (ret || !exists) return ret;
+    }
 
     /* 2. the key exists: its call, unless that is finished and past retention */
     ret = oq__producer_store_get_by_key(s, job->tenant, job->idem_key, c, err);
-    if (ret == OQ_ENOTFOUND) /* cannot happen inside the write transaction */
-        ret = oq_error_set(err, OQ_EDB, 0, "key vanished inside the transaction");
-    if (ret) return ret;
+    if (ret == OQ_ENOTFOUND) /* cannot happen inside the write transaction, unless too big */
+        ret = big ? refuse_too_big(job->payload_len, max_bytes, err)
+                  : oq_error_set(err, OQ_EDB, 0, "key vanished inside the transaction");
+    if (ret) {
+        oq_call_clear(c);
+        return ret;
+    }
     if (oq_call_state_terminal(c->state) && c->expires_at <= now_ms) {
+        if (big) {
+            oq_call_clear(c);
+            return refuse_too_big(job->payload_len, max_bytes, err);
+        }
         OQ_LOGC_INFO("producer", c->call_id, "expired key reused: old call replaced");
         if ((ret = oq__producer_store_delete_call(s, c->call_id, err))) return ret;
         oq_call_clear(c);
@@ -163,7 +207,7 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
 
     /* 4. a retryable failure, submitted again */
     if (strcmp(c->state, "failed") == 0 && error_retryable(c->error)) {
-        if ((ret = retry_reset(s, c, now_ms, ttl, err))) return ret;
+        if ((ret = retry_reset(s, c, now_ms, ttl, max_bytes, err))) return ret;
         job->outcome = OQ_SUBMIT_RETRY_RESET;
         return 0;
     }
@@ -183,8 +227,9 @@ int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t ke
     int ret = oq_submit_job_new(req, &job, err);
     if (ret) return ret;
     oq__producer_store_t s = {db, NULL};
-    ret = oq__decide_submit(&s, job, oq_now_ms(),
-                            key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS, err);
+    ret =
+        oq__decide_submit(&s, job, oq_now_ms(), key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS,
+                          OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
     if (ret == 0) oq__job_finish_new(job);
     if (outcome) *outcome = job->outcome;
     if (call && (ret == 0 || ret == OQ_ECONFLICT)) {
@@ -347,6 +392,79 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
 {
     oq__producer_store_t s = {db, NULL};
     return decide_result(&s, env, now_ms, outcome, err);
+}
+
+/* --- dead letters --------------------------------------------------------------------------- */
+
+/* The tool_result that fails the call of dead letter \p d, applied by decide_result(). */
+static int fail_dead_call(oq__producer_store_t *s, const oq__producer_dead_t *d, int64_t now_ms,
+                          oq_result_outcome_t *oc, oq_error_t *err)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "the call's message could not be published to Kafka and was set aside (%s: %s); "
+             "it was not executed",
+             d->reason, d->detail ? d->detail : "no detail");
+    oq_envelope_t env;
+    memset(&env, 0, sizeof env);
+    env.v = OQ_ENVELOPE_VERSION;
+    env.kind = OQ_KIND_TOOL_RESULT;
+    snprintf(env.message_id, sizeof env.message_id, "%s", d->message_id); /* the dedupe key */
+    snprintf(env.call_id, sizeof env.call_id, "%s", d->key);
+    env.attempt = d->attempt;
+    env.created_at = now_ms;
+    env.status = "failed";
+    env.error =
+        json_pack("{s:s,s:s,s:b}", "code", OQ_ERROR_UNPUBLISHABLE, "message", msg, "retryable", 0);
+    if (!env.error) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int ret = decide_result(s, &env, now_ms, oc, err);
+    json_decref(env.error);
+    return ret;
+}
+
+int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, int *failed,
+                            int *handled, oq_error_t *err)
+{
+    oq__producer_dead_t *rows = NULL;
+    size_t n = 0;
+    int ret = oq__producer_store_dead_list(s, max, &rows, &n, err);
+    if (ret) return ret;
+    for (size_t i = 0; i < n; i++) {
+        const oq__producer_dead_t *d = &rows[i];
+        int is_call = d->kind && strcmp(d->kind, oq_kind_name(OQ_KIND_TOOL_CALL)) == 0 &&
+                      strcmp(d->topic, OQ_TOPIC_CALLS) == 0 && d->attempt >= 1 &&
+                      strlen(d->key) == OQ_CALL_ID_LEN && strlen(d->message_id) == OQ_UUID_LEN;
+        if (is_call) {
+            oq_result_outcome_t oc = 0;
+            if ((ret = fail_dead_call(s, d, now_ms, &oc, err))) break;
+            if (oc == OQ_RESULT_APPLIED) {
+                if (failed) (*failed)++;
+                OQ_LOGC_WARN("producer", d->key,
+                             "call failed with error code %s: its message (attempt %lld, "
+                             "message_id %s, outbox seq %lld) was set aside by the relay: %s",
+                             OQ_ERROR_UNPUBLISHABLE, (long long)d->attempt, d->message_id,
+                             (long long)d->seq, d->reason);
+            }
+        } else {
+            OQ_LOG_WARN("producer",
+                        "dead letter seq=%lld on topic %s is not a tool call of this database: "
+                        "left in outbox_dead for the operator",
+                        (long long)d->seq, d->topic);
+        }
+        if ((ret = oq__producer_store_dead_handled(s, d->seq, now_ms, err))) break;
+        if (handled) (*handled)++;
+    }
+    oq__producer_dead_free(rows, n);
+    return ret;
+}
+
+int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed, int *handled,
+                               oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL};
+    if (failed) *failed = 0;
+    if (handled) *handled = 0;
+    return oq__decide_dead_letters(&s, now_ms, max > 0 ? max : 64, failed, handled, err);
 }
 
 /* --- retention ------------------------------------------------------------------------------ */

@@ -878,6 +878,7 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
         return send_error(h, c, 422, "idempotency_conflict",
                           "this Idempotency-Key was used with a different request body");
     if (rc == OQ_EINVAL) return send_error(h, c, 400, "bad_request", err.msg);
+    if (rc == OQ_ETOOBIG) return send_error(h, c, 413, "payload_too_large", err.msg);
     if (rc == OQ_ESHUTDOWN) return send_error(h, c, 503, "unavailable", "shutting down");
     if (rc == OQ_EBUSY) return send_error(h, c, 503, "unavailable", "database busy, retry");
     if (rc) {

@@ -33,6 +33,12 @@
 
 #define OQ_DEFAULT_TENANT "default"
 #define OQ_DEFAULT_KEY_TTL_MS (24LL * 3600 * 1000)
+/** librdkafka's default message.max.bytes: the largest message the relay publishes unless its
+ *  `-X message.max.bytes` says otherwise. */
+#define OQ_DEFAULT_MAX_MESSAGE_BYTES 1000000
+/** The error code a call gets when its message could not be published (it was set aside by
+ *  the relay, see relay/README.md "Dead letters"). */
+#define OQ_ERROR_UNPUBLISHABLE "unpublishable"
 
 typedef struct oq_producer oq_producer_t;
 
@@ -48,6 +54,10 @@ typedef struct oq_producer_opts {
     int checkpoint_pages;    /**< WAL frames that trigger a checkpoint on a background thread
                                   (PASSIVE, its own connection): 0 = 1000; < 0 = SQLite's
                                   auto-checkpoint inside the writer's commits */
+    int64_t max_message_bytes; /**< the relay's Kafka message.max.bytes (keep the two equal):
+                                    a new call whose message (envelope + key + header, as
+                                    oq_outbox_wire_size() counts it) would be larger is refused
+                                    with OQ_ETOOBIG and nothing is written; 0 = 1,000,000 */
 } oq_producer_opts_t;
 
 typedef enum {
@@ -129,8 +139,10 @@ void oq_producer_close(oq_producer_t *p);
  * @param call receives the call (the original one on a replay or conflict); may be NULL.
  * @param outcome receives the outcome (also on conflict); may be NULL.
  * @returns 0 for new / replay / retry-reset, OQ_ECONFLICT for a conflict, OQ_EINVAL for a bad
- *          request (nothing written), OQ_EBUSY/OQ_EDB when the batch failed to commit (nothing
- *          of this submit is durable; retrying with the same key is safe), OQ_ESHUTDOWN.
+ *          request (nothing written), OQ_ETOOBIG when the call's message would be larger than
+ *          max_message_bytes (nothing written; \p err says both sizes), OQ_EBUSY/OQ_EDB when
+ *          the batch failed to commit (nothing of this submit is durable; retrying with the
+ *          same key is safe), OQ_ESHUTDOWN.
  */
 int oq_producer_submit(oq_producer_t *p, const oq_submit_req_t *req, oq_call_t *call,
                        oq_submit_outcome_t *outcome, oq_error_t *err);
@@ -172,7 +184,8 @@ int oq_submit_job_result(const oq_submit_job_t *job, oq_submit_outcome_t *outcom
  * @remark \p db must hold an open write transaction (BEGIN IMMEDIATE) and carry the producer
  *         schema (oq_producer_migrate). Nothing is committed here. A conflict writes nothing.
  * @param key_ttl_ms 0 = 24 h.
- * @returns as oq_producer_submit().
+ * @returns as oq_producer_submit(); the message size is checked against
+ *          OQ_DEFAULT_MAX_MESSAGE_BYTES (the relay's default).
  */
 int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
                              oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
@@ -217,6 +230,7 @@ typedef struct oq_purge_stats {
     int64_t result_inbox; /**< their result_inbox rows, and rows of unknown calls older
                                than the TTL */
     int64_t outbox;       /**< published outbox rows older than the TTL */
+    int64_t dead;         /**< handled dead letters (outbox_dead) older than the TTL */
     int batches;
 } oq_purge_stats_t;
 
@@ -231,6 +245,24 @@ typedef struct oq_purge_stats {
  */
 int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
                    oq_purge_stats_t *stats, oq_error_t *err);
+
+/* --- dead letters ------------------------------------------------------------------------- */
+
+/**
+ * @brief Fail the calls whose message the relay set aside (outbox_dead rows not handled yet,
+ *        at most \p max): each becomes a tool_result `failed` with error
+ *        {"code":"unpublishable","message":...,"retryable":false} applied by the same rules
+ *        as a consumer's result (oq_store_apply_result: audited, deduplicated by the dead
+ *        message's id, a stale attempt or a terminal call is left alone), and the row is marked
+ *        handled. A producer (oq_producer_open) does this by itself about once a second; a
+ *        service using oq_producer_submit_in_tx with its own relay calls this.
+ * @remark Runs in the caller's open write transaction; commits nothing.
+ * @param failed receives the number of calls moved to `failed`; may be NULL.
+ * @param handled receives the number of rows handled; may be NULL.
+ * @returns 0, OQ_EBUSY, OQ_EDB, OQ_ENOMEM.
+ */
+int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed, int *handled,
+                               oq_error_t *err);
 
 /* --- results ingest ----------------------------------------------------------------------- */
 

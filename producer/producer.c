@@ -43,6 +43,8 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
     o.max_batch = o.max_batch > 0 ? o.max_batch : 256;
     o.read_conns = o.read_conns > 0 ? o.read_conns : 4;
     o.checkpoint_pages = o.checkpoint_pages == 0 ? 1000 : o.checkpoint_pages;
+    o.max_message_bytes =
+        o.max_message_bytes > 0 ? o.max_message_bytes : OQ_DEFAULT_MAX_MESSAGE_BYTES;
     int ret = 0;
     oq_producer_t *p = calloc(1, sizeof *p);
     if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");

@@ -99,12 +99,24 @@ void oq__job_finish_new(oq_submit_job_t *job);
 /**
  * @brief The submit decision and its writes, inside an open write transaction on \p s.
  *        Sets job->outcome and job->call (on NEW, after oq__job_finish_new()).
- * @returns 0 (new / replay / retry-reset), OQ_ECONFLICT, or OQ_EBUSY/OQ_EDB/OQ_ENOMEM/
- *          OQ_ESTATE (the caller must roll the transaction back).
+ * @param max_message_bytes the relay's limit (0 = no check): a message over it is refused with
+ *        OQ_ETOOBIG when the submit would publish it, and nothing is written.
+ * @returns 0 (new / replay / retry-reset), OQ_ECONFLICT, OQ_ETOOBIG, or OQ_EBUSY/OQ_EDB/
+ *          OQ_ENOMEM/OQ_ESTATE (the caller must roll the transaction back).
  * @locality writer thread (or the caller's thread for the in-transaction API)
  */
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
-                      int64_t key_ttl_ms, oq_error_t *err);
+                      int64_t key_ttl_ms, int64_t max_message_bytes, oq_error_t *err);
+
+/**
+ * @brief Fail the calls of up to \p max unhandled dead letters (outbox_dead) and mark them
+ *        handled, inside an open write transaction on \p s (see oq_store_fail_dead_letters).
+ * @param failed, handled incremented per call failed / row handled; may be NULL.
+ * @returns 0, or a database error (roll back: nothing of it holds).
+ * @locality writer thread (or the caller's thread for oq_store_fail_dead_letters)
+ */
+int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, int *failed,
+                            int *handled, oq_error_t *err);
 
 /**
  * @brief The result decision for each of \p n envelopes, inside an open write transaction.

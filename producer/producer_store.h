@@ -136,6 +136,36 @@ typedef struct oq__producer_result {
 int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
                                   oq_error_t *err);
 
+/* --- dead letters (outbox_dead, written by the relay) ----------------------------------------- */
+
+/** An outbox row the relay set aside and nobody acted on yet. Strings owned (free with
+ *  oq__producer_dead_free). */
+typedef struct oq__producer_dead {
+    int64_t seq;
+    char *message_id;
+    char *topic;
+    char *key;       /**< the call id, for a tool_call */
+    char *kind;      /**< the envelope's "kind", NULL when the payload is not a JSON envelope */
+    int64_t attempt; /**< the envelope's "attempt", 0 when absent */
+    char *reason;    /**< librdkafka error name */
+    char *detail;    /**< may be NULL */
+} oq__producer_dead_t;
+
+/** Up to \p max unhandled dead letters in seq order (0 rows is fine). The envelope fields are
+ *  read with SQLite's JSON functions: the payload itself (up to the size Kafka refused) is
+ *  never copied out. */
+int oq__producer_store_dead_list(oq__producer_store_t *s, int max, oq__producer_dead_t **rows,
+                                 size_t *n, oq_error_t *err);
+void oq__producer_dead_free(oq__producer_dead_t *rows, size_t n);
+
+/** Set handled_at of dead letter \p seq (in the caller's transaction). */
+int oq__producer_store_dead_handled(oq__producer_store_t *s, int64_t seq, int64_t now_ms,
+                                    oq_error_t *err);
+
+/** Are there unhandled dead letters? A cheap probe of a partial index, in or outside a
+ *  transaction. */
+int oq__producer_store_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err);
+
 /* --- audit ----------------------------------------------------------------------------------- */
 
 /** Append an audit row (\p detail: JSON text or NULL). */
@@ -152,7 +182,8 @@ int oq__producer_store_audit_list(oq__producer_store_t *s, const char *call_id,
  * One purge batch in its own short BEGIN IMMEDIATE transaction: up to \p batch terminal calls
  * with expires_at <= \p now_ms and their audit and result_inbox rows; delivered outbox rows
  * created at or before now_ms - ttl_ms (oq_outbox_purge_published) among the \p batch oldest;
- * result_inbox rows of unknown calls received at or before now_ms - ttl_ms, up to \p batch.
+ * result_inbox rows of unknown calls received at or before now_ms - ttl_ms, up to \p batch;
+ * handled dead letters (outbox_dead) set aside at or before now_ms - ttl_ms, up to \p batch.
  * @param stats accumulates what was deleted (and +1 batch). @param more set when a limit was
  *        reached (another batch may find more).
  */

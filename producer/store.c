@@ -15,6 +15,10 @@
  * bounded batch each, so the writer's wait for the lock is bounded too); the counts read one
  * snapshot in a read transaction.
  *
+ * Dead letters (outbox_dead) are written by the relay; the producer reads the unhandled ones,
+ * marks them handled and purges them. Their envelope fields are read with SQLite's JSON
+ * functions, so a payload Kafka found too large is never copied into the process.
+ *
  * Statements come from the store's oq_stmt_cache_t when it has one (the writer, the readers)
  * and are prepared per call otherwise (the in-transaction API on a caller's connection).
  */
@@ -54,6 +58,17 @@ static const char SQL_GET_STATE[] = "SELECT state,attempt FROM calls WHERE call_
 static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6 WHERE call_id=?1";
+
+/* Dead letters: the envelope's kind and attempt through SQLite's JSON functions (guarded by
+ * json_valid, so a payload that is not JSON reads as NULL instead of failing the statement). */
+static const char SQL_DEAD_LIST[] =
+    "SELECT seq,message_id,topic,key,"
+    "CASE WHEN json_valid(payload) THEN json_extract(payload,'$.kind') END,"
+    "CASE WHEN json_valid(payload) THEN json_extract(payload,'$.attempt') END,"
+    "reason,detail FROM outbox_dead WHERE handled_at IS NULL ORDER BY seq LIMIT ?1";
+static const char SQL_DEAD_HANDLED[] = "UPDATE outbox_dead SET handled_at=?2 WHERE seq=?1";
+static const char SQL_DEAD_ANY[] =
+    "SELECT EXISTS(SELECT 1 FROM outbox_dead WHERE handled_at IS NULL)";
 
 /* --- statement helpers ---------------------------------------------------------------------- */
 
@@ -370,6 +385,92 @@ out:
     return 0;
 }
 
+/* --- dead letters --------------------------------------------------------------------------- */
+
+void oq__producer_dead_free(oq__producer_dead_t *rows, size_t n)
+{
+    for (size_t i = 0; rows && i < n; i++) {
+        free(rows[i].message_id);
+        free(rows[i].topic);
+        free(rows[i].key);
+        free(rows[i].kind);
+        free(rows[i].reason);
+        free(rows[i].detail);
+    }
+    free(rows);
+}
+
+int oq__producer_store_dead_list(oq__producer_store_t *s, int max, oq__producer_dead_t **rows,
+                                 size_t *n, oq_error_t *err)
+{
+    oq__producer_dead_t *v = NULL;
+    size_t cnt = 0;
+    int ret = 0, rc = SQLITE_DONE;
+    *rows = NULL;
+    *n = 0;
+    if (max <= 0) return 0;
+    sqlite3_stmt *st = st_get(s, SQL_DEAD_LIST, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int(st, 1, max);
+    v = calloc((size_t)max, sizeof *v);
+    if (!v) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    while (cnt < (size_t)max && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__producer_dead_t *d = &v[cnt++];
+        d->seq = sqlite3_column_int64(st, 0);
+        d->message_id = col_strdup(st, 1);
+        d->topic = col_strdup(st, 2);
+        d->key = col_strdup(st, 3);
+        d->kind = col_strdup(st, 4);
+        d->attempt = sqlite3_column_type(st, 5) == SQLITE_INTEGER ? sqlite3_column_int64(st, 5) : 0;
+        d->reason = col_strdup(st, 6);
+        d->detail = col_strdup(st, 7);
+        if (!d->message_id || !d->topic || !d->key || !d->reason) {
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto out;
+        }
+    }
+    if (cnt < (size_t)max && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "dead letters");
+out:
+    st_done(s, st);
+    if (ret) {
+        oq__producer_dead_free(v, cnt);
+        return ret;
+    }
+    *rows = v;
+    *n = cnt;
+    return 0;
+}
+
+int oq__producer_store_dead_handled(oq__producer_store_t *s, int64_t seq, int64_t now_ms,
+                                    oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(s, SQL_DEAD_HANDLED, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int64(st, 1, seq);
+    sqlite3_bind_int64(st, 2, now_ms);
+    int ret = st_exec(s, st, err, "dead letter handled");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err)
+{
+    *any = 0;
+    sqlite3_stmt *st = st_get(s, SQL_DEAD_ANY, err);
+    if (!st) return st_failed(err);
+    int rc = sqlite3_step(st);
+    int ret = 0;
+    if (rc == SQLITE_ROW)
+        *any = sqlite3_column_int(st, 0);
+    else
+        ret = oq_db_error(s->db, rc, err, "dead letters");
+    st_done(s, st);
+    return ret;
+}
+
 /* --- retention ------------------------------------------------------------------------------ */
 
 static int count_query(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *err)
@@ -438,9 +539,17 @@ int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int6
     if ((ret = oq_db_exec(db, sql, err))) goto fail;
     int64_t orphans = sqlite3_changes(db);
     stats->result_inbox += orphans;
+    /* Dead letters the producer acted on (their calls failed), once past the key TTL. */
+    snprintf(sql, sizeof sql,
+             "DELETE FROM outbox_dead WHERE seq IN (SELECT seq FROM outbox_dead WHERE handled_at "
+             "IS NOT NULL AND dead_at<=%lld LIMIT %d)",
+             (long long)(now_ms - ttl), batch);
+    if ((ret = oq_db_exec(db, sql, err))) goto fail;
+    int64_t dead = sqlite3_changes(db);
+    stats->dead += dead;
     if ((ret = oq_db_commit(db, err))) goto fail;
     stats->batches++;
-    *more = (n >= batch) || (ob >= batch) || (orphans >= batch);
+    *more = (n >= batch) || (ob >= batch) || (orphans >= batch) || (dead >= batch);
     return 0;
 fail:
     oq_db_rollback(db);

@@ -27,6 +27,12 @@
  * neighbours; when the commit itself fails, every item of the batch reports the error and
  * nothing of it is durable (retrying with the same key is safe).
  *
+ * Dead letters: about once a second (every 10 ms while full batches come back) the writer looks
+ * for outbox rows its relay set aside (outbox_dead, a cheap probe of a partial index) and, when
+ * there are any, fails their calls in a transaction of its own (decide.c, the same rule as a
+ * consumer's result), so a call whose message Kafka refused ends `failed` with error code
+ * "unpublishable" instead of staying pending.
+ *
  * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
  * it inside every ~45th commit, stalling that batch. The writer connection has a WAL hook
  * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
@@ -44,6 +50,9 @@
 
 struct oq__writer {
     int64_t key_ttl_ms;
+    int64_t max_message_bytes;
+    int64_t next_dead_us; /* writer thread: next look at outbox_dead */
+    oq_metric_t *m_unpublishable;
     int max_batch;
     int commit_delay_us;
     sqlite3 *wdb;
@@ -55,7 +64,7 @@ struct oq__writer {
     oq__work_t *head, *tail; /* under mu */
     size_t qlen;             /* under mu */
     int stopping;            /* under mu */
-    oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed;
+    oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed, *m_too_large;
     oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu;
     /* background checkpointer (see the file comment) */
     int ckpt_pages;
@@ -81,7 +90,8 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
 {
     oq_error_clear(&it->err);
     if (it->kind == OQ__WORK_SUBMIT)
-        return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, &it->err);
+        return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, w->max_message_bytes,
+                                 &it->err);
     oq__results_t *r = (oq__results_t *)it;
     return oq__decide_results(s, r->envs, r->n, r->outcomes, now, &it->err);
 }
@@ -133,6 +143,10 @@ fail:
 
 static void count_outcome(oq__writer_t *w, const oq_submit_job_t *j)
 {
+    if (j->work.rc == OQ_ETOOBIG) {
+        oq_counter_add(w->m_too_large, 1);
+        return;
+    }
     if (j->work.rc != 0 && j->work.rc != OQ_ECONFLICT) {
         oq_counter_add(w->m_failed, 1);
         return;
@@ -283,6 +297,34 @@ static void *ckpt_main(void *arg)
     return NULL;
 }
 
+/* --- dead letters ----------------------------------------------------------------------------*/
+
+#define DEAD_BATCH 64
+
+/** Fails the calls of dead letters, if there are any (see the file comment). @locality writer */
+static void dead_letters(oq__writer_t *w)
+{
+    oq_error_t err = {0};
+    oq__producer_store_t s = {w->wdb, w->wcache};
+    int any = 0, failed = 0, handled = 0;
+    w->next_dead_us = oq_mono_us() + 1000000;
+    if (oq__producer_store_dead_any(&s, &any, &err) != 0) {
+        OQ_LOG_WARN("producer", "dead letters: %s", err.msg);
+        return;
+    }
+    if (!any) return;
+    int ret = oq_db_begin_immediate(w->wdb, 1000, &err);
+    if (!ret) ret = oq__decide_dead_letters(&s, oq_now_ms(), DEAD_BATCH, &failed, &handled, &err);
+    if (!ret) ret = oq_db_commit(w->wdb, &err);
+    if (ret) {
+        oq_db_rollback(w->wdb);
+        OQ_LOG_WARN("producer", "dead letters not handled (will retry): %s", err.msg);
+        return;
+    }
+    oq_counter_add(w->m_unpublishable, (uint64_t)failed);
+    if (handled >= DEAD_BATCH) w->next_dead_us = oq_mono_us() + 10000;
+}
+
 /* --- the writer thread -----------------------------------------------------------------------*/
 
 static void *writer_main(void *arg)
@@ -295,11 +337,19 @@ static void *writer_main(void *arg)
     if (!items) abort();
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!w->head && !w->stopping)
-            pthread_cond_wait(&w->cv, &w->mu);
+        for (;;) {
+            int64_t left = w->next_dead_us - oq_mono_us();
+            if (w->head || w->stopping || left <= 0) break;
+            struct timespec ts;
+            abs_deadline(&ts, left);
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
         if (!w->head) {
+            int stopping = w->stopping;
             pthread_mutex_unlock(&w->mu);
-            break;
+            if (stopping) break;
+            dead_letters(w);
+            continue;
         }
         gather(w, last_n, last_commit_us);
         int n = 0;
@@ -343,6 +393,7 @@ static void *writer_main(void *arg)
             it->done(it, it->opaque);
         }
         if (w->finish_due) finish_checkpoint(w);
+        if (oq_mono_us() >= w->next_dead_us) dead_letters(w);
     }
     free(items);
     return NULL;
@@ -361,6 +412,11 @@ static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
     w->m_reset =
         oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"retry_reset\"");
     w->m_failed = oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"error\"");
+    w->m_too_large =
+        oq_metrics_counter(m, "onceq_producer_submits_total", h, "outcome=\"too_large\"");
+    w->m_unpublishable = oq_metrics_counter(
+        m, "onceq_producer_unpublishable_total",
+        "Calls failed because the relay set their message aside (error code unpublishable)", NULL);
     w->m_batches =
         oq_metrics_counter(m, "onceq_producer_batches_total", "Group-commit transactions", NULL);
     static const double bsz[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
@@ -402,6 +458,8 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     pthread_mutex_init(&w->cmu, NULL);
     pthread_cond_init(&w->ccv, NULL);
     w->key_ttl_ms = o->key_ttl_ms;
+    w->max_message_bytes = o->max_message_bytes;
+    w->next_dead_us = oq_mono_us(); /* a first look at once */
     w->max_batch = o->max_batch;
     w->commit_delay_us = o->commit_delay_us;
     w->ckpt_pages = o->checkpoint_pages;

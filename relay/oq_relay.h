@@ -4,8 +4,8 @@
  *        `seq` order per partition, with one active relay per database (lease + fencing).
  *
  * A relay owns one SQLite connection to the database at `db_path` (calls.db for the producer,
- * effects.db for a consumer's result outbox; both carry schema/common/0001_outbox.sql and
- * 0002_outbox_watermark.sql) and one
+ * effects.db for a consumer's result outbox; both carry schema/common/0001_outbox.sql,
+ * 0002_outbox_watermark.sql and 0003_outbox_dead.sql) and one
  * idempotent librdkafka producer (`enable.idempotence=true`, `acks=all`, forced). Rows are
  * appended by other code with oq_outbox_append() inside their own transactions; the relay
  * notices a commit by polling `PRAGMA data_version` with an adaptive backoff (1 ms up to
@@ -22,7 +22,14 @@
  *    its lease (paused past the expiry, then resumed) stores nothing. The view
  *    `outbox_unpublished` lists the rows above it.
  *  - Nothing is dropped: a failed delivery stops the watermark below that row; the relay drains
- *    its in-flight messages and re-publishes from the watermark. Duplicates are possible (crash
+ *    its in-flight messages and re-publishes from the watermark. The one exception is a row
+ *    Kafka refuses for good (a permanent per-message error: MSG_SIZE_TOO_LARGE,
+ *    INVALID_MSG_SIZE, RECORD_LIST_TOO_LARGE, INVALID_RECORD; from the broker only when the
+ *    row fails again sent alone): it is copied into `outbox_dead` with its reason in the same
+ *    fenced transaction that moves the watermark over it, counted
+ *    (onceq_relay_dead_letters_total{reason}) and logged, so no row blocks the ones behind it
+ *    for ever. The database's owner acts on outbox_dead (the producer fails the call with
+ *    error code "unpublishable"). Duplicates are possible (crash
  *    between delivery and the next advance, failover, failure rewind: every row above the
  *    stored watermark is sent again); the consumer's inbox absorbs them.
  *  - Order: per partition (hence per key), the first copy of every message arrives in seq
@@ -112,6 +119,7 @@ typedef struct oq_relay_stats {
     uint64_t producer_restarts;  /**< producers recreated after a fatal error */
     uint64_t fenced;             /**< times the lease was found lost */
     uint64_t cleaned;            /**< published rows deleted by retention */
+    uint64_t dead_letters;       /**< rows set aside (outbox_dead) after a permanent error */
     int64_t pending;             /**< unpublished rows (refreshed about every second) */
     int64_t oldest_pending_age_ms; /**< age of the oldest unpublished row, 0 if none */
     int64_t fence;               /**< fencing token while holder, else last held (0 never) */

@@ -31,6 +31,18 @@
  * rd_kafka_poll() blocks, so the relay does not spin. A new lease holder starts from the stored
  * watermark, so rows delivered after the last stored advance are sent again, as after a crash.
  *
+ * Dead letters. A few per-message errors cannot be cured by sending the same bytes again
+ * (permanent_errs[]). When librdkafka's own size check refuses a row in rd_kafka_producev(),
+ * the row alone is at fault: it is set aside at once. When a delivery report carries such an
+ * error, the broker may have refused the whole batch for one bad record (or for its total
+ * size), so the failure takes the usual drain and rewind, and then that row is sent alone
+ * (probe_seq: after the rows before it were delivered, and nothing after it until it is
+ * answered). Refused again, it is set aside; delivered, it was innocent. Setting a row aside
+ * marks its ring entry done, so the watermark passes it, and queues its record, which the next
+ * mark job writes to outbox_dead in the same fenced transaction as the watermark. A relay that
+ * loses its lease drops the queued records with everything else: the next holder meets the
+ * same rows again. Every other error keeps the drain-rewind-backoff path above.
+ *
  * Idle latency. After a read that found nothing, the relay waits on a condition variable
  * (woken by oq_relay_notify()) for 1 ms, then 2, 4, up to poll_max_ms, and checks
  * PRAGMA data_version between waits: it changes when any other connection commits. The value
@@ -70,12 +82,38 @@ typedef struct {
     int64_t seq;
     int32_t partition; /* -1: unknown (failed before partitioning) */
     int32_t topic;     /* index in the topic cache */
+    int32_t err;       /* rd_kafka_resp_err_t of the failure (0: unknown, e.g. abandoned) */
 } entry_t;
 
 typedef struct {
     entry_t *v;
     size_t n, cap;
 } list_t;
+
+/* A row set aside: its ring entry counts as done, and the record goes to outbox_dead with the
+ * mark that stores a watermark at or above it. */
+typedef struct {
+    int64_t seq;
+    int32_t err;
+    char message_id[40];
+    char key[64];
+    char detail[200];
+} dead_t;
+
+typedef struct {
+    dead_t *v;
+    size_t n, cap;
+} dead_list_t;
+
+/* The per-message errors that sending the same bytes again cannot cure (relay/README.md, "Dead
+ * letters", says why each one is here and why the others are not). */
+static const rd_kafka_resp_err_t permanent_errs[] = {
+    RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+    RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE,
+    RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE,
+    RD_KAFKA_RESP_ERR_INVALID_RECORD,
+};
+#define OQ__RELAY_NPERM ((int)(sizeof(permanent_errs) / sizeof(permanent_errs[0])))
 
 typedef struct {
     int64_t seq;
@@ -119,6 +157,9 @@ struct oq_relay {
     int64_t *ring_seq;
     unsigned char *ring_done;
     uint32_t ring_head, ring_len;
+    dead_list_t dead;           /* rows set aside, not yet covered by a submitted mark */
+    int64_t probe_seq;          /* > 0: this row failed permanently in a batch; it is sent
+                                   alone, and set aside if it fails permanently again */
     int64_t wm;                 /* every seq <= wm delivered (or stored as published) */
     int64_t wm_stored;          /* the watermark last stored by a mark (or read at acquire) */
     uint64_t ndelivered;        /* delivery reports not yet covered by a submitted mark */
@@ -135,6 +176,7 @@ struct oq_relay {
     int64_t next_stats_us, next_lease_try_ms;
     int last_kafka_err;
     int64_t last_kafka_err_us;
+    int64_t max_msg_bytes; /* the producer's message.max.bytes (for log lines) */
     oq_relay_stats_t st; /* working copy */
     int64_t t_read_us, t_poll_us; /* where the relay thread's time goes (stop log) */
 
@@ -148,6 +190,7 @@ struct oq_relay {
     int64_t job_upto;       /* watermark handed to the writer */
     uint64_t job_n;         /* delivery reports it covers (for the published counter) */
     int64_t job_fence;      /* fence the job was submitted under */
+    dead_list_t job_dead;   /* dead letters stored with the job's watermark */
     int job_rc;             /* results, valid in DONE */
     int64_t job_now, job_from;
     char job_err[256];
@@ -160,6 +203,7 @@ struct oq_relay {
     oq_metric_t *m_pending, *m_oldest, *m_published, *m_produced, *m_errors, *m_rewinds,
         *m_restarts, *m_fenced, *m_cleaned, *m_holder, *m_fence, *m_inflight, *m_batch,
         *m_latency;
+    oq_metric_t *m_dead[OQ__RELAY_NPERM]; /* onceq_relay_dead_letters_total{reason} */
 };
 
 /* --- small helpers ------------------------------------------------------------------------- */
@@ -180,6 +224,26 @@ static int list_push(list_t *l, entry_t e)
     }
     l->v[l->n++] = e;
     return 0;
+}
+
+static int dead_push(dead_list_t *l, const dead_t *d)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        dead_t *v = realloc(l->v, cap * sizeof(*v));
+        if (!v) return OQ_ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *d;
+    return 0;
+}
+
+static int permanent_index(rd_kafka_resp_err_t e)
+{
+    for (int i = 0; i < OQ__RELAY_NPERM; i++)
+        if (permanent_errs[i] == e) return i;
+    return -1;
 }
 
 void oq_relay_opts_init(oq_relay_opts_t *o)
@@ -268,6 +332,30 @@ static void abandon_inflight(oq_relay_t *r)
     slots_reset(r);
 }
 
+/*
+ * Sets row \p seq aside (dead letter): its ring entry \p ring counts as done, so the watermark
+ * may pass it, and its record waits in r->dead for the mark that stores that watermark (the
+ * record and the watermark are written in one transaction).
+ * @returns 0, or OQ_ENOMEM (nothing changed: the caller fails the row as usual, it stays
+ *          pending).
+ */
+static int set_aside(oq_relay_t *r, int64_t seq, uint32_t ring, rd_kafka_resp_err_t e,
+                     const char *message_id, const void *key, size_t key_len, const char *detail)
+{
+    dead_t d;
+    memset(&d, 0, sizeof(d));
+    d.seq = seq;
+    d.err = e;
+    snprintf(d.message_id, sizeof(d.message_id), "%s", message_id ? message_id : "");
+    if (key)
+        snprintf(d.key, sizeof(d.key), "%.*s", (int)(key_len < 63 ? key_len : 63),
+                 (const char *)key);
+    snprintf(d.detail, sizeof(d.detail), "%s", detail);
+    if (dead_push(&r->dead, &d) != 0) return OQ_ENOMEM;
+    ring_delivered(r, ring);
+    return 0;
+}
+
 /* --- librdkafka callbacks (served by rd_kafka_poll on the relay thread) ------------------- */
 
 static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
@@ -284,6 +372,13 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     r->st.inflight--;
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         if (!r->holder) return; /* tracking was dropped with the lease */
+        if (e.seq == r->probe_seq) {
+            OQ_LOG_INFO("relay",
+                        "seq=%" PRId64 " sent alone was delivered: the permanent error "
+                        "was its batch's, not this row's",
+                        e.seq);
+            r->probe_seq = 0;
+        }
         if (r->ndelivered++ == 0) r->first_delivered_us = oq_mono_us();
         ring_delivered(r, ring);
         if (r->m_latency) {
@@ -293,6 +388,26 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         return;
     }
     if (!r->holder) return; /* purged after losing the lease: nothing to re-send from here */
+    if (e.seq == r->probe_seq && permanent_index(m->err) >= 0) {
+        /* Sent alone and refused for good again: this row is at fault, set it aside. */
+        char mid[40] = "", detail[200];
+        rd_kafka_headers_t *hdrs = NULL;
+        const void *v = NULL;
+        size_t vn = 0;
+        if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+            rd_kafka_header_get_last(hdrs, OQ_HDR_MESSAGE_ID, &v, &vn) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR &&
+            v)
+            snprintf(mid, sizeof(mid), "%.*s", (int)(vn < 39 ? vn : 39), (const char *)v);
+        snprintf(detail, sizeof(detail),
+                 "broker refused the row sent alone: %s (value %zu bytes, key %zu bytes, "
+                 "topic %s partition %d)",
+                 rd_kafka_err2str(m->err), m->len, m->key_len, rd_kafka_topic_name(m->rkt),
+                 (int)m->partition);
+        r->probe_seq = 0;
+        if (set_aside(r, e.seq, ring, m->err, mid, m->key, m->key_len, detail) == 0) return;
+    }
+    e.err = m->err;
     r->st.delivery_errors++;
     oq_counter_add(r->m_errors, 1);
     if (r->failed.n == 0)
@@ -407,6 +522,10 @@ static int producer_new(oq_relay_t *r, oq_error_t *err)
         rd_kafka_conf_destroy(conf);
         return oq_error_set(err, OQ_EKAFKA, 0, "rd_kafka_new: %s", errstr);
     }
+    char v[32] = "";
+    size_t vn = sizeof(v);
+    if (rd_kafka_conf_get(rd_kafka_conf(r->rk), "message.max.bytes", v, &vn) == RD_KAFKA_CONF_OK)
+        r->max_msg_bytes = strtoll(v, NULL, 10);
     for (int i = 0; i < r->ntopics; i++) {
         r->topics[i].rkt = rd_kafka_topic_new(r->rk, r->topics[i].name, NULL);
         if (!r->topics[i].rkt) {
@@ -507,6 +626,8 @@ static void lose_lease(oq_relay_t *r, const char *why)
     oq_counter_add(r->m_fenced, 1);
     if (r->rk) producer_destroy(r);
     r->failed.n = 0;
+    r->dead.n = 0; /* not stored: the next holder finds these rows again */
+    r->probe_seq = 0;
     r->draining = 0;
     ring_reset(r);
     r->ndelivered = 0;
@@ -536,6 +657,8 @@ static void try_acquire(oq_relay_t *r)
     ring_reset(r);
     r->ndelivered = 0;
     r->failed.n = 0;
+    r->dead.n = 0;
+    r->probe_seq = 0;
     r->draining = 0;
     r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
     r->resume_at_us = 0;
@@ -584,6 +707,34 @@ static int mark_collect(oq_relay_t *r)
     r->job_state = OQ__JOB_IDLE;
     pthread_mutex_unlock(&r->wmu);
 
+    /* The job's dead letters (the writer is done with job_dead until the next submit). */
+    for (size_t i = 0; i < r->job_dead.n; i++) {
+        const dead_t *d = &r->job_dead.v[i];
+        if (rc == 0) {
+            int k = permanent_index((rd_kafka_resp_err_t)d->err);
+            r->st.dead_letters++;
+            if (k >= 0) oq_counter_add(r->m_dead[k], 1);
+            OQ_LOG_WARN("relay",
+                        "dead letter: outbox seq=%" PRId64 " message_id=%s key=%s set "
+                        "aside (%s: %s); the watermark moved over it and the rows "
+                        "behind it go on",
+                        d->seq, d->message_id, d->key, rd_kafka_err2name(d->err), d->detail);
+        } else if (rc != OQ_EFENCED && current) {
+            /* not stored: it goes with the next mark (the watermark cannot be stored past it
+             * without it) */
+            if (dead_push(&r->dead, d) != 0) {
+                OQ_LOG_ERROR("relay",
+                             "out of memory keeping dead letter seq=%" PRId64
+                             ": dropping the lease to start over",
+                             d->seq);
+                r->job_dead.n = 0;
+                lose_lease(r, "out of memory");
+                return 1;
+            }
+        }
+    }
+    r->job_dead.n = 0;
+
     if (rc == 0) {
         if (current) {
             r->renewed_at_ms = now;
@@ -622,6 +773,26 @@ static int mark_submit(oq_relay_t *r)
         pthread_mutex_unlock(&r->wmu);
         return 0;
     }
+    /* Every dead letter at or below the watermark goes with it (room first, so that none is
+     * ever left behind a stored watermark). */
+    if (r->job_dead.cap < r->dead.n) {
+        dead_t *v = realloc(r->job_dead.v, r->dead.n * sizeof(*v));
+        if (!v) {
+            pthread_mutex_unlock(&r->wmu);
+            return 0;
+        }
+        r->job_dead.v = v;
+        r->job_dead.cap = r->dead.n;
+    }
+    size_t keep = 0;
+    r->job_dead.n = 0;
+    for (size_t i = 0; i < r->dead.n; i++) {
+        if (r->dead.v[i].seq <= r->wm)
+            r->job_dead.v[r->job_dead.n++] = r->dead.v[i];
+        else
+            r->dead.v[keep++] = r->dead.v[i];
+    }
+    r->dead.n = keep;
     r->job_upto = r->wm;
     r->job_from = r->wm_stored;
     r->job_n = r->ndelivered;
@@ -654,8 +825,19 @@ static void writer_mark(oq_relay_t *r)
     oq_error_t err = {0};
     OQ_CRASH_POINT("relay.after_delivery_before_mark");
     int64_t now = oq_now_ms(), t0 = oq_mono_us();
-    int rc = oq__relay_store_mark(r->wstore, r->lease_name, r->owner, r->job_fence, r->lease_ms,
-                                  now, r->job_upto, &err);
+    oq__relay_dead_t *dead = NULL;
+    size_t nd = r->job_dead.n;
+    int rc = 0;
+    if (nd > 0 && !(dead = calloc(nd, sizeof(*dead))))
+        rc = oq_error_set(&err, OQ_ENOMEM, 0, "relay: out of memory (dead letters)");
+    for (size_t i = 0; dead && i < nd; i++)
+        dead[i] = (oq__relay_dead_t){.seq = r->job_dead.v[i].seq,
+                                     .reason = rd_kafka_err2name(r->job_dead.v[i].err),
+                                     .detail = r->job_dead.v[i].detail};
+    if (rc == 0)
+        rc = oq__relay_store_mark_dead(r->wstore, r->lease_name, r->owner, r->job_fence,
+                                       r->lease_ms, now, r->job_upto, dead, nd, &err);
+    free(dead);
     r->t_mark_us += oq_mono_us() - t0;
     if (rc == 0) OQ_CRASH_POINT("relay.after_mark_commit");
     r->job_rc = rc;
@@ -736,9 +918,26 @@ static void *writer_main(void *arg)
 static void finish_drain(oq_relay_t *r)
 {
     size_t nf = r->failed.n;
-    int64_t gmin = INT64_MAX;
-    for (size_t i = 0; i < nf; i++)
-        if (r->failed.v[i].seq < gmin) gmin = r->failed.v[i].seq;
+    int64_t gmin = INT64_MAX, pmin = INT64_MAX;
+    int32_t perr = 0;
+    for (size_t i = 0; i < nf; i++) {
+        const entry_t *f = &r->failed.v[i];
+        if (f->seq < gmin) gmin = f->seq;
+        if (permanent_index((rd_kafka_resp_err_t)f->err) >= 0 && f->seq < pmin) {
+            pmin = f->seq;
+            perr = f->err;
+        }
+    }
+    /* A permanent error may be the batch's (a broker refuses a whole batch that holds one bad
+     * record, or that is too large as a whole): the lowest such row is sent alone next, and only
+     * a permanent refusal of it alone sets it aside. A probe not answered yet stays. */
+    if (pmin != INT64_MAX && pmin != r->probe_seq) {
+        OQ_LOG_WARN("relay",
+                    "seq=%" PRId64 " failed with %s: sending it alone, after the rows "
+                    "before it, to tell whether the row or its batch is at fault",
+                    pmin, rd_kafka_err2name(perr));
+        r->probe_seq = pmin;
+    }
     /* The failed row's ring entry stopped the head, so wm < gmin already; the clamp only
      * guards an entry the ring never saw (a failure before it was produced). */
     if (gmin != INT64_MAX && r->wm > gmin - 1) r->wm = gmin - 1;
@@ -780,6 +979,13 @@ static int produce_row(void *ctx, const oq__relay_row_t *row)
 {
     oq_relay_t *r = ctx;
     if (r->draining || r->fatal || atomic_load(&r->stop)) return 1;
+    if (r->probe_seq) {
+        if (r->cursor >= r->probe_seq) return 1; /* the probe is in flight: it goes alone */
+        if (row->seq > r->probe_seq)
+            r->probe_seq = 0; /* the row is gone (never above the watermark; be safe) */
+        else if (row->seq == r->probe_seq && r->st.inflight > 0)
+            return 1; /* wait for the rows before it */
+    }
     if (r->batch_n == 0) OQ_CRASH_POINT("relay.after_read_batch");
     int t = topic_index(r, row->topic);
     if (t < 0) {
@@ -810,12 +1016,31 @@ static int produce_row(void *ctx, const oq__relay_row_t *row)
             return 1;
         }
         slot_free(r, h);
+        if (e == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE) {
+            /* librdkafka's own check of this row against message.max.bytes: no broker and no
+             * batch involved, so the row is at fault and can never be sent as configured. */
+            char detail[200];
+            snprintf(detail, sizeof(detail),
+                     "value %zu bytes + key %zu bytes + header over the relay's "
+                     "message.max.bytes=%" PRId64,
+                     row->payload_len, row->key_len, r->max_msg_bytes);
+            uint32_t ri = ring_push(r, row->seq);
+            if (set_aside(r, row->seq, ri, e, row->message_id, row->key, row->key_len, detail) ==
+                0) {
+                if (r->probe_seq == row->seq) r->probe_seq = 0;
+                r->cursor = row->seq;
+                r->batch_n++;
+                return 0;
+            }
+            r->ring_len--; /* out of memory: undo the push, fail the row as below */
+        }
         if (e == RD_KAFKA_RESP_ERR__FATAL) {
             r->fatal = 1;
         } else {
             OQ_LOG_ERROR("relay", "produce seq=%" PRId64 " topic=%s: %s", row->seq, row->topic,
                          rd_kafka_err2str(e));
-            list_push(&r->failed, (entry_t){.seq = row->seq, .partition = -1, .topic = t});
+            list_push(&r->failed,
+                      (entry_t){.seq = row->seq, .partition = -1, .topic = t, .err = e});
             r->st.delivery_errors++;
             oq_counter_add(r->m_errors, 1);
             r->draining = 1;
@@ -919,9 +1144,10 @@ static void relay_shutdown(oq_relay_t *r)
     r->shared.lease_state = OQ_RELAY_STOPPED;
     pthread_mutex_unlock(&r->mu);
     OQ_LOG_INFO("relay", "stopped: published=%" PRIu64 " produced=%" PRIu64
-                         " delivery_errors=%" PRIu64 " pending=%" PRId64
+                         " delivery_errors=%" PRIu64 " dead_letters=%" PRIu64 " pending=%" PRId64
                          " busy_read_produce_s=%.2f busy_mark_s=%.2f wait_delivery_s=%.2f",
-                r->st.published, r->st.produced, r->st.delivery_errors, r->st.pending,
+                r->st.published, r->st.produced, r->st.delivery_errors, r->st.dead_letters,
+                r->st.pending,
                 (double)r->t_read_us / 1e6, (double)r->t_mark_us / 1e6,
                 (double)r->t_poll_us / 1e6);
 }
@@ -1083,6 +1309,16 @@ static int register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labels, 
         m, "onceq_relay_publish_latency_seconds",
         "Outbox created_at to successful delivery report", labels, lat_bounds,
         sizeof(lat_bounds) / sizeof(lat_bounds[0]));
+    for (int i = 0; i < OQ__RELAY_NPERM; i++) {
+        char l[256];
+        snprintf(l, sizeof(l), "%s%sreason=\"%s\"", labels ? labels : "", labels ? "," : "",
+                 rd_kafka_err2name(permanent_errs[i]));
+        r->m_dead[i] = oq_metrics_counter(m, "onceq_relay_dead_letters_total",
+                                          "Outbox rows set aside after a permanent error", l);
+        if (!r->m_dead[i])
+            return oq_error_set(err, OQ_EINVAL, 0,
+                                "relay metrics: registration failed (name clash or out of memory)");
+    }
     if (!r->m_pending || !r->m_oldest || !r->m_published || !r->m_produced || !r->m_errors ||
         !r->m_rewinds || !r->m_restarts || !r->m_fenced || !r->m_cleaned || !r->m_holder ||
         !r->m_fence || !r->m_inflight || !r->m_batch || !r->m_latency)
@@ -1226,6 +1462,8 @@ void oq_relay_destroy(oq_relay_t *r)
     free(r->ring_seq);
     free(r->ring_done);
     free(r->failed.v);
+    free(r->dead.v);
+    free(r->job_dead.v);
     free(r->db_path);
     free(r->sync);
     free(r->brokers);

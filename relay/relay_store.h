@@ -31,7 +31,8 @@ typedef struct oq__relay_row {
 /** Row callback: return 0 to continue, non-zero to stop reading (that row is not consumed). */
 typedef int (*oq__relay_row_cb)(void *ctx, const oq__relay_row_t *row);
 
-/** Open \p path (WAL, \p synchronous), check that outbox + relay_lease exist. */
+/** Open \p path (WAL, \p synchronous), check that outbox, relay_lease (with its watermark) and
+ *  outbox_dead exist: the relay never migrates, the producer or consumer does. */
 int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_store_t **out,
                          oq_error_t *err);
 void oq__relay_store_close(oq__relay_store_t *s);
@@ -81,6 +82,24 @@ int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int6
  */
 int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
                          int64_t lease_ms, int64_t now_ms, int64_t upto, oq_error_t *err);
+
+/** A row set aside (dead-lettered): stored with the watermark that passes it. Borrowed. */
+typedef struct oq__relay_dead {
+    int64_t seq;        /**< the outbox row */
+    const char *reason; /**< librdkafka error name, e.g. "MSG_SIZE_TOO_LARGE" */
+    const char *detail; /**< human-readable; may be NULL */
+} oq__relay_dead_t;
+
+/**
+ * As oq__relay_store_mark(), and in the same transaction, after the fencing check passed: copy
+ * each of the \p ndead outbox rows \p dead (all with seq <= \p upto) into outbox_dead with its
+ * reason (a row already there is left as it is). So the watermark never passes a dead row
+ * without its dead letter, and a fenced relay writes neither.
+ * @returns 0, OQ_EFENCED (nothing written), OQ_EBUSY or OQ_EDB.
+ */
+int oq__relay_store_mark_dead(oq__relay_store_t *s, const char *name, const char *owner,
+                              int64_t fence, int64_t lease_ms, int64_t now_ms, int64_t upto,
+                              const oq__relay_dead_t *dead, size_t ndead, oq_error_t *err);
 
 /** Delete published rows created before \p cutoff_ms among the \p limit oldest rows, one
  *  transaction. */

@@ -17,6 +17,11 @@
  * lock. A mark is one UPDATE of the lease row that renews the lease and advances the watermark
  * (never backwards) under the fencing check, whatever the number of rows it covers. Retention
  * deletes published rows past their age in bounded batches from the low end of seq.
+ *
+ * Dead letters (schema/common/0003_outbox_dead.sql): a row Kafka refuses for good is copied
+ * into outbox_dead inside the very mark transaction whose watermark passes it, after the
+ * fencing check, so a stored watermark never passes a row that is neither delivered nor set
+ * aside. The copy keeps the payload: retention deletes the outbox row as any published one.
  */
 #include "relay_store.h"
 
@@ -81,6 +86,14 @@ static const char sql_check_tables[] =
     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('outbox', "
     "'relay_lease')";
 static const char sql_check_watermark[] = "SELECT published_seq FROM relay_lease LIMIT 0";
+static const char sql_check_dead[] = "SELECT handled_at FROM outbox_dead LIMIT 0";
+
+/* A dead letter: the outbox row copied with its reason. OR IGNORE: a row already set aside
+ * (by an earlier holder whose mark committed) keeps its first record. */
+static const char sql_dead_insert[] =
+    "INSERT OR IGNORE INTO outbox_dead(seq, message_id, topic, key, payload, created_at, reason, "
+    "detail, dead_at) SELECT seq, message_id, topic, key, payload, created_at, ?2, ?3, ?4 "
+    "FROM outbox WHERE seq = ?1";
 
 /* --- open / close -------------------------------------------------------------------------- */
 
@@ -117,6 +130,15 @@ int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_st
         rc = oq_error_set(err, OQ_EDB, 0,
                           "database %s has no relay_lease.published_seq (schema older than this "
                           "relay: start the producer or consumer of this version once to migrate)",
+                          path);
+        goto fail;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (sqlite3_prepare_v2(s->db, sql_check_dead, -1, &st, NULL) != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EDB, 0,
+                          "database %s has no outbox_dead table (schema older than this relay: "
+                          "start the producer or consumer of this version once to migrate)",
                           path);
         goto fail;
     }
@@ -367,6 +389,13 @@ int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int6
 int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
                          int64_t lease_ms, int64_t now_ms, int64_t upto, oq_error_t *err)
 {
+    return oq__relay_store_mark_dead(s, name, owner, fence, lease_ms, now_ms, upto, NULL, 0, err);
+}
+
+int oq__relay_store_mark_dead(oq__relay_store_t *s, const char *name, const char *owner,
+                              int64_t fence, int64_t lease_ms, int64_t now_ms, int64_t upto,
+                              const oq__relay_dead_t *dead, size_t ndead, oq_error_t *err)
+{
     int rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
     sqlite3_stmt *st = get(s, sql_mark, err);
@@ -386,6 +415,26 @@ int oq__relay_store_mark(oq__relay_store_t *s, const char *name, const char *own
         rc = oq_error_set(err, OQ_EFENCED, 0, "lease %s lost (fence %" PRId64 "): nothing marked",
                           name, fence);
         goto out;
+    }
+    for (size_t i = 0; i < ndead; i++) {
+        st = get(s, sql_dead_insert, err);
+        if (!st) {
+            rc = prep_fail(err);
+            goto out;
+        }
+        sqlite3_bind_int64(st, 1, dead[i].seq);
+        sqlite3_bind_text(st, 2, dead[i].reason, -1, SQLITE_STATIC);
+        if (dead[i].detail)
+            sqlite3_bind_text(st, 3, dead[i].detail, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(st, 3);
+        sqlite3_bind_int64(st, 4, now_ms);
+        step = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (step != SQLITE_DONE) {
+            rc = oq_db_error(s->db, step, err, "relay dead letter");
+            goto out;
+        }
     }
     OQ_CRASH_POINT("relay.after_mark_before_commit");
     rc = oq_db_commit(s->db, err);
@@ -528,6 +577,14 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
         leases++;
     }
     if (leases == 0) append(buf, n, &pos, " holder=none");
+    /* Dead letters, when there are any (a database older than outbox_dead has none). */
+    sqlite3_finalize(st);
+    st = NULL;
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM outbox_dead", -1, &st, NULL) == SQLITE_OK) {
+        int64_t dead = 0;
+        if ((rc = scalar(db, st, &dead, &found, err, "relay status dead")) != 0) goto out;
+        if (dead > 0) append(buf, n, &pos, " dead=%" PRId64, dead);
+    }
 #undef OQ__PREP
 out:
     sqlite3_finalize(st);
