@@ -6,7 +6,7 @@
  * closed, then stamped user_version = 99. After that:
  *  - the library openers refuse with OQ_EVERSION and a message naming the file and both
  *    versions: oq_db_open (read-write and read-only), oq_producer_open, oq_relay_new (the one
- *    that used to start, take a lease and publish), oq_cstore_open;
+ *    that used to start, take a lease and publish), oq__consumer_store_open;
  *  - every command that opens a database exits 1 with that message, through ONCEQ_BIN:
  *    relay, producer, consumer, purge, submit, stats, get, inspect, verify;
  *  - both files are byte for byte what they were, and no -wal file was left behind.
@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "oq_consumer.h"
-#include "oq_cstore.h"
+#include "consumer_store.h"
 #include "oq_db.h"
 #include "oq_log.h"
 #include "oq_producer.h"
@@ -154,8 +154,8 @@ static void test_every_opener_refuses_a_newer_schema(void **state)
     oq_error_clear(&err);
     assert_null(oq_relay_new(&o, &err));
     refused(err.code, &err, cdb);
-    oq_cstore_t *cs = NULL;
-    refused(oq_cstore_open(cdb, NULL, "w", &cs, &err), &err, cdb);
+    oq__consumer_store_t *cs = NULL;
+    refused(oq__consumer_store_open(cdb, NULL, "w", &cs, &err), &err, cdb);
 
     /* the commands */
     static const char *const cmds[] = {
