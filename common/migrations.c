@@ -12,6 +12,7 @@ const char *const oq_migrations_producer[] = {
     "producer/0001_init.sql",
     "producer/0002_calls_hot_path.sql",
     "common/0002_outbox_watermark.sql",
+    "producer/0003_redrive.sql",
     NULL,
 };
 

@@ -4,8 +4,10 @@
  * ingest (only with --brokers) and, with --purge-interval, a periodic purge of expired keys.
  *
  * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
- * check it and to run the periodic purge on its own connection (bounded batches, so the
- * writer never waits long for the lock). SIGTERM/SIGINT drain: stop accepting, answer
+ * check it, to run the periodic purge on its own connection (bounded batches, so the writer
+ * never waits long for the lock) and, while the results ingest runs, a redrive pass every
+ * --redrive-interval (through the writer: calls with no news for --redrive-after get their
+ * message published again with the same message id). SIGTERM/SIGINT drain: stop accepting, answer
  * requests in flight (up to --drain), stop the ingest after its batch, close the writer
  * after its queue, exit 0.
  */
@@ -40,6 +42,12 @@ static const oq_setting_t producer_settings[] = {
     {"purge-interval", OQ_SET_DURATION, "0", 0, 365LL * 24 * 3600 * 1000, NULL,
      "run the purge this often (0 = off; use `onceq purge` instead)"},
     {"purge-batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per purge transaction"},
+    {"redrive-after", OQ_SET_DURATION, "2m", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "publish the message of a call that is not terminal and has had no state change for this "
+     "long again, same message id (0 = off; needs --brokers)"},
+    {"redrive-interval", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
+     "how often to look for calls due for a redrive"},
+    {"redrive-batch", OQ_SET_INT, "100", 1, 100000, NULL, "calls looked at per redrive pass"},
     {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, wait this long for requests in flight"},
     {"metrics-listen", OQ_SET_STRING, NULL, 0, 128, NULL,
@@ -91,6 +99,8 @@ int oq__cmd_producer(int argc, char **argv)
     const char *brokers = oq_config_str(cfg, "brokers");
     int64_t ttl = oq_config_int(cfg, "key-ttl");
     int64_t purge_every = oq_config_int(cfg, "purge-interval");
+    int64_t redrive_after = oq_config_int(cfg, "redrive-after");
+    int64_t redrive_every = oq_config_int(cfg, "redrive-interval");
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -102,9 +112,14 @@ int oq__cmd_producer(int argc, char **argv)
 
     if (strcmp(sync, "full") != 0)
         OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
-    oq_producer_opts_t po = {sync, ttl,     (int)oq_config_int(cfg, "max-batch"),
-                             0,    metrics, (int)oq_config_int(cfg, "commit-delay-us"),
-                             (int)oq_config_int(cfg, "checkpoint-pages")};
+    oq_producer_opts_t po = {sync,
+                             ttl,
+                             (int)oq_config_int(cfg, "max-batch"),
+                             0,
+                             metrics,
+                             (int)oq_config_int(cfg, "commit-delay-us"),
+                             (int)oq_config_int(cfg, "checkpoint-pages"),
+                             redrive_after > 0 ? redrive_after : -1};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
@@ -123,7 +138,11 @@ int oq__cmd_producer(int argc, char **argv)
                     (long long)ttl, "onceq.tool-results");
     } else {
         OQ_LOG_INFO("producer", "no --brokers: results ingest is off (calls stay pending/running)");
+        if (redrive_after > 0)
+            OQ_LOG_INFO("producer", "no --brokers: redrive is off too (no call can finish here)");
     }
+    /* Without results every call would look stuck: redrive only where they are ingested. */
+    int redrive_on = in && redrive_after > 0;
     oq_http_opts_t ho = {oq_config_str(cfg, "listen"),
                          oq_config_int(cfg, "max-body"),
                          (int)oq_config_int(cfg, "threads"),
@@ -139,12 +158,30 @@ int oq__cmd_producer(int argc, char **argv)
         fprintf(stderr, "onceq producer: metrics: %s\n", err.msg);
         goto out;
     }
-    OQ_LOG_INFO("producer", "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld", db,
-                oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every);
+    OQ_LOG_INFO("producer",
+                "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld redrive_after_ms=%lld "
+                "redrive_interval_ms=%lld",
+                db, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
+                (long long)(redrive_on ? redrive_after : 0), (long long)redrive_every);
 
     int64_t next_purge = oq_mono_us() + purge_every * 1000;
+    int64_t next_redrive = oq_mono_us() + redrive_every * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
+        if (redrive_on && oq_mono_us() >= next_redrive) {
+            oq_redrive_stats_t rs = {0, 0, 0};
+            int more = 1;
+            /* full batches mean more are due: go on (each pass is one short item) */
+            for (int i = 0; more && i < 100 && !producer_stop; i++) {
+                int batch = (int)oq_config_int(cfg, "redrive-batch");
+                if (oq_producer_redrive(p, batch, &rs, &err) != 0) {
+                    OQ_LOG_WARN("producer", "redrive: %s", err.msg);
+                    break;
+                }
+                more = rs.redriven + rs.waiting + rs.deferred >= batch;
+            }
+            next_redrive = oq_mono_us() + redrive_every * 1000;
+        }
         if (purge_every > 0 && oq_mono_us() >= next_purge) {
             next_purge = oq_mono_us() + purge_every * 1000;
             if (!pdb) {
