@@ -501,8 +501,8 @@ int oq_outbox_count(sqlite3 *db, int64_t *pending, int64_t *total, oq_error_t *e
 /* --- outbox: republish -------------------------------------------------------------------- */
 
 /* The row of a message id and whether the relay's watermark passed it. */
-static const char outbox_find_sql[] =
-    "SELECT seq, topic, key, payload, seq <= " OUTBOX_WATERMARK " FROM outbox WHERE message_id = ?1";
+static const char outbox_find_sql[] = "SELECT seq, topic, key, payload, seq <= " OUTBOX_WATERMARK
+                                      " FROM outbox WHERE message_id = ?1";
 static const char outbox_delete_sql[] = "DELETE FROM outbox WHERE seq = ?1";
 
 static sqlite3_stmt *outbox_stmt(sqlite3 *db, oq_stmt_cache_t *cache, const char *sql,

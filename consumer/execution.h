@@ -98,10 +98,15 @@ typedef enum {
                                    oq__exec_finish) or plans it (oq__exec_plan) */
     OQ__INTAKE_REPLANNED,     /**< a new producer attempt of a FAILED_FINAL call: PLANNED again,
                                    due now; the caller claims it */
-    OQ__INTAKE_DONE,          /**< call already terminal: result re-emitted, nothing executed */
+    OQ__INTAKE_DONE,          /**< call already terminal, its result not delivered yet: nothing
+                                   executed, nothing to re-emit */
     OQ__INTAKE_IN_PROGRESS,   /**< call being executed: nothing to do */
     OQ__INTAKE_STALE,         /**< older attempt than the execution's: ignored */
-    OQ__INTAKE_MISMATCH       /**< same call_id, different fingerprint: nothing written; DLQ it */
+    OQ__INTAKE_MISMATCH,      /**< same call_id, different fingerprint: nothing written; DLQ it */
+    OQ__INTAKE_REEMITTED      /**< call already terminal and its result delivered once: the
+                                   result is published again under its own (derived, so
+                                   unchanged) message id, for a redelivered message id as for a
+                                   new one; nothing executed. The repair of a lost result. */
 } oq__intake_t;
 
 /** @brief In tx: the inbox row of \p env and the decision (an oq__intake_t in *decision). */
