@@ -25,10 +25,10 @@
  * written, not even an audit row). Only then is the call updated, or the refusal audited. A
  * terminal result ends the call's redrive schedule.
  *
- * Redrive (anti-entropy), inside the writer's transaction, for each call due (not terminal,
- * next_redrive_at passed; a new call or attempt is due redrive_after after its submit):
+ * Redrive (anti-entropy), inside the writer's transaction, for each call due (looked at before
+ * and next_redrive_at passed, or never looked at and unchanged for redrive_after):
  *  1. Terminal after all -> unscheduled.
- *  2. Its state changed less than redrive_after ago -> rescheduled redrive_after after it.
+ *  2. Its state changed less than redrive_after ago -> looked at again redrive_after after it.
  *  3. Its message is still above the relay's watermark (not delivered yet) -> nothing to
  *     repair; looked at again one spacing later.
  *  4. Otherwise its tool_call message is published again with the SAME message id (the
@@ -48,14 +48,8 @@
 /* --- submit --------------------------------------------------------------------------------- */
 
 /* Step 1: insert the job's call; *exists when the key already has one (nothing written). */
-/* When a call submitted (or reset) at \p now_ms is first due for a redrive; 0 = never. */
-static int64_t first_redrive_at(int64_t now_ms, int64_t redrive_after_ms)
-{
-    return redrive_after_ms > 0 ? now_ms + redrive_after_ms : 0;
-}
-
 static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
-                      int64_t redrive_after, int *exists, oq_error_t *err)
+                      int *exists, oq_error_t *err)
 {
     for (int tries = 0;; tries++) {
         oq__producer_new_call_t row = {.call_id = job->call_id,
@@ -72,8 +66,7 @@ static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
                                        .expires_at = now_ms + ttl,
                                        .message_id = job->message_id,
                                        .payload = job->payload,
-                                       .payload_len = job->payload_len,
-                                       .next_redrive_at = first_redrive_at(now_ms, redrive_after)};
+                                       .payload_len = job->payload_len};
         oq__producer_insert_t res = 0;
         int ret = oq__producer_store_insert_call(s, &row, &res, err);
         if (ret) return ret;
@@ -108,7 +101,7 @@ static int error_retryable(const char *error_json)
 
 /* Step 4: the stored call \p c (failed, retryable) starts attempt + 1. */
 static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, int64_t ttl,
-                       int64_t redrive_after, oq_error_t *err)
+                       oq_error_t *err)
 {
     int64_t attempt = c->attempt + 1;
     oq_envelope_t e;
@@ -134,8 +127,7 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
                                 .expires_at = now_ms + ttl,
                                 .message_id = e.message_id,
                                 .payload = payload,
-                                .payload_len = len,
-                                .next_redrive_at = first_redrive_at(now_ms, redrive_after)};
+                                .payload_len = len};
     ret = oq__producer_store_reset_call(s, &a, err);
     free(payload);
     if (ret) return ret;
@@ -156,7 +148,7 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
 }
 
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
-                      int64_t redrive_after, oq_error_t *err)
+                      oq_error_t *err)
 {
     oq_call_clear(&job->call);
     job->call_from_job = 0;
@@ -164,7 +156,7 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
 
     /* 1. a new key */
     int exists = 0;
-    int ret = insert_new(s, job, now_ms, ttl, redrive_after, &exists, err);
+    int ret = insert_new(s, job, now_ms, ttl, &exists, err);
     if (ret || !exists) return ret;
 
     /* 2. the key exists: its call, unless that is finished and past retention */
@@ -176,7 +168,7 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
         OQ_LOGC_INFO("producer", c->call_id, "expired key reused: old call replaced");
         if ((ret = oq__producer_store_delete_call(s, c->call_id, err))) return ret;
         oq_call_clear(c);
-        if ((ret = insert_new(s, job, now_ms, ttl, redrive_after, &exists, err))) return ret;
+        if ((ret = insert_new(s, job, now_ms, ttl, &exists, err))) return ret;
         return exists ? oq_error_set(err, OQ_EDB, 0, "expired call not replaced") : 0;
     }
 
@@ -190,7 +182,7 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
 
     /* 4. a retryable failure, submitted again */
     if (strcmp(c->state, "failed") == 0 && error_retryable(c->error)) {
-        if ((ret = retry_reset(s, c, now_ms, ttl, redrive_after, err))) return ret;
+        if ((ret = retry_reset(s, c, now_ms, ttl, err))) return ret;
         job->outcome = OQ_SUBMIT_RETRY_RESET;
         return 0;
     }
@@ -210,10 +202,8 @@ int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t ke
     int ret = oq_submit_job_new(req, &job, err);
     if (ret) return ret;
     oq__producer_store_t s = {db, NULL};
-    /* scheduled with the default age: whichever producer ingests this database's results
-     * runs the passes (or nobody, and the schedule is only an index entry) */
     int64_t ttl = key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS;
-    ret = oq__decide_submit(&s, job, oq_now_ms(), ttl, OQ_DEFAULT_REDRIVE_AFTER_MS, err);
+    ret = oq__decide_submit(&s, job, oq_now_ms(), ttl, err);
     if (ret == 0) oq__job_finish_new(job);
     if (outcome) *outcome = job->outcome;
     if (call && (ret == 0 || ret == OQ_ECONFLICT)) {
@@ -438,7 +428,8 @@ int oq__decide_redrive(oq__producer_store_t *s, int64_t now_ms, int64_t after, i
     if (limit <= 0) limit = 100;
     if (!(rows = calloc((size_t)limit, sizeof *rows)))
         return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    if ((ret = oq__producer_store_redrive_due(s, now_ms, limit, rows, &n, err))) goto out;
+    if ((ret = oq__producer_store_redrive_due(s, now_ms, now_ms - after, limit, rows, &n, err)))
+        goto out;
     for (int i = 0; i < n && ret == 0; i++) {
         oq__producer_redrive_row_t *r = &rows[i];
         oq__producer_redrive_mark_t m = {r->call_id, r->redrive_count, 0, NULL};

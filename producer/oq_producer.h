@@ -52,7 +52,8 @@ typedef struct oq_producer_opts {
                                   auto-checkpoint inside the writer's commits */
     int64_t redrive_after_ms; /**< a call not terminal whose state has not changed for this
                                    long is due for a redrive (oq_producer_redrive): 0 = 2 min,
-                                   < 0 = off (calls are not scheduled, passes do nothing) */
+                                   < 0 = off (passes do nothing). Nothing is stored at submit,
+                                   so the value applies to every open call. */
 } oq_producer_opts_t;
 
 typedef enum {

@@ -106,14 +106,13 @@ void oq__job_finish_new(oq_submit_job_t *job);
 
 /**
  * @brief The submit decision and its writes, inside an open write transaction on \p s.
- *        Sets job->outcome and job->call (on NEW, after oq__job_finish_new()). A new call or a
- *        new attempt is due for a redrive \p redrive_after_ms after \p now_ms (<= 0: never).
+ *        Sets job->outcome and job->call (on NEW, after oq__job_finish_new()).
  * @returns 0 (new / replay / retry-reset), OQ_ECONFLICT, or OQ_EBUSY/OQ_EDB/OQ_ENOMEM/
  *          OQ_ESTATE (the caller must roll the transaction back).
  * @locality writer thread (or the caller's thread for the in-transaction API)
  */
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
-                      int64_t key_ttl_ms, int64_t redrive_after_ms, oq_error_t *err);
+                      int64_t key_ttl_ms, oq_error_t *err);
 
 /**
  * @brief The result decision for each of \p n envelopes, inside an open write transaction.

@@ -51,7 +51,6 @@ typedef struct oq__producer_new_call {
                                  also kept in calls.message_id for a redrive */
     const char *payload;    /**< its tool_call envelope */
     size_t payload_len;
-    int64_t next_redrive_at; /**< when the call is due for a redrive; 0 = never (redrive off) */
 } oq__producer_new_call_t;
 
 /** What an insert did. */
@@ -86,13 +85,12 @@ typedef struct oq__producer_attempt {
     const char *message_id;
     const char *payload; /**< its tool_call envelope */
     size_t payload_len;
-    int64_t next_redrive_at; /**< 0 = never; the redrive count starts again at 0 */
 } oq__producer_attempt_t;
 
 /**
  * Back to `pending` with attempt \p a->attempt, result and error cleared, the new message id
- * and redrive schedule, and the outbox row appended. @returns 0, or OQ_ESTATE (nothing written)
- * when the call is not `failed` at attempt \p a->attempt - 1.
+ * kept and the redrive count reset (never looked at), and the outbox row appended. @returns 0, or
+ * OQ_ESTATE (nothing written) when the call is not `failed` at attempt \p a->attempt - 1.
  */
 int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
                                   oq_error_t *err);
@@ -157,11 +155,15 @@ typedef struct oq__producer_redrive_row {
 void oq__producer_redrive_row_clear(oq__producer_redrive_row_t *r);
 
 /**
- * Up to \p cap calls whose next_redrive_at is at or before \p now, earliest first, into
- * \p rows (*n of them; clear each). Reads the partial index of scheduled calls only.
+ * Up to \p cap calls due for a look, into \p rows (*n of them; clear each): first those looked
+ * at before whose next_redrive_at is at or before \p now, earliest first; then open calls never
+ * looked at whose last change (updated_at) is at or before \p unchanged_since, oldest first.
+ * Each comes from its partial index (calls_redrive, calls_unheard), so the work is bounded
+ * by \p cap whatever the table holds.
  */
-int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int cap,
-                                   oq__producer_redrive_row_t *rows, int *n, oq_error_t *err);
+int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                   int cap, oq__producer_redrive_row_t *rows, int *n,
+                                   oq_error_t *err);
 
 /** A call's new redrive schedule. Borrowed. */
 typedef struct oq__producer_redrive_mark {

@@ -36,12 +36,12 @@ static const char SQL_GET_BY_KEY[] =
 static const char SQL_GET_BY_ID[] = "SELECT " CALL_COLS " FROM calls WHERE call_id=?1";
 static const char SQL_INSERT_CALL[] =
     "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,client_id,"
-    "seq,created_at,updated_at,expires_at,message_id,next_redrive_at) "
-    "VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10,?11,?12) "
+    "seq,created_at,updated_at,expires_at,message_id) "
+    "VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10,?11) "
     "ON CONFLICT(tenant,idem_key) DO NOTHING";
 static const char SQL_RESET_CALL[] =
     "UPDATE calls SET state='pending',attempt=?2,result=NULL,error=NULL,updated_at=?3,"
-    "expires_at=?4,message_id=?5,redrive_count=0,next_redrive_at=?6 "
+    "expires_at=?4,message_id=?5,redrive_count=0,next_redrive_at=NULL "
     "WHERE call_id=?1 AND state='failed' AND attempt=?2-1";
 static const char SQL_DELETE_CALL[] = "DELETE FROM calls WHERE call_id=?1";
 static const char SQL_DELETE_AUDIT[] = "DELETE FROM audit WHERE call_id=?1";
@@ -58,10 +58,17 @@ static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6,next_redrive_at=CASE WHEN ?7 THEN NULL ELSE next_redrive_at END "
     "WHERE call_id=?1";
-static const char SQL_REDRIVE_DUE[] =
-    "SELECT call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,message_id,"
-    "redrive_count,created_at,updated_at,next_redrive_at FROM calls "
-    "WHERE next_redrive_at IS NOT NULL AND next_redrive_at<=?1 ORDER BY next_redrive_at LIMIT ?2";
+#define REDRIVE_COLS                                                                               \
+    "call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,message_id,redrive_count,"        \
+    "created_at,updated_at,next_redrive_at"
+/* Both read a partial index of schema/producer/0003_redrive.sql; their WHERE repeats the
+ * index's own condition word for word, which is how SQLite knows it may use it. */
+static const char SQL_REDRIVE_AGAIN[] =
+    "SELECT " REDRIVE_COLS " FROM calls WHERE next_redrive_at IS NOT NULL AND next_redrive_at<=?1 "
+    "ORDER BY next_redrive_at LIMIT ?2";
+static const char SQL_REDRIVE_UNHEARD[] =
+    "SELECT " REDRIVE_COLS " FROM calls WHERE next_redrive_at IS NULL AND "
+    "(state = 'pending' OR state = 'running') AND updated_at<=?1 ORDER BY updated_at LIMIT ?2";
 static const char SQL_REDRIVE_MARK[] =
     "UPDATE calls SET redrive_count=?2,next_redrive_at=?3,message_id=COALESCE(?4,message_id) "
     "WHERE call_id=?1";
@@ -200,7 +207,6 @@ int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_n
     sqlite3_bind_int64(st, 9, c->created_at);
     sqlite3_bind_int64(st, 10, c->expires_at);
     bind_text(st, 11, c->message_id);
-    bind_time(st, 12, c->next_redrive_at);
     int rc = sqlite3_step(st);
     int ret = 0;
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
@@ -264,7 +270,6 @@ int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_at
     sqlite3_bind_int64(st, 3, a->updated_at);
     sqlite3_bind_int64(st, 4, a->expires_at);
     bind_text(st, 5, a->message_id);
-    bind_time(st, 6, a->next_redrive_at);
     int ret = st_exec(s, st, err, "reset call");
     st_done(s, st);
     if (ret) return ret;
@@ -349,15 +354,16 @@ void oq__producer_redrive_row_clear(oq__producer_redrive_row_t *r)
     memset(r, 0, sizeof *r);
 }
 
-int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int cap,
-                                   oq__producer_redrive_row_t *rows, int *n, oq_error_t *err)
+/* Appends the rows \p sql selects (?1 = \p t, ?2 = room left) to \p rows. */
+static int redrive_select(oq__producer_store_t *s, const char *sql, int64_t t, int cap,
+                          oq__producer_redrive_row_t *rows, int *n, oq_error_t *err)
 {
     int rc = SQLITE_DONE, ret = 0;
-    *n = 0;
-    sqlite3_stmt *st = st_get(s, SQL_REDRIVE_DUE, err);
+    if (*n >= cap) return 0;
+    sqlite3_stmt *st = st_get(s, sql, err);
     if (!st) return st_failed(err);
-    sqlite3_bind_int64(st, 1, now);
-    sqlite3_bind_int(st, 2, cap);
+    sqlite3_bind_int64(st, 1, t);
+    sqlite3_bind_int(st, 2, cap - *n);
     while (*n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         oq__producer_redrive_row_t *r = &rows[*n];
         memset(r, 0, sizeof *r);
@@ -377,12 +383,21 @@ int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int cap
         (*n)++;
         if (!r->tenant || !r->idem_key || !r->tool || !r->args) {
             ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-            goto out;
+            break;
         }
     }
-    if (*n < cap && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "redrive due");
-out:
+    if (ret == 0 && *n < cap && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "redrive due");
     st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                   int cap, oq__producer_redrive_row_t *rows, int *n,
+                                   oq_error_t *err)
+{
+    *n = 0;
+    int ret = redrive_select(s, SQL_REDRIVE_AGAIN, now, cap, rows, n, err);
+    if (ret == 0) ret = redrive_select(s, SQL_REDRIVE_UNHEARD, unchanged_since, cap, rows, n, err);
     if (ret) {
         for (int i = 0; i < *n; i++)
             oq__producer_redrive_row_clear(&rows[i]);

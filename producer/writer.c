@@ -82,8 +82,7 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
 {
     oq_error_clear(&it->err);
     if (it->kind == OQ__WORK_SUBMIT)
-        return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, w->redrive_after_ms,
-                                 &it->err);
+        return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, &it->err);
     if (it->kind == OQ__WORK_REDRIVE) {
         oq__redrive_t *d = (oq__redrive_t *)it;
         return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);

@@ -907,7 +907,7 @@ static void test_call_id_taken(void **state)
     assert_int_equal(oq_db_exec(f->db, sql, &err), 0);
     assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
     oq__producer_store_t st = {f->db, NULL};
-    assert_int_equal(oq__decide_submit(&st, job, 1000, OQ_DEFAULT_KEY_TTL_MS, 0, &err), 0);
+    assert_int_equal(oq__decide_submit(&st, job, 1000, OQ_DEFAULT_KEY_TTL_MS, &err), 0);
     assert_int_equal(oq_db_commit(f->db, &err), 0);
     oq__job_finish_new(job);
     assert_int_equal(job->outcome, OQ_SUBMIT_NEW);
@@ -921,7 +921,7 @@ static void test_call_id_taken(void **state)
 
     /* reset of a pending call: refused, nothing written */
     oq__producer_attempt_t a = {
-        job->call.call_id, 2, 2000, 3000, "0190f3a2-7b1c-7d2e-8f30-1a2b3c4d5e6f", "{}", 2, 0};
+        job->call.call_id, 2, 2000, 3000, "0190f3a2-7b1c-7d2e-8f30-1a2b3c4d5e6f", "{}", 2};
     assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
     assert_int_equal(oq__producer_store_reset_call(&st, &a, &err), OQ_ESTATE);
     assert_int_equal(oq_db_commit(f->db, &err), 0);
