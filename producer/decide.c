@@ -392,8 +392,9 @@ static int redrive_one(oq__producer_store_t *s, oq__producer_redrive_row_t *r, i
                        oq_outbox_republish_t *what, int *new_id, oq_error_t *err)
 {
     /* The envelope as submit wrote it, in case retention deleted the outbox row: same message
-     * id, call, attempt and canonical args (created_at is the call's, to the millisecond). A
-     * call stored before calls.message_id existed, whose row is gone, gets a new id. */
+     * id, call, tenant, key, fingerprint, tool, attempt and canonical args; only created_at
+     * (informational) comes from the call row and may differ by the writer's queueing delay.
+     * A call stored before calls.message_id existed, whose row is gone, gets a new id. */
     oq_envelope_t e;
     char *payload = NULL;
     size_t len = 0;
