@@ -474,7 +474,6 @@ int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq_
     case OQ__INTAKE_DONE: {
         int written = 0;
         if ((rc = reemit(s, &x, now, &written, err)) != 0) break;
-        if (written) *decision = OQ__INTAKE_REEMITTED;
         rc = audit(s, env->call_id, "duplicate_skipped", env->attempt, x.fence,
                    written ? "call already terminal: result re-emitted"
                            : "call already terminal: result not delivered yet",

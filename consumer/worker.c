@@ -201,7 +201,9 @@ static void metrics_init(oq_consumer_t *c)
                                         "executions reconciled after a lapsed lease", NULL);
     c->m_reemit = oq_metrics_counter(
         m, "onceq_consumer_results_reemitted_total",
-        "results of terminal calls published again because their call message came again", NULL);
+        "results of terminal calls published again because their call message was delivered "
+        "again (a redelivery or a producer redrive); also counted as duplicates",
+        NULL);
     for (int i = 0; i < OQ_X__COUNT; i++) {
         char labels[64];
         if (i == OQ_X_RECONCILING) continue; /* not stored yet: no series (a NULL gauge) */
@@ -465,8 +467,13 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         dlq_msg(c, m, &src, env.call_id, env.message_id,
                 "fingerprint differs from the existing execution of this call_id", now, err, &rc);
         break;
-    case OQ__INTAKE_REEMITTED:
+    case OQ__INTAKE_REEMITTED: /* a duplicate too: nothing executed */
+        atomic_fetch_add(&c->n_dup, 1);
+        oq_counter_add(c->m_dup, 1);
         oq_counter_add(c->m_reemit, 1);
+        c->results_emitted = 1;
+        break;
+    case OQ__INTAKE_DONE:
         c->results_emitted = 1;
         break;
     default:
