@@ -583,3 +583,109 @@ int oq_outbox_count(sqlite3 *db, int64_t *pending, int64_t *total, oq_error_t *e
     sqlite3_finalize(st);
     return rc;
 }
+
+/* --- outbox: republish -------------------------------------------------------------------- */
+
+/* The row of a message id and whether the relay's watermark passed it. */
+static const char outbox_find_sql[] = "SELECT seq, topic, key, payload, seq <= " OUTBOX_WATERMARK
+                                      " FROM outbox WHERE message_id = ?1";
+static const char outbox_delete_sql[] = "DELETE FROM outbox WHERE seq = ?1";
+
+static sqlite3_stmt *outbox_stmt(sqlite3 *db, oq_stmt_cache_t *cache, const char *sql,
+                                 oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (cache) return oq_stmt_get(cache, sql, err);
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) {
+        oq_db_error(db, rc, err, "outbox republish: prepare");
+        return NULL;
+    }
+    return st;
+}
+
+static void outbox_stmt_done(oq_stmt_cache_t *cache, sqlite3_stmt *st)
+{
+    if (!st) return;
+    if (cache) {
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+    } else {
+        sqlite3_finalize(st);
+    }
+}
+
+/*
+ * One row per message id stays the rule (the outbox's UNIQUE(message_id), which the relay and
+ * the retention rely on: a row is one pending or one done publication). Republishing a
+ * delivered message therefore moves its row: read it, delete it, append the same bytes with a
+ * fresh seq. Rows at or below the watermark are never read again by the relay, so deleting
+ * one cannot race with a publication in flight; rows above it are left alone.
+ */
+int oq_outbox_republish(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
+                        oq_outbox_republish_t *what, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    char *topic = NULL, *key = NULL, *payload = NULL;
+    int64_t seq = 0;
+    size_t len = 0;
+    int rc, found = 0, delivered = 0;
+    if (!row || !row->message_id || !row->topic || !row->key || !row->payload || !what)
+        return oq_error_set(err, OQ_EINVAL, 0, "outbox republish: missing field");
+    if (!(st = outbox_stmt(db, cache, outbox_find_sql, err))) return err ? err->code : OQ_EDB;
+    sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        found = 1;
+        seq = sqlite3_column_int64(st, 0);
+        delivered = sqlite3_column_int(st, 4) != 0;
+        if (delivered) {
+            const char *t = (const char *)sqlite3_column_text(st, 1);
+            const char *k = (const char *)sqlite3_column_text(st, 2);
+            const void *p = sqlite3_column_blob(st, 3);
+            len = (size_t)sqlite3_column_bytes(st, 3);
+            topic = t ? strdup(t) : NULL;
+            key = k ? strdup(k) : NULL;
+            payload = malloc(len + 1);
+            if (payload && len) memcpy(payload, p, len);
+            if (!topic || !key || !payload) {
+                rc = oq_error_set(err, OQ_ENOMEM, 0, "outbox republish: out of memory");
+                goto out;
+            }
+        }
+        rc = 0;
+    } else if (rc == SQLITE_DONE) {
+        rc = 0;
+    } else {
+        rc = oq_db_error(db, rc, err, "outbox republish: find");
+        goto out;
+    }
+    outbox_stmt_done(cache, st);
+    st = NULL;
+
+    if (found && !delivered) {
+        *what = OQ_OUTBOX_PENDING;
+        goto out;
+    }
+    if (!found) {
+        if ((rc = oq_outbox_append(db, cache, row, err)) == 0) *what = OQ_OUTBOX_APPENDED;
+        goto out;
+    }
+    if (!(st = outbox_stmt(db, cache, outbox_delete_sql, err))) {
+        rc = err ? err->code : OQ_EDB;
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, seq);
+    if ((rc = sqlite3_step(st)) != SQLITE_DONE) {
+        rc = oq_db_error(db, rc, err, "outbox republish: delete");
+        goto out;
+    }
+    oq_outbox_row_t again = {row->message_id, topic, key, payload, len, row->created_at};
+    if ((rc = oq_outbox_append(db, cache, &again, err)) == 0) *what = OQ_OUTBOX_REQUEUED;
+out:
+    outbox_stmt_done(cache, st);
+    free(topic);
+    free(key);
+    free(payload);
+    return rc;
+}

@@ -8,9 +8,13 @@
 #include "oq_db.h"
 
 const char *const oq_migrations_producer[] = {
-    "common/0001_outbox.sql",           "producer/0001_init.sql",
-    "producer/0002_calls_hot_path.sql", "common/0002_outbox_watermark.sql",
-    "common/0003_outbox_dead.sql",      NULL,
+    "common/0001_outbox.sql",
+    "producer/0001_init.sql",
+    "producer/0002_calls_hot_path.sql",
+    "common/0002_outbox_watermark.sql",
+    "common/0003_outbox_dead.sql",
+    "producer/0003_redrive.sql",
+    NULL,
 };
 
 const char *const oq_migrations_consumer[] = {

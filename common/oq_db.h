@@ -2,7 +2,8 @@
  * @file oq_db.h
  * @brief SQLite helpers: durable open, embedded migrations, a prepared-statement cache,
  *        transactions, and the outbox statements shared by the producer and the consumer
- *        (append, retention of delivered rows, counts; the relay's reads are in relay/).
+ *        (append, republish, retention of delivered rows, counts; the relay's reads are in
+ *        relay/).
  *
  * Durability default: journal_mode=WAL, synchronous=FULL. A component may lower it only when
  * its user passes an explicit flag (`--synchronous normal`).
@@ -135,6 +136,31 @@ size_t oq_outbox_wire_size(size_t key_len, size_t payload_len, size_t message_id
  */
 int oq_outbox_append(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
                      oq_error_t *err);
+
+/** What oq_outbox_republish() did. */
+typedef enum {
+    OQ_OUTBOX_APPENDED = 1, /**< no row had the message id: \p row was appended */
+    OQ_OUTBOX_REQUEUED,     /**< its row was delivered: moved to the tail (new seq), stored
+                                 bytes kept, so the relay publishes it once more */
+    OQ_OUTBOX_PENDING       /**< its row is not delivered yet: nothing written (the relay
+                                 will publish it) */
+} oq_outbox_republish_t;
+
+/**
+ * @brief Publish the message \p row->message_id once more, under the same message id: the
+ *        repair for a message that was reported delivered but never reached a consumer
+ *        (redrive). The outbox keeps one row per message id (UNIQUE), so a delivered row is
+ *        deleted and appended again with a new seq and \p row->created_at, its stored topic,
+ *        key and payload unchanged; \p row's own topic, key and payload are used only when
+ *        the outbox has no row for the id any more (retention deleted it). A row above the
+ *        relay's watermark is still on its way and is left alone.
+ * @remark The caller holds an open write transaction on \p db; nothing is committed here.
+ * @param cache optional statement cache for \p db (NULL: prepare each time).
+ * @param what receives what was done.
+ * @returns 0, or a negative OQ_E* code with \p err filled (OQ_EBUSY is retriable).
+ */
+int oq_outbox_republish(sqlite3 *db, oq_stmt_cache_t *cache, const oq_outbox_row_t *row,
+                        oq_outbox_republish_t *what, oq_error_t *err);
 
 /**
  * @brief Retention: delete delivered rows (seq at or below the relay's watermark,

@@ -238,6 +238,11 @@ int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t 
 int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_row_t *row,
                                      oq_error_t *err);
 
+/** @brief Publish the result event \p row again under its message id, through
+ *  oq_outbox_republish (*what: appended, requeued, or still pending: nothing written). */
+int oq__consumer_store_outbox_republish(oq__consumer_store_t *s, const oq_outbox_row_t *row,
+                                        oq_outbox_republish_t *what, oq_error_t *err);
+
 /** @brief Insert the dead letter \p r (original bytes and reason), unpublished. */
 int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *r, oq_error_t *err);
 

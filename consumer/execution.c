@@ -20,6 +20,14 @@
  * its outcome state, with one audit row whose detail names the path ("inline: planned, started,
  * try 1 ..."). That halves the database work per call (see `onceq bench consumer`).
  *
+ * Result messages carry a message id DERIVED from what they report (result_message_id: the
+ * call, the producer's attempt, the terminal status and the call message that planned the
+ * attempt), so the same result published twice has the same id and the producer's result
+ * inbox applies it once. That is what makes re-emitting safe: a terminal call whose message
+ * comes again (a redelivery, or the producer's redrive of a call it heard nothing from) gets
+ * its result published again (oq_outbox_republish: the delivered row moved to the tail, or
+ * nothing while it is still unpublished), which repairs a result lost on its way back.
+ *
  * Seams for calls to other systems: the outcome class UNKNOWN (sent, no definite answer) is
  * refused by oq__exec_finish until UNKNOWN can be stored and reconciled against the downstream;
  * lookup_effect() is where that lookup belongs (today it reads the local effects table, which
@@ -30,6 +38,8 @@
 #include "execution.h"
 
 #include <inttypes.h>
+#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,24 +232,85 @@ static char *error_json(const char *code, const char *message, int retryable)
     return t;
 }
 
+/* OpenSSL 3 looks a digest up on every EVP_sha256() call; fetch it once (never released). */
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+static const EVP_MD *sha256_md;
+
+static void sha256_init(void)
+{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#endif
+    if (!sha256_md) sha256_md = EVP_sha256();
+}
+
+static int hex_nibble(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/*
+ * The message id of the result \p status of \p x's attempt: a UUID of version 8 (RFC 9562,
+ * "custom") whose first 48 bits are those of the call message that planned the attempt (a
+ * UUIDv7: its submit time, so result ids stay roughly time-ordered in the producer's
+ * result_inbox index) and whose other 74 bits come from SHA-256 over (call_id, attempt, status,
+ * that message id). One attempt ends in one terminal state, so a result has one id however
+ * often it is emitted, and it can never equal a random (version 7) id.
+ */
+static int result_message_id(const oq__exec_row_t *x, const char *status, char out[OQ_UUID_LEN + 1],
+                             oq_error_t *err)
+{
+    unsigned char md[EVP_MAX_MD_SIZE], b[16];
+    unsigned int mdlen = 0;
+    char in[160], hex[33];
+    int n = snprintf(in, sizeof(in), "onceq.tool_result\n%s\n%" PRId64 "\n%s\n%s", x->call_id,
+                     x->attempt, status, x->message_id);
+    pthread_once(&sha256_once, sha256_init);
+    if (n < 0 || (size_t)n >= sizeof(in) || !sha256_md ||
+        EVP_Digest(in, (size_t)n, md, &mdlen, sha256_md, NULL) != 1 || mdlen < 16)
+        return oq_error_set(err, OQ_ECRYPTO, 0, "%s: result message id", x->call_id);
+    /* the first 48 bits of the planning message id ("xxxxxxxx-xxxx-..."), else hash bits */
+    unsigned char t[6] = {0};
+    int ok = 1;
+    for (int i = 0; i < 12 && ok; i++) {
+        int v = hex_nibble(x->message_id[i < 8 ? i : i + 1]);
+        if (v < 0)
+            ok = 0;
+        else
+            t[i / 2] = (unsigned char)(t[i / 2] | (i % 2 ? v : v << 4));
+    }
+    memcpy(b, ok ? t : md + 10, 6);
+    memcpy(b + 6, md, 10);
+    b[6] = (unsigned char)(0x80 | (b[6] & 0x0f)); /* version 8 */
+    b[8] = (unsigned char)(0x80 | (b[8] & 0x3f)); /* RFC 9562 variant */
+    oq_hex(b, sizeof(b), hex);
+    snprintf(out, OQ_UUID_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16,
+             hex + 20);
+    return 0;
+}
+
 /*
  * Appends the tool_result event of \p x to the outbox: status succeeded (result, effect_id),
  * failed or needs_review (error). The result is \p result_obj (borrowed) when given, which
  * saves re-parsing text just produced, else \p result_json; NULL texts mean null.
+ * \p again: the result was emitted before (a re-emit): its row is republished (moved to the
+ * outbox's tail when delivered, left alone while not) and *written says whether a row was
+ * written; otherwise it is appended (a first emit: its derived id is new).
  */
 static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const char *status,
                        const json_t *result_obj, const char *result_json,
-                       const char *error_json_text, const char *effect_id, int64_t now,
-                       oq_error_t *err)
+                       const char *error_json_text, const char *effect_id, int64_t now, int again,
+                       int *written, oq_error_t *err)
 {
     oq_envelope_t e;
     char *payload = NULL;
     size_t len = 0;
     int rc;
     memset(&e, 0, sizeof(e));
+    if (written) *written = 0;
     e.v = OQ_ENVELOPE_VERSION;
     e.kind = OQ_KIND_TOOL_RESULT;
-    oq_id_uuid(e.message_id);
+    if ((rc = result_message_id(x, status, e.message_id, err))) return rc;
     snprintf(e.call_id, sizeof(e.call_id), "%s", x->call_id);
     snprintf(e.fingerprint, sizeof(e.fingerprint), "%s", x->fingerprint);
     e.tenant = x->tenant;
@@ -268,22 +339,32 @@ static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const c
                            .payload = payload,
                            .payload_len = len,
                            .created_at = now};
-    rc = oq__consumer_store_outbox_append(s, &row, err);
+    if (again) {
+        oq_outbox_republish_t what = 0;
+        rc = oq__consumer_store_outbox_republish(s, &row, &what, err);
+        if (rc == 0 && written) *written = what != OQ_OUTBOX_PENDING;
+    } else {
+        rc = oq__consumer_store_outbox_append(s, &row, err);
+        if (rc == 0 && written) *written = 1;
+    }
     free(payload);
     return rc;
 }
 
-/* Re-emits the result of a terminal execution (a redelivery of a finished call). */
-static int reemit(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now, oq_error_t *err)
+/* Re-emits the result of a terminal execution (its call message came again); *written = 0 when
+ * the result is still waiting in the outbox (nothing to repair). */
+static int reemit(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now, int *written,
+                  oq_error_t *err)
 {
+    *written = 0;
     switch (x->state) {
     case OQ_X_COMMITTED:
         return emit_result(s, x, "succeeded", NULL, x->result ? x->result : "{}", NULL,
-                           x->effect_id, now, err);
+                           x->effect_id, now, 1, written, err);
     case OQ_X_FAILED_FINAL:
-        return emit_result(s, x, "failed", NULL, NULL, x->error, NULL, now, err);
+        return emit_result(s, x, "failed", NULL, NULL, x->error, NULL, now, 1, written, err);
     case OQ_X_NEEDS_REVIEW:
-        return emit_result(s, x, "needs_review", NULL, NULL, x->error, NULL, now, err);
+        return emit_result(s, x, "needs_review", NULL, NULL, x->error, NULL, now, 1, written, err);
     default:
         return 0;
     }
@@ -372,9 +453,15 @@ int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq_
                           .received_at = now};
     if ((rc = oq__consumer_store_inbox_upsert(s, &in, &seen, err)) != 0) goto out;
     if (seen > 1) {
-        *decision = OQ__INTAKE_DUPLICATE;
+        /* A redelivery. For a terminal call it may be the producer's redrive of a call whose
+         * result never arrived: the result goes out again (same result id: applied once). */
+        int written = 0;
+        if (d == OQ__INTAKE_DONE && (rc = reemit(s, &x, now, &written, err)) != 0) goto out;
+        *decision = written ? OQ__INTAKE_REEMITTED : OQ__INTAKE_DUPLICATE;
         rc = audit(s, env->call_id, "duplicate_skipped", env->attempt, have ? x.fence : 0,
-                   "redelivered message_id", now, err);
+                   written ? "redelivered message_id: call terminal, result re-emitted"
+                           : "redelivered message_id",
+                   now, err);
         goto out;
     }
     *decision = d;
@@ -384,11 +471,15 @@ int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq_
     case OQ__INTAKE_REPLANNED:
         rc = replan(s, &x, env, now, err);
         break;
-    case OQ__INTAKE_DONE:
+    case OQ__INTAKE_DONE: {
+        int written = 0;
+        if ((rc = reemit(s, &x, now, &written, err)) != 0) break;
         rc = audit(s, env->call_id, "duplicate_skipped", env->attempt, x.fence,
-                   "call already terminal: result re-emitted", now, err);
-        if (rc == 0) rc = reemit(s, &x, now, err);
+                   written ? "call already terminal: result re-emitted"
+                           : "call already terminal: result not delivered yet",
+                   now, err);
         break;
+    }
     case OQ__INTAKE_STALE:
         rc = audit(s, env->call_id, "duplicate_skipped", env->attempt, x.fence, "stale attempt",
                    now, err);
@@ -676,9 +767,9 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
         rc = emit_result(s, x, "succeeded",
                          final_result == result && json_is_object(o->out.result) ? o->out.result
                                                                                  : NULL,
-                         final_result, NULL, final_eid, now, err);
+                         final_result, NULL, final_eid, now, 0, NULL, err);
     else if (to == OQ_X_FAILED_FINAL)
-        rc = emit_result(s, x, "failed", NULL, NULL, error, NULL, now, err);
+        rc = emit_result(s, x, "failed", NULL, NULL, error, NULL, now, 0, NULL, err);
 out:
     if (state_out) *state_out = rc ? -1 : to;
     free(result);
@@ -747,9 +838,10 @@ static int reconcile(oq__consumer_store_t *s, oq__exec_row_t *x, const oq__retry
                    now, err)))
         goto out;
     if (to == OQ_X_COMMITTED)
-        rc = emit_result(s, x, "succeeded", NULL, detail ? detail : "{}", NULL, eid, now, err);
+        rc = emit_result(s, x, "succeeded", NULL, detail ? detail : "{}", NULL, eid, now, 0, NULL,
+                         err);
     else if (to == OQ_X_NEEDS_REVIEW)
-        rc = emit_result(s, x, "needs_review", NULL, NULL, error, NULL, now, err);
+        rc = emit_result(s, x, "needs_review", NULL, NULL, error, NULL, now, 0, NULL, err);
 out:
     free(eid);
     free(detail);

@@ -98,10 +98,18 @@ typedef enum {
                                    oq__exec_finish) or plans it (oq__exec_plan) */
     OQ__INTAKE_REPLANNED,     /**< a new producer attempt of a FAILED_FINAL call: PLANNED again,
                                    due now; the caller claims it */
-    OQ__INTAKE_DONE,          /**< call already terminal: result re-emitted, nothing executed */
+    OQ__INTAKE_DONE,          /**< a new message id for a call already terminal: nothing
+                                   executed; its result is re-emitted (same result message id)
+                                   when its first copy was delivered */
     OQ__INTAKE_IN_PROGRESS,   /**< call being executed: nothing to do */
     OQ__INTAKE_STALE,         /**< older attempt than the execution's: ignored */
-    OQ__INTAKE_MISMATCH       /**< same call_id, different fingerprint: nothing written; DLQ it */
+    OQ__INTAKE_MISMATCH,      /**< same call_id, different fingerprint: nothing written; DLQ it */
+    OQ__INTAKE_REEMITTED      /**< message id already in the inbox (a redelivery, or the
+                                   producer's redrive) and the call terminal with its result
+                                   delivered once: seen + 1, nothing executed, the result
+                                   published again under its own (derived, so unchanged) message
+                                   id. The repair of a lost result. A duplicate whose result is
+                                   still unpublished is OQ__INTAKE_DUPLICATE. */
 } oq__intake_t;
 
 /** @brief In tx: the inbox row of \p env and the decision (an oq__intake_t in *decision). */

@@ -553,6 +553,12 @@ int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_ro
     return oq_outbox_append(s->db, s->cache, row, err);
 }
 
+int oq__consumer_store_outbox_republish(oq__consumer_store_t *s, const oq_outbox_row_t *row,
+                                        oq_outbox_republish_t *what, oq_error_t *err)
+{
+    return oq_outbox_republish(s->db, s->cache, row, what, err);
+}
+
 /* --- dead letters ---------------------------------------------------------------------------- */
 
 int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *r, oq_error_t *err)

@@ -117,7 +117,7 @@ struct oq_consumer {
     _Atomic int64_t first_poll_us;
     /* where the main thread's time goes (logged at stop) */
     int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
-    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq, *m_lease_lost, *m_recovered;
+    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq, *m_lease_lost, *m_recovered, *m_reemit;
     oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts, *m_lag;
 };
 
@@ -199,6 +199,11 @@ static void metrics_init(oq_consumer_t *c)
                            "finishing writes refused because the lease was lost", NULL);
     c->m_recovered = oq_metrics_counter(m, "onceq_consumer_recovered_total",
                                         "executions reconciled after a lapsed lease", NULL);
+    c->m_reemit = oq_metrics_counter(
+        m, "onceq_consumer_results_reemitted_total",
+        "results of terminal calls published again because their call message was delivered "
+        "again (a redelivery or a producer redrive); also counted as duplicates",
+        NULL);
     for (int i = 0; i < OQ_X__COUNT; i++) {
         char labels[64];
         if (i == OQ_X_RECONCILING) continue; /* not stored yet: no series (a NULL gauge) */
@@ -461,6 +466,12 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
     case OQ__INTAKE_MISMATCH:
         dlq_msg(c, m, &src, env.call_id, env.message_id,
                 "fingerprint differs from the existing execution of this call_id", now, err, &rc);
+        break;
+    case OQ__INTAKE_REEMITTED: /* a duplicate too: nothing executed */
+        atomic_fetch_add(&c->n_dup, 1);
+        oq_counter_add(c->m_dup, 1);
+        oq_counter_add(c->m_reemit, 1);
+        c->results_emitted = 1;
         break;
     case OQ__INTAKE_DONE:
         c->results_emitted = 1;

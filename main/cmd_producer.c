@@ -6,9 +6,11 @@
  * does not grow without bound unless the operator runs `onceq purge`.
  *
  * The main thread only waits: signal handlers set a flag, the loop wakes every 100 ms to
- * check it, to reload the token files after SIGHUP, and to run the periodic purge on its own
- * connection (bounded batches, so the
- * writer never waits long for the lock). SIGTERM/SIGINT drain: stop accepting, answer
+ * check it, to reload the token files after SIGHUP, to run the periodic purge on its own
+ * connection (bounded batches, so the writer never waits long for the lock) and, while the
+ * results ingest runs, a redrive pass every --redrive-interval (through the writer: calls
+ * with no news for --redrive-after get their message published again with the same message
+ * id). SIGTERM/SIGINT drain: stop accepting, answer
  * requests in flight (up to --drain), stop the ingest after its batch, close the writer
  * after its queue, exit 0.
  */
@@ -48,6 +50,12 @@ static const oq_setting_t producer_settings[] = {
      "retention: delete terminal calls past --key-ttl (and their audit, results, published "
      "outbox rows) a second after start and then this often; 0 = off (run `onceq purge`)"},
     {"purge-batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per purge transaction"},
+    {"redrive-after", OQ_SET_DURATION, "2m", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "publish the message of a call that is not terminal and has had no state change for this "
+     "long again, same message id (0 = off; needs --brokers)"},
+    {"redrive-interval", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
+     "how often to look for calls due for a redrive"},
+    {"redrive-batch", OQ_SET_INT, "100", 1, 100000, NULL, "calls looked at per redrive pass"},
     {"drain", OQ_SET_DURATION, "10s", 0, 600000, NULL,
      "on SIGTERM, wait this long for requests in flight"},
     {"metrics-listen", OQ_SET_STRING, NULL, 0, 128, NULL,
@@ -131,6 +139,8 @@ int oq__cmd_producer(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
+    int64_t redrive_after = oq_config_int(cfg, "redrive-after");
+    int64_t redrive_every = oq_config_int(cfg, "redrive-interval");
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -150,7 +160,8 @@ int oq__cmd_producer(int argc, char **argv)
                              metrics,
                              (int)oq_config_int(cfg, "commit-delay-us"),
                              (int)oq_config_int(cfg, "checkpoint-pages"),
-                             oq_config_int(cfg, "max-message-bytes")};
+                             oq_config_int(cfg, "max-message-bytes"),
+                             redrive_after > 0 ? redrive_after : -1};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
@@ -169,7 +180,11 @@ int oq__cmd_producer(int argc, char **argv)
                     (long long)ttl, "onceq.tool-results");
     } else {
         OQ_LOG_INFO("producer", "no --brokers: results ingest is off (calls stay pending/running)");
+        if (redrive_after > 0)
+            OQ_LOG_INFO("producer", "no --brokers: redrive is off too (no call can finish here)");
     }
+    /* Without results every call would look stuck: redrive only where they are ingested. */
+    int redrive_on = in && redrive_after > 0;
     int64_t per_ip = oq_config_int(cfg, "max-connections-per-ip");
     oq_http_opts_t ho = {
         .listen = oq_config_str(cfg, "listen"),
@@ -199,18 +214,34 @@ int oq__cmd_producer(int argc, char **argv)
     }
     OQ_LOG_INFO("producer",
                 "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld max_body=%lld "
-                "max_message_bytes=%lld",
+                "max_message_bytes=%lld redrive_after_ms=%lld redrive_interval_ms=%lld",
                 db, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
                 (long long)oq_config_int(cfg, "max-body"),
-                (long long)oq_config_int(cfg, "max-message-bytes"));
+                (long long)oq_config_int(cfg, "max-message-bytes"),
+                (long long)(redrive_on ? redrive_after : 0), (long long)redrive_every);
 
     if (purge_every == 0)
         OQ_LOG_WARN("producer", "retention is off (--purge-interval 0): calls.db grows until "
                                 "`onceq purge` runs");
     /* The first purge soon after start (a restart catches up at once), then every interval. */
     int64_t next_purge = oq_mono_us() + 1000 * 1000;
+    int64_t next_redrive = oq_mono_us() + redrive_every * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
+        if (redrive_on && oq_mono_us() >= next_redrive) {
+            oq_redrive_stats_t rs = {0, 0, 0};
+            int more = 1;
+            /* full batches mean more are due: go on (each pass is one short item) */
+            for (int i = 0; more && i < 100 && !producer_stop; i++) {
+                int batch = (int)oq_config_int(cfg, "redrive-batch");
+                if (oq_producer_redrive(p, batch, &rs, &err) != 0) {
+                    OQ_LOG_WARN("producer", "redrive: %s", err.msg);
+                    break;
+                }
+                more = rs.redriven + rs.waiting + rs.deferred >= batch;
+            }
+            next_redrive = oq_mono_us() + redrive_every * 1000;
+        }
         if (producer_hup) {
             producer_hup = 0;
             if (oq_http_reload(h, &err) != 0)

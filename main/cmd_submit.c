@@ -56,7 +56,7 @@ int oq__cmd_submit(int argc, char **argv)
         goto out;
     }
     oq_producer_opts_t po = {
-        oq_config_str(cfg, "synchronous"), oq_config_int(cfg, "key-ttl"), 0, 1, NULL, 0, -1, 0};
+        oq_config_str(cfg, "synchronous"), oq_config_int(cfg, "key-ttl"), 0, 1, NULL, 0, -1, 0, 0};
     if (oq_producer_open(oq_config_str(cfg, "db"), &po, &p, &err) != 0) {
         fprintf(stderr, "onceq submit: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
         goto out;

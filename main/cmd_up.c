@@ -69,6 +69,11 @@ static const oq_setting_t up_settings[] = {
      "producer: who may GET /metrics and /stats (default loopback)"},
     {"metrics-token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "producer: tokens for /metrics and /stats (with --metrics-access token)"},
+    {"redrive-after", OQ_SET_DURATION, "2m", 0, 365LL * 24 * 3600 * 1000, NULL,
+     "producer: publish the message of a call with no state change for this long again (0 = "
+     "off)"},
+    {"redrive-interval", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
+     "producer: how often to look for calls due for a redrive"},
 };
 
 /* The producer settings that onceq up passes through when the user gave them (the last three
@@ -98,6 +103,7 @@ typedef struct {
     char calls_db[PATH_MAX];
     char effects_db[PATH_MAX];
     char brokers[4096];
+    char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     int embedded;
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
@@ -161,6 +167,14 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
                 break;
             }
         }
+        snprintf(up->redrive_after, sizeof up->redrive_after, "%lldms",
+                 (long long)oq_config_int(up->cfg, "redrive-after"));
+        snprintf(up->redrive_interval, sizeof up->redrive_interval, "%lldms",
+                 (long long)oq_config_int(up->cfg, "redrive-interval"));
+        argv[n++] = "--redrive-after";
+        argv[n++] = up->redrive_after;
+        argv[n++] = "--redrive-interval";
+        argv[n++] = up->redrive_interval;
         break;
     case UP_RELAY:
         argv[n++] = "relay";

@@ -31,7 +31,21 @@
  * call's state and attempt (no call -> UNKNOWN_CALL; another attempt -> STALE; a terminal call,
  * or `running` again -> IGNORED; else APPLIED), then claim the message id in result_inbox with
  * that outcome. A message id already claimed stops everything (DUPLICATE: nothing else is
- * written, not even an audit row). Only then is the call updated, or the refusal audited.
+ * written, not even an audit row). Only then is the call updated, or the refusal audited. A
+ * terminal result ends the call's redrive schedule.
+ *
+ * Redrive (anti-entropy), inside the writer's transaction, for each call due (looked at before
+ * and next_redrive_at passed, or never looked at and unchanged for redrive_after):
+ *  1. Terminal after all -> unscheduled.
+ *  2. Its state changed less than redrive_after ago -> looked at again redrive_after after it.
+ *  3. Its message is still above the relay's watermark (not delivered yet) -> nothing to
+ *     repair; looked at again one spacing later.
+ *  4. Otherwise its tool_call message is published again with the SAME message id (the
+ *     delivered outbox row moved to the tail; rebuilt from the call when retention deleted
+ *     it): redrive_count + 1, next one after redrive_after * 2^redrive_count (capped), an audit
+ *     row 'redrive' and an INFO line. Whatever was lost (the call message, or the result
+ *     message coming back), the consumer's inbox turns the same id into "in flight: nothing"
+ *     or "terminal: re-emit the result", never into a second execution.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,8 +152,13 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
         free(payload);
         return refuse_too_big(len, max_bytes, err);
     }
-    oq__producer_attempt_t a = {c->call_id,   attempt, now_ms, now_ms + ttl,
-                                e.message_id, payload, len};
+    oq__producer_attempt_t a = {.call_id = c->call_id,
+                                .attempt = attempt,
+                                .updated_at = now_ms,
+                                .expires_at = now_ms + ttl,
+                                .message_id = e.message_id,
+                                .payload = payload,
+                                .payload_len = len};
     ret = oq__producer_store_reset_call(s, &a, err);
     free(payload);
     if (ret) return ret;
@@ -227,9 +246,8 @@ int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t ke
     int ret = oq_submit_job_new(req, &job, err);
     if (ret) return ret;
     oq__producer_store_t s = {db, NULL};
-    ret =
-        oq__decide_submit(&s, job, oq_now_ms(), key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS,
-                          OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    int64_t ttl = key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS;
+    ret = oq__decide_submit(&s, job, oq_now_ms(), ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
     if (ret == 0) oq__job_finish_new(job);
     if (outcome) *outcome = job->outcome;
     if (call && (ret == 0 || ret == OQ_ECONFLICT)) {
@@ -300,7 +318,13 @@ static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *
     char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *detail = NULL;
-    oq__producer_result_t r = {env->call_id, env->status, result, error, env->effect_id, now_ms};
+    oq__producer_result_t r = {.call_id = env->call_id,
+                               .state = env->status,
+                               .result = result,
+                               .error = error,
+                               .effect_id = env->effect_id,
+                               .updated_at = now_ms,
+                               .settled = oq_call_state_terminal(env->status)};
     int ret = oq__producer_store_set_result(s, &r, err);
     if (ret) goto out;
     detail = applied_detail(from, env, error);
@@ -465,6 +489,108 @@ int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed
     if (failed) *failed = 0;
     if (handled) *handled = 0;
     return oq__decide_dead_letters(&s, now_ms, max > 0 ? max : 64, failed, handled, err);
+}
+
+/* --- redrive -------------------------------------------------------------------------------- */
+
+/* The delay before the next look at a call redriven \p count times: redrive_after * 2^count,
+ * at most max(redrive_after, 1 h). */
+static int64_t redrive_spacing(int64_t after, int64_t count)
+{
+    const int64_t cap = after > 3600000 ? after : 3600000;
+    int64_t d = after;
+    for (int64_t i = 0; i < count && d < cap; i++)
+        d *= 2;
+    return d < cap ? d : cap;
+}
+
+/* Step 4: the current attempt's tool_call message of \p r, published again. */
+static int redrive_one(oq__producer_store_t *s, oq__producer_redrive_row_t *r, int64_t now_ms,
+                       oq_outbox_republish_t *what, int *new_id, oq_error_t *err)
+{
+    /* The envelope as submit wrote it, in case retention deleted the outbox row: same message
+     * id, call, tenant, key, fingerprint, tool, attempt and canonical args; only created_at
+     * (informational) comes from the call row and may differ by the writer's queueing delay.
+     * A call stored before calls.message_id existed, whose row is gone, gets a new id. */
+    oq_envelope_t e;
+    char *payload = NULL;
+    size_t len = 0;
+    memset(&e, 0, sizeof e);
+    *new_id = !r->message_id[0];
+    if (*new_id) oq_id_uuid(r->message_id);
+    e.v = OQ_ENVELOPE_VERSION;
+    e.kind = OQ_KIND_TOOL_CALL;
+    memcpy(e.message_id, r->message_id, sizeof e.message_id);
+    memcpy(e.call_id, r->call_id, sizeof e.call_id);
+    e.tenant = r->tenant;
+    e.idem_key = r->idem_key;
+    memcpy(e.fingerprint, r->fingerprint, sizeof e.fingerprint);
+    e.tool = r->tool;
+    e.attempt = r->attempt;
+    e.created_at = r->attempt > 1 ? r->updated_at : r->created_at;
+    int ret = oq_envelope_encode_canon(&e, r->args, strlen(r->args), &payload, &len, err);
+    if (ret) return ret;
+    ret =
+        oq__producer_store_republish(s, r->message_id, r->call_id, payload, len, now_ms, what, err);
+    free(payload);
+    return ret;
+}
+
+int oq__decide_redrive(oq__producer_store_t *s, int64_t now_ms, int64_t after, int limit,
+                       oq_redrive_stats_t *stats, oq_error_t *err)
+{
+    oq__producer_redrive_row_t *rows = NULL;
+    int n = 0, ret = 0;
+    memset(stats, 0, sizeof *stats);
+    if (after <= 0) return 0;
+    if (limit <= 0) limit = 100;
+    if (!(rows = calloc((size_t)limit, sizeof *rows)))
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if ((ret = oq__producer_store_redrive_due(s, now_ms, now_ms - after, limit, rows, &n, err)))
+        goto out;
+    for (int i = 0; i < n && ret == 0; i++) {
+        oq__producer_redrive_row_t *r = &rows[i];
+        oq__producer_redrive_mark_t m = {r->call_id, r->redrive_count, 0, NULL};
+        oq_outbox_republish_t what = 0;
+        int new_id = 0;
+        if (oq_call_state_terminal(r->state)) {
+            /* 1. terminal: never redriven (unscheduled, count kept) */
+        } else if (now_ms - r->updated_at < after) {
+            /* 2. news came recently */
+            m.next_redrive_at = r->updated_at + after;
+            stats->deferred++;
+        } else if ((ret = redrive_one(s, r, now_ms, &what, &new_id, err))) {
+            break;
+        } else if (what == OQ_OUTBOX_PENDING) {
+            /* 3. still on its way: nothing to repair yet */
+            m.next_redrive_at = now_ms + redrive_spacing(after, r->redrive_count);
+            stats->waiting++;
+        } else {
+            /* 4. published again */
+            char detail[160];
+            const char *how = what == OQ_OUTBOX_REQUEUED ? "requeued" : "appended";
+            m.redrive_count = r->redrive_count + 1;
+            m.next_redrive_at = now_ms + redrive_spacing(after, m.redrive_count);
+            m.message_id = new_id ? r->message_id : NULL;
+            snprintf(detail, sizeof detail,
+                     "{\"attempt\":%lld,\"redrive\":%lld,\"message_id\":\"%s\",\"outbox\":\"%s\"}",
+                     (long long)r->attempt, (long long)m.redrive_count, r->message_id, how);
+            if ((ret = oq__producer_store_audit_add(s, now_ms, r->call_id, "redrive", detail, err)))
+                break;
+            OQ_LOGC_INFO("producer", r->call_id,
+                         "redrive: call message published again attempt=%lld redrive=%lld "
+                         "message_id=%s state=%s outbox=%s",
+                         (long long)r->attempt, (long long)m.redrive_count, r->message_id, r->state,
+                         how);
+            stats->redriven++;
+        }
+        if (ret == 0) ret = oq__producer_store_redrive_mark(s, &m, err);
+    }
+out:
+    for (int i = 0; i < n; i++)
+        oq__producer_redrive_row_clear(&rows[i]);
+    free(rows);
+    return ret;
 }
 
 /* --- retention ------------------------------------------------------------------------------ */

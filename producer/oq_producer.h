@@ -39,6 +39,8 @@
 /** The error code a call gets when its message could not be published (it was set aside by
  *  the relay, see relay/README.md "Dead letters"). */
 #define OQ_ERROR_UNPUBLISHABLE "unpublishable"
+/** Default age after which an open call with no news is redriven (oq_producer_redrive). */
+#define OQ_DEFAULT_REDRIVE_AFTER_MS (2LL * 60 * 1000)
 
 typedef struct oq_producer oq_producer_t;
 
@@ -58,6 +60,10 @@ typedef struct oq_producer_opts {
                                     a new call whose message (envelope + key + header, as
                                     oq_outbox_wire_size() counts it) would be larger is refused
                                     with OQ_ETOOBIG and nothing is written; 0 = 1,000,000 */
+    int64_t redrive_after_ms; /**< a call not terminal whose state has not changed for this
+                                   long is due for a redrive (oq_producer_redrive): 0 = 2 min,
+                                   < 0 = off (passes do nothing). Nothing is stored at submit,
+                                   so the value applies to every open call. */
 } oq_producer_opts_t;
 
 typedef enum {
@@ -318,6 +324,36 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
  *         before oq_producer_close(). */
 void oq_ingest_stop(oq_ingest_t *in);
 void oq_ingest_counts(const oq_ingest_t *in, oq_ingest_counts_t *out);
+
+/* --- redrive (anti-entropy) ------------------------------------------------------------- */
+
+/** What one redrive pass did. */
+typedef struct oq_redrive_stats {
+    int redriven; /**< calls whose tool_call message was published again (same message id) */
+    int waiting;  /**< due calls whose message is not delivered yet (the relay is behind):
+                       nothing published, looked at again later */
+    int deferred; /**< due calls whose state changed less than redrive_after ago: rescheduled */
+} oq_redrive_stats_t;
+
+/**
+ * @brief One redrive pass through the writer (its own small transaction in the group commit):
+ *        up to \p limit calls that are not terminal and whose state has not changed for
+ *        redrive_after_ms get their current attempt's tool_call message published again, with
+ *        the same message id and envelope (oq_outbox_republish). The consumer's inbox knows that
+ *        id: a call in flight is left alone; a call already terminal re-emits its result under
+ *        the result's own message id, so a lost call message and a lost result message both
+ *        recover and no effect runs twice. Each call's next redrive comes after an
+ *        exponentially growing delay (2x, 4x, ... redrive_after, at most max(redrive_after,
+ *        1 h)); each redrive writes an audit row ('redrive') and an INFO log line. Terminal
+ *        calls are never redriven.
+ * @remark Run it only where results are ingested (oq_ingest_start): without results every
+ *         call looks stuck.
+ * @param limit calls per pass; 0 = 100.
+ * @param stats receives what was done (may be NULL).
+ * @returns 0, OQ_EBUSY/OQ_EDB (nothing of the pass holds), OQ_ESHUTDOWN.
+ * @remark Blocks; do not call from the writer thread.
+ */
+int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, oq_error_t *err);
 
 /* --- HTTP --------------------------------------------------------------------------------- */
 

@@ -45,6 +45,7 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
     o.checkpoint_pages = o.checkpoint_pages == 0 ? 1000 : o.checkpoint_pages;
     o.max_message_bytes =
         o.max_message_bytes > 0 ? o.max_message_bytes : OQ_DEFAULT_MAX_MESSAGE_BYTES;
+    o.redrive_after_ms = o.redrive_after_ms == 0 ? OQ_DEFAULT_REDRIVE_AFTER_MS : o.redrive_after_ms;
     int ret = 0;
     oq_producer_t *p = calloc(1, sizeof *p);
     if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -189,6 +190,19 @@ int oq_producer_apply_results(oq_producer_t *p, const oq_envelope_t *envs, int n
     if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
     if (batch.work.rc && err) *err = batch.work.err;
     return batch.work.rc;
+}
+
+int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, oq_error_t *err)
+{
+    oq__redrive_t pass;
+    memset(&pass, 0, sizeof pass);
+    pass.work.kind = OQ__WORK_REDRIVE;
+    pass.limit = limit > 0 ? limit : 100;
+    int ret = run_and_wait(p, &pass.work);
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    if (pass.work.rc && err) *err = pass.work.err;
+    if (stats) *stats = pass.work.rc ? (oq_redrive_stats_t){0, 0, 0} : pass.stats;
+    return pass.work.rc;
 }
 
 /* --- reads -----------------------------------------------------------------------------------*/

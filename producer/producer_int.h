@@ -27,8 +27,9 @@
 /* --- work items of the writer's queue ------------------------------------------------------ */
 
 typedef enum {
-    OQ__WORK_SUBMIT = 1, /**< an oq_submit_job_t */
-    OQ__WORK_RESULTS = 2 /**< an oq__results_t */
+    OQ__WORK_SUBMIT = 1,  /**< an oq_submit_job_t */
+    OQ__WORK_RESULTS = 2, /**< an oq__results_t */
+    OQ__WORK_REDRIVE = 3  /**< an oq__redrive_t */
 } oq__work_kind_t;
 
 typedef struct oq__work oq__work_t;
@@ -83,6 +84,13 @@ typedef struct oq__results {
     oq_result_outcome_t *outcomes; /**< per envelope; 0 = refused (not a known status) */
 } oq__results_t;
 
+/** A redrive pass (oq_producer_redrive), run in the writer's transaction. */
+typedef struct oq__redrive {
+    oq__work_t work; /**< first member */
+    int limit;
+    oq_redrive_stats_t stats; /**< output */
+} oq__redrive_t;
+
 /* --- submit.c: the prepared request -------------------------------------------------------- */
 
 /**
@@ -127,6 +135,15 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
 int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
                        oq_result_outcome_t *outcomes, int64_t now_ms, oq_error_t *err);
 
+/**
+ * @brief One redrive pass inside an open write transaction (see oq_producer_redrive()): up to
+ *        \p limit due calls, each republished, rescheduled or unscheduled. \p stats is zeroed
+ *        first. @returns 0, or a database error (roll back: nothing of the pass holds).
+ * @locality writer thread
+ */
+int oq__decide_redrive(oq__producer_store_t *s, int64_t now_ms, int64_t redrive_after_ms, int limit,
+                       oq_redrive_stats_t *stats, oq_error_t *err);
+
 /* --- writer.c: the writer thread ----------------------------------------------------------- */
 
 typedef struct oq__writer oq__writer_t;
@@ -134,7 +151,7 @@ typedef struct oq__writer oq__writer_t;
 /**
  * @brief Open the writer's connection on \p path (migrating the producer schema) and start the
  *        writer and checkpointer threads. \p o has its defaults resolved (key_ttl_ms,
- *        max_batch, checkpoint_pages; metrics may be NULL and is borrowed).
+ *        max_batch, checkpoint_pages, redrive_after_ms; metrics may be NULL and is borrowed).
  * @returns 0 with \p out set (oq__writer_close), or OQ_EDB/OQ_EIO/OQ_ENOMEM/...
  */
 int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t **out,

@@ -47,7 +47,8 @@ typedef struct oq__producer_new_call {
     int has_seq;
     int64_t created_at; /**< also updated_at */
     int64_t expires_at;
-    const char *message_id; /**< the outbox row: key = call_id, topic onceq.tool-calls */
+    const char *message_id; /**< the outbox row: key = call_id, topic onceq.tool-calls;
+                                 also kept in calls.message_id for a redrive */
     const char *payload;    /**< its tool_call envelope */
     size_t payload_len;
 } oq__producer_new_call_t;
@@ -87,9 +88,9 @@ typedef struct oq__producer_attempt {
 } oq__producer_attempt_t;
 
 /**
- * Back to `pending` with attempt \p a->attempt, result and error cleared, and the outbox row
- * appended. @returns 0, or OQ_ESTATE (nothing written) when the call is not `failed` at
- * attempt \p a->attempt - 1.
+ * Back to `pending` with attempt \p a->attempt, result and error cleared, the new message id
+ * kept and the redrive count reset (never looked at), and the outbox row appended. @returns 0, or
+ * OQ_ESTATE (nothing written) when the call is not `failed` at attempt \p a->attempt - 1.
  */
 int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
                                   oq_error_t *err);
@@ -130,6 +131,7 @@ typedef struct oq__producer_result {
     const char *error;     /**< JSON text or NULL */
     const char *effect_id; /**< NULL keeps the stored one */
     int64_t updated_at;
+    int settled; /**< non-zero: the call is terminal, its redrive schedule ends */
 } oq__producer_result_t;
 
 /** Set the call's state, result, error and effect_id. */
@@ -165,6 +167,53 @@ int oq__producer_store_dead_handled(oq__producer_store_t *s, int64_t seq, int64_
 /** Are there unhandled dead letters? A cheap probe of a partial index, in or outside a
  *  transaction. */
 int oq__producer_store_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err);
+/* --- redrive -------------------------------------------------------------------------------- */
+
+/** A call due for a redrive, as read. Strings owned; free with oq__producer_redrive_row_clear. */
+typedef struct oq__producer_redrive_row {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char fingerprint[OQ_FINGERPRINT_LEN + 1];
+    char message_id[OQ_UUID_LEN + 1]; /**< "" when the call has none stored */
+    char state[sizeof(((oq_call_t *)0)->state)];
+    char *tenant, *idem_key, *tool;
+    char *args; /**< canonical JSON text */
+    int64_t attempt, redrive_count;
+    int64_t created_at, updated_at, next_redrive_at;
+} oq__producer_redrive_row_t;
+
+void oq__producer_redrive_row_clear(oq__producer_redrive_row_t *r);
+
+/**
+ * Up to \p cap calls due for a look, into \p rows (*n of them; clear each): first those looked
+ * at before whose next_redrive_at is at or before \p now, earliest first; then open calls never
+ * looked at whose last change (updated_at) is at or before \p unchanged_since, oldest first.
+ * Each comes from its partial index (calls_redrive, calls_unheard), so the work is bounded
+ * by \p cap whatever the table holds.
+ */
+int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                   int cap, oq__producer_redrive_row_t *rows, int *n,
+                                   oq_error_t *err);
+
+/** A call's new redrive schedule. Borrowed. */
+typedef struct oq__producer_redrive_mark {
+    const char *call_id;
+    int64_t redrive_count;
+    int64_t next_redrive_at; /**< 0 = none (NULL) */
+    const char *message_id;  /**< stored when the call had none; NULL keeps the stored one */
+} oq__producer_redrive_mark_t;
+
+/** Store \p m on its call (updated_at is left alone: a redrive is not a state change). */
+int oq__producer_store_redrive_mark(oq__producer_store_t *s, const oq__producer_redrive_mark_t *m,
+                                    oq_error_t *err);
+
+/**
+ * Publish the tool_call \p message_id of \p call_id once more (oq_outbox_republish): its
+ * outbox row is moved to the tail when delivered, left alone when not yet, and \p payload
+ * appended when retention deleted it.
+ */
+int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id,
+                                 const char *call_id, const char *payload, size_t payload_len,
+                                 int64_t now, oq_outbox_republish_t *what, oq_error_t *err);
 
 /* --- audit ----------------------------------------------------------------------------------- */
 

@@ -1,8 +1,9 @@
 /*
- * store.c: every SQL statement of the producer (calls, result_inbox, audit, retention, stats),
- * as the row operations of producer_store.h, so that a second backend (PostgreSQL) can be
- * written beside this file. The outbox rows themselves go through common/db.c
- * (oq_outbox_append, oq_outbox_purge_published, oq_outbox_count), shared with the consumer.
+ * store.c: every SQL statement of the producer (calls, result_inbox, redrive schedule, audit,
+ * retention, stats), as the row operations of producer_store.h, so that a second backend
+ * (PostgreSQL) can be written beside this file. The outbox rows themselves go through common/db.c
+ * (oq_outbox_append, oq_outbox_republish, oq_outbox_purge_published, oq_outbox_count), shared
+ * with the consumer.
  *
  * No rules here: this file does not know what a replay or a stale result is, nor about the
  * writer's queue or its jobs. It runs the statement it is asked for on plain structs and
@@ -39,11 +40,13 @@ static const char SQL_GET_BY_KEY[] =
 static const char SQL_GET_BY_ID[] = "SELECT " CALL_COLS " FROM calls WHERE call_id=?1";
 static const char SQL_INSERT_CALL[] =
     "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,client_id,"
-    "seq,created_at,updated_at,expires_at) VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10) "
+    "seq,created_at,updated_at,expires_at,message_id) "
+    "VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10,?11) "
     "ON CONFLICT(tenant,idem_key) DO NOTHING";
 static const char SQL_RESET_CALL[] =
     "UPDATE calls SET state='pending',attempt=?2,result=NULL,error=NULL,updated_at=?3,"
-    "expires_at=?4 WHERE call_id=?1 AND state='failed' AND attempt=?2-1";
+    "expires_at=?4,message_id=?5,redrive_count=0,next_redrive_at=NULL "
+    "WHERE call_id=?1 AND state='failed' AND attempt=?2-1";
 static const char SQL_DELETE_CALL[] = "DELETE FROM calls WHERE call_id=?1";
 static const char SQL_DELETE_AUDIT[] = "DELETE FROM audit WHERE call_id=?1";
 static const char SQL_DELETE_INBOX[] = "DELETE FROM result_inbox WHERE call_id=?1";
@@ -57,7 +60,22 @@ static const char SQL_INBOX_INSERT[] =
 static const char SQL_GET_STATE[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
 static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
-    "updated_at=?6 WHERE call_id=?1";
+    "updated_at=?6,next_redrive_at=CASE WHEN ?7 THEN NULL ELSE next_redrive_at END "
+    "WHERE call_id=?1";
+#define REDRIVE_COLS                                                                               \
+    "call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,message_id,redrive_count,"        \
+    "created_at,updated_at,next_redrive_at"
+/* Both read a partial index of schema/producer/0003_redrive.sql; their WHERE repeats the
+ * index's own condition word for word, which is how SQLite knows it may use it. */
+static const char SQL_REDRIVE_AGAIN[] =
+    "SELECT " REDRIVE_COLS " FROM calls WHERE next_redrive_at IS NOT NULL AND next_redrive_at<=?1 "
+    "ORDER BY next_redrive_at LIMIT ?2";
+static const char SQL_REDRIVE_UNHEARD[] =
+    "SELECT " REDRIVE_COLS " FROM calls WHERE next_redrive_at IS NULL AND "
+    "(state = 'pending' OR state = 'running') AND updated_at<=?1 ORDER BY updated_at LIMIT ?2";
+static const char SQL_REDRIVE_MARK[] =
+    "UPDATE calls SET redrive_count=?2,next_redrive_at=?3,message_id=COALESCE(?4,message_id) "
+    "WHERE call_id=?1";
 
 /* Dead letters: the envelope's kind and attempt through SQLite's JSON functions (guarded by
  * json_valid, so a payload that is not JSON reads as NULL instead of failing the statement). */
@@ -128,6 +146,15 @@ static int exec_id(oq__producer_store_t *s, const char *sql, const char *id, oq_
     return ret;
 }
 
+/** A time column: 0 means NULL. */
+static void bind_time(sqlite3_stmt *st, int i, int64_t t)
+{
+    if (t)
+        sqlite3_bind_int64(st, i, t);
+    else
+        sqlite3_bind_null(st, i);
+}
+
 static char *col_strdup(sqlite3_stmt *st, int i)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
@@ -194,6 +221,7 @@ int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_n
         sqlite3_bind_null(st, 8);
     sqlite3_bind_int64(st, 9, c->created_at);
     sqlite3_bind_int64(st, 10, c->expires_at);
+    bind_text(st, 11, c->message_id);
     int rc = sqlite3_step(st);
     int ret = 0;
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
@@ -256,6 +284,7 @@ int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_at
     sqlite3_bind_int64(st, 2, a->attempt);
     sqlite3_bind_int64(st, 3, a->updated_at);
     sqlite3_bind_int64(st, 4, a->expires_at);
+    bind_text(st, 5, a->message_id);
     int ret = st_exec(s, st, err, "reset call");
     st_done(s, st);
     if (ret) return ret;
@@ -322,9 +351,96 @@ int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_re
     bind_text(st, 4, r->error);
     bind_text(st, 5, r->effect_id);
     sqlite3_bind_int64(st, 6, r->updated_at);
+    sqlite3_bind_int(st, 7, r->settled != 0);
     int ret = st_exec(s, st, err, "apply result");
     st_done(s, st);
     return ret;
+}
+
+/* --- redrive -------------------------------------------------------------------------------- */
+
+void oq__producer_redrive_row_clear(oq__producer_redrive_row_t *r)
+{
+    if (!r) return;
+    free(r->tenant);
+    free(r->idem_key);
+    free(r->tool);
+    free(r->args);
+    memset(r, 0, sizeof *r);
+}
+
+/* Appends the rows \p sql selects (?1 = \p t, ?2 = room left) to \p rows. */
+static int redrive_select(oq__producer_store_t *s, const char *sql, int64_t t, int cap,
+                          oq__producer_redrive_row_t *rows, int *n, oq_error_t *err)
+{
+    int rc = SQLITE_DONE, ret = 0;
+    if (*n >= cap) return 0;
+    sqlite3_stmt *st = st_get(s, sql, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int64(st, 1, t);
+    sqlite3_bind_int(st, 2, cap - *n);
+    while (*n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__producer_redrive_row_t *r = &rows[*n];
+        memset(r, 0, sizeof *r);
+        col_copy(st, 0, r->call_id, sizeof r->call_id);
+        r->tenant = col_strdup(st, 1);
+        r->idem_key = col_strdup(st, 2);
+        col_copy(st, 3, r->fingerprint, sizeof r->fingerprint);
+        r->tool = col_strdup(st, 4);
+        r->args = col_strdup(st, 5);
+        col_copy(st, 6, r->state, sizeof r->state);
+        r->attempt = sqlite3_column_int64(st, 7);
+        col_copy(st, 8, r->message_id, sizeof r->message_id);
+        r->redrive_count = sqlite3_column_int64(st, 9);
+        r->created_at = sqlite3_column_int64(st, 10);
+        r->updated_at = sqlite3_column_int64(st, 11);
+        r->next_redrive_at = sqlite3_column_int64(st, 12);
+        (*n)++;
+        if (!r->tenant || !r->idem_key || !r->tool || !r->args) {
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            break;
+        }
+    }
+    if (ret == 0 && *n < cap && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "redrive due");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                   int cap, oq__producer_redrive_row_t *rows, int *n,
+                                   oq_error_t *err)
+{
+    *n = 0;
+    int ret = redrive_select(s, SQL_REDRIVE_AGAIN, now, cap, rows, n, err);
+    if (ret == 0) ret = redrive_select(s, SQL_REDRIVE_UNHEARD, unchanged_since, cap, rows, n, err);
+    if (ret) {
+        for (int i = 0; i < *n; i++)
+            oq__producer_redrive_row_clear(&rows[i]);
+        *n = 0;
+    }
+    return ret;
+}
+
+int oq__producer_store_redrive_mark(oq__producer_store_t *s, const oq__producer_redrive_mark_t *m,
+                                    oq_error_t *err)
+{
+    sqlite3_stmt *st = st_get(s, SQL_REDRIVE_MARK, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, m->call_id);
+    sqlite3_bind_int64(st, 2, m->redrive_count);
+    bind_time(st, 3, m->next_redrive_at);
+    bind_text(st, 4, m->message_id);
+    int ret = st_exec(s, st, err, "redrive mark");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id,
+                                 const char *call_id, const char *payload, size_t payload_len,
+                                 int64_t now, oq_outbox_republish_t *what, oq_error_t *err)
+{
+    oq_outbox_row_t row = {message_id, OQ_TOPIC_CALLS, call_id, payload, payload_len, now};
+    return oq_outbox_republish(s->db, s->cache, &row, what, err);
 }
 
 /* --- audit ---------------------------------------------------------------------------------- */

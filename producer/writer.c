@@ -10,10 +10,10 @@
  * batch. Batch size follows the offered concurrency by itself: while a commit runs, the next
  * batch queues.
  *
- * Work items are of two kinds (producer_int.h): a prepared submit (oq_submit_job_t) and a batch
- * of tool_results from the ingest (oq__results_t). Results ride in the same transaction as the
- * submits around them, on the same connection, so the process has one writer on calls.db and
- * results cost no extra fsync.
+ * Work items are of three kinds (producer_int.h): a prepared submit (oq_submit_job_t), a batch
+ * of tool_results from the ingest (oq__results_t) and a redrive pass (oq__redrive_t). Results
+ * and redrives ride in the same transaction as the submits around them, on the same
+ * connection, so the process has one writer on calls.db and they cost no extra fsync.
  *
  * Commit delay. Closed-loop clients (HTTP keep-alive connections, threads calling the blocking
  * API) come back right after their answer; without care they split into two groups that
@@ -53,6 +53,7 @@ struct oq__writer {
     int64_t max_message_bytes;
     int64_t next_dead_us; /* writer thread: next look at outbox_dead */
     oq_metric_t *m_unpublishable;
+    int64_t redrive_after_ms; /* <= 0: off */
     int max_batch;
     int commit_delay_us;
     sqlite3 *wdb;
@@ -65,7 +66,7 @@ struct oq__writer {
     size_t qlen;             /* under mu */
     int stopping;            /* under mu */
     oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed, *m_too_large;
-    oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu;
+    oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu, *m_redrives;
     /* background checkpointer (see the file comment) */
     int ckpt_pages;
     sqlite3 *cdb;
@@ -92,6 +93,10 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
     if (it->kind == OQ__WORK_SUBMIT)
         return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, w->max_message_bytes,
                                  &it->err);
+    if (it->kind == OQ__WORK_REDRIVE) {
+        oq__redrive_t *d = (oq__redrive_t *)it;
+        return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);
+    }
     oq__results_t *r = (oq__results_t *)it;
     return oq__decide_results(s, r->envs, r->n, r->outcomes, now, &it->err);
 }
@@ -388,6 +393,8 @@ static void *writer_main(void *arg)
             if (it->kind == OQ__WORK_SUBMIT) {
                 count_outcome(w, (oq_submit_job_t *)it);
                 oq_histogram_observe(w->m_wait, (double)(now_us - it->enq_us) / 1e6);
+            } else if (it->kind == OQ__WORK_REDRIVE && it->rc == 0) {
+                oq_counter_add(w->m_redrives, (uint64_t)((oq__redrive_t *)it)->stats.redriven);
             }
             it->next = NULL;
             it->done(it, it->opaque);
@@ -419,6 +426,9 @@ static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
         "Calls failed because the relay set their message aside (error code unpublishable)", NULL);
     w->m_batches =
         oq_metrics_counter(m, "onceq_producer_batches_total", "Group-commit transactions", NULL);
+    w->m_redrives = oq_metrics_counter(
+        m, "onceq_producer_redrives_total",
+        "Calls whose tool_call message was published again by a redrive pass", NULL);
     static const double bsz[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     w->m_batch = oq_metrics_histogram(m, "onceq_producer_batch_size", "Submits per group commit",
                                       NULL, bsz, sizeof bsz / sizeof bsz[0]);
@@ -460,6 +470,7 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     w->key_ttl_ms = o->key_ttl_ms;
     w->max_message_bytes = o->max_message_bytes;
     w->next_dead_us = oq_mono_us(); /* a first look at once */
+    w->redrive_after_ms = o->redrive_after_ms;
     w->max_batch = o->max_batch;
     w->commit_delay_us = o->commit_delay_us;
     w->ckpt_pages = o->checkpoint_pages;

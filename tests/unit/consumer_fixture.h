@@ -85,6 +85,30 @@ static int64_t q_count(oq__consumer_store_t *s, const char *sql, const char *cal
     return v;
 }
 
+/* One text from \p sql with ?1 bound to \p call_id (may be NULL), malloc()ed; NULL if none. */
+static char *q_text(oq__consumer_store_t *s, const char *sql, const char *call_id)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(s), sql, -1, &st, NULL), SQLITE_OK);
+    if (call_id) sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
+    char *v = NULL;
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+        v = strdup((const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* As if the result relay had delivered every outbox row so far: its watermark passes them. */
+static void relay_delivered_all(oq__consumer_store_t *s)
+{
+    assert_int_equal(sqlite3_exec(oq__consumer_store_db(s),
+                                  "INSERT OR REPLACE INTO relay_lease(name, owner, fence, "
+                                  "expires_at, published_seq) VALUES ('outbox', 'test', 1, 0, "
+                                  "(SELECT COALESCE(max(seq), 0) FROM outbox))",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+}
+
 /* What the worker's run_tool does: the registry tool for the run \p x, classified. \p args may
  * be NULL (parsed from the row). Clear \p o after. */
 static void run_registry_tool(const oq__exec_row_t *x, const json_t *args, oq__outcome_t *o)

@@ -96,17 +96,42 @@ static void test_fast_commit_one_audit_row(void **state)
                      1);
     oq__exec_row_clear(&x);
 
-    /* the same message again (other worker): a duplicate, nothing new */
+    char *rid = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1", e.call_id);
+    assert_non_null(rid);
+    /* the same message again (other worker) while the result is still unpublished: a
+     * duplicate, nothing new (the result is on its way) */
     assert_int_equal(fast(f->b, &e, now + 10, &is_new, &st, &enew), OQ__INTAKE_DUPLICATE);
     assert_int_equal(is_new, 0);
     assert_int_equal(q_count(f->a, "SELECT seen FROM inbox WHERE call_id=?1", e.call_id), 2);
-    /* the same call under a new message id (producer republish): done, result re-emitted */
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
+    /* the same call under a new message id (producer republish): done, nothing to re-emit */
     again = e;
     oq_id_uuid(again.message_id);
     assert_int_equal(fast(f->b, &again, now + 20, &is_new, &st, &enew), OQ__INTAKE_DONE);
     assert_int_equal(is_new, 0);
     assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 2);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
+    /* once the result was delivered (and maybe lost on the way), the same message again
+     * re-emits it: the same row moved to the tail, same result message id, nothing executed */
+    relay_delivered_all(f->a);
+    int64_t seq0 = q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id);
+    assert_int_equal(fast(f->b, &e, now + 30, &is_new, &st, &enew), OQ__INTAKE_REEMITTED);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
+    assert_true(q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id) > seq0);
+    char *rid2 = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1", e.call_id);
+    assert_string_equal(rid2, rid);
+    free(rid2);
+    /* and so does a new message id of the call (done), once that copy was delivered too */
+    relay_delivered_all(f->a);
+    seq0 = q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id);
+    oq_id_uuid(again.message_id);
+    assert_int_equal(fast(f->a, &again, now + 40, &is_new, &st, &enew), OQ__INTAKE_DONE);
+    assert_true(q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id) > seq0);
+    rid2 = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1", e.call_id);
+    assert_string_equal(rid2, rid);
+    free(rid2);
+    free(rid);
+    assert_int_equal(oq__consumer_store_effect_count(f->a, e.call_id), 1);
     assert_int_equal(q_count(f->a,
                              "SELECT count(*) FROM audit WHERE call_id=?1 AND "
                              "event IN ('started','committed')",
