@@ -457,7 +457,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
         const oq__producer_dead_t *d = &rows[i];
         int is_call = d->kind && strcmp(d->kind, oq_kind_name(OQ_KIND_TOOL_CALL)) == 0 &&
                       strcmp(d->topic, OQ_TOPIC_CALLS) == 0 && d->attempt >= 1 &&
-                      strlen(d->key) == OQ_CALL_ID_LEN && strlen(d->message_id) == OQ_UUID_LEN;
+                      oq_call_id_valid(d->key) && strlen(d->message_id) == OQ_UUID_LEN;
         if (is_call) {
             oq_result_outcome_t oc = 0;
             if ((ret = fail_dead_call(s, d, now_ms, &oc, err))) break;
