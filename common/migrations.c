@@ -19,5 +19,6 @@ const char *const oq_migrations_consumer[] = {
     "common/0001_outbox.sql",
     "consumer/0001_init.sql",
     "common/0002_outbox_watermark.sql",
+    "consumer/0002_downstream.sql",
     NULL,
 };

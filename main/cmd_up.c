@@ -36,6 +36,7 @@
 
 #include "cmds.h"
 #include "oq_config.h"
+#include "oq_consumer.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -54,6 +55,8 @@ static const oq_setting_t up_settings[] = {
      "how long to wait for children after SIGTERM before SIGKILL"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
      "how long to wait for the embedded broker's bootstrap file"},
+    {"tools", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
+     "tools file of HTTP tools, passed to every consumer (checked before anything starts)"},
 };
 
 typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
@@ -75,6 +78,7 @@ typedef struct {
     char bootstrap_file[PATH_MAX];
     char calls_db[PATH_MAX];
     char effects_db[PATH_MAX];
+    char tools[PATH_MAX]; /* absolute path of --tools, or "" */
     char brokers[4096];
     int embedded;
     up_child_t kids[UP_MAX_CHILDREN];
@@ -129,6 +133,10 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = (char *)oq_config_str(up->cfg, "group");
         argv[n++] = "--brokers";
         argv[n++] = up->brokers;
+        if (up->tools[0]) {
+            argv[n++] = "--tools";
+            argv[n++] = up->tools;
+        }
         break;
     }
     /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
@@ -330,6 +338,7 @@ int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
         "onceq up [--dir DIR] [--consumers N] [--listen HOST:PORT] [--brokers B] [-X k=v]...\n"
+        "         [--tools tools.json]\n"
         "\n"
         "Runs the whole pipeline on this host as child processes: the embedded broker (unless\n"
         "--brokers), the producer (HTTP on --listen, DIR/calls.db), its relay, and N consumers\n"
@@ -371,6 +380,20 @@ int oq__cmd_up(int argc, char **argv)
         fprintf(stderr, "onceq up: --dir is too long\n");
         rc = OQ_EXIT_USAGE;
         goto out;
+    }
+    const char *tools = oq_config_str(cfg, "tools");
+    if (tools) {
+        oq_error_t terr = {0};
+        if (!realpath(tools, up->tools)) {
+            fprintf(stderr, "onceq up: --tools %s: %s\n", tools, strerror(errno));
+            rc = OQ_EXIT_USAGE;
+            goto out;
+        }
+        if (oq_consumer_check_tools(up->tools, &terr) != 0) {
+            fprintf(stderr, "onceq up: %s\n", terr.msg);
+            rc = OQ_EXIT_USAGE;
+            goto out;
+        }
     }
     const char *ext = oq_config_str(cfg, "brokers");
     up->embedded = ext == NULL || !ext[0];
