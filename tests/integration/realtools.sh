@@ -14,6 +14,8 @@
 #   rt_ledger_by FIELD VALUE    "count id" of ledger payments with idempotency_key / reference
 #   rt_dstat JQ                 a field of the downstream's /ledger/stats
 #   rt_cq SQL                   a query on the consumer database
+#   rt_at_least N CMD...        true when CMD prints a number >= N (for oq_wait_for, which
+#                               runs it again each time)
 
 DPORT=$(oq_free_port) || oq_fail "no free port"
 DURL=http://127.0.0.1:$DPORT
@@ -67,3 +69,9 @@ rt_ledger_by() {
 rt_dstat() { curl -sf "$DURL/ledger/stats" | jq -r "$1"; }
 
 rt_cq() { sqlite3 -cmd ".timeout 10000" "$CDB" "$1"; }
+
+rt_at_least() {
+    local v
+    v=$("${@:2}")
+    [[ -n "$v" ]] && ((v >= $1))
+}

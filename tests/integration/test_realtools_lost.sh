@@ -55,7 +55,7 @@ oq_pass "response lost, keys + lookup and reference lookup only: $((2 * N)) call
 for f in 429 503; do
     rt_mode "{\"faults\":\"$f:1\",\"retry_after_s\":2}"
     cid=$(rt_submit "ra-$f" pay '{"amount":9}')
-    oq_wait_for 20 test "$(rt_cq "SELECT count(*) FROM audit WHERE call_id='$cid' AND event='failed_retryable'")" -ge 1 ||
+    oq_wait_for 20 rt_at_least 1 rt_cq "SELECT count(*) FROM audit WHERE call_id='$cid' AND event='failed_retryable'" ||
         oq_fail "$f: no retryable failure: $(rt_cq "SELECT event, detail FROM audit WHERE call_id='$cid'")"
     rt_mode '{"faults":""}'
     rt_wait_status "ra-$f" succeeded 30 || oq_fail "ra-$f: $(rt_call "ra-$f")"
