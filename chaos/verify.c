@@ -96,16 +96,20 @@ static const check_t checks[] = {
      " WHERE x.state IN ('FAILED_FINAL','FAILED_RETRYABLE','SAFE_RETRY','NEEDS_REVIEW')"},
     /* Ordered consumer audit: after 'committed' nothing may start again; after
      * 'failed_final' / 'needs_review' only a NEW producer attempt may (attempt > the terminal
-     * one's); and no effect may be written for an attempt that had already failed finally. */
+     * one's), or, after 'needs_review', an operator's decision ('review_resolved' in between);
+     * and no effect may be written for an attempt that had already failed finally. */
     {OQ_V_REEXECUTED,
      "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ', attempt '"
      " || ifnull(a.attempt,'?') || ') after ' || t.event || ' (id ' || t.id || ', attempt '"
      " || ifnull(t.attempt,'?') || ')'"
      " FROM c.audit t JOIN c.audit a ON a.call_id = t.call_id AND a.id > t.id"
-     " WHERE a.event IN ('planned','started','committed','unknown','safe_retry',"
-     "                   'failed_retryable')"
+     " WHERE a.event IN ('planned','started','committed','unknown','reconciling','safe_retry',"
+     "                   'failed_retryable','failed_final')"
      " AND (t.event = 'committed' OR (t.event IN ('failed_final','needs_review')"
-     "      AND ifnull(a.attempt,0) <= ifnull(t.attempt,0)))"
+     "      AND ifnull(a.attempt,0) <= ifnull(t.attempt,0)"
+     "      AND NOT (t.event = 'needs_review' AND EXISTS (SELECT 1 FROM c.audit r"
+     "               WHERE r.call_id = t.call_id AND r.event = 'review_resolved'"
+     "               AND r.id > t.id AND r.id < a.id))))"
      " GROUP BY a.call_id"
      " UNION ALL "
      "SELECT e.call_id, 'effect ' || e.effect_id || ' (attempt ' || e.attempt || ') written after '"
@@ -113,15 +117,22 @@ static const check_t checks[] = {
      " FROM c.effects e JOIN c.audit t ON t.call_id = e.call_id"
      " WHERE t.event IN ('failed_final','needs_review') AND t.ts < e.created_at"
      " AND e.attempt <= ifnull(t.attempt,0)"
+     " AND NOT (t.event = 'needs_review' AND EXISTS (SELECT 1 FROM c.audit r"
+     "          WHERE r.call_id = t.call_id AND r.event = 'review_resolved' AND r.id > t.id"
+     "          AND r.ts <= e.created_at))"
      " GROUP BY e.call_id"},
-    /* 5. Producer side: succeeded / needs_review are final; failed is left only through a
-     *    retry_reset (a new attempt with the same fingerprint). */
+    /* 5. Producer side: succeeded is final; needs_review is left only by the one resolution an
+     *    operator made (succeeded or failed, applied once: a second one is caught after it);
+     *    failed is left only through a retry_reset (a new attempt, same fingerprint). */
     {OQ_V_TERMINAL_LEFT,
      "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ') after ' || t.event"
      " || ' (id ' || t.id || ')'"
      " FROM main.audit a JOIN main.audit t ON t.call_id = a.call_id AND t.id < a.id"
      " WHERE t.event IN ('succeeded','needs_review')"
      " AND a.event IN ('running','succeeded','failed','needs_review','retry_reset','pending')"
+     " AND NOT (t.event = 'needs_review' AND a.event IN ('succeeded','failed')"
+     "          AND NOT EXISTS (SELECT 1 FROM main.audit b WHERE b.call_id = a.call_id"
+     "          AND b.id > t.id AND b.id < a.id AND b.event IN ('succeeded','failed')))"
      " GROUP BY a.call_id"},
 };
 

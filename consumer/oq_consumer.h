@@ -24,7 +24,7 @@
  * stored. Recovery (at start-up, periodically, after an UNKNOWN, on a redelivery) turns lapsed
  * leases into UNKNOWN and reconciles: the local effects table, a lookup at the downstream
  * (RECONCILING), or the tool's declaration; what cannot be decided is NEEDS_REVIEW, for an
- * operator. Never a blind resend to a downstream that neither
+ * operator (oq_review_*, `onceq review`). Never a blind resend to a downstream that neither
  * honours keys nor offers a lookup. Result events are published to onceq.tool-results by the
  * relay library embedded in the worker (one publisher per database at a time, by its lease).
  *
@@ -32,7 +32,8 @@
  * consumer/execution.c (the rules: intake, state machine, finish, recovery, reconciliation,
  * review), consumer/store.c behind consumer/consumer_store.h (every SQL statement),
  * consumer/tools.c (the registry and the built-in tools), consumer/http_tools.c (tools file,
- * HTTP executor), consumer/dispatch.c (the outside calls' thread).
+ * HTTP executor), consumer/dispatch.c (the outside calls' thread), consumer/review.c (the
+ * operator's API) and consumer/admin.c (the admin listener: metrics, stats, review over HTTP).
  *
  * Crash points (ONCEQ_CRASH_AT, see oq_util.h), in the order a call meets them:
  *   consumer.after_intake_before_commit  batch: inbox rows, plans and inline runs written,
@@ -143,7 +144,8 @@ typedef struct oq_consumer_opts {
     const char *synchronous;       /**< SQLite synchronous level (NULL: FULL) */
     const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):
                                         NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
-    const char *metrics_listen;    /**< NULL: no metrics server */
+    const char *metrics_listen;    /**< NULL: no admin listener (metrics, stats, review over
+                                        HTTP: consumer/admin.h) */
     const oq_config_t *cfg;        /**< -X Kafka properties (may be NULL); borrowed */
     int64_t lease_ms;              /**< execution lease (default 30000) */
     int max_attempts;              /**< tool runs per attempt before FAILED_FINAL (default 5) */
@@ -212,8 +214,8 @@ void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out);
  *        (p50/p95/p99 of the last 2048), the review queue and its oldest age, and per declared
  *        HTTP tool the requests by outcome class and their latency (p50/p95/p99).
  * @returns a new object (caller json_decref()s it), or NULL when out of memory.
- * @locality any thread while the worker runs (it reads the database on its own connection
- *        only from the worker thread: call it there, or accept a short wait on the store).
+ * @locality any thread while the worker runs (the database is read on the worker's stats
+ *        connection, under a lock).
  */
 json_t *oq_consumer_stats_json(oq_consumer_t *c);
 
@@ -223,6 +225,43 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c);
  * @returns 0, OQ_EIO (unreadable) or OQ_EINVAL (\p err names the file, the tool, the field).
  */
 int oq_consumer_check_tools(const char *path, oq_error_t *err);
+
+/* --- review: executions no machine could decide (consumer/review.c) --------------------------
+ * NEEDS_REVIEW means the outcome of an outside call cannot be decided automatically (no lookup
+ * and no key support, or the lookup kept failing). These functions open the effects database
+ * \p db_path themselves (it must exist) and may run in any process or thread. */
+
+/**
+ * @brief The review queue, oldest first: a JSON array of {call_id, tool, tenant, idem_key,
+ *        attempt, tries, since (unix ms the outcome became unknown), age_s, code, why}.
+ * @param limit at most this many (<= 0: 1000). @param out a new array (caller decrefs).
+ * @returns 0, OQ_EIO (no database), OQ_EDB.
+ */
+int oq_review_list(const char *db_path, int limit, json_t **out, oq_error_t *err);
+
+/**
+ * @brief One call's story in the consumer database: {"execution": {...}, "effect": {...} |
+ *        null, "timeline": [audit rows in order: id, ts, event, attempt, fence, worker,
+ *        detail]}. Works for any call, in review or not.
+ * @returns 0, OQ_ENOTFOUND, OQ_EIO, OQ_EDB.
+ */
+int oq_review_show(const char *db_path, const char *call_id, json_t **out, oq_error_t *err);
+
+/**
+ * @brief Resolve the NEEDS_REVIEW execution \p call_id \p as "committed" (the downstream did
+ *        it: COMMITTED, effect recorded with downstream id \p ref, result `succeeded`),
+ *        "failed" (it did not and must not: FAILED_FINAL, result `failed`) or "retry" (send
+ *        once more with the same key: SAFE_RETRY, due now, a fresh try budget). One
+ *        transaction: fenced (fence + 1), audited ('review_resolved' with the note and \p by),
+ *        at most one result event; the producer's call moves to the end state once a worker's
+ *        relay publishes it.
+ * @param note required (1-1000 bytes, UTF-8); \p ref optional, only with committed.
+ * @param out may be NULL; else {call_id, resolved_as, state}.
+ * @returns 0, OQ_EINVAL (bad --as, note or ref: nothing written), OQ_ENOTFOUND, OQ_ESTATE (not
+ *          NEEDS_REVIEW: nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
+ */
+int oq_review_resolve(const char *db_path, const char *call_id, const char *as, const char *ref,
+                      const char *note, const char *by, json_t **out, oq_error_t *err);
 
 /** The settings table of `onceq consumer` (name, type, default, bounds, doc). */
 extern const oq_setting_t oq_consumer_settings[];

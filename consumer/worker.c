@@ -43,6 +43,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "admin.h"
 #include "consumer_store.h"
 #include "dispatch.h"
 #include "execution.h"
@@ -106,7 +107,9 @@ struct oq_consumer {
     rd_kafka_t *dlq_rk;
     oq_relay_t *relay;
     oq_metrics_t *metrics;
-    oq_metrics_server_t *msrv;
+    oq__admin_t *msrv;                 /* metrics, stats and review over HTTP */
+    oq__consumer_store_t *stats_store; /* the stats' own connection (admin thread) */
+    pthread_mutex_t stats_mu;
 
     /* the batch being collected (main thread) */
     rd_kafka_message_t **batch;
@@ -157,6 +160,7 @@ struct oq_consumer {
 };
 
 static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err);
+static json_t *stats_cb(void *ctx);
 
 /* --- settings -------------------------------------------------------------------------------- */
 
@@ -176,7 +180,8 @@ const oq_setting_t oq_consumer_settings[] = {
     {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous level"},
     {"relay-synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
      "synchronous level of the result relay's marks (a lost mark only republishes a result)"},
-    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL, "serve Prometheus /metrics on host:port"},
+    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
+     "admin listener host:port: /metrics, /stats, /v1/review (see README)"},
     {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
     {"exit-idle", OQ_SET_DURATION, "0", 0, 86400000, NULL,
      "exit after this long without input or due work, once a message was handled (0: never)"},
@@ -1382,6 +1387,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->policy.on_reconciled = on_reconciled;
     c->policy.on_ctx = c;
     pthread_mutex_init(&c->resolve_ring.mu, NULL);
+    pthread_mutex_init(&c->stats_mu, NULL);
     if (opts->worker_id) {
         snprintf(c->worker_id, sizeof(c->worker_id), "%s", opts->worker_id);
     } else {
@@ -1428,7 +1434,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
     if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
-    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)))
+    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)) ||
+        (rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->stats_store, err)))
         goto fail;
     for (int i = 0; i < c->nrunners; i++) {
         c->runners[i].c = c;
@@ -1496,7 +1503,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         }
         if ((rc = oq_relay_start(c->relay, err))) goto fail;
     }
-    if (c->metrics_listen && !(c->msrv = oq_metrics_serve(c->metrics, c->metrics_listen, err))) {
+    if (c->metrics_listen &&
+        !(c->msrv = oq__admin_start(c->metrics_listen, c->metrics, c->db_path, stats_cb, c, err))) {
         rc = err ? err->code : OQ_EIO;
         goto fail;
     }
@@ -1765,6 +1773,11 @@ void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out)
     out->inflight = oq__dispatch_count(c->disp);
 }
 
+static json_t *stats_cb(void *ctx)
+{
+    return oq_consumer_stats_json(ctx);
+}
+
 /* A declared HTTP tool whose name is also compiled in would be ambiguous. */
 static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err)
 {
@@ -1811,7 +1824,8 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c)
         rec, "unknown_to_resolved_ms",
         json_pack("{s:i, s:f, s:f, s:f}", "n", n, "p50", q[0], "p95", q[1], "p99", q[2]));
     json_object_set_new(o, "reconciliation", rec);
-    if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
+    pthread_mutex_lock(&c->stats_mu); /* (the stats connection: any thread may ask) */
+    if (oq__consumer_store_unsettled(c->stats_store, &un, NULL) == 0) {
         int64_t now = oq_now_ms();
         json_object_set_new(
             o, "review",
@@ -1821,12 +1835,13 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c)
                       un.unknown ? (double)(now - un.unknown_oldest) / 1000.0 : 0.0));
     }
     int64_t counts[OQ_X__COUNT];
-    if (oq__consumer_store_state_counts(c->store, counts, NULL) == 0) {
+    if (oq__consumer_store_state_counts(c->stats_store, counts, NULL) == 0) {
         json_t *by = json_object();
         for (int i = 0; i < OQ_X__COUNT; i++)
             json_object_set_new(by, oq__xstate_name(i), json_integer(counts[i]));
         json_object_set_new(o, "executions", by);
     }
+    pthread_mutex_unlock(&c->stats_mu);
     json_t *tools = json_object();
     for (size_t t = 0; c->tools && t < c->tools->n; t++) {
         tool_metrics_t *tm = &c->tmetrics[t];
@@ -1848,7 +1863,10 @@ void oq_consumer_destroy(oq_consumer_t *c)
     if (!c) return;
     shutdown_threads(c);
     if (c->relay) oq_relay_destroy(c->relay);
-    if (c->msrv) oq_metrics_serve_stop(c->msrv);
+    oq__admin_stop(c->msrv);
+    c->msrv = NULL;
+    oq__consumer_store_close(c->stats_store);
+    pthread_mutex_destroy(&c->stats_mu);
     retention_check_done(c);
     oq__dispatch_destroy(c->disp);
     c->disp = NULL;

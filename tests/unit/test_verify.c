@@ -403,6 +403,49 @@ static void test_reexecuted_after_final_same_attempt(void **state)
     fx_free(f);
 }
 
+/* A call an operator resolved after NEEDS_REVIEW (audit 'review_resolved'): its effect and
+ * the producer's needs_review -> succeeded are clean; the same trail without the operator's
+ * row is a re-execution, and a second resolution at the producer leaves a terminal state. */
+static void add_reviewed(fx_t *f, const char *id, int resolved)
+{
+    add_call(f, id, "key-r", FP_A, "pay", "succeeded");
+    add_paudit(f, id, "submitted", 1000);
+    add_paudit(f, id, "running", 1100);
+    add_paudit(f, id, "needs_review", 1200);
+    add_paudit(f, id, "succeeded", 1500);
+    add_exec(f, id, FP_A, "pay", "COMMITTED", 1);
+    add_caudit(f, id, "started", 1, 1020);
+    add_caudit(f, id, "unknown", 1, 1030);
+    add_caudit(f, id, "needs_review", 1, 1040);
+    if (resolved) add_caudit(f, id, "review_resolved", 1, 1400);
+    add_caudit(f, id, "committed", 1, 1400);
+    add_effect(f, id, "e_r", "pay", 1, 1400);
+}
+
+static void test_review_resolution(void **state)
+{
+    (void)state;
+    oq_verify_report_t rep;
+    fx_t *f = fx_new(1);
+    add_base(f);
+    add_reviewed(f, "c_0000000000000009", 1);
+    run(f, 0, &rep);
+    assert_int_equal(rep.violations, 0);
+    oq_verify_report_clear(&rep);
+    add_paudit(f, "c_0000000000000009", "failed", 1600); /* a second resolution */
+    run(f, 0, &rep);
+    expect_only(&rep, OQ_V_TERMINAL_LEFT, 1, "c_0000000000000009");
+    oq_verify_report_clear(&rep);
+    fx_free(f);
+    f = fx_new(1);
+    add_base(f);
+    add_reviewed(f, "c_0000000000000009", 0);
+    run(f, 0, &rep);
+    expect_only(&rep, OQ_V_REEXECUTED, 2, "c_0000000000000009"); /* the run and the effect */
+    oq_verify_report_clear(&rep);
+    fx_free(f);
+}
+
 /* A new producer attempt of a FAILED_FINAL call is allowed to run again (retry reset). */
 static void test_new_attempt_after_final_is_clean(void **state)
 {
@@ -583,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_reexecuted_after_commit),
         cmocka_unit_test(test_reexecuted_after_final_same_attempt),
         cmocka_unit_test(test_new_attempt_after_final_is_clean),
+        cmocka_unit_test(test_review_resolution),
         cmocka_unit_test(test_effect_after_final_failure),
         cmocka_unit_test(test_terminal_left),
         cmocka_unit_test(test_inline_trail),
