@@ -53,4 +53,6 @@ for point in consumer.after_request_sent_before_outcome@12 consumer.after_outcom
 done
 [[ $(rt_dstat .ledger.duplicate_effects) == 0 ]] || oq_fail "ledger duplicates: $(rt_dstat .ledger)"
 [[ $(rt_dstat .ledger.logical_calls) == $((2 * N)) ]] || oq_fail "ledger: $(rt_dstat .ledger)"
+J=$(rt_verify)
+[[ $? == 0 ]] || oq_fail "verify: $J"
 oq_pass "kill -9 at both outside-call crash points under load: $((2 * N)) calls, one downstream effect each"

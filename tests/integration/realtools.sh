@@ -14,6 +14,7 @@
 #   rt_ledger_by FIELD VALUE    "count id" of ledger payments with idempotency_key / reference
 #   rt_dstat JQ                 a field of the downstream's /ledger/stats
 #   rt_cq SQL                   a query on the consumer database
+#   rt_verify [ARGS]            onceq verify --json with the ledger as the third input
 #   rt_at_least N CMD...        true when CMD prints a number >= N (for oq_wait_for, which
 #                               runs it again each time)
 
@@ -69,6 +70,9 @@ rt_ledger_by() {
 rt_dstat() { curl -sf "$DURL/ledger/stats" | jq -r "$1"; }
 
 rt_cq() { sqlite3 -cmd ".timeout 10000" "$CDB" "$1"; }
+
+# onceq verify over the three databases (producer, consumer, the downstream's ledger)
+rt_verify() { pl_verify --downstream-db "$DDB" "$@"; }
 
 rt_at_least() {
     local v

@@ -88,3 +88,9 @@ bad=$(PCQ "SELECT count(*) FROM audit r JOIN audit t ON r.call_id = t.call_id AN
            WHERE r.event = 'running' AND t.event IN ('succeeded','failed','needs_review')")
 [[ $bad == 0 ]] || oq_fail "running after a terminal state"
 oq_pass "producer: pending -> running -> terminal, never back"
+
+J=$(rt_verify)
+[[ $? == 0 ]] || oq_fail "verify: $J"
+[[ $(jq -r '.downstream.duplicates' <<<"$J") == 0 && $(jq -r '.downstream.effects' <<<"$J") -ge $((2 * N + 2)) ]] ||
+    oq_fail "verify's downstream view: $(jq -c .downstream <<<"$J")"
+oq_pass "verify with the downstream ledger: clean, downstream DSR $(jq -r .downstream.dsr <<<"$J")"

@@ -51,4 +51,10 @@ oq_log "liar: $liar effects for $N calls ($unknown unknown outcomes resent); hon
 ((liar > N)) || oq_fail "the false declaration made no duplicates ($liar effects for $N calls)"
 ((honest == N)) || oq_fail "keys honoured, yet $honest effects for $N calls"
 ((liar - N == $(rt_dstat .ledger.duplicate_effects))) || oq_fail "ledger duplicate counter: $(rt_dstat .ledger)"
-oq_pass "negative control: a false 'idempotent' declaration shows $((liar - N)) duplicate effects in the ledger; honoured keys none"
+J=$(rt_verify --allow-pending)
+rc=$?
+[[ $rc == 3 ]] || oq_fail "verify did not fail on the duplicates (exit $rc): $J"
+[[ $(jq -r .by_kind.downstream_dup <<<"$J") == $((liar - N)) ]] || oq_fail "verify: $(jq -c '{by_kind,downstream}' <<<"$J")"
+jq -e '.downstream.dsr > 0 and (.examples | map(select(.kind == "downstream_dup")) | length) > 0' <<<"$J" >/dev/null ||
+    oq_fail "verify's downstream view: $(jq -c '{downstream,examples}' <<<"$J")"
+oq_pass "negative control: a false 'idempotent' declaration shows $((liar - N)) duplicate effects in the ledger (verify exit 3, downstream DSR $(jq -r .downstream.dsr <<<"$J")); honoured keys none"

@@ -102,6 +102,6 @@ curl -sf "$A/stats" | jq -e '.review.queue == 0 and .reconciliation.none >= 3' >
     oq_fail "stats: $(curl -s "$A/stats")"
 oq_pass "over HTTP: list, show, resolve as failed (400 / 409 on bad or repeated input)"
 
-J=$(pl_verify)
+J=$(rt_verify)
 [[ $? == 0 ]] || oq_fail "verify: $J"
 oq_pass "verify clean after the resolutions"

@@ -57,4 +57,6 @@ for k in stop-keys stop-ref; do
     [[ $(rt_cq "SELECT count(*) FROM effects WHERE call_id='$cid'") == 1 ]] || oq_fail "$k: local effects"
 done
 [[ $(rt_dstat .ledger.duplicate_effects) == 0 ]] || oq_fail "duplicates: $(rt_dstat .ledger)"
+J=$(rt_verify)
+[[ $? == 0 ]] || oq_fail "verify: $J"
 oq_pass "SIGSTOP past the lease: B took over (resend by key; lookup after the settle time), A's late answers refused, one effect each"
