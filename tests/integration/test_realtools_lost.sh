@@ -7,7 +7,10 @@
 #     and the lookup found the payment: nothing was resent);
 #   - 429 and 503 with Retry-After: retried, and not before Retry-After;
 #   - a final 4xx: FAILED_FINAL at once, sent once, never retried;
-#   - the producer saw `running` before the end state.
+#   - the producer saw `running` before the end state;
+#   - the consumer's metrics and stats count it all: unknown outcomes, reconciliation verdicts
+#     and success rate, time from UNKNOWN to resolved, requests by tool and outcome class with
+#     their latency, executions by state (RECONCILING included), the review queue.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
@@ -22,7 +25,9 @@ RT_VARIANTS='[
    "lookup": {"url": "http://127.0.0.1:'$DPORT'/v1/payments?reference={effect_id}"}}
 ]'
 rt_tools "$T/tools.json"
-PL_CONSUMER_X+=(--tools "$T/tools.json" --lease 3s --recover-every 200ms --retry-base 100ms)
+MPORT=$(oq_free_port)
+PL_CONSUMER_X+=(--tools "$T/tools.json" --lease 3s --recover-every 200ms --retry-base 100ms
+    --metrics-listen "127.0.0.1:$MPORT")
 pl_start 1
 
 # --- response lost --------------------------------------------------------------------------------
@@ -50,6 +55,36 @@ posts=$(rt_dstat .requests.post_payment)
 ((posts == 2 * N)) || oq_fail "$((2 * N)) calls reached the downstream as $posts requests (a resend?)"
 [[ $(rt_dstat .ledger.duplicate_effects) == 0 ]] || oq_fail "duplicates: $(rt_dstat .ledger)"
 oq_pass "response lost, keys + lookup and reference lookup only: $((2 * N)) calls, one effect each, succeeded with the downstream's id"
+
+# --- metrics and stats ---------------------------------------------------------------------------
+sleep 2.5 # (gauges from the database are refreshed every 2 s)
+curl -sf "http://127.0.0.1:$MPORT/metrics" >"$T/metrics.txt" || oq_fail "no /metrics"
+m() { awk -v k="$1" '$1 == k {print $2}' "$T/metrics.txt"; }
+for k in 'onceq_consumer_unknown_outcomes_total' \
+    'onceq_consumer_reconciliations_total{outcome="found"}' \
+    'onceq_consumer_unknown_resolved_seconds_count' \
+    'onceq_consumer_downstream_requests_total{tool="pay_drop",class="UNKNOWN"}' \
+    'onceq_consumer_downstream_requests_total{tool="pay_drop",class="FOUND"}' \
+    'onceq_consumer_downstream_requests_total{tool="ref_drop",class="UNKNOWN"}' \
+    'onceq_consumer_downstream_seconds_count{tool="ref_drop"}'; do
+    v=$(m "$k")
+    [[ -n "$v" ]] && (($(printf '%.0f' "$v") >= N)) || oq_fail "metric $k = '${v}' (want >= $N)"
+done
+[[ $(m 'onceq_consumer_reconciliation_success_ratio') == 1 ]] || oq_fail "success ratio $(m 'onceq_consumer_reconciliation_success_ratio')"
+for k in 'onceq_consumer_executions{state="RECONCILING"}' 'onceq_consumer_executions{state="UNKNOWN"}' \
+    'onceq_consumer_executions{state="NEEDS_REVIEW"}' onceq_consumer_review_queue \
+    onceq_consumer_review_oldest_seconds; do
+    [[ $(m "$k") == 0 ]] || oq_fail "metric $k = '$(m "$k")' (want 0)"
+done
+[[ $(m 'onceq_consumer_executions{state="COMMITTED"}') == $((2 * N)) ]] || oq_fail "committed gauge"
+S=$(curl -sf "http://127.0.0.1:$MPORT/stats") || oq_fail "no /stats"
+jq -e --argjson n "$N" '.reconciliation.found >= 2 * $n and .reconciliation.success_rate == 1
+    and .reconciliation.unknown_to_resolved_ms.n >= 2 * $n
+    and .reconciliation.unknown_to_resolved_ms.p99 >= .reconciliation.unknown_to_resolved_ms.p50
+    and .downstream.pay_drop.by_class.UNKNOWN == $n and .downstream.pay_drop.latency_ms.p99 > 0
+    and .review.queue == 0 and .executions.COMMITTED == 2 * $n and .unknown >= 2 * $n' <<<"$S" >/dev/null ||
+    oq_fail "stats: $S"
+oq_pass "metrics and stats: unknown outcomes, verdicts (success rate 1), UNKNOWN -> resolved p50/p99, per-tool classes and latency"
 
 # --- 429 / 503 with Retry-After: honoured and retried -----------------------------------------
 for f in 429 503; do
