@@ -267,6 +267,7 @@ static pid_t e2e_spawn(char *const args[], const char *log)
     argv[k++] = exe;
     for (int i = 0; args[i] && k < 31; i++) argv[k++] = args[i];
     argv[k] = NULL;
+    fflush(stdout); /* or the child's freopen() writes our buffered lines a second time */
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
