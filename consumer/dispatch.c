@@ -122,11 +122,12 @@ static void on_done(const oq__http_outcome_t *o, void *ctx)
     free(c);
 }
 
-/* A job that never left: answered here, as the executor would for an unsent request. */
-static void fail_local(oq__dispatch_t *d, oq__job_t *j, const char *why)
+/* A job that never left: answered here, as the executor would for an unsent request ("abandoned"
+ * when the worker is stopping: the run does not count). */
+static void fail_local(oq__dispatch_t *d, oq__job_t *j, const char *code, const char *why)
 {
     j->cls = j->kind == OQ__JOB_LOOKUP ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE;
-    snprintf(j->code, sizeof(j->code), "local_error");
+    snprintf(j->code, sizeof(j->code), "%s", code);
     snprintf(j->message, sizeof(j->message), "%s", why);
     j->sent = 0;
     push_done(d, j);
@@ -159,7 +160,8 @@ static void submit_queued(oq__dispatch_t *d)
             free(c);
             OQ_LOGC_WARN(COMP, j->row.call_id, "request not submitted: %s",
                          err.msg[0] ? err.msg : "bad row");
-            fail_local(d, j, err.msg[0] ? err.msg : "request could not be built");
+            fail_local(d, j, rc == OQ_ESHUTDOWN ? "abandoned" : "local_error",
+                       err.msg[0] ? err.msg : "request could not be built");
         }
         j = next;
     }
@@ -230,7 +232,7 @@ void oq__dispatch_send(oq__dispatch_t *d, oq__job_t *j)
     }
     pthread_mutex_unlock(&d->mu);
     if (closed)
-        fail_local(d, j, "the worker is stopping: not sent");
+        fail_local(d, j, "abandoned", "the worker is stopping: not sent");
     else
         oq__http_exec_wakeup(d->x);
 }
@@ -304,7 +306,7 @@ void oq__dispatch_stop(oq__dispatch_t *d, int64_t drain_ms)
     pthread_mutex_unlock(&d->mu);
     while (j) {
         oq__job_t *next = j->done_next;
-        fail_local(d, j, "the worker stopped before the request was sent");
+        fail_local(d, j, "abandoned", "the worker stopped before the request was sent");
         j = next;
     }
 }

@@ -28,8 +28,21 @@
  * revoke the pending batch is finished and its offsets committed before the partitions go;
  * commit failures during a rebalance are tolerated (the inbox absorbs the redelivery).
  *
- * (About 1,250 lines, over the usual 800: every part shares the worker struct, its mutex and
- * its threads; the rules, the SQL and the tools already live in their own files.)
+ * Outside calls (HTTP tools of the --tools file): a new call's execution is STARTED in the
+ * batch transaction (oq__exec_start), a due one claimed in the scheduler's (oq__exec_claim),
+ * and the jobs are handed to the dispatcher (consumer/dispatch.c) only after that transaction
+ * commits. Answers come back as done jobs; the next batch transaction (process_batch, run as
+ * soon as the dispatcher wakes the Kafka poll) writes their outcomes with the same finish
+ * path as every run, and only after it commits are the jobs forgotten, so the heartbeat
+ * renews a job's lease until its outcome is durable (all of them in one transaction per
+ * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, requests in
+ * flight get up to 5 s to answer; the rest are abandoned (UNKNOWN when sent) and written.
+ *
+ * (About 1,900 lines, over the usual 800: every part shares the worker struct, its mutex and
+ * its threads; the rules, the SQL, the tools, the HTTP executor and dispatcher, the review
+ * API and the admin listener live in their own files. Splitting the metrics and the outside
+ * calls' glue into a file of their own, over an internal header of the struct, is the next
+ * step if it grows.)
  */
 #include "oq_consumer.h"
 
