@@ -1,6 +1,10 @@
 /*
  * `onceq-bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
  *
+ * With --http-tools the same calls then run a second time to an HTTP tool ("pay") against
+ * `onceq downstream` (its own durable ledger, keys honoured, lookup on), and both runs' calls/s
+ * and p99 are printed side by side; verify then also reads the downstream's ledger.
+ *
  * It runs the real thing as separate processes of the `onceq` binary (the one next to this
  * program, or --onceq): `onceq up` (embedded broker, producer, relay,
  * N consumers, all durable: WAL + synchronous=FULL for accepted data; the relays' progress
@@ -72,6 +76,9 @@ static const oq_setting_t e2e_settings[] = {
      "first run the same load against the producer alone (same-run baseline)"},
     {"onceq", OQ_SET_STRING, NULL, 1, 1024, NULL,
      "the onceq binary to run (default: the onceq next to this program)"},
+    {"http-tools", OQ_SET_BOOL, "false", 0, -1, NULL,
+     "after the run with the compiled charge, the same calls to an HTTP tool against `onceq "
+     "downstream` (durable ledger), figures side by side"},
 };
 
 /* The onceq binary the processes run: --onceq, else `onceq` in this program's directory. */
@@ -260,6 +267,7 @@ static pid_t e2e_spawn(char *const args[], const char *log)
     argv[k++] = exe;
     for (int i = 0; args[i] && k < 31; i++) argv[k++] = args[i];
     argv[k] = NULL;
+    fflush(stdout); /* or the child's freopen() writes our buffered lines a second time */
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
@@ -273,7 +281,7 @@ static pid_t e2e_spawn(char *const args[], const char *log)
     return pid;
 }
 
-static pid_t e2e_start_up(const char *dir, int port, int consumers)
+static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *tools)
 {
     char listen[64], cons[16], log[PATH_MAX], d[PATH_MAX];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
@@ -282,8 +290,10 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers)
     snprintf(d, sizeof d, "%s", dir);
     /* Fast group formation on the mock cluster: a member joining a stable group waits
      * session.timeout.ms - 1000 (librdkafka default 45 s). */
+    char t[PATH_MAX];
+    snprintf(t, sizeof t, "%s", tools ? tools : "");
     char *const args[] = {"up", "--dir", d, "--consumers", cons, "--listen", listen, "-X",
-                          "session.timeout.ms=6000", NULL};
+                          "session.timeout.ms=6000", tools ? "--tools" : NULL, t, NULL};
     return e2e_spawn(args, log);
 }
 
@@ -361,7 +371,11 @@ static void e2e_stop_up(pid_t pid)
 }
 
 /* Per-hop latencies of the measured calls, read from both databases. */
-static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_calls)
+typedef struct e2e_figures e2e_figures_t;
+static void e2e_figures_set(e2e_figures_t *fig, double cps, double p50, double p99);
+
+static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_calls,
+                       e2e_figures_t *fig)
 {
     char pdb[PATH_MAX], curi[PATH_MAX + 32];
     snprintf(pdb, sizeof pdb, "%s/calls.db", dir);
@@ -446,6 +460,8 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
     printf("  all calls latency    p50 %.0f ms  p90 %.0f ms  p99 %.0f ms  max %.0f ms\n",
            e2e_pct(all, nall, 0.5), e2e_pct(all, nall, 0.9), e2e_pct(all, nall, 0.99),
            e2e_pct(all, nall, 1.0));
+    e2e_figures_set(fig, span > 0 ? (double)n / span : 0, e2e_pct(all, nall, 0.5),
+                    e2e_pct(all, nall, 0.99));
     printf("\nwhere time goes (effectful calls, ms; hop timestamps have 1 ms resolution):\n");
     printf("  %-52s %7s %7s %7s %7s\n", "hop", "n", "p50", "p99", "max");
     for (int i = 0; i < H__N; i++) {
@@ -471,78 +487,46 @@ static void e2e_rmdir(const char *dir)
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.') continue;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            e2e_rmdir(p); /* the HTTP run's subdirectory */
+        else
+            unlink(p);
     }
     closedir(d);
     rmdir(dir);
 }
 
-int oq__bench_e2e(int argc, char **argv)
+/* What one measured pipeline achieved. */
+struct e2e_figures {
+    double calls_per_s, p50_ms, p99_ms, ds_dsr;
+};
+
+static void e2e_figures_set(e2e_figures_t *fig, double cps, double p50, double p99)
 {
-    const char *usage = "onceq-bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
-                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH]";
-    oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
-    if (!cfg) return OQ_EXIT_FAIL;
-    int rc = oq_cli_parse(cfg, "onceq-bench", usage, argc, argv);
-    if (rc >= 0) {
-        oq_config_destroy(cfg);
-        return rc;
-    }
-    rc = OQ_EXIT_FAIL;
+    fig->calls_per_s = cps;
+    fig->p50_ms = p50;
+    fig->p99_ms = p99;
+}
+
+/*
+ * One measured pipeline in \p dir: `onceq up` (with the tools file \p tools, or none), warm-up,
+ * the measured load \p lo_in, drain, CPU, hop analysis, verify (over the downstream's ledger
+ * \p ledger too, when given). @returns an exit code; \p fig receives the figures.
+ */
+static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_opts_t *lo_in,
+                        const char *tools, const char *ledger, const oq_load_result_t *base,
+                        e2e_figures_t *fig)
+{
+    int rc = OQ_EXIT_FAIL;
     pid_t up = -1;
-    if (e2e_find_onceq(oq_config_str(cfg, "onceq")) != 0) {
-        oq_config_destroy(cfg);
-        return OQ_EXIT_USAGE;
-    }
-    char dir[PATH_MAX];
-    int made_dir = 0;
-    oq_load_opts_t lo;
-    memset(&lo, 0, sizeof lo);
-    if (sscanf(oq_config_str(cfg, "mix"), "%d,%d,%d,%d,%d", &lo.mix[0], &lo.mix[1], &lo.mix[2],
-               &lo.mix[3], &lo.mix[4]) != 5) {
-        fprintf(stderr, "onceq-bench e2e: --mix needs five comma-separated weights\n");
-        oq_config_destroy(cfg);
-        return OQ_EXIT_USAGE;
-    }
-    if (oq_config_str(cfg, "dir")) {
-        snprintf(dir, sizeof dir, "%s", oq_config_str(cfg, "dir"));
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            fprintf(stderr, "onceq-bench e2e: mkdir %s: %s\n", dir, strerror(errno));
-            goto out;
-        }
-    } else {
-        snprintf(dir, sizeof dir, "/tmp/onceq-bench-e2e.XXXXXX");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "onceq-bench e2e: mkdtemp: %s\n", strerror(errno));
-            goto out;
-        }
-        made_dir = 1;
-    }
+    oq_load_opts_t lo = *lo_in;
     char calls_db[PATH_MAX + 16];
     snprintf(calls_db, sizeof calls_db, "%s/calls.db", dir);
-    lo.conns = (int)oq_config_int(cfg, "conns");
-    lo.calls = oq_config_int(cfg, "calls");
-    lo.rate = (double)oq_config_int(cfg, "rate");
-    oq_load_result_t base;
-    memset(&base, 0, sizeof base);
-    int have_base = 0;
-    if (oq_config_int(cfg, "baseline")) {
-        if (e2e_baseline(dir, &lo, &base) == 0) {
-            have_base = 1;
-            printf("baseline: producer alone (no relay/consumers/results), same load: %lld "
-                   "accepted in %.2f s = %.0f submits/s, p50 %.2f ms p99 %.2f ms\n",
-                   (long long)base.accepted, base.elapsed_s,
-                   base.elapsed_s > 0 ? base.accepted / base.elapsed_s : 0, base.p50_ms,
-                   base.p99_ms);
-            fflush(stdout);
-        } else {
-            printf("baseline: failed (see %s/base.log)\n", dir);
-        }
-    }
     int64_t bench_t0 = oq_mono_us();
     int port = e2e_free_port();
     int consumers = (int)oq_config_int(cfg, "consumers");
-    up = e2e_start_up(dir, port, consumers);
+    up = e2e_start_up(dir, port, consumers, tools);
     if (up <= 0 || port <= 0) goto out;
     printf("onceq-bench e2e: onceq up pid=%d dir=%s http=127.0.0.1:%d consumers=%d "
            "(durable: WAL + synchronous=FULL for accepted data)\n",
@@ -612,27 +596,168 @@ int oq__bench_e2e(int argc, char **argv)
            "load", self_cpu, 100.0 * self_cpu / wall);
     e2e_stop_up(up);
     up = -1;
-    if (e2e_analyse(dir, "run", r.accepted) != 0) {
+    if (e2e_analyse(dir, "run", r.accepted, fig) != 0) {
         fprintf(stderr, "onceq-bench e2e: analysis incomplete\n");
         goto out;
     }
     oq_verify_report_t rep;
     char cdb[PATH_MAX + 16];
     snprintf(cdb, sizeof cdb, "%s/effects.db", dir);
-    if (oq_verify_run(calls_db, cdb, NULL, &rep, &err) == 0) {
+    oq_verify_opts_t vo = {.downstream_db = ledger};
+    if (oq_verify_run(calls_db, cdb, &vo, &rep, &err) == 0) {
         printf("\nverify: calls %lld, effects %lld, duplicates %lld, lost %lld, DSR %.6f, %s\n",
                (long long)rep.calls, (long long)rep.effects, (long long)rep.duplicates,
                (long long)rep.lost, rep.dsr, rep.violations ? "VIOLATIONS" : "clean");
+        if (rep.has_downstream)
+            printf("verify, downstream ledger: %lld effects for %lld calls, %lld duplicates, "
+                   "DSR %.6f\n",
+                   (long long)rep.ds_effects, (long long)rep.ds_calls,
+                   (long long)rep.ds_duplicates, rep.ds_dsr);
+        fig->ds_dsr = rep.ds_dsr;
         rc = rep.violations ? OQ_EXIT_VIOLATION : OQ_EXIT_OK;
-        if (have_base && base.elapsed_s > 0 && wall > 0)
+        if (base && base->elapsed_s > 0 && wall > 0)
             printf("ratio: end-to-end calls/s / producer-alone submits/s = %.2f\n",
-                   ((double)r.accepted / wall) / ((double)base.accepted / base.elapsed_s));
+                   ((double)r.accepted / wall) / ((double)base->accepted / base->elapsed_s));
         oq_verify_report_clear(&rep);
     } else {
         fprintf(stderr, "verify: %s\n", err.msg);
     }
 out:
     e2e_stop_up(up);
+    return rc;
+}
+
+/*
+ * The same measured pipeline with an HTTP tool: `onceq downstream` (durable ledger, keys
+ * honoured, lookup on) in \p dir, a tools file declaring "pay" against it, the load's charge
+ * share sent to "pay", and verify over the ledger.
+ */
+static int e2e_http(const oq_config_t *cfg, const char *dir, const oq_load_opts_t *lo,
+                    e2e_figures_t *fig)
+{
+    char ledger[PATH_MAX], tools[PATH_MAX], log[PATH_MAX], listen[64];
+    int port = e2e_free_port(), rc = OQ_EXIT_FAIL;
+    snprintf(ledger, sizeof ledger, "%s/downstream.db", dir);
+    snprintf(tools, sizeof tools, "%s/tools.json", dir);
+    snprintf(log, sizeof log, "%s/downstream.log", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    FILE *f = fopen(tools, "w");
+    if (!f) {
+        fprintf(stderr, "onceq-bench e2e: %s: %s\n", tools, strerror(errno));
+        return rc;
+    }
+    fprintf(f,
+            "{\"version\": 1, \"tools\": [{\"name\": \"pay\", \"url\": "
+            "\"http://%s/v1/payments\", \"body\": {\"amount\": \"{amount}\", \"reference\": "
+            "\"{effect_id}\"}, \"idempotent\": true, \"lookup\": {\"url\": "
+            "\"http://%s/v1/payments?idempotency_key={idem_key}\"}}]}\n",
+            listen, listen);
+    fclose(f);
+    char *const dargs[] = {"downstream", "--listen", listen, "--db", ledger, NULL};
+    pid_t ds = e2e_spawn(dargs, log);
+    if (ds <= 0 || !e2e_healthy(port, 150)) {
+        fprintf(stderr, "onceq-bench e2e: downstream did not start (see %s)\n", log);
+        goto out;
+    }
+    printf("onceq downstream pid=%d on %s, ledger %s (synchronous=FULL)\n", (int)ds, listen,
+           ledger);
+    rc = e2e_pipeline(cfg, dir, lo, tools, ledger, NULL, fig);
+out:
+    e2e_stop_up(ds);
+    return rc;
+}
+
+int oq__bench_e2e(int argc, char **argv)
+{
+    const char *usage = "onceq-bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
+                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH] [--http-tools]";
+    oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    int rc = oq_cli_parse(cfg, "onceq-bench", usage, argc, argv);
+    if (rc >= 0) {
+        oq_config_destroy(cfg);
+        return rc;
+    }
+    rc = OQ_EXIT_FAIL;
+    if (e2e_find_onceq(oq_config_str(cfg, "onceq")) != 0) {
+        oq_config_destroy(cfg);
+        return OQ_EXIT_USAGE;
+    }
+    char dir[PATH_MAX];
+    int made_dir = 0;
+    oq_load_opts_t lo;
+    memset(&lo, 0, sizeof lo);
+    if (sscanf(oq_config_str(cfg, "mix"), "%d,%d,%d,%d,%d", &lo.mix[0], &lo.mix[1], &lo.mix[2],
+               &lo.mix[3], &lo.mix[4]) != 5) {
+        fprintf(stderr, "onceq-bench e2e: --mix needs five comma-separated weights\n");
+        oq_config_destroy(cfg);
+        return OQ_EXIT_USAGE;
+    }
+    if (oq_config_str(cfg, "dir")) {
+        snprintf(dir, sizeof dir, "%s", oq_config_str(cfg, "dir"));
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "onceq-bench e2e: mkdir %s: %s\n", dir, strerror(errno));
+            goto out;
+        }
+    } else {
+        snprintf(dir, sizeof dir, "/tmp/onceq-bench-e2e.XXXXXX");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "onceq-bench e2e: mkdtemp: %s\n", strerror(errno));
+            goto out;
+        }
+        made_dir = 1;
+    }
+    lo.conns = (int)oq_config_int(cfg, "conns");
+    lo.calls = oq_config_int(cfg, "calls");
+    lo.rate = (double)oq_config_int(cfg, "rate");
+    oq_load_result_t base;
+    memset(&base, 0, sizeof base);
+    int have_base = 0;
+    if (oq_config_int(cfg, "baseline")) {
+        if (e2e_baseline(dir, &lo, &base) == 0) {
+            have_base = 1;
+            printf("baseline: producer alone (no relay/consumers/results), same load: %lld "
+                   "accepted in %.2f s = %.0f submits/s, p50 %.2f ms p99 %.2f ms\n",
+                   (long long)base.accepted, base.elapsed_s,
+                   base.elapsed_s > 0 ? base.accepted / base.elapsed_s : 0, base.p50_ms,
+                   base.p99_ms);
+            fflush(stdout);
+        } else {
+            printf("baseline: failed (see %s/base.log)\n", dir);
+        }
+    }
+    e2e_figures_t inproc, http;
+    memset(&inproc, 0, sizeof inproc);
+    memset(&http, 0, sizeof http);
+    int with_http = (int)oq_config_int(cfg, "http-tools");
+    if (with_http) { /* the same calls, once to a compiled tool, once to an HTTP one */
+        memset(lo.mix, 0, sizeof lo.mix);
+        lo.mix[OQ_LOAD_CHARGE] = 1;
+    }
+    printf("\n== %s ==\n", with_http ? "in-process tool (charge, compiled in)" : "pipeline");
+    rc = e2e_pipeline(cfg, dir, &lo, NULL, NULL, have_base ? &base : NULL, &inproc);
+    if (rc == OQ_EXIT_OK && with_http) {
+        char hdir[PATH_MAX];
+        snprintf(hdir, sizeof hdir, "%s/http", dir);
+        if (mkdir(hdir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "onceq-bench e2e: mkdir %s: %s\n", hdir, strerror(errno));
+            rc = OQ_EXIT_FAIL;
+            goto out;
+        }
+        printf("\n== HTTP tool (pay: onceq downstream, keys honoured + lookup, durable ledger) "
+               "==\n");
+        lo.charge_tool = "pay";
+        rc = e2e_http(cfg, hdir, &lo, &http);
+        if (rc == OQ_EXIT_OK)
+            printf("\nsame run: in-process charge %.0f calls/s, p50 %.0f ms, p99 %.0f ms | HTTP "
+                   "pay via onceq downstream %.0f calls/s, p50 %.0f ms, p99 %.0f ms (%.2fx the "
+                   "calls/s), downstream DSR %.6f\n",
+                   inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms, http.calls_per_s,
+                   http.p50_ms, http.p99_ms,
+                   inproc.calls_per_s > 0 ? http.calls_per_s / inproc.calls_per_s : 0,
+                   http.ds_dsr);
+    }
+out:
     if (made_dir && !oq_config_int(cfg, "keep")) e2e_rmdir(dir);
     else printf("kept %s\n", dir);
     oq_config_destroy(cfg);

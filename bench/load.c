@@ -282,8 +282,8 @@ static int call_body(const load_shared_t *s, int64_t i, int tool, int variant, c
     int64_t amount = 1 + (int64_t)(mix64((uint64_t)i ^ 0x5a5a) % 10000) + variant;
     switch (tool) {
     case OQ_LOAD_CHARGE:
-        return snprintf(out, n, "{\"tool\":\"charge\",\"args\":{\"amount\":%lld}}",
-                        (long long)amount);
+        return snprintf(out, n, "{\"tool\":\"%s\",\"args\":{\"amount\":%lld}}",
+                        s->o->charge_tool ? s->o->charge_tool : "charge", (long long)amount);
     case OQ_LOAD_EMAIL:
         return snprintf(out, n,
                         "{\"tool\":\"send_email\",\"args\":{\"to\":\"u%lld@example.com\","

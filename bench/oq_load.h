@@ -37,6 +37,8 @@ typedef struct oq_load_opts {
     int mix[OQ_LOAD__NTOOLS]; /**< weights; all zero = charge 40, send_email 30, sleep 10,
                                    fail retryable 10, fail final 10 */
     int sleep_ms;             /**< ms for the sleep tool (default 5) */
+    const char *charge_tool;  /**< tool name submitted for the charge share, with the same
+                                   {"amount":N} args (e.g. an HTTP tool); NULL: "charge" */
     int dup_every;            /**< every Nth call is submitted twice: same key + body must give
                                    the same call_id (0 = never) */
     int conflict_every;       /**< every Nth call is re-sent with another body: must get 422 */

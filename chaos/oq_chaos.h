@@ -13,6 +13,11 @@
  *      effect;
  *   5. a terminal state is never left or re-executed (from the consumer's executions and
  *      ordered audit, and the producer's audit).
+ * With the downstream's ledger as a third input (`onceq downstream`'s database, optional), it
+ * also reports the duplicate side-effect rate where a user's customer sees it, from that
+ * ledger (oq_downstream_ledger_stats), and checks:
+ *   6. at most one downstream effect per call (per idempotency key, else reference);
+ *   7. every effect recorded with a downstream id names a payment the ledger holds.
  * Each violation has a kind; the report keeps the count of every kind and the first few
  * examples (call id + detail). Run it on a drained pipeline: against a running one the two
  * databases are snapshots taken at slightly different moments, so use allow_pending.
@@ -39,6 +44,8 @@ typedef enum {
     OQ_V_REEXECUTED,            /**< consumer audit: execution started again after terminal */
     OQ_V_TERMINAL_LEFT,         /**< producer audit: a terminal call moved again */
     OQ_V_ACCEPTED_MISSING,      /**< a client got 2xx for a call that calls.db does not hold */
+    OQ_V_DOWNSTREAM_DUP,        /**< the downstream ledger holds > 1 effect for one key/ref */
+    OQ_V_DOWNSTREAM_MISSING,    /**< an effect's downstream id is not in the ledger */
     OQ__V_COUNT
 } oq_violation_kind_t;
 
@@ -51,6 +58,7 @@ typedef struct oq_verify_opts {
     int max_examples;  /**< examples kept per kind (0: default 10; negative: none) */
     const char *accepted_file; /**< optional: call ids a client saw accepted (2xx), one per
                                     line; each missing from calls.db is OQ_V_ACCEPTED_MISSING */
+    const char *downstream_db; /**< optional: the ledger of `onceq downstream` (read-only) */
 } oq_verify_opts_t;
 
 /** One example of a violation. */
@@ -76,6 +84,11 @@ typedef struct oq_verify_report {
     oq_violation_t *examples;    /**< first max_examples of each kind, in kind order */
     int nexamples;
     int allow_pending;
+    int has_downstream;          /**< the fields below were read from the downstream ledger */
+    int64_t ds_effects;          /**< effects the downstream committed */
+    int64_t ds_calls;            /**< logical calls there (by key, else reference, else id) */
+    int64_t ds_duplicates;       /**< ds_effects - ds_calls */
+    double ds_dsr;               /**< ds_duplicates / ds_calls: the DSR a customer sees */
 } oq_verify_report_t;
 
 /**
@@ -85,7 +98,7 @@ typedef struct oq_verify_report {
  * @param rep filled on success (zeroed first); free with oq_verify_report_clear().
  * @returns 0 when the check ran (violations are in \p rep, not in the return code), OQ_EIO
  *          when a file is missing, OQ_EDB on SQL errors or a database that is not a
- *          producer/consumer database (\p err says which).
+ *          producer/consumer/ledger database (\p err says which).
  */
 int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
                   oq_verify_report_t *rep, oq_error_t *err);

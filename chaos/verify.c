@@ -13,6 +13,12 @@
  * change it. The schemas are the producer's (schema/producer/) and the consumer's
  * (schema/consumer/); a database without the expected tables is refused with OQ_EDB rather
  * than reported as clean.
+ *
+ * The downstream ledger (optional) is read twice: its counts and duplicated keys through
+ * oq_downstream_ledger_stats(), the one reader of what "a logical call" means there, and its
+ * payment ids through a read-only ATTACH (made before the read transaction: ATTACH is refused
+ * inside one), to check that every downstream id the consumer recorded exists. A ledger key or
+ * reference is the effect id "e_<hex>" of call "c_<hex>".
  */
 #include <errno.h>
 #include <jansson.h>
@@ -23,6 +29,7 @@
 
 #include "oq_chaos.h"
 #include "oq_db.h"
+#include "oq_downstream.h"
 #include "oq_log.h"
 
 static const char *const vnames[OQ__V_COUNT] = {
@@ -38,6 +45,8 @@ static const char *const vnames[OQ__V_COUNT] = {
     "reexecuted",
     "terminal_left",
     "accepted_missing",
+    "downstream_dup",
+    "downstream_missing",
 };
 
 const char *oq_violation_name(int kind)
@@ -97,16 +106,20 @@ static const check_t checks[] = {
      " WHERE x.state IN ('FAILED_FINAL','FAILED_RETRYABLE','SAFE_RETRY','NEEDS_REVIEW')"},
     /* Ordered consumer audit: after 'committed' nothing may start again; after
      * 'failed_final' / 'needs_review' only a NEW producer attempt may (attempt > the terminal
-     * one's); and no effect may be written for an attempt that had already failed finally. */
+     * one's), or, after 'needs_review', an operator's decision ('review_resolved' in between);
+     * and no effect may be written for an attempt that had already failed finally. */
     {OQ_V_REEXECUTED,
      "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ', attempt '"
      " || ifnull(a.attempt,'?') || ') after ' || t.event || ' (id ' || t.id || ', attempt '"
      " || ifnull(t.attempt,'?') || ')'"
      " FROM c.audit t JOIN c.audit a ON a.call_id = t.call_id AND a.id > t.id"
-     " WHERE a.event IN ('planned','started','committed','unknown','safe_retry',"
-     "                   'failed_retryable')"
+     " WHERE a.event IN ('planned','started','committed','unknown','reconciling','safe_retry',"
+     "                   'failed_retryable','failed_final')"
      " AND (t.event = 'committed' OR (t.event IN ('failed_final','needs_review')"
-     "      AND ifnull(a.attempt,0) <= ifnull(t.attempt,0)))"
+     "      AND ifnull(a.attempt,0) <= ifnull(t.attempt,0)"
+     "      AND NOT (t.event = 'needs_review' AND EXISTS (SELECT 1 FROM c.audit r"
+     "               WHERE r.call_id = t.call_id AND r.event = 'review_resolved'"
+     "               AND r.id > t.id AND r.id < a.id))))"
      " GROUP BY a.call_id"
      " UNION ALL "
      "SELECT e.call_id, 'effect ' || e.effect_id || ' (attempt ' || e.attempt || ') written after '"
@@ -114,15 +127,22 @@ static const check_t checks[] = {
      " FROM c.effects e JOIN c.audit t ON t.call_id = e.call_id"
      " WHERE t.event IN ('failed_final','needs_review') AND t.ts < e.created_at"
      " AND e.attempt <= ifnull(t.attempt,0)"
+     " AND NOT (t.event = 'needs_review' AND EXISTS (SELECT 1 FROM c.audit r"
+     "          WHERE r.call_id = t.call_id AND r.event = 'review_resolved' AND r.id > t.id"
+     "          AND r.ts <= e.created_at))"
      " GROUP BY e.call_id"},
-    /* 5. Producer side: succeeded / needs_review are final; failed is left only through a
-     *    retry_reset (a new attempt with the same fingerprint). */
+    /* 5. Producer side: succeeded is final; needs_review is left only by the one resolution an
+     *    operator made (succeeded or failed, applied once: a second one is caught after it);
+     *    failed is left only through a retry_reset (a new attempt, same fingerprint). */
     {OQ_V_TERMINAL_LEFT,
      "SELECT a.call_id, 'audit: ' || a.event || ' (id ' || a.id || ') after ' || t.event"
      " || ' (id ' || t.id || ')'"
      " FROM main.audit a JOIN main.audit t ON t.call_id = a.call_id AND t.id < a.id"
      " WHERE t.event IN ('succeeded','needs_review')"
      " AND a.event IN ('running','succeeded','failed','needs_review','retry_reset','pending')"
+     " AND NOT (t.event = 'needs_review' AND a.event IN ('succeeded','failed')"
+     "          AND NOT EXISTS (SELECT 1 FROM main.audit b WHERE b.call_id = a.call_id"
+     "          AND b.id > t.id AND b.id < a.id AND b.event IN ('succeeded','failed')))"
      " GROUP BY a.call_id"},
 };
 
@@ -231,6 +251,77 @@ static int run_check(sqlite3 *db, const check_t *ck, int max_examples, oq_verify
     return 0;
 }
 
+/* One example of a duplicated ledger key or reference ("e_<hex>": call "c_<hex>"). */
+static int ds_example(oq_verify_report_t *rep, int max_examples, int64_t *kept, const char *v,
+                      int64_t n, const char *what)
+{
+    if (*kept >= max_examples) return 0;
+    oq_violation_t *nv = realloc(rep->examples, (size_t)(rep->nexamples + 1) * sizeof *nv);
+    if (!nv) return OQ_ENOMEM;
+    rep->examples = nv;
+    oq_violation_t *x = &rep->examples[rep->nexamples++];
+    memset(x, 0, sizeof *x);
+    x->kind = OQ_V_DOWNSTREAM_DUP;
+    if (strncmp(v, "e_", 2) == 0)
+        snprintf(x->call_id, sizeof x->call_id, "c_%.60s", v + 2);
+    else
+        snprintf(x->call_id, sizeof x->call_id, "?");
+    snprintf(x->detail, sizeof x->detail, "ledger: %lld effects for %s %.120s", (long long)n,
+             what, v);
+    (*kept)++;
+    return 0;
+}
+
+/* The downstream ledger (attached as d): its DSR, its duplicated keys, and whether the
+ * downstream ids we recorded are there. */
+static int check_downstream(sqlite3 *db, const char *path, int max_examples,
+                            oq_verify_report_t *rep, oq_error_t *err)
+{
+    json_t *st = NULL;
+    if (!has_table(db, "d", "payments"))
+        return oq_error_set(err, OQ_EDB, 0, "%s is not a downstream ledger", path);
+    int rc = oq_downstream_ledger_stats(path, max_examples > 0 ? max_examples : 1, &st, err);
+    if (rc) return rc;
+    rep->has_downstream = 1;
+    rep->ds_effects = json_integer_value(json_object_get(st, "effects"));
+    rep->ds_calls = json_integer_value(json_object_get(st, "logical_calls"));
+    rep->ds_duplicates = json_integer_value(json_object_get(st, "duplicate_effects"));
+    rep->ds_dsr = rep->ds_calls > 0 ? (double)rep->ds_duplicates / (double)rep->ds_calls : 0;
+    rep->count[OQ_V_DOWNSTREAM_DUP] = rep->ds_duplicates;
+    int64_t kept = 0;
+    static const char *const groups[2][2] = {{"keys", "key"}, {"references", "reference"}};
+    for (int g = 0; g < 2 && rc == 0; g++) {
+        json_t *top = json_object_get(json_object_get(st, groups[g][0]), "top_duplicates");
+        size_t i;
+        json_t *e;
+        json_array_foreach(top, i, e)
+        {
+            const char *v = json_string_value(json_object_get(e, groups[g][1]));
+            if (v && (rc = ds_example(rep, max_examples, &kept, v,
+                                      json_integer_value(json_object_get(e, "effects")),
+                                      groups[g][1])))
+                break;
+        }
+    }
+    json_decref(st);
+    if (rc) return oq_error_set(err, rc, 0, "verify: out of memory");
+    static const check_t missing = {
+        OQ_V_DOWNSTREAM_MISSING,
+        "SELECT e.call_id, 'effect ' || e.effect_id || ' names downstream id ' || e.downstream_id"
+        " || ', which the ledger does not hold'"
+        " FROM c.effects e WHERE e.downstream_id IS NOT NULL AND NOT EXISTS"
+        " (SELECT 1 FROM d.payments p WHERE p.id = e.downstream_id)"};
+    /* (a consumer database from before downstream ids has no such column: nothing to check) */
+    int64_t has_col = 0;
+    if (scalar(db,
+               "SELECT count(*) FROM pragma_table_info('effects', 'c') "
+               "WHERE name = 'downstream_id'",
+               &has_col, NULL) == 0 &&
+        has_col)
+        return run_check(db, &missing, max_examples, rep, err);
+    return 0;
+}
+
 /* Read the accepted call ids (one per line) into temp.accepted; the temp schema is writable
  * on a read-only connection and vanishes with it. */
 static int load_accepted(sqlite3 *db, const char *path, oq_error_t *err)
@@ -278,6 +369,9 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
     if (stat(consumer_db, &sb) != 0)
         return oq_error_set(err, OQ_EIO, errno, "consumer db %s: %s", consumer_db,
                             strerror(errno));
+    if (opts->downstream_db && stat(opts->downstream_db, &sb) != 0)
+        return oq_error_set(err, OQ_EIO, errno, "downstream db %s: %s", opts->downstream_db,
+                            strerror(errno));
 
     char puri[4200], curi[4200];
     if (ro_uri(producer_db, puri, sizeof puri) || ro_uri(consumer_db, curi, sizeof curi))
@@ -308,6 +402,26 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
     if ((rc = oq_db_check_version(db, "main", producer_db, err)) != 0 ||
         (rc = oq_db_check_version(db, "c", consumer_db, err)) != 0)
         goto out;
+    if (opts->downstream_db) { /* ATTACH is refused inside a transaction: do it now */
+        char duri[4200];
+        if (ro_uri(opts->downstream_db, duri, sizeof duri)) {
+            rc = oq_error_set(err, OQ_EINVAL, 0, "verify: ledger path too long");
+            goto out;
+        }
+        rc = sqlite3_prepare_v2(db, "ATTACH DATABASE ?1 AS d", -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+            sqlite3_bind_text(st, 1, duri, -1, SQLITE_STATIC);
+            rc = sqlite3_step(st);
+            if (rc == SQLITE_DONE) rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
+        if (rc != SQLITE_OK) {
+            rc = oq_error_set(err, OQ_EIO, rc, "attach %s: %s", opts->downstream_db,
+                              sqlite3_errmsg(db));
+            goto out;
+        }
+    }
     /* One read transaction; touching both schemas starts both snapshots back to back. */
     rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
@@ -367,6 +481,9 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
             " WHERE NOT EXISTS (SELECT 1 FROM main.calls p WHERE p.call_id = a.call_id)"};
         if ((rc = run_check(db, &acc, max_examples, rep, err))) goto out;
     }
+    if (opts->downstream_db &&
+        (rc = check_downstream(db, opts->downstream_db, max_examples, rep, err)))
+        goto out;
 
     rep->pending = rep->by_state[0] + rep->by_state[1];
     rep->lost = rep->count[OQ_V_SUCCEEDED_NO_EFFECT] + (opts->allow_pending ? 0 : rep->pending);
@@ -416,6 +533,12 @@ static int print_json(const oq_verify_report_t *rep, FILE *out)
     json_object_set_new(o, "lost", json_integer(rep->lost));
     json_object_set_new(o, "inbox_duplicates", json_integer(rep->inbox_duplicates));
     json_object_set_new(o, "dsr", json_real(rep->dsr));
+    if (rep->has_downstream)
+        json_object_set_new(o, "downstream",
+                            json_pack("{s:I, s:I, s:I, s:f}", "effects",
+                                      (json_int_t)rep->ds_effects, "logical_calls",
+                                      (json_int_t)rep->ds_calls, "duplicates",
+                                      (json_int_t)rep->ds_duplicates, "dsr", rep->ds_dsr));
     json_object_set_new(o, "violations", json_integer(rep->violations));
     json_object_set_new(o, "by_kind", counts);
     json_object_set_new(o, "examples", ex);
@@ -451,6 +574,12 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
         fprintf(out, "redelivered      %lld (consumer inbox duplicates absorbed)\n",
                 (long long)rep->inbox_duplicates);
     fprintf(out, "DSR              %.6f\n", rep->dsr);
+    if (rep->has_downstream)
+        fprintf(out,
+                "downstream       %lld effects for %lld calls, %lld duplicates, DSR %.6f (the "
+                "downstream's own ledger)\n",
+                (long long)rep->ds_effects, (long long)rep->ds_calls,
+                (long long)rep->ds_duplicates, rep->ds_dsr);
     fprintf(out, "violations       %lld\n", (long long)rep->violations);
     for (int k = 0; k < OQ__V_COUNT; k++) {
         if (!rep->count[k]) continue;

@@ -22,5 +22,6 @@ const char *const oq_migrations_consumer[] = {
     "consumer/0001_init.sql",
     "common/0002_outbox_watermark.sql",
     "common/0003_outbox_dead.sql",
+    "consumer/0002_downstream.sql",
     NULL,
 };

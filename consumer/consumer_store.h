@@ -31,8 +31,8 @@ typedef struct oq__consumer_store oq__consumer_store_t;
 
 /**
  * Execution states, stored as their names in executions.state. Which moves between them are
- * legal is the transition table in consumer/execution.c. RECONCILING is part of the state set
- * but no code path writes it yet (the schema's CHECK does not admit it before a migration).
+ * legal is the transition table in consumer/execution.c (schema/consumer/0002_downstream.sql
+ * draws it).
  */
 typedef enum {
     OQ_X_PLANNED = 0,
@@ -63,6 +63,10 @@ typedef struct oq__exec_row {
     int state; /**< oq__xstate_t */
     int64_t attempt, tries, fence;
     int64_t lease_until, next_attempt_at; /**< 0: NULL */
+    int64_t started_at;                   /**< last claim (0: never) */
+    int64_t unknown_at;                   /**< start of the current unknown episode (0: none) */
+    int64_t lookups;                      /**< undecided lookups in that episode */
+    int64_t updated_at;                   /**< read only (set from `now` on every write) */
 } oq__exec_row_t;
 
 /** @brief Free what \p x owns and zero it; accepts NULL and a zeroed row. */
@@ -87,6 +91,7 @@ typedef struct oq__exec_update {
     int64_t next_attempt_at;
     const char *message_id; /**< NULL: unchanged */
     int64_t now;            /**< updated_at */
+    int64_t started_at, unknown_at, lookups;
 } oq__exec_update_t;
 
 /** Where a message came from. */
@@ -112,7 +117,31 @@ typedef struct oq__effect_row {
     const char *recipient; /**< NULL or "" : NULL */
     const char *detail;    /**< JSON text: the tool's result */
     int64_t attempt, fence, created_at;
+    const char *downstream_id; /**< the downstream's object id (NULL or "": NULL) */
 } oq__effect_row_t;
+
+/** An effects row as read (owned strings; oq__effect_read_clear). */
+typedef struct oq__effect_read {
+    char *effect_id, *detail, *downstream_id, *worker;
+    int64_t created_at;
+} oq__effect_read_t;
+
+/** @brief Free what \p e owns and zero it; accepts NULL. */
+void oq__effect_read_clear(oq__effect_read_t *e);
+
+/** One audit row as read; pointers valid only during the callback. */
+typedef struct oq__audit_read {
+    int64_t id, ts, attempt, fence;
+    const char *event, *worker, *detail;
+} oq__audit_read_t;
+
+/** The unsettled executions (UNKNOWN, RECONCILING, NEEDS_REVIEW) at a glance. */
+typedef struct oq__unsettled {
+    int64_t unknown;        /**< UNKNOWN + RECONCILING rows */
+    int64_t unknown_oldest; /**< unix ms the oldest of them became unknown (0: none) */
+    int64_t review;         /**< NEEDS_REVIEW rows: the review queue */
+    int64_t review_oldest;  /**< unix ms the oldest of them became unknown or was last written */
+} oq__unsettled_t;
 
 /** One audit row (the worker column is the store's worker id). */
 typedef struct oq__audit_row {
@@ -189,23 +218,37 @@ int oq__consumer_store_exec_set_result(oq__consumer_store_t *s, const char *call
                                        const char *result, const char *effect_id, oq_error_t *err);
 
 /**
- * @brief Heartbeat (autocommit): lease_until = \p lease_until on \p call_id if it is STARTED
- *        with \p fence and held by this store's worker.
+ * @brief Heartbeat (autocommit, or in the caller's transaction): lease_until = \p lease_until
+ *        on \p call_id if it is STARTED or RECONCILING with \p fence and held by this store's
+ *        worker.
  * @returns 0, or OQ_EFENCED when it is not (the lease is lost).
  */
 int oq__consumer_store_lease_renew(oq__consumer_store_t *s, const char *call_id, int64_t fence,
                                    int64_t lease_until, oq_error_t *err);
 
-/** @brief Up to \p cap STARTED rows whose lease_until is before \p now. Caller clears rows. */
+/** @brief Up to \p cap STARTED or RECONCILING rows whose lease_until is before \p now. Caller
+ *  clears rows. */
 int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
                                    int cap, int *n, oq_error_t *err);
 
-/** @brief Up to \p cap rows in \p state. Caller clears rows. */
+/** @brief Up to \p cap rows in \p state, least recently written first. Caller clears rows. */
 int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exec_row_t *rows,
                                      int cap, int *n, oq_error_t *err);
 
-/** @brief Cheap read (autocommit): non-zero when a STARTED row's lease lapsed before \p now or a
- *  row is UNKNOWN (also on error, so that recovery itself reports it). */
+/** @brief Up to \p cap STARTED or RECONCILING rows whose lease \p owner holds. */
+int oq__consumer_store_exec_held_by(oq__consumer_store_t *s, const char *owner,
+                                    oq__exec_row_t *rows, int cap, int *n, oq_error_t *err);
+
+/** @brief Up to \p cap UNKNOWN rows due for reconciliation (next_attempt_at NULL or <= \p now),
+ *  least recently written first. */
+int oq__consumer_store_exec_unknown_due(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
+                                        int cap, int *n, oq_error_t *err);
+
+/** @brief Counts and ages of the unsettled rows (autocommit; reads the partial index only). */
+int oq__consumer_store_unsettled(oq__consumer_store_t *s, oq__unsettled_t *out, oq_error_t *err);
+
+/** @brief Cheap read (autocommit): non-zero when a STARTED or RECONCILING row's lease lapsed
+ *  before \p now or an UNKNOWN row is due (also on error, so that recovery itself reports it). */
 int oq__consumer_store_recovery_pending(oq__consumer_store_t *s, int64_t now);
 
 /** @brief Call \p cb for up to \p limit waiting rows (PLANNED, FAILED_RETRYABLE, SAFE_RETRY)
@@ -226,6 +269,15 @@ int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_r
  *  malloc()ed for the caller. */
 int oq__consumer_store_effect_get(oq__consumer_store_t *s, const char *call_id, int *found,
                                   char **effect_id, char **detail, oq_error_t *err);
+
+/** @brief The effect of \p call_id with its downstream id, creation time and worker. */
+int oq__consumer_store_effect_read(oq__consumer_store_t *s, const char *call_id, int *found,
+                                   oq__effect_read_t *out, oq_error_t *err);
+
+/** @brief Call \p cb for every audit row of \p call_id in order (autocommit or in tx). */
+int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
+                                  void (*cb)(const oq__audit_read_t *row, void *opaque),
+                                  void *opaque, oq_error_t *err);
 
 /** @brief Number of effects of \p call_id (NULL: all effects), or a negative OQ_E* code. */
 int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *call_id);

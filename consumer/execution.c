@@ -1,24 +1,40 @@
 /*
  * The consumer's rules, top to bottom: the states and the one table of legal transitions, the
  * retry policy, what a tool's outcome means, the intake decision for each message, the claim,
- * the one finish path of every run, and recovery. Every row is read and written through
- * consumer_store.h; nothing here knows SQL, Kafka or threads (consumer/worker.c).
+ * the one finish path of every run, recovery and reconciliation of unknown outcomes, and the
+ * operator's review decisions. Every row is read and written through consumer_store.h;
+ * nothing here knows SQL, Kafka, HTTP or threads (consumer/worker.c, consumer/dispatch.c).
  *
  * An execution is one call's progress in effects.db. It is PLANNED when its first message
  * arrives, STARTED when a worker claims it (a lease with a fencing token), and its run ends in
- * COMMITTED (effect + result), FAILED_RETRYABLE (nothing happened, retried after a backoff while
- * the budget lasts) or FAILED_FINAL. A STARTED row whose lease lapsed, or whose holder gave it
- * up, is UNKNOWN; reconciliation decides it: COMMITTED when its effect is found, SAFE_RETRY
- * (run again, same effect_id) when it is known absent, NEEDS_REVIEW when it cannot be decided
- * or the budget is spent. Every write of a stored row is a conditional UPDATE on the state and
- * fence it was read with, checked first against the table below, and appends an audit row whose
- * event is the new state's lowercase name.
+ * COMMITTED (effect + result), FAILED_RETRYABLE (nothing happened: retried after a backoff
+ * while the budget lasts), FAILED_FINAL (refused, or out of tries: "retries_exhausted"), or
+ * UNKNOWN: the request left and no definite answer came back. UNKNOWN is stored, and so is a
+ * STARTED row whose lease lapsed. Reconciliation decides it, never by a blind re-run:
+ *   - the effect is in the local effects table -> COMMITTED;
+ *   - a compiled tool's effect is that table's row (it commits with the outcome), so its
+ *     absence is exact -> SAFE_RETRY (run again, same effect_id);
+ *   - a tool that calls another system is looked up there (RECONCILING, a lease held while the
+ *     lookup runs outside any transaction): found -> COMMITTED with the downstream's object
+ *     id; confirmed absent -> SAFE_RETRY; undecided -> asked again, and past the lookup budget
+ *     a downstream that honours keys gets the resend (safe by declaration), any other goes to
+ *     NEEDS_REVIEW;
+ *   - no lookup: keys honoured -> SAFE_RETRY (same key), neither -> NEEDS_REVIEW.
+ * NEEDS_REVIEW means "cannot be decided by a machine"; an operator resolves it (committed /
+ * failed / retry), fenced and audited. Every write of a stored row is a conditional UPDATE on
+ * the state and fence it was read with, checked first against the table below, and appends an
+ * audit row whose event is the new state's lowercase name.
  *
- * The fast path: a new call of a tool that does not block runs inline, in the batch transaction
- * that takes its message. Nobody can see its PLANNED and STARTED versions there, so the run is
- * prepared in memory (oq__exec_start_inline) and the same finish code writes the row once, in
- * its outcome state, with one audit row whose detail names the path ("inline: planned, started,
- * try 1 ..."). That halves the database work per call (see `onceq bench consumer`).
+ * The fast path: a new call of a compiled tool that does not block runs inline, in the batch
+ * transaction that takes its message. Nobody can see its PLANNED and STARTED versions there,
+ * so the run is prepared in memory (oq__exec_start_inline) and the same finish code writes the
+ * row once, in its outcome state, with one audit row whose detail names the path ("inline:
+ * planned, started, try 1 ..."). That halves the database work per call (`onceq-bench
+ * consumer`). Its effect and its state commit together, so it never has an unknown outcome.
+ * A tool that calls another system never takes that path: its STARTED row (lease, fence,
+ * attempt, effect_id) is committed before the request leaves (oq__exec_start, oq__exec_claim)
+ * and its outcome is written by a second transaction, which the fence refuses when the lease
+ * was lost meanwhile.
  *
  * Result messages carry a message id DERIVED from what they report (result_message_id: the
  * call, the producer's attempt, the terminal status and the call message that planned the
@@ -27,13 +43,10 @@
  * comes again (a redelivery, or the producer's redrive of a call it heard nothing from) gets
  * its result published again (oq_outbox_republish: the delivered row moved to the tail, or
  * nothing while it is still unpublished), which repairs a result lost on its way back.
+
  *
- * Seams for calls to other systems: the outcome class UNKNOWN (sent, no definite answer) is
- * refused by oq__exec_finish until UNKNOWN can be stored and reconciled against the downstream;
- * lookup_effect() is where that lookup belongs (today it reads the local effects table, which
- * is exact for tools whose effect is that row); RECONCILING is in the table for a lookup that
- * runs outside the transaction. A run that calls out must be claimed (STARTED durable before
- * the request leaves), never run inline.
+ * (About 1,300 lines, over the usual 800: the rules of one stage read top to bottom in one
+ * file; the SQL, the Kafka worker, the HTTP dispatcher and the tools live elsewhere.)
  */
 #include "execution.h"
 
@@ -56,35 +69,46 @@ static const char *const events[OQ_X__COUNT] = {"planned",          "started",  
                                                 "failed_retryable", "failed_final", "unknown",
                                                 "reconciling",      "safe_retry",   "needs_review"};
 
+/* Who may take an edge: anyone (with the fence it read), or only an operator (onceq review). */
+enum { BY_ANY = 0, BY_OPERATOR = 1 };
+
 /*
- * Every legal transition. fence_step 1 marks a change of lease holder (a claim, or the loss of
- * a lease): the fence moves, so every write of the previous holder is refused from then on.
+ * Every legal transition. fence_step 1 marks a change of lease holder (a claim, a reconciler
+ * taking the row, the loss of a lease, an operator's decision): the fence moves, so every
+ * write of the previous holder is refused from then on.
  */
 static const struct edge {
-    int from, to, fence_step;
+    int from, to, fence_step, by;
 } edges[] = {
     /* a call's first message plans it; a new producer attempt re-plans a failed call */
-    {OQ__X_NONE, OQ_X_PLANNED, 0},
-    {OQ_X_FAILED_FINAL, OQ_X_PLANNED, 0},
+    {OQ__X_NONE, OQ_X_PLANNED, 0, BY_ANY},
+    {OQ_X_FAILED_FINAL, OQ_X_PLANNED, 0, BY_ANY},
     /* a claim: due and not held */
-    {OQ_X_PLANNED, OQ_X_STARTED, 1},
-    {OQ_X_FAILED_RETRYABLE, OQ_X_STARTED, 1},
-    {OQ_X_SAFE_RETRY, OQ_X_STARTED, 1},
+    {OQ_X_PLANNED, OQ_X_STARTED, 1, BY_ANY},
+    {OQ_X_FAILED_RETRYABLE, OQ_X_STARTED, 1, BY_ANY},
+    {OQ_X_SAFE_RETRY, OQ_X_STARTED, 1, BY_ANY},
     /* a run's outcome, written by its lease holder */
-    {OQ_X_STARTED, OQ_X_COMMITTED, 0},
-    {OQ_X_STARTED, OQ_X_FAILED_RETRYABLE, 0},
-    {OQ_X_STARTED, OQ_X_FAILED_FINAL, 0},
-    /* the lease ends without an answer: lapsed, or given up */
-    {OQ_X_STARTED, OQ_X_UNKNOWN, 1},
-    /* reconciliation, decided in the same transaction as its lookup ... */
-    {OQ_X_UNKNOWN, OQ_X_COMMITTED, 0},
-    {OQ_X_UNKNOWN, OQ_X_SAFE_RETRY, 0},
-    {OQ_X_UNKNOWN, OQ_X_NEEDS_REVIEW, 0},
-    /* ... or around a lookup that runs outside it (no code path takes these yet) */
-    {OQ_X_UNKNOWN, OQ_X_RECONCILING, 0},
-    {OQ_X_RECONCILING, OQ_X_COMMITTED, 0},
-    {OQ_X_RECONCILING, OQ_X_SAFE_RETRY, 0},
-    {OQ_X_RECONCILING, OQ_X_NEEDS_REVIEW, 0},
+    {OQ_X_STARTED, OQ_X_COMMITTED, 0, BY_ANY},
+    {OQ_X_STARTED, OQ_X_FAILED_RETRYABLE, 0, BY_ANY},
+    {OQ_X_STARTED, OQ_X_FAILED_FINAL, 0, BY_ANY},
+    /* sent, no definite answer; or the lease ended without an answer (lapsed, given up) */
+    {OQ_X_STARTED, OQ_X_UNKNOWN, 1, BY_ANY},
+    /* reconciliation decided in one transaction (local effects table, or a declaration) */
+    {OQ_X_UNKNOWN, OQ_X_COMMITTED, 0, BY_ANY},
+    {OQ_X_UNKNOWN, OQ_X_SAFE_RETRY, 0, BY_ANY},
+    {OQ_X_UNKNOWN, OQ_X_FAILED_FINAL, 0, BY_ANY},
+    {OQ_X_UNKNOWN, OQ_X_NEEDS_REVIEW, 0, BY_ANY},
+    /* ... or around a lookup at the downstream, under the reconciler's lease */
+    {OQ_X_UNKNOWN, OQ_X_RECONCILING, 1, BY_ANY},
+    {OQ_X_RECONCILING, OQ_X_COMMITTED, 0, BY_ANY},
+    {OQ_X_RECONCILING, OQ_X_SAFE_RETRY, 0, BY_ANY},
+    {OQ_X_RECONCILING, OQ_X_FAILED_FINAL, 0, BY_ANY},
+    {OQ_X_RECONCILING, OQ_X_NEEDS_REVIEW, 0, BY_ANY},
+    {OQ_X_RECONCILING, OQ_X_UNKNOWN, 1, BY_ANY}, /* undecided, or the reconciler's lease lapsed */
+    /* an operator's decision on what no machine could decide */
+    {OQ_X_NEEDS_REVIEW, OQ_X_COMMITTED, 1, BY_OPERATOR},
+    {OQ_X_NEEDS_REVIEW, OQ_X_FAILED_FINAL, 1, BY_OPERATOR},
+    {OQ_X_NEEDS_REVIEW, OQ_X_SAFE_RETRY, 1, BY_OPERATOR},
 };
 
 static const struct edge *edge_find(int from, int to)
@@ -96,7 +120,8 @@ static const struct edge *edge_find(int from, int to)
 
 int oq__exec_transition_legal(int from, int to)
 {
-    return edge_find(from, to) != NULL;
+    const struct edge *e = edge_find(from, to);
+    return e != NULL && e->by == BY_ANY;
 }
 
 int oq__xstate_terminal(int state)
@@ -119,9 +144,25 @@ int64_t oq__retry_backoff_ms(const oq__retry_policy_t *p, int64_t tries)
     for (int64_t i = 1; i < tries && d < cap; i++)
         d *= 2;
     if (d > cap) d = cap;
+    if (d < 1) d = 1;
     uint32_t r;
     oq_random_bytes(&r, sizeof(r));
-    return d / 2 + (int64_t)((double)d * ((double)r / 4294967296.0));
+    return (int64_t)((double)d * ((double)r / 4294967296.0));
+}
+
+static int lookup_budget(const oq__retry_policy_t *p)
+{
+    return p->lookup_budget > 0 ? p->lookup_budget : 5;
+}
+
+void oq__tool_traits(const oq__retry_policy_t *p, const char *tool, oq__tool_traits_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (p && p->traits) {
+        p->traits(tool, p->traits_ctx, out);
+        return;
+    }
+    out->known = oq_tool_find(tool) != NULL;
 }
 
 /* --- tool outcomes --------------------------------------------------------------------------- */
@@ -180,25 +221,32 @@ static void update_from(const oq__exec_row_t *x, int to, int64_t now, oq__exec_u
     u->effect_id = x->effect_id;
     u->next_attempt_at = x->next_attempt_at;
     u->now = now;
+    u->started_at = x->started_at;
+    u->unknown_at = x->unknown_at;
+    u->lookups = x->lookups;
 }
+
+/* How move() matches the row: on state and fence only, also on this worker's lease (a run's or
+ * a lookup's outcome: only the holder may write it), or as an operator (edges BY_OPERATOR). */
+enum { AS_ANYONE = 0, AS_HOLDER = 1, AS_OPERATOR = 2 };
 
 /*
  * One transition of a stored execution: checked against the table (the fence moves by the
  * edge's step), then one conditional UPDATE on the state and fence \p x was read with, and on
- * the lease owner when \p holder_only (a run's outcome: only the holder may write it). *moved =
- * 0 when the row had moved on: nothing was written. When it moved, \p x's state, counters and
- * times follow; its strings (lease owner, result, error, effect_id) are left as they were.
+ * the lease owner for AS_HOLDER. *moved = 0 when the row had moved on: nothing was written.
+ * When it moved, \p x's state, counters and times follow; its strings (lease owner, result,
+ * error, effect_id) are left as they were.
  */
-static int move(oq__consumer_store_t *s, oq__exec_row_t *x, oq__exec_update_t *u, int holder_only,
+static int move(oq__consumer_store_t *s, oq__exec_row_t *x, oq__exec_update_t *u, int as,
                 int *moved, oq_error_t *err)
 {
     const struct edge *e = edge_find(x->state, u->state);
     *moved = 0;
-    if (!e)
+    if (!e || (e->by == BY_OPERATOR && as != AS_OPERATOR))
         return oq_error_set(err, OQ_ESTATE, 0, "%s: illegal transition %s -> %s", x->call_id,
                             oq__xstate_name(x->state), oq__xstate_name(u->state));
     u->fence = x->fence + e->fence_step;
-    u->from_owner = holder_only ? oq__consumer_store_worker(s) : NULL;
+    u->from_owner = as == AS_HOLDER ? oq__consumer_store_worker(s) : NULL;
     int rc = oq__consumer_store_exec_update(s, u, moved, err);
     if (rc || !*moved) return rc;
     x->state = u->state;
@@ -207,6 +255,9 @@ static int move(oq__consumer_store_t *s, oq__exec_row_t *x, oq__exec_update_t *u
     x->fence = u->fence;
     x->lease_until = u->lease_until;
     x->next_attempt_at = u->next_attempt_at;
+    x->started_at = u->started_at;
+    x->unknown_at = u->unknown_at;
+    x->lookups = u->lookups;
     if (u->message_id) snprintf(x->message_id, sizeof(x->message_id), "%s", u->message_id);
     return 0;
 }
@@ -290,9 +341,10 @@ static int result_message_id(const oq__exec_row_t *x, const char *status, char o
 }
 
 /*
- * Appends the tool_result event of \p x to the outbox: status succeeded (result, effect_id),
- * failed or needs_review (error). The result is \p result_obj (borrowed) when given, which
- * saves re-parsing text just produced, else \p result_json; NULL texts mean null.
+ * Appends the tool_result event of \p x to the outbox: status running (nothing else),
+ * succeeded (result, effect_id), failed or needs_review (error). The result is \p result_obj
+ * (borrowed) when given, which saves re-parsing text just produced, else \p result_json; NULL
+ * texts mean null.
  * \p again: the result was emitted before (a re-emit): its row is republished (moved to the
  * outbox's tail when delivered, left alone while not) and *written says whether a row was
  * written; otherwise it is appended (a first emit: its derived id is new).
@@ -346,6 +398,15 @@ static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const c
     } else {
         rc = oq__consumer_store_outbox_append(s, &row, err);
         if (rc == 0 && written) *written = 1;
+        /* The same derived id already in the outbox: this result was emitted before (e.g. a
+         * call resolved for a retry ends in the same state again). Publish that row again. */
+        if (rc == OQ_EDB &&
+            sqlite3_extended_errcode(oq__consumer_store_db(s)) == SQLITE_CONSTRAINT_UNIQUE) {
+            oq_outbox_republish_t what = 0;
+            if (err) memset(err, 0, sizeof(*err));
+            rc = oq__consumer_store_outbox_republish(s, &row, &what, err);
+            if (rc == 0 && written) *written = what != OQ_OUTBOX_PENDING;
+        }
     }
     free(payload);
     return rc;
@@ -405,7 +466,7 @@ static int replan(oq__consumer_store_t *s, oq__exec_row_t *x, const oq_envelope_
     u.lease_until = 0;
     u.next_attempt_at = now;
     u.message_id = env->message_id;
-    int rc = move(s, x, &u, 0, &moved, err);
+    int rc = move(s, x, &u, AS_ANYONE, &moved, err);
     if (rc == 0 && !moved) rc = oq_error_set(err, OQ_ESTATE, 0, "re-plan lost a race");
     if (rc) return rc;
     snprintf(detail, sizeof(detail), "new attempt %" PRId64, env->attempt);
@@ -526,12 +587,48 @@ int oq__exec_start_inline(const oq_envelope_t *env, oq__exec_row_t *x, oq_error_
 
 /* --- claim ----------------------------------------------------------------------------------- */
 
+int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms, int64_t now,
+                   oq__exec_row_t *out, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    char eid[OQ_CALL_ID_LEN + 1];
+    int rc = row_from_envelope(env, &x, err);
+    if (rc) return rc;
+    /* PLANNED -> STARTED inside this transaction: the row is written once, as STARTED */
+    if (!oq__exec_transition_legal(OQ__X_NONE, OQ_X_PLANNED) ||
+        !oq__exec_transition_legal(OQ_X_PLANNED, OQ_X_STARTED)) {
+        rc = oq_error_set(err, OQ_ESTATE, 0, "starting is not a legal transition");
+        goto out;
+    }
+    oq__exec_effect_id(x.call_id, eid);
+    x.state = OQ_X_STARTED;
+    x.tries = 1;
+    x.fence = 1;
+    x.lease_until = now + lease_ms;
+    x.started_at = now;
+    if (!(x.lease_owner = strdup(oq__consumer_store_worker(s))) || !(x.effect_id = strdup(eid))) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    if ((rc = oq__consumer_store_exec_insert(s, &x, now, err)) ||
+        (rc = audit(s, x.call_id, events[OQ_X_STARTED], x.attempt, x.fence,
+                    "planned, started, try 1", now, err)) ||
+        (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
+        goto out;
+    oq__exec_row_clear(out);
+    *out = x;
+    memset(&x, 0, sizeof(x));
+out:
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
 int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms, int64_t now,
                    oq__exec_row_t *out, oq_error_t *err)
 {
     oq__exec_row_t x;
     oq__exec_update_t u;
-    char detail[48];
+    char detail[48], eid[OQ_CALL_ID_LEN + 1];
     int moved = 0;
     memset(&x, 0, sizeof(x));
     int rc = oq__consumer_store_exec_get(s, call_id, &x, err);
@@ -542,24 +639,31 @@ int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_m
         rc = oq_error_set(err, OQ_ESTATE, 0, "%s is not due or taken", call_id);
         goto out;
     }
+    const int first = x.state == OQ_X_PLANNED; /* the attempt's first run: tell the producer */
+    oq__exec_effect_id(x.call_id, eid);
     update_from(&x, OQ_X_STARTED, now, &u);
     u.tries = x.tries + 1;
     u.lease_owner = oq__consumer_store_worker(s);
     u.lease_until = now + lease_ms;
     u.next_attempt_at = 0;
-    if ((rc = move(s, &x, &u, 0, &moved, err))) goto out;
+    u.effect_id = eid;
+    u.started_at = now;
+    if ((rc = move(s, &x, &u, AS_ANYONE, &moved, err))) goto out;
     if (!moved) {
         rc = oq_error_set(err, OQ_ESTATE, 0, "%s is not due or taken", call_id);
         goto out;
     }
     free(x.lease_owner);
-    if (!(x.lease_owner = strdup(oq__consumer_store_worker(s)))) {
+    free(x.effect_id);
+    x.effect_id = NULL;
+    if (!(x.lease_owner = strdup(oq__consumer_store_worker(s))) || !(x.effect_id = strdup(eid))) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto out;
     }
     snprintf(detail, sizeof(detail), "try %" PRId64, x.tries);
     if ((rc = audit(s, call_id, events[OQ_X_STARTED], x.attempt, x.fence, detail, now, err)))
         goto out;
+    if (first && (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err))) goto out;
     if (out) {
         oq__exec_row_clear(out);
         *out = x;
@@ -634,7 +738,7 @@ static int hand_back(oq__consumer_store_t *s, oq__exec_row_t *x, oq__run_kind_t 
     u.lease_owner = u.result = u.error = u.effect_id = NULL;
     u.lease_until = 0;
     u.next_attempt_at = 0;
-    if ((rc = move(s, x, &u, 1, &moved, err))) return rc;
+    if ((rc = move(s, x, &u, AS_HOLDER, &moved, err))) return rc;
     if (!moved) return lease_lost(s, x, now, err);
     if ((rc = audit(s, x->call_id, events[OQ_X_UNKNOWN], x->attempt, x->fence, "abandoned at stop",
                     now, err)))
@@ -643,13 +747,48 @@ static int hand_back(oq__consumer_store_t *s, oq__exec_row_t *x, oq__run_kind_t 
     u.lease_owner = u.result = u.error = u.effect_id = NULL; /* x's text is as claimed */
     u.tries = x->tries - 1;
     u.next_attempt_at = now;
-    if ((rc = move(s, x, &u, 0, &moved, err))) return rc;
+    if ((rc = move(s, x, &u, AS_ANYONE, &moved, err))) return rc;
     if (!moved) return oq_error_set(err, OQ_ESTATE, 0, "%s moved during hand-back", x->call_id);
     if ((rc = audit(s, x->call_id, events[OQ_X_SAFE_RETRY], x->attempt, x->fence,
                     "abandoned at stop: nothing done", now, err)))
         return rc;
     if (state_out) *state_out = OQ_X_SAFE_RETRY;
     return 0;
+}
+
+/*
+ * Records the effect of \p x (COMMITTED now, written in this transaction). UNIQUE(call_id) is
+ * the last gate: when the call already has an effect, that one stands, and *final_result /
+ * *final_eid point at its values (owned by *old_eid / *old_detail) and the execution row is
+ * set to them.
+ */
+static int record_effect(oq__consumer_store_t *s, const oq__exec_row_t *x, const char *eid,
+                         const oq_tool_out_t *out, const char *downstream_id, const char *result,
+                         int64_t now, int *inserted, const char **final_result,
+                         const char **final_eid, char **old_eid, char **old_detail, oq_error_t *err)
+{
+    oq__effect_row_t e = {.effect_id = eid,
+                          .call_id = x->call_id,
+                          .tool = x->tool,
+                          .amount = out ? out->amount : 0,
+                          .recipient = out ? out->recipient : NULL,
+                          .detail = result,
+                          .attempt = x->attempt,
+                          .fence = x->fence,
+                          .created_at = now,
+                          .downstream_id = downstream_id};
+    int found = 0, rc;
+    *inserted = 0;
+    if ((rc = oq__consumer_store_effect_insert(s, &e, inserted, err)) || *inserted) return rc;
+    if ((rc = oq__consumer_store_effect_get(s, x->call_id, &found, old_eid, old_detail, err)))
+        return rc;
+    if (found) {
+        *final_result = *old_detail ? *old_detail : "{}";
+        *final_eid = *old_eid;
+        rc = oq__consumer_store_exec_set_result(s, x->call_id, *final_result, *final_eid, err);
+    }
+    OQ_LOGC_WARN(COMP, x->call_id, "effect already present: unique gate held");
+    return rc;
 }
 
 int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_kind_t kind,
@@ -680,31 +819,49 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
         to = OQ_X_FAILED_FINAL;
     else if (o->cls == OQ__OUTCOME_NOT_RUN)
         return hand_back(s, x, kind, now, state_out, err);
+    else if (o->cls == OQ__OUTCOME_UNKNOWN && !inl)
+        to = OQ_X_UNKNOWN;
     else
         return oq_error_set(err, OQ_EINVAL, 0,
-                            "%s: outcome class %d (unknown outcome) cannot be stored yet",
+                            "%s: outcome class %d from an inline run: a call whose outcome can be "
+                            "unknown must be claimed (STARTED durable) before it runs",
                             x->call_id, (int)o->cls);
 
+    oq__exec_effect_id(x->call_id, eid);
     if (to == OQ_X_COMMITTED) {
-        snprintf(why, sizeof(why), "try %" PRId64, x->tries);
+        snprintf(why, sizeof(why), "try %" PRId64 "%s%.100s", x->tries,
+                 o->downstream_id[0] ? ": downstream id " : "", o->downstream_id);
         if (!(result = o->out.result ? json_dumps(o->out.result, JSON_COMPACT) : strdup("{}")))
             return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
         final_result = result;
-        if (o->out.has_effect) {
-            oq__exec_effect_id(x->call_id, eid);
-            final_eid = eid;
-        }
+        if (o->out.has_effect) final_eid = eid;
+    } else if (to == OQ_X_UNKNOWN) {
+        snprintf(why, sizeof(why), "try %" PRId64 ": %s: %.120s", x->tries, o->out.code,
+                 o->out.message);
+        if (!(error = error_json(o->out.code, o->out.message, 0)))
+            return oq_error_set(err, OQ_ENOMEM, 0, "error encode");
     } else {
+        const char *code = o->out.code;
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", o->out.message);
         if (to == OQ_X_FAILED_RETRYABLE) {
             wait = oq__retry_backoff_ms(p, x->tries);
+            if (o->retry_after_ms > wait) wait = o->retry_after_ms; /* the downstream asked */
             next_at = now + wait;
-            snprintf(why, sizeof(why), "try %" PRId64 "/%d: %.60s; retry in %" PRId64 " ms",
-                     x->tries, p->max_attempts, o->out.message, wait);
+            snprintf(why, sizeof(why), "try %" PRId64 "/%d: %s: %.60s; retry in %" PRId64 " ms%s",
+                     x->tries, p->max_attempts, code, o->out.message, wait,
+                     o->retry_after_ms > 0 ? " (Retry-After)" : "");
+        } else if (o->cls == OQ__OUTCOME_RETRYABLE) {
+            /* out of tries: nothing happened, and nothing more will be tried for this attempt */
+            snprintf(msg, sizeof(msg), "%" PRId64 " tries; last: %.40s: %.160s", x->tries, code,
+                     o->out.message);
+            code = "retries_exhausted";
+            snprintf(why, sizeof(why), "try %" PRId64 ": %.180s", x->tries, msg);
         } else {
-            snprintf(why, sizeof(why), "try %" PRId64 ": %s: %.100s", x->tries, o->out.code,
+            snprintf(why, sizeof(why), "try %" PRId64 ": %s: %.100s", x->tries, code,
                      o->out.message);
         }
-        if (!(error = error_json(o->out.code, o->out.message, o->cls == OQ__OUTCOME_RETRYABLE)))
+        if (!(error = error_json(code, msg, o->cls == OQ__OUTCOME_RETRYABLE)))
             return oq_error_set(err, OQ_ENOMEM, 0, "error encode");
     }
 
@@ -719,9 +876,13 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
         u.lease_until = 0;
         u.result = final_result;
         u.error = error;
-        u.effect_id = final_eid;
-        u.next_attempt_at = next_at;
-        rc = move(s, x, &u, 1, &moved, err);
+        u.effect_id = to == OQ_X_UNKNOWN ? eid : final_eid; /* UNKNOWN: the key that was sent */
+        u.next_attempt_at = next_at;                        /* UNKNOWN: 0, due now */
+        if (to == OQ_X_UNKNOWN) {
+            u.unknown_at = now; /* a new unknown episode */
+            u.lookups = 0;
+        }
+        rc = move(s, x, &u, AS_HOLDER, &moved, err);
         if (rc == 0 && !moved) {
             rc = lease_lost(s, x, now, err);
             goto out;
@@ -729,35 +890,15 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
     }
     if (rc) goto out;
 
-    /* 3. The effect. UNIQUE(call_id) is the last gate: when the call already has an effect,
-     *    that one stands (its id and result are what the execution reports), ours is dropped. */
+    /* 3. The effect, with the downstream's id when the tool gave one. */
     if (to == OQ_X_COMMITTED && o->out.has_effect) {
-        oq__effect_row_t e = {.effect_id = eid,
-                              .call_id = x->call_id,
-                              .tool = x->tool,
-                              .amount = o->out.amount,
-                              .recipient = o->out.recipient,
-                              .detail = result,
-                              .attempt = x->attempt,
-                              .fence = x->fence,
-                              .created_at = now};
-        int inserted = 0, found = 0;
-        if ((rc = oq__consumer_store_effect_insert(s, &e, &inserted, err))) goto out;
+        int inserted = 0;
+        if ((rc = record_effect(s, x, eid, &o->out, o->downstream_id, result, now, &inserted,
+                                &final_result, &final_eid, &old_eid, &old_detail, err)))
+            goto out;
         if (effect_new) *effect_new = inserted;
-        if (!inserted) {
-            if ((rc = oq__consumer_store_effect_get(s, x->call_id, &found, &old_eid, &old_detail,
-                                                    err)))
-                goto out;
-            if (found) {
-                final_result = old_detail ? old_detail : "{}";
-                final_eid = old_eid;
-                if ((rc = oq__consumer_store_exec_set_result(s, x->call_id, final_result, final_eid,
-                                                             err)))
-                    goto out;
-            }
+        if (!inserted)
             snprintf(why, sizeof(why), "try %" PRId64 ": effect already present", x->tries);
-            OQ_LOGC_WARN(COMP, x->call_id, "effect already present: unique gate held");
-        }
     }
 
     /* 4. The audit row and, for a terminal state, the result event, in this transaction. */
@@ -770,6 +911,8 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
                          final_result, NULL, final_eid, now, 0, NULL, err);
     else if (to == OQ_X_FAILED_FINAL)
         rc = emit_result(s, x, "failed", NULL, NULL, error, NULL, now, 0, NULL, err);
+    if (rc == 0 && to == OQ_X_UNKNOWN)
+        OQ_LOGC_WARN(COMP, x->call_id, "outcome unknown (%s): stored for reconciliation", why);
 out:
     if (state_out) *state_out = rc ? -1 : to;
     free(result);
@@ -779,69 +922,203 @@ out:
     return rc;
 }
 
-/* --- recovery -------------------------------------------------------------------------------- */
+/* --- recovery and reconciliation -------------------------------------------------------------- */
 
-/* What is known about the effect of an UNKNOWN execution. */
-typedef enum { LOOKUP_FOUND, LOOKUP_ABSENT, LOOKUP_UNDECIDED } lookup_t;
+/* A decision on an unsettled execution (UNKNOWN, RECONCILING, NEEDS_REVIEW). */
+typedef struct decision {
+    int to;
+    int as;                    /* AS_ANYONE, AS_HOLDER (a lookup's answer), AS_OPERATOR */
+    int verdict;               /* oq__lookup_t, for on_reconciled (-1: do not report) */
+    const char *result;        /* COMMITTED: result JSON text */
+    const char *effect_id;     /* COMMITTED: the effect's id */
+    int record;                /* COMMITTED: insert the effect (0: it is in the table already) */
+    const char *downstream_id; /* COMMITTED + record: the downstream's object id */
+    const char *error;         /* UNKNOWN, FAILED_FINAL, NEEDS_REVIEW: error JSON */
+    int64_t next_at;           /* SAFE_RETRY, UNKNOWN: when due (0: now / NULL) */
+    int64_t tries, lookups;
+    const char *why; /* audit detail */
+} decision_t;
+
+static void notify(const oq__retry_policy_t *p, const oq__exec_row_t *x, int verdict, int to,
+                   int64_t now)
+{
+    if (p && p->on_reconciled && verdict >= 0)
+        p->on_reconciled(p->on_ctx, verdict, to, x->unknown_at ? now - x->unknown_at : 0);
+}
 
 /*
- * Looks the effect of \p x up. Today the one place to look is the local effects table, which is
- * exact for tools whose effect is that row (it commits with the outcome). A tool that calls
- * another system needs a lookup there, by effect_id; its answer belongs here (UNDECIDED when
- * the downstream can neither be asked nor trusted with a resend).
+ * Writes decision \p d on \p x: the transition (with the lease released), the effect, the audit
+ * row and, for a terminal state, the result event. *moved = 0 when the row had moved on
+ * (nothing written).
  */
-static int lookup_effect(oq__consumer_store_t *s, const oq__exec_row_t *x, lookup_t *verdict,
-                         char **effect_id, char **detail, oq_error_t *err)
+static int decide(oq__consumer_store_t *s, oq__exec_row_t *x, const decision_t *d,
+                  const oq__retry_policy_t *p, int64_t now, int *moved, oq_error_t *err)
 {
-    int found = 0;
-    int rc = oq__consumer_store_effect_get(s, x->call_id, &found, effect_id, detail, err);
-    *verdict = found ? LOOKUP_FOUND : LOOKUP_ABSENT;
+    oq__exec_update_t u;
+    char *old_eid = NULL, *old_detail = NULL;
+    const char *final_result = d->result ? d->result : "{}", *final_eid = d->effect_id;
+    int rc, inserted = 0;
+    update_from(x, d->to, now, &u);
+    u.lease_owner = NULL;
+    u.lease_until = 0;
+    u.result = d->to == OQ_X_COMMITTED ? final_result : NULL;
+    u.error = d->to == OQ_X_COMMITTED || d->to == OQ_X_SAFE_RETRY ? NULL : d->error;
+    u.effect_id = d->to == OQ_X_COMMITTED ? d->effect_id : x->effect_id;
+    u.next_attempt_at = d->to == OQ_X_SAFE_RETRY || d->to == OQ_X_UNKNOWN ? d->next_at : 0;
+    u.tries = d->tries;
+    u.lookups = d->lookups;
+    if ((rc = move(s, x, &u, d->as, moved, err)) || !*moved) return rc;
+    if (d->to == OQ_X_COMMITTED && d->record &&
+        (rc = record_effect(s, x, d->effect_id, NULL, d->downstream_id, final_result, now,
+                            &inserted, &final_result, &final_eid, &old_eid, &old_detail, err)))
+        goto out;
+    if ((rc = audit(s, x->call_id, events[d->to], x->attempt, x->fence, d->why, now, err)))
+        goto out;
+    if (d->to == OQ_X_COMMITTED)
+        rc = emit_result(s, x, "succeeded", NULL, final_result, NULL, final_eid, now, 0, NULL, err);
+    else if (d->to == OQ_X_FAILED_FINAL)
+        rc = emit_result(s, x, "failed", NULL, NULL, d->error, NULL, now, 0, NULL, err);
+    else if (d->to == OQ_X_NEEDS_REVIEW)
+        rc = emit_result(s, x, "needs_review", NULL, NULL, d->error, NULL, now, 0, NULL, err);
+    if (rc == 0) notify(p, x, d->verdict, d->to, now);
+    if (rc == 0 && d->to == OQ_X_NEEDS_REVIEW)
+        OQ_LOGC_WARN(COMP, x->call_id, "needs review: %s", d->why);
+out:
+    free(old_eid);
+    free(old_detail);
     return rc;
 }
 
-/* Decides one UNKNOWN execution; *done = 1 when it moved. */
-static int reconcile(oq__consumer_store_t *s, oq__exec_row_t *x, const oq__retry_policy_t *p,
-                     int64_t now, int *done, oq_error_t *err)
+/* Sets \p d to "resend" (SAFE_RETRY, due now) while the retry budget lasts, else to
+ * \p out_of_tries (FAILED_FINAL when the operation is known not to have happened, else
+ * NEEDS_REVIEW); *error_out receives the error of the latter (owned by the caller). */
+static void resend_or(decision_t *d, const oq__exec_row_t *x, const oq__retry_policy_t *p,
+                      int out_of_tries, int64_t now, char **error_out, const char *why)
+{
+    d->why = why;
+    if (oq__retry_allowed(p, x->tries)) {
+        d->to = OQ_X_SAFE_RETRY;
+        d->next_at = now;
+        return;
+    }
+    char msg[400];
+    snprintf(msg, sizeof(msg), "%.300s; %" PRId64 " tries, none left", why, x->tries);
+    d->to = out_of_tries;
+    *error_out =
+        error_json(out_of_tries == OQ_X_FAILED_FINAL ? "retries_exhausted" : "outcome_unknown", msg,
+                   out_of_tries == OQ_X_FAILED_FINAL);
+    d->error = *error_out;
+}
+
+/* A STARTED or RECONCILING row whose holder is gone (lease lapsed, or held by the dead previous
+ * process of this worker id) becomes UNKNOWN; the fence moves, so the old holder is stale. */
+static int lapse(oq__consumer_store_t *s, oq__exec_row_t *x, const char *why, int64_t now,
+                 int *moved, oq_error_t *err)
 {
     oq__exec_update_t u;
-    char *eid = NULL, *detail = NULL, *error = NULL;
-    char msg[128];
-    lookup_t verdict = LOOKUP_UNDECIDED;
-    int to, moved = 0;
-    int rc = lookup_effect(s, x, &verdict, &eid, &detail, err);
-    if (rc) goto out;
-    if (verdict == LOOKUP_FOUND) {
-        to = OQ_X_COMMITTED;
-    } else if (verdict == LOOKUP_ABSENT && oq__retry_allowed(p, x->tries)) {
-        to = OQ_X_SAFE_RETRY;
+    char *error = NULL;
+    int rc, reconciling = x->state == OQ_X_RECONCILING;
+    int64_t fence = x->fence;
+    update_from(x, OQ_X_UNKNOWN, now, &u);
+    u.lease_owner = NULL;
+    u.lease_until = 0;
+    u.next_attempt_at = 0;
+    if (reconciling) {
+        u.lookups = x->lookups + 1; /* a lookup that never answered counts as undecided */
     } else {
-        to = OQ_X_NEEDS_REVIEW;
-        if (verdict == LOOKUP_ABSENT)
-            snprintf(msg, sizeof(msg), "outcome unknown after %" PRId64 " tries", x->tries);
-        else
-            snprintf(msg, sizeof(msg), "outcome cannot be decided");
-        if (!(error = error_json("needs_review", msg, 0))) {
-            rc = oq_error_set(err, OQ_ENOMEM, 0, "error encode");
-            goto out;
-        }
+        u.unknown_at = now;
+        u.lookups = 0;
+        if (!(error = error_json("lease_lapsed", why, 0)))
+            return oq_error_set(err, OQ_ENOMEM, 0, "error encode");
+        u.error = error;
     }
-    update_from(x, to, now, &u);
-    u.result = to == OQ_X_COMMITTED ? (detail ? detail : "{}") : NULL;
-    u.error = error;
-    u.effect_id = to == OQ_X_COMMITTED ? eid : NULL;
-    u.next_attempt_at = to == OQ_X_SAFE_RETRY ? now : 0;
-    if ((rc = move(s, x, &u, 0, &moved, err)) || !moved) goto out;
-    *done = 1;
-    if ((rc =
-             audit(s, x->call_id, events[to], x->attempt, x->fence,
-                   verdict == LOOKUP_FOUND ? "reconciled: effect present" : "reconciled: no effect",
-                   now, err)))
+    if ((rc = move(s, x, &u, AS_ANYONE, moved, err)) || !*moved) goto out;
+    OQ_LOGC_WARN(COMP, x->call_id, "%s (%s, fence %" PRId64 "): UNKNOWN", why,
+                 reconciling ? "lookup" : "run", fence);
+    rc = audit(s, x->call_id, events[OQ_X_UNKNOWN], x->attempt, x->fence,
+               reconciling ? "lookup lease lapsed" : why, now, err);
+out:
+    free(error);
+    return rc;
+}
+
+/*
+ * Decides one UNKNOWN execution \p x (see oq__exec_recover). A lookup to run moves it to
+ * RECONCILING and hands the row to \p lookup_out (*took = 1), which takes ownership of \p x's
+ * strings. *moved = 1 when it moved.
+ */
+static int reconcile(oq__consumer_store_t *s, oq__exec_row_t *x, const oq__retry_policy_t *p,
+                     int64_t now, oq__exec_row_t *lookup_out, int *took, int *moved,
+                     oq_error_t *err)
+{
+    oq__tool_traits_t t;
+    decision_t d;
+    char *eid = NULL, *detail = NULL, *error = NULL, why[200], msg[200];
+    int found = 0, rc;
+    *took = 0;
+    *moved = 0;
+    memset(&d, 0, sizeof(d));
+    d.as = AS_ANYONE;
+    d.tries = x->tries;
+    d.lookups = x->lookups;
+    if ((rc = oq__consumer_store_effect_get(s, x->call_id, &found, &eid, &detail, err))) goto out;
+    oq__tool_traits(p, x->tool, &t);
+    if (found) {
+        /* the last gate: whatever the tool, its effect is recorded */
+        d.to = OQ_X_COMMITTED;
+        d.verdict = OQ__LOOKUP_FOUND;
+        d.result = detail ? detail : "{}";
+        d.effect_id = eid;
+        d.why = "reconciled: effect present";
+    } else if (!t.known) {
+        snprintf(msg, sizeof(msg),
+                 "tool %.60s is not declared on this worker: its outcome cannot be looked up, "
+                 "and it is not resent",
+                 x->tool);
+        d.to = OQ_X_NEEDS_REVIEW;
+        d.verdict = OQ__LOOKUP_NONE;
+        d.error = error = error_json("tool_not_declared", msg, 0);
+        d.why = "reconciled: tool not declared here";
+    } else if (!t.remote) {
+        /* a compiled tool's effect commits with its outcome: no row, nothing happened */
+        d.verdict = OQ__LOOKUP_ABSENT;
+        resend_or(&d, x, p, OQ_X_FAILED_FINAL, now, &error, "reconciled: no effect");
+    } else if (t.has_lookup) {
+        if (!lookup_out) goto out; /* the caller runs no lookups: left UNKNOWN */
+        oq__exec_update_t u;
+        update_from(x, OQ_X_RECONCILING, now, &u);
+        u.lease_owner = oq__consumer_store_worker(s);
+        u.lease_until = now + (p->lease_ms > 0 ? p->lease_ms : 30000);
+        u.next_attempt_at = 0;
+        if ((rc = move(s, x, &u, AS_ANYONE, moved, err)) || !*moved) goto out;
+        snprintf(why, sizeof(why), "lookup %" PRId64 " sent", x->lookups + 1);
+        if ((rc = audit(s, x->call_id, events[OQ_X_RECONCILING], x->attempt, x->fence, why, now,
+                        err)))
+            goto out;
+        free(x->lease_owner);
+        x->lease_owner = strdup(oq__consumer_store_worker(s));
+        *lookup_out = *x;
+        memset(x, 0, sizeof(*x));
+        *took = 1;
         goto out;
-    if (to == OQ_X_COMMITTED)
-        rc = emit_result(s, x, "succeeded", NULL, detail ? detail : "{}", NULL, eid, now, 0, NULL,
-                         err);
-    else if (to == OQ_X_NEEDS_REVIEW)
-        rc = emit_result(s, x, "needs_review", NULL, NULL, error, NULL, now, 0, NULL, err);
+    } else if (t.idempotent) {
+        d.verdict = OQ__LOOKUP_NONE;
+        resend_or(&d, x, p, OQ_X_NEEDS_REVIEW, now, &error,
+                  "reconciled: no lookup; the downstream honours the key, resent with it");
+    } else {
+        d.to = OQ_X_NEEDS_REVIEW;
+        d.verdict = OQ__LOOKUP_NONE;
+        d.error = error = error_json("no_lookup_no_keys",
+                                     "the downstream neither honours idempotency keys nor offers "
+                                     "a lookup: the call is not resent",
+                                     0);
+        d.why = "reconciled: cannot be decided (no lookup, no keys)";
+    }
+    if ((d.to == OQ_X_NEEDS_REVIEW || d.to == OQ_X_FAILED_FINAL) && !d.error) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "error encode");
+        goto out;
+    }
+    rc = decide(s, x, &d, p, now, moved, err);
 out:
     free(eid);
     free(detail);
@@ -850,47 +1127,242 @@ out:
 }
 
 int oq__exec_recover(oq__consumer_store_t *s, int64_t now, const oq__retry_policy_t *p, int limit,
-                     int *n_recovered, oq_error_t *err)
+                     oq__exec_row_t *lookups, int *n_lookups, int *n_recovered, oq_error_t *err)
 {
     oq__exec_row_t *rows = NULL;
-    oq__exec_update_t u;
-    int n = 0, rc, done = 0;
+    int n = 0, rc, done = 0, nl = 0;
     if (limit <= 0) limit = 100;
     if (n_recovered) *n_recovered = 0;
+    if (n_lookups) *n_lookups = 0;
     if (!(rows = calloc((size_t)limit, sizeof(*rows))))
         return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
 
-    /* 1. STARTED with a lapsed lease -> UNKNOWN (the fence moves: the old holder is stale). */
+    /* 1. STARTED or RECONCILING with a lapsed lease -> UNKNOWN. */
     if ((rc = oq__consumer_store_exec_lapsed(s, now, rows, limit, &n, err))) goto out;
     for (int i = 0; i < n; i++) {
-        int64_t fence = rows[i].fence;
         int moved = 0;
-        update_from(&rows[i], OQ_X_UNKNOWN, now, &u);
-        u.lease_owner = NULL;
-        u.lease_until = 0;
-        u.next_attempt_at = 0;
-        if ((rc = move(s, &rows[i], &u, 0, &moved, err))) goto out;
-        if (!moved) continue;
-        OQ_LOGC_WARN(COMP, rows[i].call_id, "lease lapsed (fence %" PRId64 "): UNKNOWN", fence);
-        if ((rc = audit(s, rows[i].call_id, events[OQ_X_UNKNOWN], rows[i].attempt, rows[i].fence,
-                        "lease lapsed", now, err)))
-            goto out;
+        if ((rc = lapse(s, &rows[i], "lease lapsed", now, &moved, err))) goto out;
     }
     for (int i = 0; i < n; i++)
         oq__exec_row_clear(&rows[i]);
 
-    /* 2. Reconcile every UNKNOWN row. */
-    if ((rc = oq__consumer_store_exec_in_state(s, OQ_X_UNKNOWN, rows, limit, &n, err))) goto out;
+    /* 2. Decide every UNKNOWN row that is due. */
+    if ((rc = oq__consumer_store_exec_unknown_due(s, now, rows, limit, &n, err))) goto out;
     for (int i = 0; i < n && rc == 0; i++) {
-        int moved = 0;
-        rc = reconcile(s, &rows[i], p, now, &moved, err);
+        int moved = 0, took = 0;
+        rc = reconcile(s, &rows[i], p, now, lookups && nl < limit ? &lookups[nl] : NULL, &took,
+                       &moved, err);
+        nl += took;
         done += moved;
     }
 out:
     for (int i = 0; i < n; i++)
         oq__exec_row_clear(&rows[i]);
     free(rows);
+    if (rc) { /* rolled back by the caller: the lookups were not taken */
+        for (int i = 0; i < nl; i++)
+            oq__exec_row_clear(&lookups[i]);
+        nl = 0;
+    }
     if (n_recovered) *n_recovered = done;
+    if (n_lookups) *n_lookups = nl;
+    return rc;
+}
+
+int oq__exec_release_held(oq__consumer_store_t *s, int64_t now, int *n_out, oq_error_t *err)
+{
+    oq__exec_row_t rows[64];
+    int n = 0, rc, done = 0;
+    memset(rows, 0, sizeof(rows));
+    if (n_out) *n_out = 0;
+    rc = oq__consumer_store_exec_held_by(s, oq__consumer_store_worker(s), rows, 64, &n, err);
+    for (int i = 0; i < n && rc == 0; i++) {
+        int moved = 0;
+        rc = lapse(s, &rows[i], "held by the previous process of this worker id", now, &moved, err);
+        done += moved;
+    }
+    for (int i = 0; i < n; i++)
+        oq__exec_row_clear(&rows[i]);
+    if (n_out) *n_out = done;
+    return rc;
+}
+
+int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int verdict,
+                         const char *downstream_id, const json_t *result, const char *why,
+                         const oq__retry_policy_t *p, int64_t now, int *state_out, oq_error_t *err)
+{
+    oq__exec_row_t copy = *rec, *x = &copy; /* shallow: a rolled-back write can be redone */
+    oq__tool_traits_t t;
+    decision_t d;
+    char eid[OQ_CALL_ID_LEN + 1], text[400], msg[300];
+    char *result_text = NULL, *error = NULL;
+    int rc = 0, moved = 0;
+    if (state_out) *state_out = -1;
+    if (x->state != OQ_X_RECONCILING)
+        return oq_error_set(err, OQ_ESTATE, 0, "%s is %s, not a lookup", x->call_id,
+                            oq__xstate_name(x->state));
+    oq__tool_traits(p, x->tool, &t);
+    memset(&d, 0, sizeof(d));
+    d.as = AS_HOLDER;
+    d.verdict = verdict;
+    d.tries = x->tries;
+    d.lookups = x->lookups;
+    d.why = text;
+    const char *reason = why && why[0] ? why : "no reason given";
+    if (verdict == OQ__LOOKUP_FOUND) {
+        oq__exec_effect_id(x->call_id, eid);
+        if (!(result_text = result ? json_dumps(result, JSON_COMPACT) : strdup("{}"))) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+            goto out;
+        }
+        d.to = OQ_X_COMMITTED;
+        d.result = result_text;
+        d.effect_id = eid;
+        d.record = 1;
+        d.downstream_id = downstream_id;
+        snprintf(text, sizeof(text), "reconciled: found at the downstream%s%.100s",
+                 downstream_id && downstream_id[0] ? ", id " : "",
+                 downstream_id ? downstream_id : "");
+    } else if (verdict == OQ__LOOKUP_ABSENT && !t.idempotent && t.settle_ms > 0 &&
+               now < x->started_at + t.settle_ms) {
+        /* without keys a resend is safe only once the first request can no longer land */
+        d.to = OQ_X_UNKNOWN;
+        d.next_at = x->started_at + t.settle_ms;
+        d.error = x->error;
+        snprintf(text, sizeof(text),
+                 "lookup: not found %" PRId64 " ms after the send; trusted from %" PRId64
+                 " ms (settle time), asked again then",
+                 now - x->started_at, t.settle_ms);
+    } else if (verdict == OQ__LOOKUP_ABSENT) {
+        snprintf(text, sizeof(text), "reconciled: confirmed absent at the downstream");
+        resend_or(&d, x, p, OQ_X_FAILED_FINAL, now, &error, text);
+    } else { /* UNDECIDED */
+        d.lookups = x->lookups + 1;
+        snprintf(msg, sizeof(msg), "lookup %" PRId64 " undecided: %.200s", d.lookups, reason);
+        if (d.lookups < lookup_budget(p)) {
+            d.to = OQ_X_UNKNOWN;
+            d.next_at = now + oq__retry_backoff_ms(p, d.lookups) + 1;
+            d.error = error = error_json("lookup_undecided", msg, 0);
+            snprintf(text, sizeof(text), "%.300s; asked again in %" PRId64 " ms", msg,
+                     d.next_at - now);
+        } else if (t.idempotent) {
+            snprintf(text, sizeof(text),
+                     "%.300s; lookup budget spent; the downstream honours the key: resent with it",
+                     msg);
+            x->lookups = d.lookups;
+            resend_or(&d, x, p, OQ_X_NEEDS_REVIEW, now, &error, text);
+        } else {
+            snprintf(text, sizeof(text), "%.300s; lookup budget (%d) spent", msg, lookup_budget(p));
+            d.to = OQ_X_NEEDS_REVIEW;
+            d.error = error = error_json("lookup_failed", text, 0);
+        }
+    }
+    if (!d.error && (d.to == OQ_X_NEEDS_REVIEW || d.to == OQ_X_FAILED_FINAL)) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "error encode");
+        goto out;
+    }
+    rc = decide(s, x, &d, p, now, &moved, err);
+    if (rc == 0 && !moved) rc = lease_lost(s, x, now, err);
+    if (rc == 0 && state_out) *state_out = d.to;
+out:
+    free(result_text);
+    free(error);
+    return rc;
+}
+
+/* --- review: what no machine could decide ------------------------------------------------------
+ */
+
+static int printable(const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > max) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e) return 0;
+    return 1;
+}
+
+int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
+                     const char *note, const char *by, int64_t now, int *state_out, oq_error_t *err)
+{
+    static const char *const names[] = {"committed", "failed", "retry"};
+    oq__exec_row_t x;
+    decision_t d;
+    json_t *j = NULL;
+    char eid[OQ_CALL_ID_LEN + 1], why[300];
+    char *detail = NULL, *result = NULL, *error = NULL;
+    int rc, moved = 0;
+    memset(&x, 0, sizeof(x));
+    memset(&d, 0, sizeof(d));
+    if (state_out) *state_out = -1;
+    if (as < OQ__RESOLVE_COMMITTED || as > OQ__RESOLVE_RETRY)
+        return oq_error_set(err, OQ_EINVAL, 0, "resolve as what? (committed, failed, retry)");
+    if (!note || !note[0] || strlen(note) > 1000)
+        return oq_error_set(err, OQ_EINVAL, 0, "a note of 1-1000 bytes is required");
+    if (ref && (as != OQ__RESOLVE_COMMITTED || !printable(ref, 255)))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "--ref goes with --as committed: 1-255 printable ASCII bytes");
+    if (!(j = json_pack("{s:s, s:s?, s:s, s:s?}", "as", names[as], "ref", ref, "note", note, "by",
+                        by)) ||
+        !(detail = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS))) {
+        rc = oq_error_set(err, OQ_EINVAL, 0, "the note or the operator name is not UTF-8");
+        goto out;
+    }
+    json_decref(j);
+    j = NULL;
+    if ((rc = oq__consumer_store_exec_get(s, call_id, &x, err))) goto out;
+    if (x.state != OQ_X_NEEDS_REVIEW) {
+        rc = oq_error_set(err, OQ_ESTATE, 0, "%s is %s, not NEEDS_REVIEW: nothing to resolve",
+                          call_id, oq__xstate_name(x.state));
+        goto out;
+    }
+    if ((rc = audit(s, call_id, "review_resolved", x.attempt, x.fence + 1, detail, now, err)))
+        goto out;
+    d.as = AS_OPERATOR;
+    d.verdict = -1;
+    d.tries = x.tries;
+    d.lookups = x.lookups;
+    d.why = why;
+    snprintf(why, sizeof(why), "resolved by %.60s as %s: %.200s", by ? by : "an operator",
+             names[as], note);
+    if (as == OQ__RESOLVE_COMMITTED) {
+        oq__exec_effect_id(call_id, eid);
+        if (!(j = json_pack("{s:s?, s:s, s:s}", "object_id", ref, "resolved_by", "operator", "note",
+                            note)) ||
+            !(result = json_dumps(j, JSON_COMPACT))) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+            goto out;
+        }
+        d.to = OQ_X_COMMITTED;
+        d.result = result;
+        d.effect_id = eid;
+        d.record = 1;
+        d.downstream_id = ref;
+    } else if (as == OQ__RESOLVE_FAILED) {
+        d.to = OQ_X_FAILED_FINAL;
+        if (!(d.error = error = error_json("resolved_failed", note, 0))) {
+            rc = oq_error_set(err, OQ_EINVAL, 0, "the note is not UTF-8");
+            goto out;
+        }
+    } else {
+        d.to = OQ_X_SAFE_RETRY; /* one more send, same key, with a fresh budget */
+        d.next_at = now;
+        d.tries = 0;
+        d.lookups = 0;
+    }
+    if ((rc = decide(s, &x, &d, NULL, now, &moved, err))) goto out;
+    if (!moved) {
+        rc = oq_error_set(err, OQ_ESTATE, 0, "%s changed while being resolved", call_id);
+        goto out;
+    }
+    if (state_out) *state_out = d.to;
+    OQ_LOGC_INFO(COMP, call_id, "%s", why);
+out:
+    json_decref(j);
+    free(detail);
+    free(result);
+    free(error);
+    oq__exec_row_clear(&x);
     return rc;
 }
 

@@ -2,7 +2,8 @@
  * @file execution.h
  * @brief Internal: the consumer's rules (consumer/execution.c): the intake decision, the
  *        execution state machine with its one transition table, the one finish path of every
- *        run, recovery of lapsed leases and the retry policy. Not part of the public API.
+ *        run, recovery of lapsed leases, reconciliation of unknown outcomes, the operator's
+ *        review decisions and the retry policy. Not part of the public API.
  *
  * Everything here works on a consumer store (consumer_store.h) inside the caller's open write
  * transaction ("in tx") and commits nothing; the caller (consumer/worker.c) owns transactions,
@@ -36,18 +37,66 @@ int oq__exec_transition_legal(int from, int to);
 
 /* --- retry policy ---------------------------------------------------------------------------- */
 
-/** The retry budget and backoff. */
+/**
+ * What the rules must know about a tool to decide an unknown outcome: whether its effect is a
+ * local row (a compiled tool: the effects table answers exactly) or lives in another system,
+ * and, then, what that system offers. The worker fills it from its registry and tools file.
+ */
+typedef struct oq__tool_traits {
+    int known;         /**< declared on this worker (compiled, or in the tools file) */
+    int remote;        /**< calls another system: its effect is not a row of effects.db */
+    int has_lookup;    /**< the downstream can be asked whether it has the operation */
+    int idempotent;    /**< declared: the downstream honours the idempotency key, so a resend
+                            with the same key is safe */
+    int64_t settle_ms; /**< remote with a lookup but no keys: a "not found" is trusted only this
+                            long after the request was sent (a request still in flight at the
+                            downstream is not found yet) */
+} oq__tool_traits_t;
+
+/** Fills \p out for the tool named \p tool. */
+typedef void (*oq__traits_fn)(const char *tool, void *ctx, oq__tool_traits_t *out);
+
+/** What a reconciliation step found, for metrics. */
+typedef enum {
+    OQ__LOOKUP_FOUND = 0, /**< the effect exists (local row, or the downstream has it) */
+    OQ__LOOKUP_ABSENT,    /**< confirmed absent */
+    OQ__LOOKUP_UNDECIDED, /**< the lookup gave no definite answer */
+    OQ__LOOKUP_NONE       /**< no lookup possible: decided from the tool's declaration */
+} oq__lookup_t;
+
+/** @brief Told of every reconciliation decision (metrics): the verdict, the state entered and
+ *         how long the execution had been unknown. Runs inside the transaction: must not
+ *         block; a rolled-back transaction has still been counted. */
+typedef void (*oq__reconciled_fn)(void *ctx, int verdict, int to_state, int64_t unknown_ms);
+
+/**
+ * The policy of the rules: the retry budget and backoff, the lookup budget, and the tool
+ * traits. Zero fields take defaults; with traits NULL only compiled tools are known (every
+ * other tool's unknown outcome goes to review, never to a resend).
+ */
 typedef struct oq__retry_policy {
     int max_attempts; /**< tool runs per producer attempt (the budget) */
     int64_t base_ms, max_ms;
+    int lookup_budget;    /**< undecided lookups per unknown episode before the declaration
+                               decides (a resend when idempotent, else NEEDS_REVIEW);
+                               0: 5 */
+    int64_t lease_ms;     /**< lease of a reconciler (RECONCILING); 0: 30 s */
+    oq__traits_fn traits; /**< NULL: compiled tools only */
+    void *traits_ctx;
+    oq__reconciled_fn on_reconciled; /**< may be NULL */
+    void *on_ctx;
 } oq__retry_policy_t;
 
 /** @brief Non-zero while another run is allowed after \p tries runs (tries < max_attempts). */
 int oq__retry_allowed(const oq__retry_policy_t *p, int64_t tries);
 
-/** @brief Backoff before run \p tries + 1: base * 2^(tries-1), capped at max, times a jitter
- *         factor in [0.5, 1.5) so calls that failed together do not retry together. */
+/** @brief Backoff before run \p tries + 1 with full jitter: uniform in [0, d) where d =
+ *         base * 2^(tries-1) capped at max (at least 1 ms), so calls that failed together
+ *         spread out. */
 int64_t oq__retry_backoff_ms(const oq__retry_policy_t *p, int64_t tries);
+
+/** @brief The traits of \p tool under \p p (its traits function, else the registry). */
+void oq__tool_traits(const oq__retry_policy_t *p, const char *tool, oq__tool_traits_t *out);
 
 /* --- tool outcomes --------------------------------------------------------------------------- */
 
@@ -64,15 +113,17 @@ typedef enum {
                                   then FAILED_FINAL */
     OQ__OUTCOME_NOT_RUN,     /**< abandoned before doing anything (the worker is stopping): the
                                   execution is handed back and the run does not count */
-    OQ__OUTCOME_UNKNOWN      /**< sent, no definite answer: the execution must be stored
-                                  UNKNOWN and reconciled. No tool reports it yet and
-                                  oq__exec_finish() refuses it (OQ_EINVAL, nothing written). */
+    OQ__OUTCOME_UNKNOWN      /**< sent, no definite answer (a timeout after the request left,
+                                  a reset, an undeclared status): stored UNKNOWN and reconciled,
+                                  never resent blind. Only a claimed run can report it. */
 } oq__outcome_class_t;
 
-/** A classified run. out.code / out.message describe a failure. */
+/** A classified run. out.code / out.message describe a failure or why it is unknown. */
 typedef struct oq__outcome {
     oq__outcome_class_t cls;
-    oq_tool_out_t out; /**< what the tool reported (owns out.result) */
+    oq_tool_out_t out;       /**< what the tool reported (owns out.result) */
+    char downstream_id[256]; /**< SUCCESS of a remote tool: the downstream's object id ("" none) */
+    int64_t retry_after_ms;  /**< RETRYABLE: the downstream's Retry-After (<= 0: none) */
 } oq__outcome_t;
 
 /**
@@ -128,9 +179,22 @@ int oq__exec_plan(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t now
 int oq__exec_start_inline(const oq_envelope_t *env, oq__exec_row_t *x, oq_error_t *err);
 
 /**
+ * @brief In tx: the first run of the NEW call \p env of a tool that calls another system: the
+ *        row is inserted STARTED (try 1, fence 1, this worker's lease until now + \p lease_ms,
+ *        effect_id, started_at), with one audit row 'started' ("planned, started, try 1") and
+ *        the `running` result event. Once the transaction commits, STARTED is durable and the
+ *        request may leave; its outcome is written by oq__exec_finish(..., OQ__RUN_CLAIMED).
+ * @param out receives the row as written (clear it after).
+ */
+int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms, int64_t now,
+                   oq__exec_row_t *out, oq_error_t *err);
+
+/**
  * @brief In tx: claim \p call_id if it is due (a state the table lets move to STARTED, with
  *        next_attempt_at <= now): one conditional UPDATE sets STARTED, fence + 1, tries + 1,
- *        this worker's lease until now + \p lease_ms; audit 'started'.
+ *        this worker's lease until now + \p lease_ms, effect_id and started_at; audit
+ *        'started'. A claim from PLANNED (the attempt's first run) also appends the `running`
+ *        result event, so the producer sees the call start.
  * @param out receives the claimed row (may be NULL).
  * @returns 0 when claimed, OQ_ESTATE when not due, terminal or taken by someone else.
  */
@@ -146,31 +210,97 @@ typedef enum {
 
 /**
  * @brief In tx: the one finish path of every run. The outcome class and the retry budget
- *        decide the next state; then the row is written (a claimed run: a conditional UPDATE on
- *        STARTED with its fence and owner, rowcount 0 -> audit 'lease_lost', OQ_EFENCED; an
- *        inline run: inserted), the effect inserted (UNIQUE call_id: an existing effect wins
- *        and its result stands), the audit row appended and, for a terminal state, the result
- *        event appended to the outbox.
+ *        decide the next state: SUCCESS -> COMMITTED; FINAL -> FAILED_FINAL; RETRYABLE ->
+ *        FAILED_RETRYABLE after max(full-jitter backoff, Retry-After) while the budget lasts,
+ *        then FAILED_FINAL "retries_exhausted"; UNKNOWN -> UNKNOWN (stored, due for
+ *        reconciliation now; only a claimed run); NOT_RUN -> handed back. Then the row is
+ *        written (a claimed run: a conditional UPDATE on STARTED with its fence and owner,
+ *        rowcount 0 -> audit 'lease_lost', OQ_EFENCED; an inline run: inserted), the effect
+ *        inserted with the downstream id (UNIQUE call_id: an existing effect wins and its
+ *        result stands), the audit row appended and, for a terminal state, the result event
+ *        appended to the outbox.
  * @param run the run (from oq__exec_claim or oq__exec_start_inline); not changed, so a finish
  *        whose transaction was rolled back can be retried with it.
  * @param state_out receives the new state (-1 on failure; may be NULL).
  * @param effect_new set to 1 when an effect row was inserted (may be NULL).
- * @returns 0, OQ_EFENCED (lease lost: only the audit row written), OQ_EINVAL (an outcome class
- *          the state machine does not handle yet: nothing written), OQ_EDB / OQ_EBUSY.
+ * @returns 0, OQ_EFENCED (lease lost: only the audit row written), OQ_EINVAL (UNKNOWN from an
+ *          inline run, which has nothing durable to reconcile: nothing written), OQ_EDB /
+ *          OQ_EBUSY.
  */
 int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_kind_t kind,
                     const oq__outcome_t *o, const oq__retry_policy_t *p, int64_t now,
                     int *state_out, int *effect_new, oq_error_t *err);
 
 /**
- * @brief In tx: recovery. STARTED rows whose lease lapsed before \p now become UNKNOWN (fence +
- *        1); every UNKNOWN row is reconciled: effect found -> COMMITTED (result re-emitted);
- *        absent -> SAFE_RETRY (due now) while the retry budget lasts, else NEEDS_REVIEW (result
- *        event). Terminal rows are never touched. At most \p limit rows per step.
- * @param n_recovered receives the number of rows reconciled (may be NULL).
+ * @brief In tx: recovery and reconciliation. STARTED and RECONCILING rows whose lease lapsed
+ *        before \p now become UNKNOWN (fence + 1). Every UNKNOWN row that is due is decided:
+ *          - its effect is in the effects table -> COMMITTED (result re-emitted);
+ *          - a compiled tool (the table is exact): absent -> SAFE_RETRY (due now) while the
+ *            retry budget lasts, else FAILED_FINAL "retries_exhausted";
+ *          - a remote tool with a lookup -> RECONCILING under this worker's lease (fence + 1,
+ *            audit 'reconciling'); the row is returned in \p lookups: the caller sends the
+ *            lookup after the commit and reports it with oq__exec_lookup_done();
+ *          - a remote tool without a lookup that honours keys -> SAFE_RETRY (the resend carries
+ *            the same key) while the budget lasts, else NEEDS_REVIEW;
+ *          - a remote tool with neither, or a tool this worker does not know -> NEEDS_REVIEW
+ *            (result event): never a blind resend.
+ *        Terminal rows are never touched. At most \p limit rows per step.
+ * @param lookups receives up to \p limit RECONCILING rows (owned: clear them); may be NULL
+ *        only when no tool has a lookup.
+ * @param n_lookups receives their number (may be NULL with \p lookups).
+ * @param n_recovered receives the number of UNKNOWN rows decided or sent to a lookup (may be
+ *        NULL).
  */
 int oq__exec_recover(oq__consumer_store_t *s, int64_t now, const oq__retry_policy_t *p, int limit,
-                     int *n_recovered, oq_error_t *err);
+                     oq__exec_row_t *lookups, int *n_lookups, int *n_recovered, oq_error_t *err);
+
+/**
+ * @brief In tx: at start-up, the STARTED and RECONCILING rows held by this store's worker id
+ *        belong to a previous process with the same --worker-id, which is dead: they become
+ *        UNKNOWN now rather than when their leases lapse. @param n receives how many.
+ */
+int oq__exec_release_held(oq__consumer_store_t *s, int64_t now, int *n, oq_error_t *err);
+
+/**
+ * @brief In tx: the answer of the lookup sent for \p rec (the RECONCILING row as returned by
+ *        oq__exec_recover). Written only while this worker still holds that lease (else audit
+ *        'lease_lost', OQ_EFENCED):
+ *          FOUND -> COMMITTED, the effect recorded with \p downstream_id and \p result, the
+ *                   result event `succeeded`;
+ *          ABSENT -> SAFE_RETRY (due now) while the retry budget lasts, else FAILED_FINAL
+ *                   "retries_exhausted"; for a tool without keys, a "not found" earlier than
+ *                   started_at + settle_ms is not trusted yet: UNKNOWN again, due then;
+ *          UNDECIDED -> UNKNOWN again after a backoff while the lookup budget lasts; then
+ *                   SAFE_RETRY when the tool honours keys, else NEEDS_REVIEW.
+ * @param result FOUND: the result object (borrowed; NULL: {}).
+ * @param why a short reason for the audit and the review queue (UNDECIDED: what failed).
+ * @param state_out receives the new state (may be NULL).
+ */
+int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int verdict,
+                         const char *downstream_id, const json_t *result, const char *why,
+                         const oq__retry_policy_t *p, int64_t now, int *state_out, oq_error_t *err);
+
+/** How an operator resolves a NEEDS_REVIEW execution. */
+typedef enum {
+    OQ__RESOLVE_COMMITTED = 0, /**< the downstream did it: COMMITTED, effect with the reference */
+    OQ__RESOLVE_FAILED,        /**< it did not, and must not be tried again: FAILED_FINAL */
+    OQ__RESOLVE_RETRY          /**< send once more, same key: SAFE_RETRY, due now */
+} oq__resolve_t;
+
+/**
+ * @brief In tx: an operator's decision on a NEEDS_REVIEW execution. One conditional UPDATE on
+ *        NEEDS_REVIEW with the fence it was read with (fence + 1: any stale writer is refused),
+ *        an audit row 'review_resolved' (detail {"as","ref","note","by"}) and the audit row of
+ *        the state entered; COMMITTED also records the effect (downstream id = \p ref) and
+ *        FAILED_FINAL / COMMITTED append ONE result event, so the producer's call moves to
+ *        succeeded / failed. RETRY resets the try count: the next run gets a full budget.
+ * @param note required, 1..1000 bytes; \p ref optional (COMMITTED only); \p by who resolved.
+ * @returns 0, OQ_ENOTFOUND (no such call), OQ_ESTATE (not NEEDS_REVIEW: nothing written),
+ *          OQ_EINVAL (bad note or ref), OQ_EDB / OQ_EBUSY.
+ */
+int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
+                     const char *note, const char *by, int64_t now, int *state_out,
+                     oq_error_t *err);
 
 /**
  * @brief In tx: intake of a message that cannot be executed (undecodable, not a tool_call,

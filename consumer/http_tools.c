@@ -367,7 +367,7 @@ static int parse_lookup(pctx_t *p, const json_t *l, oq__http_tool_t *t)
 {
     static const char *const fields[] = {"method",     "url",       "headers", "connect_timeout_ms",
                                          "timeout_ms", "object_id", "exists",  "found",
-                                         "absent",     NULL};
+                                         "absent",     "settle_ms", NULL};
     static const char *const found_def[] = {"200", NULL};
     static const char *const absent_def[] = {"404", NULL};
     oq__http_request_t *r = &t->lookup;
@@ -396,6 +396,10 @@ static int parse_lookup(pctx_t *p, const json_t *l, oq__http_tool_t *t)
     if (!given && t->call.object_id && !(r->object_id = strdup(t->call.object_id)))
         return perr(p, "lookup.object_id", "out of memory");
     if ((rc = get_path(p, l, "exists", "lookup.exists", &r->exists, NULL))) return rc;
+    /* how long after a send a "not found" is trusted (a downstream without keys): by default
+     * the call's own timeout, after which the client has given the request up */
+    t->settle_ms = t->call.timeout_ms;
+    if ((rc = get_ms(p, l, "settle_ms", "lookup.settle_ms", 0, 86400000, &t->settle_ms))) return rc;
     if ((rc = parse_rules(p, l, "found", "lookup.found", OQ__HTTP_FOUND, found_def, r)) ||
         (rc = parse_rules(p, l, "absent", "lookup.absent", OQ__HTTP_ABSENT, absent_def, r)))
         return rc;

@@ -18,7 +18,8 @@
  *        "object_id": "/id",                // JSON pointer, or a dotted path "data.id"
  *        "success": ["2xx"], "final": ["4xx"], "retryable": [429, "503:retry-after"],
  *        "lookup": {"url": ".../v1/payments?idempotency_key={idem_key}",
- *                   "found": [200], "absent": [404], "object_id": "/id", "exists": null}
+ *                   "found": [200], "absent": [404], "object_id": "/id", "exists": null,
+ *                   "settle_ms": 10000}
  *     } ] }
  *
  * Placeholders: `{effect_id}` and `{idem_key}` (both the effect id, the value of the
@@ -91,6 +92,9 @@ typedef struct oq__http_tool {
     int idempotent;    /**< declared: the downstream honours idem_header */
     int has_lookup;
     oq__http_request_t lookup;
+    int64_t settle_ms; /**< lookup.settle_ms: a "not found" is trusted only this long after the
+                            request was sent, unless the tool is idempotent (default: the
+                            call's timeout_ms) */
 } oq__http_tool_t;
 
 /** A loaded tools file. */

@@ -4,33 +4,53 @@
  *
  * A worker is one member of a Kafka consumer group reading onceq.tool-calls. Several worker
  * processes on one host share one effects database (SQLite WAL). Per poll batch, in one write
- * transaction (group commit), each message is de-duplicated by the inbox, and a fast tool of a
- * new call is run right there, its effect inserted (UNIQUE call_id: the last gate) and its
- * execution row written once in its outcome state with its result event in the consumer's
- * outbox (a re-planned or due execution is claimed first: conditional UPDATE + fencing token).
- * Offsets are committed only after that transaction commits. Tools that block (sleep, a charge
- * with delay_ms) are left PLANNED and run by runner threads outside any transaction while a
- * heartbeat renews their lease; their finishing write checks the fence, so a worker that lost
- * its lease writes nothing. Retries (FAILED_RETRYABLE, exponential backoff with jitter) and
- * recovery (lapsed STARTED -> UNKNOWN -> COMMITTED | SAFE_RETRY | NEEDS_REVIEW) are driven from
- * the database, not from Kafka, so they never block a partition. Result events are published
- * to onceq.tool-results by the relay library embedded in the worker (one publisher per database
- * at a time, by the relay's lease).
+ * transaction (group commit), each message is de-duplicated by the inbox, and a fast compiled
+ * tool of a new call is run right there, its effect inserted (UNIQUE call_id: the last gate)
+ * and its execution row written once in its outcome state with its result event in the
+ * consumer's outbox (a re-planned or due execution is claimed first: conditional UPDATE +
+ * fencing token). Offsets are committed only after that transaction commits. Compiled tools
+ * that block (sleep, a charge with delay_ms) are left PLANNED and run by runner threads outside
+ * any transaction while a heartbeat renews their lease; their finishing write checks the fence.
+ *
+ * Tools declared in a tools file (`--tools`, HTTP tools, consumer/http_tools.h) call other
+ * systems, where an answer can be lost. Their executions are STARTED (lease, fence, attempt,
+ * effect_id, and the `running` event for the producer) in the batch transaction, and the
+ * request leaves only after it commits; one dispatcher thread runs every request in flight
+ * (consumer/dispatch.c, libcurl multi); the answers come back to the batch thread, whose next
+ * transaction writes each outcome with its effect (the downstream's object id), state and
+ * result event: success -> COMMITTED; declared final refusal -> FAILED_FINAL; not sent or
+ * refused before processing -> FAILED_RETRYABLE (full-jitter backoff, Retry-After honoured, a
+ * budget, then FAILED_FINAL "retries_exhausted"); sent without a definite answer -> UNKNOWN,
+ * stored. Recovery (at start-up, periodically, after an UNKNOWN, on a redelivery) turns lapsed
+ * leases into UNKNOWN and reconciles: the local effects table, a lookup at the downstream
+ * (RECONCILING), or the tool's declaration; what cannot be decided is NEEDS_REVIEW, for an
+ * operator (oq_review_*, `onceq review`). Never a blind resend to a downstream that neither
+ * honours keys nor offers a lookup. Result events are published to onceq.tool-results by the
+ * relay library embedded in the worker (one publisher per database at a time, by its lease).
  *
  * Where the code is: consumer/worker.c (Kafka, threads, batches, the tool call),
- * consumer/execution.c (the rules: intake, state machine, finish, recovery, retries),
- * consumer/store.c behind consumer/consumer_store.h (every SQL statement), consumer/tools.c
- * (the registry and the built-in tools).
+ * consumer/execution.c (the rules: intake, state machine, finish, recovery, reconciliation,
+ * review), consumer/store.c behind consumer/consumer_store.h (every SQL statement),
+ * consumer/tools.c (the registry and the built-in tools), consumer/http_tools.c (tools file,
+ * HTTP executor), consumer/dispatch.c (the outside calls' thread), consumer/review.c (the
+ * operator's API) and consumer/admin.c (the admin listener: metrics, stats, review over HTTP).
  *
  * Crash points (ONCEQ_CRASH_AT, see oq_util.h), in the order a call meets them:
  *   consumer.after_intake_before_commit  batch: inbox rows, plans and inline runs written,
  *                                        the batch transaction not committed
  *   consumer.after_claim                 runner: STARTED committed, tool not yet run
- *   consumer.in_tool                     inside a tool run, inline or on a runner (before the
- *                                        tool function returns)
+ *   consumer.in_tool                     inside a compiled tool run, inline or on a runner
+ *                                        (before the tool function returns)
+ *   consumer.after_request_sent_before_outcome
+ *                                        HTTP tool: the request was sent (the downstream may
+ *                                        have acted), its outcome not recorded (dispatcher
+ *                                        thread, as the answer or its absence arrives)
  *   consumer.after_effect_before_commit  effect + outcome state written, not committed (in a
  *                                        batch at the same point as after_intake_before_commit;
  *                                        on a runner in its finishing transaction)
+ *   consumer.after_outcome_commit_before_offset
+ *                                        HTTP tool: a batch holding outside outcomes committed,
+ *                                        Kafka offsets not committed
  *   consumer.after_commit_before_offset  batch committed, Kafka offsets not committed
  */
 #ifndef OQ_CONSUMER_H
@@ -124,7 +144,8 @@ typedef struct oq_consumer_opts {
     const char *synchronous;       /**< SQLite synchronous level (NULL: FULL) */
     const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):
                                         NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
-    const char *metrics_listen;    /**< NULL: no metrics server */
+    const char *metrics_listen;    /**< NULL: no admin listener (metrics, stats, review over
+                                        HTTP: consumer/admin.h) */
     const oq_config_t *cfg;        /**< -X Kafka properties (may be NULL); borrowed */
     int64_t lease_ms;              /**< execution lease (default 30000) */
     int max_attempts;              /**< tool runs per attempt before FAILED_FINAL (default 5) */
@@ -136,6 +157,13 @@ typedef struct oq_consumer_opts {
     int no_relay;                  /**< do not embed the result relay (tests, benchmarks) */
     int64_t inbox_retention_ms;    /**< inbox rows older than this are purged (default 7 days;
                                         keep it >= the input topic's retention) */
+    const char *tools_path;        /**< tools file of HTTP tools (NULL: compiled tools only); a
+                                        name declared there and compiled in is an error */
+    int http_inflight;             /**< outside requests running at once (default 1024); more
+                                        wait in the dispatcher's queue, their leases renewed */
+    int lookup_budget;             /**< undecided lookups per unknown outcome before it goes to
+                                        review (or, for a tool that honours keys, is resent);
+                                        default 5 */
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;
@@ -162,16 +190,78 @@ void oq_consumer_destroy(oq_consumer_t *c);
 
 /** Counters of one worker (for benchmarks and tests). */
 typedef struct oq_consumer_stats {
-    uint64_t consumed;     /**< Kafka messages handled */
-    uint64_t duplicates;   /**< inbox hits (redelivered message ids) */
-    uint64_t effects;      /**< effects written by this worker */
-    uint64_t dlq;          /**< messages dead-lettered */
-    uint64_t terminal;     /**< executions this worker brought to a terminal state */
-    int64_t first_poll_us; /**< oq_mono_us() when the first message was polled (0: none) */
+    uint64_t consumed;      /**< Kafka messages handled */
+    uint64_t duplicates;    /**< inbox hits (redelivered message ids) */
+    uint64_t effects;       /**< effects written by this worker */
+    uint64_t dlq;           /**< messages dead-lettered */
+    uint64_t terminal;      /**< executions this worker brought to a terminal state */
+    int64_t first_poll_us;  /**< oq_mono_us() when the first message was polled (0: none) */
+    uint64_t requests;      /**< outside requests answered (calls + lookups) */
+    uint64_t unknown;       /**< runs whose outcome was stored UNKNOWN */
+    uint64_t lease_lost;    /**< outcome writes refused by the fence */
+    uint64_t reconciled[4]; /**< reconciliation verdicts: found, absent, undecided, none (decided
+                                 by the tool's declaration) */
+    uint64_t to_review;     /**< executions this worker sent to NEEDS_REVIEW */
+    int inflight;           /**< outside requests in flight now */
 } oq_consumer_stats_t;
 
 /** @brief Snapshot of \p c's counters. */
 void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out);
+
+/**
+ * @brief The worker's stats as JSON (GET /stats on its admin listener): the counters, executions
+ *        by state, reconciliation verdicts and success rate, time from UNKNOWN to a decision
+ *        (p50/p95/p99 of the last 2048), the review queue and its oldest age, and per declared
+ *        HTTP tool the requests by outcome class and their latency (p50/p95/p99).
+ * @returns a new object (caller json_decref()s it), or NULL when out of memory.
+ * @locality any thread while the worker runs (the database is read on the worker's stats
+ *        connection, under a lock).
+ */
+json_t *oq_consumer_stats_json(oq_consumer_t *c);
+
+/**
+ * @brief Load the tools file \p path as a worker would and check it: syntax, fields, and that
+ *        no declared name is also a compiled tool. Nothing is started.
+ * @returns 0, OQ_EIO (unreadable) or OQ_EINVAL (\p err names the file, the tool, the field).
+ */
+int oq_consumer_check_tools(const char *path, oq_error_t *err);
+
+/* --- review: executions no machine could decide (consumer/review.c) --------------------------
+ * NEEDS_REVIEW means the outcome of an outside call cannot be decided automatically (no lookup
+ * and no key support, or the lookup kept failing). These functions open the effects database
+ * \p db_path themselves (it must exist) and may run in any process or thread. */
+
+/**
+ * @brief The review queue, oldest first: a JSON array of {call_id, tool, tenant, idem_key,
+ *        attempt, tries, since (unix ms the outcome became unknown), age_s, code, why}.
+ * @param limit at most this many (<= 0: 1000). @param out a new array (caller decrefs).
+ * @returns 0, OQ_EIO (no database), OQ_EDB.
+ */
+int oq_review_list(const char *db_path, int limit, json_t **out, oq_error_t *err);
+
+/**
+ * @brief One call's story in the consumer database: {"execution": {...}, "effect": {...} |
+ *        null, "timeline": [audit rows in order: id, ts, event, attempt, fence, worker,
+ *        detail]}. Works for any call, in review or not.
+ * @returns 0, OQ_ENOTFOUND, OQ_EIO, OQ_EDB.
+ */
+int oq_review_show(const char *db_path, const char *call_id, json_t **out, oq_error_t *err);
+
+/**
+ * @brief Resolve the NEEDS_REVIEW execution \p call_id \p as "committed" (the downstream did
+ *        it: COMMITTED, effect recorded with downstream id \p ref, result `succeeded`),
+ *        "failed" (it did not and must not: FAILED_FINAL, result `failed`) or "retry" (send
+ *        once more with the same key: SAFE_RETRY, due now, a fresh try budget). One
+ *        transaction: fenced (fence + 1), audited ('review_resolved' with the note and \p by),
+ *        at most one result event; the producer's call moves to the end state once a worker's
+ *        relay publishes it.
+ * @param note required (1-1000 bytes, UTF-8); \p ref optional, only with committed.
+ * @param out may be NULL; else {call_id, resolved_as, state}.
+ * @returns 0, OQ_EINVAL (bad --as, note or ref: nothing written), OQ_ENOTFOUND, OQ_ESTATE (not
+ *          NEEDS_REVIEW: nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
+ */
+int oq_review_resolve(const char *db_path, const char *call_id, const char *as, const char *ref,
+                      const char *note, const char *by, json_t **out, oq_error_t *err);
 
 /** The settings table of `onceq consumer` (name, type, default, bounds, doc). */
 extern const oq_setting_t oq_consumer_settings[];

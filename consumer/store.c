@@ -184,7 +184,8 @@ static void bind_state(sqlite3_stmt *st, int i, int state)
 /* Columns of executions in the order read_exec() reads them. */
 #define EXEC_COLS                                                                                  \
     "call_id, tenant, idem_key, fingerprint, tool, args, state, attempt, tries, lease_owner, "     \
-    "lease_until, fence, result, error, effect_id, next_attempt_at, message_id"
+    "lease_until, fence, result, error, effect_id, next_attempt_at, message_id, started_at, "      \
+    "unknown_at, lookups, updated_at"
 
 static void read_exec(sqlite3_stmt *st, oq__exec_row_t *x)
 {
@@ -206,6 +207,10 @@ static void read_exec(sqlite3_stmt *st, oq__exec_row_t *x)
     x->effect_id = col_dup(st, 14);
     x->next_attempt_at = sqlite3_column_int64(st, 15);
     col_copy(st, 16, x->message_id, sizeof(x->message_id));
+    x->started_at = sqlite3_column_int64(st, 17);
+    x->unknown_at = sqlite3_column_int64(st, 18);
+    x->lookups = sqlite3_column_int64(st, 19);
+    x->updated_at = sqlite3_column_int64(st, 20);
 }
 
 int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq__exec_row_t *out,
@@ -234,8 +239,9 @@ int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t
     static const char sql[] =
         "INSERT INTO executions(call_id, tenant, idem_key, fingerprint, tool, args, state, "
         "attempt, tries, fence, lease_owner, lease_until, result, error, effect_id, "
-        "next_attempt_at, message_id, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, "
-        "?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?18)";
+        "next_attempt_at, message_id, created_at, updated_at, started_at, unknown_at, lookups) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+        "?18, ?19, ?20, ?21)";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_text(st, 1, x->call_id, -1, SQLITE_STATIC);
@@ -256,6 +262,9 @@ int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t
     bind_time(st, 16, x->next_attempt_at);
     sqlite3_bind_text(st, 17, x->message_id, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 18, now);
+    bind_time(st, 19, x->started_at);
+    bind_time(st, 20, x->unknown_at);
+    sqlite3_bind_int64(st, 21, x->lookups);
     return step_done(s, st, "execution insert", err);
 }
 
@@ -265,7 +274,8 @@ int oq__consumer_store_exec_update(oq__consumer_store_t *s, const oq__exec_updat
     static const char sql[] =
         "UPDATE executions SET state = ?5, attempt = ?6, tries = ?7, fence = ?8, "
         "lease_owner = ?9, lease_until = ?10, result = ?11, error = ?12, effect_id = ?13, "
-        "next_attempt_at = ?14, message_id = coalesce(?15, message_id), updated_at = ?16 "
+        "next_attempt_at = ?14, message_id = coalesce(?15, message_id), updated_at = ?16, "
+        "started_at = ?17, unknown_at = ?18, lookups = ?19 "
         "WHERE call_id = ?1 AND state = ?2 AND fence = ?3 AND (?4 IS NULL OR lease_owner = ?4)";
     *updated = 0;
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -286,6 +296,9 @@ int oq__consumer_store_exec_update(oq__consumer_store_t *s, const oq__exec_updat
     bind_time(st, 14, u->next_attempt_at);
     bind_text(st, 15, u->message_id);
     sqlite3_bind_int64(st, 16, u->now);
+    bind_time(st, 17, u->started_at);
+    bind_time(st, 18, u->unknown_at);
+    sqlite3_bind_int64(st, 19, u->lookups);
     int rc = step_done(s, st, "execution update", err);
     *updated = rc == 0 && sqlite3_changes(s->db) == 1;
     return rc;
@@ -308,7 +321,8 @@ int oq__consumer_store_lease_renew(oq__consumer_store_t *s, const char *call_id,
                                    int64_t lease_until, oq_error_t *err)
 {
     static const char sql[] = "UPDATE executions SET lease_until = ?3 WHERE call_id = ?1 AND "
-                              "state = 'STARTED' AND fence = ?2 AND lease_owner = ?4";
+                              "(state = 'STARTED' OR state = 'RECONCILING') AND fence = ?2 AND "
+                              "lease_owner = ?4";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
@@ -341,8 +355,8 @@ static int read_execs(oq__consumer_store_t *s, sqlite3_stmt *st, oq__exec_row_t 
 int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
                                    int cap, int *n, oq_error_t *err)
 {
-    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE state = 'STARTED' "
-                              "AND lease_until < ?1 LIMIT ?2";
+    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE (state = 'STARTED' "
+                              "OR state = 'RECONCILING') AND lease_until < ?1 LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
     *n = 0;
     if (!st) return stmt_error(err);
@@ -354,7 +368,8 @@ int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exe
 int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exec_row_t *rows,
                                      int cap, int *n, oq_error_t *err)
 {
-    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE state = ?1 LIMIT ?2";
+    static const char sql[] =
+        "SELECT " EXEC_COLS " FROM executions WHERE state = ?1 ORDER BY updated_at LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
     *n = 0;
     if (!st) return stmt_error(err);
@@ -363,11 +378,64 @@ int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exe
     return read_execs(s, st, rows, cap, n, "state select", err);
 }
 
+int oq__consumer_store_exec_held_by(oq__consumer_store_t *s, const char *owner,
+                                    oq__exec_row_t *rows, int cap, int *n, oq_error_t *err)
+{
+    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE (state = 'STARTED' "
+                              "OR state = 'RECONCILING') AND lease_owner = ?1 LIMIT ?2";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    *n = 0;
+    if (!st) return stmt_error(err);
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, cap);
+    return read_execs(s, st, rows, cap, n, "held select", err);
+}
+
+int oq__consumer_store_exec_unknown_due(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
+                                        int cap, int *n, oq_error_t *err)
+{
+    static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE state = 'UNKNOWN' "
+                              "AND ifnull(next_attempt_at, 0) <= ?1 ORDER BY updated_at LIMIT ?2";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    *n = 0;
+    if (!st) return stmt_error(err);
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int(st, 2, cap);
+    return read_execs(s, st, rows, cap, n, "unknown select", err);
+}
+
+int oq__consumer_store_unsettled(oq__consumer_store_t *s, oq__unsettled_t *out, oq_error_t *err)
+{
+    static const char sql[] =
+        "SELECT state, count(*), min(ifnull(unknown_at, updated_at)) FROM executions "
+        "WHERE state = 'UNKNOWN' OR state = 'RECONCILING' OR state = 'NEEDS_REVIEW' "
+        "GROUP BY state";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    int rc;
+    memset(out, 0, sizeof(*out));
+    if (!st) return stmt_error(err);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int k = oq__xstate_parse((const char *)sqlite3_column_text(st, 0));
+        int64_t count = sqlite3_column_int64(st, 1), oldest = sqlite3_column_int64(st, 2);
+        if (k == OQ_X_NEEDS_REVIEW) {
+            out->review = count;
+            out->review_oldest = oldest;
+        } else if (k == OQ_X_UNKNOWN || k == OQ_X_RECONCILING) {
+            out->unknown += count;
+            if (!out->unknown_oldest || oldest < out->unknown_oldest) out->unknown_oldest = oldest;
+        }
+    }
+    rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "unsettled counts");
+    sqlite3_reset(st);
+    return rc;
+}
+
 int oq__consumer_store_recovery_pending(oq__consumer_store_t *s, int64_t now)
 {
     static const char sql[] =
-        "SELECT EXISTS (SELECT 1 FROM executions WHERE state = 'STARTED' AND lease_until < ?1) "
-        "OR EXISTS (SELECT 1 FROM executions WHERE state = 'UNKNOWN')";
+        "SELECT EXISTS (SELECT 1 FROM executions WHERE (state = 'STARTED' OR "
+        "state = 'RECONCILING') AND lease_until < ?1) OR EXISTS (SELECT 1 FROM executions "
+        "WHERE state = 'UNKNOWN' AND ifnull(next_attempt_at, 0) <= ?1)";
     sqlite3_stmt *st = stmt(s, sql, NULL);
     int v = 1;
     if (!st) return v;
@@ -474,8 +542,8 @@ int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_r
 {
     static const char sql[] =
         "INSERT INTO effects(effect_id, call_id, tool, amount, recipient, detail, attempt, "
-        "fence, worker, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
-        "ON CONFLICT DO NOTHING";
+        "fence, worker, created_at, downstream_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
+        "?10, ?11) ON CONFLICT DO NOTHING";
     *inserted = 0;
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
@@ -492,6 +560,7 @@ int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_r
     sqlite3_bind_int64(st, 8, e->fence);
     sqlite3_bind_text(st, 9, s->worker, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 10, e->created_at);
+    bind_text(st, 11, e->downstream_id && e->downstream_id[0] ? e->downstream_id : NULL);
     int rc = step_done(s, st, "effect insert", err);
     *inserted = rc == 0 && sqlite3_changes(s->db) == 1;
     return rc;
@@ -514,6 +583,67 @@ int oq__consumer_store_effect_get(oq__consumer_store_t *s, const char *call_id, 
     } else {
         rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "effect select");
     }
+    sqlite3_reset(st);
+    return rc;
+}
+
+int oq__consumer_store_effect_read(oq__consumer_store_t *s, const char *call_id, int *found,
+                                   oq__effect_read_t *out, oq_error_t *err)
+{
+    static const char sql[] = "SELECT effect_id, detail, downstream_id, created_at, worker "
+                              "FROM effects WHERE call_id = ?1";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    *found = 0;
+    memset(out, 0, sizeof(*out));
+    if (!st) return stmt_error(err);
+    sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *found = 1;
+        out->effect_id = col_dup(st, 0);
+        out->detail = col_dup(st, 1);
+        out->downstream_id = col_dup(st, 2);
+        out->created_at = sqlite3_column_int64(st, 3);
+        out->worker = col_dup(st, 4);
+        rc = 0;
+    } else {
+        rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "effect select");
+    }
+    sqlite3_reset(st);
+    return rc;
+}
+
+void oq__effect_read_clear(oq__effect_read_t *e)
+{
+    if (!e) return;
+    free(e->effect_id);
+    free(e->detail);
+    free(e->downstream_id);
+    free(e->worker);
+    memset(e, 0, sizeof(*e));
+}
+
+int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
+                                  void (*cb)(const oq__audit_read_t *row, void *opaque),
+                                  void *opaque, oq_error_t *err)
+{
+    static const char sql[] = "SELECT id, ts, event, attempt, fence, worker, detail FROM audit "
+                              "WHERE call_id = ?1 ORDER BY id";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    int rc;
+    if (!st) return stmt_error(err);
+    sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__audit_read_t a = {.id = sqlite3_column_int64(st, 0),
+                              .ts = sqlite3_column_int64(st, 1),
+                              .event = (const char *)sqlite3_column_text(st, 2),
+                              .attempt = sqlite3_column_int64(st, 3),
+                              .fence = sqlite3_column_int64(st, 4),
+                              .worker = (const char *)sqlite3_column_text(st, 5),
+                              .detail = (const char *)sqlite3_column_text(st, 6)};
+        cb(&a, opaque);
+    }
+    rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "audit select");
     sqlite3_reset(st);
     return rc;
 }

@@ -28,8 +28,21 @@
  * revoke the pending batch is finished and its offsets committed before the partitions go;
  * commit failures during a rebalance are tolerated (the inbox absorbs the redelivery).
  *
- * (About 1,250 lines, over the usual 800: every part shares the worker struct, its mutex and
- * its threads; the rules, the SQL and the tools already live in their own files.)
+ * Outside calls (HTTP tools of the --tools file): a new call's execution is STARTED in the
+ * batch transaction (oq__exec_start), a due one claimed in the scheduler's (oq__exec_claim),
+ * and the jobs are handed to the dispatcher (consumer/dispatch.c) only after that transaction
+ * commits. Answers come back as done jobs; the next batch transaction (process_batch, run as
+ * soon as the dispatcher wakes the Kafka poll) writes their outcomes with the same finish
+ * path as every run, and only after it commits are the jobs forgotten, so the heartbeat
+ * renews a job's lease until its outcome is durable (all of them in one transaction per
+ * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, requests in
+ * flight get up to 5 s to answer; the rest are abandoned (UNKNOWN when sent) and written.
+ *
+ * (About 1,900 lines, over the usual 800: every part shares the worker struct, its mutex and
+ * its threads; the rules, the SQL, the tools, the HTTP executor and dispatcher, the review
+ * API and the admin listener live in their own files. Splitting the metrics and the outside
+ * calls' glue into a file of their own, over an internal header of the struct, is the next
+ * step if it grows.)
  */
 #include "oq_consumer.h"
 
@@ -43,8 +56,11 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "admin.h"
 #include "consumer_store.h"
+#include "dispatch.h"
 #include "execution.h"
+#include "http_tools.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
@@ -54,6 +70,8 @@
 
 #define OQ__COMP "consumer"
 #define OQ__DUE_CAP 256
+#define OQ__RECOVER_CAP 200
+#define OQ__LAT_RING 2048
 
 typedef struct {
     char call_id[OQ_CALL_ID_LEN + 1];
@@ -68,6 +86,21 @@ typedef struct runner {
     pthread_t th;
     oq__consumer_store_t *store;
 } runner_t;
+
+/* The last OQ__LAT_RING observations of a duration, for quantiles in the stats. */
+typedef struct {
+    pthread_mutex_t mu;
+    double v[OQ__LAT_RING];
+    int n, pos;
+} lat_ring_t;
+
+/* Per declared HTTP tool: its metrics and recent latencies. */
+typedef struct {
+    oq_metric_t *latency;     /* onceq_consumer_downstream_seconds{tool} */
+    oq_metric_t *by_class[8]; /* onceq_consumer_downstream_requests_total{tool,class} */
+    atomic_uint_fast64_t n_class[8];
+    lat_ring_t ring;
+} tool_metrics_t;
 
 struct oq_consumer {
     oq_consumer_opts_t o;
@@ -87,7 +120,9 @@ struct oq_consumer {
     rd_kafka_t *dlq_rk;
     oq_relay_t *relay;
     oq_metrics_t *metrics;
-    oq_metrics_server_t *msrv;
+    oq__admin_t *msrv;                 /* metrics, stats and review over HTTP */
+    oq__consumer_store_t *stats_store; /* the stats' own connection (admin thread) */
+    pthread_mutex_t stats_mu;
 
     /* the batch being collected (main thread) */
     rd_kafka_message_t **batch;
@@ -112,14 +147,33 @@ struct oq_consumer {
     int hb_started;
     oq__consumer_store_t *hb_store;
 
+    /* outside calls: declared HTTP tools, their dispatcher, the jobs of the current batch */
+    oq__http_tools_t *tools;
+    tool_metrics_t *tmetrics; /* one per declared tool */
+    oq__dispatch_t *disp;
+    rd_kafka_queue_t *cq; /* the consumer's queue: yielded to wake the batch thread */
+    oq__job_t **sends;    /* claimed in the open transaction, sent once it commits */
+    int nsends, csends;
+    oq__job_t *outcomes; /* done jobs taken, written by the next batch transaction */
+    int noutcomes;
+    atomic_int recover_now;
+    oq__exec_row_t *lookups; /* recovery's RECONCILING rows (OQ__RECOVER_CAP) */
+
     /* counters */
     atomic_uint_fast64_t n_consumed, n_dup, n_effects, n_dlq, n_terminal;
+    atomic_uint_fast64_t n_requests, n_unknown, n_lease_lost, n_recon[4], n_review;
+    lat_ring_t resolve_ring; /* time from UNKNOWN to a decision */
     _Atomic int64_t first_poll_us;
     /* where the main thread's time goes (logged at stop) */
     int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
     oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq, *m_lease_lost, *m_recovered, *m_reemit;
     oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts, *m_lag;
+    oq_metric_t *m_unknown, *m_recon[4], *m_recon_rate, *m_review, *m_review_age, *m_unsettled_age,
+        *m_resolve, *m_inflight;
 };
+
+static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err);
+static json_t *stats_cb(void *ctx);
 
 /* --- settings -------------------------------------------------------------------------------- */
 
@@ -139,7 +193,8 @@ const oq_setting_t oq_consumer_settings[] = {
     {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous level"},
     {"relay-synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
      "synchronous level of the result relay's marks (a lost mark only republishes a result)"},
-    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL, "serve Prometheus /metrics on host:port"},
+    {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
+     "admin listener host:port: /metrics, /stats, /v1/review (see README)"},
     {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
     {"exit-idle", OQ_SET_DURATION, "0", 0, 86400000, NULL,
      "exit after this long without input or due work, once a message was handled (0: never)"},
@@ -147,6 +202,12 @@ const oq_setting_t oq_consumer_settings[] = {
      "purge inbox rows older than this (keep >= the topic's retention.ms)"},
     {"no-relay", OQ_SET_BOOL, "false", 0, -1, NULL,
      "do not publish results (another process relays effects.db)"},
+    {"tools", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "tools file declaring HTTP tools (JSON; see examples/tools.json)"},
+    {"http-inflight", OQ_SET_INT, "1024", 1, 65536, NULL,
+     "outside requests running at once (more wait in a queue, leases renewed)"},
+    {"lookup-attempts", OQ_SET_INT, "5", 1, 1000, NULL,
+     "undecided lookups of an unknown outcome before it goes to review"},
 };
 const size_t oq_consumer_nsettings = sizeof(oq_consumer_settings) / sizeof(oq_consumer_settings[0]);
 
@@ -170,6 +231,9 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->worker_id = oq_config_str(cfg, "worker-id");
     o->no_relay = (int)oq_config_int(cfg, "no-relay");
     o->inbox_retention_ms = oq_config_int(cfg, "inbox-retention");
+    o->tools_path = oq_config_str(cfg, "tools");
+    o->http_inflight = (int)oq_config_int(cfg, "http-inflight");
+    o->lookup_budget = (int)oq_config_int(cfg, "lookup-attempts");
     o->cfg = cfg;
 }
 
@@ -206,7 +270,6 @@ static void metrics_init(oq_consumer_t *c)
         NULL);
     for (int i = 0; i < OQ_X__COUNT; i++) {
         char labels[64];
-        if (i == OQ_X_RECONCILING) continue; /* not stored yet: no series (a NULL gauge) */
         snprintf(labels, sizeof(labels), "state=\"%s\"", oq__xstate_name(i));
         c->m_state[i] = oq_metrics_gauge(m, "onceq_consumer_executions",
                                          "executions in the database by state", labels);
@@ -219,6 +282,137 @@ static void metrics_init(oq_consumer_t *c)
                                          sizeof(att) / sizeof(att[0]));
     c->m_lag = oq_metrics_gauge(m, "onceq_consumer_lag",
                                 "messages behind the high watermark on assigned partitions", NULL);
+
+    /* outside calls and their reconciliation */
+    static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                  0.5,   1,      2.5,   5,    10,    30,   60,  300};
+    static const char *const verdicts[4] = {"found", "absent", "undecided", "none"};
+    c->m_unknown =
+        oq_metrics_counter(m, "onceq_consumer_unknown_outcomes_total",
+                           "runs whose outcome was stored UNKNOWN (sent, no answer)", NULL);
+    for (int i = 0; i < 4; i++) {
+        char labels[64];
+        snprintf(labels, sizeof(labels), "outcome=\"%s\"", verdicts[i]);
+        c->m_recon[i] = oq_metrics_counter(
+            m, "onceq_consumer_reconciliations_total",
+            "reconciliation verdicts: found / absent (a definite lookup answer), undecided, none "
+            "(decided by the tool's declaration)",
+            labels);
+    }
+    c->m_recon_rate = oq_metrics_gauge(
+        m, "onceq_consumer_reconciliation_success_ratio",
+        "lookups with a definite answer (found + absent) / all lookups, by this worker", NULL);
+    c->m_review = oq_metrics_gauge(m, "onceq_consumer_review_queue",
+                                   "executions in NEEDS_REVIEW (waiting for an operator)", NULL);
+    c->m_review_age = oq_metrics_gauge(m, "onceq_consumer_review_oldest_seconds",
+                                       "age of the oldest execution waiting for review", NULL);
+    c->m_unsettled_age =
+        oq_metrics_gauge(m, "onceq_consumer_unknown_oldest_seconds",
+                         "age of the oldest UNKNOWN / RECONCILING execution", NULL);
+    c->m_resolve = oq_metrics_histogram(m, "onceq_consumer_unknown_resolved_seconds",
+                                        "time from UNKNOWN to a reconciliation decision", NULL,
+                                        secs, sizeof(secs) / sizeof(secs[0]));
+    c->m_inflight = oq_metrics_gauge(m, "onceq_consumer_downstream_inflight",
+                                     "outside requests in flight (leases held)", NULL);
+    for (size_t t = 0; c->tools && t < c->tools->n; t++) {
+        tool_metrics_t *tm = &c->tmetrics[t];
+        char labels[160];
+        snprintf(labels, sizeof(labels), "tool=\"%s\"", c->tools->tools[t].name);
+        tm->latency = oq_metrics_histogram(m, "onceq_consumer_downstream_seconds",
+                                           "outside request latency, submit to answer", labels,
+                                           secs, sizeof(secs) / sizeof(secs[0]));
+        for (int k = OQ__HTTP_SUCCESS; k <= OQ__HTTP_UNDECIDED; k++) {
+            snprintf(labels, sizeof(labels), "tool=\"%s\",class=\"%s\"", c->tools->tools[t].name,
+                     oq__http_class_name((oq__http_class_t)k));
+            tm->by_class[k] = oq_metrics_counter(
+                m, "onceq_consumer_downstream_requests_total",
+                "outside requests by tool and outcome class (calls: SUCCESS, FINAL, "
+                "RETRYABLE_BEFORE_SEND, UNKNOWN; lookups: FOUND, ABSENT, UNDECIDED)",
+                labels);
+        }
+    }
+}
+
+static void ring_add(lat_ring_t *r, double v)
+{
+    pthread_mutex_lock(&r->mu);
+    r->v[r->pos] = v;
+    r->pos = (r->pos + 1) % OQ__LAT_RING;
+    if (r->n < OQ__LAT_RING) r->n++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* p50, p95, p99 of the ring (zeros when empty); @returns the number of observations used. */
+static int ring_quantiles(lat_ring_t *r, double q[3])
+{
+    static const double at[3] = {0.50, 0.95, 0.99};
+    double *copy = malloc(sizeof(r->v));
+    int n;
+    q[0] = q[1] = q[2] = 0;
+    if (!copy) return 0;
+    pthread_mutex_lock(&r->mu);
+    n = r->n;
+    memcpy(copy, r->v, (size_t)n * sizeof(double));
+    pthread_mutex_unlock(&r->mu);
+    if (n > 0) {
+        qsort(copy, (size_t)n, sizeof(double), cmp_double);
+        for (int i = 0; i < 3; i++) {
+            int k = (int)(at[i] * (double)n);
+            q[i] = copy[k < n ? k : n - 1];
+        }
+    }
+    free(copy);
+    return n;
+}
+
+/* --- the rules' view of the tools ------------------------------------------------------------ */
+
+/* Traits for the rules (execution.h): a declared HTTP tool is remote; a compiled one local. */
+static void tool_traits(const char *tool, void *ctx, oq__tool_traits_t *out)
+{
+    oq_consumer_t *c = ctx;
+    const oq__http_tool_t *h = oq__http_tools_find(c->tools, tool);
+    memset(out, 0, sizeof(*out));
+    if (h) {
+        out->known = 1;
+        out->remote = 1;
+        out->has_lookup = h->has_lookup;
+        out->idempotent = h->idempotent;
+        out->settle_ms = h->settle_ms;
+        return;
+    }
+    out->known = oq_tool_find(tool) != NULL;
+}
+
+/* Metrics of every reconciliation decision (called by the rules, inside the transaction). */
+static void on_reconciled(void *ctx, int verdict, int to_state, int64_t unknown_ms)
+{
+    oq_consumer_t *c = ctx;
+    if (verdict >= 0 && verdict < 4) {
+        atomic_fetch_add(&c->n_recon[verdict], 1);
+        oq_counter_add(c->m_recon[verdict], 1);
+        uint64_t def = atomic_load(&c->n_recon[0]) + atomic_load(&c->n_recon[1]);
+        uint64_t all = def + atomic_load(&c->n_recon[2]);
+        if (all) oq_gauge_set(c->m_recon_rate, (double)def / (double)all);
+    }
+    if (to_state == OQ_X_NEEDS_REVIEW) atomic_fetch_add(&c->n_review, 1);
+    if (to_state != OQ_X_UNKNOWN && to_state != OQ_X_RECONCILING) {
+        oq_histogram_observe(c->m_resolve, (double)unknown_ms / 1000.0);
+        ring_add(&c->resolve_ring, (double)unknown_ms);
+    }
+}
+
+/* The dispatcher has a done job: cut the batch thread's Kafka wait short. */
+static void wake_batch(void *ctx)
+{
+    oq_consumer_t *c = ctx;
+    if (c->cq) rd_kafka_queue_yield(c->cq);
 }
 
 /* Counts what a finish did. A refused finish (OQ_EFENCED: the lease was lost, which the
@@ -226,6 +420,7 @@ static void metrics_init(oq_consumer_t *c)
 static int note_finish(oq_consumer_t *c, int rc, const oq__exec_row_t *x, int state, int effect_new)
 {
     if (rc == OQ_EFENCED) {
+        atomic_fetch_add(&c->n_lease_lost, 1);
         oq_counter_add(c->m_lease_lost, 1);
         return 0;
     }
@@ -298,6 +493,190 @@ out:
     oq__outcome_clear(&o);
     oq__exec_row_clear(&x);
     return rc;
+}
+
+/* --- outside calls -----------------------------------------------------------------------------
+ */
+
+/* Queues a job for the claimed row \p x (its strings move to the job), to be sent once the
+ * open transaction commits: STARTED (or RECONCILING) is durable before the request leaves. */
+static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool_t *tool,
+                      oq__exec_row_t *x, oq_error_t *err)
+{
+    if (c->nsends == c->csends) {
+        int cap = c->csends ? c->csends * 2 : 64;
+        oq__job_t **ns = realloc(c->sends, (size_t)cap * sizeof(*ns));
+        if (!ns) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        c->sends = ns;
+        c->csends = cap;
+    }
+    oq__job_t *j = oq__job_new(kind, tool);
+    if (!j) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    j->row = *x;
+    memset(x, 0, sizeof(*x));
+    c->sends[c->nsends++] = j;
+    return 0;
+}
+
+/* The transaction rolled back: nothing was claimed, nothing is sent. */
+static void drop_sends(oq_consumer_t *c)
+{
+    for (int i = 0; i < c->nsends; i++)
+        oq__job_free(c->sends[i]);
+    c->nsends = 0;
+}
+
+/* The transaction committed: the requests may leave. */
+static void flush_sends(oq_consumer_t *c)
+{
+    for (int i = 0; i < c->nsends; i++)
+        oq__dispatch_send(c->disp, c->sends[i]);
+    c->nsends = 0;
+}
+
+/* In tx: the first run of a NEW call of the HTTP tool \p tool: STARTED now, sent after commit. */
+static int start_remote(oq_consumer_t *c, const oq_envelope_t *env, const oq__http_tool_t *tool,
+                        int64_t now, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    memset(&x, 0, sizeof(x));
+    int rc = oq__exec_start(c->store, env, c->o.lease_ms, now, &x, err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
+/* In tx: claim the due (or re-planned) \p call_id of the HTTP tool \p tool; sent after commit.
+ * Not due or taken by another worker: nothing to do. */
+static int claim_remote(oq_consumer_t *c, const char *call_id, const oq__http_tool_t *tool,
+                        int64_t now, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    memset(&x, 0, sizeof(x));
+    int rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
+    if (rc == OQ_ESTATE) return 0;
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
+/* Counts a finished request: per tool and class, and its latency. */
+static void count_request(oq_consumer_t *c, const oq__job_t *j)
+{
+    atomic_fetch_add(&c->n_requests, 1);
+    if (!c->tools || j->tool < c->tools->tools || j->tool >= c->tools->tools + c->tools->n) return;
+    tool_metrics_t *tm = &c->tmetrics[j->tool - c->tools->tools];
+    if (j->cls >= OQ__HTTP_SUCCESS && j->cls <= OQ__HTTP_UNDECIDED) {
+        oq_counter_add(tm->by_class[j->cls], 1);
+        atomic_fetch_add(&tm->n_class[j->cls], 1);
+    }
+    oq_histogram_observe(tm->latency, (double)j->elapsed_us / 1e6);
+    ring_add(&tm->ring, (double)j->elapsed_us / 1000.0);
+}
+
+/* Takes the done jobs for the next transaction (they stay registered until it commits). */
+static void take_outcomes(oq_consumer_t *c)
+{
+    oq__job_t *j = oq__dispatch_take(c->disp), *tail = c->outcomes;
+    if (!j) return;
+    while (tail && tail->done_next)
+        tail = tail->done_next;
+    if (tail)
+        tail->done_next = j;
+    else
+        c->outcomes = j;
+    for (; j; j = j->done_next) {
+        count_request(c, j);
+        c->noutcomes++;
+    }
+}
+
+/* The outcomes are committed (or cannot be): forget the jobs, their leases are not needed. */
+static void forget_outcomes(oq_consumer_t *c)
+{
+    for (oq__job_t *j = c->outcomes, *next; j; j = next) {
+        next = j->done_next;
+        oq__dispatch_forget(c->disp, j);
+    }
+    c->outcomes = NULL;
+    c->noutcomes = 0;
+}
+
+/* The result object of an answer: the downstream's object id, the status, the answer body. */
+static json_t *answer_result(const oq__job_t *j, const char *found_by)
+{
+    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", j->object_id[0] ? j->object_id : NULL,
+                     "http_status", (json_int_t)j->status, "found_by", found_by, "response",
+                     j->answer);
+}
+
+/* A refusal's message: the status and what the downstream said, if it said it in JSON. */
+static void refusal_message(const oq__job_t *j, char *out, size_t n)
+{
+    const json_t *m = oq__http_json_path(j->answer, "/error/message");
+    if (!json_is_string(m)) m = oq__http_json_path(j->answer, "/message");
+    if (json_is_string(m))
+        snprintf(out, n, "%.60s: %.180s", j->message, json_string_value(m));
+    else
+        snprintf(out, n, "%s", j->message);
+}
+
+/* In tx: the outcome of the finished job \p j. A write refused by the fence (the lease was
+ * lost: another worker reconciled the call) is counted and absorbed. */
+static int apply_outcome(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_error_t *err)
+{
+    int state = -1, enew = 0, rc;
+    char why[320];
+    if (j->kind == OQ__JOB_LOOKUP) {
+        int verdict = j->cls == OQ__HTTP_FOUND    ? OQ__LOOKUP_FOUND
+                      : j->cls == OQ__HTTP_ABSENT ? OQ__LOOKUP_ABSENT
+                                                  : OQ__LOOKUP_UNDECIDED;
+        json_t *res = verdict == OQ__LOOKUP_FOUND ? answer_result(j, "lookup") : NULL;
+        snprintf(why, sizeof(why), "%s: %s", j->code, j->message);
+        rc = oq__exec_lookup_done(c->store, &j->row, verdict, j->object_id, res, why, &c->policy,
+                                  now, &state, err);
+        json_decref(res);
+        if (rc == 0 && oq__xstate_terminal(state)) c->results_emitted = 1;
+        return note_finish(c, rc, &j->row, state, verdict == OQ__LOOKUP_FOUND);
+    }
+    oq__outcome_t o;
+    memset(&o, 0, sizeof(o));
+    o.retry_after_ms = j->retry_after_ms;
+    snprintf(o.out.code, sizeof(o.out.code), "%s", j->code);
+    switch (j->cls) {
+    case OQ__HTTP_SUCCESS:
+        o.cls = OQ__OUTCOME_SUCCESS;
+        o.out.result = answer_result(j, NULL);
+        o.out.has_effect = 1;
+        snprintf(o.downstream_id, sizeof(o.downstream_id), "%s", j->object_id);
+        break;
+    case OQ__HTTP_FINAL:
+        o.cls = OQ__OUTCOME_FINAL;
+        refusal_message(j, o.out.message, sizeof(o.out.message));
+        break;
+    case OQ__HTTP_RETRYABLE:
+        /* not sent because the worker stopped: nothing happened, the run does not count */
+        o.cls = !j->sent && strcmp(j->code, "abandoned") == 0 ? OQ__OUTCOME_NOT_RUN
+                                                              : OQ__OUTCOME_RETRYABLE;
+        o.out.retryable = 1;
+        refusal_message(j, o.out.message, sizeof(o.out.message));
+        break;
+    default:
+        o.cls = OQ__OUTCOME_UNKNOWN;
+        snprintf(o.out.message, sizeof(o.out.message), "%s", j->message);
+        break;
+    }
+    rc = oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, &o, &c->policy, now, &state, &enew,
+                         err);
+    oq__outcome_clear(&o);
+    if ((rc = note_finish(c, rc, &j->row, state, enew))) return rc;
+    if (state == OQ_X_UNKNOWN) {
+        atomic_fetch_add(&c->n_unknown, 1);
+        oq_counter_add(c->m_unknown, 1);
+        atomic_store(&c->recover_now, 1); /* reconcile it soon, not at the next period */
+    }
+    if (oq__xstate_terminal(state)) c->results_emitted = 1;
+    return 0;
 }
 
 /* --- dead letters ---------------------------------------------------------------------------- */
@@ -441,23 +820,33 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         dlq_msg(c, m, &src, env.call_id, env.message_id, "not a tool_call envelope", now, err, &rc);
         goto out;
     }
-    /* A fast tool runs right here, in the batch transaction; a blocking one is left PLANNED
+    /* A declared HTTP tool is STARTED here and its request sent once the batch commits; a fast
+     * compiled tool runs right here, in the batch transaction; a blocking one is left PLANNED
      * (durable with the batch) and handed to the runners after the commit. */
-    int fast = oq_tool_blocks(oq_tool_find(env.tool), env.args) == 0;
+    const oq__http_tool_t *remote = oq__http_tools_find(c->tools, env.tool);
+    int fast = !remote && oq_tool_blocks(oq_tool_find(env.tool), env.args) == 0;
     if ((rc = oq__exec_intake(c->store, &env, &src, now, &decision, err))) goto out;
     switch (decision) {
     case OQ__INTAKE_NEW:
-        if (fast) {
+        if (remote) {
+            rc = start_remote(c, &env, remote, now, err);
+        } else if (fast) {
             rc = run_inline(c, &env, NULL, env.args, now, err);
         } else if ((rc = oq__exec_plan(c->store, &env, now, err)) == 0) {
             hand_off(c, env.call_id);
         }
         break;
     case OQ__INTAKE_REPLANNED:
-        if (fast)
+        if (remote)
+            rc = claim_remote(c, env.call_id, remote, now, err);
+        else if (fast)
             rc = run_inline(c, NULL, env.call_id, env.args, now, err);
         else
             hand_off(c, env.call_id);
+        break;
+    case OQ__INTAKE_IN_PROGRESS:
+        /* a redelivery of a call not settled yet: if its outcome is unknown, reconcile now */
+        atomic_store(&c->recover_now, 1);
         break;
     case OQ__INTAKE_DUPLICATE:
         atomic_fetch_add(&c->n_dup, 1);
@@ -487,21 +876,27 @@ out:
 static void queue_push(oq_consumer_t *c, const char *call_id);
 
 /*
- * Handles the collected batch in one transaction, retried as a whole on a database error (a
- * partial batch is never committed), then stores and commits the offsets.
+ * Handles the collected batch, and the answers of outside requests that came back, in one
+ * transaction, retried as a whole on a database error (a partial batch is never committed);
+ * then stores and commits the offsets, forgets the answered requests and sends the requests
+ * the batch started (their STARTED rows are now durable).
  */
 static int process_batch(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     int rc = 0;
-    if (c->nbatch == 0) return 0;
+    take_outcomes(c);
+    if (c->nbatch == 0 && !c->outcomes) return 0;
     for (int tries = 0;; tries++) {
         c->nhandoff = 0;
         c->results_emitted = 0;
+        drop_sends(c);
         int64_t now = oq_now_ms();
         if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
                 rc = handle_message(c, c->batch[i], now, &err);
+            for (oq__job_t *j = c->outcomes; j && rc == 0; j = j->done_next)
+                rc = apply_outcome(c, j, now, &err);
             if (rc == 0) {
                 OQ_CRASH_POINT("consumer.after_intake_before_commit");
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
@@ -515,13 +910,23 @@ static int process_batch(oq_consumer_t *c)
         OQ_LOG_ERROR(OQ__COMP, "batch of %d rolled back (try %d): %s", c->nbatch, tries + 1,
                      err.msg);
         if (c->stop) {
-            /* Not committed: offsets stay where they were, the batch will be redelivered. */
+            /* Not committed: offsets stay where they were, the batch will be redelivered; the
+             * answered requests keep their rows STARTED, whose leases lapse into UNKNOWN. */
             for (int i = 0; i < c->nbatch; i++)
                 rd_kafka_message_destroy(c->batch[i]);
             c->nbatch = 0;
+            drop_sends(c);
+            forget_outcomes(c);
             return rc;
         }
         oq_sleep_ms(tries < 20 ? 50 * (tries + 1) : 1000, &c->stop);
+    }
+    if (c->outcomes) OQ_CRASH_POINT("consumer.after_outcome_commit_before_offset");
+    forget_outcomes(c);
+    flush_sends(c);
+    if (c->nbatch == 0) {
+        if (c->results_emitted) oq_relay_notify(c->relay);
+        return 0;
     }
     OQ_CRASH_POINT("consumer.after_commit_before_offset");
 
@@ -716,6 +1121,40 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
+/*
+ * The leases of outside requests in flight (and of those answered but not yet written): renewed
+ * in one transaction, so a thousand requests cost one commit per beat. A lease found lost is
+ * only logged: the outcome write is fenced and will be refused.
+ * @locality the heartbeat thread.
+ */
+static void renew_remote(oq_consumer_t *c)
+{
+    int n = oq__dispatch_count(c->disp), lost = 0;
+    oq_error_t err = {0};
+    if (n <= 0) return;
+    oq__lease_t *ls = malloc((size_t)n * sizeof(*ls));
+    if (!ls) return;
+    n = oq__dispatch_leases(c->disp, ls, n);
+    int64_t until = oq_now_ms() + c->o.lease_ms;
+    int rc = oq__consumer_store_begin(c->hb_store, &err);
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = oq__consumer_store_lease_renew(c->hb_store, ls[i].call_id, ls[i].fence, until, &err);
+        if (rc == OQ_EFENCED) {
+            OQ_LOGC_DEBUG(OQ__COMP, ls[i].call_id, "heartbeat: lease lost (fence %" PRId64 ")",
+                          ls[i].fence);
+            lost++;
+            rc = 0;
+        }
+    }
+    if (rc == 0) rc = oq__consumer_store_commit(c->hb_store, &err);
+    if (rc) {
+        oq__consumer_store_rollback(c->hb_store);
+        OQ_LOG_WARN(OQ__COMP, "heartbeat of %d outside request(s): %s", n, err.msg);
+    }
+    if (lost) OQ_LOG_WARN(OQ__COMP, "heartbeat: %d outside request(s) lost their lease", lost);
+    free(ls);
+}
+
 static void *heartbeat_main(void *arg)
 {
     oq_consumer_t *c = arg;
@@ -749,40 +1188,82 @@ static void *heartbeat_main(void *arg)
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat renew failed: %s", err.msg);
             }
         }
+        renew_remote(c);
     }
     return NULL;
 }
 
 /* --- periodic work --------------------------------------------------------------------------- */
 
+/*
+ * Recovery and reconciliation (execution.c): lapsed leases -> UNKNOWN, UNKNOWN decided; the
+ * executions that need a lookup at their downstream are RECONCILING once this commits, and
+ * their lookups are sent then (the answers come back through the batch transaction).
+ */
 static void recover_lapsed(oq_consumer_t *c)
 {
     oq_error_t err = {0};
-    int n = 0, rc;
+    int n = 0, nl = 0, rc;
+    atomic_store(&c->recover_now, 0);
     if (!oq__consumer_store_recovery_pending(c->store, oq_now_ms())) return;
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        rc = oq__exec_recover(c->store, oq_now_ms(), &c->policy, 200, &n, &err);
+        rc = oq__exec_recover(c->store, oq_now_ms(), &c->policy, OQ__RECOVER_CAP,
+                              c->disp ? c->lookups : NULL, &nl, &n, &err);
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
     }
     if (rc) {
+        for (int i = 0; i < nl; i++)
+            oq__exec_row_clear(&c->lookups[i]);
         OQ_LOG_WARN(OQ__COMP, "recovery: %s", err.msg);
         return;
     }
+    for (int i = 0; i < nl; i++) {
+        const oq__http_tool_t *tool = oq__http_tools_find(c->tools, c->lookups[i].tool);
+        oq__job_t *j = tool ? oq__job_new(OQ__JOB_LOOKUP, tool) : NULL;
+        if (!j) { /* the RECONCILING lease lapses and another step asks again */
+            oq__exec_row_clear(&c->lookups[i]);
+            continue;
+        }
+        j->row = c->lookups[i];
+        memset(&c->lookups[i], 0, sizeof(c->lookups[i]));
+        oq__dispatch_send(c->disp, j);
+    }
     if (n > 0) {
-        OQ_LOG_INFO(OQ__COMP, "recovery reconciled %d execution(s)", n);
+        OQ_LOG_INFO(OQ__COMP, "recovery moved %d execution(s), %d lookup(s) sent", n, nl);
         oq_counter_add(c->m_recovered, (uint64_t)n);
         oq_relay_notify(c->relay);
+        if (n >= OQ__RECOVER_CAP) atomic_store(&c->recover_now, 1); /* more to do */
     }
 }
 
-/* A due execution and how long its tool blocks (0: fast, run inline). */
+/* At start-up: rows still held under this worker id belong to its dead previous process. */
+static void release_held(oq_consumer_t *c)
+{
+    oq_error_t err = {0};
+    int n = 0, rc;
+    if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
+        rc = oq__exec_release_held(c->store, oq_now_ms(), &n, &err);
+        if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
+        if (rc) oq__consumer_store_rollback(c->store);
+    }
+    if (rc)
+        OQ_LOG_WARN(OQ__COMP, "start-up release of held executions: %s", err.msg);
+    else if (n > 0)
+        OQ_LOG_INFO(OQ__COMP, "start-up: %d execution(s) held by this worker id before: UNKNOWN",
+                    n);
+}
+
+/* A due execution: a declared HTTP tool (claimed and sent), or a compiled one and how long it
+ * blocks (0: fast, run inline; else on a runner). */
 typedef struct {
     char call_id[OQ_CALL_ID_LEN + 1];
+    const oq__http_tool_t *remote;
     int64_t blocks_ms;
 } due_t;
 
 typedef struct {
+    const oq_consumer_t *c;
     due_t *rows;
     int n, cap;
 } due_list_t;
@@ -793,19 +1274,23 @@ static void due_collect(const oq__due_row_t *r, void *opaque)
     if (l->n >= l->cap) return;
     due_t *d = &l->rows[l->n++];
     snprintf(d->call_id, sizeof(d->call_id), "%s", r->call_id ? r->call_id : "");
+    d->remote = oq__http_tools_find(l->c->tools, r->tool);
+    d->blocks_ms = 0;
+    if (d->remote) return;
     json_t *a = r->args ? json_loads(r->args, 0, NULL) : NULL;
     d->blocks_ms = oq_tool_blocks(oq_tool_find(r->tool), a);
     json_decref(a);
 }
 
-/* Runs due executions: fast ones inline in one transaction, blocking ones on runners.
+/* Runs due executions: HTTP ones claimed (and sent after the commit) and fast ones run inline,
+ * in one transaction; blocking ones on runners.
  * @locality main thread (the row buffer is static). @returns the number of due rows seen. */
 static int schedule_due(oq_consumer_t *c)
 {
     static due_t due[OQ__DUE_CAP];
-    due_list_t list = {.rows = due, .n = 0, .cap = OQ__DUE_CAP};
+    due_list_t list = {.c = c, .rows = due, .n = 0, .cap = OQ__DUE_CAP};
     oq_error_t err = {0};
-    int n = 0, rc, nfast = 0;
+    int n = 0, rc, nhere = 0;
     int64_t now = oq_now_ms();
     if (oq__consumer_store_next_due(c->store) > now) return 0;
     if (oq__consumer_store_due(c->store, now, OQ__DUE_CAP, due_collect, &list, &err)) {
@@ -817,21 +1302,28 @@ static int schedule_due(oq_consumer_t *c)
         if (due[i].blocks_ms > 0)
             queue_push(c, due[i].call_id);
         else
-            nfast++;
+            nhere++;
     }
-    if (nfast == 0) return n;
+    if (nhere == 0) return n;
     c->results_emitted = 0;
+    drop_sends(c);
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        for (int i = 0; i < n && rc == 0; i++)
-            if (due[i].blocks_ms == 0)
+        for (int i = 0; i < n && rc == 0; i++) {
+            if (due[i].remote)
+                rc = claim_remote(c, due[i].call_id, due[i].remote, oq_now_ms(), &err);
+            else if (due[i].blocks_ms == 0)
                 rc = run_inline(c, NULL, due[i].call_id, NULL, oq_now_ms(), &err);
+        }
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
     }
-    if (rc)
+    if (rc) {
+        drop_sends(c);
         OQ_LOG_WARN(OQ__COMP, "scheduler batch rolled back: %s", err.msg);
-    else if (c->results_emitted)
-        oq_relay_notify(c->relay);
+        return n;
+    }
+    flush_sends(c);
+    if (c->results_emitted) oq_relay_notify(c->relay);
     return n;
 }
 
@@ -856,9 +1348,19 @@ static void refresh_gauges(oq_consumer_t *c)
 {
     int64_t counts[OQ_X__COUNT];
     /* counts by state scan the table: only worth it when someone scrapes them */
+    oq__unsettled_t un;
     if (c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
         for (int i = 0; i < OQ_X__COUNT; i++)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
+    /* the unsettled rows come from a small partial index: cheap enough to read always */
+    if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
+        int64_t now = oq_now_ms();
+        oq_gauge_set(c->m_review, (double)un.review);
+        oq_gauge_set(c->m_review_age, un.review ? (double)(now - un.review_oldest) / 1000.0 : 0);
+        oq_gauge_set(c->m_unsettled_age,
+                     un.unknown ? (double)(now - un.unknown_oldest) / 1000.0 : 0);
+    }
+    oq_gauge_set(c->m_inflight, (double)oq__dispatch_count(c->disp));
     rd_kafka_topic_partition_list_t *parts = NULL;
     if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR || !parts) return;
     int64_t lag = 0;
@@ -902,9 +1404,18 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     if (c->o.runners <= 0) c->o.runners = 4;
     if (c->o.recover_every_ms <= 0) c->o.recover_every_ms = 1000;
     if (c->o.inbox_retention_ms <= 0) c->o.inbox_retention_ms = 7LL * 86400000;
+    if (c->o.http_inflight <= 0) c->o.http_inflight = 1024;
     c->policy.max_attempts = c->o.max_attempts;
     c->policy.base_ms = c->o.retry_base_ms > 0 ? c->o.retry_base_ms : 200;
     c->policy.max_ms = c->o.retry_max_ms > 0 ? c->o.retry_max_ms : 30000;
+    c->policy.lookup_budget = c->o.lookup_budget > 0 ? c->o.lookup_budget : 5;
+    c->policy.lease_ms = c->o.lease_ms;
+    c->policy.traits = tool_traits;
+    c->policy.traits_ctx = c;
+    c->policy.on_reconciled = on_reconciled;
+    c->policy.on_ctx = c;
+    pthread_mutex_init(&c->resolve_ring.mu, NULL);
+    pthread_mutex_init(&c->stats_mu, NULL);
     if (opts->worker_id) {
         snprintf(c->worker_id, sizeof(c->worker_id), "%s", opts->worker_id);
     } else {
@@ -929,16 +1440,30 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->slots = calloc((size_t)c->nrunners, sizeof(*c->slots));
     c->runners = calloc((size_t)c->nrunners, sizeof(*c->runners));
     c->metrics = oq_metrics_new();
+    c->lookups = calloc(OQ__RECOVER_CAP, sizeof(*c->lookups));
     if (!c->batch || !c->batch_t0 || !c->handoff || !c->queue || !c->slots || !c->runners ||
-        !c->metrics) {
+        !c->metrics || !c->lookups) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto fail;
+    }
+    /* HTTP tools: declared in the tools file; a name that is also compiled in is ambiguous */
+    if (c->o.tools_path) {
+        if ((rc = oq__http_tools_load(c->o.tools_path, &c->tools, err)) ||
+            (rc = tools_check(c->tools, c->o.tools_path, err)))
+            goto fail;
+        if (c->tools->n && !(c->tmetrics = calloc(c->tools->n, sizeof(*c->tmetrics)))) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < c->tools->n; i++)
+            pthread_mutex_init(&c->tmetrics[i].ring.mu, NULL);
     }
     metrics_init(c);
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
     if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
-    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)))
+    if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)) ||
+        (rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->stats_store, err)))
         goto fail;
     for (int i = 0; i < c->nrunners; i++) {
         c->runners[i].c = c;
@@ -973,6 +1498,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     }
     conf = NULL;
     rd_kafka_poll_set_consumer(c->rk);
+    c->cq = rd_kafka_queue_get_consumer(c->rk);
 
     /* DLQ producer (plain; dead letters are retried from the dlq table until delivered). */
     if (!(conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, c->brokers, c->o.cfg, err))) {
@@ -1005,9 +1531,17 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         }
         if ((rc = oq_relay_start(c->relay, err))) goto fail;
     }
-    if (c->metrics_listen && !(c->msrv = oq_metrics_serve(c->metrics, c->metrics_listen, err))) {
+    if (c->metrics_listen &&
+        !(c->msrv = oq__admin_start(c->metrics_listen, c->metrics, c->db_path, stats_cb, c, err))) {
         rc = err ? err->code : OQ_EIO;
         goto fail;
+    }
+    if (c->tools) {
+        oq__http_exec_opts_t xo = {.max_inflight = c->o.http_inflight};
+        if (!(c->disp = oq__dispatch_new(&xo, wake_batch, c, err))) {
+            rc = err ? err->code : OQ_EIO;
+            goto fail;
+        }
     }
     for (int i = 0; i < c->nrunners; i++) {
         if (pthread_create(&c->runners[i].th, NULL, runner_main, &c->runners[i]) != 0) {
@@ -1023,8 +1557,10 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     }
     c->hb_started = 1;
     pthread_setname_np(c->hb_th, "oq-heartbeat");
-    OQ_LOG_INFO(OQ__COMP, "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d",
-                c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners);
+    OQ_LOG_INFO(OQ__COMP,
+                "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d http_tools=%zu",
+                c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners,
+                c->tools ? c->tools->n : (size_t)0);
     *out = c;
     return 0;
 fail:
@@ -1148,15 +1684,23 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
     c->subscribed = 1;
     if (!c->rq && !c->rdeadline_us) retention_check_start(c); /* answer polled below */
 
+    release_held(c);
     recover_lapsed(c);
     dlq_publish(c);
     int64_t last_recover = oq_mono_us(), last_gauges = 0, last_sched = 0, last_dlq = oq_mono_us();
     int64_t last_busy = oq_mono_us(), last_purge = 0;
     while (!c->stop) {
         retention_check_poll(c);
-        /* collect a batch: wait briefly for the first message, then take what is there */
+        /* collect a batch: wait briefly for the first message (an answered outside request
+         * cuts the wait short), then take what is there; with too many outside requests in
+         * flight, take no new message until some are answered */
         int64_t t0 = oq_mono_us();
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 50);
+        int full = c->disp && oq__dispatch_count(c->disp) >= 4 * c->o.http_inflight;
+        rd_kafka_message_t *m = NULL;
+        if (full)
+            oq_sleep_ms(oq__dispatch_has_done(c->disp) ? 0 : 5, &c->stop);
+        else
+            m = rd_kafka_consumer_poll(c->rk, oq__dispatch_has_done(c->disp) ? 0 : 50);
         int64_t tpoll = oq_mono_us();
         while (m) {
             if (m->err) {
@@ -1174,13 +1718,14 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         int64_t now = oq_mono_us();
         c->t_poll_us += now - t0;
         (void)tpoll;
-        if (c->nbatch > 0) {
+        if (c->nbatch > 0 || oq__dispatch_has_done(c->disp)) {
             last_busy = now;
             c->n_batches++;
             process_batch(c);
             c->t_batch_us += oq_mono_us() - now;
         }
-        if (now - last_recover >= c->o.recover_every_ms * 1000) {
+        if (oq__dispatch_count(c->disp) > 0) last_busy = now;
+        if (atomic_load(&c->recover_now) || now - last_recover >= c->o.recover_every_ms * 1000) {
             int64_t tr = oq_mono_us();
             recover_lapsed(c);
             c->t_recover_us += oq_mono_us() - tr;
@@ -1217,6 +1762,17 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
         c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000);
     process_batch(c);
+    /* outside requests: let the running ones answer (bounded), write every outcome; the ones
+     * still running then are abandoned: UNKNOWN when sent (reconciled later), else not run */
+    if (c->disp) {
+        int64_t until = oq_mono_us() + 5000000;
+        while (oq__dispatch_count(c->disp) > 0 && oq_mono_us() < until) {
+            oq_sleep_ms(5, NULL);
+            process_batch(c);
+        }
+        oq__dispatch_stop(c->disp, 0);
+        process_batch(c);
+    }
     e = rd_kafka_commit(c->rk, NULL, 0);
     if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
         OQ_LOG_INFO(OQ__COMP, "final commit: %s", rd_kafka_err2str(e));
@@ -1236,6 +1792,98 @@ void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out)
     out->dlq = atomic_load(&c->n_dlq);
     out->terminal = atomic_load(&c->n_terminal);
     out->first_poll_us = atomic_load(&c->first_poll_us);
+    out->requests = atomic_load(&c->n_requests);
+    out->unknown = atomic_load(&c->n_unknown);
+    out->lease_lost = atomic_load(&c->n_lease_lost);
+    for (int i = 0; i < 4; i++)
+        out->reconciled[i] = atomic_load(&c->n_recon[i]);
+    out->to_review = atomic_load(&c->n_review);
+    out->inflight = oq__dispatch_count(c->disp);
+}
+
+static json_t *stats_cb(void *ctx)
+{
+    return oq_consumer_stats_json(ctx);
+}
+
+/* A declared HTTP tool whose name is also compiled in would be ambiguous. */
+static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (oq_tool_find(t->tools[i].name))
+            return oq_error_set(err, OQ_EINVAL, 0,
+                                "%s: tool \"%s\" is declared there and compiled into onceq: "
+                                "rename one of them",
+                                path, t->tools[i].name);
+    return 0;
+}
+
+int oq_consumer_check_tools(const char *path, oq_error_t *err)
+{
+    oq__http_tools_t *t = NULL;
+    int rc = oq__http_tools_load(path, &t, err);
+    if (rc == 0) rc = tools_check(t, path, err);
+    oq__http_tools_destroy(t);
+    return rc;
+}
+
+json_t *oq_consumer_stats_json(oq_consumer_t *c)
+{
+    static const char *const verdicts[4] = {"found", "absent", "undecided", "none"};
+    oq_consumer_stats_t st;
+    oq__unsettled_t un;
+    double q[3];
+    oq_consumer_get_stats(c, &st);
+    json_t *o = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "worker", c->worker_id,
+        "consumed", (json_int_t)st.consumed, "duplicates", (json_int_t)st.duplicates, "effects",
+        (json_int_t)st.effects, "dlq", (json_int_t)st.dlq, "terminal", (json_int_t)st.terminal,
+        "requests", (json_int_t)st.requests, "unknown", (json_int_t)st.unknown, "lease_lost",
+        (json_int_t)st.lease_lost, "to_review", (json_int_t)st.to_review, "inflight", st.inflight);
+    if (!o) return NULL;
+    json_t *rec = json_object();
+    uint64_t def = st.reconciled[0] + st.reconciled[1], all = def + st.reconciled[2];
+    for (int i = 0; i < 4; i++)
+        json_object_set_new(rec, verdicts[i], json_integer((json_int_t)st.reconciled[i]));
+    json_object_set_new(rec, "success_rate",
+                        all ? json_real((double)def / (double)all) : json_null());
+    int n = ring_quantiles(&c->resolve_ring, q);
+    json_object_set_new(
+        rec, "unknown_to_resolved_ms",
+        json_pack("{s:i, s:f, s:f, s:f}", "n", n, "p50", q[0], "p95", q[1], "p99", q[2]));
+    json_object_set_new(o, "reconciliation", rec);
+    pthread_mutex_lock(&c->stats_mu); /* (the stats connection: any thread may ask) */
+    if (oq__consumer_store_unsettled(c->stats_store, &un, NULL) == 0) {
+        int64_t now = oq_now_ms();
+        json_object_set_new(
+            o, "review",
+            json_pack("{s:I, s:f, s:I, s:f}", "queue", (json_int_t)un.review, "oldest_s",
+                      un.review ? (double)(now - un.review_oldest) / 1000.0 : 0.0, "unknown",
+                      (json_int_t)un.unknown, "unknown_oldest_s",
+                      un.unknown ? (double)(now - un.unknown_oldest) / 1000.0 : 0.0));
+    }
+    int64_t counts[OQ_X__COUNT];
+    if (oq__consumer_store_state_counts(c->stats_store, counts, NULL) == 0) {
+        json_t *by = json_object();
+        for (int i = 0; i < OQ_X__COUNT; i++)
+            json_object_set_new(by, oq__xstate_name(i), json_integer(counts[i]));
+        json_object_set_new(o, "executions", by);
+    }
+    pthread_mutex_unlock(&c->stats_mu);
+    json_t *tools = json_object();
+    for (size_t t = 0; c->tools && t < c->tools->n; t++) {
+        tool_metrics_t *tm = &c->tmetrics[t];
+        json_t *cls = json_object();
+        for (int k = OQ__HTTP_SUCCESS; k <= OQ__HTTP_UNDECIDED; k++)
+            json_object_set_new(cls, oq__http_class_name((oq__http_class_t)k),
+                                json_integer((json_int_t)atomic_load(&tm->n_class[k])));
+        n = ring_quantiles(&tm->ring, q);
+        json_object_set_new(tools, c->tools->tools[t].name,
+                            json_pack("{s:o, s:{s:i, s:f, s:f, s:f}}", "by_class", cls,
+                                      "latency_ms", "n", n, "p50", q[0], "p95", q[1], "p99", q[2]));
+    }
+    json_object_set_new(o, "downstream", tools);
+    return o;
 }
 
 void oq_consumer_destroy(oq_consumer_t *c)
@@ -1243,8 +1891,20 @@ void oq_consumer_destroy(oq_consumer_t *c)
     if (!c) return;
     shutdown_threads(c);
     if (c->relay) oq_relay_destroy(c->relay);
-    if (c->msrv) oq_metrics_serve_stop(c->msrv);
+    oq__admin_stop(c->msrv);
+    c->msrv = NULL;
+    oq__consumer_store_close(c->stats_store);
+    pthread_mutex_destroy(&c->stats_mu);
     retention_check_done(c);
+    oq__dispatch_destroy(c->disp);
+    c->disp = NULL;
+    drop_sends(c);
+    free(c->sends);
+    if (c->lookups)
+        for (int i = 0; i < OQ__RECOVER_CAP; i++)
+            oq__exec_row_clear(&c->lookups[i]);
+    free(c->lookups);
+    if (c->cq) rd_kafka_queue_destroy(c->cq);
     if (c->rk) {
         if (c->subscribed) rd_kafka_consumer_close(c->rk);
         for (int i = 0; i < c->nbatch; i++)
@@ -1261,6 +1921,11 @@ void oq_consumer_destroy(oq_consumer_t *c)
     oq__consumer_store_close(c->hb_store);
     oq__consumer_store_close(c->store);
     oq_metrics_destroy(c->metrics);
+    for (size_t i = 0; c->tmetrics && i < c->tools->n; i++)
+        pthread_mutex_destroy(&c->tmetrics[i].ring.mu);
+    free(c->tmetrics);
+    oq__http_tools_destroy(c->tools);
+    pthread_mutex_destroy(&c->resolve_ring.mu);
     free(c->batch);
     free(c->batch_t0);
     free(c->handoff);

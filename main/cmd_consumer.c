@@ -1,8 +1,10 @@
 /*
  * `onceq consumer --db effects.db --group onceq-workers --brokers B [-X k=v]... [--lease 30s]
- *  [--max-attempts 5] [--metrics-listen 127.0.0.1:P] [--batch N]`: one consumer-group worker
- * (consumer/oq_consumer.h). SIGTERM/SIGINT only set the worker's stop flag; the worker then
- * finishes its batch, commits, leaves the group, and the command exits 0.
+ *  [--max-attempts 5] [--metrics-listen 127.0.0.1:P] [--batch N] [--tools tools.json]`: one
+ * consumer-group worker (consumer/oq_consumer.h). A tools file that does not load is refused
+ * before anything starts (exit 2). SIGTERM/SIGINT only set the worker's stop flag; the worker
+ * then finishes its batch, lets its outside requests answer (up to 5 s), commits, leaves the
+ * group, and the command exits 0.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -27,7 +29,7 @@ int oq__cmd_consumer(int argc, char **argv)
     const char *usage =
         "onceq consumer --brokers host:port --db effects.db [--group onceq-workers] "
         "[-X k=v]... [--lease 30s] [--max-attempts 5] [--metrics-listen 127.0.0.1:P] "
-        "[--batch N]";
+        "[--batch N] [--tools tools.json]";
     oq_consumer_t *c = NULL;
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(oq_consumer_settings, oq_consumer_nsettings);
@@ -42,6 +44,11 @@ int oq__cmd_consumer(int argc, char **argv)
     }
     oq_consumer_opts_t o;
     oq_consumer_opts_from_config(cfg, &o);
+    if (o.tools_path && oq_consumer_check_tools(o.tools_path, &err) != 0) {
+        fprintf(stderr, "onceq consumer: %s\n", err.msg);
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
 
     struct sigaction sa, old_term, old_int;
     sigemptyset(&sa.sa_mask);

@@ -37,6 +37,7 @@
 
 #include "cmds.h"
 #include "oq_config.h"
+#include "oq_consumer.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -74,6 +75,8 @@ static const oq_setting_t up_settings[] = {
      "off)"},
     {"redrive-interval", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
      "producer: how often to look for calls due for a redrive"},
+    {"tools", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
+     "tools file of HTTP tools, passed to every consumer (checked before anything starts)"},
 };
 
 /* The producer settings that onceq up passes through when the user gave them (the last three
@@ -102,6 +105,7 @@ typedef struct {
     char bootstrap_file[PATH_MAX];
     char calls_db[PATH_MAX];
     char effects_db[PATH_MAX];
+    char tools[PATH_MAX]; /* absolute path of --tools, or "" */
     char brokers[4096];
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     int embedded;
@@ -191,6 +195,10 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = (char *)oq_config_str(up->cfg, "group");
         argv[n++] = "--brokers";
         argv[n++] = up->brokers;
+        if (up->tools[0]) {
+            argv[n++] = "--tools";
+            argv[n++] = up->tools;
+        }
         break;
     }
     /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
@@ -396,6 +404,7 @@ int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
         "onceq up [--dir DIR] [--consumers N] [--listen HOST:PORT] [--brokers B] [-X k=v]...\n"
+        "         [--tools tools.json]\n"
         "\n"
         "Runs the whole pipeline on this host as child processes: the embedded broker (unless\n"
         "--brokers), the producer (HTTP on --listen, DIR/calls.db), its relay, and N consumers\n"
@@ -439,6 +448,20 @@ int oq__cmd_up(int argc, char **argv)
         fprintf(stderr, "onceq up: --dir is too long\n");
         rc = OQ_EXIT_USAGE;
         goto out;
+    }
+    const char *tools = oq_config_str(cfg, "tools");
+    if (tools) {
+        oq_error_t terr = {0};
+        if (!realpath(tools, up->tools)) {
+            fprintf(stderr, "onceq up: --tools %s: %s\n", tools, strerror(errno));
+            rc = OQ_EXIT_USAGE;
+            goto out;
+        }
+        if (oq_consumer_check_tools(up->tools, &terr) != 0) {
+            fprintf(stderr, "onceq up: %s\n", terr.msg);
+            rc = OQ_EXIT_USAGE;
+            goto out;
+        }
     }
     const char *ext = oq_config_str(cfg, "brokers");
     up->embedded = ext == NULL || !ext[0];

@@ -1,7 +1,9 @@
 /*
- * `onceq verify --producer-db calls.db --consumer-db effects.db [--json] [--allow-pending]`:
- * the invariant checker of chaos/verify.c as a command. It only reads (both databases are
- * opened read-only), prints the report on stdout, and maps the outcome to the exit code:
+ * `onceq verify --producer-db calls.db --consumer-db effects.db [--downstream-db ledger.db]
+ * [--json] [--allow-pending]`: the invariant checker of chaos/verify.c as a command; with the
+ * downstream's ledger it also reports the DSR that service's customers see. It only reads
+ * (every database is opened read-only), prints the report on stdout, and maps the outcome to
+ * the exit code:
  * 0 clean, 3 (OQ_EXIT_VIOLATION) on any violation, 2 on bad usage, 1 when a database cannot
  * be read or is not the kind of database it should be.
  */
@@ -20,12 +22,14 @@ static const oq_setting_t verify_settings[] = {
     {"accepted", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "file of call ids a client saw accepted (one per line): each must be in calls.db"},
     {"examples", OQ_SET_INT, "10", 0, 100000, NULL, "examples printed per kind of violation"},
+    {"downstream-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "the ledger of `onceq downstream` (optional): DSR and duplicates where the effects land"},
 };
 
 int oq__cmd_verify(int argc, char **argv)
 {
-    const char *usage = "onceq verify --producer-db calls.db --consumer-db effects.db [--json] "
-                        "[--allow-pending] [--accepted FILE]";
+    const char *usage = "onceq verify --producer-db calls.db --consumer-db effects.db "
+                        "[--downstream-db ledger.db] [--json] [--allow-pending] [--accepted FILE]";
     oq_config_t *cfg =
         oq_config_new(verify_settings, sizeof verify_settings / sizeof verify_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
@@ -43,6 +47,7 @@ int oq__cmd_verify(int argc, char **argv)
         .allow_pending = (int)oq_config_int(cfg, "allow-pending"),
         .max_examples = (int)oq_config_int(cfg, "examples"),
         .accepted_file = oq_config_str(cfg, "accepted"),
+        .downstream_db = oq_config_str(cfg, "downstream-db"),
     };
     if (opts.max_examples == 0) opts.max_examples = -1;
     oq_verify_report_t rep;

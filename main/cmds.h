@@ -28,6 +28,7 @@
     X(inspect, "audit timeline of one call")                                                       \
     X(purge, "delete expired terminal calls and published outbox rows")                            \
     X(verify, "check the invariants across the producer and consumer databases")                   \
+    X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")          \
     X(downstream, "run the test payment service (own ledger, switchable faults); stats")         \
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
     X(fingerprint, "print the call fingerprint of the args JSON on stdin")

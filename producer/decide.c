@@ -29,9 +29,12 @@
  *
  * Result, inside the writer's transaction, for one tool_result envelope: decide first from the
  * call's state and attempt (no call -> UNKNOWN_CALL; another attempt -> STALE; a terminal call,
- * or `running` again -> IGNORED; else APPLIED), then claim the message id in result_inbox with
- * that outcome. A message id already claimed stops everything (DUPLICATE: nothing else is
- * written, not even an audit row). Only then is the call updated, or the refusal audited. A
+ * or `running` again -> IGNORED, except that a call in needs_review takes one `succeeded` or
+ * `failed`: the consumer emits those only when an operator resolved the review; else
+ * APPLIED), then claim the message id in result_inbox with that outcome. So `running` never
+ * overrides a terminal state and never comes back after one. A message id already claimed
+ * stops everything (DUPLICATE: nothing else is written, not even an audit row). Only then is
+ * the call updated, or the refusal audited. A
  * terminal result ends the call's redrive schedule.
  *
  * Redrive (anti-entropy), inside the writer's transaction, for each call due (looked at before
@@ -357,6 +360,9 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
     } else if (env->attempt != call.attempt) {
         oc = OQ_RESULT_STALE;
         why = env->attempt < call.attempt ? "stale attempt" : "attempt ahead of the call";
+    } else if (strcmp(call.state, "needs_review") == 0 &&
+               (strcmp(env->status, "succeeded") == 0 || strcmp(env->status, "failed") == 0)) {
+        /* an operator's resolution (onceq review resolve): applied */
     } else if (oq_call_state_terminal(call.state)) {
         oc = OQ_RESULT_IGNORED;
         why = "call already terminal";

@@ -86,7 +86,7 @@ static int64_t q_count(oq__consumer_store_t *s, const char *sql, const char *cal
 }
 
 /* One text from \p sql with ?1 bound to \p call_id (may be NULL), malloc()ed; NULL if none. */
-static char *q_text(oq__consumer_store_t *s, const char *sql, const char *call_id)
+static inline char *q_text(oq__consumer_store_t *s, const char *sql, const char *call_id)
 {
     sqlite3_stmt *st = NULL;
     assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(s), sql, -1, &st, NULL), SQLITE_OK);
@@ -99,7 +99,7 @@ static char *q_text(oq__consumer_store_t *s, const char *sql, const char *call_i
 }
 
 /* As if the result relay had delivered every outbox row so far: its watermark passes them. */
-static void relay_delivered_all(oq__consumer_store_t *s)
+static inline void relay_delivered_all(oq__consumer_store_t *s)
 {
     assert_int_equal(sqlite3_exec(oq__consumer_store_db(s),
                                   "INSERT OR REPLACE INTO relay_lease(name, owner, fence, "

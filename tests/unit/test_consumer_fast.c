@@ -226,11 +226,12 @@ static void test_fast_retry_then_claim(void **state)
     assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
     assert_int_equal(x.state, OQ_X_FAILED_RETRYABLE);
     assert_int_equal(x.tries, 1);
-    assert_true(x.next_attempt_at >= now + 50 && x.next_attempt_at < now + 150);
+    /* full jitter: uniform in [0, base 100 ms) after the first try */
+    assert_true(x.next_attempt_at >= now && x.next_attempt_at < now + 100);
     oq__exec_row_clear(&x);
     /* not due yet, then due: claimed with fence 2, try 2 */
     assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
-    assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now + 1, NULL, &err), OQ_ESTATE);
+    assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now - 1, NULL, &err), OQ_ESTATE);
     assert_int_equal(oq__exec_claim(f->b, e.call_id, 1000, now + 200, &x, &err), 0);
     assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
     assert_int_equal(x.fence, 2);

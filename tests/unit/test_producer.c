@@ -288,6 +288,41 @@ static int apply(fx_t *f, const char *call_id, const char *msg_id, const char *s
     return rc;
 }
 
+/* needs_review is terminal for the machines but not for an operator: the consumer emits one
+ * succeeded or failed when a review is resolved, and that one is applied; `running` and a
+ * second needs_review are not, and nothing moves a call once resolved. */
+static void test_review_resolution_applied(void **state)
+{
+    fx_t *f = *state;
+    oq_call_t a = {0};
+    oq_submit_outcome_t oc;
+    oq_result_outcome_t ro;
+    assert_int_equal(submit(f->p, NULL, "rv", "pay", "{\"amount\":1}", &a, &oc), 0);
+    assert_int_equal(apply(f, a.call_id, "v1", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(apply(f, a.call_id, "v2", "needs_review", 1,
+                           "{\"code\":\"no_lookup_no_keys\",\"message\":\"x\"}", NULL, &ro),
+                     0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    assert_int_equal(apply(f, a.call_id, "v3", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_IGNORED);
+    assert_int_equal(apply(f, a.call_id, "v4", "needs_review", 1,
+                           "{\"code\":\"x\",\"message\":\"y\"}", NULL, &ro),
+                     0);
+    assert_int_equal(ro, OQ_RESULT_IGNORED);
+    text_is(f->db, "SELECT state FROM calls", "needs_review");
+    assert_int_equal(apply(f, a.call_id, "v5", "succeeded", 1, NULL, "e_1", &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    text_is(f->db, "SELECT state FROM calls", "succeeded");
+    text_is(f->db, "SELECT effect_id FROM calls", "e_1");
+    assert_int_equal(
+        apply(f, a.call_id, "v6", "failed", 1, "{\"code\":\"x\",\"message\":\"y\"}", NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_IGNORED);
+    assert_int_equal(apply(f, a.call_id, "v7", "running", 1, NULL, NULL, &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_IGNORED);
+    text_is(f->db, "SELECT state FROM calls", "succeeded");
+    oq_call_clear(&a);
+}
+
 /* Scenario 5: failed + retryable -> same key resets to pending with attempt 2 and a new outbox
  * row; failed + not retryable -> replay; results are applied once. */
 static void test_retryable_failure_and_results(void **state)
@@ -1146,6 +1181,7 @@ int main(void)
         cmocka_unit_test(test_job_envelope_and_ids),
         cmocka_unit_test_setup_teardown(test_call_id_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_results_through_writer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_review_resolution_applied, setup, teardown),
         cmocka_unit_test(test_migration_from_v1),
         cmocka_unit_test(test_background_checkpoint),
     };

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "ledger.h"
 #include "oq_chaos.h"
 #include "oq_db.h"
 #include "oq_log.h"
@@ -72,8 +73,10 @@ static void fx_free(fx_t *f)
     sqlite3_close_v2(f->p);
     sqlite3_close_v2(f->c);
     char path[160];
-    static const char *const files[] = {"calls.db", "calls.db-wal", "calls.db-shm", "effects.db",
-                                        "effects.db-wal", "effects.db-shm", "accepted"};
+    static const char *const files[] = {"calls.db",       "calls.db-wal",   "calls.db-shm",
+                                        "effects.db",     "effects.db-wal", "effects.db-shm",
+                                        "accepted",       "ledger.db",      "ledger.db-wal",
+                                        "ledger.db-shm"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", f->dir, files[i]);
         unlink(path);
@@ -403,6 +406,116 @@ static void test_reexecuted_after_final_same_attempt(void **state)
     fx_free(f);
 }
 
+/* A call an operator resolved after NEEDS_REVIEW (audit 'review_resolved'): its effect and
+ * the producer's needs_review -> succeeded are clean; the same trail without the operator's
+ * row is a re-execution, and a second resolution at the producer leaves a terminal state. */
+static void add_reviewed(fx_t *f, const char *id, int resolved)
+{
+    add_call(f, id, "key-r", FP_A, "pay", "succeeded");
+    add_paudit(f, id, "submitted", 1000);
+    add_paudit(f, id, "running", 1100);
+    add_paudit(f, id, "needs_review", 1200);
+    add_paudit(f, id, "succeeded", 1500);
+    add_exec(f, id, FP_A, "pay", "COMMITTED", 1);
+    add_caudit(f, id, "started", 1, 1020);
+    add_caudit(f, id, "unknown", 1, 1030);
+    add_caudit(f, id, "needs_review", 1, 1040);
+    if (resolved) add_caudit(f, id, "review_resolved", 1, 1400);
+    add_caudit(f, id, "committed", 1, 1400);
+    add_effect(f, id, "e_r", "pay", 1, 1400);
+}
+
+static void test_review_resolution(void **state)
+{
+    (void)state;
+    oq_verify_report_t rep;
+    fx_t *f = fx_new(1);
+    add_base(f);
+    add_reviewed(f, "c_0000000000000009", 1);
+    run(f, 0, &rep);
+    assert_int_equal(rep.violations, 0);
+    oq_verify_report_clear(&rep);
+    add_paudit(f, "c_0000000000000009", "failed", 1600); /* a second resolution */
+    run(f, 0, &rep);
+    expect_only(&rep, OQ_V_TERMINAL_LEFT, 1, "c_0000000000000009");
+    oq_verify_report_clear(&rep);
+    fx_free(f);
+    f = fx_new(1);
+    add_base(f);
+    add_reviewed(f, "c_0000000000000009", 0);
+    run(f, 0, &rep);
+    expect_only(&rep, OQ_V_REEXECUTED, 2, "c_0000000000000009"); /* the run and the effect */
+    oq_verify_report_clear(&rep);
+    fx_free(f);
+}
+
+/* The downstream's ledger as a third input: its DSR, a key with two effects, and an effect
+ * whose downstream id the ledger does not hold. */
+static void ledger_pay(oq__ledger_t *l, const char *id, const char *key, const char *ref)
+{
+    oq_error_t err = {0};
+    oq__ds_payment_t p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.id, sizeof p.id, "%s", id);
+    p.idem_key = key ? strdup(key) : NULL;
+    p.reference = ref ? strdup(ref) : NULL;
+    p.amount = 1;
+    snprintf(p.currency, sizeof p.currency, "EUR");
+    p.request = strdup("{}");
+    p.created_at = 1000;
+    assert_int_equal(oq__ledger_insert(l, &p, &err), 0);
+    oq__ds_payment_clear(&p);
+}
+
+static void test_downstream_ledger(void **state)
+{
+    (void)state;
+    fx_t *f = fx_new(1);
+    add_base(f);
+    char ldb[160];
+    snprintf(ldb, sizeof ldb, "%s/ledger.db", f->dir);
+    oq__ledger_t *l = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq__ledger_open(ldb, "OFF", 0, &l, &err), 0);
+    assert_int_equal(oq__ledger_begin(l, &err), 0);
+    ledger_pay(l, "pay_0000000000000001", "e_0000000000000001", NULL);
+    ledger_pay(l, "pay_0000000000000002", NULL, "e_0000000000000002");
+    assert_int_equal(oq__ledger_commit(l, &err), 0);
+    exec_sql(f->c, "UPDATE effects SET downstream_id = 'pay_0000000000000001' "
+                   "WHERE call_id = 'c_0000000000000001'");
+    oq_verify_opts_t o = {.max_examples = 5, .downstream_db = ldb};
+    oq_verify_report_t rep;
+    assert_int_equal(oq_verify_run(f->pdb, f->cdb, &o, &rep, &err), 0);
+    assert_int_equal(rep.violations, 0);
+    assert_true(rep.has_downstream);
+    assert_int_equal(rep.ds_effects, 2);
+    assert_int_equal(rep.ds_calls, 2);
+    oq_verify_report_clear(&rep);
+    /* a resend that the downstream did not deduplicate, and a downstream id nobody holds */
+    assert_int_equal(oq__ledger_begin(l, &err), 0);
+    ledger_pay(l, "pay_0000000000000003", "e_0000000000000001", NULL);
+    assert_int_equal(oq__ledger_commit(l, &err), 0);
+    exec_sql(f->c, "UPDATE effects SET downstream_id = 'pay_ffffffffffffffff' "
+                   "WHERE call_id = 'c_0000000000000002'");
+    assert_int_equal(oq_verify_run(f->pdb, f->cdb, &o, &rep, &err), 0);
+    assert_int_equal(rep.count[OQ_V_DOWNSTREAM_DUP], 1);
+    assert_int_equal(rep.count[OQ_V_DOWNSTREAM_MISSING], 1);
+    assert_int_equal(rep.violations, 2);
+    assert_int_equal(rep.ds_duplicates, 1);
+    assert_true(rep.ds_dsr > 0.49 && rep.ds_dsr < 0.51);
+    int seen = 0;
+    for (int i = 0; i < rep.nexamples; i++)
+        seen |= rep.examples[i].kind == OQ_V_DOWNSTREAM_DUP &&
+                strcmp(rep.examples[i].call_id, "c_0000000000000001") == 0;
+    assert_true(seen);
+    oq_verify_report_clear(&rep);
+    oq__ledger_close(l);
+    /* not a ledger: refused, not reported clean */
+    o.downstream_db = f->pdb;
+    assert_int_equal(oq_verify_run(f->pdb, f->cdb, &o, &rep, &err), OQ_EDB);
+    fx_free(f);
+}
+
 /* A new producer attempt of a FAILED_FINAL call is allowed to run again (retry reset). */
 static void test_new_attempt_after_final_is_clean(void **state)
 {
@@ -583,6 +696,8 @@ int main(void)
         cmocka_unit_test(test_reexecuted_after_commit),
         cmocka_unit_test(test_reexecuted_after_final_same_attempt),
         cmocka_unit_test(test_new_attempt_after_final_is_clean),
+        cmocka_unit_test(test_review_resolution),
+        cmocka_unit_test(test_downstream_ledger),
         cmocka_unit_test(test_effect_after_final_failure),
         cmocka_unit_test(test_terminal_left),
         cmocka_unit_test(test_inline_trail),

@@ -1,0 +1,293 @@
+/*
+ * admin.c: the consumer's admin listener (routes in admin.h).
+ *
+ * One libmicrohttpd daemon with its own polling thread, so requests are handled one at a time
+ * and never on the worker's threads. Reads go through the review API (consumer/review.c),
+ * which opens its own short-lived connection per request; the stats come from a callback into
+ * the worker (its counters, and its own stats connection under a lock). A POST body is read
+ * into a per-connection buffer up to 64 KiB (more: 413) and parsed strictly (oq_json_parse:
+ * duplicate members, bad UTF-8 and unknown members are refused with 400).
+ */
+#include "admin.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_consumer.h"
+#include "oq_json.h"
+#include "oq_log.h"
+
+#define MAX_BODY (64 * 1024)
+#define COMP "admin"
+
+struct oq__admin {
+    struct MHD_Daemon *d;
+    oq_metrics_t *m;
+    char *db;
+    oq__admin_stats_fn stats;
+    void *ctx;
+    int port;
+};
+
+/* Per connection: the request body read so far. */
+typedef struct {
+    char *buf;
+    size_t len;
+    int too_big;
+} body_t;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char *text, size_t len,
+                                 enum MHD_ResponseMemoryMode mode, const char *ctype)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Sends \p v (a new reference, consumed). */
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *v)
+{
+    char *t = v ? json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(v);
+    if (!t) return MHD_NO;
+    size_t n = strlen(t);
+    char *nl = realloc(t, n + 2);
+    if (nl) {
+        t = nl;
+        t[n++] = '\n';
+        t[n] = '\0';
+    }
+    return send_text(c, status, t, n, MHD_RESPMEM_MUST_FREE, "application/json");
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *code,
+                                  const char *msg)
+{
+    return send_json(c, status,
+                     json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg ? msg : ""));
+}
+
+/* The error of a review call as HTTP. */
+static enum MHD_Result send_rc(struct MHD_Connection *c, int rc, const oq_error_t *err)
+{
+    switch (rc) {
+    case OQ_EINVAL:
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", err->msg);
+    case OQ_ENOTFOUND:
+        return send_error(c, MHD_HTTP_NOT_FOUND, "not_found", err->msg);
+    case OQ_ESTATE:
+        return send_error(c, MHD_HTTP_CONFLICT, "not_in_review", err->msg);
+    default:
+        return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", err->msg);
+    }
+}
+
+static enum MHD_Result resolve(oq__admin_t *a, struct MHD_Connection *c, const char *call_id,
+                               const body_t *b)
+{
+    oq_error_t err = {0};
+    json_t *req = NULL, *out = NULL;
+    if (b->too_big)
+        return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", "body over 64 KiB");
+    if (oq_json_parse(b->buf ? b->buf : "", b->len, 8, &req, &err) != 0 || !json_is_object(req)) {
+        json_decref(req);
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                          err.msg[0] ? err.msg : "expected a JSON object");
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(req, k, v)
+    {
+        if ((strcmp(k, "as") && strcmp(k, "ref") && strcmp(k, "note") && strcmp(k, "by")) ||
+            !json_is_string(v)) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "member %.60s: expected one of as, ref, note, by (strings)",
+                     k);
+            json_decref(req);
+            return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", msg);
+        }
+    }
+    const char *by = json_string_value(json_object_get(req, "by"));
+    char who[128];
+    snprintf(who, sizeof(who), "%s (http)", by ? by : "operator");
+    int rc = oq_review_resolve(a->db, call_id, json_string_value(json_object_get(req, "as")),
+                               json_string_value(json_object_get(req, "ref")),
+                               json_string_value(json_object_get(req, "note")), who, &out, &err);
+    json_decref(req);
+    if (rc) return send_rc(c, rc, &err);
+    OQ_LOGC_INFO(COMP, call_id, "review resolved over http by %s", who);
+    return send_json(c, MHD_HTTP_OK, out);
+}
+
+static enum MHD_Result route(oq__admin_t *a, struct MHD_Connection *c, const char *url,
+                             const char *method, const body_t *b)
+{
+    static char ok[] = "ok\n";
+    oq_error_t err = {0};
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int post = strcmp(method, "POST") == 0;
+    const char *rv = "/v1/review";
+    if (strcmp(url, "/healthz") == 0 || strcmp(url, "/metrics") == 0 ||
+        strcmp(url, "/stats") == 0 || strcmp(url, rv) == 0) {
+        if (!get) return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "GET");
+        if (url[1] == 'h')
+            return send_text(c, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
+                             "text/plain");
+        if (url[1] == 'm') {
+            char *text = NULL;
+            size_t len = 0;
+            if (oq_metrics_render(a->m, &text, &len) != 0) return MHD_NO;
+            return send_text(c, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE,
+                             "text/plain; version=0.0.4; charset=utf-8");
+        }
+        if (url[1] == 's') {
+            json_t *s = a->stats ? a->stats(a->ctx) : NULL;
+            if (!s) return send_error(c, 500, "internal", "no stats");
+            return send_json(c, MHD_HTTP_OK, s);
+        }
+        const char *l = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+        json_t *list = NULL;
+        int rc = oq_review_list(a->db, l ? atoi(l) : 0, &list, &err);
+        if (rc) return send_rc(c, rc, &err);
+        return send_json(
+            c, MHD_HTTP_OK,
+            json_pack("{s:o, s:I}", "review", list, "count", (json_int_t)json_array_size(list)));
+    }
+    if (strncmp(url, "/v1/review/", 11) == 0) {
+        char id[64];
+        const char *p = url + 11, *slash = strchr(p, '/');
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if (n == 0 || n >= sizeof(id)) return send_error(c, 404, "not_found", "no such path");
+        memcpy(id, p, n);
+        id[n] = '\0';
+        if (!slash) {
+            if (!get)
+                return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "GET");
+            json_t *o = NULL;
+            int rc = oq_review_show(a->db, id, &o, &err);
+            if (rc) return send_rc(c, rc, &err);
+            return send_json(c, MHD_HTTP_OK, o);
+        }
+        if (strcmp(slash, "/resolve") == 0) {
+            if (!post)
+                return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "POST");
+            return resolve(a, c, id, b);
+        }
+    }
+    return send_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such path");
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls)
+{
+    oq__admin_t *a = cls;
+    body_t *b = *con_cls;
+    (void)version;
+    if (!b) {
+        if (!(b = calloc(1, sizeof(*b)))) return MHD_NO;
+        *con_cls = b;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (b->too_big || b->len + n > MAX_BODY) {
+            b->too_big = 1;
+            return MHD_YES;
+        }
+        char *nb = realloc(b->buf, b->len + n + 1);
+        if (!nb) return MHD_NO;
+        b->buf = nb;
+        memcpy(b->buf + b->len, upload_data, n);
+        b->len += n;
+        b->buf[b->len] = '\0';
+        return MHD_YES;
+    }
+    return route(a, c, url, method, b);
+}
+
+static void done(void *cls, struct MHD_Connection *c, void **con_cls,
+                 enum MHD_RequestTerminationCode toe)
+{
+    body_t *b = *con_cls;
+    (void)cls, (void)c, (void)toe;
+    if (b) {
+        free(b->buf);
+        free(b);
+        *con_cls = NULL;
+    }
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    (void)cls;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n')
+        msg[--n] = '\0';
+    OQ_LOG_WARN(COMP, "http: %s", msg);
+}
+
+oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db_path,
+                             oq__admin_stats_fn stats, void *ctx, oq_error_t *err)
+{
+    char host[64];
+    int port;
+    if (oq_parse_listen(listen, host, &port, err) != 0) return NULL;
+    oq__admin_t *a = calloc(1, sizeof(*a));
+    if (!a || !(a->db = strdup(db_path))) {
+        free(a);
+        oq_error_set(err, OQ_ENOMEM, 0, "admin listener: out of memory");
+        return NULL;
+    }
+    a->m = m;
+    a->stats = stats;
+    a->ctx = ctx;
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, host, &sin.sin_addr);
+    a->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port, NULL,
+        NULL, handle, a, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED,
+        done, a, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    if (!a->d) {
+        oq_error_set(err, OQ_EIO, 0, "admin listener: cannot listen on %s:%d", host, port);
+        free(a->db);
+        free(a);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_BIND_PORT);
+    a->port = info ? (int)info->port : port;
+    OQ_LOG_INFO(COMP, "serving http://%s:%d/metrics, /stats and /v1/review", host, a->port);
+    return a;
+}
+
+int oq__admin_port(const oq__admin_t *a)
+{
+    return a ? a->port : -1;
+}
+
+void oq__admin_stop(oq__admin_t *a)
+{
+    if (!a) return;
+    MHD_stop_daemon(a->d);
+    free(a->db);
+    free(a);
+}

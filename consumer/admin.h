@@ -1,0 +1,45 @@
+/**
+ * @file admin.h
+ * @brief Internal: the consumer's admin listener (consumer/admin.c), on --metrics-listen:
+ *        Prometheus metrics, the worker's stats, and the review workflow over HTTP.
+ *
+ *   GET  /metrics                        Prometheus text (the worker's registry)
+ *   GET  /healthz                        "ok"
+ *   GET  /stats                          the worker's stats (oq_consumer_stats_json)
+ *   GET  /v1/review[?limit=N]            the review queue (oq_review_list)
+ *   GET  /v1/review/{call_id}            one call's story (oq_review_show)
+ *   POST /v1/review/{call_id}/resolve    body {"as": "committed"|"failed"|"retry",
+ *                                        "ref": "...", "note": "...", "by": "..."}
+ *                                        (oq_review_resolve)
+ * Errors are {"error":{"code":...,"message":...}}: 400 bad_request, 404 not_found,
+ * 409 not_in_review, 405 method_not_allowed, 413 payload_too_large, 500 internal.
+ * It binds 127.0.0.1 unless told otherwise: resolving a review is an operator's act.
+ */
+#ifndef OQ_CONSUMER_ADMIN_H
+#define OQ_CONSUMER_ADMIN_H
+
+#include <jansson.h>
+
+#include "oq_error.h"
+#include "oq_metrics.h"
+
+typedef struct oq__admin oq__admin_t;
+
+/** Returns the stats JSON (a new reference) or NULL. */
+typedef json_t *(*oq__admin_stats_fn)(void *ctx);
+
+/**
+ * @brief Serve on \p listen ("127.0.0.1:9100") from one thread of libmicrohttpd.
+ * @param m the metrics registry (borrowed); @param db_path the effects database (copied).
+ * @returns the listener, or NULL with \p err filled.
+ */
+oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db_path,
+                             oq__admin_stats_fn stats, void *ctx, oq_error_t *err);
+
+/** @brief The bound port, -1 for NULL. */
+int oq__admin_port(const oq__admin_t *a);
+
+/** @brief Stop and free; accepts NULL. */
+void oq__admin_stop(oq__admin_t *a);
+
+#endif

@@ -1,0 +1,325 @@
+/*
+ * dispatch.c: the worker's outside calls, on one thread.
+ *
+ * Design. The HTTP executor (http_tools.c) runs any number of transfers from one polling
+ * thread; this file owns that thread and the bookkeeping around it, so the worker's batch
+ * thread never blocks on the network and never runs a thread per request. Three lists, under
+ * one mutex:
+ *   - registered: every job between oq__dispatch_send() and oq__dispatch_forget(); the
+ *     heartbeat renews their leases from it, so a lease is held until the outcome is durable,
+ *     not merely until the answer arrived;
+ *   - outbox: jobs sent by the batch thread and not yet handed to the executor (the executor's
+ *     submit is thread-safe, but submitting on the polling thread keeps every executor call
+ *     on one thread and lets a failed submit become an ordinary "done" job);
+ *   - done: finished jobs waiting for the batch thread.
+ * The executor's callback copies what the outcome says into the job (the outcome's pointers
+ * die with the callback), parses a JSON answer of at most 64 KiB, fires the crash point
+ * consumer.after_request_sent_before_outcome for a call whose request left, queues the job as
+ * done and wakes the batch thread.
+ *
+ * Stopping: oq__dispatch_stop() stops taking jobs, polls until the running requests end or the
+ * drain time is over, then destroys the executor, whose callbacks answer every request still
+ * running ("abandoned": UNKNOWN when it was sent, RETRYABLE when not); so every job ends done
+ * and the worker writes its outcome, and a sent request whose answer never came is reconciled.
+ */
+#include "dispatch.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_log.h"
+#include "oq_util.h"
+
+#define COMP "consumer"
+#define MAX_ANSWER (64 * 1024)
+
+struct oq__dispatch {
+    oq__http_exec_t *x;
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    oq__job_t *reg; /* registered (doubly linked by next/prev) */
+    int nreg;
+    oq__job_t *out_head, *out_tail;   /* to submit (linked by done_next) */
+    oq__job_t *done_head, *done_tail; /* done (linked by done_next) */
+    atomic_int ndone;
+    atomic_int stopping; /* 1: drain; 2: abort now */
+    int64_t drain_until_us;
+    void (*wake)(void *);
+    void *wake_ctx;
+};
+
+oq__job_t *oq__job_new(oq__job_kind_t kind, const oq__http_tool_t *tool)
+{
+    oq__job_t *j = calloc(1, sizeof(*j));
+    if (!j) return NULL;
+    j->kind = kind;
+    j->tool = tool;
+    j->retry_after_ms = -1;
+    return j;
+}
+
+void oq__job_free(oq__job_t *j)
+{
+    if (!j) return;
+    oq__exec_row_clear(&j->row);
+    json_decref(j->answer);
+    free(j);
+}
+
+/* @locality the dispatcher thread (or the stopping one once the thread is gone). */
+static void push_done(oq__dispatch_t *d, oq__job_t *j)
+{
+    pthread_mutex_lock(&d->mu);
+    j->done_next = NULL;
+    if (d->done_tail)
+        d->done_tail->done_next = j;
+    else
+        d->done_head = j;
+    d->done_tail = j;
+    atomic_fetch_add(&d->ndone, 1);
+    pthread_mutex_unlock(&d->mu);
+    if (d->wake) d->wake(d->wake_ctx);
+}
+
+/* The executor's callback: copy the outcome into the job, hand it back. */
+static void on_outcome(const oq__http_outcome_t *o, void *ctx)
+{
+    oq__job_t *j = ctx;
+    j->cls = o->cls;
+    snprintf(j->code, sizeof(j->code), "%s", o->code ? o->code : "");
+    snprintf(j->message, sizeof(j->message), "%s", o->message ? o->message : "");
+    j->status = o->status;
+    j->sent = o->sent;
+    j->retry_after_ms = o->retry_after_ms;
+    snprintf(j->object_id, sizeof(j->object_id), "%s", o->object_id ? o->object_id : "");
+    j->elapsed_us = o->elapsed_us;
+    if (o->body && o->body_len > 0 && o->body_len <= MAX_ANSWER) {
+        json_t *a = json_loadb(o->body, o->body_len, JSON_REJECT_DUPLICATES, NULL);
+        if (json_is_object(a) || json_is_array(a))
+            j->answer = a;
+        else
+            json_decref(a);
+    }
+    if (j->kind == OQ__JOB_CALL && o->sent)
+        OQ_CRASH_POINT("consumer.after_request_sent_before_outcome");
+}
+
+/* The callback context: the job, plus the dispatcher to queue it on. */
+typedef struct {
+    oq__dispatch_t *d;
+    oq__job_t *j;
+} cbctx_t;
+
+static void on_done(const oq__http_outcome_t *o, void *ctx)
+{
+    cbctx_t *c = ctx;
+    on_outcome(o, c->j);
+    push_done(c->d, c->j);
+    free(c);
+}
+
+/* A job that never left: answered here, as the executor would for an unsent request ("abandoned"
+ * when the worker is stopping: the run does not count). */
+static void fail_local(oq__dispatch_t *d, oq__job_t *j, const char *code, const char *why)
+{
+    j->cls = j->kind == OQ__JOB_LOOKUP ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE;
+    snprintf(j->code, sizeof(j->code), "%s", code);
+    snprintf(j->message, sizeof(j->message), "%s", why);
+    j->sent = 0;
+    push_done(d, j);
+}
+
+/* Hands the queued jobs to the executor. @locality the dispatcher thread. */
+static void submit_queued(oq__dispatch_t *d)
+{
+    pthread_mutex_lock(&d->mu);
+    oq__job_t *j = d->out_head;
+    d->out_head = d->out_tail = NULL;
+    pthread_mutex_unlock(&d->mu);
+    while (j) {
+        oq__job_t *next = j->done_next;
+        oq_error_t err = {0};
+        json_t *args = json_loads(j->row.args ? j->row.args : "{}", 0, NULL);
+        cbctx_t *c = calloc(1, sizeof(*c));
+        char eid[OQ_CALL_ID_LEN + 1];
+        snprintf(eid, sizeof(eid), "%s", j->row.effect_id ? j->row.effect_id : "");
+        int rc = OQ_ENOMEM;
+        if (c && args && eid[0]) {
+            c->d = d;
+            c->j = j;
+            rc = j->kind == OQ__JOB_LOOKUP
+                     ? oq__http_exec_lookup(d->x, j->tool, args, eid, on_done, c, &err)
+                     : oq__http_exec_submit(d->x, j->tool, args, eid, on_done, c, &err);
+        }
+        json_decref(args);
+        if (rc) {
+            free(c);
+            OQ_LOGC_WARN(COMP, j->row.call_id, "request not submitted: %s",
+                         err.msg[0] ? err.msg : "bad row");
+            fail_local(d, j, rc == OQ_ESHUTDOWN ? "abandoned" : "local_error",
+                       err.msg[0] ? err.msg : "request could not be built");
+        }
+        j = next;
+    }
+}
+
+static void *dispatch_main(void *arg)
+{
+    oq__dispatch_t *d = arg;
+    for (;;) {
+        int stopping = atomic_load(&d->stopping);
+        if (stopping == 2) break;
+        if (stopping == 1 &&
+            (oq__http_exec_pending(d->x) == 0 || oq_mono_us() >= d->drain_until_us))
+            break;
+        submit_queued(d);
+        oq_error_t err = {0};
+        if (oq__http_exec_poll(d->x, 100, &err) < 0) {
+            OQ_LOG_WARN(COMP, "http executor: %s", err.msg);
+            oq_sleep_ms(10, NULL);
+        }
+    }
+    submit_queued(d); /* (refused by the closing executor only after destroy: answered there) */
+    return NULL;
+}
+
+oq__dispatch_t *oq__dispatch_new(const oq__http_exec_opts_t *opts, void (*wake)(void *ctx),
+                                 void *wake_ctx, oq_error_t *err)
+{
+    oq__dispatch_t *d = calloc(1, sizeof(*d));
+    if (!d) {
+        oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    d->wake = wake;
+    d->wake_ctx = wake_ctx;
+    if (!(d->x = oq__http_exec_new(opts, err))) goto fail;
+    if (pthread_create(&d->th, NULL, dispatch_main, d) != 0) {
+        oq_error_set(err, OQ_EIO, 0, "dispatcher thread");
+        goto fail;
+    }
+    pthread_setname_np(d->th, "oq-http");
+    d->started = 1;
+    return d;
+fail:
+    oq__http_exec_destroy(d->x);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    return NULL;
+}
+
+void oq__dispatch_send(oq__dispatch_t *d, oq__job_t *j)
+{
+    pthread_mutex_lock(&d->mu);
+    j->prev = NULL;
+    j->next = d->reg;
+    if (d->reg) d->reg->prev = j;
+    d->reg = j;
+    d->nreg++;
+    int closed = atomic_load(&d->stopping) != 0;
+    if (!closed) {
+        j->done_next = NULL;
+        if (d->out_tail)
+            d->out_tail->done_next = j;
+        else
+            d->out_head = j;
+        d->out_tail = j;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (closed)
+        fail_local(d, j, "abandoned", "the worker is stopping: not sent");
+    else
+        oq__http_exec_wakeup(d->x);
+}
+
+oq__job_t *oq__dispatch_take(oq__dispatch_t *d)
+{
+    if (!d || atomic_load(&d->ndone) == 0) return NULL;
+    pthread_mutex_lock(&d->mu);
+    oq__job_t *j = d->done_head;
+    d->done_head = d->done_tail = NULL;
+    atomic_store(&d->ndone, 0);
+    pthread_mutex_unlock(&d->mu);
+    return j;
+}
+
+int oq__dispatch_has_done(oq__dispatch_t *d)
+{
+    return d && atomic_load(&d->ndone) > 0;
+}
+
+void oq__dispatch_forget(oq__dispatch_t *d, oq__job_t *j)
+{
+    pthread_mutex_lock(&d->mu);
+    if (j->prev)
+        j->prev->next = j->next;
+    else if (d->reg == j)
+        d->reg = j->next;
+    if (j->next) j->next->prev = j->prev;
+    d->nreg--;
+    pthread_mutex_unlock(&d->mu);
+    oq__job_free(j);
+}
+
+int oq__dispatch_count(oq__dispatch_t *d)
+{
+    if (!d) return 0;
+    pthread_mutex_lock(&d->mu);
+    int n = d->nreg;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+int oq__dispatch_leases(oq__dispatch_t *d, oq__lease_t *out, int cap)
+{
+    int n = 0;
+    if (!d) return 0;
+    pthread_mutex_lock(&d->mu);
+    for (oq__job_t *j = d->reg; j && n < cap; j = j->next) {
+        snprintf(out[n].call_id, sizeof(out[n].call_id), "%s", j->row.call_id);
+        out[n].fence = j->row.fence;
+        n++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+void oq__dispatch_stop(oq__dispatch_t *d, int64_t drain_ms)
+{
+    if (!d || !d->started) return;
+    d->drain_until_us = oq_mono_us() + (drain_ms > 0 ? drain_ms : 0) * 1000;
+    atomic_store(&d->stopping, drain_ms > 0 ? 1 : 2);
+    oq__http_exec_wakeup(d->x);
+    pthread_join(d->th, NULL);
+    d->started = 0;
+    /* every request still running or queued is answered now ("abandoned") */
+    oq__http_exec_destroy(d->x);
+    d->x = NULL;
+    pthread_mutex_lock(&d->mu);
+    oq__job_t *j = d->out_head;
+    d->out_head = d->out_tail = NULL;
+    pthread_mutex_unlock(&d->mu);
+    while (j) {
+        oq__job_t *next = j->done_next;
+        fail_local(d, j, "abandoned", "the worker stopped before the request was sent");
+        j = next;
+    }
+}
+
+void oq__dispatch_destroy(oq__dispatch_t *d)
+{
+    if (!d) return;
+    oq__dispatch_stop(d, 0);
+    oq__http_exec_destroy(d->x);
+    for (oq__job_t *j = d->reg, *next; j; j = next) {
+        next = j->next;
+        oq__job_free(j);
+    }
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}

@@ -1,0 +1,304 @@
+/*
+ * `onceq review list|show|resolve`: the operator's workflow for executions no machine could
+ * decide (NEEDS_REVIEW: an outside call whose answer was lost, at a downstream with neither
+ * idempotency keys nor a lookup, or whose lookup kept failing).
+ *
+ *   onceq review list    [--db effects.db] [--json] [--limit N]
+ *   onceq review show    <call_id> [--db effects.db] [--producer-db calls.db] [--json]
+ *   onceq review resolve <call_id> --as committed|failed|retry [--ref DOWNSTREAM_ID]
+ *                        --note TEXT [--by NAME] [--db effects.db]
+ *
+ * The rules live in the consumer library (oq_review_*, consumer/review.c); this file parses,
+ * prints, and maps errors to exit codes: 0 ok, 2 bad usage or a call that is not in review
+ * (nothing written), 4 no such call, 1 anything else. `show` merges the timelines of both
+ * databases by time when --producer-db is given, each row marked with where it comes from.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "oq_consumer.h"
+#include "oq_db.h"
+#include "oq_producer.h"
+#include "oq_util.h"
+
+static const oq_setting_t review_settings[] = {
+    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "consumer database"},
+    {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "show: the producer database, to merge its timeline of the call"},
+    {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print JSON"},
+    {"limit", OQ_SET_INT, "1000", 1, 10000, NULL, "list: at most this many"},
+    {"as", OQ_SET_ENUM, NULL, 0, -1, "committed|failed|retry", "resolve: the decision"},
+    {"ref", OQ_SET_STRING, NULL, 1, 255, NULL,
+     "resolve --as committed: the downstream's id of what it did"},
+    {"note", OQ_SET_STRING, NULL, 1, 1000, NULL, "resolve: why (required, audited)"},
+    {"by", OQ_SET_STRING, NULL, 1, 100, NULL, "resolve: who decides (default $USER)"},
+};
+
+static const char review_usage[] =
+    "usage: onceq review list    [--db effects.db] [--json] [--limit N]\n"
+    "       onceq review show    <call_id> [--db effects.db] [--producer-db calls.db] [--json]\n"
+    "       onceq review resolve <call_id> --as committed|failed|retry [--ref DOWNSTREAM_ID]\n"
+    "                            --note TEXT [--by NAME] [--db effects.db]\n"
+    "Exit codes: 0 ok, 2 bad usage or not in review (nothing written), 4 no such call.";
+
+static int exit_for(int rc)
+{
+    switch (rc) {
+    case 0:
+        return OQ_EXIT_OK;
+    case OQ_ENOTFOUND:
+        return OQ_EXIT_NOTFOUND;
+    case OQ_EINVAL:
+    case OQ_ESTATE:
+        return OQ_EXIT_USAGE;
+    default:
+        return OQ_EXIT_FAIL;
+    }
+}
+
+static void print_json(json_t *v)
+{
+    char *t = json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (t) puts(t);
+    free(t);
+}
+
+static void age_text(double s, char out[32])
+{
+    if (s < 120)
+        snprintf(out, 32, "%.0fs", s);
+    else if (s < 7200)
+        snprintf(out, 32, "%.0fm", s / 60);
+    else if (s < 172800)
+        snprintf(out, 32, "%.1fh", s / 3600);
+    else
+        snprintf(out, 32, "%.1fd", s / 86400);
+}
+
+static int do_list(const oq_config_t *cfg)
+{
+    oq_error_t err = {0};
+    json_t *a = NULL;
+    int rc = oq_review_list(oq_config_str(cfg, "db"), (int)oq_config_int(cfg, "limit"), &a, &err);
+    if (rc) {
+        fprintf(stderr, "onceq review list: %s\n", err.msg);
+        return exit_for(rc);
+    }
+    if (oq_config_int(cfg, "json")) {
+        print_json(a);
+    } else if (json_array_size(a) == 0) {
+        printf("nothing to review\n");
+    } else {
+        size_t i;
+        json_t *r;
+        printf("%-7s %-18s %-20s %-20s %s\n", "AGE", "CALL_ID", "TOOL", "CODE", "WHY");
+        json_array_foreach(a, i, r)
+        {
+            char age[32];
+            age_text(json_real_value(json_object_get(r, "age_s")), age);
+            const char *tool = json_string_value(json_object_get(r, "tool"));
+            const char *code = json_string_value(json_object_get(r, "code"));
+            const char *why = json_string_value(json_object_get(r, "why"));
+            printf("%-7s %-18s %-20s %-20s %s\n", age,
+                   json_string_value(json_object_get(r, "call_id")), tool ? tool : "-",
+                   code ? code : "-", why ? why : "-");
+        }
+        printf("%zu call(s) waiting for a decision: onceq review show <call_id>, then onceq "
+               "review resolve <call_id> --as committed|failed|retry --note ...\n",
+               json_array_size(a));
+    }
+    json_decref(a);
+    return OQ_EXIT_OK;
+}
+
+/* One timeline row, from either database. */
+typedef struct {
+    int64_t ts;
+    const char *from, *event, *detail, *worker;
+} tl_row_t;
+
+static int tl_cmp(const void *a, const void *b)
+{
+    const tl_row_t *x = a, *y = b;
+    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
+    return 0;
+}
+
+static int do_show(const oq_config_t *cfg, const char *call_id)
+{
+    oq_error_t err = {0};
+    json_t *o = NULL;
+    sqlite3 *pdb = NULL;
+    oq_call_t pc = {0};
+    oq_audit_row_t *prow = NULL;
+    size_t pn = 0;
+    tl_row_t *rows = NULL;
+    int ret = OQ_EXIT_FAIL, have_call = 0;
+    int rc = oq_review_show(oq_config_str(cfg, "db"), call_id, &o, &err);
+    if (rc) {
+        fprintf(stderr, "onceq review show: %s\n", err.msg);
+        return exit_for(rc);
+    }
+    const char *pdb_path = oq_config_str(cfg, "producer-db");
+    if (pdb_path) {
+        oq_db_opts_t po = {NULL, 0, 1};
+        if (oq_db_open(pdb_path, &po, &pdb, &err) != 0) {
+            fprintf(stderr, "onceq review show: %s: %s\n", pdb_path, err.msg);
+            goto out;
+        }
+        rc = oq_store_get(pdb, call_id, &pc, &err);
+        if (rc == 0) {
+            have_call = 1;
+            if (oq_store_audit(pdb, call_id, &prow, &pn, &err) != 0) {
+                fprintf(stderr, "onceq review show: %s\n", err.msg);
+                goto out;
+            }
+        } else if (rc != OQ_ENOTFOUND) {
+            fprintf(stderr, "onceq review show: %s\n", err.msg);
+            goto out;
+        }
+    }
+    if (oq_config_int(cfg, "json")) {
+        if (have_call) {
+            json_t *p = json_pack("{s:s, s:I, s:s*, s:s*, s:[]}", "state", pc.state, "attempt",
+                                  (json_int_t)pc.attempt, "result", pc.result, "error", pc.error,
+                                  "timeline");
+            for (size_t i = 0; p && i < pn; i++)
+                json_array_append_new(json_object_get(p, "timeline"),
+                                      json_pack("{s:I, s:s, s:s*}", "ts", (json_int_t)prow[i].ts,
+                                                "event", prow[i].event, "detail", prow[i].detail));
+            json_object_set_new(o, "producer", p);
+        }
+        print_json(o);
+        ret = OQ_EXIT_OK;
+        goto out;
+    }
+    json_t *x = json_object_get(o, "execution"), *e = json_object_get(o, "effect");
+    json_t *tl = json_object_get(o, "timeline");
+    char *args = json_dumps(json_object_get(x, "args"), JSON_COMPACT);
+    char *error = json_dumps(json_object_get(x, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
+    printf("call      %s\ntool      %s\nargs      %s\n", call_id,
+           json_string_value(json_object_get(x, "tool")), args ? args : "?");
+    printf("consumer  %s (attempt %lld, tries %lld, fence %lld)\n",
+           json_string_value(json_object_get(x, "state")),
+           (long long)json_integer_value(json_object_get(x, "attempt")),
+           (long long)json_integer_value(json_object_get(x, "tries")),
+           (long long)json_integer_value(json_object_get(x, "fence")));
+    if (json_string_value(json_object_get(x, "effect_id")))
+        printf("effect id %s (the idempotency key, when the tool sends one)\n",
+               json_string_value(json_object_get(x, "effect_id")));
+    if (!json_is_null(json_object_get(x, "error"))) printf("why       %s\n", error ? error : "");
+    if (json_is_object(e))
+        printf("effect    %s (downstream id %s)\n",
+               json_string_value(json_object_get(e, "effect_id")),
+               json_string_value(json_object_get(e, "downstream_id"))
+                   ? json_string_value(json_object_get(e, "downstream_id"))
+                   : "-");
+    if (have_call)
+        printf("producer  %s (attempt %lld)\n", pc.state, (long long)pc.attempt);
+    else if (pdb_path)
+        printf("producer  (no such call in %s)\n", pdb_path);
+    free(args);
+    free(error);
+
+    size_t nc = json_array_size(tl), n = 0;
+    rows = calloc(nc + pn + 1, sizeof(*rows));
+    if (!rows) goto out;
+    if (have_call) rows[n++] = (tl_row_t){pc.created_at, "producer", "submitted", NULL, NULL};
+    for (size_t i = 0; i < pn; i++)
+        rows[n++] = (tl_row_t){prow[i].ts, "producer", prow[i].event, prow[i].detail, NULL};
+    for (size_t i = 0; i < nc; i++) {
+        json_t *r = json_array_get(tl, i);
+        rows[n++] = (tl_row_t){json_integer_value(json_object_get(r, "ts")), "consumer",
+                               json_string_value(json_object_get(r, "event")),
+                               json_string_value(json_object_get(r, "detail")),
+                               json_string_value(json_object_get(r, "worker"))};
+    }
+    qsort(rows, n, sizeof(*rows), tl_cmp); /* (stable enough: each source is in order) */
+    printf("\ntimeline\n");
+    for (size_t i = 0; i < n; i++) {
+        char ts[32];
+        oq_time_format(rows[i].ts, ts);
+        printf("  %s  %-8s  %-16s %s%s%s%s\n", ts, rows[i].from, rows[i].event,
+               rows[i].detail ? rows[i].detail : "", rows[i].worker ? " [" : "",
+               rows[i].worker ? rows[i].worker : "", rows[i].worker ? "]" : "");
+    }
+    ret = OQ_EXIT_OK;
+out:
+    free(rows);
+    oq_audit_free(prow, pn);
+    oq_call_clear(&pc);
+    if (pdb) sqlite3_close_v2(pdb);
+    json_decref(o);
+    return ret;
+}
+
+static int do_resolve(const oq_config_t *cfg, const char *call_id)
+{
+    oq_error_t err = {0};
+    json_t *o = NULL;
+    const char *by = oq_config_str(cfg, "by");
+    if (!by) by = getenv("USER");
+    if (!oq_config_str(cfg, "as") || !oq_config_str(cfg, "note")) {
+        fprintf(stderr, "onceq review resolve: --as and --note are required\n%s\n", review_usage);
+        return OQ_EXIT_USAGE;
+    }
+    int rc = oq_review_resolve(oq_config_str(cfg, "db"), call_id, oq_config_str(cfg, "as"),
+                               oq_config_str(cfg, "ref"), oq_config_str(cfg, "note"), by, &o, &err);
+    if (rc) {
+        fprintf(stderr, "onceq review resolve: %s\n", err.msg);
+        return exit_for(rc);
+    }
+    print_json(o);
+    json_decref(o);
+    return OQ_EXIT_OK;
+}
+
+int oq__cmd_review(int argc, char **argv)
+{
+    int ret;
+    if (argc < 2 || argv[1][0] == '-') {
+        int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+        fprintf(help ? stdout : stderr, "%s\n", review_usage);
+        return help ? OQ_EXIT_OK : OQ_EXIT_USAGE;
+    }
+    const char *action = argv[1];
+    int list = strcmp(action, "list") == 0, show = strcmp(action, "show") == 0;
+    int resolve = strcmp(action, "resolve") == 0;
+    if (!list && !show && !resolve) {
+        fprintf(stderr, "onceq review: unknown action '%s'\n%s\n", action, review_usage);
+        return OQ_EXIT_USAGE;
+    }
+    oq_config_t *cfg =
+        oq_config_new(review_settings, sizeof review_settings / sizeof review_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    int prc = oq_cli_parse(cfg, "onceq review", review_usage, argc - 1, argv + 1);
+    if (prc >= 0) {
+        ret = prc;
+        goto out;
+    }
+    int npos = oq_config_npositional(cfg);
+    if ((list && npos != 0) || (!list && npos != 1)) {
+        fprintf(stderr, "onceq review %s: %s\n%s\n", action,
+                list ? "takes no call_id" : "takes one call_id", review_usage);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (!resolve && (oq_config_is_set(cfg, "as") || oq_config_is_set(cfg, "note") ||
+                     oq_config_is_set(cfg, "ref"))) {
+        fprintf(stderr, "onceq review %s: --as, --ref and --note go with resolve\n", action);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (list)
+        ret = do_list(cfg);
+    else if (show)
+        ret = do_show(cfg, oq_config_positional(cfg, 0));
+    else
+        ret = do_resolve(cfg, oq_config_positional(cfg, 0));
+out:
+    oq_config_destroy(cfg);
+    return ret;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One consumer keeps hundreds of outside requests in flight without a thread each: with the
+# downstream holding every payment 3 s, 280 calls are all in flight at once (the consumer's
+# /stats and its onceq_consumer_downstream_inflight gauge say so; its thread count stays
+# small), then all succeed with one effect each.
+set -u
+. "$ONCEQ_SRC/tests/integration/lib.sh"
+. "$ONCEQ_SRC/chaos/pipeline.sh"
+. "$ONCEQ_SRC/tests/integration/realtools.sh"
+
+rt_start_downstream
+rt_tools "$T/tools.json"
+MPORT=$(oq_free_port)
+PL_CONSUMER_X+=(--tools "$T/tools.json" --metrics-listen "127.0.0.1:$MPORT")
+pl_start 1
+N=280
+rt_mode '{"faults":"slow:1","slow_ms":3000}'
+seq 1 $N | xargs -P 16 -I{} curl -s -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/tool-calls" \
+    -H "Idempotency-Key: fly-{}" -d '{"tool":"pay","args":{"amount":{}}}'
+inflight() { curl -sf "http://127.0.0.1:$MPORT/stats" | jq -r .inflight; }
+max=0
+for ((i = 0; i < 100; i++)); do
+    v=$(inflight)
+    ((v > max)) && max=$v
+    ((max >= 256)) && break
+    sleep 0.1
+done
+threads=$(ls /proc/"$(oq_pid consumer-1)"/task | wc -l)
+oq_log "in flight: $max, consumer threads: $threads"
+((max >= 256)) || oq_fail "at most $max requests in flight"
+((threads < 40)) || oq_fail "$threads threads for $max requests"
+rt_mode '{"faults":""}'
+for i in $(seq 1 $N); do
+    rt_wait_status "fly-$i" succeeded 60 || oq_fail "fly-$i: $(rt_call "fly-$i")"
+done
+[[ $(rt_dstat .ledger.effects) == "$N" && $(rt_dstat .ledger.duplicate_effects) == 0 ]] ||
+    oq_fail "ledger: $(rt_dstat .ledger)"
+oq_pass "$max outside requests in flight from one consumer with $threads threads; $N calls, $N effects"
