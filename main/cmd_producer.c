@@ -20,6 +20,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
