@@ -20,6 +20,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_service.h"
 #include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
@@ -188,9 +189,11 @@ int oq__cmd_producer(int argc, char **argv)
     OQ_LOG_INFO("producer", "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld", db,
                 oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every);
 
+    oq_service_ready("serving HTTP");
     int64_t next_purge = oq_mono_us() + purge_every * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
+        oq_service_watchdog();
         if (producer_hup) {
             producer_hup = 0;
             if (oq_http_reload(h, &err) != 0)
@@ -214,6 +217,7 @@ int oq__cmd_producer(int argc, char **argv)
                             (long long)ps.calls, (long long)ps.outbox, (long long)ps.audit);
         }
     }
+    oq_service_stopping();
     OQ_LOG_INFO("producer", "signal %d: draining", (int)producer_stop);
     ret = OQ_EXIT_OK;
 out:
