@@ -17,6 +17,7 @@
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_metrics.h"
 #include "oq_producer.h"
 
 static const oq_setting_t bench_settings[] = {

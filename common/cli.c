@@ -1,8 +1,9 @@
 /*
  * The parse-or-exit step shared by the subcommands of both command-line programs: settings
  * come from the command's table (oq_config), --help prints that table, and any error is one
- * line naming the program and subcommand, then a pointer to its --help. Nothing here exits:
- * the caller returns the code to main().
+ * line naming the program and subcommand, then a pointer to its --help. Every setting is also
+ * read from the environment as ONCEQ_<NAME> (flag > environment > file > default). Nothing here
+ * exits: the caller returns the code to main().
  */
 #include <stdio.h>
 
@@ -11,6 +12,7 @@
 int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc, char **argv)
 {
     oq_error_t err = {0};
+    oq_config_use_env(cfg, OQ_CLI_ENV_PREFIX);
     int rc = oq_config_parse_args(cfg, usage, argc, argv, 1, &err);
     if (rc == OQ_EHELP) return OQ_EXIT_OK;
     if (rc != 0) {

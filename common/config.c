@@ -11,8 +11,13 @@
  * every property and reports unknown ones. A property given twice keeps its first position
  * and its last value.
  *
- * Sources apply in command-line order, so `-F base.conf --port 9` overrides the file and
- * `--port 9 -F base.conf` lets the file win. A config file cannot include another one.
+ * Precedence is flag > environment > file > default, whatever the order on the command line:
+ * parsing walks argv twice, first loading the -F files (in their order, a later file wins over
+ * an earlier one), then, when oq_config_use_env() gave a prefix, reading one variable per
+ * setting of this table (<prefix><NAME>, upper case, '-' -> '_'), and last applying the flags
+ * and -X properties. Only names built from the command's own table are read, so unrelated
+ * variables that share the prefix (log level, crash points, test harness paths) are never
+ * taken for settings. A config file cannot include another one.
  */
 #include "oq_config.h"
 #include "oq_log.h"
@@ -46,6 +51,7 @@ struct oq_config {
     int npos, cappos;
     kv_t *kafka;
     int nkafka, capkafka;
+    char env_prefix[32]; /* "" = the environment is not read */
 };
 
 /* --- value parsing ------------------------------------------------------------------------ */
@@ -416,6 +422,39 @@ out:
     return rc;
 }
 
+/* --- environment ------------------------------------------------------------------------- */
+
+void oq_config_use_env(oq_config_t *c, const char *prefix)
+{
+    snprintf(c->env_prefix, sizeof(c->env_prefix), "%s", prefix ? prefix : "");
+}
+
+int oq_config_env_name(const char *prefix, const char *setting, char *out, size_t cap)
+{
+    int w = snprintf(out, cap, "%s%s", prefix, setting);
+    if (w < 0 || (size_t)w >= cap) return OQ_EINVAL;
+    for (char *p = out + strlen(prefix); *p; p++)
+        *p = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    return 0;
+}
+
+/* Applies every <prefix><NAME> variable that names a setting of this table. An empty value
+ * counts as given (it sets an empty string, and fails for a number like any bad value). */
+static int apply_env(oq_config_t *c, oq_error_t *err)
+{
+    if (!c->env_prefix[0]) return 0;
+    for (size_t i = 0; i < c->n; i++) {
+        char var[160];
+        if (oq_config_env_name(c->env_prefix, c->table[i].name, var, sizeof(var)) != 0) continue;
+        const char *v = getenv(var);
+        if (!v) continue;
+        oq_error_t e = {0};
+        int rc = oq_config_set(c, c->table[i].name, v, &e);
+        if (rc != 0) return oq_error_set(err, rc, e.cause, "environment %s: %s", var, e.msg);
+    }
+    return 0;
+}
+
 /* --- command line ------------------------------------------------------------------------- */
 
 static int add_positional(oq_config_t *c, const char *arg, oq_error_t *err)
@@ -431,25 +470,30 @@ static int add_positional(oq_config_t *c, const char *arg, oq_error_t *err)
     return 0;
 }
 
-int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **argv, int first,
-                         oq_error_t *err)
+/* One walk over argv. Both passes tokenize alike (so a value is never taken for a flag); the
+ * files pass prints --help and loads -F files, the flags pass applies everything else. */
+enum { PASS_FILES, PASS_FLAGS };
+
+static int walk(oq_config_t *c, const char *usage, int argc, char **argv, int first, int pass,
+                oq_error_t *err)
 {
-    int rc = 0;
+    int rc = 0, files = pass == PASS_FILES;
     for (int i = first; i < argc && rc == 0; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
-            for (i++; i < argc && rc == 0; i++)
+            for (i++; i < argc && rc == 0 && !files; i++)
                 rc = add_positional(c, argv[i], err);
             break;
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            if (!files) continue;
             oq_config_print_help(c, usage, stdout);
             return OQ_EHELP;
         }
         if (strncmp(a, "-X", 2) == 0) {
             const char *pair = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
             if (!pair) return oq_error_set(err, OQ_EINVAL, 0, "-X needs property=value");
-            rc = set_kafka_pair(c, pair, err);
+            if (!files) rc = set_kafka_pair(c, pair, err);
             continue;
         }
         if (strcmp(a, "-F") == 0 || strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
@@ -457,7 +501,7 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
                                : a[8] == '=' ? a + 9
                                              : (i + 1 < argc ? argv[++i] : NULL);
             if (!path) return oq_error_set(err, OQ_EINVAL, 0, "%s needs a file name", a);
-            rc = oq_config_load_file(c, path, err);
+            if (files) rc = oq_config_load_file(c, path, err);
             continue;
         }
         if (strncmp(a, "--", 2) == 0) {
@@ -475,26 +519,37 @@ int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **arg
             if (!s && !eq && strncmp(name, "no-", 3) == 0) {
                 const oq_setting_t *b = find(c, name + 3, NULL);
                 if (b && b->type == OQ_SET_BOOL) {
-                    rc = oq_config_set(c, name + 3, "false", err);
+                    if (!files) rc = oq_config_set(c, name + 3, "false", err);
                     continue;
                 }
             }
             if (!s) return unknown_setting(c, name, err);
+            const char *value;
             if (eq) {
-                rc = oq_config_set(c, name, eq + 1, err);
+                value = eq + 1;
             } else if (s->type == OQ_SET_BOOL) {
-                rc = oq_config_set(c, name, "true", err);
+                value = "true";
             } else {
                 if (i + 1 >= argc)
                     return oq_error_set(err, OQ_EINVAL, 0, "setting --%s needs a value", name);
-                rc = oq_config_set(c, name, argv[++i], err);
+                value = argv[++i];
             }
+            if (!files) rc = oq_config_set(c, name, value, err);
             continue;
         }
         if (a[0] == '-' && a[1] != '\0')
             return oq_error_set(err, OQ_EINVAL, 0, "unknown option %s", a);
-        rc = add_positional(c, a, err);
+        if (!files) rc = add_positional(c, a, err);
     }
+    return rc;
+}
+
+int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **argv, int first,
+                         oq_error_t *err)
+{
+    int rc = walk(c, usage, argc, argv, first, PASS_FILES, err);
+    if (rc == 0) rc = apply_env(c, err);
+    if (rc == 0) rc = walk(c, usage, argc, argv, first, PASS_FLAGS, err);
     return rc;
 }
 
@@ -636,6 +691,11 @@ void oq_config_print_help(const oq_config_t *c, const char *usage, FILE *out)
             append(extra, sizeof(extra), &n, "%slength: %" PRId64 "..%" PRId64, n ? "; " : "",
                    s->min, s->max);
         }
+        if (c->env_prefix[0]) {
+            char var[160];
+            if (oq_config_env_name(c->env_prefix, s->name, var, sizeof(var)) == 0)
+                append(extra, sizeof(extra), &n, "%senv %s", n ? "; " : "", var);
+        }
         if (n) fprintf(out, " [%s]", extra);
         fputc('\n', out);
     }
@@ -644,4 +704,9 @@ void oq_config_print_help(const oq_config_t *c, const char *usage, FILE *out)
     fprintf(out, "  %-*s %-8s  %s\n", w, "-F, --config", "file",
             "read settings from a file: 'name = value' or 'kafka.prop = value', # comments");
     fprintf(out, "  %-*s %-8s  %s\n", w, "-h, --help", "", "print this help");
+    if (c->env_prefix[0])
+        fprintf(out,
+                "\nevery setting is also read from the environment as %s<NAME> (upper case,"
+                " '-' -> '_');\nprecedence: flag > environment > file (-F) > default\n",
+                c->env_prefix);
 }

@@ -16,9 +16,13 @@
 #define OQ_EXIT_NOTFOUND 4  /**< `get`/`inspect`: no such call */
 #define OQ_EXIT_CONFLICT 5  /**< `submit`/`call`: same key, different body */
 
+/** Environment prefix of the settings: `--key-ttl` is also read as ONCEQ_KEY_TTL. */
+#define OQ_CLI_ENV_PREFIX "ONCEQ_"
+
 /**
  * @brief Parse a subcommand's arguments into \p cfg, print help for --help, report bad usage
- *        on stderr as "<prog> <argv[0]>: <message>".
+ *        on stderr as "<prog> <argv[0]>: <message>". Settings are also read from the
+ *        environment (OQ_CLI_ENV_PREFIX + NAME); flag > environment > file > default.
  * @param prog the program name ("onceq", "onceq-bench"); argv[0] is the subcommand name.
  * @returns -1 to go on, or the exit code to return now (OQ_EXIT_OK after --help,
  *          OQ_EXIT_USAGE on bad usage).

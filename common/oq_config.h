@@ -6,8 +6,11 @@
  * Command lines accept `--name value`, `--name=value`, boolean `--name` / `--no-name`,
  * `-X kafka.property=value` (repeatable; passed to librdkafka, which validates the name), and
  * `-F file` / `--config file`: lines `name = value` (onceq settings) or
- * `kafka.<property> = value`; `#` starts a comment. Later sources override earlier ones in
- * command-line order. Positional arguments are collected in order.
+ * `kafka.<property> = value`; `#` starts a comment. With oq_config_use_env(), every setting is
+ * also read from the environment as <prefix><NAME> (upper case, '-' -> '_': ONCEQ_KEY_TTL).
+ * Precedence: flag > environment > file > default, whatever the order on the command line
+ * (among files, and among flags, the later one wins). Positional arguments are collected in
+ * order.
  */
 #ifndef OQ_CONFIG_H
 #define OQ_CONFIG_H
@@ -27,7 +30,7 @@ typedef enum {
 } oq_setting_type_t;
 
 typedef struct oq_setting {
-    const char *name;    /**< long option name without dashes, e.g. "db" */
+    const char *name; /**< long option name without dashes, e.g. "db" */
     oq_setting_type_t type;
     const char *def;     /**< default as text (NULL: unset/required-if-used) */
     int64_t min, max;    /**< bounds (ints/durations/sizes); ignored when min > max */
@@ -42,9 +45,22 @@ oq_config_t *oq_config_new(const oq_setting_t *table, size_t n);
 void oq_config_destroy(oq_config_t *c);
 
 /**
- * @brief Parse argv[first..argc). Handles -h/--help by printing help for \p usage to stdout.
+ * @brief Read settings from the environment too, as \p prefix + the setting's name in upper
+ *        case with '-' -> '_' ("ONCEQ_" + "key-ttl" -> ONCEQ_KEY_TTL), when parse_args runs.
+ *        Only names of this table are looked up. NULL or "" turns it off (the default).
+ */
+void oq_config_use_env(oq_config_t *c, const char *prefix);
+
+/** @brief Write the environment variable name of \p setting into \p out (OQ_EINVAL if short). */
+int oq_config_env_name(const char *prefix, const char *setting, char *out, size_t cap);
+
+/**
+ * @brief Parse argv[first..argc): -F files first, then the environment (see use_env), then
+ *        flags and -X, so the precedence is flag > environment > file > default. Handles -h/--help
+ * by printing help for \p usage to stdout.
  * @returns 0, OQ_EHELP (help printed; exit 0), OQ_EINVAL (unknown setting, bad value, out of
- *          bounds, unreadable config file; \p err says which and where).
+ *          bounds, unreadable config file, bad environment value; \p err says which and where:
+ *          "environment ONCEQ_PORT: setting --port: expected integer, got 'x'").
  */
 int oq_config_parse_args(oq_config_t *c, const char *usage, int argc, char **argv, int first,
                          oq_error_t *err);
@@ -59,7 +75,7 @@ int oq_config_set(oq_config_t *c, const char *name, const char *value, oq_error_
 int oq_config_set_kafka(oq_config_t *c, const char *name, const char *value, oq_error_t *err);
 
 /** Accessors. Asking for a name not in the table is a programming error: abort(). */
-int64_t oq_config_int(const oq_config_t *c, const char *name); /* INT, BOOL, DURATION, SIZE */
+int64_t oq_config_int(const oq_config_t *c, const char *name);     /* INT, BOOL, DURATION, SIZE */
 const char *oq_config_str(const oq_config_t *c, const char *name); /* STRING, ENUM; may be NULL */
 int oq_config_is_set(const oq_config_t *c, const char *name); /* given explicitly by the user */
 

@@ -13,6 +13,7 @@
 #include "oq_config.h"
 #include "oq_consumer.h"
 #include "oq_log.h"
+#include "oq_service.h"
 
 static oq_consumer_t *volatile cons_running;
 static volatile sig_atomic_t cons_signalled;
@@ -65,8 +66,11 @@ int oq__cmd_consumer(int argc, char **argv)
     }
     cons_running = c;
     if (cons_signalled) oq_consumer_stop(c);
+    oq_service_ready("consumer running (subscribes to the group next)");
+    oq_service_watchdog_thread_start();
     rc = oq_consumer_run(c, oq_config_int(cfg, "exit-idle"), &err) == 0 ? OQ_EXIT_OK
                                                                        : OQ_EXIT_FAIL;
+    oq_service_watchdog_thread_stop();
     if (rc != OQ_EXIT_OK) fprintf(stderr, "onceq consumer: %s\n", err.msg);
     oq_consumer_stats_t st;
     oq_consumer_get_stats(c, &st);

@@ -9,6 +9,7 @@
 #include "cmds.h"
 #include "oq_db.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 
 static const oq_setting_t inspect_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},

@@ -24,6 +24,8 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_service.h"
+#include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -224,10 +226,12 @@ int oq__cmd_producer(int argc, char **argv)
         OQ_LOG_WARN("producer", "retention is off (--purge-interval 0): calls.db grows until "
                                 "`onceq purge` runs");
     /* The first purge soon after start (a restart catches up at once), then every interval. */
+    oq_service_ready("serving HTTP");
     int64_t next_purge = oq_mono_us() + 1000 * 1000;
     int64_t next_redrive = oq_mono_us() + redrive_every * 1000;
     while (!producer_stop) {
         oq_sleep_ms(100, NULL);
+        oq_service_watchdog();
         if (redrive_on && oq_mono_us() >= next_redrive) {
             oq_redrive_stats_t rs = {0, 0, 0};
             int more = 1;
@@ -268,6 +272,7 @@ int oq__cmd_producer(int argc, char **argv)
                             (long long)ps.result_inbox, (long long)ps.dead);
         }
     }
+    oq_service_stopping();
     OQ_LOG_INFO("producer", "signal %d: draining", (int)producer_stop);
     ret = OQ_EXIT_OK;
 out:

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "oq_service.h"
 #include "oq_config.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
@@ -172,8 +173,12 @@ int oq__cmd_relay(int argc, char **argv)
         fprintf(stderr, "onceq relay: %s\n", err.msg);
         goto out;
     }
-    while (!relay_sig)
+    oq_service_ready("relay running (lease: active or standby)");
+    while (!relay_sig) {
         oq_sleep_ms(50, NULL);
+        oq_service_watchdog();
+    }
+    oq_service_stopping();
     OQ_LOG_INFO("relay", "signal %d: stopping (flushing in-flight deliveries)", (int)relay_sig);
     oq_relay_stop(relay);
     ret = OQ_EXIT_OK;

@@ -31,7 +31,8 @@
     X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")          \
     X(downstream, "run the test payment service (own ledger, switchable faults); stats")         \
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
-    X(fingerprint, "print the call fingerprint of the args JSON on stdin")
+    X(fingerprint, "print the call fingerprint of the args JSON on stdin")                         \
+    X(completion, "print a bash completion script (onceq completion bash)")
 
 #define OQ_CMD_DECL(name, doc) int oq__cmd_##name(int argc, char **argv);
 OQ_CMDS(OQ_CMD_DECL)

@@ -15,6 +15,7 @@
 
 #include "oq_json.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 
 const char *oq_submit_outcome_name(oq_submit_outcome_t o)
 {

@@ -69,6 +69,7 @@
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_metrics.h"
 #include "oq_producer.h"
 
 #define TOKEN_MIN_LEN 16

@@ -29,6 +29,7 @@
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
+#include "oq_metrics.h"
 #include "oq_producer.h"
 
 #define INGEST_BATCH 256

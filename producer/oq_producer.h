@@ -24,12 +24,18 @@
 
 #include <jansson.h>
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "oq_error.h"
-#include "oq_json.h"
-#include "oq_metrics.h"
-#include "oq_util.h"
+
+/* This header is installed (include/onceq/) and must stand alone: it includes only the
+ * public oq_error.h and the libraries whose types it uses (jansson, SQLite). The two lengths
+ * repeat the definitions of oq_util.h and oq_json.h (an identical redefinition is allowed;
+ * a different one fails the build of every file that includes both). */
+#define OQ_CALL_ID_LEN 34               /**< "c_" + 32 lowercase hex */
+#define OQ_FINGERPRINT_LEN 64           /**< SHA-256 as lowercase hex */
+typedef struct oq_metrics oq_metrics_t; /**< metrics registry (opaque here) */
 
 #define OQ_DEFAULT_TENANT "default"
 #define OQ_DEFAULT_KEY_TTL_MS (24LL * 3600 * 1000)

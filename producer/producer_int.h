@@ -21,7 +21,10 @@
 #include <stdint.h>
 
 #include "oq_envelope.h"
+#include "oq_json.h"
+#include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 #include "producer_store.h"
 
 /* --- work items of the writer's queue ------------------------------------------------------ */

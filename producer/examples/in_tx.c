@@ -14,6 +14,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "oq_db.h"
 #include "oq_producer.h"
@@ -81,8 +82,11 @@ int main(int argc, char **argv)
         return 1;
     }
     char key_ok[64], key_bad[64];
-    snprintf(key_ok, sizeof key_ok, "order-%lld", (long long)oq_now_ms());
-    snprintf(key_bad, sizeof key_bad, "order-%lld-x", (long long)oq_now_ms());
+    struct timespec now;
+    timespec_get(&now, TIME_UTC); /* unique order keys run after run */
+    long long ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    snprintf(key_ok, sizeof key_ok, "order-%lld", ms);
+    snprintf(key_bad, sizeof key_bad, "order-%lld-x", ms);
     int rc = place_order(db, key_ok, 1999, 0);
     rc |= place_order(db, key_bad, 500, 1);
     char sql[200];

@@ -1,7 +1,8 @@
 /*
  * Settings table: defaults, every type, bounds, unknown names, bad values, -X collection and
  * its application to a real rd_kafka_conf_t, config files (with file:line errors), --help,
- * positionals and `--`.
+ * positionals and `--`, the environment (ONCEQ_<NAME>) and the precedence flag > environment
+ * > file > default.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <cmocka.h>
 #include <librdkafka/rdkafka.h>
 
+#include "oq_cli.h"
 #include "oq_config.h"
 #include "oq_log.h"
 
@@ -263,9 +265,9 @@ static void test_config_file(void **state)
                                   "kafka.sasl.password = pa#ss\n"
                                   "verbose = on\n"
                                   "lease = 2m\n");
-    /* sources apply in order: the file overrides --port, --lease after it overrides the file */
+    /* a flag wins over the file wherever it stands on the command line */
     assert_int_equal(parse(c, &err, "--port", "1", "-F", p, "--lease", "90s", NULL), 0);
-    assert_int_equal(oq_config_int(c, "port"), 9000);
+    assert_int_equal(oq_config_int(c, "port"), 1);
     assert_string_equal(oq_config_str(c, "db"), "/var/lib/onceq/calls.db");
     assert_int_equal(oq_config_int(c, "verbose"), 1);
     assert_int_equal(oq_config_int(c, "lease"), 90000);
@@ -341,6 +343,155 @@ static void test_help(void **state)
     oq_config_destroy(c);
 }
 
+/* Runs \p cmd through sh, returns its exit status and the first bytes of its stderr. */
+static int run_sh(const char *cmd, char *errtext, size_t cap)
+{
+    char full[1024], p[128];
+    snprintf(p, sizeof(p), "%s/stderr.txt", tmpdir);
+    snprintf(full, sizeof(full), "%s 2>%s >/dev/null", cmd, p);
+    int st = system(full);
+    FILE *f = fopen(p, "r");
+    size_t n = f ? fread(errtext, 1, cap - 1, f) : 0;
+    errtext[n] = '\0';
+    if (f) fclose(f);
+    unlink(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void clear_env(void)
+{
+    const char *names[] = {"ONCEQ_DB",       "ONCEQ_PORT",   "ONCEQ_LEASE",       "ONCEQ_BATCH",
+                           "ONCEQ_MAX_BODY", "ONCEQ_FSYNC",  "ONCEQ_SYNCHRONOUS", "ONCEQ_BROKERS",
+                           "ONCEQ_TENANT",   "ONCEQ_VERBOSE"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        unsetenv(names[i]);
+}
+
+static void test_env_names(void **state)
+{
+    (void)state;
+    char v[64];
+    assert_int_equal(oq_config_env_name("ONCEQ_", "key-ttl", v, sizeof(v)), 0);
+    assert_string_equal(v, "ONCEQ_KEY_TTL");
+    assert_int_equal(oq_config_env_name("ONCEQ_", "db", v, sizeof(v)), 0);
+    assert_string_equal(v, "ONCEQ_DB");
+    assert_int_equal(oq_config_env_name("ONCEQ_", "max-connections-per-ip", v, 8), OQ_EINVAL);
+}
+
+static void test_env_precedence(void **state)
+{
+    (void)state;
+    clear_env();
+    oq_error_t err;
+    const char *p = write_file(4, "port = 9000\nlease = 2m\nbatch = 10\ndb = file.db\n");
+
+    /* environment not enabled: ignored */
+    setenv("ONCEQ_PORT", "7000", 1);
+    oq_config_t *c = oq_config_new(table, NT);
+    assert_int_equal(parse(c, &err, NULL), 0);
+    assert_int_equal(oq_config_int(c, "port"), 8080);
+    assert_int_equal(oq_config_is_set(c, "port"), 0);
+    oq_config_destroy(c);
+
+    /* default < file < environment < flag, whatever the order on the command line */
+    setenv("ONCEQ_LEASE", "45s", 1);
+    setenv("ONCEQ_MAX_BODY", "2MiB", 1);
+    setenv("ONCEQ_FSYNC", "off", 1);
+    setenv("ONCEQ_SYNCHRONOUS", "NORMAL", 1);
+    c = oq_config_new(table, NT);
+    oq_config_use_env(c, "ONCEQ_");
+    assert_int_equal(parse(c, &err, "--port", "1", "-F", p, NULL), 0);
+    assert_int_equal(oq_config_int(c, "port"), 1);           /* flag over env and file */
+    assert_int_equal(oq_config_int(c, "lease"), 45000);      /* env over file */
+    assert_int_equal(oq_config_int(c, "batch"), 10);         /* file over default */
+    assert_string_equal(oq_config_str(c, "db"), "file.db");  /* file over default */
+    assert_int_equal(oq_config_int(c, "max-body"), 2 << 20); /* env over default, dash -> _ */
+    assert_int_equal(oq_config_int(c, "fsync"), 0);
+    assert_string_equal(oq_config_str(c, "synchronous"), "normal");
+    assert_int_equal(oq_config_is_set(c, "lease"), 1);
+    assert_int_equal(oq_config_is_set(c, "verbose"), 0);
+    oq_config_destroy(c);
+
+    /* the file after a flag still loses to it; --no-fsync beats the environment */
+    c = oq_config_new(table, NT);
+    oq_config_use_env(c, "ONCEQ_");
+    assert_int_equal(parse(c, &err, "--lease=5s", "--config", p, "--fsync", NULL), 0);
+    assert_int_equal(oq_config_int(c, "lease"), 5000);
+    assert_int_equal(oq_config_int(c, "port"), 7000);
+    assert_int_equal(oq_config_int(c, "fsync"), 1);
+    oq_config_destroy(c);
+
+    /* variables that share the prefix but name no setting of this table are not read */
+    setenv("ONCEQ_LOG_LEVEL", "debug", 1);
+    setenv("ONCEQ_CRASH_AT", "nowhere", 1);
+    setenv("ONCEQ_NO_SUCH_SETTING", "x", 1);
+    c = oq_config_new(table, NT);
+    oq_config_use_env(c, "ONCEQ_");
+    assert_int_equal(parse(c, &err, NULL), 0);
+    oq_config_destroy(c);
+    unsetenv("ONCEQ_NO_SUCH_SETTING");
+    unsetenv("ONCEQ_CRASH_AT");
+    unsetenv("ONCEQ_LOG_LEVEL");
+    clear_env();
+}
+
+static void test_env_bad_value(void **state)
+{
+    (void)state;
+    clear_env();
+    oq_error_t err;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_config_use_env(c, "ONCEQ_");
+    setenv("ONCEQ_LEASE", "soon", 1);
+    assert_int_equal(parse(c, &err, "--port", "2", NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "environment ONCEQ_LEASE: setting --lease: expected a duration "
+                                 "such as 250ms, 30s, 5m, 24h, got 'soon'");
+    /* a flag does not hide a bad environment value: the operator sees it */
+    assert_int_equal(parse(c, &err, "--lease", "3s", NULL), OQ_EINVAL);
+    unsetenv("ONCEQ_LEASE");
+    setenv("ONCEQ_BATCH", "0", 1);
+    assert_int_equal(parse(c, &err, NULL), OQ_EINVAL);
+    assert_string_equal(err.msg, "environment ONCEQ_BATCH: setting --batch: 0 is below the "
+                                 "minimum 1");
+    unsetenv("ONCEQ_BATCH");
+    setenv("ONCEQ_TENANT", "", 1); /* empty counts as given: length 0 is below 1 */
+    assert_int_equal(parse(c, &err, NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "ONCEQ_TENANT"));
+    unsetenv("ONCEQ_TENANT");
+    oq_config_destroy(c);
+
+    /* oq_cli_parse (what every command runs) turns it into exit 2 and names the variable */
+    c = oq_config_new(table, NT);
+    char *argv[] = {"cmd", NULL};
+    setenv("ONCEQ_PORT", "eighty", 1);
+    fflush(stderr);
+    int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    int rc = oq_cli_parse(c, "onceq", "usage", 1, argv);
+    dup2(saved, 2);
+    close(saved);
+    close(devnull);
+    assert_int_equal(rc, OQ_EXIT_USAGE);
+    unsetenv("ONCEQ_PORT");
+    oq_config_destroy(c);
+
+    /* and the real binary: exit 2, the message names the variable, nothing starts */
+    const char *bin = getenv("ONCEQ_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        fprintf(stderr, "ONCEQ_BIN not set: the binary check is skipped\n");
+        return;
+    }
+    char cmd[512], text[1024];
+    snprintf(cmd, sizeof(cmd), "ONCEQ_KEY_TTL=forever '%s' producer --db %s/never.db", bin, tmpdir);
+    assert_int_equal(run_sh(cmd, text, sizeof(text)), OQ_EXIT_USAGE);
+    assert_non_null(strstr(text, "environment ONCEQ_KEY_TTL: setting --key-ttl"));
+    snprintf(cmd, sizeof(cmd), "%s/never.db", tmpdir);
+    assert_int_equal(access(cmd, F_OK), -1);
+    /* help lists the variable next to its setting */
+    snprintf(cmd, sizeof(cmd), "'%s' producer --help | grep -q 'env ONCEQ_KEY_TTL'", bin);
+    assert_int_equal(run_sh(cmd, text, sizeof(text)), 0);
+}
+
 static void test_positionals(void **state)
 {
     (void)state;
@@ -391,6 +542,9 @@ int main(void)
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_positionals),
+        cmocka_unit_test(test_env_names),
+        cmocka_unit_test(test_env_precedence),
+        cmocka_unit_test(test_env_bad_value),
         cmocka_unit_test(test_unknown_accessor_aborts),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
