@@ -4,12 +4,13 @@
  * message still in the topic is then delivered to the group again, and the consumers' inbox
  * must absorb all of it (a chaos scenario of the duplicate-delivery class).
  *
- *   oq_group_rewind --brokers B --group G --topic T [--timeout-ms 10000]
+ *   oq_group_rewind --brokers B --group G --topic T [--timeout-ms 30000]
  *
- * The group's members should be stopped first: the commit is made without joining (generation
- * -1), which a broker refuses while the group has live members. Prints "partitions=N" and the
- * offsets committed. Exit 0 when the commit succeeded for every partition, 1 otherwise, 2 on
- * bad usage. A test tool: writes to stdout/stderr and exits from main().
+ * The group's members should be stopped first. The tool joins the group as its only member
+ * (brokers, the mock cluster among them, refuse offset commits from outside a group they know),
+ * waits until it is assigned every partition, commits the low watermarks and leaves. Prints
+ * "partitions=N" and the offsets committed. Exit 0 when the commit succeeded for every partition, 1
+ * otherwise, 2 on bad usage. A test tool: writes to stdout/stderr and exits from main().
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -31,7 +32,7 @@ static int set(rd_kafka_conf_t *conf, const char *k, const char *v)
 int main(int argc, char **argv)
 {
     const char *brokers = NULL, *group = NULL, *topic = NULL;
-    int timeout_ms = 10000, rc = 1;
+    int timeout_ms = 30000, rc = 1;
     static const struct option opts[] = {{"brokers", required_argument, NULL, 'b'},
                                          {"group", required_argument, NULL, 'g'},
                                          {"topic", required_argument, NULL, 't'},
@@ -94,6 +95,31 @@ int main(int argc, char **argv)
             goto out;
         }
         rd_kafka_topic_partition_list_add(offs, topic, p)->offset = lo;
+    }
+    /* Join: subscribe, poll until every partition is assigned to us (bounded). */
+    rd_kafka_poll_set_consumer(c);
+    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(sub, topic, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t se = rd_kafka_subscribe(c, sub);
+    rd_kafka_topic_partition_list_destroy(sub);
+    if (se) {
+        fprintf(stderr, "subscribe: %s\n", rd_kafka_err2str(se));
+        goto out;
+    }
+    int assigned = 0;
+    for (int waited = 0; waited < timeout_ms && assigned < np; waited += 100) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
+        if (m) rd_kafka_message_destroy(m); /* messages are not consumed: offsets stay ours */
+        rd_kafka_topic_partition_list_t *as = NULL;
+        if (rd_kafka_assignment(c, &as) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            assigned = as->cnt;
+            rd_kafka_topic_partition_list_destroy(as);
+        }
+    }
+    if (assigned < np) {
+        fprintf(stderr, "assigned %d of %d partitions within %d ms (other members alive?)\n",
+                assigned, np, timeout_ms);
+        goto out;
     }
     rd_kafka_resp_err_t e = rd_kafka_commit(c, offs, 0);
     if (e) {
