@@ -692,13 +692,13 @@ def sc_duplicate_delivery(run):
     run.fault("late Produce acks")
     run.wait_load()
     run.drain(180)
+    run.fault("re-producing every call message")
     r = subprocess.run([run.tool("oq_e2e_dup"), "--brokers", run.brokers, "--topic",
                         "onceq.tool-calls", "--times", str(run.rng.randint(1, 2))],
                        capture_output=True, text=True, timeout=120)
     run.say(f"oq_e2e_dup: rc={r.returncode} {r.stdout.strip()}")
     if r.returncode != 0:
         run.fail(f"oq_e2e_dup exit {r.returncode}: {r.stderr[-300:]}")
-    run.fault("re-produced every call message")
     # every re-produced message must reach the inbox: bounded wait for the redelivery
     want = 2 * run.q(run.pdb, "SELECT count(*) FROM calls")[0][0]
     run.wait(60, lambda: run.q(run.cdb, "SELECT coalesce(sum(seen),0) FROM inbox")[0][0]
@@ -934,7 +934,7 @@ def table_md(rows):
     for r in rows:
         dup = str(r["duplicate_effects"])
         if "control_duplicates" in r:
-            dup = f"{r['duplicate_effects']} (control: {r['control_duplicates']} per request)"
+            dup = f"{r['duplicate_effects']} (control: {r['control_duplicates']} extra effects)"
         out.append(f"| {r['scenario']} | {r['runs']} | {r['passed']} | {r['calls']} | "
                    f"{r['inbox_duplicates']} | {dup} | {r['lost']} | {r['dsr']:.4f} | "
                    f"{fmt_ms(r['p50_ms'])} | {fmt_ms(r['p95_ms'])} | {fmt_ms(r['p99_ms'])} |")
