@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos clean format
+.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos chaos-matrix chaos-smoke clean format
 all: build
 build:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -27,6 +27,15 @@ fuzz:
 	  $(BUILD)-fuzz/fuzz-corpus/$$f tests/fuzz/corpus/$$f || exit 1; done
 chaos: build
 	cd $(BUILD) && ctest --output-on-failure -L 'chaos|long'
+# The chaos matrix (docs/CHAOS.md): every scenario CHAOS_RUNS times from a printed seed;
+# results in results/<stamp>/ (report.md, report.json, recovery.svg).
+CHAOS_RUNS ?= 3
+CHAOS_SCENARIOS ?= all
+chaos-matrix: build
+	python3 chaos/run.py --build $(BUILD) --runs $(CHAOS_RUNS) --scenarios $(CHAOS_SCENARIOS) \
+	  $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(if $(CHAOS_MINUTES),--minutes $(CHAOS_MINUTES))
+chaos-smoke: build
+	python3 chaos/run.py --build $(BUILD) --smoke --runs 1
 bench: build
 	bash bench/run.sh $(BUILD)/onceq   # runs $(BUILD)/onceq-bench
 clean:
