@@ -24,6 +24,7 @@
 #include "oq_db.h"
 #include "oq_error.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 
 /** A borrowed connection. Build it on the stack: {db, cache} or {db, NULL}. */
 typedef struct oq__producer_store {
