@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos chaos-matrix chaos-smoke clean format
+.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos chaos-matrix chaos-smoke clean format format-check
 all: build
 build:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -41,5 +41,6 @@ bench: build
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
 format:
-	clang-format -i common/*.[ch] producer/*.[ch] relay/*.[ch] consumer/*.[ch] chaos/*.[ch] main/*.[ch] \
-	  bench/*.[ch]
+	clang-format -i $$(git ls-files "*.c" "*.h")
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files "*.c" "*.h")

@@ -170,8 +170,7 @@ static int bc_raw(bc_t *b, int same_rows, double *rate)
         }
     rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, b->brokers, b->cfg, &err);
     if (!conf) goto out;
-    snprintf(group, sizeof(group), "bench-%s-%s-%d", same_rows ? "same" : "raw", b->tag,
-             b->round);
+    snprintf(group, sizeof(group), "bench-%s-%s-%d", same_rows ? "same" : "raw", b->tag, b->round);
     oq_kafka_conf_set(conf, "group.id", group, &err);
     oq_kafka_conf_set(conf, "enable.auto.commit", "false", &err);
     oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", &err);
@@ -213,8 +212,7 @@ static int bc_raw(bc_t *b, int same_rows, double *rate)
                 rd_kafka_header_get_last(h, OQ_HDR_MESSAGE_ID, &hv, &hl);
             for (int k = 0; k < nst; k++) {
                 sqlite3_bind_text(st[k], 1, hv ? hv : "", (int)hl, SQLITE_STATIC);
-                sqlite3_bind_text(st[k], 2, m->key ? m->key : "", (int)m->key_len,
-                                  SQLITE_STATIC);
+                sqlite3_bind_text(st[k], 2, m->key ? m->key : "", (int)m->key_len, SQLITE_STATIC);
                 if (sqlite3_bind_parameter_count(st[k]) >= 3) {
                     sqlite3_bind_int(st[k], 3, m->partition);
                     sqlite3_bind_int64(st[k], 4, m->offset);
@@ -235,8 +233,9 @@ static int bc_raw(bc_t *b, int same_rows, double *rate)
             m = batch[i];
             rd_kafka_topic_partition_t *p =
                 rd_kafka_topic_partition_list_find(offs, rd_kafka_topic_name(m->rkt), m->partition);
-            if (!p) p = rd_kafka_topic_partition_list_add(offs, rd_kafka_topic_name(m->rkt),
-                                                          m->partition);
+            if (!p)
+                p = rd_kafka_topic_partition_list_add(offs, rd_kafka_topic_name(m->rkt),
+                                                      m->partition);
             if (m->offset + 1 > p->offset) p->offset = m->offset + 1;
             rd_kafka_message_destroy(m);
         }
@@ -258,7 +257,8 @@ out:
         rd_kafka_consumer_close(rk);
         rd_kafka_destroy(rk);
     }
-    for (int i = 0; i < nst; i++) sqlite3_finalize(st[i]);
+    for (int i = 0; i < nst; i++)
+        sqlite3_finalize(st[i]);
     if (db) sqlite3_close_v2(db);
     free(batch);
     unlink(path);
@@ -346,7 +346,8 @@ static int bc_onceq(bc_t *b, int no_relay, double *rate, oq_consumer_stats_t *st
 static double median_of(const double *v, int n)
 {
     double t[100];
-    for (int i = 0; i < n; i++) t[i] = v[i];
+    for (int i = 0; i < n; i++)
+        t[i] = v[i];
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
             double x = t[j];
@@ -425,13 +426,13 @@ int oq__bench_consumer(int argc, char **argv)
            m_onceq = median_of(onceqs, rounds), m_ratio = median_of(ratios, rounds),
            m_ratio_same = median_of(ratios_same, rounds);
     printf("median of %d: raw %.0f msgs/s, raw-same-rows %.0f msgs/s, onceq %.0f calls/s (%s "
-           "relay)\n", rounds, m_raw, m_same, m_onceq, no_relay ? "no" : "with");
+           "relay)\n",
+           rounds, m_raw, m_same, m_onceq, no_relay ? "no" : "with");
     printf("ratio onceq/raw = %.2f; onceq/raw-same-rows = %.2f (target >= 0.5)\n", m_ratio,
            m_ratio_same);
     printf("result calls=%ld batch=%d synchronous=%s relay=%d rounds=%d raw_rate=%.0f "
            "raw_same_rows_rate=%.0f onceq_rate=%.0f ratio=%.3f ratio_same_rows=%.3f\n",
-           b.n, b.batch, b.sync, !no_relay, rounds, m_raw, m_same, m_onceq, m_ratio,
-           m_ratio_same);
+           b.n, b.batch, b.sync, !no_relay, rounds, m_raw, m_same, m_onceq, m_ratio, m_ratio_same);
 done:
     oq_config_destroy(cfg);
     return rc;

@@ -57,7 +57,6 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
 
-
 static const oq_setting_t e2e_settings[] = {
     {"calls", OQ_SET_INT, "20000", 1, 10000000, NULL, "calls in the measured run"},
     {"rate", OQ_SET_INT, "6000", 0, 1000000, NULL,
@@ -149,8 +148,8 @@ static void e2e_cpu_sample(pid_t parent, e2e_cpu_set_t *set)
         unsigned long ut, st;
         /* fields after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt
          * cmajflt utime stime */
-        if (sscanf(rp + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ppid, &ut,
-                   &st) != 3)
+        if (sscanf(rp + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ppid, &ut, &st) !=
+            3)
             continue;
         if (ppid != parent) continue;
         snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
@@ -224,15 +223,16 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
         if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
             sqlite3_busy_timeout(db, 2000);
             e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1", like, &total);
-            e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1 AND state IN "
-                          "('pending','running')", like, &open_);
+            e2e_count(db,
+                      "SELECT count(*) FROM calls WHERE idem_key LIKE ?1 AND state IN "
+                      "('pending','running')",
+                      like, &open_);
         }
         sqlite3_close_v2(db);
         if (total >= expect && open_ == 0) return 0;
         oq_sleep_ms(50, NULL);
     }
-    fprintf(stderr, "bench e2e: calls of run '%s' not terminal within the drain timeout\n",
-            prefix);
+    fprintf(stderr, "bench e2e: calls of run '%s' not terminal within the drain timeout\n", prefix);
     return -1;
 }
 
@@ -265,7 +265,8 @@ static pid_t e2e_spawn(char *const args[], const char *log)
     char *argv[32];
     int k = 0;
     argv[k++] = exe;
-    for (int i = 0; args[i] && k < 31; i++) argv[k++] = args[i];
+    for (int i = 0; args[i] && k < 31; i++)
+        argv[k++] = args[i];
     argv[k] = NULL;
     fflush(stdout); /* or the child's freopen() writes our buffered lines a second time */
     pid_t pid = fork();
@@ -292,8 +293,18 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *
      * session.timeout.ms - 1000 (librdkafka default 45 s). */
     char t[PATH_MAX];
     snprintf(t, sizeof t, "%s", tools ? tools : "");
-    char *const args[] = {"up", "--dir", d, "--consumers", cons, "--listen", listen, "-X",
-                          "session.timeout.ms=6000", tools ? "--tools" : NULL, t, NULL};
+    char *const args[] = {"up",
+                          "--dir",
+                          d,
+                          "--consumers",
+                          cons,
+                          "--listen",
+                          listen,
+                          "-X",
+                          "session.timeout.ms=6000",
+                          tools ? "--tools" : NULL,
+                          t,
+                          NULL};
     return e2e_spawn(args, log);
 }
 
@@ -413,7 +424,8 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
      * index on call_id: a correlated subquery would scan it once per call). */
     static const char *const prep[] = {
         "CREATE TEMP TABLE h_in(k TEXT PRIMARY KEY, t INTEGER) WITHOUT ROWID",
-        "INSERT INTO h_in SELECT call_id, min(received_at) FROM c.inbox WHERE call_id NOTNULL GROUP BY call_id",
+        "INSERT INTO h_in SELECT call_id, min(received_at) FROM c.inbox WHERE call_id NOTNULL "
+        "GROUP BY call_id",
     };
     for (size_t i = 0; i < sizeof prep / sizeof prep[0]; i++) {
         if (sqlite3_exec(db, prep[i], NULL, NULL, NULL) != SQLITE_OK) {
@@ -473,7 +485,8 @@ static int e2e_analyse(const char *dir, const char *prefix, int64_t offered_call
 out:
     sqlite3_finalize(st);
     sqlite3_close_v2(db);
-    for (int i = 0; i < H__N; i++) free(h[i]);
+    for (int i = 0; i < H__N; i++)
+        free(h[i]);
     free(all);
     return rc;
 }
@@ -572,9 +585,9 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     if (lo.rate > 0) snprintf(offered, sizeof offered, "%.0f/s", lo.rate);
     printf("submit: %lld calls offered at %s, %lld accepted in %.2f s (%.0f/s), submit latency "
            "p50 %.2f ms p99 %.2f ms, retries %lld\n",
-           (long long)lo.calls, offered,
-           (long long)r.accepted, r.elapsed_s, r.elapsed_s > 0 ? r.accepted / r.elapsed_s : 0,
-           r.p50_ms, r.p99_ms, (long long)r.retries);
+           (long long)lo.calls, offered, (long long)r.accepted, r.elapsed_s,
+           r.elapsed_s > 0 ? r.accepted / r.elapsed_s : 0, r.p50_ms, r.p99_ms,
+           (long long)r.retries);
     if (e2e_wait_drained(calls_db, "run", r.accepted, drain, up) != 0) goto out;
     double wall = (double)(oq_mono_us() - t0) / 1e6;
     e2e_cpu_sample(up, &cpu1);
@@ -592,8 +605,8 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
         printf("  %-10s x%d  %6.2f s  (%.0f%% of one core)\n", k->name, k->n, used,
                100.0 * used / wall);
     }
-    printf("  %-10s x1  %6.2f s  (%.0f%% of one core; this process: HTTP client threads)\n",
-           "load", self_cpu, 100.0 * self_cpu / wall);
+    printf("  %-10s x1  %6.2f s  (%.0f%% of one core; this process: HTTP client threads)\n", "load",
+           self_cpu, 100.0 * self_cpu / wall);
     e2e_stop_up(up);
     up = -1;
     if (e2e_analyse(dir, "run", r.accepted, fig) != 0) {
@@ -611,8 +624,8 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
         if (rep.has_downstream)
             printf("verify, downstream ledger: %lld effects for %lld calls, %lld duplicates, "
                    "DSR %.6f\n",
-                   (long long)rep.ds_effects, (long long)rep.ds_calls,
-                   (long long)rep.ds_duplicates, rep.ds_dsr);
+                   (long long)rep.ds_effects, (long long)rep.ds_calls, (long long)rep.ds_duplicates,
+                   rep.ds_dsr);
         fig->ds_dsr = rep.ds_dsr;
         rc = rep.violations ? OQ_EXIT_VIOLATION : OQ_EXIT_OK;
         if (base && base->elapsed_s > 0 && wall > 0)
@@ -752,14 +765,15 @@ int oq__bench_e2e(int argc, char **argv)
             printf("\nsame run: in-process charge %.0f calls/s, p50 %.0f ms, p99 %.0f ms | HTTP "
                    "pay via onceq downstream %.0f calls/s, p50 %.0f ms, p99 %.0f ms (%.2fx the "
                    "calls/s), downstream DSR %.6f\n",
-                   inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms, http.calls_per_s,
-                   http.p50_ms, http.p99_ms,
-                   inproc.calls_per_s > 0 ? http.calls_per_s / inproc.calls_per_s : 0,
+                   inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms, http.calls_per_s, http.p50_ms,
+                   http.p99_ms, inproc.calls_per_s > 0 ? http.calls_per_s / inproc.calls_per_s : 0,
                    http.ds_dsr);
     }
 out:
-    if (made_dir && !oq_config_int(cfg, "keep")) e2e_rmdir(dir);
-    else printf("kept %s\n", dir);
+    if (made_dir && !oq_config_int(cfg, "keep"))
+        e2e_rmdir(dir);
+    else
+        printf("kept %s\n", dir);
     oq_config_destroy(cfg);
     return rc;
 }

@@ -11,9 +11,10 @@
  *   2. relay: an in-process oq_relay on the database; the time from start to every row being
  *      marked published (delivery report received *and* the mark committed) gives its rate;
  *   3. latency: with the relay idle, --samples times: commit one row from another connection,
- *      then wait until the relay has produced it (it noticed the commit) and marked it. The first half rely on PRAGMA data_version
- *      polling alone, the second half also call oq_relay_notify() (in-process fast path).
- *      Between samples a random 20-60 ms pause lets the relay back off to its idle cap.
+ *      then wait until the relay has produced it (it noticed the commit) and marked it. The first
+ * half rely on PRAGMA data_version polling alone, the second half also call oq_relay_notify()
+ * (in-process fast path). Between samples a random 20-60 ms pause lets the relay back off to its
+ * idle cap.
  *   4. idle CPU: process CPU time over one second with the relay idle.
  * The broker address comes from --brokers (run `onceq broker --partitions 64` for 1M rows:
  * the mock keeps ~5 MiB per partition, evicting older data, which does not affect the rates).
@@ -68,7 +69,8 @@ static void bench_row(long i, long keys, int size, char *key, size_t keycap, cha
     snprintf(key, keycap, "c_%016lx", (unsigned long)(i % keys) * 2654435761UL);
     int n = snprintf(payload, (size_t)size + 64,
                      "{\"v\":1,\"kind\":\"tool_call\",\"tool\":\"charge\",\"i\":%ld,\"pad\":\"", i);
-    while (n < size - 2) payload[n++] = 'x';
+    while (n < size - 2)
+        payload[n++] = 'x';
     payload[n++] = '"';
     payload[n++] = '}';
     payload[n] = '\0';
@@ -94,8 +96,11 @@ static int bench_fill(const char *path, long rows, long keys, int size, const ch
             char key[40], mid[OQ_UUID_LEN + 1];
             bench_row(i, keys, size, key, sizeof(key), payload);
             oq_id_uuid(mid);
-            oq_outbox_row_t row = {.message_id = mid, .topic = topic, .key = key,
-                                   .payload = payload, .payload_len = strlen(payload),
+            oq_outbox_row_t row = {.message_id = mid,
+                                   .topic = topic,
+                                   .key = key,
+                                   .payload = payload,
+                                   .payload_len = strlen(payload),
                                    .created_at = oq_now_ms()};
             if (oq_outbox_append(db, cache, &row, &err) != 0) goto fail;
         }
@@ -130,7 +135,8 @@ static double bench_raw(const oq_config_t *cfg, long rows, long keys, int size, 
 {
     oq_error_t err = {0};
     char errstr[512];
-    rd_kafka_conf_t *conf = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, oq_config_str(cfg, "brokers"), cfg, &err);
+    rd_kafka_conf_t *conf =
+        oq_kafka_conf_new(OQ_KAFKA_PRODUCER, oq_config_str(cfg, "brokers"), cfg, &err);
     if (!conf || oq_kafka_conf_set(conf, "enable.idempotence", "true", &err) ||
         oq_kafka_conf_set(conf, "acks", "all", &err) ||
         oq_kafka_conf_set(conf, "linger.ms", "1", &err) ||
@@ -150,8 +156,9 @@ static double bench_raw(const oq_config_t *cfg, long rows, long keys, int size, 
     char *payload = malloc((size_t)size + 64);
     /* warm-up: metadata and producer id, not timed */
     raw_delivered = raw_failed = 0;
-    rd_kafka_producev(rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_VALUE("warmup", 6), RD_KAFKA_V_KEY("w", 1),
-                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+    rd_kafka_producev(rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_VALUE("warmup", 6),
+                      RD_KAFKA_V_KEY("w", 1), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                      RD_KAFKA_V_END);
     rd_kafka_flush(rk, 10000);
     raw_delivered = raw_failed = 0;
     int64_t t0 = oq_mono_us();
@@ -232,8 +239,12 @@ static double latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, long i,
     *notice_ms = -1;
     bench_row(i, 1000, size, key, sizeof(key), payload);
     oq_id_uuid(mid);
-    oq_outbox_row_t row = {.message_id = mid, .topic = topic, .key = key, .payload = payload,
-                           .payload_len = strlen(payload), .created_at = oq_now_ms()};
+    oq_outbox_row_t row = {.message_id = mid,
+                           .topic = topic,
+                           .key = key,
+                           .payload = payload,
+                           .payload_len = strlen(payload),
+                           .created_at = oq_now_ms()};
     if (oq_db_begin_immediate(db, 5000, &err) || oq_outbox_append(db, NULL, &row, &err) ||
         oq_db_commit(db, &err)) {
         fprintf(stderr, "bench relay: latency insert: %s\n", err.msg);
@@ -334,8 +345,9 @@ int oq__bench_relay(int argc, char **argv)
         oq_relay_stats(relay, &s);
         if (s.published >= (uint64_t)rows) break;
         if (oq_mono_us() - t0 > 600LL * 1000000) {
-            fprintf(stderr, "bench relay: relay did not finish within 600 s (published %" PRIu64
-                            ")\n", s.published);
+            fprintf(stderr,
+                    "bench relay: relay did not finish within 600 s (published %" PRIu64 ")\n",
+                    s.published);
             goto out;
         }
         oq_sleep_ms(2, NULL);
@@ -395,8 +407,8 @@ int oq__bench_relay(int argc, char **argv)
                mode == 0 ? "data_version polling" : "with oq_relay_notify", k, n50[mode],
                n99[mode]);
         printf("idle commit->published latency (%s): n=%d p50=%.2f ms p99=%.2f ms max=%.2f ms\n",
-               mode == 0 ? "data_version polling" : "with oq_relay_notify", k, p50[mode],
-               p99[mode], mx[mode]);
+               mode == 0 ? "data_version polling" : "with oq_relay_notify", k, p50[mode], p99[mode],
+               mx[mode]);
     }
     free(notice);
     printf("result bench=relay rows=%ld size=%d keys=%ld raw_rate=%.0f relay_rate=%.0f ratio=%.2f "

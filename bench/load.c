@@ -62,10 +62,10 @@
 #include "oq_util.h"
 
 #define OQ__LOAD_MAX_THREADS 2
-#define OQ__LOAD_CONNS_PER_THREAD 8 /* fewer connections than this: one thread */
+#define OQ__LOAD_CONNS_PER_THREAD 8             /* fewer connections than this: one thread */
 #define OQ__LOAD_IO_TIMEOUT_US (30 * 1000000LL) /* connect, and no progress on send/read */
-#define OQ__LOAD_BUF 65536                       /* largest response head + body, plus NUL */
-#define OQ__EV_TIMER 0x80000000u                 /* drive(): woken by the connection's timer */
+#define OQ__LOAD_BUF 65536                      /* largest response head + body, plus NUL */
+#define OQ__EV_TIMER 0x80000000u                /* drive(): woken by the connection's timer */
 
 /* --- HTTP response head ---------------------------------------------------------------------*/
 
@@ -90,7 +90,8 @@ static int parse_head(const char *buf, const char *hend, int *status, long *clen
     if (hend - buf < 8 || strncmp(buf, "HTTP/1.", 7) != 0) return -1;
     const char *p = buf + 7;
     if (*p < '0' || *p > '9') return -1;
-    while (*p >= '0' && *p <= '9') p++;
+    while (*p >= '0' && *p <= '9')
+        p++;
     char *e = NULL;
     long st = strtol(p, &e, 10);
     if (e == p || e > hend) return -1;
@@ -100,7 +101,8 @@ static int parse_head(const char *buf, const char *hend, int *status, long *clen
         const char *h = line + 2;
         const char *eol = memmem(h, (size_t)(hend + 2 - h), "\r\n", 2);
         if (!eol) break;
-        if (strncasecmp(h, "Content-Length:", 15) == 0) *clen = strtol(h + 15, NULL, 10);
+        if (strncasecmp(h, "Content-Length:", 15) == 0)
+            *clen = strtol(h + 15, NULL, 10);
         else if (strncasecmp(h, "Connection:", 11) == 0 && has_close(h + 11, eol))
             *keep = 0;
         else if (strncasecmp(h, "Transfer-Encoding:", 18) == 0)
@@ -115,7 +117,8 @@ static int parse_head(const char *buf, const char *hend, int *status, long *clen
 
 static const char *js_ws(const char *p)
 {
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
     return p;
 }
 
@@ -147,8 +150,10 @@ static const char *js_value(const char *p)
                 if (!p) return NULL;
                 continue;
             }
-            if (*p == '{' || *p == '[') depth++;
-            else if ((*p == '}' || *p == ']') && --depth == 0) return p + 1;
+            if (*p == '{' || *p == '[')
+                depth++;
+            else if ((*p == '}' || *p == ']') && --depth == 0)
+                return p + 1;
             p++;
         }
         return NULL;
@@ -319,25 +324,25 @@ enum {
 
 typedef struct lconn {
     int fd;
-    uint32_t gen;       /* bumped on close: events of an old socket are ignored */
-    int state;          /* OQ__ST_* */
-    int phase;          /* 0 first submit, 1 duplicate probe, 2 conflict probe */
+    uint32_t gen; /* bumped on close: events of an old socket are ignored */
+    int state;    /* OQ__ST_* */
+    int phase;    /* 0 first submit, 1 duplicate probe, 2 conflict probe */
     int tool;
-    int64_t k;          /* call of the run this connection is on (k % conns == its index) */
-    int64_t timer_us;   /* mono time the state's timer fires; INT64_MAX: none */
-    int64_t t1_us;      /* first try of the call's first submit (latency) */
+    int64_t k;           /* call of the run this connection is on (k % conns == its index) */
+    int64_t timer_us;    /* mono time the state's timer fires; INT64_MAX: none */
+    int64_t t1_us;       /* first try of the call's first submit (latency) */
     int64_t deadline_us; /* retry deadline of the current request */
     int64_t backoff_ms;
-    int send_waited;    /* the current send had to wait for EPOLLOUT */
+    int send_waited; /* the current send had to wait for EPOLLOUT */
     size_t reqlen, sent;
     /* response being read */
-    int head;           /* head parsed: status, keep and need are valid */
+    int head; /* head parsed: status, keep and need are valid */
     int status, keep;
     size_t hlen, need, scan, len;
     /* outcome of the current request */
-    int ok;             /* 2xx with a call_id (phases 0, 1) / 422 idempotency_conflict (2) */
-    char cid[64];       /* call_id of the first submit ("" when not accepted) */
-    char rcid[64];      /* call_id of the last answer */
+    int ok;        /* 2xx with a call_id (phases 0, 1) / 422 idempotency_conflict (2) */
+    char cid[64];  /* call_id of the first submit ("" when not accepted) */
+    char rcid[64]; /* call_id of the last answer */
     char req[2048];
     char buf[OQ__LOAD_BUF];
 } lconn_t;
@@ -346,9 +351,9 @@ typedef struct {
     load_shared_t *s;
     int ep;
     lconn_t *c;
-    int n;          /* connections of this thread */
-    int active;     /* connections not FINISHED */
-    int err;        /* errno of a fatal epoll error (the run is incomplete) */
+    int n;      /* connections of this thread */
+    int active; /* connections not FINISHED */
+    int err;    /* errno of a fatal epoll error (the run is incomplete) */
     oq_load_result_t loc;
 } lthread_t;
 
@@ -428,8 +433,8 @@ static int lparse(lconn_t *c)
 {
     if (!c->head) {
         size_t from = c->scan > 3 ? c->scan - 3 : 0;
-        const char *hend = c->len > from ? memmem(c->buf + from, c->len - from, "\r\n\r\n", 4)
-                                         : NULL;
+        const char *hend =
+            c->len > from ? memmem(c->buf + from, c->len - from, "\r\n\r\n", 4) : NULL;
         if (!hend) {
             c->scan = c->len;
             return c->len >= sizeof c->buf - 1 ? -1 : 0;
@@ -515,7 +520,7 @@ static void drive(lthread_t *t, lconn_t *c, uint32_t ev)
                 }
             }
             /* fall through: the call is due */
-        begin_call: {
+        begin_call : {
             int64_t i = o->first + c->k;
             c->tool = tool_of(s, i);
             c->phase = 0;
@@ -675,11 +680,15 @@ static void drive(lthread_t *t, lconn_t *c, uint32_t ev)
                     continue;
                 }
             } else if (c->phase == 1) {
-                if (c->ok && strcmp(c->cid, c->rcid) == 0) t->loc.replays_ok++;
-                else t->loc.replays_bad++;
+                if (c->ok && strcmp(c->cid, c->rcid) == 0)
+                    t->loc.replays_ok++;
+                else
+                    t->loc.replays_bad++;
             } else {
-                if (c->ok) t->loc.conflicts_ok++;
-                else t->loc.conflicts_bad++;
+                if (c->ok)
+                    t->loc.conflicts_ok++;
+                else
+                    t->loc.conflicts_bad++;
             }
             if (c->phase < 2 && c->cid[0] && o->conflict_every > 0 && i % o->conflict_every == 0) {
                 c->phase = 2;
@@ -743,7 +752,8 @@ static void *load_thread(void *arg)
         lclose(&t->c[j]);
     pthread_mutex_lock(&s->mu);
     s->r.accepted += t->loc.accepted;
-    for (int k = 0; k < OQ_LOAD__NTOOLS; k++) s->r.by_tool[k] += t->loc.by_tool[k];
+    for (int k = 0; k < OQ_LOAD__NTOOLS; k++)
+        s->r.by_tool[k] += t->loc.by_tool[k];
     s->r.replays_ok += t->loc.replays_ok;
     s->r.replays_bad += t->loc.replays_bad;
     s->r.conflicts_ok += t->loc.conflicts_ok;
@@ -785,7 +795,8 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     s->addr_ok = inet_pton(AF_INET, strcmp(o.host, "localhost") == 0 ? "127.0.0.1" : o.host,
                            &s->addr.sin_addr) == 1;
     int any = 0;
-    for (int k = 0; k < OQ_LOAD__NTOOLS; k++) any |= o.mix[k] > 0;
+    for (int k = 0; k < OQ_LOAD__NTOOLS; k++)
+        any |= o.mix[k] > 0;
     static const int defmix[OQ_LOAD__NTOOLS] = {40, 30, 10, 10, 10};
     for (int k = 0; k < OQ_LOAD__NTOOLS; k++) {
         s->mix[k] = any ? (o.mix[k] > 0 ? o.mix[k] : 0) : defmix[k];
@@ -796,7 +807,8 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
     lthread_t *ta = calloc((size_t)nthreads, sizeof *ta);
     int rc = 0, started = 0, mu_init = 0;
     if (ta)
-        for (int t = 0; t < nthreads; t++) ta[t].ep = -1;
+        for (int t = 0; t < nthreads; t++)
+            ta[t].ep = -1;
     if (!s->lat || !th || !ta) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "load: out of memory");
         goto out;
@@ -809,9 +821,9 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
         tt->ep = epoll_create1(EPOLL_CLOEXEC);
         tt->c = calloc((size_t)tt->n, sizeof *tt->c);
         if (tt->ep < 0 || !tt->c) {
-            rc = tt->ep < 0 ? oq_error_set(err, OQ_EIO, errno, "load: epoll_create1: %s",
-                                           strerror(errno))
-                            : oq_error_set(err, OQ_ENOMEM, 0, "load: out of memory");
+            rc = tt->ep < 0
+                     ? oq_error_set(err, OQ_EIO, errno, "load: epoll_create1: %s", strerror(errno))
+                     : oq_error_set(err, OQ_ENOMEM, 0, "load: out of memory");
             goto out;
         }
         for (int j = 0; j < tt->n; j++) {
@@ -831,15 +843,15 @@ int oq_load_run(const oq_load_opts_t *in, oq_load_result_t *r, oq_error_t *err)
         if (pthread_create(&th[t], NULL, load_thread, &ta[t]) != 0) break;
         started++;
     }
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
     if (started < nthreads) {
         rc = oq_error_set(err, OQ_EIO, errno, "load: could not start all threads");
         goto out;
     }
     for (int t = 0; t < nthreads; t++)
         if (ta[t].err) {
-            rc = oq_error_set(err, OQ_EIO, ta[t].err, "load: epoll_wait: %s",
-                              strerror(ta[t].err));
+            rc = oq_error_set(err, OQ_EIO, ta[t].err, "load: epoll_wait: %s", strerror(ta[t].err));
             goto out;
         }
     *r = s->r;

@@ -32,20 +32,20 @@
 
 /** Kinds of violation. Names (oq_violation_name) are stable: tests and JSON output use them. */
 typedef enum {
-    OQ_V_DUP_KEY = 0,           /**< two calls share (tenant, idem_key) */
-    OQ_V_DUP_EFFECT,            /**< more than one effect for one call_id */
-    OQ_V_CONFLICT_EFFECT,       /**< effect whose execution fingerprint != the call's */
-    OQ_V_UNKNOWN_CALL_EFFECT,   /**< effect for a call_id unknown to the producer */
-    OQ_V_NOT_TERMINAL,          /**< accepted call still pending/running (lost once drained) */
-    OQ_V_SUCCEEDED_NO_EFFECT,   /**< succeeded charge/send_email call without its effect */
-    OQ_V_FAILED_WITH_EFFECT,    /**< producer says failed but an effect exists */
-    OQ_V_COMMITTED_NO_EFFECT,   /**< consumer execution COMMITTED for an effectful tool, no effect */
-    OQ_V_EFFECT_NOT_COMMITTED,  /**< effect exists but the execution ended failed */
-    OQ_V_REEXECUTED,            /**< consumer audit: execution started again after terminal */
-    OQ_V_TERMINAL_LEFT,         /**< producer audit: a terminal call moved again */
-    OQ_V_ACCEPTED_MISSING,      /**< a client got 2xx for a call that calls.db does not hold */
-    OQ_V_DOWNSTREAM_DUP,        /**< the downstream ledger holds > 1 effect for one key/ref */
-    OQ_V_DOWNSTREAM_MISSING,    /**< an effect's downstream id is not in the ledger */
+    OQ_V_DUP_KEY = 0,          /**< two calls share (tenant, idem_key) */
+    OQ_V_DUP_EFFECT,           /**< more than one effect for one call_id */
+    OQ_V_CONFLICT_EFFECT,      /**< effect whose execution fingerprint != the call's */
+    OQ_V_UNKNOWN_CALL_EFFECT,  /**< effect for a call_id unknown to the producer */
+    OQ_V_NOT_TERMINAL,         /**< accepted call still pending/running (lost once drained) */
+    OQ_V_SUCCEEDED_NO_EFFECT,  /**< succeeded charge/send_email call without its effect */
+    OQ_V_FAILED_WITH_EFFECT,   /**< producer says failed but an effect exists */
+    OQ_V_COMMITTED_NO_EFFECT,  /**< consumer execution COMMITTED for an effectful tool, no effect */
+    OQ_V_EFFECT_NOT_COMMITTED, /**< effect exists but the execution ended failed */
+    OQ_V_REEXECUTED,           /**< consumer audit: execution started again after terminal */
+    OQ_V_TERMINAL_LEFT,        /**< producer audit: a terminal call moved again */
+    OQ_V_ACCEPTED_MISSING,     /**< a client got 2xx for a call that calls.db does not hold */
+    OQ_V_DOWNSTREAM_DUP,       /**< the downstream ledger holds > 1 effect for one key/ref */
+    OQ_V_DOWNSTREAM_MISSING,   /**< an effect's downstream id is not in the ledger */
     OQ__V_COUNT
 } oq_violation_kind_t;
 
@@ -54,8 +54,8 @@ const char *oq_violation_name(int kind);
 
 /** Options of one verification run. Zero-initialised = defaults. */
 typedef struct oq_verify_opts {
-    int allow_pending; /**< non-terminal calls are reported (pending) but not violations */
-    int max_examples;  /**< examples kept per kind (0: default 10; negative: none) */
+    int allow_pending;         /**< non-terminal calls are reported (pending) but not violations */
+    int max_examples;          /**< examples kept per kind (0: default 10; negative: none) */
     const char *accepted_file; /**< optional: call ids a client saw accepted (2xx), one per
                                     line; each missing from calls.db is OQ_V_ACCEPTED_MISSING */
     const char *downstream_db; /**< optional: the ledger of `onceq downstream` (read-only) */
@@ -63,32 +63,32 @@ typedef struct oq_verify_opts {
 
 /** One example of a violation. */
 typedef struct oq_violation {
-    int kind;          /**< oq_violation_kind_t */
+    int kind; /**< oq_violation_kind_t */
     char call_id[64];
     char detail[192];
 } oq_violation_t;
 
 /** The result of oq_verify_run(). Free what it owns with oq_verify_report_clear(). */
 typedef struct oq_verify_report {
-    int64_t calls;               /**< logical calls in the producer database */
-    int64_t by_state[5];         /**< pending, running, succeeded, failed, needs_review */
-    int64_t effects;             /**< rows in the consumer's effects table */
-    int64_t expected_effects;    /**< succeeded charge + send_email calls */
-    int64_t duplicates;          /**< duplicate effects: effects - distinct effect call_ids */
-    int64_t pending;             /**< calls not terminal (pending + running) */
-    int64_t lost;                /**< not terminal (unless allow_pending) + succeeded w/o effect */
-    int64_t inbox_duplicates;    /**< consumer inbox rows marked duplicate (redelivery absorbed) */
-    double dsr;                  /**< duplicates / calls (0 when no calls) */
-    int64_t count[OQ__V_COUNT];  /**< violations per kind */
-    int64_t violations;          /**< sum of count[] */
-    oq_violation_t *examples;    /**< first max_examples of each kind, in kind order */
+    int64_t calls;              /**< logical calls in the producer database */
+    int64_t by_state[5];        /**< pending, running, succeeded, failed, needs_review */
+    int64_t effects;            /**< rows in the consumer's effects table */
+    int64_t expected_effects;   /**< succeeded charge + send_email calls */
+    int64_t duplicates;         /**< duplicate effects: effects - distinct effect call_ids */
+    int64_t pending;            /**< calls not terminal (pending + running) */
+    int64_t lost;               /**< not terminal (unless allow_pending) + succeeded w/o effect */
+    int64_t inbox_duplicates;   /**< consumer inbox rows marked duplicate (redelivery absorbed) */
+    double dsr;                 /**< duplicates / calls (0 when no calls) */
+    int64_t count[OQ__V_COUNT]; /**< violations per kind */
+    int64_t violations;         /**< sum of count[] */
+    oq_violation_t *examples;   /**< first max_examples of each kind, in kind order */
     int nexamples;
     int allow_pending;
-    int has_downstream;          /**< the fields below were read from the downstream ledger */
-    int64_t ds_effects;          /**< effects the downstream committed */
-    int64_t ds_calls;            /**< logical calls there (by key, else reference, else id) */
-    int64_t ds_duplicates;       /**< ds_effects - ds_calls */
-    double ds_dsr;               /**< ds_duplicates / ds_calls: the DSR a customer sees */
+    int has_downstream;    /**< the fields below were read from the downstream ledger */
+    int64_t ds_effects;    /**< effects the downstream committed */
+    int64_t ds_calls;      /**< logical calls there (by key, else reference, else id) */
+    int64_t ds_duplicates; /**< ds_effects - ds_calls */
+    double ds_dsr;         /**< ds_duplicates / ds_calls: the DSR a customer sees */
 } oq_verify_report_t;
 
 /**

@@ -208,8 +208,10 @@ static int has_table(sqlite3 *db, const char *schema, const char *table)
 {
     char sql[200];
     int64_t n = 0;
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s.sqlite_master WHERE type='table' AND "
-                              "name='%s'", schema, table);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM %s.sqlite_master WHERE type='table' AND "
+             "name='%s'",
+             schema, table);
     if (scalar(db, sql, &n, NULL) != 0) return 0;
     return n > 0;
 }
@@ -266,8 +268,8 @@ static int ds_example(oq_verify_report_t *rep, int max_examples, int64_t *kept, 
         snprintf(x->call_id, sizeof x->call_id, "c_%.60s", v + 2);
     else
         snprintf(x->call_id, sizeof x->call_id, "?");
-    snprintf(x->detail, sizeof x->detail, "ledger: %lld effects for %s %.120s", (long long)n,
-             what, v);
+    snprintf(x->detail, sizeof x->detail, "ledger: %lld effects for %s %.120s", (long long)n, what,
+             v);
     (*kept)++;
     return 0;
 }
@@ -297,9 +299,9 @@ static int check_downstream(sqlite3 *db, const char *path, int max_examples,
         json_array_foreach(top, i, e)
         {
             const char *v = json_string_value(json_object_get(e, groups[g][1]));
-            if (v && (rc = ds_example(rep, max_examples, &kept, v,
-                                      json_integer_value(json_object_get(e, "effects")),
-                                      groups[g][1])))
+            if (v &&
+                (rc = ds_example(rep, max_examples, &kept, v,
+                                 json_integer_value(json_object_get(e, "effects")), groups[g][1])))
                 break;
         }
     }
@@ -357,18 +359,17 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
 {
     oq_verify_opts_t defaults = {0};
     if (!opts) opts = &defaults;
-    int max_examples = opts->max_examples > 0 ? opts->max_examples
-                       : opts->max_examples < 0 ? 0 : 10;
+    int max_examples = opts->max_examples > 0   ? opts->max_examples
+                       : opts->max_examples < 0 ? 0
+                                                : 10;
     memset(rep, 0, sizeof *rep);
     rep->allow_pending = opts->allow_pending;
 
     struct stat sb;
     if (stat(producer_db, &sb) != 0)
-        return oq_error_set(err, OQ_EIO, errno, "producer db %s: %s", producer_db,
-                            strerror(errno));
+        return oq_error_set(err, OQ_EIO, errno, "producer db %s: %s", producer_db, strerror(errno));
     if (stat(consumer_db, &sb) != 0)
-        return oq_error_set(err, OQ_EIO, errno, "consumer db %s: %s", consumer_db,
-                            strerror(errno));
+        return oq_error_set(err, OQ_EIO, errno, "consumer db %s: %s", consumer_db, strerror(errno));
     if (opts->downstream_db && stat(opts->downstream_db, &sb) != 0)
         return oq_error_set(err, OQ_EIO, errno, "downstream db %s: %s", opts->downstream_db,
                             strerror(errno));
@@ -495,7 +496,8 @@ int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_ver
             if (rep->examples[i].kind != OQ_V_NOT_TERMINAL) rep->examples[w++] = rep->examples[i];
         rep->nexamples = w;
     }
-    for (int k = 0; k < OQ__V_COUNT; k++) rep->violations += rep->count[k];
+    for (int k = 0; k < OQ__V_COUNT; k++)
+        rep->violations += rep->count[k];
     rep->dsr = rep->calls > 0 ? (double)rep->duplicates / (double)rep->calls : 0.0;
 out:
     if (db) {
@@ -515,14 +517,14 @@ static int print_json(const oq_verify_report_t *rep, FILE *out)
     if (!o || !bs || !counts || !ex) goto nomem;
     static const char *const states[5] = {"pending", "running", "succeeded", "failed",
                                           "needs_review"};
-    for (int i = 0; i < 5; i++) json_object_set_new(bs, states[i], json_integer(rep->by_state[i]));
+    for (int i = 0; i < 5; i++)
+        json_object_set_new(bs, states[i], json_integer(rep->by_state[i]));
     for (int k = 0; k < OQ__V_COUNT; k++)
         json_object_set_new(counts, oq_violation_name(k), json_integer(rep->count[k]));
     for (int i = 0; i < rep->nexamples; i++)
-        json_array_append_new(ex, json_pack("{s:s,s:s,s:s}", "kind",
-                                            oq_violation_name(rep->examples[i].kind), "call_id",
-                                            rep->examples[i].call_id, "detail",
-                                            rep->examples[i].detail));
+        json_array_append_new(
+            ex, json_pack("{s:s,s:s,s:s}", "kind", oq_violation_name(rep->examples[i].kind),
+                          "call_id", rep->examples[i].call_id, "detail", rep->examples[i].detail));
     json_object_set_new(o, "clean", json_boolean(rep->violations == 0));
     json_object_set_new(o, "calls", json_integer(rep->calls));
     json_object_set_new(o, "by_state", bs);
@@ -559,11 +561,11 @@ nomem:
 int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
 {
     if (json) return print_json(rep, out);
-    fprintf(out, "calls            %lld (pending %lld, running %lld, succeeded %lld, failed %lld, "
-                 "needs_review %lld)\n",
+    fprintf(out,
+            "calls            %lld (pending %lld, running %lld, succeeded %lld, failed %lld, "
+            "needs_review %lld)\n",
             (long long)rep->calls, (long long)rep->by_state[0], (long long)rep->by_state[1],
-            (long long)rep->by_state[2], (long long)rep->by_state[3],
-            (long long)rep->by_state[4]);
+            (long long)rep->by_state[2], (long long)rep->by_state[3], (long long)rep->by_state[4]);
     fprintf(out, "effects          %lld (expected %lld: succeeded charge + send_email calls)\n",
             (long long)rep->effects, (long long)rep->expected_effects);
     fprintf(out, "duplicates       %lld (duplicate effects)\n", (long long)rep->duplicates);
@@ -578,8 +580,8 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
         fprintf(out,
                 "downstream       %lld effects for %lld calls, %lld duplicates, DSR %.6f (the "
                 "downstream's own ledger)\n",
-                (long long)rep->ds_effects, (long long)rep->ds_calls,
-                (long long)rep->ds_duplicates, rep->ds_dsr);
+                (long long)rep->ds_effects, (long long)rep->ds_calls, (long long)rep->ds_duplicates,
+                rep->ds_dsr);
     fprintf(out, "violations       %lld\n", (long long)rep->violations);
     for (int k = 0; k < OQ__V_COUNT; k++) {
         if (!rep->count[k]) continue;

@@ -30,8 +30,10 @@
 const char *oq_kind_name(oq_kind_t k)
 {
     switch (k) {
-    case OQ_KIND_TOOL_CALL: return "tool_call";
-    case OQ_KIND_TOOL_RESULT: return "tool_result";
+    case OQ_KIND_TOOL_CALL:
+        return "tool_call";
+    case OQ_KIND_TOOL_RESULT:
+        return "tool_result";
     }
     return "unknown";
 }
@@ -165,8 +167,7 @@ static int validate_fields(const oq_envelope_t *e, oq_error_t *err)
                             OQ_MAX_NAME_LEN);
     if (!oq_envelope_valid_key(e->idem_key))
         return oq_error_set(err, OQ_EINVAL, 0,
-                            "field idem_key: expected 1..%d printable ASCII bytes",
-                            OQ_MAX_KEY_LEN);
+                            "field idem_key: expected 1..%d printable ASCII bytes", OQ_MAX_KEY_LEN);
     if (!check_fingerprint(e->fingerprint))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "field fingerprint: expected 64 lowercase hex digits (SHA-256)");
@@ -210,13 +211,13 @@ static int get_str(const json_t *root, const char *name, const char **out, oq_er
 {
     const json_t *f = json_object_get(root, name);
     if (!f) return oq_error_set(err, OQ_EINVAL, 0, "missing field %s", name);
-    if (!json_is_string(f)) return oq_error_set(err, OQ_EINVAL, 0, "field %s: expected string", name);
+    if (!json_is_string(f))
+        return oq_error_set(err, OQ_EINVAL, 0, "field %s: expected string", name);
     *out = json_string_value(f);
     return 0;
 }
 
-static int get_int(const json_t *root, const char *name, int64_t min, int64_t *out,
-                   oq_error_t *err)
+static int get_int(const json_t *root, const char *name, int64_t min, int64_t *out, oq_error_t *err)
 {
     const json_t *f = json_object_get(root, name);
     if (!f) return oq_error_set(err, OQ_EINVAL, 0, "missing field %s", name);
@@ -260,9 +261,9 @@ static int decode_fields(const json_t *root, oq_envelope_t *e, oq_error_t *err)
     else if (strcmp(s, "tool_result") == 0)
         e->kind = OQ_KIND_TOOL_RESULT;
     else
-        return oq_error_set(err, OQ_EINVAL, 0,
-                            "field kind: unknown kind \"%.40s\" (expected tool_call or tool_result)",
-                            s);
+        return oq_error_set(
+            err, OQ_EINVAL, 0,
+            "field kind: unknown kind \"%.40s\" (expected tool_call or tool_result)", s);
 
     if ((rc = get_str(root, "message_id", &s, err))) return rc;
     copy_fixed(e->message_id, sizeof(e->message_id), s);
@@ -388,8 +389,7 @@ static int write_envelope(const oq_envelope_t *e, const char *args_canon, size_t
     PUT(oq_jcs_put_string(&b, e->message_id, err));
     if (!call) {
         PUT_KEY(",\"result\":");
-        PUT(e->result ? oq_jcs_put_value(&b, e->result, err)
-                      : oq_jcs_put_raw(&b, "null", 4, err));
+        PUT(e->result ? oq_jcs_put_value(&b, e->result, err) : oq_jcs_put_raw(&b, "null", 4, err));
         PUT_KEY(",\"status\":");
         PUT(oq_jcs_put_string(&b, e->status, err));
     }

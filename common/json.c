@@ -137,8 +137,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, int *zero_
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         if (depth + 1 > max_depth)
-            return oq_error_set(err, OQ_EDEPTH, 0, "JSON nested deeper than %zu levels",
-                                max_depth);
+            return oq_error_set(err, OQ_EDEPTH, 0, "JSON nested deeper than %zu levels", max_depth);
         const char *key;
         size_t klen;
         json_t *m;
@@ -153,8 +152,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, int *zero_
     }
     case JSON_ARRAY: {
         if (depth + 1 > max_depth)
-            return oq_error_set(err, OQ_EDEPTH, 0, "JSON nested deeper than %zu levels",
-                                max_depth);
+            return oq_error_set(err, OQ_EDEPTH, 0, "JSON nested deeper than %zu levels", max_depth);
         size_t n = json_array_size(v);
         for (size_t i = 0; i < n; i++) {
             int rc = json_walk(json_array_get(v, i), depth + 1, max_depth, zero_real, err);
@@ -266,18 +264,30 @@ int oq_json_parse(const char *buf, size_t len, size_t max_depth, json_t **out, o
     if (!v) {
         int code;
         switch (json_error_code(&jerr)) {
-        case json_error_duplicate_key: code = OQ_EDUPKEY; break;
-        case json_error_invalid_utf8: code = OQ_EUTF8; break;
-        case json_error_numeric_overflow: code = OQ_ERANGE; break;
-        case json_error_stack_overflow: code = OQ_EDEPTH; break;
-        case json_error_out_of_memory: code = OQ_ENOMEM; break;
-        default: code = OQ_EINVAL; break;
+        case json_error_duplicate_key:
+            code = OQ_EDUPKEY;
+            break;
+        case json_error_invalid_utf8:
+            code = OQ_EUTF8;
+            break;
+        case json_error_numeric_overflow:
+            code = OQ_ERANGE;
+            break;
+        case json_error_stack_overflow:
+            code = OQ_EDEPTH;
+            break;
+        case json_error_out_of_memory:
+            code = OQ_ENOMEM;
+            break;
+        default:
+            code = OQ_EINVAL;
+            break;
         }
         if (jansson_alloc_failures != failures_before) code = OQ_ENOMEM;
         if (code == OQ_ENOMEM)
             return oq_error_set(err, OQ_ENOMEM, 0, "out of memory parsing %zu bytes of JSON", len);
-        return oq_error_set(err, code, 0, "line %d column %d (byte %d): %s", jerr.line,
-                            jerr.column, jerr.position, jerr.text);
+        return oq_error_set(err, code, 0, "line %d column %d (byte %d): %s", jerr.line, jerr.column,
+                            jerr.position, jerr.text);
     }
     int zero_real = 0;
     int rc = json_walk(v, 0, max_depth, &zero_real, err);
@@ -338,7 +348,8 @@ static size_t jcs_int(long long i, char *out)
         u /= 10;
     } while (u);
     if (i < 0) out[len++] = '-';
-    while (n) out[len++] = tmp[--n];
+    while (n)
+        out[len++] = tmp[--n];
     out[len] = '\0';
     return len;
 }
@@ -377,7 +388,8 @@ int oq_jcs_number(double d, char out[OQ_JCS_NUMBER_MAX], oq_error_t *err)
     int k = 0;
     for (; *s && *s != 'e'; s++)
         if (*s >= '0' && *s <= '9') digits[k++] = *s;
-    while (k > 1 && digits[k - 1] == '0') k--;
+    while (k > 1 && digits[k - 1] == '0')
+        k--;
     int e10 = (int)strtol(s + 1, NULL, 10);
     int n = e10 + 1; /* value = 0.DIGITS x 10^n */
 
@@ -386,7 +398,8 @@ int oq_jcs_number(double d, char out[OQ_JCS_NUMBER_MAX], oq_error_t *err)
     if (k <= n && n <= 21) {
         memcpy(o, digits, (size_t)k);
         o += k;
-        for (int i = 0; i < n - k; i++) *o++ = '0';
+        for (int i = 0; i < n - k; i++)
+            *o++ = '0';
     } else if (0 < n && n <= 21) {
         memcpy(o, digits, (size_t)n);
         o += n;
@@ -396,7 +409,8 @@ int oq_jcs_number(double d, char out[OQ_JCS_NUMBER_MAX], oq_error_t *err)
     } else if (-6 < n && n <= 0) {
         *o++ = '0';
         *o++ = '.';
-        for (int i = 0; i < -n; i++) *o++ = '0';
+        for (int i = 0; i < -n; i++)
+            *o++ = '0';
         memcpy(o, digits, (size_t)k);
         o += k;
     } else {
@@ -434,13 +448,27 @@ static int jcs_string(jbuf_t *b, const char *str, size_t len, oq_error_t *err)
         }
         *o++ = '\\';
         switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\r': *o++ = 'r'; break;
-        case '\t': *o++ = 't'; break;
+        case '"':
+            *o++ = '"';
+            break;
+        case '\\':
+            *o++ = '\\';
+            break;
+        case '\b':
+            *o++ = 'b';
+            break;
+        case '\f':
+            *o++ = 'f';
+            break;
+        case '\n':
+            *o++ = 'n';
+            break;
+        case '\r':
+            *o++ = 'r';
+            break;
+        case '\t':
+            *o++ = 't';
+            break;
         default:
             *o++ = 'u';
             *o++ = '0';
@@ -475,11 +503,13 @@ static uint32_t utf16_order(uint32_t cp)
 static int utf16_cmp(const char *a, size_t alen, const char *b, size_t blen)
 {
     size_t n = alen < blen ? alen : blen, i = 0;
-    while (i < n && a[i] == b[i]) i++;
+    while (i < n && a[i] == b[i])
+        i++;
     if (i == n) return alen < blen ? -1 : alen > blen;
     /* Back up to the start of the character holding the first difference: the bytes before i
      * are equal, so it starts at the same offset in both keys. */
-    while (i > 0 && ((unsigned char)a[i] & 0xC0) == 0x80) i--;
+    while (i > 0 && ((unsigned char)a[i] & 0xC0) == 0x80)
+        i--;
     uint32_t ca = 0, cb = 0;
     if (!utf8_decode((const unsigned char *)a + i, alen - i, &ca)) ca = (unsigned char)a[i];
     if (!utf8_decode((const unsigned char *)b + i, blen - i, &cb)) cb = (unsigned char)b[i];
@@ -542,7 +572,8 @@ static int jcs_value(jbuf_t *b, const json_t *v, size_t depth, oq_error_t *err)
     char num[OQ_JCS_NUMBER_MAX];
     int rc;
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return jcs_object(b, v, depth, err);
+    case JSON_OBJECT:
+        return jcs_object(b, v, depth, err);
     case JSON_ARRAY: {
         if ((rc = jb_putc(b, '[', err))) return rc;
         size_t n = json_array_size(v);
@@ -552,7 +583,8 @@ static int jcs_value(jbuf_t *b, const json_t *v, size_t depth, oq_error_t *err)
         }
         return jb_putc(b, ']', err);
     }
-    case JSON_STRING: return jcs_string(b, json_string_value(v), json_string_length(v), err);
+    case JSON_STRING:
+        return jcs_string(b, json_string_value(v), json_string_length(v), err);
     case JSON_INTEGER: {
         json_int_t i = json_integer_value(v);
         if (i > JCS_MAX_SAFE_INT || i < -JCS_MAX_SAFE_INT)
@@ -564,9 +596,12 @@ static int jcs_value(jbuf_t *b, const json_t *v, size_t depth, oq_error_t *err)
     case JSON_REAL:
         if ((rc = oq_jcs_number(json_real_value(v), num, err))) return rc;
         return jb_put(b, num, strlen(num), err);
-    case JSON_TRUE: return jb_put(b, "true", 4, err);
-    case JSON_FALSE: return jb_put(b, "false", 5, err);
-    case JSON_NULL: return jb_put(b, "null", 4, err);
+    case JSON_TRUE:
+        return jb_put(b, "true", 4, err);
+    case JSON_FALSE:
+        return jb_put(b, "false", 5, err);
+    case JSON_NULL:
+        return jb_put(b, "null", 4, err);
     }
     return oq_error_set(err, OQ_EINVAL, 0, "unknown JSON type");
 }

@@ -6,8 +6,7 @@
 #include "oq_kafka.h"
 #include "oq_log.h"
 
-int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value,
-                      oq_error_t *err)
+int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err)
 {
     char errstr[256];
     if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)

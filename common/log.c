@@ -104,8 +104,8 @@ static void log_emit(oq_log_level_t level, const char *component, const char *ca
     (void)w;
 }
 
-void oq_log_write(oq_log_level_t level, const char *component, const char *call_id,
-                  const char *fmt, ...)
+void oq_log_write(oq_log_level_t level, const char *component, const char *call_id, const char *fmt,
+                  ...)
 {
     char msg[2048];
     va_list ap;
@@ -119,7 +119,7 @@ void oq_log_rdkafka_cb(const struct rd_kafka_s *rk, int level, const char *fac, 
 {
     (void)rk;
     /* syslog levels: 0..3 error, 4 warning, 5..6 info, 7 debug */
-    oq_log_level_t l = level <= 3 ? OQ_LOG_ERROR
+    oq_log_level_t l = level <= 3   ? OQ_LOG_ERROR
                        : level == 4 ? OQ_LOG_WARN
                        : level <= 6 ? OQ_LOG_INFO
                                     : OQ_LOG_DEBUG;

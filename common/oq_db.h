@@ -113,10 +113,10 @@ sqlite3_stmt *oq_stmt_get(oq_stmt_cache_t *c, const char *sql, oq_error_t *err);
 typedef struct oq_outbox_row {
     const char *message_id; /**< unique; the consumer's inbox key */
     const char *topic;
-    const char *key;        /**< Kafka key: the call_id, for per-call ordering */
-    const char *payload;    /**< envelope JSON */
+    const char *key;     /**< Kafka key: the call_id, for per-call ordering */
+    const char *payload; /**< envelope JSON */
     size_t payload_len;
-    int64_t created_at;     /**< unix ms */
+    int64_t created_at; /**< unix ms */
 } oq_outbox_row_t;
 
 /**

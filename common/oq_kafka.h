@@ -25,7 +25,6 @@ rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
                                    const oq_config_t *cfg, oq_error_t *err);
 
 /** @brief Set one property, mapping failure to OQ_EINVAL with librdkafka's message. */
-int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value,
-                      oq_error_t *err);
+int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err);
 
 #endif

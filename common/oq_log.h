@@ -13,7 +13,13 @@
 
 #include <stdio.h>
 
-typedef enum { OQ_LOG_DEBUG = 0, OQ_LOG_INFO, OQ_LOG_WARN, OQ_LOG_ERROR, OQ_LOG_OFF } oq_log_level_t;
+typedef enum {
+    OQ_LOG_DEBUG = 0,
+    OQ_LOG_INFO,
+    OQ_LOG_WARN,
+    OQ_LOG_ERROR,
+    OQ_LOG_OFF
+} oq_log_level_t;
 typedef enum { OQ_LOG_FMT_LOGFMT = 0, OQ_LOG_FMT_JSON } oq_log_format_t;
 
 /** Current threshold; read without locking (a racy read only delays a level change). */
@@ -26,8 +32,8 @@ void oq_log_init(oq_log_level_t level, oq_log_format_t fmt, int from_env);
 int oq_log_level_parse(const char *s);
 
 /** @brief Emit one line (use the macros so the level is checked before formatting). */
-void oq_log_write(oq_log_level_t level, const char *component, const char *call_id,
-                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void oq_log_write(oq_log_level_t level, const char *component, const char *call_id, const char *fmt,
+                  ...) __attribute__((format(printf, 4, 5)));
 
 /** @brief librdkafka log callback: maps syslog levels into the logger, component "rdkafka". */
 struct rd_kafka_s;

@@ -106,7 +106,8 @@ void oq_id_uuid(char out[OQ_UUID_LEN + 1])
     unsigned char b[16];
     uint64_t ms = (uint64_t)oq_now_ms();
     oq_random_bytes_buffered(b + 6, 10);
-    for (int i = 0; i < 6; i++) b[i] = (unsigned char)(ms >> (40 - 8 * i));
+    for (int i = 0; i < 6; i++)
+        b[i] = (unsigned char)(ms >> (40 - 8 * i));
     b[6] = (unsigned char)(0x70 | (b[6] & 0x0f)); /* version 7 */
     b[8] = (unsigned char)(0x80 | (b[8] & 0x3f)); /* RFC 4122 variant */
     char hex[33];
@@ -178,7 +179,8 @@ static int parse_scaled(const char *s, int64_t *out, const unit_t *units, size_t
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end != s + span || !(v >= 0)) return OQ_EINVAL;
-    while (isspace((unsigned char)*end)) end++;
+    while (isspace((unsigned char)*end))
+        end++;
     int64_t mult = -1;
     if (*end == '\0') {
         mult = 1;
@@ -234,8 +236,8 @@ void oq__crash_check(const char *point)
             long nth = at ? strtol(at + 1, NULL, 10) : 1;
             long h = atomic_fetch_add(&hits[entry < 32 ? entry : 31], 1) + 1;
             if (h >= nth) {
-                oq_log_write(OQ_LOG_WARN, "crash", NULL, "crash point %s reached (hit %ld): SIGKILL",
-                             point, h);
+                oq_log_write(OQ_LOG_WARN, "crash", NULL,
+                             "crash point %s reached (hit %ld): SIGKILL", point, h);
                 kill(getpid(), SIGKILL);
                 _exit(137);
             }

@@ -663,7 +663,8 @@ int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_m
     snprintf(detail, sizeof(detail), "try %" PRId64, x.tries);
     if ((rc = audit(s, call_id, events[OQ_X_STARTED], x.attempt, x.fence, detail, now, err)))
         goto out;
-    if (first && (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err))) goto out;
+    if (first && (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
+        goto out;
     if (out) {
         oq__exec_row_clear(out);
         *out = x;

@@ -268,7 +268,8 @@ static void ctl_command(broker_t *b, char *line)
     long v, count;
 
     snprintf(orig, sizeof(orig), "%s", line);
-    for (tok = strtok_r(line, " \t\r", &save); tok && argc < 8; tok = strtok_r(NULL, " \t\r", &save))
+    for (tok = strtok_r(line, " \t\r", &save); tok && argc < 8;
+         tok = strtok_r(NULL, " \t\r", &save))
         argv[argc++] = tok;
     if (argc == 0 || argv[0][0] == '#') return;
     if (tok) {
@@ -308,7 +309,8 @@ static void ctl_command(broker_t *b, char *line)
             ctl_ack(b, 0, "out of memory: %s", orig);
             return;
         }
-        for (long i = 0; i < count; i++) errs[i] = code;
+        for (long i = 0; i < count; i++)
+            errs[i] = code;
         rd_kafka_mock_push_request_errors_array(b->mc, api, (size_t)count, errs);
         free(errs);
         ctl_ack(b, 1, "%s", orig);
@@ -351,11 +353,13 @@ static void ctl_command(broker_t *b, char *line)
         if ((kerr = rd_kafka_mock_coordinator_set(b->mc, argv[1], argv[2], id))) goto kafka_err;
         ctl_ack(b, 1, "%s", orig);
     } else if (strcmp(cmd, "clear") == 0 && argc == 1) {
-        for (int16_t k = 0; k <= OQ__API_KEY_MAX; k++) rd_kafka_mock_clear_request_errors(b->mc, k);
+        for (int16_t k = 0; k <= OQ__API_KEY_MAX; k++)
+            rd_kafka_mock_clear_request_errors(b->mc, k);
         rd_kafka_mock_broker_set_up(b->mc, -1);
         rd_kafka_mock_broker_set_rtt(b->mc, -1, 0);
         set_down(b, -1, 0);
-        for (int i = 1; i <= b->nbrokers; i++) b->rtt[i] = 0;
+        for (int i = 1; i <= b->nbrokers; i++)
+            b->rtt[i] = 0;
         ctl_ack(b, 1, "clear");
     } else if (strcmp(cmd, "status") == 0 && argc == 1) {
         ctl_status(b);
@@ -588,7 +592,8 @@ int oq__cmd_broker(int argc, char **argv)
         char *copy = strdup(extra), *save = NULL, *t;
         if (!copy) goto out;
         for (t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            while (isspace((unsigned char)*t)) t++;
+            while (isspace((unsigned char)*t))
+                t++;
             if (!*t) continue;
             if (topic_create(&b, t, partitions, repl, &err) != 0) {
                 free(copy);

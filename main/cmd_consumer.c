@@ -38,8 +38,10 @@ int oq__cmd_consumer(int argc, char **argv)
     int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;
     if (!oq_config_str(cfg, "brokers") || oq_config_npositional(cfg) > 0) {
-        fprintf(stderr, "onceq consumer: --brokers is required and no positional arguments "
-                        "are taken\nusage: %s\n", usage);
+        fprintf(stderr,
+                "onceq consumer: --brokers is required and no positional arguments "
+                "are taken\nusage: %s\n",
+                usage);
         rc = OQ_EXIT_USAGE;
         goto out;
     }
@@ -68,8 +70,7 @@ int oq__cmd_consumer(int argc, char **argv)
     if (cons_signalled) oq_consumer_stop(c);
     oq_service_ready("consumer running (subscribes to the group next)");
     oq_service_watchdog_thread_start();
-    rc = oq_consumer_run(c, oq_config_int(cfg, "exit-idle"), &err) == 0 ? OQ_EXIT_OK
-                                                                       : OQ_EXIT_FAIL;
+    rc = oq_consumer_run(c, oq_config_int(cfg, "exit-idle"), &err) == 0 ? OQ_EXIT_OK : OQ_EXIT_FAIL;
     oq_service_watchdog_thread_stop();
     if (rc != OQ_EXIT_OK) fprintf(stderr, "onceq consumer: %s\n", err.msg);
     oq_consumer_stats_t st;

@@ -29,7 +29,8 @@ static int read_stdin(size_t limit, char **out, size_t *out_len, oq_error_t *err
     char *buf = malloc(cap);
     if (!buf) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     size_t r;
-    while (n < cap && (r = fread(buf + n, 1, cap - n, stdin)) > 0) n += r;
+    while (n < cap && (r = fread(buf + n, 1, cap - n, stdin)) > 0)
+        n += r;
     if (ferror(stdin)) {
         free(buf);
         return oq_error_set(err, OQ_EIO, 0, "cannot read standard input");
@@ -46,14 +47,20 @@ static int read_stdin(size_t limit, char **out, size_t *out_len, oq_error_t *err
 static const char *json_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
     case JSON_INTEGER:
-    case JSON_REAL: return "number";
+    case JSON_REAL:
+        return "number";
     case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    case JSON_NULL: return "null";
+    case JSON_FALSE:
+        return "boolean";
+    case JSON_NULL:
+        return "null";
     }
     return "unknown";
 }
@@ -69,7 +76,7 @@ int oq__cmd_fingerprint(int argc, char **argv)
     json_t *args = NULL;
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(fingerprint_settings,
-                                      sizeof fingerprint_settings / sizeof fingerprint_settings[0]);
+                                     sizeof fingerprint_settings / sizeof fingerprint_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
     int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
     if (rc >= 0) goto out;

@@ -90,9 +90,9 @@ typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
 
 typedef struct {
     up_kind_t kind;
-    char name[32];        /* "broker", "producer", "relay", "consumer-1" */
-    pid_t pid;            /* 0 when not running */
-    int64_t started_us;   /* oq_mono_us() at the last start */
+    char name[32];         /* "broker", "producer", "relay", "consumer-1" */
+    pid_t pid;             /* 0 when not running */
+    int64_t started_us;    /* oq_mono_us() at the last start */
     int64_t restart_at_us; /* when a dead child may be started again (0: now) */
     int64_t backoff_ms;
     int restarts;
@@ -375,8 +375,8 @@ static void up_schedule(up_child_t *k, int status)
     if (k->backoff_ms > 30000) k->backoff_ms = 30000;
     k->restart_at_us = now + k->backoff_ms * 1000;
     if (WIFSIGNALED(status))
-        OQ_LOG_WARN("up", "%s pid=%d killed by signal %d; restart in %lld ms", k->name,
-                    (int)k->pid, WTERMSIG(status), (long long)k->backoff_ms);
+        OQ_LOG_WARN("up", "%s pid=%d killed by signal %d; restart in %lld ms", k->name, (int)k->pid,
+                    WTERMSIG(status), (long long)k->backoff_ms);
     else
         OQ_LOG_WARN("up", "%s pid=%d exited with %d; restart in %lld ms", k->name, (int)k->pid,
                     WEXITSTATUS(status), (long long)k->backoff_ms);

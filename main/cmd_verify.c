@@ -59,8 +59,10 @@ int oq__cmd_verify(int argc, char **argv)
     }
     int json = (int)oq_config_int(cfg, "json");
     if (!json) printf("onceq verify: producer=%s consumer=%s\n", pdb, cdb);
-    if (oq_verify_print(&rep, stdout, json) != 0) rc = OQ_EXIT_FAIL;
-    else rc = rep.violations ? OQ_EXIT_VIOLATION : OQ_EXIT_OK;
+    if (oq_verify_print(&rep, stdout, json) != 0)
+        rc = OQ_EXIT_FAIL;
+    else
+        rc = rep.violations ? OQ_EXIT_VIOLATION : OQ_EXIT_OK;
     oq_verify_report_clear(&rep);
 out:
     oq_config_destroy(cfg);

@@ -16,7 +16,7 @@
 
 #define OQ_CMDS(X)                                                                                 \
     X(broker, "run the embedded Kafka broker (librdkafka mock cluster)")                           \
-    X(topics, "create, describe or delete the onceq topics on a real Kafka cluster")              \
+    X(topics, "create, describe or delete the onceq topics on a real Kafka cluster")               \
     X(producer, "run the producer: HTTP submit API, group commit, results ingest")                 \
     X(relay, "run the outbox relay daemon for one database")                                       \
     X(consumer, "run a consumer-group worker (inbox, executions, effects)")                        \
@@ -28,8 +28,8 @@
     X(inspect, "audit timeline of one call")                                                       \
     X(purge, "delete expired terminal calls and published outbox rows")                            \
     X(verify, "check the invariants across the producer and consumer databases")                   \
-    X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")          \
-    X(downstream, "run the test payment service (own ledger, switchable faults); stats")         \
+    X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")           \
+    X(downstream, "run the test payment service (own ledger, switchable faults); stats")           \
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
     X(fingerprint, "print the call fingerprint of the args JSON on stdin")                         \
     X(completion, "print a bash completion script (onceq completion bash)")

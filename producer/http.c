@@ -150,9 +150,9 @@ typedef struct req_ctx {
     char *body;
     size_t len, cap;
     oq_submit_job_t *job;
-    int refused; /**< the producer was shutting down: the job was not queued */
-    int authed;  /**< tokens are on and the request carried a valid one */
-    int n_key;   /**< Idempotency-Key headers received */
+    int refused;                      /**< the producer was shutting down: the job was not queued */
+    int authed;                       /**< tokens are on and the request carried a valid one */
+    int n_key;                        /**< Idempotency-Key headers received */
     char tenant[OQ_MAX_NAME_LEN + 1]; /**< the token's tenant when authed */
 } req_ctx_t;
 

@@ -176,8 +176,8 @@ static void *ingest_main(void *arg)
     return NULL;
 }
 
-int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
-                    oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err)
+int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_metrics_t *metrics,
+                    oq_ingest_t **out, oq_error_t *err)
 {
     int ret = 0;
     char errstr[512];

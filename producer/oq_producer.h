@@ -52,24 +52,24 @@ typedef struct oq_producer oq_producer_t;
 
 /** Open options. Zero-initialise, then set what you need. */
 typedef struct oq_producer_opts {
-    const char *synchronous; /**< "FULL" (default when NULL), "NORMAL", "OFF" */
-    int64_t key_ttl_ms;      /**< retention of keys; 0 = 24 h */
-    int max_batch;           /**< group-commit batch cap; 0 = 256 */
-    int read_conns;          /**< read-only connections for get/stats; 0 = 4 */
-    oq_metrics_t *metrics;   /**< optional registry (borrowed; must outlive the producer) */
-    int commit_delay_us;     /**< max extra wait to grow a batch: 0 = adaptive (default),
-                                  < 0 = off (commit whatever is queued at once) */
-    int checkpoint_pages;    /**< WAL frames that trigger a checkpoint on a background thread
-                                  (PASSIVE, its own connection): 0 = 1000; < 0 = SQLite's
-                                  auto-checkpoint inside the writer's commits */
+    const char *synchronous;   /**< "FULL" (default when NULL), "NORMAL", "OFF" */
+    int64_t key_ttl_ms;        /**< retention of keys; 0 = 24 h */
+    int max_batch;             /**< group-commit batch cap; 0 = 256 */
+    int read_conns;            /**< read-only connections for get/stats; 0 = 4 */
+    oq_metrics_t *metrics;     /**< optional registry (borrowed; must outlive the producer) */
+    int commit_delay_us;       /**< max extra wait to grow a batch: 0 = adaptive (default),
+                                    < 0 = off (commit whatever is queued at once) */
+    int checkpoint_pages;      /**< WAL frames that trigger a checkpoint on a background thread
+                                    (PASSIVE, its own connection): 0 = 1000; < 0 = SQLite's
+                                    auto-checkpoint inside the writer's commits */
     int64_t max_message_bytes; /**< the relay's Kafka message.max.bytes (keep the two equal):
                                     a new call whose message (envelope + key + header, as
                                     oq_outbox_wire_size() counts it) would be larger is refused
                                     with OQ_ETOOBIG and nothing is written; 0 = 1,000,000 */
-    int64_t redrive_after_ms; /**< a call not terminal whose state has not changed for this
-                                   long is due for a redrive (oq_producer_redrive): 0 = 2 min,
-                                   < 0 = off (passes do nothing). Nothing is stored at submit,
-                                   so the value applies to every open call. */
+    int64_t redrive_after_ms;  /**< a call not terminal whose state has not changed for this
+                                    long is due for a redrive (oq_producer_redrive): 0 = 2 min,
+                                    < 0 = off (passes do nothing). Nothing is stored at submit,
+                                    so the value applies to every open call. */
 } oq_producer_opts_t;
 
 typedef enum {
@@ -324,8 +324,8 @@ typedef struct oq_ingest_counts {
  *        (may be NULL). \p p (borrowed) must stay open until oq_ingest_stop() returned.
  * @returns 0 with \p out set, or OQ_EKAFKA/OQ_EINVAL.
  */
-int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg,
-                    oq_metrics_t *metrics, oq_ingest_t **out, oq_error_t *err);
+int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_metrics_t *metrics,
+                    oq_ingest_t **out, oq_error_t *err);
 /** @brief Stop the thread (after its current batch), close the consumer. NULL ok. Call it
  *         before oq_producer_close(). */
 void oq_ingest_stop(oq_ingest_t *in);
@@ -374,19 +374,19 @@ typedef enum {
 
 /** HTTP options. Zero-initialise, then set what you need (0 = the default said here). */
 typedef struct oq_http_opts {
-    const char *listen;    /**< "127.0.0.1:8081" */
-    int64_t max_body;      /**< default 1 MiB */
-    int threads;           /**< libmicrohttpd thread pool; default 2 (minimum 2) */
-    size_t max_depth;      /**< JSON nesting limit; default 32 */
-    oq_metrics_t *metrics; /**< optional, served on GET /metrics */
-    oq_ingest_t *ingest;   /**< optional: its counters appear in GET /stats as "results", and
-                                GET /readyz checks that its brokers answer */
-    int max_conns;         /**< open connections in all; a new one over it is closed at accept
-                                (counted, logged); default 1000 */
-    int max_conns_per_ip;  /**< open connections per client address; default 256; < 0 = none */
-    int idle_timeout_ms;   /**< close a connection that sent nothing for this long (a request
-                                still incomplete, or keep-alive between requests); a submit
-                                waiting for its commit is never timed out; default 10 s */
+    const char *listen;     /**< "127.0.0.1:8081" */
+    int64_t max_body;       /**< default 1 MiB */
+    int threads;            /**< libmicrohttpd thread pool; default 2 (minimum 2) */
+    size_t max_depth;       /**< JSON nesting limit; default 32 */
+    oq_metrics_t *metrics;  /**< optional, served on GET /metrics */
+    oq_ingest_t *ingest;    /**< optional: its counters appear in GET /stats as "results", and
+                                 GET /readyz checks that its brokers answer */
+    int max_conns;          /**< open connections in all; a new one over it is closed at accept
+                                 (counted, logged); default 1000 */
+    int max_conns_per_ip;   /**< open connections per client address; default 256; < 0 = none */
+    int idle_timeout_ms;    /**< close a connection that sent nothing for this long (a request
+                                 still incomplete, or keep-alive between requests); a submit
+                                 waiting for its commit is never timed out; default 10 s */
     const char *token_file; /**< API tokens, lines "TOKEN TENANT" (README "Authentication");
                                  NULL = no authentication. Borrowed: kept for oq_http_reload */
     oq_http_metrics_access_t metrics_access;

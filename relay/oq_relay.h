@@ -111,19 +111,19 @@ typedef enum {
 
 /** Counters and state of one relay (a snapshot; see oq_relay_stats()). */
 typedef struct oq_relay_stats {
-    uint64_t produced;           /**< messages handed to librdkafka (includes re-publishes) */
-    uint64_t published;          /**< delivery reports covered by a stored watermark */
-    uint64_t delivery_errors;    /**< failed delivery reports */
-    uint64_t rewinds;            /**< times publishing restarted from a failed row */
-    uint64_t batches;            /**< mark transactions committed */
-    uint64_t producer_restarts;  /**< producers recreated after a fatal error */
-    uint64_t fenced;             /**< times the lease was found lost */
-    uint64_t cleaned;            /**< published rows deleted by retention */
-    uint64_t dead_letters;       /**< rows set aside (outbox_dead) after a permanent error */
-    int64_t pending;             /**< unpublished rows (refreshed about every second) */
+    uint64_t produced;             /**< messages handed to librdkafka (includes re-publishes) */
+    uint64_t published;            /**< delivery reports covered by a stored watermark */
+    uint64_t delivery_errors;      /**< failed delivery reports */
+    uint64_t rewinds;              /**< times publishing restarted from a failed row */
+    uint64_t batches;              /**< mark transactions committed */
+    uint64_t producer_restarts;    /**< producers recreated after a fatal error */
+    uint64_t fenced;               /**< times the lease was found lost */
+    uint64_t cleaned;              /**< published rows deleted by retention */
+    uint64_t dead_letters;         /**< rows set aside (outbox_dead) after a permanent error */
+    int64_t pending;               /**< unpublished rows (refreshed about every second) */
     int64_t oldest_pending_age_ms; /**< age of the oldest unpublished row, 0 if none */
-    int64_t fence;               /**< fencing token while holder, else last held (0 never) */
-    int inflight;                /**< produced, no delivery report yet */
+    int64_t fence;                 /**< fencing token while holder, else last held (0 never) */
+    int inflight;                  /**< produced, no delivery report yet */
     oq_relay_lease_state_t lease_state;
 } oq_relay_stats_t;
 

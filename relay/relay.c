@@ -176,8 +176,8 @@ struct oq_relay {
     int64_t next_stats_us, next_lease_try_ms;
     int last_kafka_err;
     int64_t last_kafka_err_us;
-    int64_t max_msg_bytes; /* the producer's message.max.bytes (for log lines) */
-    oq_relay_stats_t st; /* working copy */
+    int64_t max_msg_bytes;        /* the producer's message.max.bytes (for log lines) */
+    oq_relay_stats_t st;          /* working copy */
     int64_t t_read_us, t_poll_us; /* where the relay thread's time goes (stop log) */
 
     /* writer thread: marks (one job at a time) and retention, on its own connection */
@@ -186,23 +186,22 @@ struct oq_relay {
     pthread_mutex_t wmu;
     pthread_cond_t wcv;
     int wstop;
-    int job_state;          /* OQ__JOB_*, under wmu */
-    int64_t job_upto;       /* watermark handed to the writer */
-    uint64_t job_n;         /* delivery reports it covers (for the published counter) */
-    int64_t job_fence;      /* fence the job was submitted under */
-    dead_list_t job_dead;   /* dead letters stored with the job's watermark */
-    int job_rc;             /* results, valid in DONE */
+    int job_state;        /* OQ__JOB_*, under wmu */
+    int64_t job_upto;     /* watermark handed to the writer */
+    uint64_t job_n;       /* delivery reports it covers (for the published counter) */
+    int64_t job_fence;    /* fence the job was submitted under */
+    dead_list_t job_dead; /* dead letters stored with the job's watermark */
+    int job_rc;           /* results, valid in DONE */
     int64_t job_now, job_from;
     char job_err[256];
     oq__relay_store_t *wstore;
-    atomic_int is_holder;   /* the writer cleans up only while the relay holds the lease */
+    atomic_int is_holder; /* the writer cleans up only while the relay holds the lease */
     atomic_ullong cleaned;
-    int64_t t_mark_us;      /* writer-only */
+    int64_t t_mark_us; /* writer-only */
 
     /* metrics (NULL when no registry) */
     oq_metric_t *m_pending, *m_oldest, *m_published, *m_produced, *m_errors, *m_rewinds,
-        *m_restarts, *m_fenced, *m_cleaned, *m_holder, *m_fence, *m_inflight, *m_batch,
-        *m_latency;
+        *m_restarts, *m_fenced, *m_cleaned, *m_holder, *m_fence, *m_inflight, *m_batch, *m_latency;
     oq_metric_t *m_dead[OQ__RELAY_NPERM]; /* onceq_relay_dead_letters_total{reason} */
 };
 
@@ -411,9 +410,11 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     r->st.delivery_errors++;
     oq_counter_add(r->m_errors, 1);
     if (r->failed.n == 0)
-        OQ_LOG_WARN("relay", "delivery failed seq=%" PRId64 " topic=%s partition=%d: %s; "
-                             "draining in-flight messages, then re-publishing from that row",
-                    e.seq, rd_kafka_topic_name(m->rkt), (int)m->partition, rd_kafka_err2str(m->err));
+        OQ_LOG_WARN("relay",
+                    "delivery failed seq=%" PRId64 " topic=%s partition=%d: %s; "
+                    "draining in-flight messages, then re-publishing from that row",
+                    e.seq, rd_kafka_topic_name(m->rkt), (int)m->partition,
+                    rd_kafka_err2str(m->err));
     if (list_push(&r->failed, e) != 0) {
         /* Out of memory: a global rewind to this seq is still correct (rows stay pending). */
         e.partition = -1;
@@ -502,7 +503,8 @@ static void producer_destroy(oq_relay_t *r)
     rd_kafka_purge(r->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
     /* Serve the purge reports so rows are accounted as failed (not lost). */
     int64_t deadline = oq_mono_us() + 2000000;
-    while (r->st.inflight > 0 && oq_mono_us() < deadline) rd_kafka_poll(r->rk, 20);
+    while (r->st.inflight > 0 && oq_mono_us() < deadline)
+        rd_kafka_poll(r->rk, 20);
     for (int i = 0; i < r->ntopics; i++) {
         rd_kafka_topic_destroy(r->topics[i].rkt);
         r->topics[i].rkt = NULL;
@@ -616,9 +618,10 @@ static void lose_lease(oq_relay_t *r, const char *why)
 {
     mark_wait(r); /* may itself find the lease lost */
     if (!r->holder) return;
-    OQ_LOG_WARN("relay", "lease %s lost (%s) fence=%" PRId64 ": stop publishing, marking nothing; "
-                         "in-flight messages are dropped from tracking (already sent copies are "
-                         "duplicates the inbox absorbs)",
+    OQ_LOG_WARN("relay",
+                "lease %s lost (%s) fence=%" PRId64 ": stop publishing, marking nothing; "
+                "in-flight messages are dropped from tracking (already sent copies are "
+                "duplicates the inbox absorbs)",
                 r->lease_name, why, r->fence);
     r->holder = 0;
     atomic_store(&r->is_holder, 0);
@@ -662,8 +665,9 @@ static void try_acquire(oq_relay_t *r)
     r->draining = 0;
     r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
     r->resume_at_us = 0;
-    OQ_LOG_INFO("relay", "lease %s acquired owner=%s fence=%" PRId64 " lease_ms=%" PRId64
-                         " published_seq=%" PRId64,
+    OQ_LOG_INFO("relay",
+                "lease %s acquired owner=%s fence=%" PRId64 " lease_ms=%" PRId64
+                " published_seq=%" PRId64,
                 r->lease_name, r->owner, fence, r->lease_ms, wm);
     OQ_CRASH_POINT("relay.after_lease_acquire");
 }
@@ -672,8 +676,8 @@ static void renew(oq_relay_t *r)
 {
     oq_error_t err = {0};
     int64_t now = oq_now_ms();
-    int rc = oq__relay_lease_renew(r->store, r->lease_name, r->owner, r->fence, r->lease_ms, now,
-                                   &err);
+    int rc =
+        oq__relay_lease_renew(r->store, r->lease_name, r->owner, r->fence, r->lease_ms, now, &err);
     if (rc == 0) {
         r->renewed_at_ms = now;
         r->expires_at_ms = now + r->lease_ms;
@@ -746,8 +750,9 @@ static int mark_collect(oq_relay_t *r)
         r->st.batches++;
         oq_counter_add(r->m_published, n);
         oq_histogram_observe(r->m_batch, (double)n);
-        OQ_LOG_DEBUG("relay", "published_seq %" PRId64 " -> %" PRId64 " (%" PRIu64
-                              " delivery reports) fence=%" PRId64,
+        OQ_LOG_DEBUG("relay",
+                     "published_seq %" PRId64 " -> %" PRId64 " (%" PRIu64
+                     " delivery reports) fence=%" PRId64,
                      from, upto, n, fence);
     } else if (rc == OQ_EFENCED) {
         if (current) lose_lease(r, "mark refused by the fencing check");
@@ -947,8 +952,9 @@ static void finish_drain(oq_relay_t *r)
     r->cursor = r->wm;
     r->st.rewinds++;
     oq_counter_add(r->m_rewinds, 1);
-    OQ_LOG_WARN("relay", "%zu deliveries failed; re-publishing from seq=%" PRId64
-                         " in %" PRId64 " ms (up to %" PRId64 " rows sent again)",
+    OQ_LOG_WARN("relay",
+                "%zu deliveries failed; re-publishing from seq=%" PRId64 " in %" PRId64
+                " ms (up to %" PRId64 " rows sent again)",
                 nf, r->wm + 1, r->backoff_ms, resend);
     r->failed.n = 0;
     r->draining = 0;
@@ -961,8 +967,9 @@ static void handle_fatal(oq_relay_t *r)
 {
     char buf[512] = "";
     rd_kafka_resp_err_t e = r->rk ? rd_kafka_fatal_error(r->rk, buf, sizeof(buf)) : 0;
-    OQ_LOG_ERROR("relay", "fatal producer error %s: %s; recreating the producer (rows stay "
-                          "unpublished and are re-sent)",
+    OQ_LOG_ERROR("relay",
+                 "fatal producer error %s: %s; recreating the producer (rows stay "
+                 "unpublished and are re-sent)",
                  rd_kafka_err2name(e), buf);
     producer_destroy(r); /* purged/abandoned messages land in `failed` */
     r->fatal = 0;
@@ -1103,10 +1110,12 @@ static void relay_shutdown(oq_relay_t *r)
 {
     if (r->holder && r->rk) {
         int64_t deadline = oq_mono_us() + r->stop_timeout_ms * 1000;
-        while (r->st.inflight > 0 && oq_mono_us() < deadline) rd_kafka_poll(r->rk, 20);
+        while (r->st.inflight > 0 && oq_mono_us() < deadline)
+            rd_kafka_poll(r->rk, 20);
         if (r->st.inflight > 0)
-            OQ_LOG_WARN("relay", "stop: %d messages still without a delivery report after %" PRId64
-                                 " ms; they stay unpublished",
+            OQ_LOG_WARN("relay",
+                        "stop: %d messages still without a delivery report after %" PRId64
+                        " ms; they stay unpublished",
                         r->st.inflight, r->stop_timeout_ms);
         if (r->draining || r->st.inflight > 0) {
             abandon_inflight(r);
@@ -1143,12 +1152,12 @@ static void relay_shutdown(oq_relay_t *r)
     pthread_mutex_lock(&r->mu);
     r->shared.lease_state = OQ_RELAY_STOPPED;
     pthread_mutex_unlock(&r->mu);
-    OQ_LOG_INFO("relay", "stopped: published=%" PRIu64 " produced=%" PRIu64
-                         " delivery_errors=%" PRIu64 " dead_letters=%" PRIu64 " pending=%" PRId64
-                         " busy_read_produce_s=%.2f busy_mark_s=%.2f wait_delivery_s=%.2f",
+    OQ_LOG_INFO("relay",
+                "stopped: published=%" PRIu64 " produced=%" PRIu64 " delivery_errors=%" PRIu64
+                " dead_letters=%" PRIu64 " pending=%" PRId64
+                " busy_read_produce_s=%.2f busy_mark_s=%.2f wait_delivery_s=%.2f",
                 r->st.published, r->st.produced, r->st.delivery_errors, r->st.dead_letters,
-                r->st.pending,
-                (double)r->t_read_us / 1e6, (double)r->t_mark_us / 1e6,
+                r->st.pending, (double)r->t_read_us / 1e6, (double)r->t_mark_us / 1e6,
                 (double)r->t_poll_us / 1e6);
 }
 
@@ -1163,8 +1172,7 @@ static void *relay_main(void *arg)
     r->last_dv = -1;
     int e = pthread_create(&r->writer, NULL, writer_main, r);
     if (e != 0) {
-        OQ_LOG_ERROR("relay", "cannot start the writer thread: %s; relay not running",
-                     strerror(e));
+        OQ_LOG_ERROR("relay", "cannot start the writer thread: %s; relay not running", strerror(e));
         pthread_mutex_lock(&r->mu);
         r->shared.lease_state = OQ_RELAY_STOPPED;
         pthread_mutex_unlock(&r->mu);
@@ -1257,9 +1265,8 @@ static void *relay_main(void *arg)
         int64_t wait_until = now_us + 200000; /* re-check lease/cleanup at least every 200 ms */
         while (!atomic_load(&r->stop) && oq_mono_us() < wait_until) {
             int woke = wait_ms(r, r->idle_ms);
-            if (r->idle_ms < r->poll_max_ms) r->idle_ms = r->idle_ms * 2 > r->poll_max_ms
-                                                              ? r->poll_max_ms
-                                                              : r->idle_ms * 2;
+            if (r->idle_ms < r->poll_max_ms)
+                r->idle_ms = r->idle_ms * 2 > r->poll_max_ms ? r->poll_max_ms : r->idle_ms * 2;
             oq_error_t derr = {0};
             int64_t v;
             if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != r->last_dv) break;
@@ -1275,10 +1282,10 @@ static void *relay_main(void *arg)
 static int register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labels, oq_error_t *err)
 {
     static const double batch_bounds[] = {1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
-    static const double lat_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                        0.25,  0.5,    1,     2.5,  5,     10,   30, 60};
-    r->m_pending = oq_metrics_gauge(m, "onceq_relay_pending_rows", "Unpublished outbox rows",
-                                    labels);
+    static const double lat_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5,   1,      2.5,   5,    10,    30,   60};
+    r->m_pending =
+        oq_metrics_gauge(m, "onceq_relay_pending_rows", "Unpublished outbox rows", labels);
     r->m_oldest = oq_metrics_gauge(m, "onceq_relay_oldest_pending_age_seconds",
                                    "Age of the oldest unpublished outbox row", labels);
     r->m_published = oq_metrics_counter(m, "onceq_relay_published_total",
@@ -1297,18 +1304,16 @@ static int register_metrics(oq_relay_t *r, oq_metrics_t *m, const char *labels, 
                                       "Published rows deleted after the retention", labels);
     r->m_holder = oq_metrics_gauge(m, "onceq_relay_lease_holder",
                                    "1 while this relay holds the lease, else 0", labels);
-    r->m_fence = oq_metrics_gauge(m, "onceq_relay_lease_fence",
-                                  "Fencing token held (or last held)", labels);
+    r->m_fence =
+        oq_metrics_gauge(m, "onceq_relay_lease_fence", "Fencing token held (or last held)", labels);
     r->m_inflight = oq_metrics_gauge(m, "onceq_relay_inflight",
                                      "Messages produced without a delivery report", labels);
-    r->m_batch = oq_metrics_histogram(m, "onceq_relay_batch_rows",
-                                      "Delivery reports per watermark advance",
-                                      labels, batch_bounds,
-                                      sizeof(batch_bounds) / sizeof(batch_bounds[0]));
-    r->m_latency = oq_metrics_histogram(
-        m, "onceq_relay_publish_latency_seconds",
-        "Outbox created_at to successful delivery report", labels, lat_bounds,
-        sizeof(lat_bounds) / sizeof(lat_bounds[0]));
+    r->m_batch =
+        oq_metrics_histogram(m, "onceq_relay_batch_rows", "Delivery reports per watermark advance",
+                             labels, batch_bounds, sizeof(batch_bounds) / sizeof(batch_bounds[0]));
+    r->m_latency = oq_metrics_histogram(m, "onceq_relay_publish_latency_seconds",
+                                        "Outbox created_at to successful delivery report", labels,
+                                        lat_bounds, sizeof(lat_bounds) / sizeof(lat_bounds[0]));
     for (int i = 0; i < OQ__RELAY_NPERM; i++) {
         char l[256];
         snprintf(l, sizeof(l), "%s%sreason=\"%s\"", labels ? labels : "", labels ? "," : "",
@@ -1384,8 +1389,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->cleanup_batch = opts->cleanup_batch;
     r->poll_max_ms = opts->poll_max_ms;
     r->stop_timeout_ms = opts->stop_timeout_ms;
-    if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) ||
-        !r->sync) {
+    if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync) {
         oq_error_set(err, OQ_ENOMEM, 0, "relay: out of memory");
         goto fail;
     }
@@ -1424,8 +1428,9 @@ int oq_relay_start(oq_relay_t *r, oq_error_t *err)
     if (e != 0) return oq_error_set(err, OQ_EIO, e, "relay: pthread_create: %s", strerror(e));
     r->started = 1;
     pthread_setname_np(r->thread, "oq-relay"); /* shows in top -H / perf; failure harmless */
-    OQ_LOG_INFO("relay", "started db=%s lease=%s owner=%s batch_rows=%d max_inflight=%d "
-                         "retention_ms=%" PRId64,
+    OQ_LOG_INFO("relay",
+                "started db=%s lease=%s owner=%s batch_rows=%d max_inflight=%d "
+                "retention_ms=%" PRId64,
                 r->db_path, r->lease_name, r->owner, r->batch_rows, r->max_inflight,
                 r->retention_ms);
     return 0;
@@ -1455,7 +1460,8 @@ void oq_relay_destroy(oq_relay_t *r)
     if (!r) return;
     oq_relay_stop(r);
     if (r->rk) producer_destroy(r);
-    for (int i = 0; i < r->ntopics; i++) free(r->topics[i].name);
+    for (int i = 0; i < r->ntopics; i++)
+        free(r->topics[i].name);
     oq__relay_store_close(r->store);
     oq__relay_store_close(r->wstore);
     free(r->slots);

@@ -58,8 +58,8 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
 
 /** Renew a held lease (expires_at = now + lease). @returns 0, OQ_EFENCED when lost,
  *  OQ_EBUSY / OQ_EDB. */
-int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner,
-                          int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err);
+int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
+                          int64_t lease_ms, int64_t now_ms, oq_error_t *err);
 
 /** Give the lease up (expires_at = 0) if still ours. */
 int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *owner,

@@ -77,8 +77,7 @@ static const char sql_cleanup[] =
     "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE seq <= " OQ__WATERMARK
     " ORDER BY seq LIMIT ?2) AND created_at < ?1";
 
-static const char sql_pending_count[] =
-    "SELECT count(*) FROM outbox WHERE seq > " OQ__WATERMARK;
+static const char sql_pending_count[] = "SELECT count(*) FROM outbox WHERE seq > " OQ__WATERMARK;
 static const char sql_pending_oldest[] =
     "SELECT created_at FROM outbox WHERE seq > " OQ__WATERMARK " ORDER BY seq LIMIT 1";
 
@@ -120,8 +119,7 @@ int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_st
     }
     if (sqlite3_column_int(st, 0) != 2) {
         rc = oq_error_set(err, OQ_EDB, 0,
-                          "database %s has no outbox/relay_lease tables (not migrated yet?)",
-                          path);
+                          "database %s has no outbox/relay_lease tables (not migrated yet?)", path);
         goto fail;
     }
     sqlite3_finalize(st);
@@ -320,8 +318,8 @@ static int lease_renew_stmt(oq__relay_store_t *s, const char *name, const char *
     return 0;
 }
 
-int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner,
-                          int64_t fence, int64_t lease_ms, int64_t now_ms, oq_error_t *err)
+int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
+                          int64_t lease_ms, int64_t now_ms, oq_error_t *err)
 {
     /* A single UPDATE is its own transaction: no BEGIN needed. */
     return lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);

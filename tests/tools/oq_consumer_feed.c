@@ -71,24 +71,45 @@ int main(int argc, char **argv)
     char errstr[512];
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     static const struct option lo[] = {
-        {"brokers", 1, 0, 'b'}, {"topic", 1, 0, 't'},  {"n", 1, 0, 'n'},
-        {"tool", 1, 0, 'T'},    {"args", 1, 0, 'a'},   {"mix", 0, 0, 'm'},
-        {"repeat", 1, 0, 'r'},  {"poison", 1, 0, 'p'}, {"save", 1, 0, 's'},
-        {"replay", 1, 0, 'R'},  {"tenant", 1, 0, 'e'}, {0, 0, 0, 0}};
+        {"brokers", 1, 0, 'b'}, {"topic", 1, 0, 't'},  {"n", 1, 0, 'n'},      {"tool", 1, 0, 'T'},
+        {"args", 1, 0, 'a'},    {"mix", 0, 0, 'm'},    {"repeat", 1, 0, 'r'}, {"poison", 1, 0, 'p'},
+        {"save", 1, 0, 's'},    {"replay", 1, 0, 'R'}, {"tenant", 1, 0, 'e'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "X:", lo, NULL)) != -1) {
         switch (ch) {
-        case 'b': brokers = optarg; break;
-        case 't': topic = optarg; break;
-        case 'n': n = atol(optarg); break;
-        case 'T': tool = optarg; break;
-        case 'a': args_s = optarg; break;
-        case 'm': mix = 1; break;
-        case 'r': repeat = atol(optarg); break;
-        case 'p': poison = atol(optarg); break;
-        case 's': save = optarg; break;
-        case 'R': replay = optarg; break;
-        case 'e': tenant = optarg; break;
+        case 'b':
+            brokers = optarg;
+            break;
+        case 't':
+            topic = optarg;
+            break;
+        case 'n':
+            n = atol(optarg);
+            break;
+        case 'T':
+            tool = optarg;
+            break;
+        case 'a':
+            args_s = optarg;
+            break;
+        case 'm':
+            mix = 1;
+            break;
+        case 'r':
+            repeat = atol(optarg);
+            break;
+        case 'p':
+            poison = atol(optarg);
+            break;
+        case 's':
+            save = optarg;
+            break;
+        case 'R':
+            replay = optarg;
+            break;
+        case 'e':
+            tenant = optarg;
+            break;
         case 'X': {
             char *eq = strchr(optarg, '=');
             if (!eq) return 2;
@@ -210,7 +231,7 @@ int main(int argc, char **argv)
     }
     rd_kafka_flush(rk, 30000);
     rd_kafka_destroy(rk);
-    printf("produced=%ld calls=%ld poison=%ld delivered=%ld failed=%ld\n", produced, calls,
-           npoison, g_delivered, g_failed);
+    printf("produced=%ld calls=%ld poison=%ld delivered=%ld failed=%ld\n", produced, calls, npoison,
+           g_delivered, g_failed);
     return (rc == 0 && g_delivered == produced && g_failed == 0) ? 0 : 1;
 }

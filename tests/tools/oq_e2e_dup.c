@@ -1,10 +1,10 @@
 /*
  * oq_e2e_dup: duplicate injection from outside the pipeline. Reads every message currently in
  * a topic (all partitions, from the low to the high watermark, by assign() under a throwaway
- * group id that never joins, so no consumer group is disturbed) and produces each one again --times times, byte for byte:
- * same key (hence same partition), same value (hence same envelope message_id), same headers.
- * This is what a misbehaving upstream, a mirror or an operator replaying a topic would do; the
- * consumer's inbox must absorb all of it.
+ * group id that never joins, so no consumer group is disturbed) and produces each one again --times
+ * times, byte for byte: same key (hence same partition), same value (hence same envelope
+ * message_id), same headers. This is what a misbehaving upstream, a mirror or an operator replaying
+ * a topic would do; the consumer's inbox must absorb all of it.
  *
  *   oq_e2e_dup --brokers B --topic T [--times 3] [--timeout-ms 30000]
  *
@@ -33,8 +33,10 @@ static void dup_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
     (void)opaque;
-    if (m->err) dup_failed++;
-    else dup_delivered++;
+    if (m->err)
+        dup_failed++;
+    else
+        dup_delivered++;
 }
 
 int main(int argc, char **argv)
@@ -50,11 +52,20 @@ int main(int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
-        case 'b': brokers = optarg; break;
-        case 't': topic = optarg; break;
-        case 'n': times = atoi(optarg); break;
-        case 'T': timeout_ms = atoi(optarg); break;
-        default: return 2;
+        case 'b':
+            brokers = optarg;
+            break;
+        case 't':
+            topic = optarg;
+            break;
+        case 'n':
+            times = atoi(optarg);
+            break;
+        case 'T':
+            timeout_ms = atoi(optarg);
+            break;
+        default:
+            return 2;
         }
     }
     if (!brokers || !topic || times < 1 || optind != argc) {
@@ -187,8 +198,7 @@ int main(int argc, char **argv)
     }
     rd_kafka_flush(p, timeout_ms);
     rd_kafka_destroy(p);
-    printf("read=%zu produced=%d delivered=%d failed=%d\n", n, produced, dup_delivered,
-           dup_failed);
+    printf("read=%zu produced=%d delivered=%d failed=%d\n", n, produced, dup_delivered, dup_failed);
     for (size_t i = 0; i < n; i++) {
         free(msgs[i].key);
         free(msgs[i].val);

@@ -33,25 +33,44 @@ int main(int argc, char **argv)
     oq_load_opts_t o;
     memset(&o, 0, sizeof o);
     const char *accepted = NULL;
-    static const struct option opts[] = {
-        {"host", required_argument, NULL, 'h'},      {"port", required_argument, NULL, 'p'},
-        {"calls", required_argument, NULL, 'n'},     {"first", required_argument, NULL, 'f'},
-        {"conns", required_argument, NULL, 'c'},     {"rate", required_argument, NULL, 'r'},
-        {"prefix", required_argument, NULL, 'k'},    {"mix", required_argument, NULL, 'm'},
-        {"sleep-ms", required_argument, NULL, 's'},  {"dup-every", required_argument, NULL, 'd'},
-        {"conflict-every", required_argument, NULL, 'x'},
-        {"accepted", required_argument, NULL, 'a'},  {"retry-ms", required_argument, NULL, 't'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"host", required_argument, NULL, 'h'},
+                                         {"port", required_argument, NULL, 'p'},
+                                         {"calls", required_argument, NULL, 'n'},
+                                         {"first", required_argument, NULL, 'f'},
+                                         {"conns", required_argument, NULL, 'c'},
+                                         {"rate", required_argument, NULL, 'r'},
+                                         {"prefix", required_argument, NULL, 'k'},
+                                         {"mix", required_argument, NULL, 'm'},
+                                         {"sleep-ms", required_argument, NULL, 's'},
+                                         {"dup-every", required_argument, NULL, 'd'},
+                                         {"conflict-every", required_argument, NULL, 'x'},
+                                         {"accepted", required_argument, NULL, 'a'},
+                                         {"retry-ms", required_argument, NULL, 't'},
+                                         {NULL, 0, NULL, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
-        case 'h': o.host = optarg; break;
-        case 'p': o.port = atoi(optarg); break;
-        case 'n': o.calls = atoll(optarg); break;
-        case 'f': o.first = atoll(optarg); break;
-        case 'c': o.conns = atoi(optarg); break;
-        case 'r': o.rate = atof(optarg); break;
-        case 'k': o.key_prefix = optarg; break;
+        case 'h':
+            o.host = optarg;
+            break;
+        case 'p':
+            o.port = atoi(optarg);
+            break;
+        case 'n':
+            o.calls = atoll(optarg);
+            break;
+        case 'f':
+            o.first = atoll(optarg);
+            break;
+        case 'c':
+            o.conns = atoi(optarg);
+            break;
+        case 'r':
+            o.rate = atof(optarg);
+            break;
+        case 'k':
+            o.key_prefix = optarg;
+            break;
         case 'm':
             if (sscanf(optarg, "%d,%d,%d,%d,%d", &o.mix[0], &o.mix[1], &o.mix[2], &o.mix[3],
                        &o.mix[4]) != 5) {
@@ -59,12 +78,24 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 's': o.sleep_ms = atoi(optarg); break;
-        case 'd': o.dup_every = atoi(optarg); break;
-        case 'x': o.conflict_every = atoi(optarg); break;
-        case 'a': accepted = optarg; break;
-        case 't': o.retry_ms = atoll(optarg); break;
-        default: usage(); return 2;
+        case 's':
+            o.sleep_ms = atoi(optarg);
+            break;
+        case 'd':
+            o.dup_every = atoi(optarg);
+            break;
+        case 'x':
+            o.conflict_every = atoi(optarg);
+            break;
+        case 'a':
+            accepted = optarg;
+            break;
+        case 't':
+            o.retry_ms = atoll(optarg);
+            break;
+        default:
+            usage();
+            return 2;
         }
     }
     if (o.port <= 0 || o.calls <= 0 || optind != argc) {

@@ -65,11 +65,12 @@ static double now_s(void)
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: oq_kclient produce --brokers B --topic T --count N [--key-prefix K]\n"
-            "                          [--size BYTES] [--timeout-ms MS] [-X prop=value]...\n"
-            "       oq_kclient consume --brokers B --topic T --group G [--max N]\n"
-            "                          [--timeout-ms MS] [--commit] [--quiet] [-X prop=value]...\n");
+    fprintf(
+        out,
+        "usage: oq_kclient produce --brokers B --topic T --count N [--key-prefix K]\n"
+        "                          [--size BYTES] [--timeout-ms MS] [-X prop=value]...\n"
+        "       oq_kclient consume --brokers B --topic T --group G [--max N]\n"
+        "                          [--timeout-ms MS] [--commit] [--quiet] [-X prop=value]...\n");
 }
 
 static int set_prop(rd_kafka_conf_t *conf, const char *k, const char *v)
@@ -87,7 +88,8 @@ static rd_kafka_conf_t *make_conf(const opts_t *o, const char *const *defaults)
 {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     rd_kafka_conf_set_log_cb(conf, oq_log_rdkafka_cb);
-    if (set_prop(conf, "bootstrap.servers", o->brokers) || set_prop(conf, "client.id", "oq_kclient"))
+    if (set_prop(conf, "bootstrap.servers", o->brokers) ||
+        set_prop(conf, "client.id", "oq_kclient"))
         goto fail;
     for (int i = 0; defaults && defaults[i]; i += 2)
         if (set_prop(conf, defaults[i], defaults[i + 1])) goto fail;
@@ -137,10 +139,10 @@ static int do_produce(const opts_t *o)
         size_t klen = 0;
         if (o->key_prefix) klen = (size_t)snprintf(key, sizeof(key), "%s%ld", o->key_prefix, i);
         for (;;) {
-            rd_kafka_resp_err_t e = rd_kafka_producev(
-                rk, RD_KAFKA_V_TOPIC(o->topic), RD_KAFKA_V_VALUE(val, vlen),
-                RD_KAFKA_V_KEY(o->key_prefix ? key : NULL, klen),
-                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+            rd_kafka_resp_err_t e =
+                rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(o->topic), RD_KAFKA_V_VALUE(val, vlen),
+                                  RD_KAFKA_V_KEY(o->key_prefix ? key : NULL, klen),
+                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
             if (!e) break;
             if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL || now_s() > deadline || g_stop) {
                 fprintf(stderr, "oq_kclient: produce #%ld: %s\n", i, rd_kafka_err2str(e));
@@ -218,9 +220,15 @@ static int do_consume(opts_t *o)
     char errstr[512];
     int ret = 1;
     static unsigned char seen[MAX_PARTITIONS];
-    static const char *const defaults[] = {
-        "auto.offset.reset", "earliest", "enable.auto.commit", "false",
-        "enable.auto.offset.store", "false", "fetch.wait.max.ms", "10", NULL};
+    static const char *const defaults[] = {"auto.offset.reset",
+                                           "earliest",
+                                           "enable.auto.commit",
+                                           "false",
+                                           "enable.auto.offset.store",
+                                           "false",
+                                           "fetch.wait.max.ms",
+                                           "10",
+                                           NULL};
     char gid[512];
     snprintf(gid, sizeof(gid), "%s", o->group);
     rd_kafka_conf_t *conf = make_conf(o, defaults);
@@ -306,13 +314,18 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 int main(int argc, char **argv)
 {
     opts_t o = {.count = 0, .size = 100, .max = 0, .timeout_ms = 30000};
-    static const struct option lopts[] = {
-        {"brokers", required_argument, 0, 'b'},  {"topic", required_argument, 0, 't'},
-        {"group", required_argument, 0, 'g'},    {"count", required_argument, 0, 'n'},
-        {"key-prefix", required_argument, 0, 'k'}, {"size", required_argument, 0, 's'},
-        {"max", required_argument, 0, 'm'},      {"timeout-ms", required_argument, 0, 'T'},
-        {"commit", no_argument, 0, 'c'},         {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    static const struct option lopts[] = {{"brokers", required_argument, 0, 'b'},
+                                          {"topic", required_argument, 0, 't'},
+                                          {"group", required_argument, 0, 'g'},
+                                          {"count", required_argument, 0, 'n'},
+                                          {"key-prefix", required_argument, 0, 'k'},
+                                          {"size", required_argument, 0, 's'},
+                                          {"max", required_argument, 0, 'm'},
+                                          {"timeout-ms", required_argument, 0, 'T'},
+                                          {"commit", no_argument, 0, 'c'},
+                                          {"quiet", no_argument, 0, 'q'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     int c;
 
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
@@ -324,12 +337,24 @@ int main(int argc, char **argv)
     optind = 2;
     while ((c = getopt_long(argc, argv, "b:t:g:X:h", lopts, NULL)) != -1) {
         switch (c) {
-        case 'b': o.brokers = optarg; break;
-        case 't': o.topic = optarg; break;
-        case 'g': o.group = optarg; break;
-        case 'k': o.key_prefix = optarg; break;
-        case 'c': o.commit = 1; break;
-        case 'q': o.quiet = 1; break;
+        case 'b':
+            o.brokers = optarg;
+            break;
+        case 't':
+            o.topic = optarg;
+            break;
+        case 'g':
+            o.group = optarg;
+            break;
+        case 'k':
+            o.key_prefix = optarg;
+            break;
+        case 'c':
+            o.commit = 1;
+            break;
+        case 'q':
+            o.quiet = 1;
+            break;
         case 'n':
             if (parse_long(optarg, 1, 100000000, &o.count)) goto bad;
             break;
@@ -351,8 +376,11 @@ int main(int argc, char **argv)
             o.nprops++;
             break;
         }
-        case 'h': usage(stdout); return 0;
-        default: goto bad;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            goto bad;
         }
     }
     if (optind != argc || !o.brokers || !o.topic) goto bad;

@@ -60,7 +60,8 @@ static size_t g_icap;
 static uint64_t hash_str(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
     return h;
 }
 
@@ -96,7 +97,8 @@ static int key_id(keys_t *k, const char *key)
 static size_t pow2_at_least(size_t n)
 {
     size_t c = 1024;
-    while (c < n) c <<= 1;
+    while (c < n)
+        c <<= 1;
     return c;
 }
 
@@ -117,15 +119,32 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'b': brokers = optarg; break;
-        case 'd': db_path = optarg; break;
-        case 't': topic = optarg; break;
-        case 'T': timeout_ms = atol(optarg); break;
-        case 'a': allowed = optarg; break;
-        case 'm': max_dups = atol(optarg); break;
-        case 'v': verbose = 1; break;
-        case 'o': order_last = strcmp(optarg, "last") == 0; break;
-        default: return 2;
+        case 'b':
+            brokers = optarg;
+            break;
+        case 'd':
+            db_path = optarg;
+            break;
+        case 't':
+            topic = optarg;
+            break;
+        case 'T':
+            timeout_ms = atol(optarg);
+            break;
+        case 'a':
+            allowed = optarg;
+            break;
+        case 'm':
+            max_dups = atol(optarg);
+            break;
+        case 'v':
+            verbose = 1;
+            break;
+        case 'o':
+            order_last = strcmp(optarg, "last") == 0;
+            break;
+        default:
+            return 2;
         }
     }
     if (!brokers || !db_path) {
@@ -143,8 +162,10 @@ int main(int argc, char **argv)
         return 1;
     }
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "SELECT message_id, seq, key, payload FROM outbox WHERE topic = ?1 "
-                               "ORDER BY seq", -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(db,
+                           "SELECT message_id, seq, key, payload FROM outbox WHERE topic = ?1 "
+                           "ORDER BY seq",
+                           -1, &st, NULL) != SQLITE_OK) {
         fprintf(stderr, "oq_relay_check: %s\n", sqlite3_errmsg(db));
         return 1;
     }
@@ -174,7 +195,8 @@ int main(int argc, char **argv)
     g_idx = calloc(g_icap, sizeof(int));
     for (size_t i = 0; i < g_nrows; i++) {
         size_t h = hash_str(g_rows[i].id, strlen(g_rows[i].id)) & (g_icap - 1);
-        while (g_idx[h]) h = (h + 1) & (g_icap - 1);
+        while (g_idx[h])
+            h = (h + 1) & (g_icap - 1);
         g_idx[h] = (int)i + 1;
     }
     long allowed_n = 0;
@@ -220,8 +242,7 @@ int main(int argc, char **argv)
     int nparts = 0;
     for (int tries = 0; tries < 50 && nparts == 0; tries++) {
         if (rd_kafka_metadata(rk, 0, rkt, &md, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-            if (md->topic_cnt == 1 && md->topics[0].err == 0)
-                nparts = md->topics[0].partition_cnt;
+            if (md->topic_cnt == 1 && md->topics[0].err == 0) nparts = md->topics[0].partition_cnt;
             rd_kafka_metadata_destroy(md);
         }
         if (nparts == 0) oq_sleep_ms(200, NULL);
@@ -242,7 +263,8 @@ int main(int argc, char **argv)
     int64_t deadline = oq_mono_us() + timeout_ms * 1000;
     while (oq_mono_us() < deadline) {
         int all_eof = 1;
-        for (int p = 0; p < nparts; p++) all_eof &= eof[p];
+        for (int p = 0; p < nparts; p++)
+            all_eof &= eof[p];
         if (all_eof && (size_t)distinct == g_nrows) break;
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m) continue;
@@ -267,7 +289,9 @@ int main(int argc, char **argv)
             i = find_row(hv, hn);
         if (i < 0) {
             unknown++;
-            if (unknown <= 5) fprintf(stderr, "unknown message at %d/%" PRId64 "\n", (int)m->partition, m->offset);
+            if (unknown <= 5)
+                fprintf(stderr, "unknown message at %d/%" PRId64 "\n", (int)m->partition,
+                        m->offset);
             rd_kafka_message_destroy(m);
             continue;
         }
@@ -295,8 +319,9 @@ int main(int argc, char **argv)
             } else if (r->seq < keys.last_seq[r->key]) {
                 violations++;
                 if (violations <= 5)
-                    fprintf(stderr, "order violation key=%s seq=%" PRId64 " after seq=%" PRId64
-                                    " (partition %d offset %" PRId64 ")\n",
+                    fprintf(stderr,
+                            "order violation key=%s seq=%" PRId64 " after seq=%" PRId64
+                            " (partition %d offset %" PRId64 ")\n",
                             kname, r->seq, keys.last_seq[r->key], (int)m->partition, m->offset);
             } else {
                 keys.last_seq[r->key] = r->seq;
@@ -307,7 +332,8 @@ int main(int argc, char **argv)
     if (order_last) {
         /* rows are in seq order: per key, the last copies' offsets must increase */
         int64_t *last_off = malloc(keys.n * sizeof(int64_t));
-        for (size_t k = 0; k < keys.n; k++) last_off[k] = -1;
+        for (size_t k = 0; k < keys.n; k++)
+            last_off[k] = -1;
         for (size_t i = 0; i < g_nrows; i++) {
             row_t *r = &g_rows[i];
             if (!r->seen) continue;
@@ -341,7 +367,8 @@ int main(int argc, char **argv)
         free(g_rows[i].id);
         free(g_rows[i].payload);
     }
-    for (size_t k = 0; k < keys.n; k++) free(keys.keys[k]);
+    for (size_t k = 0; k < keys.n; k++)
+        free(keys.keys[k]);
     free(keys.keys);
     free(keys.last_seq);
     free(keys.table);

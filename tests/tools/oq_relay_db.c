@@ -61,16 +61,20 @@ int main(int argc, char **argv)
     if (strcmp(q, "pending") == 0)
         rc = print_rows(db, "SELECT count(*) FROM outbox_unpublished");
     else if (strcmp(q, "published") == 0)
-        rc = print_rows(db, "SELECT count(*) FROM outbox WHERE seq NOT IN (SELECT seq FROM outbox_unpublished)");
+        rc = print_rows(
+            db,
+            "SELECT count(*) FROM outbox WHERE seq NOT IN (SELECT seq FROM outbox_unpublished)");
     else if (strcmp(q, "total") == 0)
         rc = print_rows(db, "SELECT count(*) FROM outbox");
     else if (strcmp(q, "unmarked-ids") == 0)
         rc = print_rows(db, "SELECT message_id FROM outbox_unpublished ORDER BY seq");
     else if (strcmp(q, "fence") == 0)
-        rc = print_rows(db, "SELECT coalesce((SELECT fence FROM relay_lease WHERE name='outbox'), 0)");
+        rc = print_rows(db,
+                        "SELECT coalesce((SELECT fence FROM relay_lease WHERE name='outbox'), 0)");
     else if (strcmp(q, "owner") == 0)
-        rc = print_rows(db, "SELECT coalesce((SELECT owner FROM relay_lease WHERE name='outbox' AND "
-                            "expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), '')");
+        rc = print_rows(
+            db, "SELECT coalesce((SELECT owner FROM relay_lease WHERE name='outbox' AND "
+                "expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), '')");
     else if (strcmp(q, "status") == 0) {
         char line[1024];
         rc = oq_relay_status_line(db, line, sizeof(line), &err);

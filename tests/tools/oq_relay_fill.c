@@ -27,23 +27,41 @@ int main(int argc, char **argv)
     long rows = 0, keys = 100, size = 300, batch = 1000;
     double rate = 0;
     static const struct option lo[] = {
-        {"db", required_argument, NULL, 'd'},    {"rows", required_argument, NULL, 'n'},
-        {"keys", required_argument, NULL, 'k'},  {"size", required_argument, NULL, 's'},
-        {"batch", required_argument, NULL, 'b'}, {"topic", required_argument, NULL, 't'},
-        {"rate", required_argument, NULL, 'r'},  {"set", required_argument, NULL, 'S'},
+        {"db", required_argument, NULL, 'd'},          {"rows", required_argument, NULL, 'n'},
+        {"keys", required_argument, NULL, 'k'},        {"size", required_argument, NULL, 's'},
+        {"batch", required_argument, NULL, 'b'},       {"topic", required_argument, NULL, 't'},
+        {"rate", required_argument, NULL, 'r'},        {"set", required_argument, NULL, 'S'},
         {"synchronous", required_argument, NULL, 'y'}, {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
-        case 'd': db_path = optarg; break;
-        case 'n': rows = atol(optarg); break;
-        case 'k': keys = atol(optarg); break;
-        case 's': size = atol(optarg); break;
-        case 'b': batch = atol(optarg); break;
-        case 't': topic = optarg; break;
-        case 'r': rate = atof(optarg); break;
-        case 'S': set = optarg; break;
-        case 'y': sync = optarg; break;
+        case 'd':
+            db_path = optarg;
+            break;
+        case 'n':
+            rows = atol(optarg);
+            break;
+        case 'k':
+            keys = atol(optarg);
+            break;
+        case 's':
+            size = atol(optarg);
+            break;
+        case 'b':
+            batch = atol(optarg);
+            break;
+        case 't':
+            topic = optarg;
+            break;
+        case 'r':
+            rate = atof(optarg);
+            break;
+        case 'S':
+            set = optarg;
+            break;
+        case 'y':
+            sync = optarg;
+            break;
         default:
             fprintf(stderr, "usage: oq_relay_fill --db PATH --rows N [--keys K] [--size B] "
                             "[--batch B] [--topic T] [--rate R] [--set producer|consumer]\n");
@@ -59,9 +77,9 @@ int main(int argc, char **argv)
     sqlite3 *db = NULL;
     oq_db_opts_t o = {.synchronous = sync};
     if (oq_db_open(db_path, &o, &db, &err) != 0 ||
-        oq_db_migrate(db, strcmp(set, "consumer") == 0 ? oq_migrations_consumer
-                                                       : oq_migrations_producer,
-                      &err) != 0) {
+        oq_db_migrate(
+            db, strcmp(set, "consumer") == 0 ? oq_migrations_consumer : oq_migrations_producer,
+            &err) != 0) {
         fprintf(stderr, "oq_relay_fill: %s\n", err.msg);
         return 1;
     }
@@ -81,12 +99,16 @@ int main(int argc, char **argv)
             oq_id_uuid(mid);
             snprintf(key, sizeof(key), "k%ld", i % keys);
             int n = snprintf(payload, (size_t)size + 64, "{\"i\":%ld,\"pad\":\"", i);
-            while (n < size - 2) payload[n++] = 'x';
+            while (n < size - 2)
+                payload[n++] = 'x';
             payload[n++] = '"';
             payload[n++] = '}';
             payload[n] = '\0';
-            oq_outbox_row_t row = {.message_id = mid, .topic = topic, .key = key,
-                                   .payload = payload, .payload_len = (size_t)n,
+            oq_outbox_row_t row = {.message_id = mid,
+                                   .topic = topic,
+                                   .key = key,
+                                   .payload = payload,
+                                   .payload_len = (size_t)n,
                                    .created_at = oq_now_ms()};
             if (oq_outbox_append(db, cache, &row, &err) != 0) {
                 fprintf(stderr, "oq_relay_fill: %s\n", err.msg);

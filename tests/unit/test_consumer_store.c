@@ -339,16 +339,36 @@ static void test_terminal_untouched(void **state)
                              e.call_id),
                      1);
     /* the result was still unpublished: nothing re-emitted, one result row */
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id), 1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND json_extract(payload, "
+                             "'$.status') <> 'running'",
+                             e.call_id),
+                     1);
     /* once it was delivered, a new message of the call re-emits it, same message id */
-    char *rid = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id);
+    char *rid = q_text(f->a,
+                       "SELECT message_id FROM outbox WHERE key=?1 AND json_extract(payload, "
+                       "'$.status') <> 'running'",
+                       e.call_id);
     relay_delivered_all(f->a);
-    int64_t seq0 = q_count(f->a, "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id);
+    int64_t seq0 = q_count(
+        f->a,
+        "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'",
+        e.call_id);
     oq_id_uuid(e.message_id);
     assert_int_equal(intake(f->b, &e, now + 100003), OQ__INTAKE_DONE);
-    assert_true(q_count(f->a, "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id) > seq0);
-    assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id), 1);
-    char *rid2 = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'", e.call_id);
+    assert_true(q_count(f->a,
+                        "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') "
+                        "<> 'running'",
+                        e.call_id) > seq0);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM outbox WHERE key=?1 AND json_extract(payload, "
+                             "'$.status') <> 'running'",
+                             e.call_id),
+                     1);
+    char *rid2 = q_text(f->a,
+                        "SELECT message_id FROM outbox WHERE key=?1 AND json_extract(payload, "
+                        "'$.status') <> 'running'",
+                        e.call_id);
     assert_string_equal(rid, rid2);
     free(rid);
     free(rid2);

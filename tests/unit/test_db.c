@@ -178,21 +178,21 @@ static void test_migrate_fresh_and_rerun(void **state)
 static void test_migrate_outbox_watermark_upgrade(void **state)
 {
     fixture_t *f = *state;
-    static const char *const before[] = {"common/0001_outbox.sql", "consumer/0001_init.sql",
-                                         NULL};
+    static const char *const before[] = {"common/0001_outbox.sql", "consumer/0001_init.sql", NULL};
     sqlite3 *db = NULL;
     oq_error_t err = {0};
     assert_int_equal(oq_db_open(f->path, NULL, &db, &err), 0);
     assert_int_equal(oq_db_migrate(db, before, &err), 0);
-    assert_int_equal(oq_db_exec(db,
-                                "INSERT INTO outbox(message_id, topic, key, payload, created_at, "
-                                "published_at) VALUES ('m1','t','k','p',1,5), ('m2','t','k','p',1,5),"
-                                " ('m3','t','k','p',1,NULL), ('m4','t','k','p',1,6), "
-                                "('m5','t','k','p',1,NULL);"
-                                "INSERT INTO relay_lease(name, owner, fence, expires_at) "
-                                "VALUES ('outbox', 'old', 4, 0)",
-                                &err),
-                     0);
+    assert_int_equal(
+        oq_db_exec(db,
+                   "INSERT INTO outbox(message_id, topic, key, payload, created_at, "
+                   "published_at) VALUES ('m1','t','k','p',1,5), ('m2','t','k','p',1,5),"
+                   " ('m3','t','k','p',1,NULL), ('m4','t','k','p',1,6), "
+                   "('m5','t','k','p',1,NULL);"
+                   "INSERT INTO relay_lease(name, owner, fence, expires_at) "
+                   "VALUES ('outbox', 'old', 4, 0)",
+                   &err),
+        0);
     assert_int_equal(oq_db_migrate(db, oq_migrations_consumer, &err), 0);
     assert_int_equal(oq_db_user_version(db), set_len(oq_migrations_consumer));
     /* m4 was published after a gap: it is sent again (a duplicate the inbox absorbs) */

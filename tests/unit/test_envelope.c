@@ -167,14 +167,15 @@ static void test_roundtrip_result(void **state)
     h.attempt = 1;
     h.created_at = 0;
     h.status = strdup("succeeded");
-    h.result = json_pack("{s:s,s:f,s:s}", "sent", "yes", "ms", 1.5, "z\xc3\xa9", "\xe2\x80\xa8\t\x01");
+    h.result =
+        json_pack("{s:s,s:f,s:s}", "sent", "yes", "ms", 1.5, "z\xc3\xa9", "\xe2\x80\xa8\t\x01");
     assert_int_equal(oq_envelope_validate(&h, &err), 0);
     assert_int_equal(oq_envelope_encode(&h, &out, &len, &err), 0);
     assert_canonical(out, len);
     assert_non_null(strstr(out, "\"error\":null"));
     assert_non_null(strstr(out, "\"effect_id\":null"));
-    assert_non_null(
-        strstr(out, "\"result\":{\"ms\":1.5,\"sent\":\"yes\",\"z\xc3\xa9\":\"\xe2\x80\xa8\\t\\u0001\"}"));
+    assert_non_null(strstr(
+        out, "\"result\":{\"ms\":1.5,\"sent\":\"yes\",\"z\xc3\xa9\":\"\xe2\x80\xa8\\t\\u0001\"}"));
     assert_non_null(strstr(out, "\"idem_key\":\"k \\\"q\\\" \\\\ x\""));
     assert_int_equal(oq_envelope_decode(out, len, &e2, &err), 0);
     assert_string_equal(e2.call_id, h.call_id);
@@ -199,9 +200,8 @@ static void test_unknown_fields_ignored(void **state)
     assert_int_equal(decode_edited(good_result, "effect_id", NULL, &err), 0);
     assert_int_equal(decode_edited(good_result, "error", NULL, &err), 0);
     assert_int_equal(decode_edited(good_result, "result", "{\"ok\":true}", &err), 0);
-    assert_int_equal(decode_edited(good_result, "error", "{\"code\":\"x\",\"message\":\"y\"}",
-                                   &err),
-                     0);
+    assert_int_equal(
+        decode_edited(good_result, "error", "{\"code\":\"x\",\"message\":\"y\"}", &err), 0);
 }
 
 /* --- malformed inputs ----------------------------------------------------------------------- */
@@ -292,11 +292,10 @@ static void test_malformed_fields(void **state)
         oq_error_t err = {0};
         const char *base = bad_cases[i].base ? good_result : good_call;
         int rc = decode_edited(base, bad_cases[i].field, bad_cases[i].value, &err);
-        if (rc != bad_cases[i].code || err.code != rc ||
-            !strstr(err.msg, bad_cases[i].needle))
+        if (rc != bad_cases[i].code || err.code != rc || !strstr(err.msg, bad_cases[i].needle))
             fail_msg("case %zu (%s=%s): rc %d (%s) msg \"%s\"; want %d and \"%s\"", i,
-                     bad_cases[i].field, bad_cases[i].value ? bad_cases[i].value : "<deleted>",
-                     rc, oq_error_name(rc), err.msg, bad_cases[i].code, bad_cases[i].needle);
+                     bad_cases[i].field, bad_cases[i].value ? bad_cases[i].value : "<deleted>", rc,
+                     oq_error_name(rc), err.msg, bad_cases[i].code, bad_cases[i].needle);
     }
 }
 

@@ -76,7 +76,8 @@ static unsigned char *parse_hex(const char *text, size_t *len)
     assert_non_null(out);
     const char *p = text;
     while (*p) {
-        while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+        while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
+            p++;
         if (!*p) break;
         unsigned v;
         assert_int_equal(sscanf(p, "%2x", &v), 1);
@@ -341,8 +342,9 @@ static void test_key_order_utf16(void **state)
      * UTF-16 code unit order (D83D DE02 < FB33) puts the emoji first. */
     assert_canon("{\"\\ufb33\":1,\"\\ud83d\\ude02\":2}",
                  "{\"\xf0\x9f\x98\x82\":2,\"\xef\xac\xb3\":1}");
-    assert_canon("{\"\\ue000\":1,\"\\ud800\\udc00\":2,\"\\uffff\":3,\"\\ud7ff\":4}",
-                 "{\"\xed\x9f\xbf\":4,\"\xf0\x90\x80\x80\":2,\"\xee\x80\x80\":1,\"\xef\xbf\xbf\":3}");
+    assert_canon(
+        "{\"\\ue000\":1,\"\\ud800\\udc00\":2,\"\\uffff\":3,\"\\ud7ff\":4}",
+        "{\"\xed\x9f\xbf\":4,\"\xf0\x90\x80\x80\":2,\"\xee\x80\x80\":1,\"\xef\xbf\xbf\":3}");
     /* prefixes first, then code units */
     assert_canon("{\"ab\":1,\"a\":2,\"\":3,\"B\":4,\"b\":5}",
                  "{\"\":3,\"B\":4,\"a\":2,\"ab\":1,\"b\":5}");
@@ -355,11 +357,10 @@ static void test_key_order_utf16(void **state)
     ni += (size_t)snprintf(in + ni, sizeof(in) - ni, "{");
     nw += (size_t)snprintf(want + nw, sizeof(want) - nw, "{");
     for (int i = 39; i >= 0; i--)
-        ni += (size_t)snprintf(in + ni, sizeof(in) - ni, "%s\"k%02d\":%d", i == 39 ? "" : ",", i,
-                               i);
+        ni +=
+            (size_t)snprintf(in + ni, sizeof(in) - ni, "%s\"k%02d\":%d", i == 39 ? "" : ",", i, i);
     for (int i = 0; i < 40; i++)
-        nw += (size_t)snprintf(want + nw, sizeof(want) - nw, "%s\"k%02d\":%d", i ? "," : "", i,
-                               i);
+        nw += (size_t)snprintf(want + nw, sizeof(want) - nw, "%s\"k%02d\":%d", i ? "," : "", i, i);
     snprintf(in + ni, sizeof(in) - ni, "}");
     snprintf(want + nw, sizeof(want) - nw, "}");
     assert_canon(in, want);
@@ -405,8 +406,10 @@ static void test_depth_limit(void **state)
     for (size_t di = 0; di < sizeof(depths) / sizeof(depths[0]); di++) {
         int depth = depths[di];
         size_t n = 0;
-        for (int i = 0; i < depth; i++) buf[n++] = '[';
-        for (int i = 0; i < depth; i++) buf[n++] = ']';
+        for (int i = 0; i < depth; i++)
+            buf[n++] = '[';
+        for (int i = 0; i < depth; i++)
+            buf[n++] = ']';
         json_t *v = NULL;
         oq_error_t err = {0};
         int rc = oq_json_parse(buf, n, 0, &v, &err);
@@ -445,20 +448,20 @@ static void test_invalid_utf8(void **state)
         {"\xc3\xa9", 2, 1},
         {"\xe2\x82\xac", 3, 1},
         {"\xf0\x9f\x98\x82", 4, 1},
-        {"\xf4\x8f\xbf\xbf", 4, 1},     /* U+10FFFF */
-        {"\xed\x9f\xbf", 3, 1},         /* U+D7FF */
-        {"\xff", 1, 0},                 /* never valid */
-        {"\x80", 1, 0},                 /* lone continuation */
-        {"\xc0\xaf", 2, 0},             /* overlong '/' */
-        {"\xc1\xbf", 2, 0},             /* overlong */
-        {"\xe0\x80\xaf", 3, 0},         /* overlong */
-        {"\xf0\x80\x80\xaf", 4, 0},     /* overlong */
-        {"\xed\xa0\x80", 3, 0},         /* surrogate U+D800 */
-        {"\xed\xbf\xbf", 3, 0},         /* surrogate U+DFFF */
-        {"\xf4\x90\x80\x80", 4, 0},     /* U+110000 */
-        {"\xe2\x82", 2, 0},             /* truncated */
-        {"\xc3", 1, 0},                 /* truncated */
-        {"\xc3\x28", 2, 0},             /* bad continuation */
+        {"\xf4\x8f\xbf\xbf", 4, 1}, /* U+10FFFF */
+        {"\xed\x9f\xbf", 3, 1},     /* U+D7FF */
+        {"\xff", 1, 0},             /* never valid */
+        {"\x80", 1, 0},             /* lone continuation */
+        {"\xc0\xaf", 2, 0},         /* overlong '/' */
+        {"\xc1\xbf", 2, 0},         /* overlong */
+        {"\xe0\x80\xaf", 3, 0},     /* overlong */
+        {"\xf0\x80\x80\xaf", 4, 0}, /* overlong */
+        {"\xed\xa0\x80", 3, 0},     /* surrogate U+D800 */
+        {"\xed\xbf\xbf", 3, 0},     /* surrogate U+DFFF */
+        {"\xf4\x90\x80\x80", 4, 0}, /* U+110000 */
+        {"\xe2\x82", 2, 0},         /* truncated */
+        {"\xc3", 1, 0},             /* truncated */
+        {"\xc3\x28", 2, 0},         /* bad continuation */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (oq_utf8_valid(cases[i].s, cases[i].len) != cases[i].valid)
@@ -511,19 +514,21 @@ static uint32_t rng(void)
 }
 
 static const char *const prop_keys[] = {
-    "amount", "currency", "\\u20ac", "\\ud83d\\ude02", "\\ufb33", "b", "B", "ab",
-    "z", "\\u00e9t\\u00e9", "nested", "list", "10", "1", "",
+    "amount", "currency",        "\\u20ac", "\\ud83d\\ude02", "\\ufb33", "b", "B", "ab",
+    "z",      "\\u00e9t\\u00e9", "nested",  "list",           "10",      "1", "",
 };
 static const char *const prop_vals[] = {
-    "1", "1.0", "-0", "2.5e3", "\"text\"", "\"\\u2028\"", "null", "true", "[1,2,3]",
-    "{\"y\":1,\"x\":2}", "[]", "{}", "1e-7", "\"caf\\u00e9\"",
+    "1",           "1.0",  "-0",   "2.5e3",          "\"text\"",
+    "\"\\u2028\"", "null", "true", "[1,2,3]",        "{\"y\":1,\"x\":2}",
+    "[]",          "{}",   "1e-7", "\"caf\\u00e9\"",
 };
 
 static size_t ws(char *buf, size_t n)
 {
     static const char w[] = " \t\n\r";
     int k = (int)(rng() % 3);
-    for (int i = 0; i < k; i++) buf[n++] = w[rng() % 4];
+    for (int i = 0; i < k; i++)
+        buf[n++] = w[rng() % 4];
     return n;
 }
 
@@ -531,7 +536,8 @@ static size_t ws(char *buf, size_t n)
 static size_t random_doc(char *buf, const int *vals, int nkeys)
 {
     int order[32];
-    for (int i = 0; i < nkeys; i++) order[i] = i;
+    for (int i = 0; i < nkeys; i++)
+        order[i] = i;
     for (int i = nkeys - 1; i > 0; i--) {
         int j = (int)(rng() % (uint32_t)(i + 1));
         int t = order[i];
@@ -630,7 +636,8 @@ static void test_throughput(void **state)
     char fp[65];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < iters; i++) assert_int_equal(oq_fingerprint("acme", "send_email", v, fp, NULL), 0);
+    for (int i = 0; i < iters; i++)
+        assert_int_equal(oq_fingerprint("acme", "send_email", v, fp, NULL), 0);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -641,13 +648,13 @@ static void test_throughput(void **state)
         json_decref(p);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    double ns2 = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
+    double ns2 =
+        ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
     printf("# fingerprint of a %zu-byte args object: %.0f ns/op canonicalise+SHA-256, "
            "%.0f ns/op parse+canonicalise+SHA-256\n",
            strlen(args), ns, ns2);
     json_decref(v);
 }
-
 
 /* --- the CLI tools (onceq canon / onceq fingerprint), through ONCEQ_BIN ---------------------- */
 
@@ -693,8 +700,8 @@ static void test_cli_canon(void **state)
     /* every RFC vector through the binary too */
     char dir[1024], path[1400];
     data_dir(dir, sizeof(dir));
-    static const char *const names[] = {"arrays", "french", "structures", "unicode", "values",
-                                        "weird"};
+    static const char *const names[] = {"arrays",  "french", "structures",
+                                        "unicode", "values", "weird"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t il, wl;
         snprintf(path, sizeof(path), "%s/input/%s.json", dir, names[i]);

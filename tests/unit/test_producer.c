@@ -911,7 +911,8 @@ static void test_job_envelope_and_ids(void **state)
         oq_submit_req_t req = {NULL, "k", "charge", args, NULL, 0, 0};
         oq_submit_job_t *job = NULL;
         assert_int_equal(oq_submit_job_new(&req, &job, NULL), 0);
-        if (*prev && strncmp(prev, job->call_id, 2 + 10) > 0) fail_msg("%s after %s", job->call_id, prev);
+        if (*prev && strncmp(prev, job->call_id, 2 + 10) > 0)
+            fail_msg("%s after %s", job->call_id, prev);
         memcpy(prev, job->call_id, sizeof prev);
         oq_submit_job_destroy(job);
         if (i % 50 == 0) usleep(2000);
@@ -1082,8 +1083,8 @@ static void test_migration_from_v1(void **state)
     sqlite3 *db = NULL;
     oq_error_t err = {0};
     assert_int_equal(oq_db_open(path, NULL, &db, &err), 0);
-    const char *v1[] = {oq_sql_file("common/0001_outbox.sql"), oq_sql_file("producer/0001_init.sql"),
-                        NULL};
+    const char *v1[] = {oq_sql_file("common/0001_outbox.sql"),
+                        oq_sql_file("producer/0001_init.sql"), NULL};
     assert_int_equal(oq_db_migrate_sql(db, v1, &err), 0);
     assert_int_equal(oq_db_exec(db,
                                 "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,"
@@ -1108,7 +1109,8 @@ static void test_migration_from_v1(void **state)
     json_t *st = NULL;
     assert_int_equal(oq_producer_stats(p, &st, NULL), 0);
     assert_int_equal(json_integer_value(json_object_get(st, "calls")), 3);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(st, "by_status"), "pending")), 2);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(st, "by_status"), "pending")), 2);
     json_decref(st);
     oq_producer_close(p);
     assert_int_equal(oq_db_open(path, NULL, &db, &err), 0);

@@ -67,8 +67,12 @@ static void append_rows(int n)
         char mid[OQ_UUID_LEN + 1], key[16];
         oq_id_uuid(mid);
         snprintf(key, sizeof(key), "k%d", i % 7);
-        oq_outbox_row_t row = {.message_id = mid, .topic = "onceq.tool-calls", .key = key,
-                               .payload = "{}", .payload_len = 2, .created_at = oq_now_ms()};
+        oq_outbox_row_t row = {.message_id = mid,
+                               .topic = "onceq.tool-calls",
+                               .key = key,
+                               .payload = "{}",
+                               .payload_len = 2,
+                               .created_at = oq_now_ms()};
         assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
     }
     assert_int_equal(oq_db_commit(db, &err), 0);
@@ -307,15 +311,19 @@ static void append_row_to_partition(rd_kafka_topic_t *rkt, int want, int nparts)
     char key[32];
     for (int i = 0;; i++) {
         snprintf(key, sizeof key, "key-%d", i);
-        if (rd_kafka_msg_partitioner_consistent_random(rkt, key, strlen(key), nparts, NULL,
-                                                       NULL) == want)
+        if (rd_kafka_msg_partitioner_consistent_random(rkt, key, strlen(key), nparts, NULL, NULL) ==
+            want)
             break;
     }
     char mid[OQ_UUID_LEN + 1];
     oq_id_uuid(mid);
     oq_error_t err = {0};
-    oq_outbox_row_t row = {.message_id = mid, .topic = "onceq.tool-calls", .key = key,
-                           .payload = "{}", .payload_len = 2, .created_at = oq_now_ms()};
+    oq_outbox_row_t row = {.message_id = mid,
+                           .topic = "onceq.tool-calls",
+                           .key = key,
+                           .payload = "{}",
+                           .payload_len = 2,
+                           .created_at = oq_now_ms()};
     assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
 }
 
@@ -334,7 +342,8 @@ static void test_watermark_waits_for_slow_row(void **state)
     assert_non_null(rkt);
     assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
     append_row_to_partition(rkt, 0, 4); /* seq 1: the slow one */
-    for (int i = 0; i < 39; i++) append_row_to_partition(rkt, 1 + i % 3, 4);
+    for (int i = 0; i < 39; i++)
+        append_row_to_partition(rkt, 1 + i % 3, 4);
     assert_int_equal(oq_db_commit(db, &err), 0);
 
     assert_int_equal(rd_kafka_mock_broker_set_rtt(mcl, 3, 2000), 0);

@@ -58,8 +58,12 @@ static void append_rows(int n, const char *key, int64_t created_at)
     for (int i = 0; i < n; i++) {
         char mid[OQ_UUID_LEN + 1];
         oq_id_uuid(mid);
-        oq_outbox_row_t row = {.message_id = mid, .topic = "t", .key = key, .payload = "{\"x\":1}",
-                               .payload_len = 7, .created_at = created_at};
+        oq_outbox_row_t row = {.message_id = mid,
+                               .topic = "t",
+                               .key = key,
+                               .payload = "{\"x\":1}",
+                               .payload_len = 7,
+                               .created_at = created_at};
         assert_int_equal(oq_outbox_append(db, NULL, &row, &err), 0);
     }
     assert_int_equal(oq_db_commit(db, &err), 0);
@@ -110,26 +114,31 @@ static void test_lease_exclusive_and_takeover(void **state)
     char holder[256];
 
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &fa, &held, holder,
-                                             sizeof(holder), NULL, &err), 0);
+                                             sizeof(holder), NULL, &err),
+                     0);
     assert_true(held);
     assert_int_equal(fa, 1);
     /* B cannot take a live lease; it learns who holds it. */
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 10, &fb, &held, holder,
-                                             sizeof(holder), NULL, &err), 0);
+                                             sizeof(holder), NULL, &err),
+                     0);
     assert_false(held);
     assert_string_equal(holder, "A");
     /* A renews: same fence. */
     assert_int_equal(oq__relay_lease_renew(a, "outbox", "A", 1, 5000, now + 2000, &err), 0);
-    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now + 2500, &fa, &held,
-                                             NULL, 0, NULL, &err), 0);
+    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now + 2500, &fa, &held, NULL,
+                                             0, NULL, &err),
+                     0);
     assert_true(held);
     assert_int_equal(fa, 1);
     /* Lease lapses (last renewal at now+2500 -> expires now+7500): B takes it, fence 2. */
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 7400, &fb, &held, NULL,
-                                             0, NULL, &err), 0);
+                                             0, NULL, &err),
+                     0);
     assert_false(held);
     assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 5000, now + 7500, &fb, &held, NULL,
-                                             0, NULL, &err), 0);
+                                             0, NULL, &err),
+                     0);
     assert_true(held);
     assert_int_equal(fb, 2);
     /* A's renewal is refused even though A's clock thinks it is early. */
@@ -139,7 +148,8 @@ static void test_lease_exclusive_and_takeover(void **state)
     assert_int_equal(oq__relay_lease_release(b, "outbox", "B", 2, &err), 0);
     fa = 1;
     assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now + 7700, &fa, &held, NULL,
-                                             0, NULL, &err), 0);
+                                             0, NULL, &err),
+                     0);
     assert_true(held);
     assert_int_equal(fa, 3);
     /* Release by a stale fence changes nothing. */
@@ -159,16 +169,17 @@ static void test_fenced_mark_changes_nothing(void **state)
     int64_t now = oq_now_ms(), fa = 0, fb = 0, wm = -1;
     int held;
     append_rows(10, "k1", now);
-    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 1000, now, &fa, &held, NULL, 0,
-                                             &wm, &err), 0);
+    assert_int_equal(
+        oq__relay_lease_acquire(a, "outbox", "A", 1000, now, &fa, &held, NULL, 0, &wm, &err), 0);
     assert_true(held);
     assert_int_equal(wm, 0); /* a new lease row: everything is pending */
     assert_int_equal(oq__relay_store_mark(a, "outbox", "A", fa, 1000, now + 10, 3, &err), 0);
     assert_int_equal(scalar("SELECT published_seq FROM relay_lease WHERE name='outbox'"), 3);
     assert_int_equal(scalar("SELECT count(*) FROM outbox_unpublished"), 7);
     /* A is "paused" past its lease; B takes over and starts from A's watermark. */
-    assert_int_equal(oq__relay_lease_acquire(b, "outbox", "B", 1000, now + 2000, &fb, &held, NULL,
-                                             0, &wm, &err), 0);
+    assert_int_equal(
+        oq__relay_lease_acquire(b, "outbox", "B", 1000, now + 2000, &fb, &held, NULL, 0, &wm, &err),
+        0);
     assert_true(held);
     assert_int_equal(fb, fa + 1);
     assert_int_equal(wm, 3);
@@ -194,8 +205,8 @@ static void test_mark_never_moves_back(void **state)
     int64_t now = oq_now_ms(), f = 0;
     int held;
     append_rows(20, "k", now);
-    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0,
-                                             NULL, &err), 0);
+    assert_int_equal(
+        oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0, NULL, &err), 0);
     assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now, 9, &err), 0);
     /* An older value (a late job) does not move it back; the lease is still renewed. */
     assert_int_equal(oq__relay_store_mark(a, "outbox", "A", f, 5000, now + 100, 5, &err), 0);
@@ -234,13 +245,14 @@ static void test_read_order_and_limits(void **state)
     int64_t now = oq_now_ms(), f = 0;
     int held, n;
     append_rows(30, "k", now);
-    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0,
-                                             NULL, &err), 0);
+    assert_int_equal(
+        oq__relay_lease_acquire(a, "outbox", "A", 5000, now, &f, &held, NULL, 0, NULL, &err), 0);
     collect_t c = {0};
     assert_int_equal(oq__relay_store_read(a, 0, 5, 1 << 20, collect, &c, &n, &err), 0);
     assert_int_equal(n, 5);
     int64_t want[] = {1, 2, 3, 4, 5};
-    for (int i = 0; i < 5; i++) assert_int_equal(c.seqs[i], want[i]);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(c.seqs[i], want[i]);
     /* after the cursor */
     memset(&c, 0, sizeof(c));
     assert_int_equal(oq__relay_store_read(a, 25, 100, 1 << 20, collect, &c, &n, &err), 0);
@@ -274,8 +286,9 @@ static void test_cleanup_and_status(void **state)
     int64_t now = oq_now_ms(), f = 0, deleted;
     int held;
     append_rows(25, "k", now - 60000);
-    assert_int_equal(oq__relay_lease_acquire(a, "outbox", "relay-A", 5000, now, &f, &held, NULL, 0,
-                                             NULL, &err), 0);
+    assert_int_equal(
+        oq__relay_lease_acquire(a, "outbox", "relay-A", 5000, now, &f, &held, NULL, 0, NULL, &err),
+        0);
     /* 20 rows delivered; 15 of them old, 5 created just now; 5 old rows still pending */
     assert_int_equal(oq__relay_store_mark(a, "outbox", "relay-A", f, 5000, now, 20, &err), 0);
     char upd[128];

@@ -73,10 +73,9 @@ static void fx_free(fx_t *f)
     sqlite3_close_v2(f->p);
     sqlite3_close_v2(f->c);
     char path[160];
-    static const char *const files[] = {"calls.db",       "calls.db-wal",   "calls.db-shm",
-                                        "effects.db",     "effects.db-wal", "effects.db-shm",
-                                        "accepted",       "ledger.db",      "ledger.db-wal",
-                                        "ledger.db-shm"};
+    static const char *const files[] = {
+        "calls.db",       "calls.db-wal", "calls.db-shm", "effects.db",    "effects.db-wal",
+        "effects.db-shm", "accepted",     "ledger.db",    "ledger.db-wal", "ledger.db-shm"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", f->dir, files[i]);
         unlink(path);
@@ -122,8 +121,9 @@ static void add_effect(fx_t *f, const char *id, const char *effect_id, const cha
 
 static void add_caudit(fx_t *f, const char *id, const char *event, int attempt, int64_t ts)
 {
-    exec_sql(f->c, "INSERT INTO audit(ts,call_id,event,attempt,fence,worker) "
-                   "VALUES(%lld,'%s','%s',%d,1,'w1')",
+    exec_sql(f->c,
+             "INSERT INTO audit(ts,call_id,event,attempt,fence,worker) "
+             "VALUES(%lld,'%s','%s',%d,1,'w1')",
              (long long)ts, id, event, attempt);
 }
 
@@ -177,8 +177,8 @@ static void expect_only(const oq_verify_report_t *rep, int kind, int64_t n, cons
 {
     for (int k = 0; k < OQ__V_COUNT; k++) {
         if (k == kind) continue;
-        if (rep->count[k]) fprintf(stderr, "unexpected %s=%lld\n", oq_violation_name(k),
-                                   (long long)rep->count[k]);
+        if (rep->count[k])
+            fprintf(stderr, "unexpected %s=%lld\n", oq_violation_name(k), (long long)rep->count[k]);
         assert_int_equal(rep->count[k], 0);
     }
     assert_int_equal(rep->count[kind], n);
@@ -663,9 +663,8 @@ static void test_read_only_and_json(void **state)
     assert_non_null(j);
     assert_false(json_is_true(json_object_get(j, "clean")));
     assert_int_equal(json_integer_value(json_object_get(j, "calls")), before);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "by_kind"),
-                                                        "not_terminal")),
-                     1);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "by_kind"), "not_terminal")), 1);
     json_decref(j);
     free(buf);
     buf = NULL;
