@@ -131,6 +131,15 @@ static void counting_install(void)
 /* --- parsing -------------------------------------------------------------------------------- */
 
 /* *zero_real is set when the tree holds a real equal to 0 (see check_underflow). */
+/* RFC 8785 numbers are IEEE doubles: an integer beyond +-2^53 has no exact canonical form. */
+static int safe_int(json_int_t i, oq_error_t *err)
+{
+    if (i <= JCS_MAX_SAFE_INT && i >= -JCS_MAX_SAFE_INT) return 1;
+    oq_error_set(err, OQ_ERANGE, 0,
+                 "integer %lld is outside +-2^53; RFC 8785 numbers are IEEE doubles", (long long)i);
+    return 0;
+}
+
 static int json_walk(const json_t *v, size_t depth, size_t max_depth, int *zero_real,
                      oq_error_t *err)
 {
@@ -162,10 +171,7 @@ static int json_walk(const json_t *v, size_t depth, size_t max_depth, int *zero_
     }
     case JSON_INTEGER: {
         json_int_t i = json_integer_value(v);
-        if (i > JCS_MAX_SAFE_INT || i < -JCS_MAX_SAFE_INT)
-            return oq_error_set(err, OQ_ERANGE, 0,
-                                "integer %lld is outside +-2^53; RFC 8785 numbers are IEEE doubles",
-                                (long long)i);
+        if (!safe_int(i, err)) return OQ_ERANGE;
         return 0;
     }
     case JSON_REAL: {
@@ -587,10 +593,7 @@ static int jcs_value(jbuf_t *b, const json_t *v, size_t depth, oq_error_t *err)
         return jcs_string(b, json_string_value(v), json_string_length(v), err);
     case JSON_INTEGER: {
         json_int_t i = json_integer_value(v);
-        if (i > JCS_MAX_SAFE_INT || i < -JCS_MAX_SAFE_INT)
-            return oq_error_set(err, OQ_ERANGE, 0,
-                                "integer %lld is outside +-2^53; RFC 8785 numbers are IEEE doubles",
-                                (long long)i);
+        if (!safe_int(i, err)) return OQ_ERANGE;
         return jb_put(b, num, jcs_int((long long)i, num), err);
     }
     case JSON_REAL:

@@ -134,22 +134,14 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
                        int64_t max_bytes, oq_error_t *err)
 {
     int64_t attempt = c->attempt + 1;
-    oq_envelope_t e;
-    memset(&e, 0, sizeof e);
-    e.v = OQ_ENVELOPE_VERSION;
-    e.kind = OQ_KIND_TOOL_CALL;
-    oq_id_uuid(e.message_id);
-    memcpy(e.call_id, c->call_id, sizeof e.call_id);
-    e.tenant = c->tenant;
-    e.idem_key = c->idem_key;
-    memcpy(e.fingerprint, c->fingerprint, sizeof e.fingerprint);
-    e.tool = c->tool;
-    e.attempt = attempt;
-    e.created_at = now_ms;
+    char message_id[OQ_UUID_LEN + 1];
+    oq_id_uuid(message_id);
+    /* calls.args holds the canonical text the call was submitted with */
+    oq__call_message_t m = {message_id, c->call_id, c->tenant,       c->idem_key, c->fingerprint,
+                            c->tool,    c->args,    strlen(c->args), attempt,     now_ms};
     char *payload = NULL;
     size_t len = 0;
-    /* calls.args holds the canonical text the call was submitted with */
-    int ret = oq_envelope_encode_canon(&e, c->args, strlen(c->args), &payload, &len, err);
+    int ret = oq__call_message_encode(&m, &payload, &len, err);
     if (ret) return ret;
     if (!fits(len, max_bytes)) {
         free(payload);
@@ -159,7 +151,7 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
                                 .attempt = attempt,
                                 .updated_at = now_ms,
                                 .expires_at = now_ms + ttl,
-                                .message_id = e.message_id,
+                                .message_id = message_id,
                                 .payload = payload,
                                 .payload_len = len};
     ret = oq__producer_store_reset_call(s, &a, err);
@@ -518,23 +510,16 @@ static int redrive_one(oq__producer_store_t *s, oq__producer_redrive_row_t *r, i
      * id, call, tenant, key, fingerprint, tool, attempt and canonical args; only created_at
      * (informational) comes from the call row and may differ by the writer's queueing delay.
      * A call stored before calls.message_id existed, whose row is gone, gets a new id. */
-    oq_envelope_t e;
     char *payload = NULL;
     size_t len = 0;
-    memset(&e, 0, sizeof e);
     *new_id = !r->message_id[0];
     if (*new_id) oq_id_uuid(r->message_id);
-    e.v = OQ_ENVELOPE_VERSION;
-    e.kind = OQ_KIND_TOOL_CALL;
-    memcpy(e.message_id, r->message_id, sizeof e.message_id);
-    memcpy(e.call_id, r->call_id, sizeof e.call_id);
-    e.tenant = r->tenant;
-    e.idem_key = r->idem_key;
-    memcpy(e.fingerprint, r->fingerprint, sizeof e.fingerprint);
-    e.tool = r->tool;
-    e.attempt = r->attempt;
-    e.created_at = r->attempt > 1 ? r->updated_at : r->created_at;
-    int ret = oq_envelope_encode_canon(&e, r->args, strlen(r->args), &payload, &len, err);
+    oq__call_message_t m = {r->message_id,  r->call_id,
+                            r->tenant,      r->idem_key,
+                            r->fingerprint, r->tool,
+                            r->args,        strlen(r->args),
+                            r->attempt,     r->attempt > 1 ? r->updated_at : r->created_at};
+    int ret = oq__call_message_encode(&m, &payload, &len, err);
     if (ret) return ret;
     ret =
         oq__producer_store_republish(s, r->message_id, r->call_id, payload, len, now_ms, what, err);

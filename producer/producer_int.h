@@ -169,4 +169,18 @@ void oq__writer_close(oq__writer_t *w);
  */
 int oq__writer_enqueue(oq__writer_t *w, oq__work_t *item);
 
+/** The fields of a tool_call message, borrowed (\p args: canonical JSON text). */
+typedef struct oq__call_message {
+    const char *message_id, *call_id, *tenant, *idem_key, *fingerprint, *tool, *args;
+    size_t args_len;
+    int64_t attempt, created_at;
+} oq__call_message_t;
+
+/**
+ * @brief The one place the producer builds a tool_call envelope (first attempt, retry reset,
+ *        redrive): common's encoder over canonical args. @returns 0 or OQ_E* (*out owned).
+ */
+int oq__call_message_encode(const oq__call_message_t *m, char **out, size_t *out_len,
+                            oq_error_t *err);
+
 #endif

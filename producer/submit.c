@@ -16,29 +16,39 @@
  * bits in one ms) is in practice impossible, but it would be reported by the store and the
  * decision draws new ids (oq__job_new_ids).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "producer_int.h"
 
 /* The envelope of attempt 1 (job->call_id, job->message_id) into job->payload. */
-static int encode_first(oq_submit_job_t *job, oq_error_t *err)
+int oq__call_message_encode(const oq__call_message_t *m, char **out, size_t *out_len,
+                            oq_error_t *err)
 {
     oq_envelope_t e;
     memset(&e, 0, sizeof e);
     e.v = OQ_ENVELOPE_VERSION;
     e.kind = OQ_KIND_TOOL_CALL;
-    memcpy(e.message_id, job->message_id, sizeof e.message_id);
-    memcpy(e.call_id, job->call_id, sizeof e.call_id);
-    e.tenant = job->tenant;
-    e.idem_key = job->idem_key;
-    memcpy(e.fingerprint, job->fingerprint, sizeof e.fingerprint);
-    e.tool = job->tool;
-    e.attempt = 1;
-    e.created_at = job->created_at;
+    snprintf(e.message_id, sizeof e.message_id, "%s", m->message_id);
+    snprintf(e.call_id, sizeof e.call_id, "%s", m->call_id);
+    e.tenant = (char *)m->tenant;
+    e.idem_key = (char *)m->idem_key;
+    snprintf(e.fingerprint, sizeof e.fingerprint, "%s", m->fingerprint);
+    e.tool = (char *)m->tool;
+    e.attempt = m->attempt;
+    e.created_at = m->created_at;
+    return oq_envelope_encode_canon(&e, m->args, m->args_len, out, out_len, err);
+}
+
+static int encode_first(oq_submit_job_t *job, oq_error_t *err)
+{
+    oq__call_message_t m = {
+        job->message_id, job->call_id,  job->tenant, job->idem_key,  job->fingerprint, job->tool,
+        job->args,       job->args_len, 1,           job->created_at};
     char *payload = NULL;
     size_t len = 0;
-    int ret = oq_envelope_encode_canon(&e, job->args, job->args_len, &payload, &len, err);
+    int ret = oq__call_message_encode(&m, &payload, &len, err);
     if (ret) return ret;
     free(job->payload);
     job->payload = payload;
