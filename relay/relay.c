@@ -1,5 +1,7 @@
 /*
  * The outbox relay engine: one thread per relay that competes for the database's lease and,
+ * (About 1,500 lines, over the usual 800: the produce loop, the in-flight ring, the watermark
+ * writer and dead letters share one thread's state without locks; its SQL is in store.c.)
  * while it holds it, streams unpublished outbox rows into an idempotent librdkafka producer
  * and marks them published from delivery reports.
  *
