@@ -161,6 +161,14 @@ static int err_is_invalid(rd_kafka_resp_err_t e)
     }
 }
 
+/* The index of the spec named \p name in \p ts (an admin result names its topic), or -1. */
+static int spec_index(const topic_spec_t *ts, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(ts[i].name, name) == 0) return i;
+    return -1;
+}
+
 /* Waits up to \p timeout_ms for the admin result of type \p type on \p q. */
 static rd_kafka_event_t *admin_wait(rd_kafka_queue_t *q, rd_kafka_event_type_t type,
                                     int64_t timeout_ms, oq_error_t *err)
@@ -370,10 +378,8 @@ static int do_create(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *cfg
     for (size_t r = 0; r < nr; r++) {
         const char *name = rd_kafka_topic_result_name(rs[r]);
         rd_kafka_resp_err_t e = rd_kafka_topic_result_error(rs[r]);
-        int i = 0;
-        while (i < n && strcmp(ts[i].name, name) != 0)
-            i++;
-        if (i == n) continue;
+        int i = spec_index(ts, n, name);
+        if (i < 0) continue;
         if (e == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS && if_not_exists) {
             printf("exists %s (left as it is)\n", name);
             created[i] = 1; /* still wait until it is led */
@@ -441,10 +447,8 @@ static int do_delete(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *cfg
     for (size_t r = 0; r < nr; r++) {
         const char *name = rd_kafka_topic_result_name(rs[r]);
         rd_kafka_resp_err_t e = rd_kafka_topic_result_error(rs[r]);
-        int i = 0;
-        while (i < n && strcmp(ts[i].name, name) != 0)
-            i++;
-        if (i == n) continue;
+        int i = spec_index(ts, n, name);
+        if (i < 0) continue;
         if (e == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
             printf("absent %s\n", name);
             if (!if_exists) nmissing++;
