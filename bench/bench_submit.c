@@ -188,8 +188,9 @@ int oq__bench_submit(int argc, char **argv)
 
     oq_error_t err = {0};
     oq_producer_t *p = NULL;
-    oq_producer_opts_t opts = {sync, 0, 0, 0, m, (int)oq_config_int(cfg, "commit-delay-us"),
-                               0,    0, 0};
+    oq_producer_opts_t opts = {.synchronous = sync,
+                               .metrics = m,
+                               .commit_delay_us = (int)oq_config_int(cfg, "commit-delay-us")};
     if (oq_producer_open(po, &opts, &p, &err) != 0) {
         fprintf(stderr, "bench: %s\n", err.msg);
         goto out;

@@ -18,14 +18,18 @@ PL_GROUP=${PL_GROUP:-onceq-workers}
 # Fast rebalances on the mock cluster: a member joining a stable group waits
 # session.timeout.ms - 1000.
 PL_CONSUMER_X=(-X session.timeout.ms=6000)
+# Extra arguments of the broker (pl_start), the producer and the relay; empty by default.
+PL_BROKER_X=()
+PL_PRODUCER_X=()
+PL_RELAY_X=()
 
 pl_spawn_producer() {
     oq_spawn producer env "$@" "$ONCEQ_BIN" producer --db "$PDB" --listen "127.0.0.1:$PORT" \
-        --brokers "$BROKERS"
+        --brokers "$BROKERS" "${PL_PRODUCER_X[@]}"
 }
 
 pl_spawn_relay() {
-    oq_spawn relay env "$@" "$ONCEQ_BIN" relay --db "$PDB" --brokers "$BROKERS"
+    oq_spawn relay env "$@" "$ONCEQ_BIN" relay --db "$PDB" --brokers "$BROKERS" "${PL_RELAY_X[@]}"
 }
 
 pl_spawn_consumer() {
@@ -48,7 +52,7 @@ pl_start() {
     CDB=$T/effects.db
     PORT=$(oq_free_port)
     export PDB CDB PORT
-    oq_start_broker
+    oq_start_broker "${PL_BROKER_X[@]}"
     pl_spawn_producer
     pl_spawn_relay
     for ((i = 1; i <= n; i++)); do pl_spawn_consumer "$i"; done

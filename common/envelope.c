@@ -22,6 +22,7 @@
  */
 #include "oq_envelope.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -430,3 +431,32 @@ int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, siz
 
 #undef PUT
 #undef PUT_KEY
+
+/* --- topic names ------------------------------------------------------------------------------ */
+
+int oq_topic_prefix_check(const char *prefix, oq_error_t *err)
+{
+    size_t n = prefix ? strlen(prefix) : 0;
+    if (n == 0 || n > 200) return oq_error_set(err, OQ_EINVAL, 0, "1 to 200 characters expected");
+    if (strcmp(prefix, ".") == 0 || strcmp(prefix, "..") == 0)
+        return oq_error_set(err, OQ_EINVAL, 0, "'%s' is not a valid prefix", prefix);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)prefix[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return oq_error_set(err, OQ_EINVAL, 0, "character %zu is not one of [A-Za-z0-9._-]",
+                                i + 1);
+    }
+    return 0;
+}
+
+const char *oq_topic_name(const char *prefix, const char *logical, char *out, size_t cap)
+{
+    static const char base[] = OQ_TOPIC_PREFIX_DEFAULT;
+    const size_t bl = sizeof base - 1;
+    if (!prefix || !*prefix || strncmp(logical, base, bl) != 0)
+        snprintf(out, cap, "%s", logical);
+    else
+        snprintf(out, cap, "%s%s", prefix, logical + bl);
+    return out;
+}

@@ -25,6 +25,17 @@
 #define OQ_TOPIC_CALLS "onceq.tool-calls"
 #define OQ_TOPIC_RESULTS "onceq.tool-results"
 #define OQ_TOPIC_DLQ "onceq.dlq"
+/** The default topic prefix: the names above are the topics' logical names, and a deployment
+ *  with `--topic-prefix P` uses P + the part after "onceq." (P = "acme.onceq." gives
+ *  acme.onceq.tool-calls). Outbox rows keep the logical name; whoever talks to Kafka maps it. */
+#define OQ_TOPIC_PREFIX_DEFAULT "onceq."
+#define OQ_TOPIC_NAME_CAP 250 /**< Kafka's longest topic name (249) + NUL */
+/** The `topic-prefix` row of every settings table whose command talks to Kafka (oq_config.h). */
+#define OQ_SETTING_TOPIC_PREFIX                                                                    \
+    {                                                                                              \
+        "topic-prefix", OQ_SET_STRING, OQ_TOPIC_PREFIX_DEFAULT, 1, 200, NULL,                      \
+            "topic names are PREFIX + tool-calls, tool-results, dlq (the same on every component)" \
+    }
 #define OQ_HDR_MESSAGE_ID "onceq-message-id"
 #define OQ_MAX_KEY_LEN 255
 #define OQ_MAX_NAME_LEN 128 /**< tool and tenant names */
@@ -102,5 +113,20 @@ int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err);
 
 /** @brief "tool_call" / "tool_result". */
 const char *oq_kind_name(oq_kind_t k);
+
+/**
+ * @brief Check a topic prefix: 1..200 bytes of [A-Za-z0-9._-] (the characters Kafka allows in
+ *        a topic name), not "." or "..". @returns 0 or OQ_EINVAL with a message naming it.
+ */
+int oq_topic_prefix_check(const char *prefix, oq_error_t *err);
+
+/**
+ * @brief The physical name of \p logical under \p prefix: a name starting with "onceq." gets
+ *        \p prefix in place of "onceq."; any other name is returned unchanged. \p prefix NULL
+ *        or "" means the default (the name unchanged). Writes into \p out (cap bytes, at least
+ *        OQ_TOPIC_NAME_CAP) and returns it; a result that does not fit is truncated (the
+ *        prefix check keeps every onceq name under Kafka's limit).
+ */
+const char *oq_topic_name(const char *prefix, const char *logical, char *out, size_t cap);
 
 #endif

@@ -139,7 +139,9 @@ typedef struct oq_consumer_opts {
     const char *db_path;           /**< effects database (created and migrated) */
     const char *brokers;           /**< bootstrap servers */
     const char *group;             /**< consumer group id (default "onceq-workers") */
-    const char *topic;             /**< input topic (default onceq.tool-calls) */
+    const char *topic;             /**< input topic (default: topic_prefix + "tool-calls") */
+    const char *topic_prefix;      /**< topic names' prefix (NULL: "onceq."): the input topic,
+                                        the DLQ and the results the embedded relay publishes */
     const char *worker_id;         /**< NULL: host:pid:random */
     const char *synchronous;       /**< SQLite synchronous level (NULL: FULL) */
     const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):

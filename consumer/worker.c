@@ -104,7 +104,8 @@ typedef struct {
 
 struct oq_consumer {
     oq_consumer_opts_t o;
-    char *db_path, *brokers, *group, *topic, *sync, *metrics_listen;
+    char *db_path, *brokers, *group, *topic, *sync, *metrics_listen, *topic_prefix;
+    char dlq_topic[OQ_TOPIC_NAME_CAP];
     /* the start-up check of the topic's retention.ms (DescribeConfigs, polled) */
     rd_kafka_queue_t *rq;
     rd_kafka_AdminOptions_t *rao;
@@ -181,7 +182,8 @@ const oq_setting_t oq_consumer_settings[] = {
     {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "effects database (SQLite, WAL)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "bootstrap servers host:port[,...]"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
-    {"topic", OQ_SET_STRING, OQ_TOPIC_CALLS, 1, 255, NULL, "input topic"},
+    {"topic", OQ_SET_STRING, NULL, 1, 249, NULL, "input topic (default: PREFIX + tool-calls)"},
+    OQ_SETTING_TOPIC_PREFIX,
     {"lease", OQ_SET_DURATION, "30s", 200, 3600000, NULL,
      "execution lease (longer than the longest tool; renewed by a heartbeat)"},
     {"max-attempts", OQ_SET_INT, "5", 1, 100, NULL, "tool runs per attempt before failing final"},
@@ -218,6 +220,7 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->brokers = oq_config_str(cfg, "brokers");
     o->group = oq_config_str(cfg, "group");
     o->topic = oq_config_str(cfg, "topic");
+    o->topic_prefix = oq_config_str(cfg, "topic-prefix");
     o->lease_ms = oq_config_int(cfg, "lease");
     o->max_attempts = (int)oq_config_int(cfg, "max-attempts");
     o->batch = (int)oq_config_int(cfg, "batch");
@@ -707,7 +710,7 @@ static void dlq_produce_one(const oq__dlq_row_t *r, void *opaque)
     t->id = r->id;
     t->state = 0;
     rd_kafka_resp_err_t e = rd_kafka_producev(
-        p->c->dlq_rk, RD_KAFKA_V_TOPIC(OQ_TOPIC_DLQ), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+        p->c->dlq_rk, RD_KAFKA_V_TOPIC(p->c->dlq_topic), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
         RD_KAFKA_V_KEY(r->key, r->key_len), RD_KAFKA_V_VALUE((void *)r->payload, r->len),
         RD_KAFKA_V_HEADER("onceq-dlq-reason", r->reason, -1),
         RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, r->message_id, -1), RD_KAFKA_V_OPAQUE(t),
@@ -1386,8 +1389,11 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     int rc = 0;
     char errstr[512];
     rd_kafka_conf_t *conf = NULL;
-    oq_consumer_t *c = calloc(1, sizeof(*c));
     *out = NULL;
+    oq_error_t perr = {0};
+    if (opts->topic_prefix && (rc = oq_topic_prefix_check(opts->topic_prefix, &perr)) != 0)
+        return oq_error_set(err, rc, 0, "topic prefix '%s': %s", opts->topic_prefix, perr.msg);
+    oq_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -1395,7 +1401,11 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->db_path = strdup0(opts->db_path ? opts->db_path : "effects.db");
     c->brokers = strdup0(opts->brokers);
     c->group = strdup0(opts->group ? opts->group : "onceq-workers");
-    c->topic = strdup0(opts->topic ? opts->topic : OQ_TOPIC_CALLS);
+    char calls_topic[OQ_TOPIC_NAME_CAP];
+    c->topic_prefix = strdup0(opts->topic_prefix);
+    oq_topic_name(opts->topic_prefix, OQ_TOPIC_CALLS, calls_topic, sizeof calls_topic);
+    oq_topic_name(opts->topic_prefix, OQ_TOPIC_DLQ, c->dlq_topic, sizeof c->dlq_topic);
+    c->topic = strdup0(opts->topic ? opts->topic : calls_topic);
     c->sync = strdup0(opts->synchronous);
     c->metrics_listen = strdup0(opts->metrics_listen);
     if (c->o.lease_ms <= 0) c->o.lease_ms = 30000;
@@ -1525,6 +1535,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         ro.owner = c->worker_id;
         ro.metrics = c->metrics;
         ro.metrics_labels = "relay=\"results\"";
+        ro.topic_prefix = c->topic_prefix; /* result rows name onceq.tool-results */
         if (!(c->relay = oq_relay_new(&ro, err))) {
             rc = err ? err->code : OQ_EKAFKA;
             goto fail;
@@ -1936,6 +1947,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
     free(c->brokers);
     free(c->group);
     free(c->topic);
+    free(c->topic_prefix);
     free(c->sync);
     free(c->metrics_listen);
     pthread_mutex_destroy(&c->mu);

@@ -41,6 +41,7 @@
 
 #include "cmds.h"
 #include "oq_config.h"
+#include "oq_envelope.h"
 #include "oq_error.h"
 #include "oq_log.h"
 
@@ -52,7 +53,8 @@ static const char broker_usage[] =
     "                    [--control PATH] [--topics a,b:12,...] [-X kafka.prop=value]\n"
     "\n"
     "Runs librdkafka's mock Kafka cluster on random 127.0.0.1 ports with the topics\n"
-    "onceq.tool-calls, onceq.tool-results and onceq.dlq (--partitions each, replication\n"
+    "PREFIX + tool-calls, tool-results and dlq (--topic-prefix, default onceq.; --partitions\n"
+    "each, replication\n"
     "min(3, brokers)) plus --topics (NAME or NAME:PARTITIONS). Prints the bootstrap list on\n"
     "stdout and writes it atomically to --bootstrap-file. Stops on SIGTERM/SIGINT (exit 0).\n"
     "In-memory only: about 5 MiB retained per partition, nothing survives a restart.\n"
@@ -88,6 +90,7 @@ static const oq_setting_t broker_settings[] = {
      "control FIFO path (default <bootstrap-file>.ctl; none without either)"},
     {"topics", OQ_SET_STRING, NULL, 0, 65536, NULL,
      "extra topics, comma-separated NAME or NAME:PARTITIONS"},
+    OQ_SETTING_TOPIC_PREFIX,
 };
 
 static volatile sig_atomic_t broker_stop;
@@ -549,6 +552,12 @@ int oq__cmd_broker(int argc, char **argv)
         }
         ctl_path = ctl_default;
     }
+    const char *prefix = oq_config_str(cfg, "topic-prefix");
+    if (oq_topic_prefix_check(prefix, &err) != 0) {
+        fprintf(stderr, "onceq broker: --topic-prefix: %s\n", err.msg);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
 
     /* Signals first, so a TERM during start-up still ends in a clean teardown. */
     memset(&sa, 0, sizeof(sa));
@@ -583,10 +592,12 @@ int oq__cmd_broker(int argc, char **argv)
     }
     b.bootstraps = rd_kafka_mock_cluster_bootstraps(b.mc);
 
-    static const char *const base_topics[] = {"onceq.tool-calls", "onceq.tool-results",
-                                              "onceq.dlq"};
-    for (size_t i = 0; i < 3; i++)
-        if (topic_create(&b, base_topics[i], partitions, repl, &err) != 0) goto fail;
+    static const char *const base_topics[] = {OQ_TOPIC_CALLS, OQ_TOPIC_RESULTS, OQ_TOPIC_DLQ};
+    for (size_t i = 0; i < 3; i++) {
+        char name[OQ_TOPIC_NAME_CAP];
+        oq_topic_name(prefix, base_topics[i], name, sizeof name);
+        if (topic_create(&b, name, partitions, repl, &err) != 0) goto fail;
+    }
     extra = oq_config_str(cfg, "topics");
     if (extra && *extra) {
         char *copy = strdup(extra), *save = NULL, *t;

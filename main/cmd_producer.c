@@ -21,6 +21,7 @@
 #include "cmds.h"
 #include "oq_config.h"
 #include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
@@ -78,6 +79,7 @@ static const oq_setting_t producer_settings[] = {
     {"metrics-token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "tokens for /metrics and /stats, one per line (--metrics-access token; reloaded on "
      "SIGHUP)"},
+    OQ_SETTING_TOPIC_PREFIX,
 };
 
 static const char producer_usage[] =
@@ -141,6 +143,12 @@ int oq__cmd_producer(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
+    const char *prefix = oq_config_str(cfg, "topic-prefix");
+    if (oq_topic_prefix_check(prefix, &err) != 0) {
+        fprintf(stderr, "onceq producer: --topic-prefix: %s\n", err.msg);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
     int64_t redrive_after = oq_config_int(cfg, "redrive-after");
     int64_t redrive_every = oq_config_int(cfg, "redrive-interval");
 
@@ -155,15 +163,15 @@ int oq__cmd_producer(int argc, char **argv)
 
     if (strcmp(sync, "full") != 0)
         OQ_LOG_WARN("producer", "synchronous=%s: a power loss may lose acknowledged submits", sync);
-    oq_producer_opts_t po = {sync,
-                             ttl,
-                             (int)oq_config_int(cfg, "max-batch"),
-                             0,
-                             metrics,
-                             (int)oq_config_int(cfg, "commit-delay-us"),
-                             (int)oq_config_int(cfg, "checkpoint-pages"),
-                             oq_config_int(cfg, "max-message-bytes"),
-                             redrive_after > 0 ? redrive_after : -1};
+    oq_producer_opts_t po = {.synchronous = sync,
+                             .key_ttl_ms = ttl,
+                             .max_batch = (int)oq_config_int(cfg, "max-batch"),
+                             .metrics = metrics,
+                             .commit_delay_us = (int)oq_config_int(cfg, "commit-delay-us"),
+                             .checkpoint_pages = (int)oq_config_int(cfg, "checkpoint-pages"),
+                             .max_message_bytes = oq_config_int(cfg, "max-message-bytes"),
+                             .redrive_after_ms = redrive_after > 0 ? redrive_after : -1,
+                             .topic_prefix = prefix};
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
         goto out;
@@ -176,10 +184,12 @@ int oq__cmd_producer(int argc, char **argv)
         }
         /* result_inbox rows live as long as their call (key-ttl): a result redelivered after
          * that would find no call and be counted as unknown_call, never applied twice. */
+        char results_topic[OQ_TOPIC_NAME_CAP];
         OQ_LOG_INFO("producer",
                     "result dedupe window = key-ttl (%lld ms): keep the retention of %s at or "
                     "below it",
-                    (long long)ttl, "onceq.tool-results");
+                    (long long)ttl,
+                    oq_topic_name(prefix, OQ_TOPIC_RESULTS, results_topic, sizeof results_topic));
     } else {
         OQ_LOG_INFO("producer", "no --brokers: results ingest is off (calls stay pending/running)");
         if (redrive_after > 0)

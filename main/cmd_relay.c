@@ -16,6 +16,7 @@
 #include "cmds.h"
 #include "oq_service.h"
 #include "oq_config.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_relay.h"
@@ -58,6 +59,7 @@ static const oq_setting_t relay_settings[] = {
      "serve GET /metrics on HOST:PORT (a bare PORT means 127.0.0.1:PORT); default off"},
     {"wait-db", OQ_SET_DURATION, "30s", 0, 3600000, NULL,
      "wait this long for the database tables to appear (the producer migrates them)"},
+    OQ_SETTING_TOPIC_PREFIX,
 };
 
 static volatile sig_atomic_t relay_sig;
@@ -100,6 +102,11 @@ int oq__cmd_relay(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
+    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &err) != 0) {
+        fprintf(stderr, "onceq relay: --topic-prefix: %s\n", err.msg);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
 
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = relay_on_signal;
@@ -125,6 +132,7 @@ int oq__cmd_relay(int argc, char **argv)
     o.poll_max_ms = (int)oq_config_int(cfg, "poll-max");
     o.stop_timeout_ms = oq_config_int(cfg, "stop-timeout");
     o.db_synchronous = oq_config_str(cfg, "synchronous");
+    o.topic_prefix = oq_config_str(cfg, "topic-prefix");
 
     const char *listen = oq_config_str(cfg, "metrics-listen");
     char listen_buf[160];

@@ -55,8 +55,10 @@ int oq__cmd_submit(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
-    oq_producer_opts_t po = {
-        oq_config_str(cfg, "synchronous"), oq_config_int(cfg, "key-ttl"), 0, 1, NULL, 0, -1, 0, 0};
+    oq_producer_opts_t po = {.synchronous = oq_config_str(cfg, "synchronous"),
+                             .key_ttl_ms = oq_config_int(cfg, "key-ttl"),
+                             .read_conns = 1,
+                             .checkpoint_pages = -1};
     if (oq_producer_open(oq_config_str(cfg, "db"), &po, &p, &err) != 0) {
         fprintf(stderr, "onceq submit: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
         goto out;

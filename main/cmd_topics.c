@@ -52,11 +52,12 @@ static const char topics_usage[] =
     "       (all: [--timeout 30s] [-X kafka.prop=value]...)\n"
     "\n"
     "Creates, describes or deletes Kafka topics with the admin API. Without TOPIC, create and\n"
-    "describe act on onceq.tool-calls, onceq.tool-results and onceq.dlq; delete needs names.\n"
+    "describe act on PREFIX + tool-calls, tool-results and dlq (--topic-prefix, default\n"
+    "onceq.: onceq.tool-calls, onceq.tool-results, onceq.dlq); delete needs names.\n"
     "create sets min.insync.replicas and retention.ms on each topic and waits until every\n"
-    "partition has a leader. Retention without --retention: onceq.tool-calls 7d (the consumer's\n"
+    "partition has a leader. Retention without --retention: tool-calls 7d (the consumer's\n"
     "default --inbox-retention: keep the topic's retention at or below the inbox's),\n"
-    "onceq.tool-results 24h (the producer's default --key-ttl), other topics the broker's\n"
+    "tool-results 24h (the producer's default --key-ttl), other topics the broker's\n"
     "default. Produce with acks=all (onceq's clients do) so min.insync.replicas counts.\n"
     "Exit: 0 ok, 1 broker or network failure, 2 invalid request (nothing changed),\n"
     "4 describe: a topic does not exist.";
@@ -79,6 +80,7 @@ static const oq_setting_t topics_settings[] = {
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "describe: one JSON object on stdout"},
     {"timeout", OQ_SET_DURATION, "30s", 100, 600000, NULL,
      "bound on each admin request and on the waits for the metadata"},
+    OQ_SETTING_TOPIC_PREFIX,
 };
 
 typedef struct {
@@ -103,6 +105,10 @@ static int parse_topics(const oq_config_t *cfg, int create, char bufs[][256], to
                         int *n, oq_error_t *err)
 {
     static const char *const defaults[] = {OQ_TOPIC_CALLS, OQ_TOPIC_RESULTS, OQ_TOPIC_DLQ};
+    const char *prefix = oq_config_str(cfg, "topic-prefix");
+    char calls[OQ_TOPIC_NAME_CAP], results[OQ_TOPIC_NAME_CAP];
+    oq_topic_name(prefix, OQ_TOPIC_CALLS, calls, sizeof calls);
+    oq_topic_name(prefix, OQ_TOPIC_RESULTS, results, sizeof results);
     int np = oq_config_npositional(cfg) - 1;
     int parts = (int)oq_config_int(cfg, "partitions");
     *n = 0;
@@ -111,7 +117,7 @@ static int parse_topics(const oq_config_t *cfg, int create, char bufs[][256], to
         topic_spec_t *t = &out[(*n)++];
         t->partitions = parts;
         if (np <= 0) {
-            t->name = defaults[i];
+            t->name = oq_topic_name(prefix, defaults[i], bufs[i], 256);
         } else {
             const char *a = oq_config_positional(cfg, i + 1), *colon = strchr(a, ':');
             size_t len = colon ? (size_t)(colon - a) : strlen(a);
@@ -133,9 +139,9 @@ static int parse_topics(const oq_config_t *cfg, int create, char bufs[][256], to
         }
         if (oq_config_is_set(cfg, "retention"))
             t->retention_ms = oq_config_int(cfg, "retention");
-        else if (strcmp(t->name, OQ_TOPIC_CALLS) == 0)
+        else if (strcmp(t->name, calls) == 0)
             t->retention_ms = 7 * DAY_MS;
-        else if (strcmp(t->name, OQ_TOPIC_RESULTS) == 0)
+        else if (strcmp(t->name, results) == 0)
             t->retention_ms = DAY_MS;
         else
             t->retention_ms = 0;
@@ -656,6 +662,11 @@ int oq__cmd_topics(int argc, char **argv)
     }
     if (!oq_config_str(cfg, "brokers")) {
         fprintf(stderr, "onceq topics: --brokers is required\n(see: onceq topics --help)\n");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &err) != 0) {
+        fprintf(stderr, "onceq topics: --topic-prefix: %s\n", err.msg);
         ret = OQ_EXIT_USAGE;
         goto out;
     }

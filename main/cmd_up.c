@@ -38,6 +38,7 @@
 #include "cmds.h"
 #include "oq_config.h"
 #include "oq_consumer.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -52,6 +53,7 @@ static const oq_setting_t up_settings[] = {
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "external Kafka bootstrap servers (default: run the embedded broker)"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
+    OQ_SETTING_TOPIC_PREFIX,
     {"stop-timeout", OQ_SET_DURATION, "10s", 100, 600000, NULL,
      "how long to wait for children after SIGTERM before SIGKILL"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
@@ -200,6 +202,11 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
             argv[n++] = up->tools;
         }
         break;
+    }
+    /* One topic prefix for every child: the broker creates, the others use the same names. */
+    if (oq_config_is_set(up->cfg, "topic-prefix")) {
+        argv[n++] = "--topic-prefix";
+        argv[n++] = (char *)oq_config_str(up->cfg, "topic-prefix");
     }
     /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
      * with librdkafka's 45 s default a restarted consumer idles for 44 s, and so does the
@@ -446,6 +453,12 @@ int oq__cmd_up(int argc, char **argv)
         up_path(up->calls_db, PATH_MAX, up->dir, "calls.db") ||
         up_path(up->effects_db, PATH_MAX, up->dir, "effects.db")) {
         fprintf(stderr, "onceq up: --dir is too long\n");
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
+    oq_error_t perr = {0};
+    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &perr) != 0) {
+        fprintf(stderr, "onceq up: --topic-prefix: %s\n", perr.msg);
         rc = OQ_EXIT_USAGE;
         goto out;
     }

@@ -206,7 +206,9 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
     conf = NULL; /* owned by rk */
     rd_kafka_poll_set_consumer(in->rk);
     topics = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(topics, OQ_TOPIC_RESULTS, RD_KAFKA_PARTITION_UA);
+    char topic[OQ_TOPIC_NAME_CAP];
+    oq_topic_name(oq_producer_topic_prefix(p), OQ_TOPIC_RESULTS, topic, sizeof topic);
+    rd_kafka_topic_partition_list_add(topics, topic, RD_KAFKA_PARTITION_UA);
     rd_kafka_resp_err_t ke = rd_kafka_subscribe(in->rk, topics);
     if (ke) {
         ret = oq_error_set(err, OQ_EKAFKA, ke, "subscribe: %s", rd_kafka_err2str(ke));
@@ -228,8 +230,7 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
     }
     in->started = 1;
     pthread_setname_np(in->th, "oq-ingest"); /* top -H, perf; failure harmless */
-    OQ_LOG_INFO("ingest", "consuming %s as group onceq-producer from %s", OQ_TOPIC_RESULTS,
-                brokers);
+    OQ_LOG_INFO("ingest", "consuming %s as group onceq-producer from %s", topic, brokers);
 out:
     if (topics) rd_kafka_topic_partition_list_destroy(topics);
     if (conf) rd_kafka_conf_destroy(conf);

@@ -70,6 +70,10 @@ typedef struct oq_producer_opts {
                                     long is due for a redrive (oq_producer_redrive): 0 = 2 min,
                                     < 0 = off (passes do nothing). Nothing is stored at submit,
                                     so the value applies to every open call. */
+    const char *topic_prefix;  /**< topic names' prefix for this producer's results ingest
+                                    (oq_ingest_start): NULL = "onceq.". The outbox rows name
+                                    the logical topic onceq.tool-calls whatever the prefix;
+                                    the relay maps it (oq_relay_opts_t.topic_prefix). */
 } oq_producer_opts_t;
 
 typedef enum {
@@ -202,6 +206,9 @@ int oq_submit_job_result(const oq_submit_job_t *job, oq_submit_outcome_t *outcom
 int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
                              oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
 
+/** @brief The topic prefix \p p was opened with (oq_producer_opts_t.topic_prefix), or NULL. */
+const char *oq_producer_topic_prefix(const oq_producer_t *p);
+
 /** @brief Apply the producer migrations (outbox + calls, ...) to the caller's \p db. */
 int oq_producer_migrate(sqlite3 *db, oq_error_t *err);
 
@@ -318,7 +325,8 @@ typedef struct oq_ingest_counts {
 } oq_ingest_counts_t;
 
 /**
- * @brief Start consuming onceq.tool-results (group "onceq-producer") on a thread of its own;
+ * @brief Start consuming onceq.tool-results (group "onceq-producer"; under the producer's
+ *        topic_prefix, PREFIX + tool-results) on a thread of its own;
  *        batches are applied through \p p's writer (oq_producer_apply_results), so the
  *        results share the submits' group commits and connection. @param cfg -X properties
  *        (may be NULL). \p p (borrowed) must stay open until oq_ingest_stop() returned.

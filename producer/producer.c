@@ -29,9 +29,15 @@ struct oq_producer {
     int nreads;
     atomic_uint rr;
     oq_metrics_t *metrics;
+    char *topic_prefix; /* NULL: the default */
 };
 
 /* --- open / close ----------------------------------------------------------------------------*/
+
+const char *oq_producer_topic_prefix(const oq_producer_t *p)
+{
+    return p->topic_prefix;
+}
 
 int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_producer_t **out,
                      oq_error_t *err)
@@ -52,8 +58,14 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
     p->path = strdup(path);
     p->key_ttl_ms = o.key_ttl_ms;
     p->metrics = o.metrics;
+    oq_error_t perr = {0};
+    if (o.topic_prefix && (ret = oq_topic_prefix_check(o.topic_prefix, &perr)) != 0) {
+        oq_error_set(err, ret, 0, "topic prefix '%s': %s", o.topic_prefix, perr.msg);
+        goto out;
+    }
+    p->topic_prefix = o.topic_prefix ? strdup(o.topic_prefix) : NULL;
     p->reads = calloc((size_t)o.read_conns, sizeof *p->reads);
-    if (!p->path || !p->reads) {
+    if (!p->path || !p->reads || (o.topic_prefix && !p->topic_prefix)) {
         ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto out;
     }
@@ -94,6 +106,7 @@ void oq_producer_close(oq_producer_t *p)
     }
     free(p->reads);
     free(p->path);
+    free(p->topic_prefix);
     free(p);
 }
 

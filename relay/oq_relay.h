@@ -100,6 +100,9 @@ typedef struct oq_relay_opts {
     const char *metrics_labels;   /**< labels for every metric, e.g. `relay="results"`; may be
                                        NULL. Two relays in one registry need distinct labels,
                                        else they share (and mix) the same series */
+    const char *topic_prefix;     /**< rows name logical topics ("onceq.tool-calls"); a row
+                                       whose topic starts with "onceq." is published to this
+                                       prefix + the rest (oq_topic_name); NULL = as named */
 } oq_relay_opts_t;
 
 /** Lease state, as seen by the relay itself. */

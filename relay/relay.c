@@ -127,13 +127,13 @@ typedef struct {
 } slot_t;
 
 typedef struct {
-    char *name;
+    char *name; /* the rows' (logical) name; the handle is for its physical name */
     rd_kafka_topic_t *rkt;
 } topic_t;
 
 struct oq_relay {
     /* options (immutable after new) */
-    char *db_path, *sync, *brokers, *lease_name, *owner;
+    char *db_path, *sync, *brokers, *lease_name, *owner, *topic_prefix;
     const oq_config_t *kafka_cfg;
     int64_t lease_ms, batch_bytes, retention_ms, stop_timeout_ms;
     int batch_rows, max_inflight, cleanup_batch, poll_max_ms;
@@ -531,7 +531,9 @@ static int producer_new(oq_relay_t *r, oq_error_t *err)
     if (rd_kafka_conf_get(rd_kafka_conf(r->rk), "message.max.bytes", v, &vn) == RD_KAFKA_CONF_OK)
         r->max_msg_bytes = strtoll(v, NULL, 10);
     for (int i = 0; i < r->ntopics; i++) {
-        r->topics[i].rkt = rd_kafka_topic_new(r->rk, r->topics[i].name, NULL);
+        char phys[OQ_TOPIC_NAME_CAP];
+        oq_topic_name(r->topic_prefix, r->topics[i].name, phys, sizeof phys);
+        r->topics[i].rkt = rd_kafka_topic_new(r->rk, phys, NULL);
         if (!r->topics[i].rkt) {
             producer_destroy(r);
             return oq_error_set(err, OQ_EKAFKA, 0, "topic %s: %s", r->topics[i].name,
@@ -549,7 +551,9 @@ static int topic_index(oq_relay_t *r, const char *name)
     if (r->ntopics == OQ__RELAY_MAX_TOPICS) return -1;
     char *dup = strdup(name);
     if (!dup) return -1;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(r->rk, name, NULL);
+    char phys[OQ_TOPIC_NAME_CAP];
+    rd_kafka_topic_t *rkt =
+        rd_kafka_topic_new(r->rk, oq_topic_name(r->topic_prefix, name, phys, sizeof phys), NULL);
     if (!rkt) {
         free(dup);
         return -1;
@@ -1370,6 +1374,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->sync = dup_str(opts->db_synchronous ? opts->db_synchronous : "NORMAL");
     r->brokers = dup_str(opts->brokers);
     r->lease_name = dup_str(opts->lease_name ? opts->lease_name : "outbox");
+    r->topic_prefix = dup_str(opts->topic_prefix);
     if (opts->owner) {
         r->owner = dup_str(opts->owner);
     } else {
@@ -1391,7 +1396,8 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->cleanup_batch = opts->cleanup_batch;
     r->poll_max_ms = opts->poll_max_ms;
     r->stop_timeout_ms = opts->stop_timeout_ms;
-    if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync) {
+    if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync ||
+        (opts->topic_prefix && !r->topic_prefix)) {
         oq_error_set(err, OQ_ENOMEM, 0, "relay: out of memory");
         goto fail;
     }
@@ -1476,6 +1482,7 @@ void oq_relay_destroy(oq_relay_t *r)
     free(r->sync);
     free(r->brokers);
     free(r->lease_name);
+    free(r->topic_prefix);
     free(r->owner);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);

@@ -319,14 +319,17 @@ oq_kafka_cluster() {
 # topics and the extra ones are deleted (with whatever an earlier script left in them and the
 # group offsets on them) and created afresh, RF ONCEQ_TEST_RF, min.insync.replicas
 # ONCEQ_TEST_MIN_ISR. Scripts therefore share a cluster one at a time, never in parallel.
+# --topic-prefix P names the onceq topics P + tool-calls etc., as `onceq broker` does.
 # --brokers and --control of the mock have no meaning here and are ignored.
 oq__real_kafka_topics() {
-    local parts=6 extra= prev= a t
+    local parts=6 extra= prev= a t pfx=onceq.
     for a in "$@"; do
         [[ $prev == --partitions ]] && parts=$a
         [[ $a == --partitions=* ]] && parts=${a#--partitions=}
         [[ $prev == --topics ]] && extra=$a
         [[ $a == --topics=* ]] && extra=${a#--topics=}
+        [[ $prev == --topic-prefix ]] && pfx=$a
+        [[ $a == --topic-prefix=* ]] && pfx=${a#--topic-prefix=}
         prev=$a
     done
     if [[ -f "$ONCEQ_TEST_BROKERS" ]]; then
@@ -337,7 +340,7 @@ oq__real_kafka_topics() {
     [[ -n "$BROKERS" ]] || oq_fail "ONCEQ_TEST_BROKERS ($ONCEQ_TEST_BROKERS) gives no bootstrap list"
     BROKER_CTL=
     export BROKERS BROKER_CTL
-    local names=(onceq.tool-calls onceq.tool-results onceq.dlq) specs=()
+    local names=("${pfx}tool-calls" "${pfx}tool-results" "${pfx}dlq") specs=()
     IFS=, read -ra t <<<"$extra"
     for a in "${t[@]}"; do
         a=${a// /}
@@ -349,7 +352,7 @@ oq__real_kafka_topics() {
         { cat "$T/topics.log" >&2; oq_fail "real Kafka: could not delete the test topics"; }
     "$ONCEQ_BIN" topics create --brokers "$BROKERS" --partitions "$parts" \
         --replication-factor "${ONCEQ_TEST_RF:-3}" --min-insync-replicas "${ONCEQ_TEST_MIN_ISR:-2}" \
-        onceq.tool-calls onceq.tool-results onceq.dlq "${specs[@]}" >>"$T/topics.log" 2>&1 ||
+        "${names[@]:0:3}" "${specs[@]}" >>"$T/topics.log" 2>&1 ||
         { cat "$T/topics.log" >&2; oq_fail "real Kafka: could not create the test topics"; }
     oq_log "real Kafka: BROKERS=$BROKERS, topics recreated (${#names[@]}, $parts partitions each)"
     return 0

@@ -3,7 +3,10 @@
  * outbox, for the relay tests.
  *
  *   oq_relay_check --brokers B --db PATH [--topic T] [--timeout-ms MS] [--allowed-dups FILE]
- *                  [--max-dups N] [--verbose]
+ *                  [--max-dups N] [--verbose] [--topic-prefix P]
+ *
+ * T is the rows' (logical) topic; with --topic-prefix the topic read is its physical name
+ * under P (oq_topic_name), as the relay publishes it.
  *
  * Loads every outbox row (message_id, seq, key, payload), assigns all partitions of T
  * (default onceq.tool-calls) at the beginning (no group join, no commits) and consumes until
@@ -104,7 +107,8 @@ static size_t pow2_at_least(size_t n)
 
 int main(int argc, char **argv)
 {
-    const char *brokers = NULL, *db_path = NULL, *topic = "onceq.tool-calls", *allowed = NULL;
+    const char *brokers = NULL, *db_path = NULL, *topic = "onceq.tool-calls", *allowed = NULL,
+               *prefix = NULL;
     long timeout_ms = 30000, max_dups = -1;
     int verbose = 0, order_last = 0;
     static const struct option lo[] = {{"brokers", required_argument, NULL, 'b'},
@@ -115,6 +119,7 @@ int main(int argc, char **argv)
                                        {"max-dups", required_argument, NULL, 'm'},
                                        {"verbose", no_argument, NULL, 'v'},
                                        {"order", required_argument, NULL, 'o'},
+                                       {"topic-prefix", required_argument, NULL, 'P'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -127,6 +132,9 @@ int main(int argc, char **argv)
             break;
         case 't':
             topic = optarg;
+            break;
+        case 'P':
+            prefix = optarg;
             break;
         case 'T':
             timeout_ms = atol(optarg);
@@ -237,7 +245,9 @@ int main(int argc, char **argv)
         return 1;
     }
     rd_kafka_poll_set_consumer(rk);
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    char phys[OQ_TOPIC_NAME_CAP];
+    oq_topic_name(prefix, topic, phys, sizeof phys);
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, phys, NULL);
     const rd_kafka_metadata_t *md = NULL;
     int nparts = 0;
     for (int tries = 0; tries < 50 && nparts == 0; tries++) {
@@ -248,12 +258,12 @@ int main(int argc, char **argv)
         if (nparts == 0) oq_sleep_ms(200, NULL);
     }
     if (nparts == 0) {
-        fprintf(stderr, "oq_relay_check: no metadata for topic %s\n", topic);
+        fprintf(stderr, "oq_relay_check: no metadata for topic %s\n", phys);
         return 1;
     }
     rd_kafka_topic_partition_list_t *tl = rd_kafka_topic_partition_list_new(nparts);
     for (int p = 0; p < nparts; p++)
-        rd_kafka_topic_partition_list_add(tl, topic, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
+        rd_kafka_topic_partition_list_add(tl, phys, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
     rd_kafka_assign(rk, tl);
     rd_kafka_topic_partition_list_destroy(tl);
     int *eof = calloc((size_t)nparts, sizeof(int));

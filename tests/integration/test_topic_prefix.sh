@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# --topic-prefix: one setting, honoured by every command that talks to Kafka. With
+# --topic-prefix acme.onceq. the broker (or, on a real cluster, `onceq topics create`) makes
+# acme.onceq.tool-calls, .tool-results and .dlq; producer, relay and consumers use them:
+#   - calls flow end to end: `onceq verify` clean, every call terminal;
+#   - acme.onceq.tool-calls holds every outbox row exactly once (the rows keep the logical
+#     name onceq.tool-calls; the relay maps it), and onceq.tool-calls holds nothing;
+#   - results come back through acme.onceq.tool-results (calls end terminal at all);
+#   - an undecodable message on acme.onceq.tool-calls lands in acme.onceq.dlq;
+#   - a bad prefix is refused with exit 2 by every command that takes it, before it starts.
+set -u
+. "$ONCEQ_SRC/tests/integration/lib.sh"
+. "$ONCEQ_SRC/chaos/pipeline.sh"
+
+PFX=acme.onceq.
+oq_tmpdir
+for cmd in producer relay consumer broker topics up; do
+    extra=()
+    [[ $cmd == topics ]] && extra=(describe --brokers 127.0.0.1:1)
+    [[ $cmd == relay || $cmd == consumer ]] && extra=(--brokers 127.0.0.1:1 --db "$T/x.db")
+    out=$("$ONCEQ_BIN" "$cmd" "${extra[@]}" --topic-prefix 'bad prefix' 2>&1)
+    rc=$?
+    [[ $rc == 2 ]] || oq_fail "onceq $cmd --topic-prefix 'bad prefix': exit $rc, want 2 ($out)"
+    grep -q 'topic-prefix\|topic prefix' <<<"$out" || oq_fail "onceq $cmd: the error does not name the prefix: $out"
+done
+oq_log "a bad prefix: exit 2 from producer, relay, consumer, broker, topics, up"
+[[ ! -e "$T/x.db" ]] || oq_fail "a refused command created its database"
+
+PL_BROKER_X=(--topic-prefix "$PFX")
+PL_PRODUCER_X=(--topic-prefix "$PFX")
+PL_RELAY_X=(--topic-prefix "$PFX")
+PL_CONSUMER_X+=(--topic-prefix "$PFX")
+pl_start 2
+N=300
+pl_load --calls "$N" --conns 4 --prefix tp --accepted "$T/accepted" >/dev/null ||
+    oq_fail "load generator reported failures"
+pl_wait_drained 120 "$N" || oq_fail "calls not terminal within 120 s (results not coming back?)"
+J=$(pl_verify --accepted "$T/accepted")
+rc=$?
+[[ $rc == 0 && $(pl_field "$J" clean) == true ]] || oq_fail "verify: $J"
+
+"$(oq_tool oq_relay_check)" --brokers "$BROKERS" --db "$PDB" --topic onceq.tool-calls \
+    --topic-prefix "$PFX" --max-dups 0 --timeout-ms 30000 >"$T/check.out" ||
+    { cat "$T/check.out"; oq_fail "${PFX}tool-calls does not hold the outbox"; }
+grep -q ' missing=0 dups=0 ' "$T/check.out" || oq_fail "${PFX}tool-calls: missing or duplicate messages"
+n_plain=$(timeout 20 kcat -C -b "$BROKERS" -t onceq.tool-calls -o beginning -e -q 2>/dev/null | wc -l)
+[[ "$n_plain" == 0 ]] || oq_fail "onceq.tool-calls got $n_plain messages with the prefix set"
+oq_log "$(grep '# summary' "$T/check.out"); onceq.tool-calls: 0 messages"
+
+# An undecodable message goes to PREFIX + dlq.
+printf 'not an envelope' | kcat -P -b "$BROKERS" -t "${PFX}tool-calls" -k poison-1 ||
+    oq_fail "kcat could not produce to ${PFX}tool-calls"
+in_dlq() {
+    timeout 10 kcat -C -b "$BROKERS" -t "${PFX}dlq" -o beginning -e -q -f '%k\n' 2>/dev/null |
+        grep -q '^poison-1$'
+}
+oq_wait_for 60 in_dlq || oq_fail "the undecodable message did not reach ${PFX}dlq"
+oq_pass "topic prefix $PFX: $N calls verified, the topic holds the outbox exactly once, DLQ under the prefix"
