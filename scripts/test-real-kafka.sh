@@ -21,8 +21,9 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The default list: the real-Kafka tests plus the integration and chaos scripts whose claims
 # matter most on a real cluster (consumer killed mid-run, every message re-produced with kcat,
-# the relay killed at each crash point, the relay's topic read back, results ingest).
-DEFAULT_TESTS='^(realkafka\..*|integration\.test_e2e_kill_consumer|integration\.test_e2e_reproduce|chaos\.test_relay_crash|integration\.test_relay_basic|integration\.test_producer_results|integration\.test_consumer_flow)$'
+# the relay killed at each crash point, the relay's topic read back, results ingest, a topic
+# prefix).
+DEFAULT_TESTS='^(realkafka\..*|integration\.test_e2e_kill_consumer|integration\.test_e2e_reproduce|chaos\.test_relay_crash|integration\.test_relay_basic|integration\.test_producer_results|integration\.test_consumer_flow|integration\.test_topic_prefix)$'
 
 build=${BUILD_DIR:-$src/build}
 tests=${ONCEQ_REALKAFKA_TESTS:-$DEFAULT_TESTS}
