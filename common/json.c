@@ -685,6 +685,17 @@ static void sha256_init(void)
     if (!sha256_md) sha256_md = EVP_sha256();
 }
 
+int oq_sha256(const void *data, size_t len, unsigned char out[32])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    pthread_once(&sha256_once, sha256_init);
+    if (!sha256_md || EVP_Digest(data, len, md, &mdlen, sha256_md, NULL) != 1 || mdlen != 32)
+        return OQ_ECRYPTO;
+    memcpy(out, md, 32);
+    return 0;
+}
+
 /* The one fingerprint writer: SHA-256 of {"args":…,"tenant":…,"tool":…} ("args" < "tenant" <
  * "tool" in UTF-16 order, so this is the canonical member order), the args given either as a
  * tree (canonicalised here) or as text already in RFC 8785 form (written verbatim). */
@@ -704,10 +715,8 @@ static int fingerprint(const char *tenant, const char *tool, const json_t *args,
     if ((rc = jcs_string(&b, tool, strlen(tool), err))) goto out;
     if ((rc = jb_putc(&b, '}', err))) goto out;
 
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    pthread_once(&sha256_once, sha256_init);
-    if (!sha256_md || EVP_Digest(b.p, b.len, md, &mdlen, sha256_md, NULL) != 1 || mdlen != 32) {
+    unsigned char md[32];
+    if (oq_sha256(b.p, b.len, md) != 0) {
         rc = oq_error_set(err, OQ_ECRYPTO, 0, "EVP_Digest(SHA-256) failed");
         goto out;
     }

@@ -64,6 +64,10 @@ int oq_fingerprint(const char *tenant, const char *tool, const json_t *args,
 int oq_fingerprint_canon(const char *tenant, const char *tool, const char *args_canon,
                          size_t args_len, char out[OQ_FINGERPRINT_LEN + 1], oq_error_t *err);
 
+/** @brief SHA-256 of \p len bytes into \p out (the digest fetched once per process).
+ *  @returns 0 or OQ_ECRYPTO. */
+int oq_sha256(const void *data, size_t len, unsigned char out[32]);
+
 /** @brief Non-zero when \p s (length \p len) is valid UTF-8 (no surrogates, no overlongs). */
 int oq_utf8_valid(const char *s, size_t len);
 

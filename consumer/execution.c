@@ -51,12 +51,11 @@
 #include "execution.h"
 
 #include <inttypes.h>
-#include <openssl/evp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_json.h"
 #include "oq_log.h"
 #include "oq_util.h"
 
@@ -283,18 +282,6 @@ static char *error_json(const char *code, const char *message, int retryable)
     return t;
 }
 
-/* OpenSSL 3 looks a digest up on every EVP_sha256() call; fetch it once (never released). */
-static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
-static const EVP_MD *sha256_md;
-
-static void sha256_init(void)
-{
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
-#endif
-    if (!sha256_md) sha256_md = EVP_sha256();
-}
-
 static int hex_nibble(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
@@ -311,14 +298,11 @@ static int hex_nibble(char c)
 static int result_message_id(const oq__exec_row_t *x, const char *status, char out[OQ_UUID_LEN + 1],
                              oq_error_t *err)
 {
-    unsigned char md[EVP_MAX_MD_SIZE], b[16];
-    unsigned int mdlen = 0;
+    unsigned char md[32], b[16];
     char in[160], hex[33];
     int n = snprintf(in, sizeof(in), "onceq.tool_result\n%s\n%" PRId64 "\n%s\n%s", x->call_id,
                      x->attempt, status, x->message_id);
-    pthread_once(&sha256_once, sha256_init);
-    if (n < 0 || (size_t)n >= sizeof(in) || !sha256_md ||
-        EVP_Digest(in, (size_t)n, md, &mdlen, sha256_md, NULL) != 1 || mdlen < 16)
+    if (n < 0 || (size_t)n >= sizeof(in) || oq_sha256(in, (size_t)n, md) != 0)
         return oq_error_set(err, OQ_ECRYPTO, 0, "%s: result message id", x->call_id);
     /* the first 48 bits of the planning message id ("xxxxxxxx-xxxx-..."), else hash bits */
     unsigned char t[6] = {0};
