@@ -882,9 +882,12 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     const oq_call_t *call;
     oq_error_t err = {0};
     int rc = ctx->refused ? OQ_ESHUTDOWN : oq_submit_job_result(ctx->job, &oc, &call, &err);
+    /* Only a failed commit says something about readiness; a refusal of the request itself
+     * (conflict, invalid, a message too large for Kafka: 422, 400, 413) does not, else any
+     * client could keep the producer unready by sending such requests. */
     if (rc == 0)
         note_commit(h, 1, NULL);
-    else if (rc != OQ_ECONFLICT && rc != OQ_EINVAL && rc != OQ_ESHUTDOWN)
+    else if (rc != OQ_ECONFLICT && rc != OQ_EINVAL && rc != OQ_ETOOBIG && rc != OQ_ESHUTDOWN)
         note_commit(h, 0, err.msg);
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
