@@ -328,7 +328,7 @@ def main(argv=None):
     except Transient as e:
         print("onceq_client: giving up after %d tries: %s" % (a.tries, e), file=sys.stderr)
         return EXIT_FAIL
-    print(json.dumps(call, ensure_ascii=False))
+    print(json.dumps(call, ensure_ascii=False, separators=(",", ":")))
     return EXIT_OK
 
 
