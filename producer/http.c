@@ -170,10 +170,10 @@ static void count_status(oq_http_t *h, unsigned status)
         oq_counter_add(h->m_5xx, 1);
 }
 
-/* \p www_auth: the WWW-Authenticate value of a 401 (NULL otherwise). */
+/* \p xname, \p xvalue: one more header (WWW-Authenticate of a 401, Allow of a 405), or NULL. */
 static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                  char *text, size_t len, const char *ctype, const char *location,
-                                 int replayed, int close, const char *www_auth)
+                                 int replayed, int close, const char *xname, const char *xvalue)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -184,7 +184,7 @@ static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigne
     if (location) MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, location);
     if (replayed) MHD_add_response_header(r, "Idempotent-Replayed", "true");
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (www_auth) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, www_auth);
+    if (xname && xvalue) MHD_add_response_header(r, xname, xvalue);
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -199,31 +199,39 @@ static enum MHD_Result send_json(oq_http_t *h, struct MHD_Connection *c, unsigne
     json_decref(body);
     if (!text) return MHD_NO;
     return send_text(h, c, status, text, strlen(text), "application/json", location, replayed, 0,
-                     NULL);
+                     NULL, NULL);
 }
 
-static enum MHD_Result send_error_auth(oq_http_t *h, struct MHD_Connection *c, unsigned status,
-                                       const char *code, const char *msg, int close,
-                                       const char *www_auth)
+static enum MHD_Result send_error_hdr(oq_http_t *h, struct MHD_Connection *c, unsigned status,
+                                      const char *code, const char *msg, int close,
+                                      const char *xname, const char *xvalue)
 {
     json_t *b = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg ? msg : code);
     char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!text) return MHD_NO;
-    return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close,
-                     www_auth);
+    return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close, xname,
+                     xvalue);
 }
 
 static enum MHD_Result send_error_ex(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                      const char *code, const char *msg, int close)
 {
-    return send_error_auth(h, c, status, code, msg, close, NULL);
+    return send_error_hdr(h, c, status, code, msg, close, NULL, NULL);
 }
 
 static enum MHD_Result send_error(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                   const char *code, const char *msg)
 {
     return send_error_ex(h, c, status, code, msg, 0);
+}
+
+/* 405 with the Allow header that RFC 9110 (15.5.6) requires: the methods the path serves. */
+static enum MHD_Result method_not_allowed(oq_http_t *h, struct MHD_Connection *c, const char *allow)
+{
+    char msg[64];
+    snprintf(msg, sizeof msg, "use %s", allow);
+    return send_error_hdr(h, c, 405, "method_not_allowed", msg, 0, MHD_HTTP_HEADER_ALLOW, allow);
 }
 
 static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigned status,
@@ -235,7 +243,7 @@ static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigne
     char loc[64];
     snprintf(loc, sizeof loc, "/v1/tool-calls/%s", call->call_id);
     return send_text(h, c, status, text, len, "application/json", status == 202 ? loc : NULL,
-                     replayed, 0, NULL);
+                     replayed, 0, NULL, NULL);
 }
 
 /* --- client addresses ------------------------------------------------------------------------*/
@@ -569,11 +577,12 @@ static enum MHD_Result send_unauthorized(oq_http_t *h, struct MHD_Connection *c,
 {
     oq_counter_add(h->m_auth_fail, 1);
     if (why == AUTH_MISSING)
-        return send_error_auth(h, c, 401, "unauthorized",
-                               "this endpoint needs an Authorization: Bearer token", close,
-                               "Bearer realm=\"onceq\"");
-    return send_error_auth(h, c, 401, "unauthorized", "the bearer token is not valid", close,
-                           "Bearer realm=\"onceq\", error=\"invalid_token\"");
+        return send_error_hdr(h, c, 401, "unauthorized",
+                              "this endpoint needs an Authorization: Bearer token", close,
+                              MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"onceq\"");
+    return send_error_hdr(h, c, 401, "unauthorized", "the bearer token is not valid", close,
+                          MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                          "Bearer realm=\"onceq\", error=\"invalid_token\"");
 }
 
 int oq_http_reload(oq_http_t *h, oq_error_t *err)
@@ -873,9 +882,12 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     const oq_call_t *call;
     oq_error_t err = {0};
     int rc = ctx->refused ? OQ_ESHUTDOWN : oq_submit_job_result(ctx->job, &oc, &call, &err);
+    /* Only a failed commit says something about readiness; a refusal of the request itself
+     * (conflict, invalid, a message too large for Kafka: 422, 400, 413) does not, else any
+     * client could keep the producer unready by sending such requests. */
     if (rc == 0)
         note_commit(h, 1, NULL);
-    else if (rc != OQ_ECONFLICT && rc != OQ_EINVAL && rc != OQ_ESHUTDOWN)
+    else if (rc != OQ_ECONFLICT && rc != OQ_EINVAL && rc != OQ_ETOOBIG && rc != OQ_ESHUTDOWN)
         note_commit(h, 0, err.msg);
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
@@ -958,7 +970,8 @@ static enum MHD_Result get_metrics(oq_http_t *h, struct MHD_Connection *c)
         return send_error(h, c, 500, "internal", "metrics render failed");
     }
     if (!text) return MHD_NO;
-    return send_text(h, c, 200, text, strlen(text), "text/plain; version=0.0.4", NULL, 0, 0, NULL);
+    return send_text(h, c, 200, text, strlen(text), "text/plain; version=0.0.4", NULL, 0, 0, NULL,
+                     NULL);
 }
 
 /* --- dispatch --------------------------------------------------------------------------------*/
@@ -1078,34 +1091,33 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
 
     if (strcmp(url, "/healthz") == 0) {
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         return send_text(h, c, 200, strdup("{\"status\":\"ok\"}"), 15, "application/json", NULL, 0,
-                         0, NULL);
+                         0, NULL, NULL);
     }
     if (strcmp(url, "/readyz") == 0) {
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         return get_readyz(h, c);
     }
     if (strcmp(url, "/stats") == 0) {
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         return get_stats(h, c);
     }
     if (strcmp(url, "/metrics") == 0) {
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         return get_metrics(h, c);
     }
-    if (strcmp(url, CALLS_PREFIX) == 0)
-        return send_error(h, c, 405, "method_not_allowed", "use POST");
+    if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
     if (strncmp(url, BYKEY_PREFIX, strlen(BYKEY_PREFIX)) == 0) {
         const char *key = url + strlen(BYKEY_PREFIX);
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         if (!oq_envelope_valid_key(key))
             return send_error(h, c, 400, "invalid_idempotency_key", "bad key in path");
         return get_call(h, ctx, c, NULL, key);
     }
     if (strncmp(url, CALLS_PREFIX "/", strlen(CALLS_PREFIX) + 1) == 0) {
         const char *id = url + strlen(CALLS_PREFIX) + 1;
-        if (!is_get) return send_error(h, c, 405, "method_not_allowed", "use GET");
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         if (!oq_call_id_valid(id)) return send_error(h, c, 404, "not_found", "no such call");
         return get_call(h, ctx, c, id, NULL);
     }

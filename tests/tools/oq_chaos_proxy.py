@@ -2,11 +2,13 @@
 """oq_chaos_proxy: an HTTP fault proxy between a client and the onceq producer (chaos tests).
 
     oq_chaos_proxy.py --listen PORT --upstream PORT [--modes drop-response,duplicate-request,
-                      delay,reset] [--rate 0.3] [--delay-ms 1500] [--seed S]
+                      delay,reset] [--rate 0.3] [--delay-ms 1500] [--seed S] [--max-faults N]
 
 One request per client connection (the chaos clients send `Connection: close`). For each request
 the proxy draws from a random generator seeded with --seed: with probability --rate it applies one
-of --modes, chosen uniformly, else it forwards the request and the reply untouched:
+of --modes, chosen uniformly, else it forwards the request and the reply untouched (after
+--max-faults faults every request is forwarded untouched; `--rate 1 --max-faults 1` faults
+exactly the first request):
 
   drop-response      forward the request, read the whole reply, close the client connection
                      without a byte of it (the call may be committed; the client cannot know)
@@ -39,6 +41,7 @@ class Proxy:
         self.rate = args.rate
         self.delay = args.delay_ms / 1000.0
         self.rng = random.Random(args.seed)
+        self.max_faults = args.max_faults
         self.requests = 0
         self.counts = {m: 0 for m in MODES}
 
@@ -76,7 +79,8 @@ class Proxy:
             return
         self.requests += 1
         mode = "pass"
-        if self.rng.random() < self.rate:
+        faults = sum(self.counts.values())
+        if self.rng.random() < self.rate and (self.max_faults < 0 or faults < self.max_faults):
             mode = self.rng.choice(self.modes)
             self.counts[mode] += 1
             print(f"fault {self.requests} mode={mode}", flush=True)
@@ -119,6 +123,7 @@ async def main():
     ap.add_argument("--rate", type=float, default=0.3)
     ap.add_argument("--delay-ms", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-faults", type=int, default=-1, help="fault at most N requests (-1: no limit)")
     args = ap.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
     for m in args.modes:
