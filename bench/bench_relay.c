@@ -76,6 +76,22 @@ static void bench_row(long i, long keys, int size, char *key, size_t keycap, cha
     payload[n] = '\0';
 }
 
+/* Append row \p i (bench_row's key and payload, a new message id) to the outbox. */
+static int bench_append(sqlite3 *db, oq_stmt_cache_t *cache, const char *topic, long i, long keys,
+                        int size, char *payload, oq_error_t *err)
+{
+    char key[40], mid[OQ_UUID_LEN + 1];
+    bench_row(i, keys, size, key, sizeof(key), payload);
+    oq_id_uuid(mid);
+    oq_outbox_row_t row = {.message_id = mid,
+                           .topic = topic,
+                           .key = key,
+                           .payload = payload,
+                           .payload_len = strlen(payload),
+                           .created_at = oq_now_ms()};
+    return oq_outbox_append(db, cache, &row, err);
+}
+
 static int bench_fill(const char *path, long rows, long keys, int size, const char *topic)
 {
     oq_error_t err = {0};
@@ -92,18 +108,8 @@ static int bench_fill(const char *path, long rows, long keys, int size, const ch
     for (long i = 0; i < rows;) {
         if (oq_db_begin_immediate(db, 5000, &err) != 0) goto fail;
         long end = i + 50000 < rows ? i + 50000 : rows;
-        for (; i < end; i++) {
-            char key[40], mid[OQ_UUID_LEN + 1];
-            bench_row(i, keys, size, key, sizeof(key), payload);
-            oq_id_uuid(mid);
-            oq_outbox_row_t row = {.message_id = mid,
-                                   .topic = topic,
-                                   .key = key,
-                                   .payload = payload,
-                                   .payload_len = strlen(payload),
-                                   .created_at = oq_now_ms()};
-            if (oq_outbox_append(db, cache, &row, &err) != 0) goto fail;
-        }
+        for (; i < end; i++)
+            if (bench_append(db, cache, topic, i, keys, size, payload, &err) != 0) goto fail;
         if (oq_db_commit(db, &err) != 0) goto fail;
     }
     oq_stmt_cache_destroy(cache);
@@ -233,20 +239,11 @@ static double latency_sample(sqlite3 *db, oq_relay_t *relay, int notify, long i,
 {
     oq_error_t err = {0};
     oq_relay_stats_t s;
-    char key[40], mid[OQ_UUID_LEN + 1];
     oq_relay_stats(relay, &s);
     uint64_t before = s.published, produced_before = s.produced;
     *notice_ms = -1;
-    bench_row(i, 1000, size, key, sizeof(key), payload);
-    oq_id_uuid(mid);
-    oq_outbox_row_t row = {.message_id = mid,
-                           .topic = topic,
-                           .key = key,
-                           .payload = payload,
-                           .payload_len = strlen(payload),
-                           .created_at = oq_now_ms()};
-    if (oq_db_begin_immediate(db, 5000, &err) || oq_outbox_append(db, NULL, &row, &err) ||
-        oq_db_commit(db, &err)) {
+    if (oq_db_begin_immediate(db, 5000, &err) ||
+        bench_append(db, NULL, topic, i, 1000, size, payload, &err) || oq_db_commit(db, &err)) {
         fprintf(stderr, "bench relay: latency insert: %s\n", err.msg);
         return -1;
     }

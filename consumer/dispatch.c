@@ -70,16 +70,22 @@ void oq__job_free(oq__job_t *j)
     free(j);
 }
 
+/* Append \p j to the list head..tail linked by done_next (under d->mu). */
+static void list_append(oq__job_t **head, oq__job_t **tail, oq__job_t *j)
+{
+    j->done_next = NULL;
+    if (*tail)
+        (*tail)->done_next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
 /* @locality the dispatcher thread (or the stopping one once the thread is gone). */
 static void push_done(oq__dispatch_t *d, oq__job_t *j)
 {
     pthread_mutex_lock(&d->mu);
-    j->done_next = NULL;
-    if (d->done_tail)
-        d->done_tail->done_next = j;
-    else
-        d->done_head = j;
-    d->done_tail = j;
+    list_append(&d->done_head, &d->done_tail, j);
     atomic_fetch_add(&d->ndone, 1);
     pthread_mutex_unlock(&d->mu);
     if (d->wake) d->wake(d->wake_ctx);
@@ -222,14 +228,7 @@ void oq__dispatch_send(oq__dispatch_t *d, oq__job_t *j)
     d->reg = j;
     d->nreg++;
     int closed = atomic_load(&d->stopping) != 0;
-    if (!closed) {
-        j->done_next = NULL;
-        if (d->out_tail)
-            d->out_tail->done_next = j;
-        else
-            d->out_head = j;
-        d->out_tail = j;
-    }
+    if (!closed) list_append(&d->out_head, &d->out_tail, j);
     pthread_mutex_unlock(&d->mu);
     if (closed)
         fail_local(d, j, "abandoned", "the worker is stopping: not sent");

@@ -124,24 +124,22 @@ int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_st
     }
     sqlite3_finalize(st);
     st = NULL;
-    if (sqlite3_prepare_v2(s->db, sql_check_watermark, -1, &st, NULL) != SQLITE_OK) {
-        rc = oq_error_set(err, OQ_EDB, 0,
-                          "database %s has no relay_lease.published_seq (schema older than this "
-                          "relay: start the producer or consumer of this version once to migrate)",
-                          path);
-        goto fail;
+    /* Columns and tables of later migrations: a statement naming them must prepare. */
+    static const struct {
+        const char *sql, *missing;
+    } later[] = {{sql_check_watermark, "relay_lease.published_seq"},
+                 {sql_check_dead, "an outbox_dead table"}};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++) {
+        if (sqlite3_prepare_v2(s->db, later[i].sql, -1, &st, NULL) != SQLITE_OK) {
+            rc = oq_error_set(err, OQ_EDB, 0,
+                              "database %s has no %s (schema older than this relay: start the "
+                              "producer or consumer of this version once to migrate)",
+                              path, later[i].missing);
+            goto fail;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
     }
-    sqlite3_finalize(st);
-    st = NULL;
-    if (sqlite3_prepare_v2(s->db, sql_check_dead, -1, &st, NULL) != SQLITE_OK) {
-        rc = oq_error_set(err, OQ_EDB, 0,
-                          "database %s has no outbox_dead table (schema older than this relay: "
-                          "start the producer or consumer of this version once to migrate)",
-                          path);
-        goto fail;
-    }
-    sqlite3_finalize(st);
-    st = NULL;
     /* The relay reads every row once: memory-mapped reads avoid a pread copy per page. */
     sqlite3_exec(s->db, "PRAGMA mmap_size=268435456", NULL, NULL, NULL);
     sqlite3_exec(s->db, "PRAGMA cache_size=-32768", NULL, NULL, NULL);
