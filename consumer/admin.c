@@ -21,9 +21,13 @@
 #include "oq_consumer.h"
 #include "oq_json.h"
 #include "oq_log.h"
+#include "oq_mhd.h"
 
 #define MAX_BODY (64 * 1024)
 #define COMP "admin"
+
+/* libmicrohttpd's own messages. */
+static const oq_mhd_log_ctx_t mhd_log_ctx = {COMP, OQ_LOG_WARN};
 
 struct oq__admin {
     struct MHD_Daemon *d;
@@ -230,18 +234,6 @@ static void done(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    char msg[512];
-    (void)cls;
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    size_t n = strlen(msg);
-    while (n > 0 && msg[n - 1] == '\n')
-        msg[--n] = '\0';
-    OQ_LOG_WARN(COMP, "http: %s", msg);
-}
-
 oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db_path,
                              oq__admin_stats_fn stats, void *ctx, oq_error_t *err)
 {
@@ -262,11 +254,12 @@ oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db
     sin.sin_family = AF_INET;
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
-    a->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port, NULL,
-        NULL, handle, a, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED,
-        done, a, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    a->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
+                            (uint16_t)port, NULL, NULL, handle, a, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, done, a,
+                            MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!a->d) {
         oq_error_set(err, OQ_EIO, 0, "admin listener: cannot listen on %s:%d", host, port);
         free(a->db);

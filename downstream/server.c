@@ -44,8 +44,12 @@
 #include "oq_downstream.h"
 #include "oq_json.h"
 #include "oq_log.h"
+#include "oq_mhd.h"
 #include "oq_metrics.h"
 #include "oq_util.h"
+
+/* libmicrohttpd's own messages. */
+static const oq_mhd_log_ctx_t mhd_log_ctx = {"downstream", OQ_LOG_DEBUG};
 
 /* --- faults ----------------------------------------------------------------------------------*/
 
@@ -1000,30 +1004,18 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&s->inflight, 1);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    (void)cls;
-    char buf[512];
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    size_t n = strlen(buf);
-    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        buf[--n] = '\0';
-    OQ_LOG_DEBUG("downstream", "libmicrohttpd: %s", buf);
-}
-
 /* --- lifecycle -------------------------------------------------------------------------------*/
 
 static int listen_up(oq_downstream_t *s, oq_error_t *err)
 {
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-                            (uint16_t)s->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &s->sa,
-                            MHD_OPTION_THREAD_POOL_SIZE, s->threads, MHD_OPTION_NOTIFY_COMPLETED,
-                            completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG,
+        (uint16_t)s->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &s->sa,
+        MHD_OPTION_THREAD_POOL_SIZE, s->threads, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
+        (void *)&mhd_log_ctx, MHD_OPTION_END);
     if (!s->d) return oq_error_set(err, OQ_EIO, 0, "cannot listen on 127.0.0.1:%d", s->port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     if (info && info->port) s->port = info->port;

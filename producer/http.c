@@ -71,6 +71,7 @@
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_mhd.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
 
@@ -82,6 +83,9 @@
 #define DEFAULT_MAX_CONNS 1000
 #define DEFAULT_MAX_CONNS_PER_IP 256
 #define DEFAULT_IDLE_TIMEOUT_MS 10000
+
+/* libmicrohttpd's own messages. */
+static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
 
 /** The SHA-256 digests of a token file's tokens, each with its tenant. */
 typedef struct token_entry {
@@ -1139,19 +1143,6 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&h->inflight, 1);
 }
 
-/* The format comes from libmicrohttpd; the attribute lets clang check the vsnprintf below. */
-static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    (void)cls;
-    char buf[512];
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    size_t n = strlen(buf);
-    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        buf[--n] = '\0';
-    OQ_LOG_DEBUG("http", "libmicrohttpd: %s", buf);
-}
-
 /* Each connection is a descriptor: make room for max_conns of them (plus the database,
  * Kafka and log files) in RLIMIT_NOFILE, or lower the limit to what the process may open. */
 static unsigned fit_fd_limit(unsigned max_conns)
@@ -1263,8 +1254,8 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
         /* the pool is zeroed on every keep-alive request: keep it small;
          * bodies stream through the upload callback anyway */
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        NULL, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
+        (void *)&mhd_log_ctx, MHD_OPTION_END);
     if (!h->d) {
         ret = oq_error_set(err, OQ_EIO, 0, "cannot listen on %s:%d", host, port);
         goto fail;
