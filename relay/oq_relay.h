@@ -59,6 +59,7 @@
 #ifndef OQ_RELAY_H
 #define OQ_RELAY_H
 
+#include <jansson.h>
 #include <sqlite3.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,5 +177,14 @@ const char *oq_relay_owner(const oq_relay_t *r);
  * @returns 0, or OQ_EDB (\p err filled) when the tables are missing or unreadable.
  */
 int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err);
+
+/**
+ * @brief The same status as one JSON object, for `onceq stats --json`: {"pending",
+ *        "oldest_pending_age_s", "published", "dead", "leases": [{"name", "published_seq",
+ *        "holder" (null when the lease lapsed), "last_holder", "fence", "expires_in_s"}]}.
+ * @param out a new object (the caller json_decref()s it).
+ * @returns 0, or OQ_EDB (\p err filled) when the tables are missing or unreadable.
+ */
+int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err);
 
 #endif

@@ -110,7 +110,22 @@ int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, 
 int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldest_created_at,
                             oq_error_t *err);
 
-/** Implementation of oq_relay_status_line() on any connection. */
-int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err);
+#define OQ__RELAY_STATUS_LEASES 8
+
+/** One relay_lease row. */
+typedef struct oq__relay_lease_status {
+    char name[64], owner[128];
+    int64_t fence, expires_at, published_seq;
+} oq__relay_lease_status_t;
+
+/** What oq_relay_status_line() and oq_relay_status_json() show. */
+typedef struct oq__relay_status {
+    int64_t pending, oldest_pending_at, published, dead;      /**< oldest 0: none pending */
+    oq__relay_lease_status_t leases[OQ__RELAY_STATUS_LEASES]; /**< by name; more are left out */
+    int nleases;
+} oq__relay_status_t;
+
+/** Read the status of any connection's outbox, leases and dead letters (read-only). */
+int oq__relay_store_status(sqlite3 *db, oq__relay_status_t *out, oq_error_t *err);
 
 #endif
