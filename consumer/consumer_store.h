@@ -151,13 +151,14 @@ typedef struct oq__audit_row {
     int64_t attempt, fence;
 } oq__audit_row_t;
 
-/** One dead letter. On reads (oq__consumer_store_dlq_pending) created_at and redrive are not
- *  filled and every pointer is valid only during the callback. */
+/** One dead letter. On reads (oq__consumer_store_dlq_pending) created_at is not filled and
+ *  every pointer is valid only during the callback. */
 typedef struct oq__dlq_row {
     int64_t id;
     const char *message_id, *reason;
-    const char *code; /**< stable reason code (OQ_DLQ_* of oq_consumer.h) */
-    int redrive;      /**< the message was re-published by `onceq dlq redrive` */
+    const char *code;    /**< stable reason code (OQ_DLQ_* of oq_consumer.h) */
+    const char *redrive; /**< re-published by `onceq dlq redrive`: its header onceq-redrive (the
+                              dead letter it came from); NULL otherwise */
     oq__msg_src_t src;
     const void *key, *payload;
     size_t key_len, len;

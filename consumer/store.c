@@ -717,7 +717,7 @@ int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *
 {
     static const char sql[] =
         "INSERT INTO dlq(message_id, topic, partition, offset, msg_key, payload, reason, "
-        "created_at, code) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+        "created_at, code, redrive) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_text(st, 1, r->message_id, -1, SQLITE_STATIC);
@@ -735,6 +735,7 @@ int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *
     sqlite3_bind_text(st, 7, r->reason, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 8, r->created_at);
     sqlite3_bind_text(st, 9, r->code ? r->code : "invalid_envelope", -1, SQLITE_STATIC);
+    bind_text(st, 10, r->redrive);
     return step_done(s, st, "dlq insert", err);
 }
 
@@ -743,8 +744,8 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
                                    oq_error_t *err)
 {
     static const char sql[] =
-        "SELECT id, message_id, reason, msg_key, payload, code, topic, partition, offset "
-        "FROM dlq WHERE published_at IS NULL ORDER BY id LIMIT ?1";
+        "SELECT id, message_id, reason, msg_key, payload, code, topic, partition, offset, "
+        "redrive FROM dlq WHERE published_at IS NULL ORDER BY id LIMIT ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_int(st, 1, limit);
@@ -763,6 +764,7 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
         r.src.topic = (const char *)sqlite3_column_text(st, 6);
         r.src.partition = sqlite3_column_int(st, 7);
         r.src.offset = sqlite3_column_int64(st, 8);
+        r.redrive = (const char *)sqlite3_column_text(st, 9);
         cb(&r, opaque);
     }
     rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "dlq select");

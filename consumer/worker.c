@@ -710,17 +710,20 @@ static void dlq_produce_one(const oq__dlq_row_t *r, void *opaque)
     char part[16], off[24];
     snprintf(part, sizeof part, "%d", (int)r->src.partition);
     snprintf(off, sizeof off, "%" PRId64, r->src.offset);
+    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_REASON, -1, r->code ? r->code : OQ_DLQ_INVALID, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_DETAIL, -1, r->reason, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_TOPIC, -1, r->src.topic ? r->src.topic : "", -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_PARTITION, -1, part, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_OFFSET, -1, off, -1);
+    rd_kafka_header_add(h, OQ_HDR_MESSAGE_ID, -1, r->message_id, -1);
+    if (r->redrive) rd_kafka_header_add(h, OQ_HDR_REDRIVE, -1, r->redrive, -1);
     rd_kafka_resp_err_t e = rd_kafka_producev(
         p->c->dlq_rk, RD_KAFKA_V_TOPIC(OQ_TOPIC_DLQ), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
         RD_KAFKA_V_KEY(r->key, r->key_len), RD_KAFKA_V_VALUE((void *)r->payload, r->len),
-        RD_KAFKA_V_HEADER(OQ_HDR_DLQ_REASON, r->code ? r->code : OQ_DLQ_INVALID, -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_DLQ_DETAIL, r->reason, -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_DLQ_TOPIC, r->src.topic ? r->src.topic : "", -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_DLQ_PARTITION, part, -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_DLQ_OFFSET, off, -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, r->message_id, -1), RD_KAFKA_V_OPAQUE(t),
-        RD_KAFKA_V_END);
+        RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t), RD_KAFKA_V_END);
     if (e) {
+        rd_kafka_headers_destroy(h); /* owned by the message only when produced */
         OQ_LOG_WARN(OQ__COMP, "dead letter produce: %s", rd_kafka_err2str(e));
         return;
     }
@@ -754,21 +757,24 @@ static void dlq_publish(oq_consumer_t *c)
 
 /* --- the batch ------------------------------------------------------------------------------- */
 
-/* True when \p m carries the header \p name (any value). */
-static int has_header(const rd_kafka_message_t *m, const char *name)
+/* The header \p name of \p m into \p buf (cut to fit), or NULL when it has none. */
+static const char *header_str(const rd_kafka_message_t *m, const char *name, char *buf, size_t n)
 {
     rd_kafka_headers_t *h = NULL;
     const void *v = NULL;
     size_t len = 0;
-    return rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-           rd_kafka_header_get_last(h, name, &v, &len) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (rd_kafka_message_headers(m, &h) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+        rd_kafka_header_get_last(h, name, &v, &len) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return NULL;
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), v ? (const char *)v : "");
+    return buf;
 }
 
 static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg_src_t *src,
                     const char *call_id, const char *message_id_hint, const char *code,
                     const char *reason, int64_t now, oq_error_t *err, int *rc)
 {
-    char key[OQ_UUID_LEN + 64];
+    char key[OQ_UUID_LEN + 64], redrive[300];
     const void *hv = NULL;
     size_t hlen = 0;
     int dup = 0;
@@ -788,7 +794,7 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
     oq__dlq_row_t row = {.message_id = key,
                          .reason = reason,
                          .code = code,
-                         .redrive = has_header(m, OQ_HDR_REDRIVE),
+                         .redrive = header_str(m, OQ_HDR_REDRIVE, redrive, sizeof redrive),
                          .src = *src,
                          .key = m->key,
                          .key_len = m->key_len,
@@ -802,8 +808,9 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
         oq_counter_add(c->m_dup, 1);
         return;
     }
-    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " code=%s%s reason=\"%s\"",
-                src->partition, src->offset, code, row.redrive ? " redriven=1" : "", reason);
+    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " code=%s%s%s reason=\"%s\"",
+                src->partition, src->offset, code, row.redrive ? " redriven_from=" : "",
+                row.redrive ? row.redrive : "", reason);
     atomic_fetch_add(&c->n_dlq, 1);
     oq_counter_add(c->m_dlq, 1);
     c->dlq_added = 1;

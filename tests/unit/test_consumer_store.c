@@ -509,7 +509,7 @@ static void test_dlq_redrive_through_inbox(void **state)
     /* the same bytes again (a redelivery): absorbed; as a redrive: a dead letter again */
     assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
     assert_int_equal(dup, 1);
-    d.redrive = 1;
+    d.redrive = "onceq.dlq:0:0";
     assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
     assert_int_equal(dup, 0);
     assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
