@@ -1545,6 +1545,34 @@ int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err)
     return 0;
 }
 
+static void dead_to_json(const oq__relay_dead_read_t *r, void *opaque)
+{
+    json_t *p = r->payload ? json_stringn((const char *)r->payload, r->len) : NULL;
+    json_array_append_new((json_t *)opaque,
+                          json_pack("{s:I, s:s*, s:s*, s:s*, s:o, s:I, s:I, s:s*, s:s*, s:I, s:o}",
+                                    "seq", (json_int_t)r->seq, "message_id", r->message_id, "topic",
+                                    r->topic, "key", r->key, "payload", p ? p : json_null(),
+                                    "payload_bytes", (json_int_t)r->len, "created_at",
+                                    (json_int_t)r->created_at, "reason", r->reason, "detail",
+                                    r->detail, "dead_at", (json_int_t)r->dead_at, "handled_at",
+                                    r->handled_at ? json_integer(r->handled_at) : json_null()));
+}
+
+int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_error_t *err)
+{
+    *out = NULL;
+    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "outbox_dead: no database");
+    json_t *a = json_array();
+    if (!a) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int rc = oq__relay_store_dead_read(db, seq, limit > 0 ? limit : 100, dead_to_json, a, err);
+    if (rc) {
+        json_decref(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
 int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err)
 {
     oq__relay_status_t st;

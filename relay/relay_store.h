@@ -128,4 +128,17 @@ typedef struct oq__relay_status {
 /** Read the status of any connection's outbox, leases and dead letters (read-only). */
 int oq__relay_store_status(sqlite3 *db, oq__relay_status_t *out, oq_error_t *err);
 
+/** One outbox_dead row as read; pointers valid only during the callback. */
+typedef struct oq__relay_dead_read {
+    int64_t seq, created_at, dead_at, handled_at; /**< handled_at 0: not handled */
+    const char *message_id, *topic, *key, *reason, *detail;
+    const void *payload;
+    size_t len;
+} oq__relay_dead_read_t;
+
+/** The outbox_dead row \p seq (> 0), or the \p limit oldest rows, on any connection. */
+int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
+                              void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                              void *opaque, oq_error_t *err);
+
 #endif

@@ -557,3 +557,36 @@ out:
     sqlite3_finalize(st);
     return rc;
 }
+
+int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
+                              void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                              void *opaque, oq_error_t *err)
+{
+    static const char sql[] =
+        "SELECT seq, message_id, topic, key, payload, created_at, reason, detail, dead_at, "
+        "handled_at FROM outbox_dead WHERE ?1 = 0 OR seq = ?1 ORDER BY seq LIMIT ?2";
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "outbox_dead");
+    sqlite3_bind_int64(st, 1, seq);
+    sqlite3_bind_int(st, 2, limit);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__relay_dead_read_t r = {
+            .seq = sqlite3_column_int64(st, 0),
+            .message_id = (const char *)sqlite3_column_text(st, 1),
+            .topic = (const char *)sqlite3_column_text(st, 2),
+            .key = (const char *)sqlite3_column_text(st, 3),
+            .payload = sqlite3_column_blob(st, 4),
+            .len = (size_t)sqlite3_column_bytes(st, 4),
+            .created_at = sqlite3_column_int64(st, 5),
+            .reason = (const char *)sqlite3_column_text(st, 6),
+            .detail = (const char *)sqlite3_column_text(st, 7),
+            .dead_at = sqlite3_column_int64(st, 8),
+            .handled_at = sqlite3_column_int64(st, 9),
+        };
+        cb(&r, opaque);
+    }
+    rc = rc == SQLITE_DONE ? 0 : oq_db_error(db, rc, err, "outbox_dead");
+    sqlite3_finalize(st);
+    return rc;
+}
