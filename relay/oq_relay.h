@@ -188,10 +188,10 @@ int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err);
 int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err);
 
 /**
- * @brief The outbox rows this database's relay set aside (outbox_dead), for `onceq dlq --outbox-db`:
- *        a JSON array, oldest first, of {"seq", "message_id", "topic", "key", "payload" (text,
- *        null when not UTF-8), "payload_bytes", "created_at", "reason", "detail", "dead_at",
- *        "handled_at" (null: not yet)}.
+ * @brief The outbox rows this database's relay set aside (outbox_dead), for `onceq dlq`:
+ *        a JSON array, oldest first, of {"seq", "message_id", "topic", "key", "payload"
+ *        (text, null when not UTF-8), "payload_bytes", "created_at", "reason", "detail",
+ *        "dead_at", "handled_at" (null: not yet)}.
  * @param seq > 0: only that row (an empty array when there is none); 0: the \p limit oldest.
  * @returns 0, or OQ_EDB when the table is missing or unreadable.
  */
