@@ -18,7 +18,11 @@ const char *const oq_migrations_producer[] = {
 };
 
 const char *const oq_migrations_consumer[] = {
-    "common/0001_outbox.sql",           "consumer/0001_init.sql",
-    "common/0002_outbox_watermark.sql", "common/0003_outbox_dead.sql",
-    "consumer/0002_downstream.sql",     NULL,
+    "common/0001_outbox.sql",
+    "consumer/0001_init.sql",
+    "common/0002_outbox_watermark.sql",
+    "common/0003_outbox_dead.sql",
+    "consumer/0002_downstream.sql",
+    "consumer/0003_dlq_code.sql",
+    NULL,
 };

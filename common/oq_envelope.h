@@ -37,6 +37,16 @@
             "topic names are PREFIX + tool-calls, tool-results, dlq (the same on every component)" \
     }
 #define OQ_HDR_MESSAGE_ID "onceq-message-id"
+/* Headers of a dead letter on onceq.dlq (the consumer writes them; `onceq dlq` reads them):
+ * the stable reason code (oq_consumer.h lists them), the human-readable detail, and where the
+ * message was read (topic, partition and offset, as decimal text). */
+#define OQ_HDR_DLQ_REASON "onceq-dlq-reason"
+#define OQ_HDR_DLQ_DETAIL "onceq-dlq-detail"
+#define OQ_HDR_DLQ_TOPIC "onceq-dlq-origin-topic"
+#define OQ_HDR_DLQ_PARTITION "onceq-dlq-origin-partition"
+#define OQ_HDR_DLQ_OFFSET "onceq-dlq-origin-offset"
+/* Set by `onceq dlq redrive` on a re-published dead letter: "onceq.dlq:PARTITION:OFFSET". */
+#define OQ_HDR_REDRIVE "onceq-redrive"
 #define OQ_MAX_KEY_LEN 255
 #define OQ_MAX_NAME_LEN 128 /**< tool and tenant names */
 

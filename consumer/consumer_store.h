@@ -151,11 +151,14 @@ typedef struct oq__audit_row {
     int64_t attempt, fence;
 } oq__audit_row_t;
 
-/** One dead letter. On reads (oq__consumer_store_dlq_pending) src and created_at are not
- *  filled and every pointer is valid only during the callback. */
+/** One dead letter. On reads (oq__consumer_store_dlq_pending) created_at is not filled and
+ *  every pointer is valid only during the callback. */
 typedef struct oq__dlq_row {
     int64_t id;
     const char *message_id, *reason;
+    const char *code;    /**< stable reason code (OQ_DLQ_* of oq_consumer.h) */
+    const char *redrive; /**< re-published by `onceq dlq redrive`: its header onceq-redrive (the
+                              dead letter it came from); NULL otherwise */
     oq__msg_src_t src;
     const void *key, *payload;
     size_t key_len, len;
@@ -197,6 +200,15 @@ void oq__consumer_store_rollback(oq__consumer_store_t *s);
  */
 int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row_t *row,
                                     int64_t *seen, oq_error_t *err);
+
+/**
+ * @brief The row of a message id whose outcome is 'dlq' takes \p row's call_id, source,
+ *        received_at and outcome (seen is left as the upsert counted it): the one way a
+ *        dead-lettered message id is let through the inbox again. *taken = 1 when such a
+ *        row was rewritten, 0 when the id's row has any other outcome (nothing changes).
+ */
+int oq__consumer_store_inbox_retake(oq__consumer_store_t *s, const oq__inbox_row_t *row, int *taken,
+                                    oq_error_t *err);
 
 /** @brief Load \p call_id. @returns 0, OQ_ENOTFOUND, OQ_EDB. Autocommit or in tx. */
 int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq__exec_row_t *out,

@@ -498,6 +498,20 @@ int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq_
                           .received_at = now};
     if ((rc = oq__consumer_store_inbox_upsert(s, &in, &seen, err)) != 0) goto out;
     if (seen > 1) {
+        /* A message id that was dead-lettered and now decodes and is valid (a fixed copy
+         * re-published by `onceq dlq redrive`, or the same bytes after a consumer fix) goes
+         * through once: its inbox row takes the new outcome, so any later copy is a duplicate. */
+        int taken = 0;
+        if ((rc = oq__consumer_store_inbox_retake(s, &in, &taken, err)) != 0) goto out;
+        if (taken) {
+            seen = 1;
+            if ((rc = audit(s, env->call_id, "dlq_redriven", env->attempt, have ? x.fence : 0,
+                            "a dead-lettered message id, valid now: let through the inbox once",
+                            now, err)) != 0)
+                goto out;
+        }
+    }
+    if (seen > 1) {
         /* A redelivery. For a terminal call it may be the producer's redrive of a call whose
          * result never arrived: the result goes out again (same result id: applied once). */
         int written = 0;
@@ -1366,8 +1380,14 @@ int oq__exec_dead_letter(oq__consumer_store_t *s, const oq__dlq_row_t *r, const 
     *dup = 0;
     if (rc) return rc;
     if (seen > 1) {
-        *dup = 1;
-        return 0;
+        /* A redrive that failed again is a dead letter again (so the operator sees it); any
+         * other copy of a dead-lettered (or handled) message id is a duplicate. */
+        int taken = 0;
+        if (r->redrive && (rc = oq__consumer_store_inbox_retake(s, &in, &taken, err))) return rc;
+        if (!taken) {
+            *dup = 1;
+            return 0;
+        }
     }
     if ((rc = oq__consumer_store_dlq_insert(s, r, err))) return rc;
     return audit(s, call_id, "dlq", 0, 0, r->reason, r->created_at, err);

@@ -62,6 +62,17 @@
 #include "oq_config.h"
 #include "oq_error.h"
 
+/* --- dead letters -----------------------------------------------------------------------------
+ * A message a worker cannot execute goes to onceq.dlq with these stable reason codes (header
+ * onceq-dlq-reason, oq_envelope.h; the human-readable detail is in onceq-dlq-detail). Only
+ * ever add codes: operators' alerts and runbooks match them. */
+#define OQ_DLQ_EMPTY "empty_message"             /**< no payload */
+#define OQ_DLQ_TOO_LARGE "too_large"             /**< over the envelope size limit */
+#define OQ_DLQ_UNKNOWN_VERSION "unknown_version" /**< an envelope version this worker lacks */
+#define OQ_DLQ_INVALID "invalid_envelope"        /**< not JSON, a field missing or invalid */
+#define OQ_DLQ_NOT_TOOL_CALL "not_tool_call"     /**< a valid envelope of another kind */
+#define OQ_DLQ_MISMATCH "fingerprint_mismatch"   /**< call_id known with another fingerprint */
+
 /* --- tools ------------------------------------------------------------------------------------
  * Adding a tool: write one `oq_tool_fn` (validate args -> OQ_TOOL_BADARGS with a message; do
  * the work passing `effect_id` downstream as the idempotency key; fill the result), and add one

@@ -64,6 +64,8 @@ static json_t *exec_json(const oq__exec_row_t *x)
     json_object_set_new(o, "unknown_at", x->unknown_at ? json_integer(x->unknown_at) : json_null());
     json_object_set_new(o, "started_at", x->started_at ? json_integer(x->started_at) : json_null());
     json_object_set_new(o, "lookups", json_integer(x->lookups));
+    json_object_set_new(o, "lease_until",
+                        x->lease_until ? json_integer(x->lease_until) : json_null());
     return o;
 }
 

@@ -689,13 +689,35 @@ int oq__consumer_store_outbox_republish(oq__consumer_store_t *s, const oq_outbox
     return oq_outbox_republish(s->db, s->cache, row, what, err);
 }
 
+int oq__consumer_store_inbox_retake(oq__consumer_store_t *s, const oq__inbox_row_t *row, int *taken,
+                                    oq_error_t *err)
+{
+    static const char sql[] = "UPDATE inbox SET call_id = ?2, topic = ?3, partition = ?4, "
+                              "offset = ?5, received_at = ?6, outcome = ?7 "
+                              "WHERE message_id = ?1 AND outcome = 'dlq'";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    int rc;
+    *taken = 0;
+    if (!st) return stmt_error(err);
+    sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC);
+    bind_text(st, 2, row->call_id);
+    sqlite3_bind_text(st, 3, row->src.topic ? row->src.topic : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, row->src.partition);
+    sqlite3_bind_int64(st, 5, row->src.offset);
+    sqlite3_bind_int64(st, 6, row->received_at);
+    sqlite3_bind_text(st, 7, row->outcome, -1, SQLITE_STATIC);
+    if ((rc = step_done(s, st, "inbox retake", err))) return rc;
+    *taken = sqlite3_changes(s->db) == 1;
+    return 0;
+}
+
 /* --- dead letters ---------------------------------------------------------------------------- */
 
 int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *r, oq_error_t *err)
 {
     static const char sql[] =
         "INSERT INTO dlq(message_id, topic, partition, offset, msg_key, payload, reason, "
-        "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+        "created_at, code, redrive) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_text(st, 1, r->message_id, -1, SQLITE_STATIC);
@@ -712,6 +734,8 @@ int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *
         sqlite3_bind_zeroblob(st, 6, 0);
     sqlite3_bind_text(st, 7, r->reason, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 8, r->created_at);
+    sqlite3_bind_text(st, 9, r->code ? r->code : "invalid_envelope", -1, SQLITE_STATIC);
+    bind_text(st, 10, r->redrive);
     return step_done(s, st, "dlq insert", err);
 }
 
@@ -719,8 +743,9 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
                                    void (*cb)(const oq__dlq_row_t *row, void *opaque), void *opaque,
                                    oq_error_t *err)
 {
-    static const char sql[] = "SELECT id, message_id, reason, msg_key, payload FROM dlq "
-                              "WHERE published_at IS NULL ORDER BY id LIMIT ?1";
+    static const char sql[] =
+        "SELECT id, message_id, reason, msg_key, payload, code, topic, partition, offset, "
+        "redrive FROM dlq WHERE published_at IS NULL ORDER BY id LIMIT ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
     sqlite3_bind_int(st, 1, limit);
@@ -735,6 +760,11 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
         r.key_len = (size_t)sqlite3_column_bytes(st, 3);
         r.payload = sqlite3_column_blob(st, 4);
         r.len = (size_t)sqlite3_column_bytes(st, 4);
+        r.code = (const char *)sqlite3_column_text(st, 5);
+        r.src.topic = (const char *)sqlite3_column_text(st, 6);
+        r.src.partition = sqlite3_column_int(st, 7);
+        r.src.offset = sqlite3_column_int64(st, 8);
+        r.redrive = (const char *)sqlite3_column_text(st, 9);
         cb(&r, opaque);
     }
     rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "dlq select");

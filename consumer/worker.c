@@ -709,13 +709,24 @@ static void dlq_produce_one(const oq__dlq_row_t *r, void *opaque)
     dlq_track_t *t = &p->t[p->n];
     t->id = r->id;
     t->state = 0;
+    /* where it was read, so `onceq dlq redrive` can put it back there */
+    char part[16], off[24];
+    snprintf(part, sizeof part, "%d", (int)r->src.partition);
+    snprintf(off, sizeof off, "%" PRId64, r->src.offset);
+    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_REASON, -1, r->code ? r->code : OQ_DLQ_INVALID, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_DETAIL, -1, r->reason, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_TOPIC, -1, r->src.topic ? r->src.topic : "", -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_PARTITION, -1, part, -1);
+    rd_kafka_header_add(h, OQ_HDR_DLQ_OFFSET, -1, off, -1);
+    rd_kafka_header_add(h, OQ_HDR_MESSAGE_ID, -1, r->message_id, -1);
+    if (r->redrive) rd_kafka_header_add(h, OQ_HDR_REDRIVE, -1, r->redrive, -1);
     rd_kafka_resp_err_t e = rd_kafka_producev(
         p->c->dlq_rk, RD_KAFKA_V_TOPIC(p->c->dlq_topic), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
         RD_KAFKA_V_KEY(r->key, r->key_len), RD_KAFKA_V_VALUE((void *)r->payload, r->len),
-        RD_KAFKA_V_HEADER("onceq-dlq-reason", r->reason, -1),
-        RD_KAFKA_V_HEADER(OQ_HDR_MESSAGE_ID, r->message_id, -1), RD_KAFKA_V_OPAQUE(t),
-        RD_KAFKA_V_END);
+        RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(t), RD_KAFKA_V_END);
     if (e) {
+        rd_kafka_headers_destroy(h); /* owned by the message only when produced */
         OQ_LOG_WARN(OQ__COMP, "dead letter produce: %s", rd_kafka_err2str(e));
         return;
     }
@@ -749,18 +760,31 @@ static void dlq_publish(oq_consumer_t *c)
 
 /* --- the batch ------------------------------------------------------------------------------- */
 
-static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg_src_t *src,
-                    const char *call_id, const char *message_id_hint, const char *reason,
-                    int64_t now, oq_error_t *err, int *rc)
+/* The header \p name of \p m into \p buf (cut to fit), or NULL when it has none. */
+static const char *header_str(const rd_kafka_message_t *m, const char *name, char *buf, size_t n)
 {
-    char key[OQ_UUID_LEN + 64];
+    rd_kafka_headers_t *h = NULL;
+    const void *v = NULL;
+    size_t len = 0;
+    if (rd_kafka_message_headers(m, &h) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+        rd_kafka_header_get_last(h, name, &v, &len) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return NULL;
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), v ? (const char *)v : "");
+    return buf;
+}
+
+static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg_src_t *src,
+                    const char *call_id, const char *message_id_hint, const char *code,
+                    const char *reason, int64_t now, oq_error_t *err, int *rc)
+{
+    char key[OQ_UUID_LEN + 64], redrive[300];
     const void *hv = NULL;
     size_t hlen = 0;
     int dup = 0;
+    rd_kafka_headers_t *h = NULL;
     if (message_id_hint) {
         snprintf(key, sizeof(key), "%s", message_id_hint);
     } else {
-        rd_kafka_headers_t *h = NULL;
         if (rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR &&
             rd_kafka_header_get_last(h, OQ_HDR_MESSAGE_ID, &hv, &hlen) ==
                 RD_KAFKA_RESP_ERR_NO_ERROR &&
@@ -772,6 +796,8 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
     }
     oq__dlq_row_t row = {.message_id = key,
                          .reason = reason,
+                         .code = code,
+                         .redrive = header_str(m, OQ_HDR_REDRIVE, redrive, sizeof redrive),
                          .src = *src,
                          .key = m->key,
                          .key_len = m->key_len,
@@ -785,8 +811,9 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
         oq_counter_add(c->m_dup, 1);
         return;
     }
-    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " reason=\"%s\"",
-                src->partition, src->offset, reason);
+    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " code=%s%s%s reason=\"%s\"",
+                src->partition, src->offset, code, row.redrive ? " redriven_from=" : "",
+                row.redrive ? row.redrive : "", reason);
     atomic_fetch_add(&c->n_dlq, 1);
     oq_counter_add(c->m_dlq, 1);
     c->dlq_added = 1;
@@ -810,17 +837,23 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         .topic = rd_kafka_topic_name(m->rkt), .partition = m->partition, .offset = m->offset};
     memset(&env, 0, sizeof(env));
     if (!m->payload || m->len == 0) {
-        dlq_msg(c, m, &src, NULL, NULL, "empty message", now, err, &rc);
+        dlq_msg(c, m, &src, NULL, NULL, OQ_DLQ_EMPTY, "empty message", now, err, &rc);
         return rc;
     }
-    if (oq_envelope_decode(m->payload, m->len, &env, &derr) != 0) {
+    int drc;
+    if ((drc = oq_envelope_decode(m->payload, m->len, &env, &derr)) != 0) {
         char reason[300];
         snprintf(reason, sizeof(reason), "undecodable envelope: %s", derr.msg);
-        dlq_msg(c, m, &src, NULL, NULL, reason, now, err, &rc);
+        dlq_msg(c, m, &src, NULL, NULL,
+                drc == OQ_ETOOBIG    ? OQ_DLQ_TOO_LARGE
+                : drc == OQ_EVERSION ? OQ_DLQ_UNKNOWN_VERSION
+                                     : OQ_DLQ_INVALID,
+                reason, now, err, &rc);
         return rc;
     }
     if (env.kind != OQ_KIND_TOOL_CALL) {
-        dlq_msg(c, m, &src, env.call_id, env.message_id, "not a tool_call envelope", now, err, &rc);
+        dlq_msg(c, m, &src, env.call_id, env.message_id, OQ_DLQ_NOT_TOOL_CALL,
+                "not a tool_call envelope", now, err, &rc);
         goto out;
     }
     /* A declared HTTP tool is STARTED here and its request sent once the batch commits; a fast
@@ -856,7 +889,7 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         oq_counter_add(c->m_dup, 1);
         break;
     case OQ__INTAKE_MISMATCH:
-        dlq_msg(c, m, &src, env.call_id, env.message_id,
+        dlq_msg(c, m, &src, env.call_id, env.message_id, OQ_DLQ_MISMATCH,
                 "fingerprint differs from the existing execution of this call_id", now, err, &rc);
         break;
     case OQ__INTAKE_REEMITTED: /* a duplicate too: nothing executed */

@@ -1,22 +1,56 @@
 /*
- * `onceq inspect <call_id>`: a human-readable timeline of one call: the call's identity and
- * current state, then "submitted" (created_at; creation is not an audit row) and every audit
- * row in order (retry resets, running, terminal states, results that were not applied).
+ * `onceq inspect <call_id>`: one call's story. From the producer's database (--db): the call's
+ * identity and state, "submitted" (created_at; creation is not an audit row) and every audit
+ * row (retry resets, running, terminal states, redrives, results that were not applied). With
+ * --consumer-db also the consumer's side (oq_review_show): the execution (state, attempt, tries
+ * in this attempt, fence, lease owner and expiry), its effect, and every consumer audit row
+ * with the worker and fence that wrote it. Both timelines are merged by time, each row marked
+ * with where it comes from. --json prints {"call", "consumer" ({"execution", "effect"} or
+ * null), "timeline": [{"ts", "from", "event", "detail", "worker", "attempt", "fence"}]}.
+ * Exit codes: 0 found, 4 not found in the producer's database, 1 a database unreadable.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cmds.h"
+#include "oq_consumer.h"
 #include "oq_db.h"
 #include "oq_producer.h"
 #include "oq_util.h"
 
 static const oq_setting_t inspect_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "consumer database (effects.db): join its execution, effect and audit"},
+    {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print one JSON document"},
 };
 
-static const char inspect_usage[] = "usage: onceq inspect [--db calls.db] <call_id>\n"
-                                    "Exit codes: 0 found, 4 not found.";
+static const char inspect_usage[] =
+    "usage: onceq inspect [--db calls.db] [--consumer-db effects.db] [--json] <call_id>\n"
+    "Exit codes: 0 found, 4 not found.";
+
+/* One timeline row from either database (strings borrowed). */
+typedef struct {
+    int64_t ts;
+    int seq; /* order within its source */
+    const char *from, *event, *detail, *worker;
+    int64_t attempt, fence; /* -1: none */
+} tl_row_t;
+
+static int tl_cmp(const void *a, const void *b)
+{
+    const tl_row_t *x = a, *y = b;
+    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
+    int fx = strcmp(x->from, "producer") != 0, fy = strcmp(y->from, "producer") != 0;
+    if (fx != fy) return fx - fy; /* same millisecond: the producer's row first */
+    return x->seq - y->seq;
+}
+
+static json_t *int_or_null(int64_t v)
+{
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
 int oq__cmd_inspect(int argc, char **argv)
 {
@@ -25,7 +59,9 @@ int oq__cmd_inspect(int argc, char **argv)
     sqlite3 *db = NULL;
     oq_call_t c = {0};
     oq_audit_row_t *rows = NULL;
-    size_t n = 0;
+    size_t n = 0, nt = 0;
+    json_t *cons = NULL;
+    tl_row_t *tl = NULL;
     char ts[32];
     oq_config_t *cfg =
         oq_config_new(inspect_settings, sizeof inspect_settings / sizeof inspect_settings[0]);
@@ -39,7 +75,7 @@ int oq__cmd_inspect(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
-    const char *id = oq_config_positional(cfg, 0);
+    const char *id = oq_config_positional(cfg, 0), *cdb = oq_config_str(cfg, "consumer-db");
     oq_db_opts_t o = {NULL, 0, 1};
     if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {
         fprintf(stderr, "onceq inspect: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
@@ -55,6 +91,51 @@ int oq__cmd_inspect(int argc, char **argv)
         fprintf(stderr, "onceq inspect: %s\n", err.msg);
         goto out;
     }
+    if (cdb && (rc = oq_review_show(cdb, id, &cons, &err)) != 0 && rc != OQ_ENOTFOUND) {
+        fprintf(stderr, "onceq inspect: %s: %s\n", cdb, err.msg);
+        goto out;
+    }
+    json_t *ctl = json_object_get(cons, "timeline");
+    if (!(tl = calloc(n + json_array_size(ctl) + 1, sizeof *tl))) goto out;
+    tl[nt++] = (tl_row_t){c.created_at, 0, "producer", "submitted", NULL, NULL, c.attempt, -1};
+    for (size_t i = 0; i < n; i++)
+        tl[nt++] = (tl_row_t){rows[i].ts,     (int)i + 1, "producer", rows[i].event,
+                              rows[i].detail, NULL,       -1,         -1};
+    for (size_t i = 0; i < json_array_size(ctl); i++) {
+        json_t *r = json_array_get(ctl, i);
+        tl[nt++] = (tl_row_t){json_integer_value(json_object_get(r, "ts")),
+                              (int)i,
+                              "consumer",
+                              json_string_value(json_object_get(r, "event")),
+                              json_string_value(json_object_get(r, "detail")),
+                              json_string_value(json_object_get(r, "worker")),
+                              json_integer_value(json_object_get(r, "attempt")),
+                              json_integer_value(json_object_get(r, "fence"))};
+    }
+    qsort(tl, nt, sizeof *tl, tl_cmp);
+
+    if (oq_config_int(cfg, "json")) {
+        json_t *doc = json_pack("{s:o, s:o, s:[]}", "call", oq_call_to_json(&c), "consumer",
+                                cons ? json_pack("{s:O, s:O}", "execution",
+                                                 json_object_get(cons, "execution"), "effect",
+                                                 json_object_get(cons, "effect"))
+                                     : json_null(),
+                                "timeline");
+        json_t *a = json_object_get(doc, "timeline");
+        for (size_t i = 0; a && i < nt; i++)
+            json_array_append_new(
+                a, json_pack("{s:I, s:s, s:s, s:s*, s:s*, s:o, s:o}", "ts", (json_int_t)tl[i].ts,
+                             "from", tl[i].from, "event", tl[i].event ? tl[i].event : "?", "detail",
+                             tl[i].detail, "worker", tl[i].worker, "attempt",
+                             int_or_null(tl[i].attempt), "fence", int_or_null(tl[i].fence)));
+        char *text = doc ? json_dumps(doc, JSON_INDENT(2)) : NULL;
+        json_decref(doc);
+        if (!text) goto out;
+        printf("%s\n", text);
+        free(text);
+        ret = OQ_EXIT_OK;
+        goto out;
+    }
     printf("call      %s\n", c.call_id);
     printf("tenant    %s\nkey       %s\ntool      %s\nargs      %s\n", c.tenant, c.idem_key, c.tool,
            c.args);
@@ -63,15 +144,45 @@ int oq__cmd_inspect(int argc, char **argv)
     if (c.result) printf("result    %s\n", c.result);
     if (c.error) printf("error     %s\n", c.error);
     oq_time_format(c.expires_at, ts);
-    printf("expires   %s\n\ntimeline\n", ts);
-    oq_time_format(c.created_at, ts);
-    printf("  %s  %-14s\n", ts, "submitted");
-    for (size_t i = 0; i < n; i++) {
-        oq_time_format(rows[i].ts, ts);
-        printf("  %s  %-14s %s\n", ts, rows[i].event, rows[i].detail ? rows[i].detail : "");
+    printf("expires   %s\n", ts);
+    if (cdb && !cons) printf("consumer  (no execution of this call in %s)\n", cdb);
+    if (cons) {
+        json_t *x = json_object_get(cons, "execution"), *e = json_object_get(cons, "effect");
+        const char *owner = json_string_value(json_object_get(x, "lease_owner"));
+        printf("consumer  %s (attempt %lld, tries %lld, fence %lld",
+               json_string_value(json_object_get(x, "state")),
+               (long long)json_integer_value(json_object_get(x, "attempt")),
+               (long long)json_integer_value(json_object_get(x, "tries")),
+               (long long)json_integer_value(json_object_get(x, "fence")));
+        if (owner) {
+            oq_time_format(json_integer_value(json_object_get(x, "lease_until")), ts);
+            printf(", lease %s until %s", owner, ts);
+        }
+        printf(")\n");
+        if (json_is_object(e))
+            printf("effect    %s by %s%s%s\n", json_string_value(json_object_get(e, "effect_id")),
+                   json_string_value(json_object_get(e, "worker"))
+                       ? json_string_value(json_object_get(e, "worker"))
+                       : "?",
+                   json_string_value(json_object_get(e, "downstream_id")) ? ", downstream id " : "",
+                   json_string_value(json_object_get(e, "downstream_id"))
+                       ? json_string_value(json_object_get(e, "downstream_id"))
+                       : "");
+    }
+    printf("\ntimeline\n");
+    for (size_t i = 0; i < nt; i++) {
+        char meta[200] = "";
+        oq_time_format(tl[i].ts, ts);
+        if (tl[i].worker)
+            snprintf(meta, sizeof meta, " [%s attempt=%lld fence=%lld]", tl[i].worker,
+                     (long long)tl[i].attempt, (long long)tl[i].fence);
+        printf("  %s  %-8s  %-18s %s%s\n", ts, tl[i].from, tl[i].event ? tl[i].event : "?",
+               tl[i].detail ? tl[i].detail : "", meta);
     }
     ret = OQ_EXIT_OK;
 out:
+    free(tl);
+    json_decref(cons);
     oq_audit_free(rows, n);
     oq_call_clear(&c);
     if (db) sqlite3_close_v2(db);

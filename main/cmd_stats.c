@@ -1,6 +1,8 @@
 /*
  * `onceq stats`: counts by status, distinct effects reported back, outbox backlog, result
- * inbox size, as one JSON object read from --db (the same numbers as GET /stats).
+ * inbox size, as one JSON object read from --db (the same numbers as GET /stats), then the
+ * relay's status line of the same database. With --json stdout is exactly one JSON document:
+ * the same object with the relay's status under "relay" (oq_relay_status_json).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +14,11 @@
 
 static const oq_setting_t stats_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"json", OQ_SET_BOOL, "false", 0, -1, NULL,
+     "print one JSON document (the relay status under \"relay\") instead of JSON + a line"},
 };
 
-static const char stats_usage[] = "usage: onceq stats [--db calls.db]";
+static const char stats_usage[] = "usage: onceq stats [--db calls.db] [--json]";
 
 int oq__cmd_stats(int argc, char **argv)
 {
@@ -35,16 +39,26 @@ int oq__cmd_stats(int argc, char **argv)
         fprintf(stderr, "onceq stats: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
         goto out;
     }
+    if (oq_config_int(cfg, "json")) {
+        json_t *relay = NULL;
+        if (oq_relay_status_json(db, &relay, &err) != 0) {
+            fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
+            goto out;
+        }
+        json_object_set_new(s, "relay", relay);
+    }
     char *text = json_dumps(s, JSON_INDENT(2));
     if (!text) goto out;
     printf("%s\n", text);
     free(text);
-    /* The relay's view of the same database: pending rows, oldest age, lease holder. */
-    char line[512];
-    if (oq_relay_status_line(db, line, sizeof line, &err) == 0)
-        printf("%s\n", line);
-    else
-        fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
+    if (!oq_config_int(cfg, "json")) {
+        /* The relay's view of the same database: pending rows, oldest age, lease holder. */
+        char line[512];
+        if (oq_relay_status_line(db, line, sizeof line, &err) == 0)
+            printf("%s\n", line);
+        else
+            fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
+    }
     ret = OQ_EXIT_OK;
 out:
     json_decref(s);

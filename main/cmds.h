@@ -26,6 +26,7 @@
     X(get, "show a call by id or by key")                                                          \
     X(stats, "counts by status, effects, relay status")                                            \
     X(inspect, "audit timeline of one call")                                                       \
+    X(dlq, "list, show and redrive dead letters (onceq.dlq, and the relay's outbox_dead)")         \
     X(purge, "delete expired terminal calls and published outbox rows")                            \
     X(verify, "check the invariants across the producer and consumer databases")                   \
     X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")           \

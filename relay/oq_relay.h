@@ -59,6 +59,7 @@
 #ifndef OQ_RELAY_H
 #define OQ_RELAY_H
 
+#include <jansson.h>
 #include <sqlite3.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -179,5 +180,24 @@ const char *oq_relay_owner(const oq_relay_t *r);
  * @returns 0, or OQ_EDB (\p err filled) when the tables are missing or unreadable.
  */
 int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err);
+
+/**
+ * @brief The same status as one JSON object, for `onceq stats --json`: {"pending",
+ *        "oldest_pending_age_s", "published", "dead", "leases": [{"name", "published_seq",
+ *        "holder" (null when the lease lapsed), "last_holder", "fence", "expires_in_s"}]}.
+ * @param out a new object (the caller json_decref()s it).
+ * @returns 0, or OQ_EDB (\p err filled) when the tables are missing or unreadable.
+ */
+int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err);
+
+/**
+ * @brief The outbox rows this database's relay set aside (outbox_dead), for `onceq dlq`:
+ *        a JSON array, oldest first, of {"seq", "message_id", "topic", "key", "payload"
+ *        (text, null when not UTF-8), "payload_bytes", "created_at", "reason", "detail",
+ *        "dead_at", "handled_at" (null: not yet)}.
+ * @param seq > 0: only that row (an empty array when there is none); 0: the \p limit oldest.
+ * @returns 0, or OQ_EDB when the table is missing or unreadable.
+ */
+int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_error_t *err);
 
 #endif

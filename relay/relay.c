@@ -58,7 +58,9 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <librdkafka/rdkafka.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1504,8 +1506,105 @@ const char *oq_relay_owner(const oq_relay_t *r)
     return r ? r->owner : NULL;
 }
 
+/* Appends printf output to buf at *pos, never past n (truncates silently). */
+static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
+{
+    if (*pos >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *pos, n - *pos, fmt, ap);
+    va_end(ap);
+    if (w > 0) *pos += (size_t)w;
+    if (*pos >= n) *pos = n - 1;
+}
+
+static double age_s(int64_t at, int64_t now)
+{
+    return at > 0 && now > at ? (double)(now - at) / 1000.0 : 0.0;
+}
+
 int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err)
 {
+    oq__relay_status_t st;
+    int64_t now = oq_now_ms();
+    size_t pos = 0;
+    int rc;
+    if (!buf || n == 0) return oq_error_set(err, OQ_EINVAL, 0, "status: no buffer");
+    buf[0] = '\0';
     if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
-    return oq__relay_store_status(db, oq_now_ms(), buf, n, err);
+    if ((rc = oq__relay_store_status(db, &st, err)) != 0) return rc;
+    append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
+           st.pending, age_s(st.oldest_pending_at, now), st.published);
+    for (int i = 0; i < st.nleases; i++) {
+        const oq__relay_lease_status_t *l = &st.leases[i];
+        append(buf, n, &pos, " lease=%s published_seq=%" PRId64, l->name, l->published_seq);
+        if (l->expires_at > now)
+            append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs", l->owner,
+                   l->fence, (double)(l->expires_at - now) / 1000.0);
+        else
+            append(buf, n, &pos, " holder=none fence=%" PRId64 " last_holder=%s expired", l->fence,
+                   l->owner);
+    }
+    if (st.nleases == 0) append(buf, n, &pos, " holder=none");
+    if (st.dead > 0) append(buf, n, &pos, " dead=%" PRId64, st.dead);
+    return 0;
+}
+
+static void dead_to_json(const oq__relay_dead_read_t *r, void *opaque)
+{
+    json_t *p = r->payload ? json_stringn((const char *)r->payload, r->len) : NULL;
+    json_array_append_new((json_t *)opaque,
+                          json_pack("{s:I, s:s*, s:s*, s:s*, s:o, s:I, s:I, s:s*, s:s*, s:I, s:o}",
+                                    "seq", (json_int_t)r->seq, "message_id", r->message_id, "topic",
+                                    r->topic, "key", r->key, "payload", p ? p : json_null(),
+                                    "payload_bytes", (json_int_t)r->len, "created_at",
+                                    (json_int_t)r->created_at, "reason", r->reason, "detail",
+                                    r->detail, "dead_at", (json_int_t)r->dead_at, "handled_at",
+                                    r->handled_at ? json_integer(r->handled_at) : json_null()));
+}
+
+int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_error_t *err)
+{
+    *out = NULL;
+    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "outbox_dead: no database");
+    json_t *a = json_array();
+    if (!a) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int rc = oq__relay_store_dead_read(db, seq, limit > 0 ? limit : 100, dead_to_json, a, err);
+    if (rc) {
+        json_decref(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err)
+{
+    oq__relay_status_t st;
+    int64_t now = oq_now_ms();
+    int rc;
+    *out = NULL;
+    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
+    if ((rc = oq__relay_store_status(db, &st, err)) != 0) return rc;
+    json_t *o = json_pack("{s:I, s:f, s:I, s:I, s:[]}", "pending", (json_int_t)st.pending,
+                          "oldest_pending_age_s", age_s(st.oldest_pending_at, now), "published",
+                          (json_int_t)st.published, "dead", (json_int_t)st.dead, "leases");
+    json_t *a = json_object_get(o, "leases");
+    for (int i = 0; a && i < st.nleases; i++) {
+        const oq__relay_lease_status_t *l = &st.leases[i];
+        int held = l->expires_at > now;
+        json_array_append_new(a, json_pack("{s:s, s:I, s:s*, s:s, s:I, s:f}", "name", l->name,
+                                           "published_seq", (json_int_t)l->published_seq, "holder",
+                                           held ? l->owner : NULL, "last_holder", l->owner, "fence",
+                                           (json_int_t)l->fence, "expires_in_s",
+                                           held ? (double)(l->expires_at - now) / 1000.0 : 0.0));
+    }
+    if (!a) {
+        json_decref(o);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    *out = o;
+    return 0;
 }

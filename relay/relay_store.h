@@ -110,7 +110,35 @@ int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, 
 int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldest_created_at,
                             oq_error_t *err);
 
-/** Implementation of oq_relay_status_line() on any connection. */
-int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err);
+#define OQ__RELAY_STATUS_LEASES 8
+
+/** One relay_lease row. */
+typedef struct oq__relay_lease_status {
+    char name[64], owner[128];
+    int64_t fence, expires_at, published_seq;
+} oq__relay_lease_status_t;
+
+/** What oq_relay_status_line() and oq_relay_status_json() show. */
+typedef struct oq__relay_status {
+    int64_t pending, oldest_pending_at, published, dead;      /**< oldest 0: none pending */
+    oq__relay_lease_status_t leases[OQ__RELAY_STATUS_LEASES]; /**< by name; more are left out */
+    int nleases;
+} oq__relay_status_t;
+
+/** Read the status of any connection's outbox, leases and dead letters (read-only). */
+int oq__relay_store_status(sqlite3 *db, oq__relay_status_t *out, oq_error_t *err);
+
+/** One outbox_dead row as read; pointers valid only during the callback. */
+typedef struct oq__relay_dead_read {
+    int64_t seq, created_at, dead_at, handled_at; /**< handled_at 0: not handled */
+    const char *message_id, *topic, *key, *reason, *detail;
+    const void *payload;
+    size_t len;
+} oq__relay_dead_read_t;
+
+/** The outbox_dead row \p seq (> 0), or the \p limit oldest rows, on any connection. */
+int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
+                              void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                              void *opaque, oq_error_t *err);
 
 #endif

@@ -26,7 +26,6 @@
 #include "relay_store.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,31 +500,14 @@ int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldes
     return scalar(s->db, st, oldest_created_at, &found, err, "relay pending oldest");
 }
 
-/* Appends printf output to buf at *pos, never past n (truncates silently). */
-static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void append(char *buf, size_t n, size_t *pos, const char *fmt, ...)
-{
-    if (*pos >= n) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(buf + *pos, n - *pos, fmt, ap);
-    va_end(ap);
-    if (w > 0) *pos += (size_t)w;
-    if (*pos >= n) *pos = n - 1;
-}
-
-int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_error_t *err)
+int oq__relay_store_status(sqlite3 *db, oq__relay_status_t *out, oq_error_t *err)
 {
     static const char q_pub[] = "SELECT count(*) FROM outbox WHERE seq <= " OQ__WATERMARK;
     static const char q_lease[] =
         "SELECT name, owner, fence, expires_at, published_seq FROM relay_lease ORDER BY name";
     sqlite3_stmt *st = NULL;
     int rc = 0, found;
-    int64_t pending = 0, oldest = 0, published = 0;
-    size_t pos = 0;
-    if (!buf || n == 0) return oq_error_set(err, OQ_EINVAL, 0, "status: no buffer");
-    buf[0] = '\0';
+    memset(out, 0, sizeof(*out));
 
 #define OQ__PREP(q)                                                                                \
     do {                                                                                           \
@@ -539,18 +521,13 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
     } while (0)
 
     OQ__PREP(sql_pending_count);
-    if ((rc = scalar(db, st, &pending, &found, err, "relay status")) != 0) goto out;
+    if ((rc = scalar(db, st, &out->pending, &found, err, "relay status")) != 0) goto out;
     OQ__PREP(sql_pending_oldest);
-    if ((rc = scalar(db, st, &oldest, &found, err, "relay status")) != 0) goto out;
-    if (!found) oldest = 0;
+    if ((rc = scalar(db, st, &out->oldest_pending_at, &found, err, "relay status")) != 0) goto out;
+    if (!found) out->oldest_pending_at = 0;
     OQ__PREP(q_pub);
-    if ((rc = scalar(db, st, &published, &found, err, "relay status")) != 0) goto out;
-
-    double age = oldest > 0 && now_ms > oldest ? (double)(now_ms - oldest) / 1000.0 : 0.0;
-    append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
-           pending, age, published);
+    if ((rc = scalar(db, st, &out->published, &found, err, "relay status")) != 0) goto out;
     OQ__PREP(q_lease);
-    int leases = 0;
     for (;;) {
         int step = sqlite3_step(st);
         if (step == SQLITE_DONE) break;
@@ -558,31 +535,56 @@ int oq__relay_store_status(sqlite3 *db, int64_t now_ms, char *buf, size_t n, oq_
             rc = oq_db_error(db, step, err, "relay status lease");
             goto out;
         }
+        if (out->nleases >= OQ__RELAY_STATUS_LEASES) continue;
+        oq__relay_lease_status_t *l = &out->leases[out->nleases++];
         const unsigned char *lname = sqlite3_column_text(st, 0);
         const unsigned char *owner = sqlite3_column_text(st, 1);
-        int64_t fence = sqlite3_column_int64(st, 2);
-        int64_t exp = sqlite3_column_int64(st, 3);
-        append(buf, n, &pos, " lease=%s published_seq=%" PRId64, lname ? (const char *)lname : "?",
-               (int64_t)sqlite3_column_int64(st, 4));
-        if (exp > now_ms)
-            append(buf, n, &pos, " holder=%s fence=%" PRId64 " expires_in=%.1fs",
-                   owner ? (const char *)owner : "?", fence, (double)(exp - now_ms) / 1000.0);
-        else
-            append(buf, n, &pos, " holder=none fence=%" PRId64 " last_holder=%s expired", fence,
-                   owner ? (const char *)owner : "?");
-        leases++;
+        snprintf(l->name, sizeof l->name, "%s", lname ? (const char *)lname : "?");
+        snprintf(l->owner, sizeof l->owner, "%s", owner ? (const char *)owner : "?");
+        l->fence = sqlite3_column_int64(st, 2);
+        l->expires_at = sqlite3_column_int64(st, 3);
+        l->published_seq = sqlite3_column_int64(st, 4);
     }
-    if (leases == 0) append(buf, n, &pos, " holder=none");
     /* Dead letters, when there are any (a database older than outbox_dead has none). */
     sqlite3_finalize(st);
     st = NULL;
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM outbox_dead", -1, &st, NULL) == SQLITE_OK) {
-        int64_t dead = 0;
-        if ((rc = scalar(db, st, &dead, &found, err, "relay status dead")) != 0) goto out;
-        if (dead > 0) append(buf, n, &pos, " dead=%" PRId64, dead);
-    }
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM outbox_dead", -1, &st, NULL) == SQLITE_OK)
+        rc = scalar(db, st, &out->dead, &found, err, "relay status dead");
 #undef OQ__PREP
 out:
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
+                              void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                              void *opaque, oq_error_t *err)
+{
+    static const char sql[] =
+        "SELECT seq, message_id, topic, key, payload, created_at, reason, detail, dead_at, "
+        "handled_at FROM outbox_dead WHERE ?1 = 0 OR seq = ?1 ORDER BY seq LIMIT ?2";
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(db, rc, err, "outbox_dead");
+    sqlite3_bind_int64(st, 1, seq);
+    sqlite3_bind_int(st, 2, limit);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__relay_dead_read_t r = {
+            .seq = sqlite3_column_int64(st, 0),
+            .message_id = (const char *)sqlite3_column_text(st, 1),
+            .topic = (const char *)sqlite3_column_text(st, 2),
+            .key = (const char *)sqlite3_column_text(st, 3),
+            .payload = sqlite3_column_blob(st, 4),
+            .len = (size_t)sqlite3_column_bytes(st, 4),
+            .created_at = sqlite3_column_int64(st, 5),
+            .reason = (const char *)sqlite3_column_text(st, 6),
+            .detail = (const char *)sqlite3_column_text(st, 7),
+            .dead_at = sqlite3_column_int64(st, 8),
+            .handled_at = sqlite3_column_int64(st, 9),
+        };
+        cb(&r, opaque);
+    }
+    rc = rc == SQLITE_DONE ? 0 : oq_db_error(db, rc, err, "outbox_dead");
     sqlite3_finalize(st);
     return rc;
 }

@@ -85,6 +85,14 @@ grep -q "dead letter: outbox seq=1 message_id=.* key=$BIG set aside (MSG_SIZE_TO
 curl -s "http://127.0.0.1:$MPORT/metrics" | grep -q \
     '^onceq_relay_dead_letters_total{reason="MSG_SIZE_TOO_LARGE"} 1$' || oq_fail "B: metric"
 "$ONCEQ_BIN" stats --db "$PDB" | grep -q ' dead=1' || oq_fail "B: stats: $("$ONCEQ_BIN" stats --db "$PDB")"
+# the operator's view of the set-aside row: onceq dlq --outbox-db
+D=$("$ONCEQ_BIN" dlq list --outbox-db "$PDB" --json) || oq_fail "B: dlq list --outbox-db failed"
+jq -e --arg k "$BIG" 'length == 1 and .[0].key == $k and .[0].reason == "MSG_SIZE_TOO_LARGE" and
+    .[0].seq == 1' <<<"$D" >/dev/null || oq_fail "B: dlq list --outbox-db: $D"
+"$ONCEQ_BIN" dlq show 1 --outbox-db "$PDB" | grep -q '^reason      MSG_SIZE_TOO_LARGE' ||
+    oq_fail "B: dlq show --outbox-db: $("$ONCEQ_BIN" dlq show 1 --outbox-db "$PDB")"
+"$ONCEQ_BIN" dlq redrive 1 --outbox-db "$PDB" 2>/dev/null
+[[ $? == 2 ]] || oq_fail "B: a redrive of an outbox_dead row must be refused (exit 2)"
 # resubmitting the same request is a replay of the final failure
 code=$(post_big "$URL" big-2)
 [[ $code == 200 && $(jq -r .status "$T/big.out") == failed ]] ||

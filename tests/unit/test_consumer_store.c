@@ -485,6 +485,61 @@ static void test_mismatch_and_dlq(void **state)
     oq_envelope_clear(&e);
 }
 
+/* A dead-lettered message id goes through the inbox again once it is valid (a fixed copy from
+ * `onceq dlq redrive`): planned once, every later copy a duplicate; a redrive that fails again
+ * is a dead letter again, any other copy of a dead letter a duplicate. */
+static void test_dlq_redrive_through_inbox(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq_error_t err = {0};
+    int64_t now = 9000000;
+    int dup = -1;
+    mk_env(&e, "charge", "{\"amount\":5}", 1);
+    oq__dlq_row_t d = {.message_id = e.message_id,
+                       .reason = "undecodable envelope: field attempt",
+                       .code = OQ_DLQ_INVALID,
+                       .src = {.topic = "onceq.tool-calls", .partition = 1, .offset = 9},
+                       .payload = "{}",
+                       .len = 2,
+                       .created_at = now};
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
+    assert_int_equal(dup, 0);
+    /* the same bytes again (a redelivery): absorbed; as a redrive: a dead letter again */
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
+    assert_int_equal(dup, 1);
+    d.redrive = "onceq.dlq:0:0";
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
+    assert_int_equal(dup, 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM dlq WHERE message_id=?1", e.message_id),
+                     2);
+    assert_int_equal(
+        q_count(f->a, "SELECT count(*) FROM dlq WHERE message_id=?1 AND code='invalid_envelope'",
+                e.message_id),
+        2);
+    /* the fixed message: through once, then a duplicate */
+    assert_int_equal(intake(f->a, &e, now + 1), OQ__INTAKE_NEW);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM inbox WHERE message_id=?1 AND outcome='planned'",
+                             e.message_id),
+                     1);
+    assert_int_equal(q_count(f->a,
+                             "SELECT count(*) FROM audit WHERE call_id=?1 AND event='dlq_redriven'",
+                             e.call_id),
+                     1);
+    assert_int_equal(intake(f->a, &e, now + 2), OQ__INTAKE_DUPLICATE);
+    /* a redrive of the old bytes now: a duplicate, not a dead letter */
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_dead_letter(f->a, &d, NULL, &dup, &err), 0);
+    assert_int_equal(dup, 1);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_count(f->a, "SELECT count(*) FROM executions WHERE call_id=?1", e.call_id),
+                     1);
+    oq_envelope_clear(&e);
+}
+
 /* Runs \p tool with \p args; returns the tool code, copies the error code. */
 static int try_tool(const char *tool, const char *args, char code[48])
 {
@@ -783,6 +838,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_terminal_untouched, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_backoff_and_exhaustion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch_and_dlq, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dlq_redrive_through_inbox, setup, teardown),
         cmocka_unit_test(test_tool_args),
         cmocka_unit_test_setup_teardown(test_bad_args_fail_final, setup, teardown),
         cmocka_unit_test(test_transition_table),
