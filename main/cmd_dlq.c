@@ -48,7 +48,8 @@ static const char dlq_usage[] =
     "                         [--origin-topic T]\n"
     "       onceq dlq list    --outbox-db calls.db [--limit N] [--json]   (relay: outbox_dead)\n"
     "       onceq dlq show    SEQ --outbox-db calls.db [--json | --payload]\n"
-    "       (all: [--dlq-topic onceq.dlq] [--timeout 10s] [-X kafka.prop=value]...)\n"
+    "       (all: [--topic-prefix onceq.] [--dlq-topic T] [--timeout 10s] [-X "
+    "kafka.prop=value]...)\n"
     "\n"
     "redrive re-publishes a dead letter to its origin topic with its key, its onceq-message-id\n"
     "and the header onceq-redrive; the consumers' inbox lets that message id through once when\n"
@@ -58,7 +59,9 @@ static const char dlq_usage[] =
 
 static const oq_setting_t dlq_settings[] = {
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers (the DLQ topic)"},
-    {"dlq-topic", OQ_SET_STRING, OQ_TOPIC_DLQ, 1, 249, NULL, "the dead-letter topic"},
+    {"dlq-topic", OQ_SET_STRING, NULL, 1, 249, NULL,
+     "the dead-letter topic (default: PREFIX + dlq, onceq.dlq)"},
+    OQ_SETTING_TOPIC_PREFIX,
     {"outbox-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "list/show: the relay's dead outbox rows (outbox_dead) of this database instead"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "list/show: print JSON"},
@@ -652,7 +655,7 @@ static int do_redrive(const oq_config_t *cfg, const char *topic, const char *ref
                 "onceq dlq redrive: %s: origin unknown (no %s header; written before dead letters "
                 "carried their origin): nothing published. Name the topic with --origin-topic "
                 "(normally %s)\n",
-                src, OQ_HDR_DLQ_TOPIC, OQ_TOPIC_CALLS);
+                src, OQ_HDR_DLQ_TOPIC, "PREFIX + tool-calls");
         ret = OQ_EXIT_USAGE;
         goto out;
     }
@@ -866,7 +869,16 @@ int oq__cmd_dlq(int argc, char **argv)
                 action);
         goto out;
     }
+    const char *prefix = oq_config_str(cfg, "topic-prefix");
+    oq_error_t perr = {0};
+    if (oq_topic_prefix_check(prefix, &perr) != 0) {
+        fprintf(stderr, "onceq dlq: --topic-prefix: %s\n", perr.msg);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    char dlq_topic[OQ_TOPIC_NAME_CAP];
     const char *topic = oq_config_str(cfg, "dlq-topic");
+    if (!topic) topic = oq_topic_name(prefix, OQ_TOPIC_DLQ, dlq_topic, sizeof dlq_topic);
     if (list)
         ret = do_list(cfg, topic);
     else if (show)

@@ -6,7 +6,8 @@
 #   - acme.onceq.tool-calls holds every outbox row exactly once (the rows keep the logical
 #     name onceq.tool-calls; the relay maps it), and onceq.tool-calls holds nothing;
 #   - results come back through acme.onceq.tool-results (calls end terminal at all);
-#   - an undecodable message on acme.onceq.tool-calls lands in acme.onceq.dlq;
+#   - an undecodable message on acme.onceq.tool-calls lands in acme.onceq.dlq, where
+#     `onceq dlq list --topic-prefix` finds it;
 #   - a bad prefix is refused with exit 2 by every command that takes it, before it starts.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
@@ -55,4 +56,8 @@ in_dlq() {
         grep -q '^poison-1$'
 }
 oq_wait_for 60 in_dlq || oq_fail "the undecodable message did not reach ${PFX}dlq"
+"$ONCEQ_BIN" dlq list --brokers "$BROKERS" --topic-prefix "$PFX" --json >"$T/dlq.json" ||
+    oq_fail "onceq dlq list --topic-prefix failed"
+jq -e '[.. | objects | select(.key? == "poison-1")] | length == 1' "$T/dlq.json" >/dev/null ||
+    { cat "$T/dlq.json"; oq_fail "onceq dlq list --topic-prefix does not show the dead letter"; }
 oq_pass "topic prefix $PFX: $N calls verified, the topic holds the outbox exactly once, DLQ under the prefix"
