@@ -261,8 +261,18 @@ int oq__cmd_review(int argc, char **argv)
     int ret;
     if (argc < 2 || argv[1][0] == '-') {
         int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
-        fprintf(help ? stdout : stderr, "%s\n", review_usage);
-        return help ? OQ_EXIT_OK : OQ_EXIT_USAGE;
+        if (!help) {
+            fprintf(stderr, "%s\n", review_usage);
+            return OQ_EXIT_USAGE;
+        }
+        /* the usage and the settings table, as every command prints them */
+        oq_config_t *hcfg =
+            oq_config_new(review_settings, sizeof review_settings / sizeof review_settings[0]);
+        if (!hcfg) return OQ_EXIT_FAIL;
+        char *hargv[] = {argv[0], argv[1], NULL};
+        ret = oq_cli_parse(hcfg, "onceq", review_usage, 2, hargv);
+        oq_config_destroy(hcfg);
+        return ret < 0 ? OQ_EXIT_OK : ret;
     }
     const char *action = argv[1];
     int list = strcmp(action, "list") == 0, show = strcmp(action, "show") == 0;
