@@ -196,7 +196,8 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
         (ret = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
         (ret = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)))
         goto out;
-    if (cfg && (ret = oq_config_apply_kafka((const oq_config_t *)cfg, conf, err))) goto out;
+    if ((ret = oq_kafka_conf_apply(conf, OQ_KAFKA_CONSUMER, (const oq_config_t *)cfg, err)))
+        goto out;
     rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
     in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
     if (!in->rk) {
