@@ -451,7 +451,8 @@ static int user_set(const oq_relay_t *r, const char *name)
     for (int i = 0; i < n; i++) {
         const char *k, *v;
         oq_config_kafka_get(r->kafka_cfg, i, &k, &v);
-        if (strcmp(k, name) == 0) return 1;
+        const char *prop = oq_kafka_prop_for(OQ_KAFKA_PRODUCER, k);
+        if (prop && strcmp(prop, name) == 0) return 1;
     }
     return 0;
 }
@@ -571,6 +572,10 @@ static void publish_stats(oq_relay_t *r)
     pthread_mutex_unlock(&r->mu);
     oq_gauge_set(r->m_inflight, r->st.inflight);
     oq_gauge_set(r->m_holder, r->holder);
+    /* the outbox is the database's, not this relay's: only the holder exports it, so the
+     * relays of one database (standbys, the consumers' embedded ones) show it once */
+    oq_metric_set_absent(r->m_pending, !r->holder);
+    oq_metric_set_absent(r->m_oldest, !r->holder);
     oq_gauge_set(r->m_fence, (double)r->fence);
 }
 
@@ -652,6 +657,7 @@ static void try_acquire(oq_relay_t *r)
         OQ_LOG_WARN("relay", "lease %s: %s", r->lease_name, err.msg);
         return;
     }
+    r->st.lease_checked_ms = now;
     if (!held) return;
     r->holder = 1;
     atomic_store(&r->is_holder, 1);
@@ -683,6 +689,7 @@ static void renew(oq_relay_t *r)
     if (rc == 0) {
         r->renewed_at_ms = now;
         r->expires_at_ms = now + r->lease_ms;
+        r->st.lease_checked_ms = now;
     } else if (rc == OQ_EFENCED) {
         lose_lease(r, "renewal refused");
     } else {
@@ -744,6 +751,7 @@ static int mark_collect(oq_relay_t *r)
     if (rc == 0) {
         if (current) {
             r->renewed_at_ms = now;
+            r->st.lease_checked_ms = now;
             r->expires_at_ms = now + r->lease_ms;
             r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
             if (upto > r->wm_stored) r->wm_stored = upto;
