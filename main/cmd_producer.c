@@ -111,6 +111,10 @@ int oq__cmd_producer(int argc, char **argv)
     oq_metrics_server_t *ms = NULL;
     sqlite3 *pdb = NULL;
     oq_metrics_t *metrics = oq_metrics_new();
+    if (metrics && oq_metrics_add_process(metrics, "producer") != 0) {
+        oq_metrics_destroy(metrics);
+        metrics = NULL;
+    }
     oq_config_t *cfg =
         oq_config_new(producer_settings, sizeof producer_settings / sizeof producer_settings[0]);
     if (!cfg || !metrics) {
