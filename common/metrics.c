@@ -634,6 +634,12 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err)
 {
+    return oq_metrics_serve_ready(m, listen, NULL, err);
+}
+
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
+                                            struct oq_ready *ready, oq_error_t *err)
+{
     char host[64];
     int port;
     if (!m) {
@@ -647,6 +653,7 @@ oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_er
         return NULL;
     }
     s->m = m;
+    atomic_store(&s->ready, ready);
     struct sockaddr_in sin;
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;

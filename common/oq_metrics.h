@@ -91,6 +91,9 @@ struct oq_ready;
  *        unset with NULL first). Without one, /readyz is 200 {"status":"ready"} once serving.
  */
 void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r);
+/** @brief oq_metrics_serve() with \p ready answering /readyz from the first request on. */
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
+                                            struct oq_ready *ready, oq_error_t *err);
 /** @brief Stop the server and free it; accepts NULL. The registry stays with the caller. */
 void oq_metrics_serve_stop(oq_metrics_server_t *s);
 /** @brief The bound TCP port (useful after listening on port 0), or -1 for NULL. */

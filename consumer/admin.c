@@ -153,10 +153,10 @@ static enum MHD_Result route(oq__admin_t *a, struct MHD_Connection *c, const cha
             return send_text(c, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
                              "text/plain");
         if (url[1] == 'r') {
-            static char ready_ok[] = "{\"status\":\"ready\"}\n";
+            static char starting[] = "{\"status\":\"unready\",\"worker\":\"starting\"}\n";
             struct oq_ready *r = atomic_load(&a->ready);
-            if (!r)
-                return send_text(c, MHD_HTTP_OK, ready_ok, sizeof(ready_ok) - 1,
+            if (!r) /* set once the worker is built */
+                return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, starting, sizeof(starting) - 1,
                                  MHD_RESPMEM_PERSISTENT, "application/json");
             char *body = NULL;
             size_t blen = 0;

@@ -5,7 +5,8 @@
  *
  *   GET  /metrics                        Prometheus text (the worker's registry)
  *   GET  /healthz                        "ok"
- *   GET  /readyz                         200/503 JSON from the worker's prober (oq_ready.h)
+ *   GET  /readyz                         200/503 JSON from the worker's prober (oq_ready.h);
+ *                                        503 "starting" until oq__admin_set_ready
  *   GET  /stats                          the worker's stats (oq_consumer_stats_json)
  *   GET  /v1/review[?limit=N]            the review queue (oq_review_list)
  *   GET  /v1/review/{call_id}            one call's story (oq_review_show)

@@ -81,9 +81,13 @@ static int check_lease(void *arg, char *out, size_t cap)
         snprintf(out, cap, "stopped");
         return OQ_ESHUTDOWN;
     }
-    if (!st.lease_checked_ms || now - st.lease_checked_ms > limit) {
+    if (!st.lease_checked_ms) {
+        snprintf(out, cap, "starting: the lease was not read yet");
+        return OQ_ESTATE;
+    }
+    if (now - st.lease_checked_ms > limit) {
         snprintf(out, cap, "stalled: the lease was not read for %lld ms",
-                 st.lease_checked_ms ? (long long)(now - st.lease_checked_ms) : -1LL);
+                 (long long)(now - st.lease_checked_ms));
         return OQ_ETIMEDOUT;
     }
     if (st.lease_state == OQ_RELAY_HOLDER)
@@ -194,8 +198,19 @@ int oq__cmd_relay(int argc, char **argv)
         }
         oq_sleep_ms(200, NULL);
     }
-    if (listen) {
-        server = oq_metrics_serve(metrics, listen, &err);
+    if (listen) { /* GET /readyz: calls.db writable, the brokers answer, the lease loop runs */
+        rr.relay = relay;
+        rr.lease_ms = o.lease_ms;
+        if (!(ready = oq_ready_new("relay", metrics)) || oq_ready_add_db(ready, o.db_path) != 0 ||
+            oq_ready_add(ready, "lease", check_lease, &rr) != 0) {
+            fprintf(stderr, "onceq relay: out of memory\n");
+            goto out;
+        }
+        if (oq_ready_add_kafka(ready, o.brokers, cfg, &err) != 0) {
+            fprintf(stderr, "onceq relay: readiness: %s\n", err.msg);
+            goto out;
+        }
+        server = oq_metrics_serve_ready(metrics, listen, ready, &err);
         if (!server) {
             fprintf(stderr, "onceq relay: metrics listener %s: %s\n", listen, err.msg);
             goto out;
@@ -205,20 +220,9 @@ int oq__cmd_relay(int argc, char **argv)
         fprintf(stderr, "onceq relay: %s\n", err.msg);
         goto out;
     }
-    if (server) { /* GET /readyz: calls.db writable, the brokers answer, the lease loop runs */
-        rr.relay = relay;
-        rr.lease_ms = o.lease_ms;
-        if (!(ready = oq_ready_new("relay", metrics)) || oq_ready_add_db(ready, o.db_path) != 0 ||
-            oq_ready_add(ready, "lease", check_lease, &rr) != 0) {
-            fprintf(stderr, "onceq relay: out of memory\n");
-            goto out;
-        }
-        if (oq_ready_add_kafka(ready, o.brokers, cfg, &err) != 0 ||
-            oq_ready_start(ready, &err) != 0) {
-            fprintf(stderr, "onceq relay: readiness: %s\n", err.msg);
-            goto out;
-        }
-        oq_metrics_server_set_ready(server, ready);
+    if (ready && oq_ready_start(ready, &err) != 0) {
+        fprintf(stderr, "onceq relay: readiness: %s\n", err.msg);
+        goto out;
     }
     oq_service_ready("relay running (lease: active or standby)");
     while (!relay_sig) {
