@@ -344,6 +344,12 @@ static void metrics_init(oq_consumer_t *c)
         oq_metrics_gauge(m, "onceq_consumer_unknown_oldest_seconds",
                          "age of the oldest UNKNOWN / RECONCILING execution", NULL);
     oq_metrics_add_process(m, "consumer");
+    /* database gauges: none until refresh_gauges() knows whether this worker exports them */
+    for (int i = 0; i < OQ_X__COUNT && !c->o.no_relay; i++)
+        oq_metric_set_absent(c->m_state[i], 1);
+    oq_metric_set_absent(c->m_review, !c->o.no_relay);
+    oq_metric_set_absent(c->m_review_age, !c->o.no_relay);
+    oq_metric_set_absent(c->m_unsettled_age, !c->o.no_relay);
     c->m_resolve = oq_metrics_histogram(m, "onceq_consumer_unknown_resolved_seconds",
                                         "time from UNKNOWN to a reconciliation decision", NULL,
                                         secs, sizeof(secs) / sizeof(secs[0]));
