@@ -1108,7 +1108,7 @@ static void runner_exec(runner_t *r, const char *call_id)
     c->slots[r->index].used = 1;
     pthread_mutex_unlock(&c->mu);
     OQ_CRASH_POINT("consumer.after_claim");
-    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running %s fence=%" PRId64, x.tool, x.fence);
+    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running tool=%s fence=%" PRId64, x.tool, x.fence);
 
     args = json_loads(x.args ? x.args : "{}", 0, NULL);
     run_tool(&x, args, &c->stop, &o);
@@ -1670,7 +1670,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->hb_started = 1;
     pthread_setname_np(c->hb_th, "oq-heartbeat");
     OQ_LOG_INFO(OQ__COMP,
-                "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d http_tools=%zu",
+                "worker started worker_id=%s db=%s group=%s topic=%s lease=%" PRId64
+                "ms runners=%d http_tools=%zu",
                 c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners,
                 c->tools ? c->tools->n : (size_t)0);
     *out = c;

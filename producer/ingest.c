@@ -77,7 +77,8 @@ static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_
         oq_error_t derr = {0};
         if (oq_envelope_decode(m->payload, m->len, e, &derr) != 0 ||
             e->kind != OQ_KIND_TOOL_RESULT) {
-            OQ_LOG_WARN("ingest", "undecodable result at %s[%d]@%lld: %s",
+            OQ_LOG_WARN("ingest",
+                        "undecodable result topic=%s partition=%d offset=%lld reason=\"%s\"",
                         rd_kafka_topic_name(m->rkt), (int)m->partition, (long long)m->offset,
                         derr.code ? derr.msg : "not a tool_result");
             oq_envelope_clear(e);

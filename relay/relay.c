@@ -626,10 +626,10 @@ static void lose_lease(oq_relay_t *r, const char *why)
     mark_wait(r); /* may itself find the lease lost */
     if (!r->holder) return;
     OQ_LOG_WARN("relay",
-                "lease %s lost (%s) fence=%" PRId64 ": stop publishing, marking nothing; "
-                "in-flight messages are dropped from tracking (already sent copies are "
-                "duplicates the inbox absorbs)",
-                r->lease_name, why, r->fence);
+                "lease %s lost: stop publishing, marking nothing; in-flight messages are dropped "
+                "from tracking (already sent copies are duplicates the inbox absorbs) "
+                "reason=\"%s\" owner=%s fence=%" PRId64,
+                r->lease_name, why, r->owner, r->fence);
     r->holder = 0;
     atomic_store(&r->is_holder, 0);
     r->st.fenced++;
@@ -761,8 +761,8 @@ static int mark_collect(oq_relay_t *r)
         oq_counter_add(r->m_published, n);
         oq_histogram_observe(r->m_batch, (double)n);
         OQ_LOG_DEBUG("relay",
-                     "published_seq %" PRId64 " -> %" PRId64 " (%" PRIu64
-                     " delivery reports) fence=%" PRId64,
+                     "watermark advanced from=%" PRId64 " published_seq=%" PRId64
+                     " reports=%" PRIu64 " fence=%" PRId64,
                      from, upto, n, fence);
     } else if (rc == OQ_EFENCED) {
         if (current) lose_lease(r, "mark refused by the fencing check");
