@@ -612,6 +612,11 @@ const char *oq_config_str(const oq_config_t *c, const char *name)
     return c->vals[i].s;
 }
 
+int oq_config_has(const oq_config_t *c, const char *name)
+{
+    return find(c, name, NULL) != NULL;
+}
+
 int oq_config_is_set(const oq_config_t *c, const char *name)
 {
     return c->vals[must_find(c, name, "oq_config_is_set")].set;

@@ -61,6 +61,7 @@
 #include "dispatch.h"
 #include "execution.h"
 #include "http_tools.h"
+#include "oq_cli.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
@@ -204,6 +205,7 @@ static json_t *stats_cb(void *ctx);
 /* --- settings -------------------------------------------------------------------------------- */
 
 const oq_setting_t oq_consumer_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "effects database (SQLite, WAL)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "bootstrap servers host:port[,...]"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},

@@ -28,6 +28,7 @@
 #include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "HTTP listen address host:port"},
     {"brokers", OQ_SET_STRING, NULL, 0, 4096, NULL,

@@ -34,6 +34,7 @@ static const char relay_usage[] =
     "deliveries, mark them, release the lease, exit 0.";
 
 static const oq_setting_t relay_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, NULL, 1, 4096, NULL, "database with the outbox (calls.db, effects.db)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers"},
     {"lease", OQ_SET_DURATION, "5s", 100, 3600000, NULL,

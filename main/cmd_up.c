@@ -45,6 +45,7 @@
 #define UP_MAX_ARGS 64
 
 static const oq_setting_t up_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"dir", OQ_SET_STRING, "./onceq-data", 1, PATH_MAX - 64, NULL,
      "data directory: calls.db, effects.db, bootstrap file and one log per child"},
     {"consumers", OQ_SET_INT, "2", 1, 32, NULL, "number of consumer-group workers"},
@@ -464,6 +465,9 @@ int oq__cmd_up(int argc, char **argv)
     up_t *up = calloc(1, sizeof *up);
     if (!up) goto out;
     up->cfg = cfg;
+    /* the children log as up does: they read the same variables */
+    setenv("ONCEQ_LOG_LEVEL", oq_config_str(cfg, "log-level"), 1);
+    setenv("ONCEQ_LOG_FORMAT", oq_config_str(cfg, "log-format"), 1);
 
     ssize_t n = readlink("/proc/self/exe", up->exe, sizeof up->exe - 1);
     if (n <= 0) {

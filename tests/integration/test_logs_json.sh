@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# JSON logs (ONCEQ_LOG_FORMAT=json) of a whole `onceq up` pipeline under a little load:
+# JSON logs (--log-format json, or ONCEQ_LOG_FORMAT=json) of a whole `onceq up` pipeline under
+# a little load:
 #  - every line of every child's log (broker, producer, relay, consumers) and of up's own
 #    stderr is one JSON object that jq parses, with ts, level, pid, component and msg;
 #  - fields are real members, not text in msg: the relay's lease line has owner (a string) and
@@ -18,8 +19,9 @@ D=$T/up
 PORT=$(oq_free_port) || oq_fail "no free port"
 BASE=$(oq_free_port) || oq_fail "no free port"
 MARK=not-in-argv-$RANDOM
-# ONCEQ_LOG_LEVEL=debug: the consumers log each run with its call_id and fence.
-oq_spawn up env ONCEQ_LOG_FORMAT=json ONCEQ_LOG_LEVEL=debug "$ONCEQ_BIN" up --dir "$D" \
+# --log-level debug: the consumers log each run with its call_id and fence. up passes both
+# log settings to its children (as ONCEQ_LOG_FORMAT / ONCEQ_LOG_LEVEL, the same settings).
+oq_spawn up "$ONCEQ_BIN" up --log-format json --log-level debug --dir "$D" \
     --consumers 2 --listen "127.0.0.1:$PORT" --metrics-base-port "$BASE" \
     -X "client.id=$MARK" -X consumer.heartbeat.interval.ms=500
 # oq_spawn writes stdout and stderr to one file; up's stdout is its banner, so the JSON check
