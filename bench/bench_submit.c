@@ -230,8 +230,8 @@ int oq__bench_submit(int argc, char **argv)
         if (s) items = atof(s + strlen("onceq_producer_batch_size_sum "));
         s = strstr(text, "onceq_producer_batch_size_count ");
         if (s) batches = atof(s + strlen("onceq_producer_batch_size_count "));
-        s = strstr(text, "\nonceq_producer_writer_cpu_seconds ");
-        if (s) wcpu = atof(s + strlen("\nonceq_producer_writer_cpu_seconds "));
+        s = strstr(text, "\nonceq_producer_writer_cpu_seconds_total ");
+        if (s) wcpu = atof(s + strlen("\nonceq_producer_writer_cpu_seconds_total "));
         s = strstr(text, "onceq_producer_commit_seconds_sum ");
         if (s) commit_s = atof(s + strlen("onceq_producer_commit_seconds_sum "));
     }

@@ -6,8 +6,10 @@
  * exits: the caller returns the code to main().
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "oq_cli.h"
+#include "oq_log.h"
 
 int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc, char **argv)
 {
@@ -19,5 +21,10 @@ int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc
         fprintf(stderr, "%s %s: %s\n(see: %s %s --help)\n", prog, argv[0], err.msg, prog, argv[0]);
         return OQ_EXIT_USAGE;
     }
+    if (oq_config_has(cfg, "log-level") && oq_config_has(cfg, "log-format"))
+        oq_log_init((oq_log_level_t)oq_log_level_parse(oq_config_str(cfg, "log-level")),
+                    strcmp(oq_config_str(cfg, "log-format"), "json") == 0 ? OQ_LOG_FMT_JSON
+                                                                          : OQ_LOG_FMT_LOGFMT,
+                    0);
     return -1;
 }

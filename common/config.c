@@ -6,10 +6,12 @@
  * and stored by type: integers, booleans, durations (ms) and sizes (bytes) as int64, strings
  * and enum words as owned copies.
  *
- * Kafka properties (-X name=value, or `kafka.name = value` in a file) are not validated here:
- * they are kept in order and handed to librdkafka by oq_config_apply_kafka(), which knows
- * every property and reports unknown ones. A property given twice keeps its first position
- * and its last value.
+ * Kafka properties (-X name=value, or `kafka.name = value` / kcat-style `name=value` in a file)
+ * are not validated here: they are kept in order and handed to librdkafka (oq_kafka_conf_apply()
+ * scopes `producer.` / `consumer.` names to one kind of client), which knows every property
+ * and reports unknown ones. A property given twice keeps its first position and its last
+ * value. Only commands that talk to Kafka (their table has a `brokers` setting) take them:
+ * elsewhere -X is an error and is not listed in --help.
  *
  * Precedence is flag > environment > file > default, whatever the order on the command line:
  * parsing walks argv twice, first loading the -F files (in their order, a later file wins over
@@ -354,6 +356,18 @@ static int set_kafka_pair(oq_config_t *c, const char *pair, oq_error_t *err)
     return oq_config_set_kafka(c, name, eq + 1, err);
 }
 
+/* Commands that talk to Kafka have a `brokers` setting; only they take Kafka properties. */
+static int kafka_allowed(const oq_config_t *c)
+{
+    return find(c, "brokers", NULL) != NULL;
+}
+
+static int kafka_refused(const char *what, oq_error_t *err)
+{
+    return oq_error_set(err, OQ_EINVAL, 0,
+                        "%s: this command does not talk to Kafka (no Kafka properties)", what);
+}
+
 /* --- config file -------------------------------------------------------------------------- */
 
 static char *trim(char *s)
@@ -404,8 +418,17 @@ int oq_config_load_file(oq_config_t *c, const char *path, oq_error_t *err)
             rc = oq_error_set(err, OQ_EINVAL, 0, "%s:%d: missing setting name", path, lineno);
             goto out;
         }
-        if (strncmp(name, "kafka.", 6) == 0)
-            rc = oq_config_set_kafka(c, name + 6, value, &e);
+        /* kcat-style property files: a dotted name is a Kafka property (no onceq setting has
+         * a dot); bootstrap.servers fills --brokers, at the file's precedence */
+        int dotted = strchr(name, '.') != NULL, kafka = strncmp(name, "kafka.", 6) == 0;
+        const char *prop = kafka ? name + 6 : name;
+        if ((kafka || dotted) && !kafka_allowed(c))
+            rc = kafka_refused(name, &e);
+        else if ((kafka || dotted) && (strcmp(prop, "bootstrap.servers") == 0 ||
+                                       strcmp(prop, "metadata.broker.list") == 0))
+            rc = oq_config_set(c, "brokers", value, &e);
+        else if (kafka || dotted)
+            rc = oq_config_set_kafka(c, prop, value, &e);
         else
             rc = oq_config_set(c, name, value, &e);
         if (rc != 0) {
@@ -493,6 +516,7 @@ static int walk(oq_config_t *c, const char *usage, int argc, char **argv, int fi
         if (strncmp(a, "-X", 2) == 0) {
             const char *pair = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
             if (!pair) return oq_error_set(err, OQ_EINVAL, 0, "-X needs property=value");
+            if (!kafka_allowed(c)) return kafka_refused("-X", err);
             if (!files) rc = set_kafka_pair(c, pair, err);
             continue;
         }
@@ -586,6 +610,11 @@ const char *oq_config_str(const oq_config_t *c, const char *name)
         abort();
     }
     return c->vals[i].s;
+}
+
+int oq_config_has(const oq_config_t *c, const char *name)
+{
+    return find(c, name, NULL) != NULL;
 }
 
 int oq_config_is_set(const oq_config_t *c, const char *name)
@@ -699,10 +728,18 @@ void oq_config_print_help(const oq_config_t *c, const char *usage, FILE *out)
         if (n) fprintf(out, " [%s]", extra);
         fputc('\n', out);
     }
-    fprintf(out, "  %-*s %-8s  %s\n", w, "-X prop=value", "kafka",
-            "librdkafka property, repeatable (e.g. -X acks=all)");
-    fprintf(out, "  %-*s %-8s  %s\n", w, "-F, --config", "file",
-            "read settings from a file: 'name = value' or 'kafka.prop = value', # comments");
+    if (kafka_allowed(c)) {
+        fprintf(out, "  %-*s %-8s  %s\n", w, "-X prop=value", "kafka",
+                "librdkafka property, repeatable (e.g. -X acks=all); producer.PROP / "
+                "consumer.PROP reach only that kind of client");
+        fprintf(out, "  %-*s %-8s  %s\n", w, "-F, --config", "file",
+                "read settings from a file: 'name = value', Kafka properties as 'kafka.prop = "
+                "value' or kcat-style 'prop=value' (bootstrap.servers sets --brokers); # "
+                "comments");
+    } else {
+        fprintf(out, "  %-*s %-8s  %s\n", w, "-F, --config", "file",
+                "read settings from a file: 'name = value' lines, # comments");
+    }
     fprintf(out, "  %-*s %-8s  %s\n", w, "-h, --help", "", "print this help");
     if (c->env_prefix[0])
         fprintf(out,

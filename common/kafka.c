@@ -2,15 +2,103 @@
  * librdkafka configuration shared by producer, relay and consumer. Defaults favour latency on
  * an idle pipeline (fetch.wait.max.ms=10 cuts idle fetch latency from ~255 ms to ~11 ms on
  * the mock cluster); the user's -X settings are applied last so they always win.
+ *
+ * Scoping. A command runs producers and consumers alike (the consumer has a DLQ producer and
+ * a result relay, the producer a results consumer), and librdkafka warns (CONFWARN) about a
+ * consumer property on a producer handle and the other way round. So a property reaches only
+ * the clients it is for: `producer.X` / `consumer.X` name one kind explicitly, and a bare name
+ * that librdkafka documents as consumer-only ("C") or producer-only ("P") goes to that kind
+ * only. The kinds come from librdkafka's own property table (rd_kafka_conf_properties_show),
+ * read once.
  */
 #include "oq_kafka.h"
 #include "oq_log.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err)
 {
     char errstr[256];
     if (rd_kafka_conf_set(conf, name, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
         return oq_error_set(err, OQ_EINVAL, 0, "kafka setting %s: %s", name, errstr);
+    return 0;
+}
+
+/* --- property kinds -------------------------------------------------------------------------- */
+
+typedef struct {
+    char name[64];
+    char kind; /* 'C', 'P' or '*' */
+} prop_kind_t;
+
+static prop_kind_t *kinds;
+static size_t nkinds;
+static pthread_once_t kinds_once = PTHREAD_ONCE_INIT;
+
+/* Rows of the table look like "session.timeout.ms    |  C  | 1 .. 3600000 | ...". */
+static void kinds_load(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return;
+    rd_kafka_conf_properties_show(f);
+    fclose(f);
+    size_t cap = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        char name[64], kind[8];
+        if (sscanf(line, "%63s | %7s |", name, kind) != 2 || strlen(kind) != 1 ||
+            !strchr("CP*", kind[0]))
+            continue;
+        if (nkinds == cap) {
+            size_t ncap = cap ? cap * 2 : 256;
+            prop_kind_t *nk = realloc(kinds, ncap * sizeof(*nk));
+            if (!nk) break;
+            kinds = nk;
+            cap = ncap;
+        }
+        snprintf(kinds[nkinds].name, sizeof kinds[nkinds].name, "%s", name);
+        kinds[nkinds++].kind = kind[0];
+    }
+    free(text);
+}
+
+static char prop_kind(const char *name)
+{
+    pthread_once(&kinds_once, kinds_load);
+    for (size_t i = 0; i < nkinds; i++)
+        if (strcmp(kinds[i].name, name) == 0) return kinds[i].kind;
+    return '*'; /* unknown: let librdkafka judge it */
+}
+
+const char *oq_kafka_prop_for(oq_kafka_role_t role, const char *name)
+{
+    if (strncmp(name, "producer.", 9) == 0) return role == OQ_KAFKA_PRODUCER ? name + 9 : NULL;
+    if (strncmp(name, "consumer.", 9) == 0) return role == OQ_KAFKA_CONSUMER ? name + 9 : NULL;
+    char k = prop_kind(name);
+    if ((k == 'C' && role != OQ_KAFKA_CONSUMER) || (k == 'P' && role != OQ_KAFKA_PRODUCER))
+        return NULL;
+    return name;
+}
+
+int oq_kafka_conf_apply(rd_kafka_conf_t *conf, oq_kafka_role_t role, const oq_config_t *cfg,
+                        oq_error_t *err)
+{
+    int n = cfg ? oq_config_kafka_count(cfg) : 0;
+    for (int i = 0; i < n; i++) {
+        const char *name, *value;
+        oq_config_kafka_get(cfg, i, &name, &value);
+        const char *prop = oq_kafka_prop_for(role, name);
+        if (!prop) continue; /* for the other kind of client */
+        char errstr[256];
+        if (rd_kafka_conf_set(conf, prop, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+            return oq_error_set(err, OQ_EINVAL, 0, "kafka property %s: %s", name, errstr);
+    }
     return 0;
 }
 
@@ -27,7 +115,7 @@ rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
         (role == OQ_KAFKA_CONSUMER &&
          oq_kafka_conf_set(conf, "fetch.wait.max.ms", "10", err) != 0) ||
         oq_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
-        (cfg && oq_config_apply_kafka(cfg, conf, err) != 0)) {
+        oq_kafka_conf_apply(conf, role, cfg, err) != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }

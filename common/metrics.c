@@ -16,13 +16,16 @@
  * scraped.
  *
  * oq_metrics_serve() runs libmicrohttpd with its own polling thread bound to one address
- * (127.0.0.1 unless the user asks otherwise): GET /metrics and GET /healthz, 404 for
- * anything else.
+ * (127.0.0.1 unless the user asks otherwise): GET /metrics, GET /healthz and GET /readyz (from
+ * an oq_ready_t prober when one is set), 404 for anything else.
  */
 #include "oq_metrics.h"
+#include "oq_mhd.h"
 #include "oq_log.h"
+#include "oq_ready.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -32,6 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef enum { OQ__COUNTER, OQ__GAUGE, OQ__HISTOGRAM } mtype_t;
 
@@ -45,6 +51,8 @@ struct oq_metric {
     double *bounds;
     _Atomic uint64_t *buckets; /* nb + 1, non-cumulative */
     _Atomic uint64_t sum;      /* double bits */
+    int fcounter;              /* a counter set with oq_counter_set(): value holds double bits */
+    _Atomic int absent;        /* oq_metric_set_absent(): no sample rendered */
     struct oq_metric *next;
 };
 
@@ -53,6 +61,8 @@ struct oq_metrics {
     oq_metric_t *head, *tail;
     oq_metrics_collect_cb_t *collect;
     void *collect_arg;
+    /* oq_metrics_add_process(): the standard process_* metrics, refreshed at every render */
+    oq_metric_t *p_cpu, *p_rss, *p_vsz, *p_fds, *p_maxfds, *p_start;
 };
 
 static uint64_t d2u(double d)
@@ -212,7 +222,27 @@ oq_metric_t *oq_metrics_histogram(oq_metrics_t *m, const char *name, const char 
 
 void oq_counter_add(oq_metric_t *c, uint64_t n)
 {
-    if (c && c->type == OQ__COUNTER) atomic_fetch_add_explicit(&c->value, n, memory_order_relaxed);
+    if (c && c->type == OQ__COUNTER && !c->fcounter)
+        atomic_fetch_add_explicit(&c->value, n, memory_order_relaxed);
+}
+
+void oq_counter_set(oq_metric_t *c, double v)
+{
+    if (!c || c->type != OQ__COUNTER || isnan(v)) return;
+    if (!c->fcounter) { /* first use: an integer counter never added to becomes a float one */
+        if (atomic_load_explicit(&c->value, memory_order_relaxed) != 0) return;
+        c->fcounter = 1;
+        atomic_store_explicit(&c->value, d2u(0.0), memory_order_relaxed);
+    }
+    uint64_t old = atomic_load_explicit(&c->value, memory_order_relaxed);
+    while (u2d(old) < v && !atomic_compare_exchange_weak_explicit(
+                               &c->value, &old, d2u(v), memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void oq_metric_set_absent(oq_metric_t *mt, int absent)
+{
+    if (mt) atomic_store_explicit(&mt->absent, absent ? 1 : 0, memory_order_relaxed);
 }
 
 void oq_gauge_set(oq_metric_t *g, double v)
@@ -239,12 +269,102 @@ double oq_metric_value(const oq_metric_t *mt)
 {
     if (!mt) return 0;
     uint64_t u = atomic_load_explicit(&((oq_metric_t *)mt)->value, memory_order_relaxed);
-    if (mt->type == OQ__COUNTER) return (double)u;
+    if (mt->type == OQ__COUNTER) return mt->fcounter ? u2d(u) : (double)u;
     if (mt->type == OQ__GAUGE) return u2d(u);
     uint64_t n = 0;
     for (size_t i = 0; i <= mt->nb; i++)
         n += atomic_load_explicit(&((oq_metric_t *)mt)->buckets[i], memory_order_relaxed);
     return (double)n;
+}
+
+/* --- process metrics ---------------------------------------------------------------------- */
+
+int oq_metrics_add_process(oq_metrics_t *m, const char *component)
+{
+    char labels[160];
+    snprintf(labels, sizeof labels, "version=\"%s\",component=\"%s\"", ONCEQ_VERSION,
+             component ? component : "onceq");
+    oq_metric_t *bi = oq_metrics_gauge(m, "onceq_build_info",
+                                       "always 1: the onceq version and the component", labels);
+    oq_gauge_set(bi, 1);
+    m->p_cpu = oq_metrics_counter(m, "process_cpu_seconds_total",
+                                  "user and system CPU time spent in seconds", NULL);
+    m->p_rss =
+        oq_metrics_gauge(m, "process_resident_memory_bytes", "resident memory size in bytes", NULL);
+    m->p_vsz =
+        oq_metrics_gauge(m, "process_virtual_memory_bytes", "virtual memory size in bytes", NULL);
+    m->p_fds = oq_metrics_gauge(m, "process_open_fds", "number of open file descriptors", NULL);
+    m->p_maxfds =
+        oq_metrics_gauge(m, "process_max_fds", "maximum number of open file descriptors", NULL);
+    m->p_start =
+        oq_metrics_gauge(m, "process_start_time_seconds",
+                         "start time of the process since the Unix epoch in seconds", NULL);
+    if (!bi || !m->p_cpu || !m->p_rss || !m->p_vsz || !m->p_fds || !m->p_maxfds || !m->p_start)
+        return OQ_ENOMEM;
+    /* /proc/self/stat field 22 is the start time in clock ticks after boot */
+    long tck = sysconf(_SC_CLK_TCK);
+    FILE *f = fopen("/proc/self/stat", "r");
+    char buf[1024];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long long start = 0;
+    /* after ") ": state(3) ... starttime(22): skip 19 fields */
+    if (p &&
+        sscanf(p + 2,
+               "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+               "%*d %*d %llu",
+               &start) == 1 &&
+        tck > 0) {
+        double boot = 0;
+        f = fopen("/proc/stat", "r");
+        char line[256];
+        while (f && fgets(line, sizeof line, f))
+            if (strncmp(line, "btime ", 6) == 0) {
+                boot = atof(line + 6);
+                break;
+            }
+        if (f) fclose(f);
+        oq_gauge_set(m->p_start, boot + (double)start / (double)tck);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        oq_gauge_set(m->p_start, (double)ts.tv_sec);
+    }
+    return 0;
+}
+
+/* Under the registry mutex, before the collect callback: read /proc/self. */
+static void process_refresh(oq_metrics_t *m)
+{
+    if (!m->p_cpu) return;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        oq_counter_set(m->p_cpu, (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                                     (double)ru.ru_stime.tv_sec +
+                                     (double)ru.ru_stime.tv_usec / 1e6);
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long vsz = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%llu %llu", &vsz, &rss) == 2) {
+            double page = (double)sysconf(_SC_PAGESIZE);
+            oq_gauge_set(m->p_vsz, (double)vsz * page);
+            oq_gauge_set(m->p_rss, (double)rss * page);
+        }
+        fclose(f);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        int nfd = 0;
+        for (struct dirent *e; (e = readdir(d));)
+            if (e->d_name[0] != '.') nfd++;
+        closedir(d);
+        oq_gauge_set(m->p_fds, (double)(nfd - 1)); /* not the one opendir holds */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        oq_gauge_set(m->p_maxfds, rl.rlim_cur == RLIM_INFINITY ? -1 : (double)rl.rlim_cur);
 }
 
 /* --- rendering ---------------------------------------------------------------------------- */
@@ -325,6 +445,12 @@ static void render_metric(sb_t *sb, oq_metric_t *mt)
     const char *lb = mt->labels ? mt->labels : "";
     const char *open = mt->labels ? "{" : "", *close = mt->labels ? "}" : "";
     uint64_t u = atomic_load_explicit(&mt->value, memory_order_relaxed);
+    if (atomic_load_explicit(&mt->absent, memory_order_relaxed)) return;
+    if (mt->type == OQ__COUNTER && mt->fcounter) {
+        fmt_num(u2d(u), num);
+        sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
+        return;
+    }
     if (mt->type == OQ__COUNTER) {
         sb_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
         return;
@@ -359,6 +485,7 @@ int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
     if (!sb.buf) return OQ_ENOMEM;
     sb.buf[0] = '\0';
     pthread_mutex_lock(&m->mu);
+    process_refresh(m);
     if (m->collect) m->collect(m, m->collect_arg);
     for (oq_metric_t *fam = m->head; fam; fam = fam->next) {
         /* Skip names already rendered with an earlier family head. */
@@ -391,7 +518,13 @@ struct oq_metrics_server {
     struct MHD_Daemon *d;
     oq_metrics_t *m;
     int port;
+    struct oq_ready *_Atomic ready;
 };
+
+void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r)
+{
+    if (s) atomic_store(&s->ready, r);
+}
 
 int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *err)
 {
@@ -457,14 +590,28 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     static char not_found[] = "not found\n";
     static char not_allowed[] = "method not allowed\n";
     static char ok[] = "ok\n";
+    static char ready_ok[] = "{\"status\":\"ready\"}\n";
     int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    if (strcmp(url, "/metrics") == 0 || strcmp(url, "/healthz") == 0) {
+    if (strcmp(url, "/metrics") == 0 || strcmp(url, "/healthz") == 0 ||
+        strcmp(url, "/readyz") == 0) {
         if (!get)
             return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof(not_allowed) - 1,
                          MHD_RESPMEM_PERSISTENT, "text/plain");
         if (url[1] == 'h')
             return reply(conn, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
                          "text/plain");
+        if (url[1] == 'r') {
+            struct oq_ready *r = atomic_load(&s->ready);
+            if (!r)
+                return reply(conn, MHD_HTTP_OK, ready_ok, sizeof(ready_ok) - 1,
+                             MHD_RESPMEM_PERSISTENT, "application/json");
+            char *body = NULL;
+            size_t blen = 0;
+            int rdy = oq_ready_render(r, &body, &blen);
+            if (rdy < 0) return MHD_NO;
+            return reply(conn, rdy ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, blen,
+                         MHD_RESPMEM_MUST_FREE, "application/json");
+        }
         char *text = NULL;
         size_t len = 0;
         if (oq_metrics_render(s->m, &text, &len) != 0) return MHD_NO;
@@ -475,18 +622,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                  "text/plain");
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    char msg[512];
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    size_t n = strlen(msg);
-    while (n > 0 && msg[n - 1] == '\n')
-        msg[--n] = '\0';
-    OQ_LOG_WARN("metrics", "http: %s", msg);
-}
+/* libmicrohttpd's own messages. */
+static const oq_mhd_log_ctx_t mhd_log_ctx = {"metrics", OQ_LOG_WARN};
 
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err)
+{
+    return oq_metrics_serve_ready(m, listen, NULL, err);
+}
+
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
+                                            struct oq_ready *ready, oq_error_t *err)
 {
     char host[64];
     int port;
@@ -501,15 +646,16 @@ oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_er
         return NULL;
     }
     s->m = m;
+    atomic_store(&s->ready, ready);
     struct sockaddr_in sin;
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
     s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sin, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            (uint16_t)port, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER,
+                            oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!s->d) {
         oq_error_set(err, OQ_EIO, 0, "metrics server: cannot listen on %s:%d", host, port);

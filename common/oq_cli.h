@@ -16,6 +16,24 @@
 #define OQ_EXIT_NOTFOUND 4  /**< `get`/`inspect`: no such call */
 #define OQ_EXIT_CONFLICT 5  /**< `submit`/`call`: same key, different body */
 
+/**
+ * The daemons' log settings, one table row each: `--log-level`, `--log-format`, also read as
+ * ONCEQ_LOG_LEVEL / ONCEQ_LOG_FORMAT (the logger's own variables) and from -F files.
+ * oq_cli_parse() applies them when the table has them.
+ */
+#define OQ_CLI_LOG_SETTINGS                                                                        \
+    {"log-level",                                                                                  \
+     OQ_SET_ENUM,                                                                                  \
+     "info",                                                                                       \
+     0,                                                                                            \
+     -1,                                                                                           \
+     "debug|info|warn|error|off",                                                                  \
+     "log threshold (lines on stderr)"},                                                           \
+    {                                                                                              \
+        "log-format", OQ_SET_ENUM, "logfmt", 0, -1, "logfmt|json",                                 \
+            "log lines as logfmt or as JSON objects (one per line)"                                \
+    }
+
 /** Environment prefix of the settings: `--key-ttl` is also read as ONCEQ_KEY_TTL. */
 #define OQ_CLI_ENV_PREFIX "ONCEQ_"
 

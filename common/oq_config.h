@@ -78,6 +78,7 @@ int oq_config_set_kafka(oq_config_t *c, const char *name, const char *value, oq_
 int64_t oq_config_int(const oq_config_t *c, const char *name);     /* INT, BOOL, DURATION, SIZE */
 const char *oq_config_str(const oq_config_t *c, const char *name); /* STRING, ENUM; may be NULL */
 int oq_config_is_set(const oq_config_t *c, const char *name); /* given explicitly by the user */
+int oq_config_has(const oq_config_t *c, const char *name);    /* the table has this setting */
 
 /** Positional arguments, in order (borrowed from argv). */
 int oq_config_npositional(const oq_config_t *c);

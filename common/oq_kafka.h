@@ -16,13 +16,26 @@ typedef enum { OQ_KAFKA_PRODUCER = 0, OQ_KAFKA_CONSUMER = 1 } oq_kafka_role_t;
 /**
  * @brief New librdkafka conf: bootstrap.servers = \p brokers, the onceq logger as log_cb,
  *        low-latency defaults (socket.nagle.disable=true; for consumers fetch.wait.max.ms=10),
- *        then the user's -X / kafka.* properties from \p cfg (may be NULL), which override
- *        the defaults.
+ *        then the user's -X / kafka.* properties from \p cfg (may be NULL) that are for this
+ *        kind of client (oq_kafka_conf_apply), which override the defaults.
  * @returns the conf (caller owns it until passed to rd_kafka_new), or NULL with \p err filled
  *          (OQ_EINVAL for an unknown property or bad value).
  */
 rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
                                    const oq_config_t *cfg, oq_error_t *err);
+
+/**
+ * @brief The name under which the user's property \p name reaches a client of \p role, or
+ *        NULL when it is for the other kind: `producer.X` / `consumer.X` are X for that kind
+ *        only; a bare name librdkafka documents as consumer-only or producer-only goes to that
+ *        kind only (so `-X session.timeout.ms=6000` draws no warning from producers); any
+ *        other name reaches both.
+ */
+const char *oq_kafka_prop_for(oq_kafka_role_t role, const char *name);
+
+/** @brief Apply \p cfg's Kafka properties for \p role to \p conf (OQ_EINVAL naming a bad one). */
+int oq_kafka_conf_apply(rd_kafka_conf_t *conf, oq_kafka_role_t role, const oq_config_t *cfg,
+                        oq_error_t *err);
 
 /** @brief Set one property, mapping failure to OQ_EINVAL with librdkafka's message. */
 int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err);

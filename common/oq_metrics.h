@@ -40,6 +40,18 @@ void oq_counter_add(oq_metric_t *c, uint64_t n);
 void oq_gauge_set(oq_metric_t *g, double v);
 void oq_gauge_add(oq_metric_t *g, double d);
 void oq_histogram_observe(oq_metric_t *h, double v);
+/**
+ * @brief Set a counter that mirrors a monotonic source measured as a real number (CPU seconds,
+ *        a total read from elsewhere): the value only grows; a smaller \p v is ignored. Use
+ *        either oq_counter_add() or this on one counter, not both.
+ */
+void oq_counter_set(oq_metric_t *c, double v);
+/**
+ * @brief Render no sample for \p mt while \p absent (its family header stays): for series that
+ *        only one process of several should export (a gauge read from a shared database), or
+ *        that exist only for a while (the lag of an assigned partition).
+ */
+void oq_metric_set_absent(oq_metric_t *mt, int absent);
 double oq_metric_value(const oq_metric_t *mt); /**< counter or gauge value (tests, stats) */
 
 /**
@@ -52,18 +64,36 @@ typedef void oq_metrics_collect_cb_t(oq_metrics_t *m, void *arg);
 void oq_metrics_set_collect_cb(oq_metrics_t *m, oq_metrics_collect_cb_t *cb, void *arg);
 
 /**
+ * @brief Register `onceq_build_info{version,component} 1` and the standard process metrics
+ *        (process_cpu_seconds_total, process_resident_memory_bytes,
+ *        process_virtual_memory_bytes, process_open_fds, process_max_fds,
+ *        process_start_time_seconds), read from /proc at every render. @returns 0 or OQ_ENOMEM.
+ */
+int oq_metrics_add_process(oq_metrics_t *m, const char *component);
+
+/**
  * @brief Render all metrics. @param out malloc()ed text (caller free()s).
  * @returns 0 or OQ_ENOMEM.
  */
 int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len);
 
 /**
- * @brief Serve GET /metrics (and GET /healthz) for \p m on \p listen ("127.0.0.1:9100") with
+ * @brief Serve GET /metrics, GET /healthz (200 "ok" while the process serves) and GET /readyz
+ *        (see oq_metrics_server_set_ready) for \p m on \p listen ("127.0.0.1:9100") with
  *        libmicrohttpd in its own thread. @returns a handle for oq_metrics_serve_stop(), or
  *        NULL (\p err filled).
  */
 typedef struct oq_metrics_server oq_metrics_server_t;
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err);
+struct oq_ready;
+/**
+ * @brief Answer GET /readyz from \p r (oq_ready.h; borrowed, must outlive the server or be
+ *        unset with NULL first). Without one, /readyz is 200 {"status":"ready"} once serving.
+ */
+void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r);
+/** @brief oq_metrics_serve() with \p ready answering /readyz from the first request on. */
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
+                                            struct oq_ready *ready, oq_error_t *err);
 /** @brief Stop the server and free it; accepts NULL. The registry stays with the caller. */
 void oq_metrics_serve_stop(oq_metrics_server_t *s);
 /** @brief The bound TCP port (useful after listening on port 0), or -1 for NULL. */

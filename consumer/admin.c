@@ -14,6 +14,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
+#include "oq_ready.h"
 
 #define MAX_BODY (64 * 1024)
 #define COMP "admin"
@@ -36,7 +38,13 @@ struct oq__admin {
     oq__admin_stats_fn stats;
     void *ctx;
     int port;
+    struct oq_ready *_Atomic ready;
 };
+
+void oq__admin_set_ready(oq__admin_t *a, struct oq_ready *r)
+{
+    if (a) atomic_store(&a->ready, r);
+}
 
 /* Per connection: the request body read so far. */
 typedef struct {
@@ -143,11 +151,24 @@ static enum MHD_Result route(oq__admin_t *a, struct MHD_Connection *c, const cha
     int post = strcmp(method, "POST") == 0;
     const char *rv = "/v1/review";
     if (strcmp(url, "/healthz") == 0 || strcmp(url, "/metrics") == 0 ||
-        strcmp(url, "/stats") == 0 || strcmp(url, rv) == 0) {
+        strcmp(url, "/stats") == 0 || strcmp(url, "/readyz") == 0 || strcmp(url, rv) == 0) {
         if (!get) return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "GET");
         if (url[1] == 'h')
             return send_text(c, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
                              "text/plain");
+        if (url[1] == 'r') {
+            static char starting[] = "{\"status\":\"unready\",\"worker\":\"starting\"}\n";
+            struct oq_ready *r = atomic_load(&a->ready);
+            if (!r) /* set once the worker is built */
+                return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, starting, sizeof(starting) - 1,
+                                 MHD_RESPMEM_PERSISTENT, "application/json");
+            char *body = NULL;
+            size_t blen = 0;
+            int rdy = oq_ready_render(r, &body, &blen);
+            if (rdy < 0) return MHD_NO;
+            return send_text(c, rdy ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, blen,
+                             MHD_RESPMEM_MUST_FREE, "application/json");
+        }
         if (url[1] == 'm') {
             char *text = NULL;
             size_t len = 0;
@@ -255,9 +276,9 @@ oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
     a->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, handle, a, MHD_OPTION_SOCK_ADDR,
+                            (uint16_t)port, NULL, NULL, handle, a, MHD_OPTION_EXTERNAL_LOGGER,
+                            oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, done, a,
-                            MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!a->d) {

@@ -5,6 +5,8 @@
  *
  *   GET  /metrics                        Prometheus text (the worker's registry)
  *   GET  /healthz                        "ok"
+ *   GET  /readyz                         200/503 JSON from the worker's prober (oq_ready.h);
+ *                                        503 "starting" until oq__admin_set_ready
  *   GET  /stats                          the worker's stats (oq_consumer_stats_json)
  *   GET  /v1/review[?limit=N]            the review queue (oq_review_list)
  *   GET  /v1/review/{call_id}            one call's story (oq_review_show)
@@ -35,6 +37,10 @@ typedef json_t *(*oq__admin_stats_fn)(void *ctx);
  */
 oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db_path,
                              oq__admin_stats_fn stats, void *ctx, oq_error_t *err);
+
+struct oq_ready;
+/** @brief Answer GET /readyz from \p r (borrowed; unset with NULL before freeing it). */
+void oq__admin_set_ready(oq__admin_t *a, struct oq_ready *r);
 
 /** @brief The bound port, -1 for NULL. */
 int oq__admin_port(const oq__admin_t *a);

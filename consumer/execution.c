@@ -679,7 +679,7 @@ out:
 static int lease_lost(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
                       oq_error_t *err)
 {
-    OQ_LOGC_WARN(COMP, x->call_id, "lease lost (fence %" PRId64 "): writes refused", x->fence);
+    OQ_LOGC_WARN(COMP, x->call_id, "lease lost: writes refused fence=%" PRId64, x->fence);
     int rc = audit(s, x->call_id, "lease_lost", x->attempt, x->fence,
                    "stale worker: fence changed, writes refused", now, err);
     if (rc == 0) rc = oq_error_set(err, OQ_EFENCED, 0, "lease on %s lost", x->call_id);
@@ -1032,7 +1032,7 @@ static int lapse(oq__consumer_store_t *s, oq__exec_row_t *x, const char *why, in
         u.error = error;
     }
     if ((rc = move(s, x, &u, AS_ANYONE, moved, err)) || !*moved) goto out;
-    OQ_LOGC_WARN(COMP, x->call_id, "%s (%s, fence %" PRId64 "): UNKNOWN", why,
+    OQ_LOGC_WARN(COMP, x->call_id, "%s: UNKNOWN during=%s fence=%" PRId64, why,
                  reconciling ? "lookup" : "run", fence);
     rc = audit(s, x->call_id, events[OQ_X_UNKNOWN], x->attempt, x->fence,
                reconciling ? "lookup lease lapsed" : why, now, err);

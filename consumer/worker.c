@@ -61,10 +61,12 @@
 #include "dispatch.h"
 #include "execution.h"
 #include "http_tools.h"
+#include "oq_cli.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
+#include "oq_ready.h"
 #include "oq_relay.h"
 #include "oq_util.h"
 
@@ -72,6 +74,8 @@
 #define OQ__DUE_CAP 256
 #define OQ__RECOVER_CAP 200
 #define OQ__LAT_RING 2048
+#define OQ__DLQ_NREASONS 7 /* the six codes of oq_consumer.h and "other" */
+#define OQ__LAG_MAX 1024   /* partitions of the input topic with a lag series */
 
 typedef struct {
     char call_id[OQ_CALL_ID_LEN + 1];
@@ -167,18 +171,42 @@ struct oq_consumer {
     _Atomic int64_t first_poll_us;
     /* where the main thread's time goes (logged at stop) */
     int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
-    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq, *m_lease_lost, *m_recovered, *m_reemit;
-    oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts, *m_lag;
+    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq[OQ__DLQ_NREASONS], *m_lease_lost,
+        *m_recovered, *m_reemit;
+    oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts;
+    /* lag per assigned partition (registered as partitions are first assigned; absent while
+     * not assigned here) */
+    struct {
+        int32_t partition;
+        oq_metric_t *g;
+    } m_lag[OQ__LAG_MAX];
+    int n_lag;
+    oq_ready_t *ready;
+    _Atomic int assigned_n; /* partitions assigned; -1 before the first assignment */
     oq_metric_t *m_unknown, *m_recon[4], *m_recon_rate, *m_review, *m_review_age, *m_unsettled_age,
         *m_resolve, *m_inflight;
 };
 
 static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err);
+
+/* Dead-letter reasons as metric labels: the stable codes of oq_consumer.h (the detail text
+ * goes with the message). */
+static const char *const dlq_reasons[OQ__DLQ_NREASONS] = {
+    OQ_DLQ_EMPTY,    OQ_DLQ_TOO_LARGE, OQ_DLQ_UNKNOWN_VERSION, OQ_DLQ_INVALID, OQ_DLQ_NOT_TOOL_CALL,
+    OQ_DLQ_MISMATCH, "other"};
+
+static int dlq_reason_index(const char *code)
+{
+    for (int i = 0; code && i < OQ__DLQ_NREASONS - 1; i++)
+        if (strcmp(code, dlq_reasons[i]) == 0) return i;
+    return OQ__DLQ_NREASONS - 1;
+}
 static json_t *stats_cb(void *ctx);
 
 /* --- settings -------------------------------------------------------------------------------- */
 
 const oq_setting_t oq_consumer_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "effects database (SQLite, WAL)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "bootstrap servers host:port[,...]"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
@@ -259,8 +287,13 @@ static void metrics_init(oq_consumer_t *c)
                                   "redelivered messages skipped by the inbox", NULL);
     c->m_effects = oq_metrics_counter(m, "onceq_consumer_effects_total",
                                       "effects recorded by this worker", NULL);
-    c->m_dlq = oq_metrics_counter(m, "onceq_consumer_dlq_total",
-                                  "messages sent to the dead-letter topic", NULL);
+    for (int i = 0; i < OQ__DLQ_NREASONS; i++) {
+        char labels[64];
+        snprintf(labels, sizeof(labels), "reason=\"%s\"", dlq_reasons[i]);
+        c->m_dlq[i] =
+            oq_metrics_counter(m, "onceq_consumer_dlq_total",
+                               "messages sent to the dead-letter topic, by reason", labels);
+    }
     c->m_lease_lost =
         oq_metrics_counter(m, "onceq_consumer_lease_lost_total",
                            "finishing writes refused because the lease was lost", NULL);
@@ -274,8 +307,11 @@ static void metrics_init(oq_consumer_t *c)
     for (int i = 0; i < OQ_X__COUNT; i++) {
         char labels[64];
         snprintf(labels, sizeof(labels), "state=\"%s\"", oq__xstate_name(i));
-        c->m_state[i] = oq_metrics_gauge(m, "onceq_consumer_executions",
-                                         "executions in the database by state", labels);
+        c->m_state[i] = oq_metrics_gauge(
+            m, "onceq_consumer_executions",
+            "executions in the database by state (exported by one worker of a database: the "
+            "holder of its results relay lease)",
+            labels);
     }
     c->m_latency = oq_metrics_histogram(m, "onceq_consumer_processing_seconds",
                                         "poll to database commit, per message", NULL, lat,
@@ -283,8 +319,6 @@ static void metrics_init(oq_consumer_t *c)
     c->m_attempts = oq_metrics_histogram(m, "onceq_consumer_attempts",
                                          "tool runs per execution at its terminal state", NULL, att,
                                          sizeof(att) / sizeof(att[0]));
-    c->m_lag = oq_metrics_gauge(m, "onceq_consumer_lag",
-                                "messages behind the high watermark on assigned partitions", NULL);
 
     /* outside calls and their reconciliation */
     static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -306,12 +340,21 @@ static void metrics_init(oq_consumer_t *c)
         m, "onceq_consumer_reconciliation_success_ratio",
         "lookups with a definite answer (found + absent) / all lookups, by this worker", NULL);
     c->m_review = oq_metrics_gauge(m, "onceq_consumer_review_queue",
-                                   "executions in NEEDS_REVIEW (waiting for an operator)", NULL);
+                                   "executions in NEEDS_REVIEW (waiting for an operator; one "
+                                   "worker of a database exports it)",
+                                   NULL);
     c->m_review_age = oq_metrics_gauge(m, "onceq_consumer_review_oldest_seconds",
                                        "age of the oldest execution waiting for review", NULL);
     c->m_unsettled_age =
         oq_metrics_gauge(m, "onceq_consumer_unknown_oldest_seconds",
                          "age of the oldest UNKNOWN / RECONCILING execution", NULL);
+    oq_metrics_add_process(m, "consumer");
+    /* database gauges: none until refresh_gauges() knows whether this worker exports them */
+    for (int i = 0; i < OQ_X__COUNT && !c->o.no_relay; i++)
+        oq_metric_set_absent(c->m_state[i], 1);
+    oq_metric_set_absent(c->m_review, !c->o.no_relay);
+    oq_metric_set_absent(c->m_review_age, !c->o.no_relay);
+    oq_metric_set_absent(c->m_unsettled_age, !c->o.no_relay);
     c->m_resolve = oq_metrics_histogram(m, "onceq_consumer_unknown_resolved_seconds",
                                         "time from UNKNOWN to a reconciliation decision", NULL,
                                         secs, sizeof(secs) / sizeof(secs[0]));
@@ -811,11 +854,12 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
         oq_counter_add(c->m_dup, 1);
         return;
     }
-    OQ_LOG_WARN(OQ__COMP, "dead letter partition=%d offset=%" PRId64 " code=%s%s%s reason=\"%s\"",
-                src->partition, src->offset, code, row.redrive ? " redriven_from=" : "",
-                row.redrive ? row.redrive : "", reason);
+    OQ_LOGC_WARN(OQ__COMP, call_id,
+                 "dead letter partition=%d offset=%" PRId64 " code=%s%s%s reason=\"%s\"",
+                 src->partition, src->offset, code, row.redrive ? " redriven_from=" : "",
+                 row.redrive ? row.redrive : "", reason);
     atomic_fetch_add(&c->n_dlq, 1);
-    oq_counter_add(c->m_dlq, 1);
+    oq_counter_add(c->m_dlq[dlq_reason_index(code)], 1);
     c->dlq_added = 1;
 }
 
@@ -1006,6 +1050,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         OQ_LOG_INFO(OQ__COMP, "assigned %d partition(s)", parts->cnt);
+        int was = atomic_load(&c->assigned_n);
+        atomic_store(&c->assigned_n, (coop && was > 0 ? was : 0) + parts->cnt);
         if (coop) {
             rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, parts);
             if (e) rd_kafka_error_destroy(e);
@@ -1015,7 +1061,11 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         return;
     }
     /* Revoke (or error): finish what was polled, commit it, then let the partitions go. */
-    OQ_LOG_INFO(OQ__COMP, "revoking %d partition(s) (%s)", parts->cnt, rd_kafka_err2str(err));
+    OQ_LOG_INFO(OQ__COMP, "revoking partitions=%d reason=\"%s\"", parts->cnt,
+                rd_kafka_err2str(err));
+    int left = atomic_load(&c->assigned_n) - parts->cnt;
+    atomic_store(&c->assigned_n,
+                 coop && err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS && left >= 0 ? left : -1);
     process_batch(c);
     rd_kafka_resp_err_t ce = rd_kafka_commit(rk, NULL, 0);
     if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET)
@@ -1097,7 +1147,7 @@ static void runner_exec(runner_t *r, const char *call_id)
     c->slots[r->index].used = 1;
     pthread_mutex_unlock(&c->mu);
     OQ_CRASH_POINT("consumer.after_claim");
-    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running %s fence=%" PRId64, x.tool, x.fence);
+    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running tool=%s fence=%" PRId64, x.tool, x.fence);
 
     args = json_loads(x.args ? x.args : "{}", 0, NULL);
     run_tool(&x, args, &c->stop, &o);
@@ -1380,12 +1430,44 @@ static void purge_retention(oq_consumer_t *c)
     if (total) OQ_LOG_INFO(OQ__COMP, "purged %" PRId64 " inbox/dlq rows past retention", total);
 }
 
+/* The lag gauge of one partition, registered the first time it is assigned here. */
+static oq_metric_t *lag_gauge(oq_consumer_t *c, const char *topic, int32_t partition)
+{
+    for (int i = 0; i < c->n_lag; i++)
+        if (c->m_lag[i].partition == partition) return c->m_lag[i].g;
+    if (c->n_lag >= OQ__LAG_MAX) return NULL;
+    char labels[320];
+    snprintf(labels, sizeof labels, "topic=\"%s\",partition=\"%d\"", topic, (int)partition);
+    oq_metric_t *g = oq_metrics_gauge(
+        c->metrics, "onceq_consumer_lag",
+        "messages behind the high watermark, per partition assigned to this worker", labels);
+    if (g) {
+        c->m_lag[c->n_lag].partition = partition;
+        c->m_lag[c->n_lag++].g = g;
+    }
+    return g;
+}
+
 static void refresh_gauges(oq_consumer_t *c)
 {
     int64_t counts[OQ_X__COUNT];
-    /* counts by state scan the table: only worth it when someone scrapes them */
     oq__unsettled_t un;
-    if (c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
+    /* Gauges read from effects.db describe the database, which the workers of one host share:
+     * one of them exports them, the holder of the results relay lease (or every worker when it
+     * runs without a relay), so a sum over workers does not count a row N times. */
+    int exporter = 1;
+    if (c->relay) {
+        oq_relay_stats_t rs;
+        oq_relay_stats(c->relay, &rs);
+        exporter = rs.lease_state == OQ_RELAY_HOLDER;
+    }
+    for (int i = 0; i < OQ_X__COUNT; i++)
+        oq_metric_set_absent(c->m_state[i], !exporter);
+    oq_metric_set_absent(c->m_review, !exporter);
+    oq_metric_set_absent(c->m_review_age, !exporter);
+    oq_metric_set_absent(c->m_unsettled_age, !exporter);
+    /* counts by state scan the table: only worth it when someone scrapes them */
+    if (exporter && c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
         for (int i = 0; i < OQ_X__COUNT; i++)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
     /* the unsettled rows come from a small partial index: cheap enough to read always */
@@ -1399,7 +1481,8 @@ static void refresh_gauges(oq_consumer_t *c)
     oq_gauge_set(c->m_inflight, (double)oq__dispatch_count(c->disp));
     rd_kafka_topic_partition_list_t *parts = NULL;
     if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR || !parts) return;
-    int64_t lag = 0;
+    for (int i = 0; i < c->n_lag; i++) /* partitions no longer assigned here: no series */
+        oq_metric_set_absent(c->m_lag[i].g, 1);
     if (parts->cnt > 0 && rd_kafka_position(c->rk, parts) == RD_KAFKA_RESP_ERR_NO_ERROR) {
         for (int i = 0; i < parts->cnt; i++) {
             int64_t lo = 0, hi = 0;
@@ -1408,11 +1491,30 @@ static void refresh_gauges(oq_consumer_t *c)
                 continue;
             int64_t pos = parts->elems[i].offset;
             if (pos < 0) pos = lo;
-            if (hi > pos) lag += hi - pos;
+            oq_metric_t *g = lag_gauge(c, parts->elems[i].topic, parts->elems[i].partition);
+            oq_gauge_set(g, hi > pos ? (double)(hi - pos) : 0);
+            oq_metric_set_absent(g, 0);
         }
     }
-    oq_gauge_set(c->m_lag, (double)lag);
     rd_kafka_topic_partition_list_destroy(parts);
+}
+
+/* Readiness: this worker is a member of the group with an assignment (it may be empty when the
+ * group has more workers than partitions). */
+static int check_group(void *arg, char *out, size_t cap)
+{
+    oq_consumer_t *c = arg;
+    int n = atomic_load(&c->assigned_n);
+    if (n < 0) {
+        snprintf(out, cap, "not assigned: joining group %s or rebalancing", c->group);
+        return OQ_ESTATE;
+    }
+    snprintf(out, cap,
+             n ? "assigned %d partition(s)"
+               : "member with no partition (more workers "
+                 "than partitions)",
+             n);
+    return 0;
 }
 
 /* --- lifecycle ------------------------------------------------------------------------------- */
@@ -1441,6 +1543,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->topic = strdup0(opts->topic ? opts->topic : calls_topic);
     c->sync = strdup0(opts->synchronous);
     c->metrics_listen = strdup0(opts->metrics_listen);
+    atomic_store(&c->assigned_n, -1);
     if (c->o.lease_ms <= 0) c->o.lease_ms = 30000;
     if (c->o.max_attempts <= 0) c->o.max_attempts = 5;
     if (c->o.batch <= 0) c->o.batch = 500;
@@ -1528,7 +1631,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         (rc = oq_kafka_conf_set(conf, "client.id", c->worker_id, err)))
         goto fail;
     /* the user's -X wins over our defaults for anything but the commit discipline */
-    if (c->o.cfg && (rc = oq_config_apply_kafka(c->o.cfg, conf, err))) goto fail;
+    if ((rc = oq_kafka_conf_apply(conf, OQ_KAFKA_CONSUMER, c->o.cfg, err))) goto fail;
     if ((rc = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
         (rc = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)))
         goto fail;
@@ -1580,6 +1683,18 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         rc = err ? err->code : OQ_EIO;
         goto fail;
     }
+    if (c->msrv) { /* GET /readyz: effects.db writable, the brokers answer, in the group */
+        if (!(c->ready = oq_ready_new(OQ__COMP, c->metrics)) ||
+            oq_ready_add_db(c->ready, c->db_path) != 0 ||
+            oq_ready_add(c->ready, "group", check_group, c) != 0) {
+            rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto fail;
+        }
+        if ((rc = oq_ready_add_kafka(c->ready, c->brokers, c->o.cfg, err)) ||
+            (rc = oq_ready_start(c->ready, err)))
+            goto fail;
+        oq__admin_set_ready(c->msrv, c->ready);
+    }
     if (c->tools) {
         oq__http_exec_opts_t xo = {.max_inflight = c->o.http_inflight};
         if (!(c->disp = oq__dispatch_new(&xo, wake_batch, c, err))) {
@@ -1602,7 +1717,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->hb_started = 1;
     pthread_setname_np(c->hb_th, "oq-heartbeat");
     OQ_LOG_INFO(OQ__COMP,
-                "worker %s db=%s group=%s topic=%s lease=%" PRId64 "ms runners=%d http_tools=%zu",
+                "worker started worker_id=%s db=%s group=%s topic=%s lease=%" PRId64
+                "ms runners=%d http_tools=%zu",
                 c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners,
                 c->tools ? c->tools->n : (size_t)0);
     *out = c;
@@ -1937,6 +2053,8 @@ void oq_consumer_destroy(oq_consumer_t *c)
     if (c->relay) oq_relay_destroy(c->relay);
     oq__admin_stop(c->msrv);
     c->msrv = NULL;
+    oq_ready_destroy(c->ready);
+    c->ready = NULL;
     oq__consumer_store_close(c->stats_store);
     pthread_mutex_destroy(&c->stats_mu);
     retention_check_done(c);

@@ -1008,14 +1008,14 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 static int listen_up(oq_downstream_t *s, oq_error_t *err)
 {
-    s->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-            MHD_USE_ERROR_LOG,
-        (uint16_t)s->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &s->sa,
-        MHD_OPTION_THREAD_POOL_SIZE, s->threads, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
-        (void *)&mhd_log_ctx, MHD_OPTION_END);
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+                            (uint16_t)s->port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER,
+                            oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &s->sa,
+                            MHD_OPTION_THREAD_POOL_SIZE, s->threads, MHD_OPTION_NOTIFY_COMPLETED,
+                            completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_END);
     if (!s->d) return oq_error_set(err, OQ_EIO, 0, "cannot listen on 127.0.0.1:%d", s->port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     if (info && info->port) s->port = info->port;

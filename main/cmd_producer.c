@@ -29,6 +29,7 @@
 #include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "HTTP listen address host:port"},
     {"brokers", OQ_SET_STRING, NULL, 0, 4096, NULL,
@@ -113,6 +114,10 @@ int oq__cmd_producer(int argc, char **argv)
     oq_metrics_server_t *ms = NULL;
     sqlite3 *pdb = NULL;
     oq_metrics_t *metrics = oq_metrics_new();
+    if (metrics && oq_metrics_add_process(metrics, "producer") != 0) {
+        oq_metrics_destroy(metrics);
+        metrics = NULL;
+    }
     oq_config_t *cfg =
         oq_config_new(producer_settings, sizeof producer_settings / sizeof producer_settings[0]);
     if (!cfg || !metrics) {

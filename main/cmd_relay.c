@@ -19,6 +19,7 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
+#include "oq_ready.h"
 #include "oq_relay.h"
 #include "oq_util.h"
 
@@ -34,6 +35,7 @@ static const char relay_usage[] =
     "deliveries, mark them, release the lease, exit 0.";
 
 static const oq_setting_t relay_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"db", OQ_SET_STRING, NULL, 1, 4096, NULL, "database with the outbox (calls.db, effects.db)"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL, "Kafka bootstrap servers"},
     {"lease", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
@@ -56,13 +58,47 @@ static const oq_setting_t relay_settings[] = {
      "SQLite synchronous level of the relay's own writes (marks, lease, retention deletes): "
      "a mark lost in a power failure only republishes a row, which the inbox absorbs"},
     {"metrics-listen", OQ_SET_STRING, NULL, 1, 128, NULL,
-     "serve GET /metrics on HOST:PORT (a bare PORT means 127.0.0.1:PORT); default off"},
+     "serve GET /metrics, /healthz and /readyz on HOST:PORT (a bare PORT means "
+     "127.0.0.1:PORT); default off"},
     {"wait-db", OQ_SET_DURATION, "30s", 0, 3600000, NULL,
      "wait this long for the database tables to appear (the producer migrates them)"},
     OQ_SETTING_TOPIC_PREFIX,
 };
 
 static volatile sig_atomic_t relay_sig;
+
+typedef struct {
+    oq_relay_t *relay;
+    int64_t lease_ms;
+} relay_ready_t;
+
+/* Readiness of the lease: holder or standby are both fine while the lease loop still reads the
+ * lease; a loop that has not read it for two lease periods is stuck (database or thread). */
+static int check_lease(void *arg, char *out, size_t cap)
+{
+    relay_ready_t *rr = arg;
+    oq_relay_stats_t st;
+    oq_relay_stats(rr->relay, &st);
+    int64_t now = oq_now_ms(), limit = rr->lease_ms * 2 > 3000 ? rr->lease_ms * 2 : 3000;
+    if (st.lease_state == OQ_RELAY_STOPPED) {
+        snprintf(out, cap, "stopped");
+        return OQ_ESHUTDOWN;
+    }
+    if (!st.lease_checked_ms) {
+        snprintf(out, cap, "starting: the lease was not read yet");
+        return OQ_ESTATE;
+    }
+    if (now - st.lease_checked_ms > limit) {
+        snprintf(out, cap, "stalled: the lease was not read for %lld ms",
+                 (long long)(now - st.lease_checked_ms));
+        return OQ_ETIMEDOUT;
+    }
+    if (st.lease_state == OQ_RELAY_HOLDER)
+        snprintf(out, cap, "holder fence=%lld", (long long)st.fence);
+    else
+        snprintf(out, cap, "standby");
+    return 0;
+}
 
 static void relay_on_signal(int sig)
 {
@@ -81,6 +117,8 @@ int oq__cmd_relay(int argc, char **argv)
     oq_metrics_t *metrics = NULL;
     oq_metrics_server_t *server = NULL;
     oq_relay_t *relay = NULL;
+    oq_ready_t *ready = NULL;
+    relay_ready_t rr = {0};
     struct sigaction sa, old_term, old_int;
     int sig_installed = 0;
 
@@ -142,7 +180,7 @@ int oq__cmd_relay(int argc, char **argv)
             listen = listen_buf;
         }
         metrics = oq_metrics_new();
-        if (!metrics) {
+        if (!metrics || oq_metrics_add_process(metrics, "relay") != 0) {
             fprintf(stderr, "onceq relay: out of memory\n");
             goto out;
         }
@@ -164,21 +202,35 @@ int oq__cmd_relay(int argc, char **argv)
         if (metrics) {
             oq_metrics_destroy(metrics);
             metrics = oq_metrics_new();
-            if (!metrics) goto out;
+            if (!metrics || oq_metrics_add_process(metrics, "relay") != 0) goto out;
             o.metrics = metrics;
         }
         oq_sleep_ms(200, NULL);
     }
-    if (listen) {
-        server = oq_metrics_serve(metrics, listen, &err);
+    if (listen) { /* GET /readyz: calls.db writable, the brokers answer, the lease loop runs */
+        rr.relay = relay;
+        rr.lease_ms = o.lease_ms;
+        if (!(ready = oq_ready_new("relay", metrics)) || oq_ready_add_db(ready, o.db_path) != 0 ||
+            oq_ready_add(ready, "lease", check_lease, &rr) != 0) {
+            fprintf(stderr, "onceq relay: out of memory\n");
+            goto out;
+        }
+        if (oq_ready_add_kafka(ready, o.brokers, cfg, &err) != 0) {
+            fprintf(stderr, "onceq relay: readiness: %s\n", err.msg);
+            goto out;
+        }
+        server = oq_metrics_serve_ready(metrics, listen, ready, &err);
         if (!server) {
             fprintf(stderr, "onceq relay: metrics listener %s: %s\n", listen, err.msg);
             goto out;
         }
-        OQ_LOG_INFO("relay", "metrics on http://%s/metrics", listen);
     }
     if (oq_relay_start(relay, &err) != 0) {
         fprintf(stderr, "onceq relay: %s\n", err.msg);
+        goto out;
+    }
+    if (ready && oq_ready_start(ready, &err) != 0) {
+        fprintf(stderr, "onceq relay: readiness: %s\n", err.msg);
         goto out;
     }
     oq_service_ready("relay running (lease: active or standby)");
@@ -192,6 +244,7 @@ int oq__cmd_relay(int argc, char **argv)
     ret = OQ_EXIT_OK;
 out:
     oq_metrics_serve_stop(server);
+    oq_ready_destroy(ready);
     oq_relay_destroy(relay);
     oq_metrics_destroy(metrics);
     oq_config_destroy(cfg);

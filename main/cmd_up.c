@@ -46,6 +46,7 @@
 #define UP_MAX_ARGS 64
 
 static const oq_setting_t up_settings[] = {
+    OQ_CLI_LOG_SETTINGS,
     {"dir", OQ_SET_STRING, "./onceq-data", 1, PATH_MAX - 64, NULL,
      "data directory: calls.db, effects.db, bootstrap file and one log per child"},
     {"consumers", OQ_SET_INT, "2", 1, 32, NULL, "number of consumer-group workers"},
@@ -79,6 +80,9 @@ static const oq_setting_t up_settings[] = {
      "producer: how often to look for calls due for a redrive"},
     {"tools", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "tools file of HTTP tools, passed to every consumer (checked before anything starts)"},
+    {"metrics-base-port", OQ_SET_INT, "0", 0, 65000, NULL,
+     "serve the relay's /metrics, /healthz and /readyz on 127.0.0.1:PORT and consumer-K's on "
+     "PORT+K (0 = off; the producer's are on --listen)"},
 };
 
 /* The producer settings that onceq up passes through when the user gave them (the last three
@@ -114,6 +118,8 @@ typedef struct {
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
     char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
+    char kafka_conf[PATH_MAX];           /* DIR/kafka.conf: the clients' Kafka properties */
+    char metrics_listen[UP_MAX_CHILDREN][32];
 } up_t;
 
 static volatile sig_atomic_t up_stop_sig, up_hup;
@@ -208,27 +214,20 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = "--topic-prefix";
         argv[n++] = (char *)oq_config_str(up->cfg, "topic-prefix");
     }
-    /* The mock cluster makes a member that joins a stable group wait session.timeout.ms - 1 s:
-     * with librdkafka's 45 s default a restarted consumer idles for 44 s, and so does the
-     * producer's results consumer (group onceq-producer): results were applied 29-88 s after a
-     * producer restart. On the embedded broker use 6 s for both; the user's -X below still
-     * wins (last value counts). */
-    if ((k->kind == UP_CONSUMER || k->kind == UP_PRODUCER) &&
-        !oq_config_is_set(up->cfg, "brokers")) {
-        argv[n++] = "-X";
-        argv[n++] = "session.timeout.ms=6000";
-    }
-    /* Kafka pass-through (-X k=v) for every client; the broker takes no client properties. */
+    /* Kafka properties reach every client through DIR/kafka.conf (owner-only), never argv,
+     * where other users of the host could read a sasl.password; the broker takes none. */
     if (k->kind != UP_BROKER) {
-        static char xbuf[UP_MAX_ARGS][512];
-        int nk = oq_config_kafka_count(up->cfg);
-        for (int i = 0; i < nk && n < UP_MAX_ARGS - 3; i++) {
-            const char *name, *value;
-            oq_config_kafka_get(up->cfg, i, &name, &value);
-            snprintf(xbuf[i], sizeof xbuf[i], "%s=%s", name, value);
-            argv[n++] = "-X";
-            argv[n++] = xbuf[i];
-        }
+        argv[n++] = "-F";
+        argv[n++] = up->kafka_conf;
+    }
+    int base = (int)oq_config_int(up->cfg, "metrics-base-port");
+    int slot = (int)(k - up->kids);
+    if (base > 0 && (k->kind == UP_RELAY || k->kind == UP_CONSUMER)) {
+        /* the relay on BASE, consumer-K on BASE+K (slot 3 is consumer-1) */
+        snprintf(up->metrics_listen[slot], sizeof up->metrics_listen[slot], "127.0.0.1:%d",
+                 base + (k->kind == UP_RELAY ? 0 : slot - 2));
+        argv[n++] = "--metrics-listen";
+        argv[n++] = up->metrics_listen[slot];
     }
     argv[n] = NULL;
     return n;
@@ -324,6 +323,40 @@ static void up_stop_kinds(up_t *up, int brokers, int64_t timeout_ms)
     }
 }
 
+/* Writes DIR/kafka.conf (0600, replaced atomically): the Kafka properties of every client, as
+ * kcat-style lines. The mock cluster makes a member that joins a stable group wait
+ * session.timeout.ms - 1 s: with librdkafka's 45 s default a restarted consumer idles for 44 s,
+ * and so does the producer's results consumer (results were applied 29-88 s after a producer
+ * restart). On the embedded broker the file starts with 6 s; the user's -X lines come after it
+ * and win (the last value counts). session.timeout.ms is a consumer property: the relay's and
+ * the other producers never apply it (common/kafka.c). */
+static int up_write_kafka_conf(up_t *up)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", up->kafka_conf);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "onceq up: %s: %s\n", tmp, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "# written by onceq up: the Kafka properties of its children (-X)\n");
+    if (up->embedded) fprintf(f, "session.timeout.ms=6000\n");
+    for (int i = 0; i < oq_config_kafka_count(up->cfg); i++) {
+        const char *name, *value;
+        oq_config_kafka_get(up->cfg, i, &name, &value);
+        fprintf(f, "kafka.%s=%s\n", name, value);
+    }
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0 ||
+        rename(tmp, up->kafka_conf) != 0) {
+        fprintf(stderr, "onceq up: %s: %s\n", up->kafka_conf, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
 /* Start the embedded broker and wait until it has written its bootstrap address. */
 static int up_start_broker(up_t *up, up_child_t *k)
 {
@@ -367,6 +400,10 @@ static void up_print_where(const up_t *up)
     printf("  calls db  %s\n", up->calls_db);
     printf("  effects   %s\n", up->effects_db);
     printf("  logs      %s/<name>.log\n", up->dir);
+    for (int i = 0; i < up->nkids; i++)
+        if (up->metrics_listen[i][0])
+            printf("  metrics   http://%s/metrics  %s (/healthz, /readyz)\n", up->metrics_listen[i],
+                   up->kids[i].name);
     for (int i = 0; i < up->nkids; i++)
         if (up->kids[i].pid > 0) printf("  pid %-7d %s\n", (int)up->kids[i].pid, up->kids[i].name);
     printf("  stop      kill -TERM %d  (or Ctrl-C)\n", (int)getpid());
@@ -418,10 +455,12 @@ int oq__cmd_up(int argc, char **argv)
         "(group --group, DIR/effects.db). Each child logs to DIR/<name>.log. A child that dies\n"
         "is restarted with backoff (250 ms doubling to 30 s); if the embedded broker dies, all\n"
         "topics and offsets are gone, so every child is restarted against a new broker.\n"
-        "-X properties go to every Kafka client. The producer's HTTP limits and tokens pass\n"
-        "through (--max-connections, --token-file, ...: see onceq producer --help). SIGHUP is\n"
-        "passed to the producer (token reload). SIGTERM/SIGINT stop the children (broker\n"
-        "last) and exit 0.";
+        "-X properties go to every Kafka client, in DIR/kafka.conf (mode 0600; passed with -F,\n"
+        "never on a command line). --metrics-base-port P serves the relay's /metrics, /healthz\n"
+        "and /readyz on 127.0.0.1:P and consumer-K's on P+K. The producer's HTTP limits and\n"
+        "tokens pass through (--max-connections, --token-file, ...: see onceq producer --help).\n"
+        "SIGHUP is passed to the producer (token reload). SIGTERM/SIGINT stop the children\n"
+        "(broker last) and exit 0.";
     oq_config_t *cfg = oq_config_new(up_settings, sizeof up_settings / sizeof up_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
     int rc = oq_cli_parse(cfg, "onceq", usage, argc, argv);
@@ -433,6 +472,9 @@ int oq__cmd_up(int argc, char **argv)
     up_t *up = calloc(1, sizeof *up);
     if (!up) goto out;
     up->cfg = cfg;
+    /* the children log as up does: they read the same variables */
+    setenv("ONCEQ_LOG_LEVEL", oq_config_str(cfg, "log-level"), 1);
+    setenv("ONCEQ_LOG_FORMAT", oq_config_str(cfg, "log-format"), 1);
 
     ssize_t n = readlink("/proc/self/exe", up->exe, sizeof up->exe - 1);
     if (n <= 0) {
@@ -450,6 +492,7 @@ int oq__cmd_up(int argc, char **argv)
         goto out;
     }
     if (up_path(up->bootstrap_file, PATH_MAX, up->dir, "bootstrap") ||
+        up_path(up->kafka_conf, PATH_MAX, up->dir, "kafka.conf") ||
         up_path(up->calls_db, PATH_MAX, up->dir, "calls.db") ||
         up_path(up->effects_db, PATH_MAX, up->dir, "effects.db")) {
         fprintf(stderr, "onceq up: --dir is too long\n");
@@ -479,6 +522,7 @@ int oq__cmd_up(int argc, char **argv)
     const char *ext = oq_config_str(cfg, "brokers");
     up->embedded = ext == NULL || !ext[0];
     if (!up->embedded) snprintf(up->brokers, sizeof up->brokers, "%s", ext);
+    if (up_write_kafka_conf(up) != 0) goto out;
 
     /* The child table: broker (slot 0, maybe unused), producer, relay, consumers. */
     up->kids[0] = (up_child_t){.kind = UP_BROKER, .name = "broker"};

@@ -325,7 +325,7 @@ static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *
     detail = applied_detail(from, env, error);
     if ((ret = oq__producer_store_audit_add(s, now_ms, env->call_id, env->status, detail, err)))
         goto out;
-    OQ_LOGC_DEBUG("producer", env->call_id, "result applied %s -> %s", from, env->status);
+    OQ_LOGC_DEBUG("producer", env->call_id, "result applied from=%s status=%s", from, env->status);
 out:
     free(detail);
     free(result);
@@ -375,7 +375,7 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
 
     if (why) {
         OQ_LOGC_WARN("producer", env->call_id,
-                     "result not applied: %s (status=%s attempt=%lld message_id=%s)", why,
+                     "result not applied: %s status=%s attempt=%lld message_id=%s", why,
                      env->status, (long long)env->attempt, env->message_id);
         if (oc != OQ_RESULT_UNKNOWN_CALL) {
             char *detail = ignored_detail(env, why);
@@ -462,15 +462,15 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
             if (oc == OQ_RESULT_APPLIED) {
                 if (failed) (*failed)++;
                 OQ_LOGC_WARN("producer", d->key,
-                             "call failed with error code %s: its message (attempt %lld, "
-                             "message_id %s, outbox seq %lld) was set aside by the relay: %s",
+                             "call failed: its message was set aside by the relay code=%s "
+                             "attempt=%lld message_id=%s seq=%lld reason=\"%s\"",
                              OQ_ERROR_UNPUBLISHABLE, (long long)d->attempt, d->message_id,
                              (long long)d->seq, d->reason);
             }
         } else {
             OQ_LOG_WARN("producer",
-                        "dead letter seq=%lld on topic %s is not a tool call of this database: "
-                        "left in outbox_dead for the operator",
+                        "dead letter not a tool call of this database: left in outbox_dead for "
+                        "the operator seq=%lld topic=%s",
                         (long long)d->seq, d->topic);
         }
         if ((ret = oq__producer_store_dead_handled(s, d->seq, now_ms, err))) break;

@@ -1245,7 +1245,9 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG,
-        (uint16_t)port, accept_policy, h, handler, h, MHD_OPTION_SOCK_ADDR, &sa,
+        (uint16_t)port, accept_policy, h, handler, h,
+        /* the logger first: libmicrohttpd warns about options parsed before it */
+        MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &sa,
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
         MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
         /* libmicrohttpd splits its cap between the pool threads: set it past ours so that the
@@ -1254,8 +1256,7 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
         /* the pool is zeroed on every keep-alive request: keep it small;
          * bodies stream through the upload callback anyway */
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
-        (void *)&mhd_log_ctx, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_END);
     if (!h->d) {
         ret = oq_error_set(err, OQ_EIO, 0, "cannot listen on %s:%d", host, port);
         goto fail;

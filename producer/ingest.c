@@ -77,7 +77,8 @@ static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_
         oq_error_t derr = {0};
         if (oq_envelope_decode(m->payload, m->len, e, &derr) != 0 ||
             e->kind != OQ_KIND_TOOL_RESULT) {
-            OQ_LOG_WARN("ingest", "undecodable result at %s[%d]@%lld: %s",
+            OQ_LOG_WARN("ingest",
+                        "undecodable result topic=%s partition=%d offset=%lld reason=\"%s\"",
                         rd_kafka_topic_name(m->rkt), (int)m->partition, (long long)m->offset,
                         derr.code ? derr.msg : "not a tool_result");
             oq_envelope_clear(e);
@@ -196,7 +197,8 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
         (ret = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
         (ret = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)))
         goto out;
-    if (cfg && (ret = oq_config_apply_kafka((const oq_config_t *)cfg, conf, err))) goto out;
+    if ((ret = oq_kafka_conf_apply(conf, OQ_KAFKA_CONSUMER, (const oq_config_t *)cfg, err)))
+        goto out;
     rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
     in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
     if (!in->rk) {

@@ -30,7 +30,51 @@ struct oq_producer {
     atomic_uint rr;
     oq_metrics_t *metrics;
     char *topic_prefix; /* NULL: the default */
+    oq_metric_t *m_calls[5], *m_outbox_pending, *m_oldest_pending;
 };
+
+static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
+                                           "needs_review"};
+static rconn_t *rconn_acquire(oq_producer_t *p);
+
+/* Scrape time, under the registry lock: calls by status and the outbox from one snapshot on a
+ * read connection (the same numbers as GET /stats). A failed read keeps the last values. */
+static void collect_counts(oq_metrics_t *m, void *arg)
+{
+    oq_producer_t *p = arg;
+    oq__producer_counts_t c;
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {r->db, NULL};
+    int rc = oq__producer_store_counts(&s, &c, NULL);
+    pthread_mutex_unlock(&r->mu);
+    (void)m;
+    if (rc) return;
+    const int64_t by[5] = {c.pending, c.running, c.succeeded, c.failed, c.needs_review};
+    for (int i = 0; i < 5; i++)
+        oq_gauge_set(p->m_calls[i], (double)by[i]);
+    oq_gauge_set(p->m_outbox_pending, (double)c.outbox_pending);
+    oq_gauge_set(p->m_oldest_pending,
+                 c.oldest_pending_created_at
+                     ? (double)(oq_now_ms() - c.oldest_pending_created_at) / 1000.0
+                     : 0);
+}
+
+static void metrics_init(oq_producer_t *p)
+{
+    for (int i = 0; i < 5; i++) {
+        char labels[48];
+        snprintf(labels, sizeof labels, "status=\"%s\"", call_states[i]);
+        p->m_calls[i] = oq_metrics_gauge(p->metrics, "onceq_producer_calls",
+                                         "calls in calls.db by status (needs_review: waiting for "
+                                         "an operator)",
+                                         labels);
+    }
+    p->m_outbox_pending = oq_metrics_gauge(p->metrics, "onceq_producer_outbox_pending",
+                                           "outbox rows the relay has not published yet", NULL);
+    p->m_oldest_pending = oq_metrics_gauge(p->metrics, "onceq_producer_oldest_pending_seconds",
+                                           "age of the oldest call still pending", NULL);
+    oq_metrics_set_collect_cb(p->metrics, collect_counts, p);
+}
 
 /* --- open / close ----------------------------------------------------------------------------*/
 
@@ -91,6 +135,7 @@ out:
         oq_producer_close(p);
         return ret;
     }
+    if (p->metrics) metrics_init(p);
     *out = p;
     return 0;
 }
@@ -98,6 +143,7 @@ out:
 void oq_producer_close(oq_producer_t *p)
 {
     if (!p) return;
+    if (p->metrics && p->m_calls[0]) oq_metrics_set_collect_cb(p->metrics, NULL, NULL);
     oq__writer_close(p->writer); /* runs what is queued first */
     for (int i = 0; p->reads && i < p->nreads; i++) {
         oq_stmt_cache_destroy(p->reads[i].cache);

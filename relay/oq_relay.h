@@ -129,6 +129,8 @@ typedef struct oq_relay_stats {
     int64_t fence;                 /**< fencing token while holder, else last held (0 never) */
     int inflight;                  /**< produced, no delivery report yet */
     oq_relay_lease_state_t lease_state;
+    int64_t lease_checked_ms; /**< wall clock of the last lease read that answered: a renewal
+                                   stored, or a standby's acquire attempt (0: none yet) */
 } oq_relay_stats_t;
 
 /** @brief Fill \p o with the defaults documented on ::oq_relay_opts_t (all pointers NULL). */

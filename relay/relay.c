@@ -453,7 +453,8 @@ static int user_set(const oq_relay_t *r, const char *name)
     for (int i = 0; i < n; i++) {
         const char *k, *v;
         oq_config_kafka_get(r->kafka_cfg, i, &k, &v);
-        if (strcmp(k, name) == 0) return 1;
+        const char *prop = oq_kafka_prop_for(OQ_KAFKA_PRODUCER, k);
+        if (prop && strcmp(prop, name) == 0) return 1;
     }
     return 0;
 }
@@ -577,6 +578,10 @@ static void publish_stats(oq_relay_t *r)
     pthread_mutex_unlock(&r->mu);
     oq_gauge_set(r->m_inflight, r->st.inflight);
     oq_gauge_set(r->m_holder, r->holder);
+    /* the outbox is the database's, not this relay's: only the holder exports it, so the
+     * relays of one database (standbys, the consumers' embedded ones) show it once */
+    oq_metric_set_absent(r->m_pending, !r->holder);
+    oq_metric_set_absent(r->m_oldest, !r->holder);
     oq_gauge_set(r->m_fence, (double)r->fence);
 }
 
@@ -627,10 +632,10 @@ static void lose_lease(oq_relay_t *r, const char *why)
     mark_wait(r); /* may itself find the lease lost */
     if (!r->holder) return;
     OQ_LOG_WARN("relay",
-                "lease %s lost (%s) fence=%" PRId64 ": stop publishing, marking nothing; "
-                "in-flight messages are dropped from tracking (already sent copies are "
-                "duplicates the inbox absorbs)",
-                r->lease_name, why, r->fence);
+                "lease %s lost: stop publishing, marking nothing; in-flight messages are dropped "
+                "from tracking (already sent copies are duplicates the inbox absorbs) "
+                "reason=\"%s\" owner=%s fence=%" PRId64,
+                r->lease_name, why, r->owner, r->fence);
     r->holder = 0;
     atomic_store(&r->is_holder, 0);
     r->st.fenced++;
@@ -658,6 +663,7 @@ static void try_acquire(oq_relay_t *r)
         OQ_LOG_WARN("relay", "lease %s: %s", r->lease_name, err.msg);
         return;
     }
+    r->st.lease_checked_ms = now;
     if (!held) return;
     r->holder = 1;
     atomic_store(&r->is_holder, 1);
@@ -689,6 +695,7 @@ static void renew(oq_relay_t *r)
     if (rc == 0) {
         r->renewed_at_ms = now;
         r->expires_at_ms = now + r->lease_ms;
+        r->st.lease_checked_ms = now;
     } else if (rc == OQ_EFENCED) {
         lose_lease(r, "renewal refused");
     } else {
@@ -750,6 +757,7 @@ static int mark_collect(oq_relay_t *r)
     if (rc == 0) {
         if (current) {
             r->renewed_at_ms = now;
+            r->st.lease_checked_ms = now;
             r->expires_at_ms = now + r->lease_ms;
             r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
             if (upto > r->wm_stored) r->wm_stored = upto;
@@ -759,8 +767,8 @@ static int mark_collect(oq_relay_t *r)
         oq_counter_add(r->m_published, n);
         oq_histogram_observe(r->m_batch, (double)n);
         OQ_LOG_DEBUG("relay",
-                     "published_seq %" PRId64 " -> %" PRId64 " (%" PRIu64
-                     " delivery reports) fence=%" PRId64,
+                     "watermark advanced from=%" PRId64 " published_seq=%" PRId64
+                     " reports=%" PRIu64 " fence=%" PRId64,
                      from, upto, n, fence);
     } else if (rc == OQ_EFENCED) {
         if (current) lose_lease(r, "mark refused by the fencing check");

@@ -102,17 +102,19 @@ metric=$(curl -sf "http://127.0.0.1:$MPORT/metrics" | awk '/^onceq_consumer_dupl
 [[ -n "$metric" ]] && (($(printf '%.0f' "$metric") >= want)) || oq_fail "duplicates metric '$metric' < $want"
 M=$(curl -sf "http://127.0.0.1:$MPORT/metrics")
 grep -q 'onceq_consumer_executions{state="COMMITTED"}' <<<"$M" || oq_fail "executions by state metric missing"
-[[ $(awk '/^onceq_consumer_dlq_total/ {printf "%.0f", $2}' <<<"$M") == 6 ]] || oq_fail "dlq metric != 6"
+[[ $(awk '/^onceq_consumer_dlq_total/ {s += $2} END {printf "%.0f", s}' <<<"$M") == 6 ]] ||
+    oq_fail "dlq metric (sum over reasons) != 6"
 [[ $(awk '/^onceq_consumer_effects_total/ {printf "%.0f", $2}' <<<"$M") == 50 ]] || oq_fail "effects metric != 50"
 # attempts histogram: 20 flaky charges + 5 exhausted failures ended on try 3
 [[ $(awk '/^onceq_consumer_attempts_bucket\{le="2"\}/ {printf "%.0f", $2}' <<<"$M") == 35 ]] ||
     oq_fail "attempts histogram: $(grep onceq_consumer_attempts_bucket <<<"$M" | head -3)"
 grep -q '^onceq_consumer_processing_seconds_count' <<<"$M" || oq_fail "latency histogram missing"
-grep -q '^onceq_consumer_lag ' <<<"$M" || oq_fail "lag gauge missing"
+grep -q '^onceq_consumer_lag{topic="onceq.tool-calls",partition="[0-9]*"} ' <<<"$M" ||
+    oq_fail "lag gauge (per partition) missing"
 
 oq_kill c1 TERM
 oq_wait_exit c1 1
 rc=$?
 [[ $rc == 0 ]] || oq_fail "consumer exit code $rc after SIGTERM"
-grep -q "exit consumed=" "$T/c1.log" || oq_fail "no clean exit line"
+grep -q 'msg="exit" consumed=' "$T/c1.log" || oq_fail "no clean exit line"
 oq_pass "consumer flow: retry/backoff, exhaustion, bad args, DLQ, 3x re-produce absorbed ($dups duplicates), clean SIGTERM"

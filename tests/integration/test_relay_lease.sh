@@ -24,7 +24,7 @@ DB=$T/calls.db
 : >"$T/allowed"
 PA=$(oq_free_port)
 PB=$(oq_free_port)
-export ONCEQ_LOG_LEVEL=debug # every committed mark logs "marked rows="
+export ONCEQ_LOG_LEVEL=debug # every committed mark logs "watermark advanced"
 relay() { # NAME PORT
     oq_spawn "$1" "$ONCEQ_BIN" relay --db "$DB" --brokers "$BROKERS" --lease 2s --owner "$1" \
         --batch-rows 200 --metrics-listen "127.0.0.1:$2"
@@ -72,7 +72,7 @@ sleep 0.5
 taken=0
 for attempt in 1 2 3; do
     kill -STOP "$(oq_pid relayB)"
-    marks_before=$(grep -c "marked rows=" "$T/relayB.log" || true)
+    marks_before=$(grep -c "watermark advanced" "$T/relayB.log" || true)
     "$DBQ" "$DB" unmarked-ids >>"$T/allowed"
     if oq_wait_for 6 db_is "$DB" owner relayC; then
         taken=1
@@ -90,7 +90,7 @@ sleep 1
 kill -CONT "$(oq_pid relayB)"
 oq_wait_for 10 grep -q "lease outbox lost" "$T/relayB.log" || oq_fail "resumed relayB did not notice it was fenced"
 sleep 2
-marks_after=$(grep -c "marked rows=" "$T/relayB.log" || true)
+marks_after=$(grep -c "watermark advanced" "$T/relayB.log" || true)
 oq_log "relayB marks: $marks_before before SIGSTOP, $marks_after after SIGCONT; fence now $fence3"
 [[ "$marks_after" == "$marks_before" ]] || oq_fail "fenced relayB committed marks after SIGCONT"
 [[ "$("$DBQ" "$DB" fence)" == "$fence3" ]] || oq_fail "lease changed hands again after SIGCONT"

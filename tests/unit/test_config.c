@@ -21,6 +21,7 @@
 
 #include "oq_cli.h"
 #include "oq_config.h"
+#include "oq_kafka.h"
 #include "oq_log.h"
 
 static const oq_setting_t table[] = {
@@ -530,6 +531,100 @@ static void test_unknown_accessor_aborts(void **state)
     assert_int_equal(WTERMSIG(status), SIGABRT);
 }
 
+/* kcat-style property files: dotted names are Kafka properties, bootstrap.servers fills
+ * --brokers at the file's precedence (a flag still wins). */
+static void test_kcat_file(void **state)
+{
+    (void)state;
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    const char *p = write_file(5, "# kcat -F style\n"
+                                  "bootstrap.servers=k1:9092,k2:9092\n"
+                                  "security.protocol=sasl_ssl\n"
+                                  "sasl.password=s#cret\n"
+                                  "consumer.session.timeout.ms=6000\n"
+                                  "port=9000\n");
+    assert_int_equal(parse(c, &err, "-F", p, NULL), 0);
+    assert_string_equal(oq_config_str(c, "brokers"), "k1:9092,k2:9092");
+    assert_int_equal(oq_config_int(c, "port"), 9000);
+    assert_int_equal(oq_config_kafka_count(c), 3);
+    const char *n, *v;
+    oq_config_kafka_get(c, 1, &n, &v);
+    assert_string_equal(n, "sasl.password");
+    assert_string_equal(v, "s#cret");
+    oq_config_destroy(c);
+    c = oq_config_new(table, NT);
+    assert_int_equal(parse(c, &err, "--brokers", "flag:1", "-F", p, NULL), 0);
+    assert_string_equal(oq_config_str(c, "brokers"), "flag:1");
+    oq_config_destroy(c);
+}
+
+/* A command without --brokers takes no Kafka property: -X, kafka.* and dotted file lines are
+ * errors, and --help does not offer -X. */
+static void test_kafka_refused(void **state)
+{
+    (void)state;
+    static const oq_setting_t nok[] = {{"db", OQ_SET_STRING, "calls.db", 0, 0, NULL, "db"}};
+    oq_config_t *c = oq_config_new(nok, 1);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "-X", "acks=all", NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, "does not talk to Kafka"));
+    const char *p = write_file(6, "db = x.db\nkafka.acks = all\n");
+    assert_int_equal(parse(c, &err, "-F", p, NULL), OQ_EINVAL);
+    assert_non_null(strstr(err.msg, ":2:"));
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    oq_config_print_help(c, "usage", f);
+    fclose(f);
+    assert_null(strstr(out, "-X"));
+    free(out);
+    oq_config_destroy(c);
+}
+
+/* producer./consumer. scope a property to one kind of client; a bare consumer-only or
+ * producer-only name reaches only its kind; others reach both. */
+static void test_kafka_scope(void **state)
+{
+    (void)state;
+    assert_null(oq_kafka_prop_for(OQ_KAFKA_PRODUCER, "session.timeout.ms"));
+    assert_string_equal(oq_kafka_prop_for(OQ_KAFKA_CONSUMER, "session.timeout.ms"),
+                        "session.timeout.ms");
+    assert_null(oq_kafka_prop_for(OQ_KAFKA_CONSUMER, "linger.ms"));
+    assert_string_equal(oq_kafka_prop_for(OQ_KAFKA_PRODUCER, "producer.linger.ms"), "linger.ms");
+    assert_null(oq_kafka_prop_for(OQ_KAFKA_CONSUMER, "producer.linger.ms"));
+    assert_string_equal(oq_kafka_prop_for(OQ_KAFKA_CONSUMER, "consumer.client.id"), "client.id");
+    assert_null(oq_kafka_prop_for(OQ_KAFKA_PRODUCER, "consumer.client.id"));
+    assert_string_equal(oq_kafka_prop_for(OQ_KAFKA_PRODUCER, "client.id"), "client.id");
+    assert_string_equal(oq_kafka_prop_for(OQ_KAFKA_CONSUMER, "client.id"), "client.id");
+
+    oq_config_t *c = oq_config_new(table, NT);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, "-X", "session.timeout.ms=6000", "-X", "producer.linger.ms=7",
+                           "-X", "consumer.client.id=cc", NULL),
+                     0);
+    rd_kafka_conf_t *pc = oq_kafka_conf_new(OQ_KAFKA_PRODUCER, "h:1", c, &err);
+    rd_kafka_conf_t *cc = oq_kafka_conf_new(OQ_KAFKA_CONSUMER, "h:1", c, &err);
+    assert_non_null(pc);
+    assert_non_null(cc);
+    char buf[64];
+    size_t sz = sizeof buf;
+    assert_int_equal(rd_kafka_conf_get(pc, "linger.ms", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "7");
+    sz = sizeof buf;
+    assert_int_equal(rd_kafka_conf_get(pc, "session.timeout.ms", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "45000"); /* librdkafka's default: not applied to a producer */
+    sz = sizeof buf;
+    assert_int_equal(rd_kafka_conf_get(cc, "session.timeout.ms", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "6000");
+    sz = sizeof buf;
+    assert_int_equal(rd_kafka_conf_get(cc, "client.id", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, "cc");
+    rd_kafka_conf_destroy(pc);
+    rd_kafka_conf_destroy(cc);
+    oq_config_destroy(c);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -546,6 +641,9 @@ int main(void)
         cmocka_unit_test(test_env_precedence),
         cmocka_unit_test(test_env_bad_value),
         cmocka_unit_test(test_unknown_accessor_aborts),
+        cmocka_unit_test(test_kcat_file),
+        cmocka_unit_test(test_kafka_refused),
+        cmocka_unit_test(test_kafka_scope),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
