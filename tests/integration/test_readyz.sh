@@ -77,11 +77,12 @@ L1=$!
 hold_lock "$T/effects.db" &
 L2=$!
 oq_on_exit "kill $L1 $L2 2>/dev/null"
-oq_wait_for 6 unready "$RPORT" || oq_fail "relay ready with calls.db locked: $(cat "$T/ready.$RPORT")"
-oq_wait_for 6 unready "$CPORT" || oq_fail "consumer ready with effects.db locked: $(cat "$T/ready.$CPORT")"
+# Unready for the database: another check may turn unready first (the consumer's group, while
+# its worker waits for the lock), so wait for the database member itself to say so.
+db_locked() { unready "$1" && [[ $(field "$1" .database) == locked* ]]; }
+oq_wait_for 5 db_locked "$RPORT" || oq_fail "relay /readyz does not name the locked calls.db: $(cat "$T/ready.$RPORT")"
+oq_wait_for 5 db_locked "$CPORT" || oq_fail "consumer /readyz does not name the locked effects.db: $(cat "$T/ready.$CPORT")"
 oq_log "database locked: relay $(cat "$T/ready.$RPORT") consumer $(cat "$T/ready.$CPORT")"
-[[ $(field "$RPORT" .database) == locked* ]] || oq_fail "relay body does not name the database: $(cat "$T/ready.$RPORT")"
-[[ $(field "$CPORT" .database) == locked* ]] || oq_fail "consumer body does not name the database: $(cat "$T/ready.$CPORT")"
 wait "$L1" "$L2" || true
 oq_wait_for 15 readyz "$RPORT" || oq_fail "relay not ready after the lock: $(cat "$T/ready.$RPORT")"
 oq_wait_for 40 readyz "$CPORT" || oq_fail "consumer not ready after the lock: $(cat "$T/ready.$CPORT")"
