@@ -287,10 +287,10 @@ class Run:
             time.sleep(0.05)
         raise RunFailed(f"broker ctl '{cmd}': no ack in {timeout}s")
 
-    def start_producer(self, env=None):
+    def start_producer(self, env=None, extra=()):
         self.spawn("producer", [self.bin, "producer", "--db", self.pdb, "--listen",
                                 f"127.0.0.1:{self.port}", "--brokers", self.brokers,
-                                "-X", "session.timeout.ms=6000"], env)
+                                "-X", "session.timeout.ms=6000", *extra], env)
 
     def start_relay(self, env=None, extra=()):
         self.spawn("relay", [self.bin, "relay", "--db", self.pdb, "--brokers", self.brokers,
@@ -1297,6 +1297,108 @@ def sc_retry_payload(run):
     run.finish()
 
 
+def lose_outbox_rows(run, db, seq_from, label):
+    """Move the relay watermark of db past rows above seq_from that no relay has published (the
+    relays of db are dead): they are 'delivered' but never sent, as a broker that acknowledged
+    writes it never stored leaves it. Returns the call ids of the lost rows."""
+    top = run.q(db, "SELECT coalesce(max(seq), 0) FROM outbox")[0][0]
+    if top <= seq_from:
+        run.note(f"{label}: no unpublished row to lose")
+        return []
+    wm = run.rng.randint(seq_from + 1, top)
+    c = sqlite3.connect(db, timeout=30)
+    try:
+        with c:
+            n = c.execute("UPDATE relay_lease SET published_seq = ? WHERE name = 'outbox' AND "
+                          "published_seq <= ?", (wm, seq_from)).rowcount
+            if n == 0:  # no lease row yet (the relay never held it)
+                c.execute("INSERT INTO relay_lease(name, owner, fence, expires_at, "
+                          "published_seq) VALUES ('outbox', 'chaos:lost', 1, 0, ?)", (wm,))
+        lost = [r[0] for r in c.execute("SELECT key FROM outbox WHERE seq > ? AND seq <= ?",
+                                        (seq_from, wm))]
+    finally:
+        c.close()
+    run.fault(f"{label}: {len(lost)} messages lost (watermark {seq_from} -> {wm}, top {top})")
+    return lost
+
+
+def sc_lost_messages(run):
+    """Row 11: lost call and result messages with the redrive on (--redrive-after 2s). Call
+    messages: the relay is killed (-9), calls keep coming for 0.5-1.5 s, and its watermark is
+    moved past a random part of the rows it never published, then it restarts. Result
+    messages: the consumers are restarted with their result relay off until 0.5-1.5 s after
+    their first result, killed, and the result watermark moved past a random part of the results nobody
+    published; then they restart normally. Both, in random order, under load. Checks: every
+    call terminal, exactly one effect each (verify), every lost call has a `redrive` audit row,
+    every call whose result was lost has its result applied."""
+    calls, rate = (120, 60) if run.opts.smoke else (300, 60)
+    redrive = "0" if run.brk == "redrive_off" else "2s"
+    run.port = free_port()
+    run.start_broker()
+    run.start_producer(extra=("--redrive-after", redrive, "--redrive-interval", "200ms"))
+    run.start_relay()
+    for i in (1, 2):
+        run.start_consumer(i)
+    run.wait_healthy(30)
+    run.wait(30, lambda: os.path.exists(run.cdb) and os.path.getsize(run.cdb) > 0,
+             "consumer database", supervise=True)
+    run.load(calls, rate, "lm")
+    t_end = now() + calls / rate
+    order = ["calls", "results"]
+    run.rng.shuffle(order)
+    lost_calls, lost_results = [], []
+    cons = ["consumer-1", "consumer-2"]
+    for what in order:
+        time.sleep(run.rng.uniform(0.3, 1.2))
+        if what == "calls":
+            run.supervised.discard("relay")
+            run.kill9("relay")
+            seq0 = run.q(run.pdb, "SELECT coalesce(max(seq), 0) FROM outbox")[0][0]
+            time.sleep(run.rng.uniform(0.5, 1.5))
+            lost_calls = lose_outbox_rows(run, run.pdb, seq0, "call messages")
+            run.restart("relay")
+        else:
+            for c in cons:
+                run.supervised.discard(c)
+                run.kill9(c)
+            seq0 = run.q(run.cdb, "SELECT coalesce(max(seq), 0) FROM outbox")[0][0]
+            for i in (1, 2):
+                run.start_consumer(i, extra=("--no-relay",))
+                run.supervised.discard(f"consumer-{i}")
+            # they rejoin the group first (the dead members' session: 6 s): wait for results
+            run.wait(30, lambda: run.q(run.cdb, "SELECT coalesce(max(seq), 0) FROM outbox")
+                     [0][0] > seq0, "results written with the result relay off")
+            time.sleep(run.rng.uniform(0.5, 1.5))
+            for c in cons:
+                run.kill9(c)
+            lost_results = lose_outbox_rows(run, run.cdb, seq0, "result messages")
+            for i in (1, 2):
+                run.start_consumer(i)
+        run.supervise()
+    while now() < t_end:
+        run.supervise()
+        time.sleep(0.1)
+    run.wait_load()
+    run.drain(60 if run.brk else 180)
+    redriven = {r[0] for r in run.q(run.pdb, "SELECT DISTINCT call_id FROM audit WHERE "
+                                             "event = 'redrive'")}
+    missing = [c for c in lost_calls if c not in redriven]
+    if missing:
+        run.fail(f"{len(missing)} lost call messages without a redrive: {missing[:3]}")
+    applied = {r[0] for r in run.q(run.pdb, "SELECT call_id FROM result_inbox WHERE "
+                                            "outcome = 'applied'")}
+    unapplied = [c for c in lost_results if c not in applied]
+    if unapplied:
+        run.fail(f"{len(unapplied)} lost results never applied: {unapplied[:3]}")
+    run.metrics.update(lost_call_messages=len(lost_calls), lost_results=len(lost_results),
+                       redriven=len(redriven))
+    run.say(f"lost: {len(lost_calls)} call messages, {len(lost_results)} results; "
+            f"{len(redriven)} calls redriven")
+    if not lost_calls and not lost_results:
+        run.fail("nothing was lost: the row tested nothing")
+    run.finish()
+
+
 SCENARIOS = {
     "same_key": sc_same_key,
     "http_proxy": sc_http_proxy,
@@ -1310,6 +1412,7 @@ SCENARIOS = {
     "downstream_faults": sc_downstream_faults,
     "downstream_negative": sc_downstream_negative,
     "retry_payload": sc_retry_payload,
+    "lost_messages": sc_lost_messages,
 }
 BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's checks must fail
     "downstream_keys": "downstream_faults: the service behind pay_keys (declared idempotent) "
