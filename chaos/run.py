@@ -115,6 +115,7 @@ class Run:
         self.port = None
         self.brokers = None
         self.ctl = None
+        self.cleanups = []  # run after every process stopped (unmounts)
         self.ddb = None  # the downstream's ledger, when the run has one
         self.dport = None
         self.brk = opts.brk  # a protection broken on purpose (--break): the run must fail
@@ -1399,6 +1400,83 @@ def sc_lost_messages(run):
     run.finish()
 
 
+def fill_disk(path):
+    """Write a filler file until the file system is full (ENOSPC); returns its size."""
+    n = 0
+    chunk = b"\0" * 65536
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                n += f.write(chunk)
+        except OSError:
+            pass
+        small = b"\0" * 512
+        try:
+            while True:
+                n += f.write(small)
+        except OSError:
+            pass
+    return n
+
+
+def sc_disk_full(run):
+    """Row 9b: calls.db on a small tmpfs (mounted for the run, unmounted after) that is filled
+    to the last byte by a filler file 1-3 times for 1.5-4 s each while calls flow, then freed.
+    Checks: the clients saw 503s while full and retried with the same key; no 2xx for an
+    unwritten call (every 2xx call id is in calls.db: verify --accepted); every call recovers
+    once space returns (drained, one effect each); PRAGMA integrity_check ok."""
+    disk = os.path.join(run.dir, "disk")
+    os.makedirs(disk, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", disk],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        run.note(f"cannot mount a tmpfs here ({r.stderr.strip()[:120]}): row not run")
+        run.metrics["skipped"] = True
+        return
+    run.cleanups.append(lambda: subprocess.run(["umount", "-l", disk], capture_output=True))
+    run.pdb = os.path.join(disk, "calls.db")
+    calls = 150 if run.opts.smoke else 400
+    run.start_pipeline(consumers=2)
+    run.load(calls, 50, "df")
+    filler = os.path.join(disk, "filler")
+    fills = 1 if run.opts.smoke else run.rng.randint(1, 3)
+    full_503 = 0
+    for k in range(fills):
+        time.sleep(run.rng.uniform(0.5, 1.5))
+        size = fill_disk(filler)
+        hold = run.rng.uniform(1.5, 4.0)
+        run.fault(f"disk full ({size >> 10} KiB filler) for {hold:.1f}s")
+        t_end = now() + hold
+        while now() < t_end:  # probe: a submit while full must not be 2xx unless written
+            try:
+                st, j = http_post(run.port, f"df-probe-{run.idx}-{k}-{int(now() * 1000)}",
+                                  {"tool": "charge", "args": {"amount": 1}}, timeout=2)
+                if st in (200, 202):
+                    with open(run.accepted, "a") as f:
+                        f.write(j["call_id"] + "\n")
+                elif st in (503, 507):
+                    full_503 += 1
+                else:
+                    run.fail(f"a submit on a full disk answered {st}")
+            except (OSError, http.client.HTTPException):
+                pass
+            run.supervise()
+            time.sleep(0.2)
+        if run.brk != "no_space_return":
+            os.unlink(filler)
+            run.say("space returned")
+    out = run.wait_load(60 if run.brk else 240)
+    run.metrics["client_retries"] = int(out.get("retries", 0))
+    run.metrics["probe_503"] = full_503
+    run.say(f"503 to probes while full: {full_503}, load retries {out.get('retries')}")
+    if full_503 + int(out.get("retries", 0)) == 0:
+        run.fail("no client saw a 503 while the disk was full: the fault did not bite")
+    run.drain(60 if run.brk else 240)
+    run.finish()
+    if run.failures:  # keep the database for a look: the tmpfs goes with the unmount
+        subprocess.run(["cp", "-a", disk, os.path.join(run.dir, "disk-copy")])
+
+
 SCENARIOS = {
     "same_key": sc_same_key,
     "http_proxy": sc_http_proxy,
@@ -1413,6 +1491,7 @@ SCENARIOS = {
     "downstream_negative": sc_downstream_negative,
     "retry_payload": sc_retry_payload,
     "lost_messages": sc_lost_messages,
+    "disk_full": sc_disk_full,
 }
 BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's checks must fail
     "downstream_keys": "downstream_faults: the service behind pay_keys (declared idempotent) "
@@ -1586,6 +1665,8 @@ def main():
                 run.log.write(traceback.format_exc())
             finally:
                 run.stop_all()
+                for c in run.cleanups:
+                    c()
             status = "ok" if not run.failures else "FAIL"
             print(f"  {name} run {i}/{opts.runs}: {status} ({now() - ts:.1f}s, calls "
                   f"{run.metrics.get('calls', '?')}, recovery "
