@@ -1586,6 +1586,53 @@ def soak_md(rows):
     return "\n".join(out)
 
 
+def sc_offset_rewind(run):
+    """Row 4c: the consumer group's committed offsets rewound to 0 (tests/tools/
+    oq_group_rewind, an operator's "reset offsets to earliest") while the consumers are
+    stopped (TERM: they leave the group), at a random point after 30-100 % of the calls
+    finished; the consumers restart and every message still in the topic is delivered again.
+    Checks: every message the inbox had seen before the rewind is seen again (its `seen` grew)
+    and absorbed: inbox duplicates > 0, 0 duplicate effects."""
+    calls = 100 if run.opts.smoke else 300
+    run.start_pipeline(consumers=2)
+    run.load(calls, 100, "or")
+    frac = run.rng.uniform(0.3, 1.0)
+    run.wait(120, lambda: run.q(run.pdb, "SELECT count(*) FROM calls WHERE state NOT IN "
+                                         "('pending','running')")[0][0] >= frac * calls,
+             f"{frac:.0%} of the calls done", supervise=True)
+    cons = [n for n in run.procs if n.startswith("consumer-")]
+    for c in cons:
+        run.supervised.discard(c)
+        run.stop(c)
+    before = dict(run.q(run.cdb, "SELECT message_id, seen FROM inbox"))
+    seen0 = len(before)
+    run.fault(f"offsets rewound to 0 with the consumers stopped ({seen0} messages seen)")
+    r = subprocess.run([run.tool("oq_group_rewind"), "--brokers", run.brokers, "--group",
+                        "onceq-workers", "--topic", "onceq.tool-calls", "--timeout-ms",
+                        "30000", "--session-timeout-ms", "6000"],
+                       capture_output=True, text=True, timeout=60)
+    run.say(f"oq_group_rewind rc={r.returncode} {r.stdout.strip()} {r.stderr.strip()[-300:]}")
+    if r.returncode != 0:
+        raise RunFailed(f"oq_group_rewind exit {r.returncode}: {r.stderr[-300:]}")
+    t_rw = now()
+    for c in cons:
+        run.start_consumer(int(c.split("-")[1]))
+
+    def all_again():
+        now_seen = dict(run.q(run.cdb, "SELECT message_id, seen FROM inbox"))
+        return all(now_seen.get(m, 0) > s for m, s in before.items())
+    run.wait(150, all_again, "every message delivered before the rewind delivered again",
+             supervise=True)
+    run.metrics["redelivered_after_s"] = round(now() - t_rw, 2)
+    run.wait_load()
+    run.drain(180)
+    run.metrics["recovery_ms"] = max(run.metrics.get("recovery_ms") or 0,
+                                     round((now() - t_rw) * 1000))
+    run.finish()
+    if not run.metrics.get("inbox_duplicates"):
+        run.fail("no re-delivered copy reached the inbox")
+
+
 SCENARIOS = {
     "same_key": sc_same_key,
     "http_proxy": sc_http_proxy,
@@ -1601,6 +1648,7 @@ SCENARIOS = {
     "retry_payload": sc_retry_payload,
     "lost_messages": sc_lost_messages,
     "disk_full": sc_disk_full,
+    "offset_rewind": sc_offset_rewind,
     "soak": sc_soak,  # only with --soak-minutes or when named
 }
 BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's checks must fail
