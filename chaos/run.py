@@ -700,7 +700,7 @@ def sc_crash_points(run):
 def sc_duplicate_delivery(run):
     """Duplicate delivery: late Produce acks (error_rtt NO_ERROR past the request timeout: real
     duplicates), then every message re-produced (oq_e2e_dup) 1-2 times. The inbox must absorb
-    all of it (the offset-rewind part is not run yet: see MISSING)."""
+    all of it (the offset rewind is its own row: offset_rewind)."""
     calls = 150 if run.opts.smoke else 400
     run.start_pipeline(consumers=2, relay_x=FAST_TIMEOUT, consumer_x=FAST_TIMEOUT)
     run.load(calls, 150, "dd")
