@@ -1074,8 +1074,12 @@ def sc_downstream_faults(run):
     threads = [threading.Thread(target=client) for _ in range(4)]
     for t in threads:
         t.start()
+
+    def executed():
+        return run.q(run.cdb, "SELECT count(*) FROM executions")[0][0]
+    # the consumers may still be joining the group: the faults must meet the executions
+    run.wait(60, lambda: executed() > 0, "the first execution", supervise=True)
     downs = run.rng.randint(1, 3)
-    t0 = now()
     for _ in range(downs):
         time.sleep(run.rng.uniform(0.3, 1.5))
         ms = run.rng.randint(500, 2000)
@@ -1087,8 +1091,11 @@ def sc_downstream_faults(run):
         t.join(120)
     if errors:
         run.fail(f"submits not accepted: {errors[:5]}")
-    # keep the faults on a little longer, then off: recovery counts from here
-    time.sleep(max(0.0, run.rng.uniform(1.0, 3.0) - (now() - t0)))
+    # keep the faults on until every call was tried at least once, plus 1-3 s; then off:
+    # recovery counts from here
+    run.wait(60, lambda: executed() >= n * len(names), "every call executed once",
+             supervise=True)
+    time.sleep(run.rng.uniform(1.0, 3.0))
     ds_mode(run, {"faults": ""})
     run.fault("downstream faults off")
     run.drain(180)
@@ -1451,8 +1458,8 @@ def sc_disk_full(run):
             try:
                 st, j = http_post(run.port, f"df-probe-{run.idx}-{k}-{int(now() * 1000)}",
                                   {"tool": "charge", "args": {"amount": 1}}, timeout=2)
-                if st in (200, 202):
-                    with open(run.accepted, "a") as f:
+                if st in (200, 202):  # not into run.accepted: oq_e2e_load appends there
+                    with open(run.accepted + ".probes", "a") as f:  # (a torn line otherwise)
                         f.write(j["call_id"] + "\n")
                 elif st in (503, 507):
                     full_503 += 1
@@ -1466,6 +1473,9 @@ def sc_disk_full(run):
             os.unlink(filler)
             run.say("space returned")
     out = run.wait_load(60 if run.brk else 240)
+    if os.path.exists(run.accepted + ".probes"):
+        with open(run.accepted + ".probes") as f, open(run.accepted, "a") as g:
+            g.write(f.read())
     run.metrics["client_retries"] = int(out.get("retries", 0))
     run.metrics["probe_503"] = full_503
     run.say(f"503 to probes while full: {full_503}, load retries {out.get('retries')}")
