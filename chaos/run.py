@@ -1083,6 +1083,8 @@ def sc_downstream_faults(run):
     for _ in range(downs):
         time.sleep(run.rng.uniform(0.3, 1.5))
         ms = run.rng.randint(500, 2000)
+        run.wait(15, lambda: http_json(run.dport, "GET", "/healthz", timeout=1)[0] == 200,
+                 "the downstream back up")  # after the previous down
         st, _ = http_json(run.dport, "POST", "/admin/down", {"ms": ms})
         run.fault(f"downstream down {ms} ms (answer {st})")
         time.sleep(ms / 1000.0)
