@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos chaos-matrix chaos-smoke clean format format-check
+.PHONY: all build test test-unit test-asan test-valgrind fuzz bench chaos chaos-matrix chaos-smoke chaos-soak clean format format-check
 all: build
 build:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -35,7 +35,12 @@ chaos-matrix: build
 	python3 chaos/run.py --build $(BUILD) --runs $(CHAOS_RUNS) --scenarios $(CHAOS_SCENARIOS) \
 	  $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(if $(CHAOS_MINUTES),--minutes $(CHAOS_MINUTES))
 chaos-smoke: build
-	python3 chaos/run.py --build $(BUILD) --smoke --runs 1
+	python3 chaos/run.py --build $(BUILD) --smoke --runs 1 --soak-minutes 0.5
+# The soak alone: SOAK_MINUTES of load with a kill -9 every 2-6 s, RSS and descriptors sampled.
+SOAK_MINUTES ?= 10
+chaos-soak: build
+	python3 chaos/run.py --build $(BUILD) --scenarios soak --runs 1 --soak-minutes $(SOAK_MINUTES) \
+	  $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 bench: build
 	bash bench/run.sh $(BUILD)/onceq   # runs $(BUILD)/onceq-bench
 clean:

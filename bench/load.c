@@ -30,7 +30,8 @@
  * parsed in place; call_id and the error code are found by a scan of the top-level object
  * (the producer answers compact JSON), falling back to jansson for bodies with escapes.
  *
- * Call i (= first + k) gets the key "<prefix>-<i>" and a tool chosen by a deterministic hash
+ * Call i (= first + k; with hot_key every call is call first) gets the key "<prefix>-<i>" and a
+ * tool chosen by a deterministic hash
  * of i over the mix weights, and call k always goes to connection k % conns, in order, so two
  * runs with the same options submit the same bodies: a re-run after a crash is a replay, never
  * a conflict. A request that fails at the transport level (connect/send/read error, or 30 s
@@ -521,7 +522,7 @@ static void drive(lthread_t *t, lconn_t *c, uint32_t ev)
             }
             /* fall through: the call is due */
         begin_call : {
-            int64_t i = o->first + c->k;
+            int64_t i = o->hot_key ? o->first : o->first + c->k; /* hot: one key, one body */
             c->tool = tool_of(s, i);
             c->phase = 0;
             lbuild(s, c, i, 0);

@@ -42,6 +42,8 @@ typedef struct oq_load_opts {
     int dup_every;            /**< every Nth call is submitted twice: same key + body must give
                                    the same call_id (0 = never) */
     int conflict_every;       /**< every Nth call is re-sent with another body: must get 422 */
+    int hot_key;              /**< every call is call `first`: one key and one body hammered by
+                                   every connection (the hot-key benchmark: calls=1, effects=1) */
     int64_t retry_ms;         /**< keep retrying a call (same key, same body) on connection errors
                                    and 5xx/429 for this long (default 60000) */
     FILE *accepted;           /**< optional: "call_id\n" of every accepted call (locked writes) */

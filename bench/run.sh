@@ -14,6 +14,7 @@
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
 # 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
 # 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq downstream
+# 9. keys:     distinct keys vs one hot key hammered by 64 connections (calls=1, effects=1)
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,3 +63,35 @@ echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --cons
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline
 echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq downstream, side by side)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools
+
+# 9. The classic pair: the same closed-loop HTTP load once with a distinct key per call and once
+# with one hot key hammered by every connection (one body: after the first, every answer is a
+# replay of the same call). Producer + relay + 1 consumer on the mock broker; after each run
+# `onceq verify` must be clean, and the hot run must leave calls=1 and effects=1.
+HOT_N=$(((quick)) && echo 5000 || echo 20000)
+echo; echo "## 9. distinct keys vs one hot key: oq_e2e_load --calls $HOT_N --rate 0 --conns 64 (closed loop; producer, relay, 1 consumer)"
+for mode in distinct hot; do
+    oq_start_broker # one each: the hot run's consumer must not read the distinct run's topic
+    port=$(oq_free_port)
+    db=$T/$mode-calls.db cdb=$T/$mode-effects.db
+    oq_spawn "p-$mode" "$BIN" producer --db "$db" --listen "127.0.0.1:$port" --brokers "$BROKERS"
+    oq_spawn "r-$mode" "$BIN" relay --db "$db" --brokers "$BROKERS"
+    oq_spawn "c-$mode" "$BIN" consumer --db "$cdb" --brokers "$BROKERS" --group "bench-$mode"
+    oq_wait_for 20 curl -sf -o /dev/null "http://127.0.0.1:$port/healthz" || oq_fail "producer did not start"
+    extra=()
+    [[ $mode == hot ]] && extra=(--hot-key)
+    out=$("$(oq_tool oq_e2e_load)" --port "$port" --calls "$HOT_N" --rate 0 --conns 64 \
+        --mix 1,0,0,0,0 --prefix "$mode" "${extra[@]}")
+    want=$([[ $mode == hot ]] && echo 1 || echo "$HOT_N")
+    drained() { [[ $("$BIN" verify --producer-db "$db" --consumer-db "$cdb" --json 2>/dev/null |
+        jq -r '"\(.calls) \(.effects) \(.pending)"') == "$want $want 0" ]]; }
+    oq_wait_for 120 drained || oq_fail "$mode: not drained to calls=effects=$want: $("$BIN" verify --producer-db "$db" --consumer-db "$cdb" --json 2>&1) (load: $(tr "\n" " " <<<"$out"))"
+    j=$("$BIN" verify --producer-db "$db" --consumer-db "$cdb" --json) || oq_fail "$mode: verify: $j"
+    printf '%-8s %s submits/s (accepted %s of %s, p50 %s ms, p99 %s ms); calls=%s effects=%s duplicates=%s\n' \
+        "$mode" "$(awk -F= '$1=="rate"{print $2}' <<<"$out")" \
+        "$(awk -F= '$1=="accepted"{print $2}' <<<"$out")" "$HOT_N" \
+        "$(awk -F= '$1=="submit_p50_ms"{print $2}' <<<"$out")" \
+        "$(awk -F= '$1=="submit_p99_ms"{print $2}' <<<"$out")" \
+        "$(jq -r .calls <<<"$j")" "$(jq -r .effects <<<"$j")" "$(jq -r .duplicates <<<"$j")"
+    oq_kill "c-$mode"; oq_kill "r-$mode"; oq_kill "p-$mode"; oq_kill broker
+done

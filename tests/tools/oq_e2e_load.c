@@ -7,6 +7,7 @@
  *   oq_e2e_load --port P --calls N [--first F] [--conns C] [--rate R] [--prefix K]
  *               [--mix charge,send_email,sleep,fail_retryable,fail_final] [--sleep-ms MS]
  *               [--dup-every N] [--conflict-every N] [--accepted FILE] [--retry-ms MS]
+ *               [--hot-key]   (every call is call F: one key and one body, N times)
  *
  * Exit status: 0 when every call was accepted and every replay/conflict probe answered as the
  * contract says, 1 otherwise, 2 on bad usage.
@@ -24,7 +25,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: oq_e2e_load --port P --calls N [--host H] [--first F] [--conns C] [--rate R]\n"
             "       [--prefix K] [--mix c,e,s,fr,ff] [--sleep-ms MS] [--dup-every N]\n"
-            "       [--conflict-every N] [--accepted FILE] [--retry-ms MS]\n");
+            "       [--conflict-every N] [--accepted FILE] [--retry-ms MS] [--hot-key]\n");
 }
 
 int main(int argc, char **argv)
@@ -46,6 +47,7 @@ int main(int argc, char **argv)
                                          {"conflict-every", required_argument, NULL, 'x'},
                                          {"accepted", required_argument, NULL, 'a'},
                                          {"retry-ms", required_argument, NULL, 't'},
+                                         {"hot-key", no_argument, NULL, 'H'},
                                          {NULL, 0, NULL, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -92,6 +94,9 @@ int main(int argc, char **argv)
             break;
         case 't':
             o.retry_ms = atoll(optarg);
+            break;
+        case 'H':
+            o.hot_key = 1;
             break;
         default:
             usage();

@@ -5,6 +5,7 @@
  * must absorb all of it (a chaos scenario of the duplicate-delivery class).
  *
  *   oq_group_rewind --brokers B --group G --topic T [--timeout-ms 30000]
+ *                   [--session-timeout-ms MS]
  *
  * The group's members should be stopped first. The tool joins the group as its only member
  * (brokers, the mock cluster among them, refuse offset commits from outside a group they know),
@@ -32,11 +33,13 @@ static int set(rd_kafka_conf_t *conf, const char *k, const char *v)
 int main(int argc, char **argv)
 {
     const char *brokers = NULL, *group = NULL, *topic = NULL;
+    const char *session_ms = NULL;
     int timeout_ms = 30000, rc = 1;
     static const struct option opts[] = {{"brokers", required_argument, NULL, 'b'},
                                          {"group", required_argument, NULL, 'g'},
                                          {"topic", required_argument, NULL, 't'},
                                          {"timeout-ms", required_argument, NULL, 'T'},
+                                         {"session-timeout-ms", required_argument, NULL, 'S'},
                                          {NULL, 0, NULL, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -53,13 +56,16 @@ int main(int argc, char **argv)
         case 'T':
             timeout_ms = atoi(optarg);
             break;
+        case 'S':
+            session_ms = optarg;
+            break;
         default:
             return 2;
         }
     }
     if (!brokers || !group || !topic || timeout_ms <= 0 || optind != argc) {
         fprintf(stderr, "usage: oq_group_rewind --brokers B --group G --topic T "
-                        "[--timeout-ms MS]\n");
+                        "[--timeout-ms MS] [--session-timeout-ms MS]\n");
         return 2;
     }
     char errstr[512];
@@ -69,7 +75,8 @@ int main(int argc, char **argv)
     rd_kafka_topic_partition_list_t *offs = NULL;
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     if (set(conf, "bootstrap.servers", brokers) || set(conf, "group.id", group) ||
-        set(conf, "enable.auto.commit", "false")) {
+        set(conf, "enable.auto.commit", "false") ||
+        (session_ms && set(conf, "session.timeout.ms", session_ms))) {
         rd_kafka_conf_destroy(conf);
         return 2;
     }
