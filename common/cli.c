@@ -28,3 +28,18 @@ int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc
                     0);
     return -1;
 }
+
+int oq_cli_exit_for(int rc)
+{
+    switch (rc) {
+    case 0:
+        return OQ_EXIT_OK;
+    case OQ_ENOTFOUND:
+        return OQ_EXIT_NOTFOUND;
+    case OQ_EINVAL:
+    case OQ_ESTATE:
+        return OQ_EXIT_USAGE;
+    default:
+        return OQ_EXIT_FAIL;
+    }
+}

@@ -34,6 +34,10 @@
             "log lines as logfmt or as JSON objects (one per line)"                                \
     }
 
+/** @brief The exit code of a command that failed with \p rc (an OQ_E* code, 0 = ok): not
+ *         found -> 4, invalid input or a state that forbids it -> 2, anything else -> 1. */
+int oq_cli_exit_for(int rc);
+
 /** Environment prefix of the settings: `--key-ttl` is also read as ONCEQ_KEY_TTL. */
 #define OQ_CLI_ENV_PREFIX "ONCEQ_"
 

@@ -503,6 +503,19 @@ int oq__consumer_store_state_counts(oq__consumer_store_t *s, int64_t counts[OQ_X
 
 /* --- inbox, effects, audit, outbox ------------------------------------------------------------ */
 
+/* ?1..?7 of the inbox statements: message_id, call_id, topic, partition, offset, received_at,
+ * outcome. */
+static void bind_inbox_row(sqlite3_stmt *st, const oq__inbox_row_t *row)
+{
+    sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC);
+    bind_text(st, 2, row->call_id);
+    sqlite3_bind_text(st, 3, row->src.topic ? row->src.topic : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, row->src.partition);
+    sqlite3_bind_int64(st, 5, row->src.offset);
+    sqlite3_bind_int64(st, 6, row->received_at);
+    sqlite3_bind_text(st, 7, row->outcome, -1, SQLITE_STATIC);
+}
+
 int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row_t *row,
                                     int64_t *seen, oq_error_t *err)
 {
@@ -514,13 +527,7 @@ int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row
     sqlite3_stmt *st = stmt(s, sql, err);
     int rc;
     if (!st) return stmt_error(err);
-    sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC);
-    bind_text(st, 2, row->call_id);
-    sqlite3_bind_text(st, 3, row->src.topic ? row->src.topic : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 4, row->src.partition);
-    sqlite3_bind_int64(st, 5, row->src.offset);
-    sqlite3_bind_int64(st, 6, row->received_at);
-    sqlite3_bind_text(st, 7, row->outcome, -1, SQLITE_STATIC);
+    bind_inbox_row(st, row);
     if ((rc = step_done(s, st, "inbox insert", err))) return rc;
     if (sqlite3_changes(s->db) == 1) {
         *seen = 1;
@@ -699,13 +706,7 @@ int oq__consumer_store_inbox_retake(oq__consumer_store_t *s, const oq__inbox_row
     int rc;
     *taken = 0;
     if (!st) return stmt_error(err);
-    sqlite3_bind_text(st, 1, row->message_id, -1, SQLITE_STATIC);
-    bind_text(st, 2, row->call_id);
-    sqlite3_bind_text(st, 3, row->src.topic ? row->src.topic : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 4, row->src.partition);
-    sqlite3_bind_int64(st, 5, row->src.offset);
-    sqlite3_bind_int64(st, 6, row->received_at);
-    sqlite3_bind_text(st, 7, row->outcome, -1, SQLITE_STATIC);
+    bind_inbox_row(st, row);
     if ((rc = step_done(s, st, "inbox retake", err))) return rc;
     *taken = sqlite3_changes(s->db) == 1;
     return 0;

@@ -383,20 +383,6 @@ static void print_list(json_t *a, const char *where)
            json_array_size(a), where);
 }
 
-static int exit_for(int rc)
-{
-    switch (rc) {
-    case 0:
-        return OQ_EXIT_OK;
-    case OQ_ENOTFOUND:
-        return OQ_EXIT_NOTFOUND;
-    case OQ_EINVAL:
-        return OQ_EXIT_USAGE;
-    default:
-        return OQ_EXIT_FAIL;
-    }
-}
-
 static int do_list(const oq_config_t *cfg, const char *topic)
 {
     oq_error_t err = {0};
@@ -410,7 +396,7 @@ static int do_list(const oq_config_t *cfg, const char *topic)
     if (rc) {
         fprintf(stderr, "onceq dlq list: %s\n", err.msg[0] ? err.msg : "out of memory");
         json_decref(a);
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     a = sorted(a);
     if (oq_config_int(cfg, "json"))
@@ -520,7 +506,7 @@ static int do_show(const oq_config_t *cfg, const char *topic, const char *ref)
     int rc = fetch(cfg, topic, ref, &f, &err);
     if (rc) {
         fprintf(stderr, "onceq dlq show: %s\n", err.msg[0] ? err.msg : "out of memory");
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     if (oq_config_int(cfg, "payload")) {
         fwrite(f.payload, 1, f.len, stdout);
@@ -643,7 +629,7 @@ static int do_redrive(const oq_config_t *cfg, const char *topic, const char *ref
     int rc = fetch(cfg, topic, ref, &f, &err);
     if (rc) {
         fprintf(stderr, "onceq dlq redrive: %s\n", err.msg[0] ? err.msg : "out of memory");
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     json_t *o = json_object_get(f.j, "origin");
     const char *to = json_is_object(o) ? jstr(o, "topic", NULL) : NULL;

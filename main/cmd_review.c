@@ -43,21 +43,6 @@ static const char review_usage[] =
     "                            --note TEXT [--by NAME] [--db effects.db]\n"
     "Exit codes: 0 ok, 2 bad usage or not in review (nothing written), 4 no such call.";
 
-static int exit_for(int rc)
-{
-    switch (rc) {
-    case 0:
-        return OQ_EXIT_OK;
-    case OQ_ENOTFOUND:
-        return OQ_EXIT_NOTFOUND;
-    case OQ_EINVAL:
-    case OQ_ESTATE:
-        return OQ_EXIT_USAGE;
-    default:
-        return OQ_EXIT_FAIL;
-    }
-}
-
 static void print_json(json_t *v)
 {
     char *t = json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -84,7 +69,7 @@ static int do_list(const oq_config_t *cfg)
     int rc = oq_review_list(oq_config_str(cfg, "db"), (int)oq_config_int(cfg, "limit"), &a, &err);
     if (rc) {
         fprintf(stderr, "onceq review list: %s\n", err.msg);
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     if (oq_config_int(cfg, "json")) {
         print_json(a);
@@ -139,7 +124,7 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
     int rc = oq_review_show(oq_config_str(cfg, "db"), call_id, &o, &err);
     if (rc) {
         fprintf(stderr, "onceq review show: %s\n", err.msg);
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     const char *pdb_path = oq_config_str(cfg, "producer-db");
     if (pdb_path) {
@@ -249,7 +234,7 @@ static int do_resolve(const oq_config_t *cfg, const char *call_id)
                                oq_config_str(cfg, "ref"), oq_config_str(cfg, "note"), by, &o, &err);
     if (rc) {
         fprintf(stderr, "onceq review resolve: %s\n", err.msg);
-        return exit_for(rc);
+        return oq_cli_exit_for(rc);
     }
     print_json(o);
     json_decref(o);
