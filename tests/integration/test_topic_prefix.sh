@@ -27,6 +27,14 @@ done
 oq_log "a bad prefix: exit 2 from producer, relay, consumer, broker, topics, up"
 [[ ! -e "$T/x.db" ]] || oq_fail "a refused command created its database"
 
+# On a real cluster the unprefixed topics hold what earlier scripts left: delete them, so that
+# "nothing reached onceq.tool-calls" can be read off (it has auto.create.topics.enable=false,
+# so a client that used the unprefixed name would fail, not create it).
+if oq_real_kafka; then
+    B0=$(cat "$ONCEQ_TEST_BROKERS" 2>/dev/null || echo "$ONCEQ_TEST_BROKERS")
+    "$ONCEQ_BIN" topics delete --if-exists --brokers "$B0" onceq.tool-calls onceq.tool-results \
+        onceq.dlq >/dev/null || oq_fail "could not delete the unprefixed topics"
+fi
 PL_BROKER_X=(--topic-prefix "$PFX")
 PL_PRODUCER_X=(--topic-prefix "$PFX")
 PL_RELAY_X=(--topic-prefix "$PFX")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Consumers joining and leaving while calls flow, on a real Kafka cluster (3 KRaft nodes):
-# consumer-1 runs throughout; every 2-3 s one more consumer joins (up to 4 in the group) or a
+# consumer-1 runs throughout; every 1-2 s one more consumer joins (up to 4 in the group) or a
 # random extra one leaves, by TERM (a clean leave: it finishes its batch, commits and leaves
 # the group) or by kill -9 (its partitions wait for its session timeout, 6 s, and what it had
 # committed to SQLite but not to Kafka is redelivered to the new owner). Then the load ends
 # and the pipeline drains. Checks:
-#   - the group really rebalanced: at least as many assignments as membership changes, and
-#     revocations seen;
+#   - the group really rebalanced: assignments beyond the first ones, and revocations of live
+#     members seen;
 #   - `onceq verify` clean: every accepted call terminal, DSR 0, lost 0, one effect per
 #     effectful succeeded call.
 #
@@ -14,13 +14,13 @@
 # own default, range+roundrobin, an eager protocol that revokes every partition of every member
 # on each change). test_rebalance_coop.sh runs this script with cooperative-sticky, where only
 # the partitions that move are revoked (the consumer's rebalance callback handles both).
-# ONCEQ_E2E_CALLS (default 6000) calls at ONCEQ_E2E_RATE (default 250) calls/s.
+# ONCEQ_E2E_CALLS (default 4500) calls at ONCEQ_E2E_RATE (default 250) calls/s.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
 . "$ONCEQ_SRC/tests/realkafka/lib.sh"
 
-N=${ONCEQ_E2E_CALLS:-6000}
+N=${ONCEQ_E2E_CALLS:-4500}
 RATE=${ONCEQ_E2E_RATE:-250}
 STRATEGY=${ONCEQ_RK_ASSIGNMENT:-}
 PL_CONSUMER_X+=(--lease 5s)
@@ -43,7 +43,7 @@ alive_extras() {
     for i in 2 3 4 5 6 7 8 9 10; do oq_alive "consumer-$i" && echo "consumer-$i"; done
 }
 for ((step = 0; step < 8; step++)); do
-    sleep $((2 + RANDOM % 2))
+    sleep $((1 + RANDOM % 2))
     kill -0 "$LOAD" 2>/dev/null || break
     mapfile -t extras < <(alive_extras)
     if ((${#extras[@]} < 3 && (${#extras[@]} == 0 || RANDOM % 2 == 0))); then
@@ -85,9 +85,11 @@ echo "$J"
 [[ $(pl_field "$J" effects) == $(pl_field "$J" expected_effects) ]] || oq_fail "effects mismatch"
 
 assigns=$(cat "$T"/consumer-*.log | grep -c 'assigned [0-9]* partition' || true)
-revokes=$(cat "$T"/consumer-*.log | grep -c 'revoking [0-9]* partition' || true)
+revokes=$(cat "$T"/consumer-*.log | grep -c 'msg="revoking' || true)
 oq_log "rebalances seen in the consumers' logs: $assigns assignments, $revokes revocations"
-((assigns >= changes)) || oq_fail "fewer assignments ($assigns) than membership changes ($changes)"
+# Changes that come while a rebalance is under way join it, so there are fewer rebalances
+# than changes; what must hold is that live members were rebalanced, more than once.
+((assigns >= 2)) || oq_fail "only $assigns assignment(s) for $changes membership changes"
 ((revokes >= 1)) || oq_fail "no revocation seen: the group never rebalanced a live member"
 if [[ "$STRATEGY" == cooperative-sticky ]]; then
     grep -q 'COOPERATIVE\|incremental' "$T"/consumer-1.log ||
