@@ -13,14 +13,8 @@
 #include "bench.h"
 #include "oq_log.h"
 
-typedef struct {
-    const char *name;
-    int (*fn)(int, char **);
-    const char *doc;
-} bench_entry_t;
-
 #define OQ_BENCH_ENTRY(name, doc) {#name, oq__bench_##name, doc},
-static const bench_entry_t benches[] = {OQ_BENCHES(OQ_BENCH_ENTRY){NULL, NULL, NULL}};
+static const oq_cli_cmd_t benches[] = {OQ_BENCHES(OQ_BENCH_ENTRY){NULL, NULL, NULL}};
 #undef OQ_BENCH_ENTRY
 
 static void usage(FILE *out)
@@ -30,7 +24,7 @@ static void usage(FILE *out)
             "usage: onceq-bench <benchmark> [options]   (onceq-bench <benchmark> --help)\n\n"
             "benchmarks:\n",
             ONCEQ_VERSION);
-    for (const bench_entry_t *b = benches; b->name; b++)
+    for (const oq_cli_cmd_t *b = benches; b->name; b++)
         fprintf(out, "  %-10s %s\n", b->name, b->doc);
     fprintf(out, "\nbench/run.sh (make bench) runs them all with the sizes of the README table.\n");
 }
@@ -38,17 +32,8 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     oq_log_init(OQ_LOG_INFO, OQ_LOG_FMT_LOGFMT, 1);
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "help") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? OQ_EXIT_USAGE : OQ_EXIT_OK;
-    }
-    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
-        printf("onceq-bench %s\n", ONCEQ_VERSION);
-        return OQ_EXIT_OK;
-    }
-    for (const bench_entry_t *b = benches; b->name; b++)
-        if (strcmp(b->name, argv[1]) == 0) return b->fn(argc - 1, argv + 1);
+    int rc = oq_cli_dispatch("onceq-bench", benches, usage, argc, argv);
+    if (rc >= 0) return rc;
     fprintf(stderr, "onceq-bench: unknown benchmark '%s'\n\n", argv[1]);
     usage(stderr);
     return OQ_EXIT_USAGE;

@@ -43,3 +43,20 @@ int oq_cli_exit_for(int rc)
         return OQ_EXIT_FAIL;
     }
 }
+
+int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FILE *out), int argc,
+                    char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? OQ_EXIT_USAGE : OQ_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("%s %s\n", prog, ONCEQ_VERSION);
+        return OQ_EXIT_OK;
+    }
+    for (const oq_cli_cmd_t *c = cmds; c->name; c++)
+        if (strcmp(c->name, argv[1]) == 0) return c->fn(argc - 1, argv + 1);
+    return -1;
+}

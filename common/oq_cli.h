@@ -6,6 +6,8 @@
 #ifndef OQ_CLI_H
 #define OQ_CLI_H
 
+#include <stdio.h>
+
 #include "oq_config.h"
 
 /* Exit codes (documented in README "Exit codes"). */
@@ -37,6 +39,23 @@
 /** @brief The exit code of a command that failed with \p rc (an OQ_E* code, 0 = ok): not
  *         found -> 4, invalid input or a state that forbids it -> 2, anything else -> 1. */
 int oq_cli_exit_for(int rc);
+
+/** One subcommand of a program: its name, entry point (argv[0] is the name) and summary. */
+typedef struct oq_cli_cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *doc;
+} oq_cli_cmd_t;
+
+/**
+ * @brief The main() of a program of subcommands (\p cmds ends with a NULL name): no argument
+ *        prints \p usage on stderr (exit 2); -h, --help or help prints it on stdout (exit 0);
+ *        --version or version prints "PROG VERSION"; a known name runs its entry point with
+ *        argv + 1 and returns its exit code.
+ * @returns that exit code, or -1 for an unknown name (the caller says what to do instead).
+ */
+int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FILE *out), int argc,
+                    char **argv);
 
 /** Environment prefix of the settings: `--key-ttl` is also read as ONCEQ_KEY_TTL. */
 #define OQ_CLI_ENV_PREFIX "ONCEQ_"

@@ -139,13 +139,20 @@ static void fail_local(oq__dispatch_t *d, oq__job_t *j, const char *code, const 
     push_done(d, j);
 }
 
-/* Hands the queued jobs to the executor. @locality the dispatcher thread. */
-static void submit_queued(oq__dispatch_t *d)
+/* The queued jobs (a done_next list), taken off the queue. */
+static oq__job_t *take_queued(oq__dispatch_t *d)
 {
     pthread_mutex_lock(&d->mu);
     oq__job_t *j = d->out_head;
     d->out_head = d->out_tail = NULL;
     pthread_mutex_unlock(&d->mu);
+    return j;
+}
+
+/* Hands the queued jobs to the executor. @locality the dispatcher thread. */
+static void submit_queued(oq__dispatch_t *d)
+{
+    oq__job_t *j = take_queued(d);
     while (j) {
         oq__job_t *next = j->done_next;
         oq_error_t err = {0};
@@ -299,10 +306,7 @@ void oq__dispatch_stop(oq__dispatch_t *d, int64_t drain_ms)
     /* every request still running or queued is answered now ("abandoned") */
     oq__http_exec_destroy(d->x);
     d->x = NULL;
-    pthread_mutex_lock(&d->mu);
-    oq__job_t *j = d->out_head;
-    d->out_head = d->out_tail = NULL;
-    pthread_mutex_unlock(&d->mu);
+    oq__job_t *j = take_queued(d);
     while (j) {
         oq__job_t *next = j->done_next;
         fail_local(d, j, "abandoned", "the worker stopped before the request was sent");

@@ -10,14 +10,8 @@
 #include "cmds.h"
 #include "oq_log.h"
 
-typedef struct {
-    const char *name;
-    int (*fn)(int, char **);
-    const char *doc;
-} cmd_entry_t;
-
 #define OQ_CMD_ENTRY(name, doc) {#name, oq__cmd_##name, doc},
-static const cmd_entry_t cmds[] = {OQ_CMDS(OQ_CMD_ENTRY){NULL, NULL, NULL}};
+static const oq_cli_cmd_t cmds[] = {OQ_CMDS(OQ_CMD_ENTRY){NULL, NULL, NULL}};
 #undef OQ_CMD_ENTRY
 
 /* Subcommands that live in another program now. */
@@ -34,7 +28,7 @@ static void usage(FILE *out)
             "usage: onceq <command> [options]   (onceq <command> --help for its options)\n\n"
             "commands:\n",
             ONCEQ_VERSION);
-    for (const cmd_entry_t *c = cmds; c->name; c++)
+    for (const oq_cli_cmd_t *c = cmds; c->name; c++)
         fprintf(out, "  %-12s %s\n", c->name, c->doc);
     fprintf(out,
             "\nbenchmarks and the HTTP load generator: the onceq-bench program\n"
@@ -46,17 +40,8 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     oq_log_init(OQ_LOG_INFO, OQ_LOG_FMT_LOGFMT, 1);
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "help") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? OQ_EXIT_USAGE : OQ_EXIT_OK;
-    }
-    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
-        printf("onceq %s\n", ONCEQ_VERSION);
-        return OQ_EXIT_OK;
-    }
-    for (const cmd_entry_t *c = cmds; c->name; c++)
-        if (strcmp(c->name, argv[1]) == 0) return c->fn(argc - 1, argv + 1);
+    int rc = oq_cli_dispatch("onceq", cmds, usage, argc, argv);
+    if (rc >= 0) return rc;
     for (size_t i = 0; i < sizeof moved / sizeof moved[0]; i++) {
         if (strcmp(moved[i].name, argv[1]) != 0) continue;
         fprintf(stderr,

@@ -191,6 +191,14 @@ int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t 
 
 /* Binds ?1..?5 of the statements that renew a held lease (sql_lease_renew, sql_mark): name,
  * owner, fence, now, new expiry. */
+/* ?1 name, ?2 owner, ?3 expires_at: a new lease row or a take-over. */
+static void bind_claim(sqlite3_stmt *st, const char *name, const char *owner, int64_t expires_at)
+{
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, expires_at);
+}
+
 static void bind_lease(sqlite3_stmt *st, const char *name, const char *owner, int64_t fence,
                        int64_t now_ms, int64_t lease_ms)
 {
@@ -230,9 +238,7 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
             rc = prep_fail(err);
             goto out;
         }
-        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 3, now_ms + lease_ms);
+        bind_claim(st, name, owner, now_ms + lease_ms);
         step = sqlite3_step(st);
         sqlite3_reset(st);
         if (step != SQLITE_DONE) {
@@ -272,9 +278,7 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
             rc = prep_fail(err);
             goto out;
         }
-        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 3, now_ms + lease_ms);
+        bind_claim(st, name, owner, now_ms + lease_ms);
         sqlite3_bind_int64(st, 4, cur_fence);
     } else {
         goto commit; /* someone else holds it: read-only transaction */
