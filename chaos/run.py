@@ -1740,17 +1740,23 @@ class KafkaCluster:
         for i in KAFKA_NODES:
             self.pid(i)
 
+    def is_node(self, pid, i):
+        """True while process pid is node i (its command line names its server.properties)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cl = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return f"kafka.Kafka {os.path.join(self.dir, f'node-{i}', 'server.properties')}" in cl
+
     def pid(self, i):
-        """The live pid of node i, or None (the pid file, checked against /proc/PID/cmdline)."""
+        """The live pid of node i from its pid file, or None."""
         try:
             with open(os.path.join(self.dir, f"node-{i}", "pid")) as f:
                 pid = int(f.read().strip())
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cl = f.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError):
             return None
-        props = os.path.join(self.dir, f"node-{i}", "server.properties")
-        if f"kafka.Kafka {props}" not in cl:
+        if not self.is_node(pid, i):
             return None
         self.seen_pids[pid] = i
         return pid
@@ -1804,14 +1810,12 @@ class KafkaCluster:
                 say(f"kafka heal: {', '.join(acted)}")
         return acted
 
-    def describe(self, topics=None, brokers=None, timeout_s=10, limit=None):
-        """`onceq topics describe --json`: {topic: its object}, or None when it failed (or took
-        longer than limit seconds)."""
-        argv = [self.bin, "topics", "describe", "--json", "--brokers", brokers or self.brokers,
+    def describe(self, topics=None, timeout_s=10):
+        """`onceq topics describe --json`: {topic: its object}, or None when it failed."""
+        argv = [self.bin, "topics", "describe", "--json", "--brokers", self.brokers,
                 "--timeout", f"{timeout_s}s", *(topics or KAFKA_TOPICS)]
         try:
-            r = subprocess.run(argv, capture_output=True, text=True,
-                               timeout=limit if limit else timeout_s + 10)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 10)
             return {t["name"]: t for t in json.loads(r.stdout)["topics"]}
         except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
             return None
@@ -1832,13 +1836,27 @@ class KafkaCluster:
         return ",".join(b for k, b in enumerate(self.brokers.split(","), 1) if k != i)
 
     def fenced(self, i, limit):
-        """True when node i leads no partition of the onceq topics and every one has a leader
-        (asked of the two other nodes: a stopped node would make the request wait; and for at
-        most limit seconds, the fault's remaining time)."""
-        d = self.describe(brokers=self.brokers_without(i), timeout_s=3, limit=max(1, limit))
-        led = self.leaders(d)
-        return bool(d) and len(led) == len(KAFKA_TOPICS) * KAFKA_PARTITIONS and \
-            i not in led and min(led) >= 0
+        """True when node i leads no partition of the onceq topics and every one has a leader.
+        Asked of the two other nodes with a metadata request only (kcat -L: a stopped node
+        would make requests to it wait, and `topics describe` also sends DescribeConfigs, which
+        librdkafka may route to it), for at most limit seconds (the fault's remaining time)."""
+        try:
+            r = subprocess.run(["kcat", "-L", "-b", self.brokers_without(i), "-m", "3"],
+                               capture_output=True, text=True, timeout=max(1, min(limit, 8)))
+        except subprocess.TimeoutExpired:
+            return False
+        led, topic = [], None
+        for line in r.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("topic "):
+                topic = line.split('"')[1] if '"' in line else None
+            elif line.startswith("partition ") and topic in KAFKA_TOPICS:
+                try:
+                    led.append(int(line.split("leader ")[1].split(",")[0]))
+                except (IndexError, ValueError):
+                    return False
+        return len(led) == len(KAFKA_TOPICS) * KAFKA_PARTITIONS and i not in led and \
+            min(led) >= 0
 
     def whole(self):
         """'' when the cluster is whole (3 nodes running, 3 brokers in the metadata, every
@@ -1904,7 +1922,7 @@ class KafkaCluster:
             self.sh("stop", timeout=120)
         for _ in range(2):
             for pid, i in list(self.seen_pids.items()):
-                if self.pid(i) == pid:
+                if self.is_node(pid, i):
                     self.say(f"node {i} pid {pid} still running after stop: KILL")
                     try:
                         os.kill(pid, signal.SIGCONT)
