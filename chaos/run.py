@@ -1717,8 +1717,9 @@ class KafkaCluster:
         self.log.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
         self.log.flush()
 
-    def sh(self, *args, timeout=120):
-        """scripts/kafka-cluster.sh ARGS --dir D; (rc, stdout, stderr), rc 124 on timeout."""
+    def sh(self, *args, timeout=120, quiet=False):
+        """scripts/kafka-cluster.sh ARGS --dir D; (rc, stdout, stderr), rc 124 on timeout;
+        logged to kafka-runner.log unless quiet (the polled status)."""
         argv = ["bash", self.script, *args, "--dir", self.dir]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -1727,7 +1728,8 @@ class KafkaCluster:
         except subprocess.TimeoutExpired as ex:
             rc, out, err = 124, ex.stdout or "", f"timed out after {timeout}s"
             out = out.decode() if isinstance(out, bytes) else out
-        self.say(f"kafka-cluster.sh {' '.join(args)}: rc={rc} {err.strip()[-400:]}")
+        if not quiet or rc not in (0, 1):
+            self.say(f"kafka-cluster.sh {' '.join(args)}: rc={rc} {err.strip()[-400:]}")
         return rc, out, err
 
     def start(self):
@@ -1810,9 +1812,9 @@ class KafkaCluster:
                 say(f"kafka heal: {', '.join(acted)}")
         return acted
 
-    def describe(self, topics=None, timeout_s=10):
+    def describe(self, topics=None, timeout_s=10, brokers=None):
         """`onceq topics describe --json`: {topic: its object}, or None when it failed."""
-        argv = [self.bin, "topics", "describe", "--json", "--brokers", self.brokers,
+        argv = [self.bin, "topics", "describe", "--json", "--brokers", brokers or self.brokers,
                 "--timeout", f"{timeout_s}s", *(topics or KAFKA_TOPICS)]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 10)
@@ -1858,38 +1860,44 @@ class KafkaCluster:
         return len(led) == len(KAFKA_TOPICS) * KAFKA_PARTITIONS and i not in led and \
             min(led) >= 0
 
-    def whole(self):
-        """'' when the cluster is whole (3 nodes running, 3 brokers in the metadata, every
-        partition of the onceq topics led and fully replicated); else what is not."""
+    def whole(self, topics=True):
+        """'' when the cluster is whole (3 nodes running, 3 brokers in the metadata and, with
+        topics, every partition of the onceq topics led and fully replicated); else what is
+        not."""
         bad = [f"node {i} {st}" for i in KAFKA_NODES for st in [self.state(i)[0]]
                if st != "running"]
         if bad:
             return ", ".join(bad)
-        rc, out, _ = self.sh("status", timeout=30)
+        rc, out, _ = self.sh("status", timeout=30, quiet=True)
         n = [l.split(":", 1)[1].strip() for l in out.splitlines()
              if l.startswith("metadata brokers:")]
         if n != [str(len(KAFKA_NODES))]:
             return f"the metadata lists {n[0] if n and n[0] else '?'} brokers"
-        d = self.describe()
-        if not d:
-            return "topics describe failed"
-        for t in KAFKA_TOPICS:
-            x = d.get(t) or {}
-            parts = x.get("partition_list", [])
-            if not x.get("exists") or len(parts) != KAFKA_PARTITIONS:
-                return f"{t}: {len(parts)} partitions"
-            short = [p["partition"] for p in parts
-                     if p["leader"] < 0 or len(p.get("isr", [])) < len(KAFKA_NODES)]
-            if x.get("under_replicated") or short:
-                return f"{t}: partitions {short} under-replicated"
+        if not topics:
+            return ""
+        # each broker asked on its own (the only one in the bootstrap list): a node just
+        # resumed from SIGSTOP answers from its stale metadata for a moment, so all must agree
+        for b, addr in enumerate(self.brokers.split(","), 1):
+            d = self.describe(brokers=addr)
+            if not d:
+                return f"topics describe via node {b} failed"
+            for t in KAFKA_TOPICS:
+                x = d.get(t) or {}
+                parts = x.get("partition_list", [])
+                if not x.get("exists") or len(parts) != KAFKA_PARTITIONS:
+                    return f"{t}: {len(parts)} partitions (via node {b})"
+                short = [p["partition"] for p in parts
+                         if p["leader"] < 0 or len(p.get("isr", [])) < len(KAFKA_NODES)]
+                if x.get("under_replicated") or short:
+                    return f"{t}: partitions {short} under-replicated (via node {b})"
         return ""
 
-    def wait_whole(self, timeout):
+    def wait_whole(self, timeout, topics=True):
         """'' once whole within timeout seconds, else the last reason."""
         deadline = now() + timeout
         why = "not asked"
         while now() < deadline:
-            why = self.whole()
+            why = self.whole(topics)
             if not why:
                 return ""
             time.sleep(0.5)
@@ -1972,7 +1980,7 @@ def sc_kafka_node_faults(run):
         acted = k.heal(run.say)  # an earlier run's failure may have left a node down
         if acted:
             run.note(f"before the run: {acted}")
-        why = k.wait_whole(90)
+        why = k.wait_whole(90, topics=False)  # the topics are recreated next
         if why:
             raise RunFailed(f"the cluster is not whole before the run: {why}")
         k.recreate_topics(run.say)
