@@ -2291,7 +2291,10 @@ def run_scenario(opts, name, t0):
               f"{fmt_ms(run.metrics.get('recovery_ms'))} s)"
               + ("" if not run.failures else
                  f"\n    failures: {run.failures}\n    reproduce: chaos/run.py --seed "
-                 f"{opts.seed} --scenarios {name} --runs {i} --keep\n    folder: {run.dir}"),
+                 f"{opts.seed} --scenarios {name} --runs {i} --keep"
+                 + (" --real-kafka" if name in REAL_KAFKA else "")
+                 + (f" --break {opts.brk}" if name in REAL_KAFKA and opts.brk else "")
+                 + f"\n    folder: {run.dir}"),
               flush=True)
         runs.append(run)
         if not run.failures and not opts.keep:
