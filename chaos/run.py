@@ -4,7 +4,7 @@ its choices (which process, which crash point, which broker, how long) drawn fro
 seed, each run checked end to end.
 
     chaos/run.py [--scenarios a,b|all] [--runs N] [--seed S] [--minutes M] [--out DIR]
-                 [--build DIR] [--smoke] [--list]
+                 [--build DIR] [--smoke] [--real-kafka] [--list]
 
 Design. One run = one fresh directory, one embedded broker (`onceq broker`), a producer, a relay
 and consumers started as separate processes in sessions of their own (setsid), each killed by its
@@ -18,12 +18,18 @@ come from random.Random("<seed>:<scenario>:<run>"), so `--seed S --scenarios X -
 replays the same choices for runs 1..K of X whatever else is selected (the machine's own
 scheduling is not replayed: the same choices, not the same interleaving).
 
+The real-Kafka row (kafka_node_faults, only with --real-kafka) runs the same processes against
+one 3-node KRaft cluster (scripts/kafka-cluster.sh) started for all its runs in
+<results>/kafka and stopped by pid when they end (also on a failure, Ctrl-C or TERM); each
+run recreates the onceq topics. Without java, kcat or the Kafka jars it is reported as skipped
+(exit 77 when nothing failed), never as passed.
+
 Recovery time = the last fault injected (kill, stop, broker error, lock, proxy fault) to the
 moment every call in calls.db is terminal, after the load ended; sampled every 100 ms.
 
 Report: one table per invocation (printed, results/<stamp>/report.md + report.json) and a chart
 of recovery times (recovery.svg, drawn by hand). Exit 0 when every run of every scenario passed,
-1 otherwise, 2 on bad usage.
+1 otherwise, 77 when none failed but a selected scenario was skipped, 2 on bad usage.
 """
 import argparse
 import hashlib
@@ -31,6 +37,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import sqlite3
@@ -119,6 +126,7 @@ class Run:
         self.ddb = None  # the downstream's ledger, when the run has one
         self.dport = None
         self.brk = opts.brk  # a protection broken on purpose (--break): the run must fail
+        self.group = "onceq-workers"  # the consumers' group
         self.log = open(os.path.join(self.dir, "run.log"), "a")
 
     # --- bookkeeping ---------------------------------------------------------------------------
@@ -299,7 +307,7 @@ class Run:
 
     def start_consumer(self, i, env=None, extra=()):
         self.spawn(f"consumer-{i}", [self.bin, "consumer", "--db", self.cdb, "--group",
-                                     "onceq-workers", "--brokers", self.brokers, "--worker-id",
+                                     self.group, "--brokers", self.brokers, "--worker-id",
                                      f"consumer-{i}", "-X", "session.timeout.ms=6000",
                                      "--lease", "3s", *extra], env)
 
@@ -1646,6 +1654,468 @@ def sc_offset_rewind(run):
         run.fail("no re-delivered copy reached the inbox")
 
 
+# --- real Kafka (row 7b, only with --real-kafka) ---------------------------------------------
+KAFKA_NODES = (1, 2, 3)
+KAFKA_TOPICS = ["onceq.tool-calls", "onceq.tool-results", "onceq.dlq"]
+KAFKA_PARTITIONS = 6
+REAL_KAFKA = {"kafka_node_faults"}  # scenarios that run on the real cluster (--real-kafka)
+
+
+def kafka_missing(opts):
+    """Why the real-Kafka scenarios cannot run on this machine (a sentence), or None. The jars
+    are fetched with scripts/kafka-fetch.sh when they are not cached and Maven is there."""
+    for tool, why in (("java", "Java 17+ runs the brokers (Debian: default-jre-headless)"),
+                      ("kcat", "scripts/kafka-cluster.sh counts the brokers with it"),
+                      ("ss", "scripts/kafka-cluster.sh picks free ports with it (iproute2)")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed: {why}"
+    try:
+        r = subprocess.run(["java", "-XshowSettings:properties", "-version"],
+                           capture_output=True, text=True, timeout=60)
+        ver = [l.split("=", 1)[1].strip() for l in r.stderr.splitlines()
+               if l.strip().startswith("java.specification.version")]
+        if not ver or int(ver[0].split(".")[0]) < 17:
+            return f"Java {ver[0] if ver else '?'} found; Kafka 4.1 needs 17 or newer"
+    except (OSError, subprocess.TimeoutExpired, ValueError) as ex:
+        return f"java does not run: {ex}"
+    fetch = os.path.join(SRC, "scripts", "kafka-fetch.sh")
+    if subprocess.run([fetch, "--check"], capture_output=True).returncode != 0:
+        if shutil.which(os.environ.get("MVN", "mvn")) is None:
+            return ("the Kafka jars are not fetched (scripts/kafka-fetch.sh) and Maven (mvn), "
+                    "which fetches them, is not installed")
+        print("fetching the Kafka jars (scripts/kafka-fetch.sh)", flush=True)
+        try:
+            r = subprocess.run([fetch], capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            return "scripts/kafka-fetch.sh did not finish within 900 s"
+        if r.returncode != 0:
+            return f"scripts/kafka-fetch.sh failed: {r.stderr.strip()[-300:]}"
+    if not os.access(os.path.join(opts.build, "oq_relay_check"), os.X_OK):
+        return f"no oq_relay_check in {opts.build} (build the test tools)"
+    return None
+
+
+class KafkaCluster:
+    """One 3-node KRaft cluster (scripts/kafka-cluster.sh) for every run of a real-Kafka
+    scenario, in <results>/kafka. Nodes are signalled by the pids in their pid files, and a pid
+    is trusted only while /proc/PID/cmdline names that node's server.properties (the script's
+    rule). Every call is bounded."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.dir = os.path.join(opts.out, "kafka")
+        self.bootfile = os.path.join(opts.out, "kafka.bootstrap")
+        self.script = os.path.join(SRC, "scripts", "kafka-cluster.sh")
+        self.bin = os.path.join(opts.build, "onceq")
+        self.brokers = None
+        self.seen_pids = {}  # pid -> node, every pid a node ever had (the final sweep)
+        self.closing = threading.Event()
+        os.makedirs(self.dir, exist_ok=True)
+        self.log = open(os.path.join(opts.out, "kafka-runner.log"), "a")
+
+    def say(self, msg):
+        self.log.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
+        self.log.flush()
+
+    def sh(self, *args, timeout=120, quiet=False):
+        """scripts/kafka-cluster.sh ARGS --dir D; (rc, stdout, stderr), rc 124 on timeout;
+        logged to kafka-runner.log unless quiet (the polled status)."""
+        argv = ["bash", self.script, *args, "--dir", self.dir]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+            rc, out, err = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as ex:
+            rc, out, err = 124, ex.stdout or "", f"timed out after {timeout}s"
+            out = out.decode() if isinstance(out, bytes) else out
+        if not quiet or rc not in (0, 1):
+            self.say(f"kafka-cluster.sh {' '.join(args)}: rc={rc} {err.strip()[-400:]}")
+        return rc, out, err
+
+    def start(self):
+        rc, out, err = self.sh("start", "--nodes", str(len(KAFKA_NODES)), "--bootstrap-file",
+                               self.bootfile, timeout=240)
+        if rc != 0:
+            raise RunFailed(f"the cluster did not start (rc {rc}): {err.strip()[-400:]}")
+        with open(self.bootfile) as f:
+            self.brokers = f.read().strip()
+        for i in KAFKA_NODES:
+            self.pid(i)
+
+    def is_node(self, pid, i):
+        """True while process pid is node i (its command line names its server.properties)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cl = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return f"kafka.Kafka {os.path.join(self.dir, f'node-{i}', 'server.properties')}" in cl
+
+    def pid(self, i):
+        """The live pid of node i from its pid file, or None."""
+        try:
+            with open(os.path.join(self.dir, f"node-{i}", "pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+        if not self.is_node(pid, i):
+            return None
+        self.seen_pids[pid] = i
+        return pid
+
+    def state(self, i):
+        """('running' | 'stopped' | 'dead', pid)."""
+        pid = self.pid(i)
+        if pid is None:
+            return "dead", None
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "dead", None
+        if st == "Z":
+            return "dead", None
+        return ("stopped" if st == "T" else "running"), pid
+
+    def signal_node(self, i, sig):
+        """kill-node I SIG (KILL waits until the process is gone)."""
+        if self.closing.is_set():
+            raise RunFailed("the cluster is being stopped")
+        rc, _, err = self.sh("kill-node", str(i), sig, timeout=60)
+        if rc != 0:
+            raise RunFailed(f"kill-node {i} {sig}: rc {rc} {err.strip()[-200:]}")
+
+    def start_node(self, i):
+        """start-node I: on its data; waits until the metadata lists every broker (90 s)."""
+        if self.closing.is_set():
+            raise RunFailed("the cluster is being stopped")
+        rc, _, err = self.sh("start-node", str(i), "--timeout", "90", timeout=150)
+        self.pid(i)
+        if rc != 0:
+            raise RunFailed(f"start-node {i}: rc {rc} {err.strip()[-300:]}")
+
+    def heal(self, say=None):
+        """Every node running again: a stopped one continued, a dead one started on its data;
+        returns what was done (empty when the cluster had every node running)."""
+        acted = []
+        for i in KAFKA_NODES:
+            st, pid = self.state(i)
+            if st == "stopped":
+                os.kill(pid, signal.SIGCONT)
+                acted.append(f"SIGCONT node {i}")
+            elif st == "dead":
+                self.start_node(i)
+                acted.append(f"started node {i}")
+        if acted:
+            self.sh("wait-ready", "--timeout", "90", timeout=120)
+            if say:
+                say(f"kafka heal: {', '.join(acted)}")
+        return acted
+
+    def describe(self, topics=None, timeout_s=10, brokers=None):
+        """`onceq topics describe --json`: {topic: its object}, or None when it failed."""
+        argv = [self.bin, "topics", "describe", "--json", "--brokers", brokers or self.brokers,
+                "--timeout", f"{timeout_s}s", *(topics or KAFKA_TOPICS)]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 10)
+            return {t["name"]: t for t in json.loads(r.stdout)["topics"]}
+        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            return None
+
+    def leaders(self, d, topics=None):
+        return [p["leader"] for t in (topics or KAFKA_TOPICS) if d and t in d
+                for p in d[t].get("partition_list", [])]
+
+    def busiest(self):
+        """The node leading most partitions of onceq.tool-calls (the lowest id on a tie)."""
+        d = self.describe(["onceq.tool-calls"])
+        led = [x for x in self.leaders(d, ["onceq.tool-calls"]) if x in KAFKA_NODES]
+        if not led:
+            return None
+        return max(sorted(set(led)), key=led.count)
+
+    def brokers_without(self, i):
+        return ",".join(b for k, b in enumerate(self.brokers.split(","), 1) if k != i)
+
+    def fenced(self, i, limit):
+        """True when node i leads no partition of the onceq topics and every one has a leader.
+        Asked of the two other nodes with a metadata request only (kcat -L: a stopped node
+        would make requests to it wait, and `topics describe` also sends DescribeConfigs, which
+        librdkafka may route to it), for at most limit seconds (the fault's remaining time)."""
+        try:
+            r = subprocess.run(["kcat", "-L", "-b", self.brokers_without(i), "-m", "3"],
+                               capture_output=True, text=True, timeout=max(1, min(limit, 8)))
+        except subprocess.TimeoutExpired:
+            return False
+        led, topic = [], None
+        for line in r.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("topic "):
+                topic = line.split('"')[1] if '"' in line else None
+            elif line.startswith("partition ") and topic in KAFKA_TOPICS:
+                try:
+                    led.append(int(line.split("leader ")[1].split(",")[0]))
+                except (IndexError, ValueError):
+                    return False
+        return len(led) == len(KAFKA_TOPICS) * KAFKA_PARTITIONS and i not in led and \
+            min(led) >= 0
+
+    def whole(self, topics=True):
+        """'' when the cluster is whole (3 nodes running, 3 brokers in the metadata and, with
+        topics, every partition of the onceq topics led and fully replicated); else what is
+        not."""
+        bad = [f"node {i} {st}" for i in KAFKA_NODES for st in [self.state(i)[0]]
+               if st != "running"]
+        if bad:
+            return ", ".join(bad)
+        rc, out, _ = self.sh("status", timeout=30, quiet=True)
+        n = [l.split(":", 1)[1].strip() for l in out.splitlines()
+             if l.startswith("metadata brokers:")]
+        if n != [str(len(KAFKA_NODES))]:
+            return f"the metadata lists {n[0] if n and n[0] else '?'} brokers"
+        if not topics:
+            return ""
+        # each broker asked on its own (the only one in the bootstrap list): a node just
+        # resumed from SIGSTOP answers from its stale metadata for a moment, so all must agree
+        for b, addr in enumerate(self.brokers.split(","), 1):
+            d = self.describe(brokers=addr)
+            if not d:
+                return f"topics describe via node {b} failed"
+            for t in KAFKA_TOPICS:
+                x = d.get(t) or {}
+                parts = x.get("partition_list", [])
+                if not x.get("exists") or len(parts) != KAFKA_PARTITIONS:
+                    return f"{t}: {len(parts)} partitions (via node {b})"
+                short = [p["partition"] for p in parts
+                         if p["leader"] < 0 or len(p.get("isr", [])) < len(KAFKA_NODES)]
+                if x.get("under_replicated") or short:
+                    return f"{t}: partitions {short} under-replicated (via node {b})"
+        return ""
+
+    def wait_whole(self, timeout, topics=True):
+        """'' once whole within timeout seconds, else the last reason."""
+        deadline = now() + timeout
+        why = "not asked"
+        while now() < deadline:
+            why = self.whole(topics)
+            if not why:
+                return ""
+            time.sleep(0.5)
+        return why
+
+    def recreate_topics(self, say):
+        """The onceq topics deleted (with the group offsets on them) and created afresh: RF 3,
+        min.insync.replicas 2, 6 partitions (as tests/integration/lib.sh does per script)."""
+        r = subprocess.run([self.bin, "topics", "delete", "--if-exists", "--brokers",
+                            self.brokers, "--timeout", "30s", *KAFKA_TOPICS],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RunFailed(f"topics delete: rc {r.returncode} {r.stderr.strip()[-300:]}")
+        for attempt in range(5):  # a deletion can still be finishing on some broker
+            r = subprocess.run([self.bin, "topics", "create", "--brokers", self.brokers,
+                                "--partitions", str(KAFKA_PARTITIONS), "--replication-factor",
+                                str(len(KAFKA_NODES)), "--min-insync-replicas", "2",
+                                "--timeout", "30s"], capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                say(f"topics recreated (attempt {attempt + 1})")
+                return
+            time.sleep(2)
+        raise RunFailed(f"topics create: rc {r.returncode} {r.stderr.strip()[-300:]}")
+
+    def stop(self):
+        """Every node stopped by its pid (the script: TERM, KILL after 10 s), then a sweep of
+        every pid a node ever had (still that node: KILL)."""
+        self.closing.set()
+        if os.path.exists(os.path.join(self.dir, "cluster.env")):
+            self.sh("stop", timeout=120)
+        for _ in range(2):
+            for pid, i in list(self.seen_pids.items()):
+                if self.is_node(pid, i):
+                    self.say(f"node {i} pid {pid} still running after stop: KILL")
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            for i in KAFKA_NODES:  # a node started while the stop ran
+                pid = self.pid(i)
+                if pid:
+                    self.say(f"node {i} pid {pid} running after stop: KILL")
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(1)
+        self.log.close()
+
+
+def sc_kafka_node_faults(run):
+    """Row 7b, only with --real-kafka: the pipeline (producer, relay, 2-3 consumers with
+    session.timeout.ms=6000 and a 3 s lease) on a real 3-node KRaft cluster (one cluster for
+    every run; the onceq topics recreated per run, RF 3, min.insync.replicas 2, 6 partitions)
+    while calls flow at 80/s; 1-3 faults drawn from the seed, one after the other (the cluster
+    whole again in between): a node kill -9, restarted on its data 3-8 s later, or a node
+    SIGSTOPped for 8-15 s (past the 6 s session timeouts), then SIGCONT; the node drawn at
+    random or the one leading most partitions of onceq.tool-calls. Checks besides the usual:
+    the cluster whole again within 60 s of the last fault's end (3 nodes, 3 brokers in the
+    metadata, every partition led, none under-replicated); onceq.tool-calls holds every outbox row
+    (oq_relay_check: nothing the brokers acknowledged was lost)."""
+    k = run.opts.kafka
+    chunk, rate = 480, 80  # the load runs in chunks of 6 s until the last fault healed
+    plan = []
+    nfaults = run.rng.randint(1, 3)
+    for j in range(nfaults):
+        kind = run.rng.choice(["kill", "stop"])
+        if run.brk == "node_left_down" and j == nfaults - 1:
+            kind = "kill"
+        pick = run.rng.choice(["busiest", "random"])
+        node = run.rng.randint(1, 3)  # the random pick; also busiest's stand-in without one
+        secs = run.rng.uniform(3, 8) if kind == "kill" else run.rng.uniform(8, 15)
+        plan.append((kind, pick, node, round(secs, 1), round(run.rng.uniform(1.0, 3.0), 1)))
+    ncons = run.rng.randint(2, 3)
+    run.say(f"plan {plan}, {ncons} consumers")
+    run.metrics["plan"] = plan
+    run.group = f"onceq-workers-{run.idx}"  # one cluster for every run: a group of its own
+    abort = threading.Event()  # the main thread gave up: the fault thread heals and ends
+    th = None
+    interrupted = False
+    try:
+        acted = k.heal(run.say)  # an earlier run's failure may have left a node down
+        if acted:
+            run.note(f"before the run: {acted}")
+        why = k.wait_whole(90, topics=False)  # the topics are recreated next
+        if why:
+            raise RunFailed(f"the cluster is not whole before the run: {why}")
+        k.recreate_topics(run.say)
+        run.brokers = k.brokers
+        run.port = free_port()
+        run.start_producer()
+        run.start_relay()
+        for i in range(1, ncons + 1):
+            run.start_consumer(i)
+        run.wait_healthy(30)
+        run.wait(30, lambda: os.path.exists(run.cdb) and os.path.getsize(run.cdb) > 0,
+                 "consumer database", supervise=True)
+        chunks = [0]
+
+        def top_up():
+            p = run.procs.get("load")
+            if p is not None and p.poll() is None:
+                return
+            if p is not None and p.returncode != 0:
+                run.fail(f"load chunk exit {p.returncode}")
+            run.load(chunk, rate, "kf", conns=8, extra=("--first", str(chunks[0] * chunk)))
+            chunks[0] += 1
+
+        top_up()
+        run.wait(90, lambda: top_up() or run.q(run.cdb, "SELECT count(*) FROM effects")[0][0]
+                 > 0, "the first effects", supervise=True)
+        done = threading.Event()
+        result = {"faults": [], "error": None, "t_heal": None}
+
+        def faults():
+            try:
+                for j, (kind, pick, node, secs, gap) in enumerate(plan):
+                    if abort.wait(gap):
+                        return
+                    if pick == "busiest":
+                        node = k.busiest() or node
+                    d = k.describe()
+                    led = sum(1 for x in k.leaders(d) if x == node)
+                    rec = {"kind": kind, "pick": pick, "node": node, "secs": secs, "led": led}
+                    t0 = now()
+                    k.signal_node(node, "KILL" if kind == "kill" else "STOP")
+                    run.fault(f"{'kill -9' if kind == 'kill' else 'SIGSTOP'} kafka node "
+                              f"{node} (leads {led} partitions) for {secs} s")
+                    while now() - t0 < secs and not abort.is_set():  # watch it fenced
+                        if rec.get("fenced_after_s") is None and now() - t0 < secs - 1 \
+                                and k.fenced(node, secs - (now() - t0)):
+                            rec["fenced_after_s"] = round(now() - t0, 1)
+                        time.sleep(0.5)
+                    last = j == len(plan) - 1
+                    if kind == "stop":
+                        k.signal_node(node, "CONT")
+                        run.say(f"SIGCONT kafka node {node}")
+                    elif run.brk == "node_left_down" and last:
+                        run.say(f"--break node_left_down: kafka node {node} not restarted")
+                    else:
+                        k.start_node(node)
+                        run.say(f"kafka node {node} restarted on its data")
+                    rec["healed_after_s"] = round(now() - t0, 1)
+                    result["t_heal"] = now()
+                    result["faults"].append(rec)
+                    if not last and not abort.is_set():  # a second node down before the first caught up: 2 faults
+                        why = k.wait_whole(90)
+                        if why:
+                            raise RunFailed(f"the cluster not whole 90 s after the fault on "
+                                            f"node {node}: {why}")
+            except Exception as ex:  # the main thread reports it
+                result["error"] = ex
+            finally:
+                done.set()
+
+        th = threading.Thread(target=faults, daemon=True)
+        th.start()
+        deadline = now() + 420
+        while not done.is_set() and now() < deadline:
+            run.supervise()
+            top_up()
+            time.sleep(0.1)
+        run.metrics["faults"] = result["faults"]
+        run.metrics["load_chunks"] = chunks[0]
+        if not done.is_set():
+            raise RunFailed("the faults did not end within 420 s")
+        if result["error"] is not None:
+            ex = result["error"]
+            raise ex if isinstance(ex, RunFailed) else RunFailed(f"{type(ex).__name__}: {ex}")
+        run.say(f"faults done: {result['faults']}")
+        # after the faults the cluster is whole again, within 60 s of the last restart/SIGCONT
+        t_h = result["t_heal"] or now()
+        why = "not asked"
+        while now() - t_h < 60:
+            why = k.whole()
+            if not why:
+                run.metrics["whole_after_heal_s"] = round(now() - t_h, 1)
+                run.say(f"cluster whole {now() - t_h:.1f} s after the last heal")
+                break
+            run.supervise()
+            time.sleep(0.5)
+        if why:
+            run.fail(f"the cluster is not whole 60 s after the last fault ended: {why}")
+        run.wait_load(120)
+        run.drain(240)
+        run.metrics["heal_to_drained_ms"] = round((now() - t_h) * 1000)
+        acted = k.heal(run.say)  # whatever is still dead or stopped, before the checks
+        if acted:
+            run.note(f"at the end of the run: {acted}")
+            why = k.wait_whole(60)
+            if why:
+                run.fail(f"the cluster not whole after restarting what was down: {why}")
+        run.finish()
+        r = subprocess.run([run.tool("oq_relay_check"), "--brokers", k.brokers, "--db", run.pdb,
+                            "--topic", "onceq.tool-calls", "--timeout-ms", "60000"],
+                           capture_output=True, text=True, timeout=120)
+        summary = [l for l in r.stdout.splitlines() if l.startswith("# summary")]
+        run.say(f"oq_relay_check rc={r.returncode} {summary} {r.stderr.strip()[-300:]}")
+        fields = dict(x.split("=", 1) for x in (summary[0].split()[2:] if summary else [])
+                      if "=" in x)
+        run.metrics["topic_copies"] = int(fields.get("dups", -1))
+        if r.returncode != 0 or fields.get("missing") != "0":
+            run.fail(f"onceq.tool-calls against the outbox: rc {r.returncode}, "
+                     f"{summary or r.stderr.strip()[-300:]}")
+    except KeyboardInterrupt:
+        interrupted = True  # Ctrl-C or TERM: no heal, the cluster is stopped next
+        raise
+    finally:
+        abort.set()
+        if th is not None:
+            th.join(180)
+            if th.is_alive():
+                run.fail("the fault thread did not end within 180 s")
+        if not interrupted:
+            try:
+                k.heal(run.say)  # the next run (and the final stop) find every node running
+            except RunFailed as ex:
+                run.note(f"heal after the run: {ex}")
+
+
 SCENARIOS = {
     "same_key": sc_same_key,
     "http_proxy": sc_http_proxy,
@@ -1663,6 +2133,7 @@ SCENARIOS = {
     "disk_full": sc_disk_full,
     "offset_rewind": sc_offset_rewind,
     "soak": sc_soak,  # only with --soak-minutes or when named
+    "kafka_node_faults": sc_kafka_node_faults,  # only with --real-kafka (a 3-node cluster)
 }
 BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's checks must fail
     "downstream_keys": "downstream_faults: the service behind pay_keys (declared idempotent) "
@@ -1677,12 +2148,17 @@ BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's chec
                       "waits before the restarted consumers get partitions",
     "soak_tight": "soak: no growth tolerated at all (1.0x + 0 KiB, +0 descriptors): the "
                   "normal warm-up of a daemon must then count as growth",
+    "node_left_down": "kafka_node_faults: the last fault is a kill -9 whose node is not "
+                      "restarted: the cluster-whole check must fail (the node is started "
+                      "after the checks, for the next run)",
 }
 MISSING = {  # issue 13 rows not run here, and why
-    "real_kafka (7b)": "node kill -9 / restart and SIGSTOP of a real Kafka broker: covered by "
-                       "tests/realkafka (3-node KRaft cluster), not by this runner, which "
-                       "uses the embedded mock broker only",
     "offset_rewind (4c)": "see docs/CHAOS.md, 'Offset rewind'",
+}
+MISSING_WITHOUT_KAFKA = {  # added to the report when the real-Kafka row was not selected
+    "kafka_node_faults (7b)": "node kill -9 / restart and SIGSTOP of a real Kafka broker: "
+                              "only with --real-kafka (make chaos-matrix-kafka), which starts "
+                              "a 3-node KRaft cluster",
 }
 
 
@@ -1712,6 +2188,15 @@ def row_of(name, runs):
     return row
 
 
+def skipped_row(name, reason):
+    """A scenario that could not run here: reported as skipped, with the reason, never as
+    passed."""
+    return {"scenario": name, "runs": 0, "passed": 0, "calls": 0, "inbox_duplicates": 0,
+            "duplicate_effects": 0, "lost": 0, "dsr": 0.0, "recovery_ms": [], "p50_ms": None,
+            "p95_ms": None, "p99_ms": None, "failures": [], "notes": [f"skipped: {reason}"],
+            "seeds": [], "details": [], "skipped": reason}
+
+
 def fmt_ms(v):
     return "-" if v is None else f"{v / 1000:.2f}"
 
@@ -1721,6 +2206,10 @@ def table_md(rows):
            " recovery p50 s | p95 s | p99 s |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        if r.get("skipped"):
+            out.append(f"| {r['scenario']} | 0 | skipped: {r['skipped']} | - | - | - | - | - |"
+                       f" - | - | - |")
+            continue
         dup = str(r["duplicate_effects"])
         if "control_duplicates" in r:
             where = " in the ledger" if r["scenario"] == "downstream_negative" else ""
@@ -1776,6 +2265,77 @@ def svg_chart(rows, seed):
     return "\n".join(e) + "\n"
 
 
+def run_scenario(opts, name, t0):
+    """The runs of one scenario; returns (runs, stopped by the time budget)."""
+    runs = []
+    for i in range(1, opts.runs + 1):
+        if opts.minutes and now() - t0 > opts.minutes * 60:
+            return runs, True
+        run = Run(opts, name, i, opts.seed)
+        ts = now()
+        try:
+            SCENARIOS[name](run)
+        except RunFailed as ex:
+            run.fail(str(ex))
+        except Exception as ex:  # a bug in the scenario is a failed run, with its trace
+            import traceback
+            run.fail(f"{type(ex).__name__}: {ex}")
+            run.log.write(traceback.format_exc())
+        finally:
+            run.stop_all()
+            for c in run.cleanups:
+                c()
+        status = "ok" if not run.failures else "FAIL"
+        print(f"  {name} run {i}/{opts.runs}: {status} ({now() - ts:.1f}s, calls "
+              f"{run.metrics.get('calls', '?')}, recovery "
+              f"{fmt_ms(run.metrics.get('recovery_ms'))} s)"
+              + ("" if not run.failures else
+                 f"\n    failures: {run.failures}\n    reproduce: chaos/run.py --seed "
+                 f"{opts.seed} --scenarios {name} --runs {i} --keep"
+                 + (" --real-kafka" if name in REAL_KAFKA else "")
+                 + (f" --break {opts.brk}" if name in REAL_KAFKA and opts.brk else "")
+                 + f"\n    folder: {run.dir}"),
+              flush=True)
+        runs.append(run)
+        if not run.failures and not opts.keep:
+            subprocess.run(["rm", "-rf", run.dir])
+        run.log.close()
+    return runs, False
+
+
+def run_on_kafka(opts, name, t0):
+    """The runs of a real-Kafka scenario on one cluster started for them, stopped (every node
+    by its pid) when they end, also on a failure, Ctrl-C or SIGTERM. The cluster's folder
+    (node logs) stays when a run failed or with --keep."""
+    opts.kafka = cluster = KafkaCluster(opts)
+
+    def term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    old = signal.signal(signal.SIGTERM, term)
+    runs, early = [], False
+    try:
+        print(f"  {name}: starting a 3-node Kafka cluster in {cluster.dir}", flush=True)
+        ts = now()
+        try:
+            cluster.start()
+            print(f"  {name}: cluster up at {cluster.brokers} ({now() - ts:.0f}s)", flush=True)
+            runs, early = run_scenario(opts, name, t0)
+        except RunFailed as ex:
+            run = Run(opts, name, 1, opts.seed)
+            run.fail(f"kafka cluster: {ex}")
+            run.log.close()
+            print(f"  {name}: FAIL: {ex}\n    folder: {cluster.dir}", flush=True)
+            runs = [run]
+    finally:
+        print(f"  {name}: stopping the Kafka cluster (by pid)", flush=True)
+        cluster.stop()
+        opts.kafka = None
+        signal.signal(signal.SIGTERM, old)
+    if runs and not opts.keep and all(not r.failures for r in runs):
+        subprocess.run(["rm", "-rf", cluster.dir])
+    return runs, early
+
+
 def main():
     ap = argparse.ArgumentParser(description="onceq chaos matrix runner")
     ap.add_argument("--scenarios", default="all")
@@ -1794,21 +2354,32 @@ def main():
     ap.add_argument("--break", dest="brk", default=None,
                     help="break one protection on purpose to watch a row fail (see "
                          "docs/CHAOS.md): " + ", ".join(BREAKS))
+    ap.add_argument("--real-kafka", action="store_true",
+                    help="add the real-Kafka row (kafka_node_faults, 7b): one 3-node KRaft "
+                         "cluster (scripts/kafka-cluster.sh) for all its runs; needs java 17+, "
+                         "kcat and the jars of scripts/kafka-fetch.sh (fetched with mvn when "
+                         "missing), else the row is reported as skipped (exit 77)")
     ap.add_argument("--list", action="store_true")
     opts = ap.parse_args()
+    opts.kafka = None
     if opts.list:
         for n, f in SCENARIOS.items():
             print(f"{n}: {' '.join(f.__doc__.split())}")
         for n, why in MISSING.items():
             print(f"(missing) {n}: {why}")
         return 0
-    names = ([n for n in SCENARIOS if n != "soak"] if opts.scenarios == "all"
-             else opts.scenarios.split(","))
+    names = ([n for n in SCENARIOS if n != "soak" and (opts.real_kafka or n not in REAL_KAFKA)]
+             if opts.scenarios == "all" else opts.scenarios.split(","))
     if opts.soak_minutes and "soak" not in names:
         names.append("soak")
     bad = [n for n in names if n not in SCENARIOS]
     if bad or opts.runs < 1:
         print(f"unknown scenario(s) {bad}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    need = [n for n in names if n in REAL_KAFKA]
+    if need and not opts.real_kafka:
+        print(f"{', '.join(need)} run(s) on a real Kafka cluster: add --real-kafka",
+              file=sys.stderr)
         return 2
     if opts.seed is None:
         opts.seed = int.from_bytes(os.urandom(4), "big")
@@ -1823,37 +2394,19 @@ def main():
     rows = []
     stopped_early = False
     for name in names:
-        runs = []
-        for i in range(1, opts.runs + 1):
+        if name in REAL_KAFKA:
             if opts.minutes and now() - t0 > opts.minutes * 60:
-                stopped_early = True
-                break
-            run = Run(opts, name, i, opts.seed)
-            ts = now()
-            try:
-                SCENARIOS[name](run)
-            except RunFailed as ex:
-                run.fail(str(ex))
-            except Exception as ex:  # a bug in the scenario is a failed run, with its trace
-                import traceback
-                run.fail(f"{type(ex).__name__}: {ex}")
-                run.log.write(traceback.format_exc())
-            finally:
-                run.stop_all()
-                for c in run.cleanups:
-                    c()
-            status = "ok" if not run.failures else "FAIL"
-            print(f"  {name} run {i}/{opts.runs}: {status} ({now() - ts:.1f}s, calls "
-                  f"{run.metrics.get('calls', '?')}, recovery "
-                  f"{fmt_ms(run.metrics.get('recovery_ms'))} s)"
-                  + ("" if not run.failures else
-                     f"\n    failures: {run.failures}\n    reproduce: chaos/run.py --seed "
-                     f"{opts.seed} --scenarios {name} --runs {i} --keep\n    folder: {run.dir}"),
-                  flush=True)
-            runs.append(run)
-            if not run.failures and not opts.keep:
-                subprocess.run(["rm", "-rf", run.dir])
-            run.log.close()
+                stopped_early = True  # no cluster start past the budget
+                continue
+            why = kafka_missing(opts)
+            if why:
+                print(f"  {name}: SKIPPED: {why}", flush=True)
+                rows.append(skipped_row(name, why))
+                continue
+            runs, early = run_on_kafka(opts, name, t0)
+        else:
+            runs, early = run_scenario(opts, name, t0)
+        stopped_early = stopped_early or early
         if runs:
             rows.append(row_of(name, runs))
     elapsed = now() - t0
@@ -1861,30 +2414,39 @@ def main():
     print()
     print(md)
     ok = all(not r["failures"] for r in rows) and not stopped_early
+    skipped = {r["scenario"]: r["skipped"] for r in rows if r.get("skipped")}
+    verdict = "FAIL" if not ok else "SKIP" if skipped else "PASS"  # a skip never passes
+    missing = dict(MISSING)
+    if not any(n in REAL_KAFKA for n in names):
+        missing.update(MISSING_WITHOUT_KAFKA)
     report = {"seed": opts.seed, "runs_per_scenario": opts.runs, "smoke": opts.smoke,
-              "elapsed_s": round(elapsed, 1), "cpus": os.cpu_count(), "passed": ok,
-              "stopped_by_time_budget": stopped_early, "rows": rows, "missing": MISSING}
+              "elapsed_s": round(elapsed, 1), "cpus": os.cpu_count(),
+              "passed": ok and not skipped, "verdict": verdict, "skipped": skipped,
+              "stopped_by_time_budget": stopped_early, "rows": rows, "missing": missing}
     with open(os.path.join(opts.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(opts.out, "report.md"), "w") as f:
         f.write(f"# onceq chaos matrix\n\nseed {opts.seed}, {opts.runs} run(s) per scenario"
                 f"{' (smoke sizes)' if opts.smoke else ''}, {elapsed / 60:.1f} min on "
-                f"{os.cpu_count()} CPUs; {'PASS' if ok else 'FAIL'}\n\n{md}\n")
+                f"{os.cpu_count()} CPUs; {verdict}\n\n{md}\n")
         for r in rows:
             for x in r["failures"]:
                 f.write(f"\n- FAIL {r['scenario']} {x}")
-        f.write("\n\nNot run here:\n\n" + "\n".join(f"- {k}: {v}" for k, v in MISSING.items())
+        for n, why in skipped.items():
+            f.write(f"\n- SKIPPED {n}: {why}")
+        f.write("\n\nNot run here:\n\n" + "\n".join(f"- {k}: {v}" for k, v in missing.items())
                 + "\n")
     with open(os.path.join(opts.out, "recovery.svg"), "w") as f:
         f.write(svg_chart(rows, opts.seed))
-    print(f"\n{'PASS' if ok else 'FAIL'} in {elapsed:.0f}s; seed {opts.seed}; results in "
-          f"{opts.out}")
+    print(f"\n{verdict} in {elapsed:.0f}s; seed {opts.seed}; results in {opts.out}")
     for r in rows:
         for x in r["failures"]:
             print(f"FAIL {r['scenario']} {x}")
+    for n, why in skipped.items():
+        print(f"SKIPPED {n}: {why}")
     if stopped_early:
         print(f"stopped by the time budget ({opts.minutes} min): not every run ran")
-    return 0 if ok else 1
+    return 1 if not ok else 77 if skipped else 0
 
 
 if __name__ == "__main__":
