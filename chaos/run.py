@@ -1591,7 +1591,7 @@ def soak_md(rows):
         for d in r["details"]:
             if "soak" not in d:
                 continue
-            out += [f"\nSoak ({d['soak_minutes']} min, {d['soak_kills']} kill -9s, samples "
+            out += ["", "", f"Soak ({d['soak_minutes']} min, {d['soak_kills']} kill -9s, samples "
                     f"every 2 s; bound: last third's median RSS <= 1.5x the first's + 16 MiB, "
                     f"descriptors <= +32):\n",
                     "| process | samples | RSS first third MiB | last third MiB | max MiB | "
