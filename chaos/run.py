@@ -475,19 +475,8 @@ class Run:
 # --- HTTP clients ----------------------------------------------------------------------------
 def http_post(port, key, body, timeout=5.0):
     """One attempt; returns (status, json or None). Raises OSError/HTTPException on transport."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request("POST", "/v1/tool-calls", body=json.dumps(body),
-                  headers={"Idempotency-Key": key, "Content-Type": "application/json",
-                           "Connection": "close"})
-        r = c.getresponse()
-        data = r.read()
-        try:
-            return r.status, json.loads(data)
-        except ValueError:
-            return r.status, None
-    finally:
-        c.close()
+    return http_json(port, "POST", "/v1/tool-calls", body, timeout,
+                     headers={"Idempotency-Key": key})
 
 
 def logical_effects(run, client_id):
@@ -901,11 +890,14 @@ def sc_busy_storm(run):
 
 
 # --- outside calls: HTTP tools against `onceq downstream` (rows 8, 10) -------------------------
-def http_json(port, method, path, body=None, timeout=5.0):
+def http_json(port, method, path, body=None, timeout=5.0, headers=None):
+    """One request with a JSON body (or none); returns (status, json or None). Raises
+    OSError/HTTPException on transport."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         c.request(method, path, body=None if body is None else json.dumps(body),
-                  headers={"Content-Type": "application/json", "Connection": "close"})
+                  headers={"Content-Type": "application/json", "Connection": "close",
+                           **(headers or {})})
         r = c.getresponse()
         data = r.read()
         try:

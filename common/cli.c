@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "oq_cli.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 
 int oq_cli_parse(oq_config_t *cfg, const char *prog, const char *usage, int argc, char **argv)
@@ -59,4 +60,12 @@ int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FI
     for (const oq_cli_cmd_t *c = cmds; c->name; c++)
         if (strcmp(c->name, argv[1]) == 0) return c->fn(argc - 1, argv + 1);
     return -1;
+}
+
+int oq_cli_check_topic_prefix(const oq_config_t *cfg, const char *cmd)
+{
+    oq_error_t err = {0};
+    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &err) == 0) return 0;
+    fprintf(stderr, "onceq %s: --topic-prefix: %s\n", cmd, err.msg);
+    return OQ_EXIT_USAGE;
 }

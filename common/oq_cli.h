@@ -57,6 +57,10 @@ typedef struct oq_cli_cmd {
 int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FILE *out), int argc,
                     char **argv);
 
+/** @brief Check the command's --topic-prefix (the OQ_SETTING_TOPIC_PREFIX row); on a bad one
+ *         print "onceq CMD: --topic-prefix: why" on stderr. @returns 0, or OQ_EXIT_USAGE. */
+int oq_cli_check_topic_prefix(const oq_config_t *cfg, const char *cmd);
+
 /** Environment prefix of the settings: `--key-ttl` is also read as ONCEQ_KEY_TTL. */
 #define OQ_CLI_ENV_PREFIX "ONCEQ_"
 

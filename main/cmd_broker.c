@@ -553,8 +553,7 @@ int oq__cmd_broker(int argc, char **argv)
         ctl_path = ctl_default;
     }
     const char *prefix = oq_config_str(cfg, "topic-prefix");
-    if (oq_topic_prefix_check(prefix, &err) != 0) {
-        fprintf(stderr, "onceq broker: --topic-prefix: %s\n", err.msg);
+    if (oq_cli_check_topic_prefix(cfg, "broker") != 0) {
         ret = OQ_EXIT_USAGE;
         goto out;
     }

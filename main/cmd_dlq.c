@@ -856,9 +856,7 @@ int oq__cmd_dlq(int argc, char **argv)
         goto out;
     }
     const char *prefix = oq_config_str(cfg, "topic-prefix");
-    oq_error_t perr = {0};
-    if (oq_topic_prefix_check(prefix, &perr) != 0) {
-        fprintf(stderr, "onceq dlq: --topic-prefix: %s\n", perr.msg);
+    if (oq_cli_check_topic_prefix(cfg, "dlq") != 0) {
         ret = OQ_EXIT_USAGE;
         goto out;
     }

@@ -149,8 +149,7 @@ int oq__cmd_producer(int argc, char **argv)
         goto out;
     }
     const char *prefix = oq_config_str(cfg, "topic-prefix");
-    if (oq_topic_prefix_check(prefix, &err) != 0) {
-        fprintf(stderr, "onceq producer: --topic-prefix: %s\n", err.msg);
+    if (oq_cli_check_topic_prefix(cfg, "producer") != 0) {
         ret = OQ_EXIT_USAGE;
         goto out;
     }

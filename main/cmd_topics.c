@@ -665,8 +665,7 @@ int oq__cmd_topics(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
-    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &err) != 0) {
-        fprintf(stderr, "onceq topics: --topic-prefix: %s\n", err.msg);
+    if (oq_cli_check_topic_prefix(cfg, "topics") != 0) {
         ret = OQ_EXIT_USAGE;
         goto out;
     }

@@ -482,6 +482,10 @@ int oq__cmd_up(int argc, char **argv)
         goto out;
     }
     up->exe[n] = '\0';
+    if (oq_cli_check_topic_prefix(cfg, "up") != 0) {
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
     const char *dir = oq_config_str(cfg, "dir");
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         fprintf(stderr, "onceq up: mkdir %s: %s\n", dir, strerror(errno));
@@ -496,12 +500,6 @@ int oq__cmd_up(int argc, char **argv)
         up_path(up->calls_db, PATH_MAX, up->dir, "calls.db") ||
         up_path(up->effects_db, PATH_MAX, up->dir, "effects.db")) {
         fprintf(stderr, "onceq up: --dir is too long\n");
-        rc = OQ_EXIT_USAGE;
-        goto out;
-    }
-    oq_error_t perr = {0};
-    if (oq_topic_prefix_check(oq_config_str(cfg, "topic-prefix"), &perr) != 0) {
-        fprintf(stderr, "onceq up: --topic-prefix: %s\n", perr.msg);
         rc = OQ_EXIT_USAGE;
         goto out;
     }
