@@ -13,6 +13,8 @@
 #   pl_verify [ARGS...]       onceq verify --json on PDB/CDB; prints the JSON, returns its rc
 #   pl_field JSON NAME        a top-level number/bool from verify's JSON (jq)
 #   pl_wait_drained S [N]     until no call is pending/running (and >= N calls); 1 on timeout
+#   pl_verify_clean [ARGS...] pl_verify, printed and kept in J; fails the test unless it exits 0,
+#                             clean, no duplicate effect, nothing lost, effects = expected
 
 PL_GROUP=${PL_GROUP:-onceq-workers}
 # Fast rebalances on the mock cluster: a member joining a stable group waits
@@ -90,4 +92,16 @@ pl_wait_drained() {
         sleep 0.5
     done
     return 1
+}
+
+pl_verify_clean() {
+    local rc
+    J=$(pl_verify "$@")
+    rc=$?
+    echo "$J"
+    [[ $rc == 0 ]] || oq_fail "onceq verify exit $rc"
+    [[ $(pl_field "$J" clean) == true ]] || oq_fail "verify not clean"
+    [[ $(pl_field "$J" duplicates) == 0 ]] || oq_fail "duplicate effects"
+    [[ $(pl_field "$J" lost) == 0 ]] || oq_fail "lost calls"
+    [[ $(pl_field "$J" effects) == $(pl_field "$J" expected_effects) ]] || oq_fail "effects mismatch"
 }

@@ -75,14 +75,7 @@ grep -q "^accepted=$N\$" "$T/load.out" || oq_fail "not all $N calls accepted"
 oq_alive consumer-1 || oq_fail "consumer-1 died"
 
 pl_wait_drained 240 "$N" || oq_fail "calls not terminal within 240 s after the load"
-J=$(pl_verify --accepted "$T/accepted")
-rc=$?
-echo "$J"
-[[ $rc == 0 ]] || oq_fail "onceq verify exit $rc"
-[[ $(pl_field "$J" clean) == true ]] || oq_fail "verify not clean"
-[[ $(pl_field "$J" duplicates) == 0 ]] || oq_fail "duplicate effects"
-[[ $(pl_field "$J" lost) == 0 ]] || oq_fail "lost calls"
-[[ $(pl_field "$J" effects) == $(pl_field "$J" expected_effects) ]] || oq_fail "effects mismatch"
+pl_verify_clean --accepted "$T/accepted"
 
 assigns=$(cat "$T"/consumer-*.log | grep -c 'assigned [0-9]* partition' || true)
 revokes=$(cat "$T"/consumer-*.log | grep -c 'msg="revoking' || true)
