@@ -663,7 +663,7 @@ static int e2e_http(const oq_config_t *cfg, const char *dir, const oq_load_opts_
             "{\"version\": 1, \"tools\": [{\"name\": \"pay\", \"url\": "
             "\"http://%s/v1/payments\", \"body\": {\"amount\": \"{amount}\", \"reference\": "
             "\"{effect_id}\"}, \"idempotent\": true, \"lookup\": {\"url\": "
-            "\"http://%s/v1/payments?idempotency_key={idem_key}\"}}]}\n",
+            "\"http://%s/v1/payments?idempotency_key={effect_id}\"}}]}\n",
             listen, listen);
     fclose(f);
     char *const dargs[] = {"downstream", "--listen", listen, "--db", ledger, NULL};

@@ -4,9 +4,12 @@
  * executor's exact "sent" classification are one contract; a split of the parser into its own
  * file is the obvious next step.)
  *
- * Design. A tools file declares, per tool, the request to send (URL and body templates,
- * headers, the idempotency header that carries effect_id), how long to wait, how to read the
- * downstream's object id, and which answers mean what. The executor runs any number of such
+ * Design. A tools file declares, per tool, the request to send (URL, body and header templates,
+ * the idempotency header that carries effect_id), how long to wait, how to read the
+ * downstream's object id, and which answers mean what. Everything outside the request is
+ * settled at load: secret header values ({"env"} / {"file"}) are read then and kept apart from
+ * templates (never expanded, wiped on free), TLS files are checked readable, so a bad file
+ * fails the start, not every call. The executor runs any number of such
  * requests from one thread with one curl multi handle: requests are queued by any thread
  * (oq__http_exec_submit), started on the polling thread up to max_inflight at a time, and each
  * ends in exactly one callback with a classified outcome. Connections are kept alive and
@@ -42,6 +45,7 @@
  */
 #include <ctype.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -53,6 +57,7 @@
 
 #include "http_tools.h"
 #include "oq_json.h"
+#include "oq_log.h"
 #include "oq_util.h"
 
 const char *oq__http_class_name(oq__http_class_t c)
@@ -84,6 +89,7 @@ typedef struct pctx {
     const char *origin;
     char where[128];
     oq_error_t *err;
+    int idem_alias; /* the tool being parsed uses the old name {idem_key} */
 } pctx_t;
 
 static int perr(pctx_t *p, const char *field, const char *fmt, ...)
@@ -144,6 +150,7 @@ static int check_template(pctx_t *p, const char *field, const char *t, int *coun
             if (!(isalnum((unsigned char)n[i]) || n[i] == '_'))
                 return perr(p, field, "bad placeholder \"%.*s\" (use {name} or {name?})",
                             (int)(e - s + 1), s);
+        if (len == 8 && strncmp(n, "idem_key", 8) == 0) p->idem_alias = 1;
         if (count) (*count)++;
         s = e;
     }
@@ -286,15 +293,97 @@ static int valid_header_name(const char *s, size_t n)
     return 1;
 }
 
-static int add_header(oq__http_request_t *req, const char *name, const char *value)
+static int add_header(oq__http_request_t *req, const char *name, const char *prefix,
+                      const char *value, int kind)
 {
     char **nh = realloc(req->headers, (req->nheaders + 1) * sizeof *nh);
     if (!nh) return OQ_ENOMEM;
     req->headers = nh;
-    size_t n = strlen(name) + strlen(value) + 3;
+    unsigned char *nk = realloc(req->header_kind, req->nheaders + 1);
+    if (!nk) return OQ_ENOMEM;
+    req->header_kind = nk;
+    size_t n = strlen(name) + strlen(prefix) + strlen(value) + 3;
     if (!(nh[req->nheaders] = malloc(n))) return OQ_ENOMEM;
-    snprintf(nh[req->nheaders], n, "%s: %s", name, value);
+    snprintf(nh[req->nheaders], n, "%s: %s%s", name, prefix, value);
+    nk[req->nheaders] = (unsigned char)kind;
     req->nheaders++;
+    return 0;
+}
+
+/* A header value may go on one line as it is: no control character but tab. */
+static int header_value_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)v[i] < 0x20 && v[i] != '\t') || v[i] == 0x7f) return 0;
+    return 1;
+}
+
+/* A secret header value, {"env": NAME} or {"file": PATH} with an optional "prefix", read now.
+ * Errors name the tool, the header and the variable or file, never the value. *out is
+ * malloc()ed (the caller wipes and frees it). */
+static int read_secret(pctx_t *p, const char *f, const json_t *v, char **out, const char **prefix)
+{
+    static const char *const fields[] = {"env", "file", "prefix", NULL};
+    char sub[160];
+    snprintf(sub, sizeof sub, "%s.", f);
+    int rc = check_fields(p, v, sub, fields);
+    if (rc) return rc;
+    const json_t *env = json_object_get(v, "env"), *file = json_object_get(v, "file");
+    const json_t *pre = json_object_get(v, "prefix");
+    *out = NULL;
+    *prefix = "";
+    if (!env == !file)
+        return perr(p, f, "a secret names one source: {\"env\": \"NAME\"} or {\"file\": \"PATH\"}");
+    if (pre) {
+        if (!json_is_string(pre) ||
+            !header_value_ok(json_string_value(pre), json_string_length(pre)))
+            return perr(p, f, "prefix: expected a one-line string");
+        *prefix = json_string_value(pre);
+    }
+    if (env) {
+        const char *name = json_is_string(env) ? json_string_value(env) : "";
+        int ok = *name && (isalpha((unsigned char)*name) || *name == '_');
+        for (const char *c = name; ok && *c; c++)
+            ok = isalnum((unsigned char)*c) || *c == '_';
+        if (!ok) return perr(p, f, "env: expected an environment variable name");
+        const char *val = getenv(name);
+        if (!val) return perr(p, f, "environment variable %.64s is not set", name);
+        if (!*val) return perr(p, f, "environment variable %.64s is empty", name);
+        if (!header_value_ok(val, strlen(val)))
+            return perr(p, f, "environment variable %.64s holds a control character", name);
+        if (!(*out = strdup(val))) return perr(p, f, "out of memory");
+        return 0;
+    }
+    if (!json_is_string(file) || json_string_length(file) == 0)
+        return perr(p, f, "file: expected a file name");
+    const char *path = json_string_value(file);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return perr(p, f, "cannot read file %.100s: %s", path, strerror(errno));
+    char *buf = malloc(65537);
+    size_t n = buf ? fread(buf, 1, 65537, fp) : 0;
+    int bad = !buf ? OQ_ENOMEM : ferror(fp) ? OQ_EIO : n > 65536 ? OQ_ETOOBIG : 0;
+    fclose(fp);
+    if (bad) {
+        if (buf) explicit_bzero(buf, 65537);
+        free(buf);
+        return bad == OQ_ENOMEM ? perr(p, f, "out of memory")
+               : bad == OQ_EIO  ? perr(p, f, "cannot read file %.100s", path)
+                                : perr(p, f, "file %.100s is over 64 KiB", path);
+    }
+    while (n &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--; /* the newline an editor or `echo` leaves */
+    buf[n] = '\0';
+    const char *why = !n                         ? "is empty"
+                      : memchr(buf, '\0', n)     ? "holds a NUL byte"
+                      : !header_value_ok(buf, n) ? "holds a line break or a control character"
+                                                 : NULL;
+    if (why) {
+        explicit_bzero(buf, 65537);
+        free(buf);
+        return perr(p, f, "file %.100s %s (one line expected)", path, why);
+    }
+    *out = buf;
     return 0;
 }
 
@@ -311,15 +400,34 @@ static int parse_headers(pctx_t *p, const json_t *o, const char *field, oq__http
         char f[128];
         snprintf(f, sizeof f, "%s.%.64s", field, k);
         if (!valid_header_name(k, strlen(k))) return perr(p, f, "not a valid header name");
-        if (!json_is_string(v) || strpbrk(json_string_value(v), "\r\n"))
-            return perr(p, f, "expected a one-line string");
         static const char *const reserved[] = {"Content-Length", "Host",       "Transfer-Encoding",
                                                "Expect",         "Connection", NULL};
         for (const char *const *r = reserved; *r; r++)
             if (strcasecmp(*r, k) == 0) return perr(p, f, "set by the executor, not by tools");
         if (idem_header && strcasecmp(idem_header, k) == 0)
             return perr(p, f, "is the idempotency header; its value is always the effect id");
-        if (add_header(req, k, json_string_value(v))) return perr(p, f, "out of memory");
+        if (json_is_object(v)) {
+            char *secret = NULL;
+            const char *prefix;
+            int rc = read_secret(p, f, v, &secret, &prefix);
+            if (rc) return rc;
+            rc = add_header(req, k, prefix, secret, OQ__HTTP_HDR_SECRET);
+            explicit_bzero(secret, strlen(secret));
+            free(secret);
+            if (rc) return perr(p, f, "out of memory");
+            continue;
+        }
+        if (!json_is_string(v) || !header_value_ok(json_string_value(v), json_string_length(v)))
+            return perr(p, f,
+                        "expected a one-line string, or a secret {\"env\": \"NAME\"} / "
+                        "{\"file\": \"PATH\"}");
+        /* a template like the URL: the same placeholders, expanded per request */
+        const char *t = json_string_value(v);
+        int rc = check_template(p, f, t, NULL);
+        if (rc) return rc;
+        if (strstr(t, "{args}") || strstr(t, "{args?}"))
+            return perr(p, f, "{args} is the whole argument object: it cannot fill a header");
+        if (add_header(req, k, "", t, OQ__HTTP_HDR_TEMPLATE)) return perr(p, f, "out of memory");
     }
     return 0;
 }
@@ -358,9 +466,13 @@ static void request_clear(oq__http_request_t *r)
     free(r->method);
     free(r->url);
     json_decref(r->body);
-    for (size_t i = 0; i < r->nheaders; i++)
+    for (size_t i = 0; i < r->nheaders; i++) {
+        if (r->header_kind && r->header_kind[i] == OQ__HTTP_HDR_SECRET)
+            explicit_bzero(r->headers[i], strlen(r->headers[i]));
         free(r->headers[i]);
+    }
     free(r->headers);
+    free(r->header_kind);
     free(r->object_id);
     free(r->exists);
     memset(r, 0, sizeof *r);
@@ -383,8 +495,7 @@ static int parse_lookup(pctx_t *p, const json_t *l, oq__http_tool_t *t)
     if ((rc = parse_url(p, l, "lookup.url", r, &n))) return rc;
     if (n == 0)
         return perr(p, "lookup.url",
-                    "needs a placeholder that identifies the call ({effect_id}, {idem_key} or an "
-                    "argument)");
+                    "needs a placeholder that identifies the call ({effect_id} or an argument)");
     r->body_mode = OQ__HTTP_BODY_NONE;
     if ((rc = parse_headers(p, l, "lookup.headers", r, NULL))) return rc;
     r->connect_timeout_ms = t->call.connect_timeout_ms;
@@ -410,6 +521,48 @@ static int parse_lookup(pctx_t *p, const json_t *l, oq__http_tool_t *t)
     return 0;
 }
 
+/* A PEM file named by a TLS field: readable now, and PEM (a later failure would only show as
+ * a failed handshake on every call). */
+static int check_pem_file(pctx_t *p, const char *field, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return perr(p, field, "cannot read %.100s: %s", path, strerror(errno));
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    int rd = ferror(f);
+    fclose(f);
+    buf[n] = '\0';
+    if (rd) return perr(p, field, "cannot read %.100s", path);
+    int pem = strstr(buf, "-----BEGIN ") != NULL;
+    explicit_bzero(buf, sizeof buf); /* may be a private key */
+    if (!pem) return perr(p, field, "%.100s is not a PEM file (no -----BEGIN line)", path);
+    return 0;
+}
+
+/* ca_file, client_cert, client_key: files checked now, used for the call and its lookup. */
+static int parse_tls(pctx_t *p, const json_t *o, oq__http_tool_t *t)
+{
+    int rc;
+    if ((rc = get_string(p, o, "ca_file", "ca_file", &t->ca_file, 0)) ||
+        (rc = get_string(p, o, "client_cert", "client_cert", &t->client_cert, 0)) ||
+        (rc = get_string(p, o, "client_key", "client_key", &t->client_key, 0)))
+        return rc;
+    if (!t->ca_file && !t->client_cert && !t->client_key) return 0;
+    const char *f = t->ca_file ? "ca_file" : t->client_cert ? "client_cert" : "client_key";
+    if (strncmp(t->call.url, "https://", 8) != 0)
+        return perr(p, f, "TLS settings need an https:// url (url is \"%.60s\")", t->call.url);
+    if (t->has_lookup && strncmp(t->lookup.url, "https://", 8) != 0)
+        return perr(p, f, "TLS settings need an https:// url (lookup.url is \"%.60s\")",
+                    t->lookup.url);
+    if (t->client_key && !t->client_cert)
+        return perr(p, "client_key", "needs client_cert (the certificate of that key)");
+    if ((t->ca_file && (rc = check_pem_file(p, "ca_file", t->ca_file))) ||
+        (t->client_cert && (rc = check_pem_file(p, "client_cert", t->client_cert))) ||
+        (t->client_key && (rc = check_pem_file(p, "client_key", t->client_key))))
+        return rc;
+    return 0;
+}
+
 static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
 {
     static const char *const fields[] = {"name",
@@ -427,6 +580,9 @@ static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
                                          "final",
                                          "retryable",
                                          "lookup",
+                                         "ca_file",
+                                         "client_cert",
+                                         "client_key",
                                          NULL};
     static const char *const success_def[] = {"2xx", NULL};
     static const char *const final_def[] = {"4xx", NULL};
@@ -506,13 +662,16 @@ static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
         return rc;
     if ((v = json_object_get(o, "lookup")) && !json_is_null(v) && (rc = parse_lookup(p, v, t)))
         return rc;
-    return 0;
+    return parse_tls(p, o, t);
 }
 
 static void tool_clear(oq__http_tool_t *t)
 {
     free(t->name);
     free(t->idem_header);
+    free(t->ca_file);
+    free(t->client_cert);
+    free(t->client_key);
     request_clear(&t->call);
     request_clear(&t->lookup);
 }
@@ -529,7 +688,7 @@ void oq__http_tools_destroy(oq__http_tools_t *t)
 int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__http_tools_t **out,
                          oq_error_t *err)
 {
-    pctx_t p = {origin ? origin : "tools", "top level", err};
+    pctx_t p = {origin ? origin : "tools", "top level", err, 0};
     json_t *root = NULL;
     oq_error_t jerr = {0};
     int rc;
@@ -563,7 +722,15 @@ int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__h
     for (size_t i = 0; i < n; i++) {
         snprintf(p.where, sizeof p.where, "tools[%zu]", i);
         set->n = i + 1;
+        p.idem_alias = 0;
         if ((rc = parse_tool(&p, json_array_get(tools, i), &set->tools[i]))) goto out;
+        if (p.idem_alias) {
+            OQ_LOG_WARN("tools",
+                        "%s: %s: {idem_key} is the effect id, not the client's key: write "
+                        "{effect_id} (the old name still works)",
+                        p.origin, p.where);
+            set->nwarnings++;
+        }
         for (size_t j = 0; j < i; j++)
             if (strcmp(set->tools[j].name, set->tools[i].name) == 0) {
                 rc = perr(&p, "name", "declared twice (also tools[%zu])", j);
@@ -761,6 +928,30 @@ int oq__http_expand_url(const char *tmpl, const char *tool, const json_t *args,
     }
     *out = b.p ? b.p : strdup("");
     return *out ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+/* One header line "Name: value" with the value's placeholders expanded (not URL-encoded). A
+ * value that would carry a control character (a line break from an argument) is refused. */
+static int expand_header(const char *line, const char *tool, const json_t *args,
+                         const char *effect_id, char **out, oq_error_t *err)
+{
+    tctx_t t = {tool, args, effect_id, err};
+    sbuf_t b = {0};
+    const char *colon = strchr(line, ':');
+    size_t head = colon ? (size_t)(colon - line) + 2 : 0; /* "Name: " */
+    sb_put(&b, line, head);
+    int rc = expand_text(&t, line + head, 0, &b);
+    if (rc == 0 && b.oom) rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (rc == 0 && !header_value_ok(b.p + head, b.len - head))
+        rc = oq_error_set(err, OQ_EINVAL, 0,
+                          "header %.*s: an argument put a control character in its value",
+                          (int)(head > 2 ? head - 2 : 0), line);
+    if (rc) {
+        free(b.p);
+        return rc;
+    }
+    *out = b.p;
+    return 0;
 }
 
 /* A string that is exactly one placeholder: its name (and optional flag), else NULL. */
@@ -1302,6 +1493,15 @@ static int start(oq__http_exec_t *x, xfer_t *t)
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
     curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+    if (t->tool->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, t->tool->ca_file);
+    if (t->tool->client_cert) {
+        curl_easy_setopt(e, CURLOPT_SSLCERT, t->tool->client_cert);
+        curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+    }
+    if (t->tool->client_key) {
+        curl_easy_setopt(e, CURLOPT_SSLKEY, t->tool->client_key);
+        curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+    }
     if (strcmp(r->method, "GET") == 0) {
         curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
     } else {
@@ -1394,11 +1594,27 @@ static int submit(oq__http_exec_t *x, const oq__http_tool_t *tool, int is_lookup
             else
                 ok = 0;
         }
-        for (size_t i = 0; ok && i < t->req->nheaders; i++) {
-            if ((n = curl_slist_append(h, t->req->headers[i])))
+        for (size_t i = 0; ok && !t->prefail && i < t->req->nheaders; i++) {
+            const char *hl = t->req->headers[i];
+            char *expanded = NULL;
+            if (t->req->header_kind[i] == OQ__HTTP_HDR_TEMPLATE && strchr(hl, '{')) {
+                rc = expand_header(hl, tool->name, args, effect_id, &expanded, &e);
+                if (rc == OQ_ENOMEM) {
+                    ok = 0;
+                    break;
+                }
+                if (rc) {
+                    t->prefail = 1;
+                    snprintf(t->prefail_msg, sizeof t->prefail_msg, "%s", e.msg);
+                    break;
+                }
+                hl = expanded;
+            }
+            if ((n = curl_slist_append(h, hl)))
                 h = n;
             else
                 ok = 0;
+            free(expanded);
         }
         t->hdrs = h;
         if (!ok) {

@@ -11,23 +11,36 @@
  *        "name": "pay", "method": "POST",
  *        "url": "http://127.0.0.1:8090/v1/payments",         // {placeholders} URL-encoded
  *        "body": "args" | "none" | <JSON template>,             // "{x}" keeps x's JSON type
- *        "headers": {"Authorization": "Bearer ..."},
+ *        "headers": {"X-Order": "{order_id}",                    // a template, as the URL
+ *                    "Authorization": {"env": "PAY_TOKEN", "prefix": "Bearer "},
+ *                    "X-Api-Key": {"file": "/run/credentials/onceq/pay.key"}},
+ *        "ca_file": "ca.pem", "client_cert": "c.pem", "client_key": "k.pem",  // https only
  *        "idempotency_header": "Idempotency-Key",               // null: no key sent
  *        "idempotent": true,               // the downstream honours the key (resend is safe)
  *        "connect_timeout_ms": 2000, "timeout_ms": 10000,
  *        "object_id": "/id",                // JSON pointer, or a dotted path "data.id"
  *        "success": ["2xx"], "final": ["4xx"], "retryable": [429, "503:retry-after"],
- *        "lookup": {"url": ".../v1/payments?idempotency_key={idem_key}",
+ *        "lookup": {"url": ".../v1/payments?idempotency_key={effect_id}",
  *                   "found": [200], "absent": [404], "object_id": "/id", "exists": null,
  *                   "settle_ms": 10000}
  *     } ] }
  *
- * Placeholders: `{effect_id}` and `{idem_key}` (both the effect id, the value of the
- * idempotency header), `{tool}`, and `{name}` for a top-level argument `name` (strings as
- * they are, numbers and booleans as JSON text; objects and arrays are refused). `{name?}`
- * makes an argument optional: empty text in a URL, member left out in a body template. In a
- * body template a string that is exactly one placeholder is replaced by the JSON value (type
- * kept), `"{args}"` by the whole argument object.
+ * Placeholders: `{effect_id}` (the effect id, the value of the idempotency header; the old
+ * name `{idem_key}` still works, with a warning at load), `{tool}`, and `{name}` for a
+ * top-level argument `name` (strings as they are, numbers and booleans as JSON text; objects
+ * and arrays are refused). `{name?}` makes an argument optional: empty text in a URL or a
+ * header, member left out in a body template. In a body template a string that is exactly
+ * one placeholder is replaced by the JSON value (type kept), `"{args}"` by the whole argument
+ * object. A header value is a template too (not URL-encoded; a value that would hold a
+ * control character is refused as bad arguments, never sent); `{args}` there is a load error.
+ *
+ * Secrets: a header value `{"env": "NAME"}` or `{"file": "PATH"}` (optional `"prefix"`, e.g.
+ * "Bearer ") is read once, at load, and sent as it is (never expanded); an unset or empty
+ * variable, an unreadable or empty file, or a value with a control character is a load error
+ * that names the tool, the header and the variable or file, never the value. `ca_file`,
+ * `client_cert` and `client_key` (PEM files, checked readable at load) set the CA bundle that
+ * verifies the downstream (instead of the system's) and the client certificate of mutual TLS,
+ * for the call and its lookup; they need https:// URLs.
  *
  * Status rules: an integer (429), a class ("4xx") or an integer that counts only when the
  * answer carries Retry-After ("503:retry-after"). The most specific rule wins (code with
@@ -68,13 +81,18 @@ typedef struct oq__http_rule {
 
 enum { OQ__HTTP_BODY_NONE = 0, OQ__HTTP_BODY_ARGS, OQ__HTTP_BODY_TEMPLATE };
 
+/** What a header line's value is: a template (expanded per request) or a secret read at load
+ *  (sent as it is, wiped when the tools set is freed). */
+enum { OQ__HTTP_HDR_TEMPLATE = 0, OQ__HTTP_HDR_SECRET };
+
 /** One request shape (the call, or its lookup). All members owned by the tools set. */
 typedef struct oq__http_request {
-    char *method;   /**< "GET", "POST", "PUT", "PATCH", "DELETE" */
-    char *url;      /**< template */
-    int body_mode;  /**< OQ__HTTP_BODY_* */
-    json_t *body;   /**< OQ__HTTP_BODY_TEMPLATE: the template */
-    char **headers; /**< "Name: value" lines (templates not expanded) */
+    char *method;               /**< "GET", "POST", "PUT", "PATCH", "DELETE" */
+    char *url;                  /**< template */
+    int body_mode;              /**< OQ__HTTP_BODY_* */
+    json_t *body;               /**< OQ__HTTP_BODY_TEMPLATE: the template */
+    char **headers;             /**< "Name: value" lines (templates not expanded) */
+    unsigned char *header_kind; /**< per line: OQ__HTTP_HDR_* */
     size_t nheaders;
     int64_t connect_timeout_ms; /**< default 2000 */
     int64_t timeout_ms;         /**< total, from the start of the transfer; default 10000 */
@@ -95,16 +113,22 @@ typedef struct oq__http_tool {
     int64_t settle_ms; /**< lookup.settle_ms: a "not found" is trusted only this long after the
                             request was sent, unless the tool is idempotent (default: the
                             call's timeout_ms) */
+    char *ca_file;     /**< https: CA bundle (PEM) verifying the downstream, or NULL (system) */
+    char *client_cert; /**< https: client certificate (PEM) for mutual TLS, or NULL */
+    char *client_key;  /**< https: its private key (PEM), or NULL (in client_cert) */
 } oq__http_tool_t;
 
 /** A loaded tools file. */
 typedef struct oq__http_tools {
     oq__http_tool_t *tools;
     size_t n;
+    int nwarnings; /**< warnings logged while parsing (deprecated names) */
 } oq__http_tools_t;
 
 /**
  * @brief Parse a tools file from \p len bytes of \p text; \p origin names it in errors.
+ *        Secret header values (`{"env": ...}`, `{"file": ...}`) are read here, and the TLS
+ *        files are checked readable; deprecated names are logged as warnings.
  * @returns 0 with \p out set (free with oq__http_tools_destroy), or OQ_EINVAL with \p err
  *          naming the file, the line and column (syntax) or the tool and the field.
  */

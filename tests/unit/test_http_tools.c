@@ -111,7 +111,7 @@ static void test_defaults(void **state)
 }
 
 #define TOOL(extra) "{\"tools\":[{\"name\":\"t\",\"url\":\"http://h/x\"" extra "}]}"
-#define LOOKUP(extra) TOOL(",\"lookup\":{\"url\":\"http://h/y?k={idem_key}\"" extra "}")
+#define LOOKUP(extra) TOOL(",\"lookup\":{\"url\":\"http://h/y?k={effect_id}\"" extra "}")
 
 static const struct {
     const char *text;
@@ -160,11 +160,53 @@ static const struct {
     {LOOKUP(",\"bogus\":1"), "field lookup.bogus: unknown field"},
     {LOOKUP(",\"found\":[200],\"absent\":[200]"), "field lookup.absent[0]: status rule listed"},
     {LOOKUP(",\"timeout_ms\":-5"), "field lookup.timeout_ms"},
+    /* header templates: checked like the URL's; {args} cannot fill a header */
+    {TOOL(",\"headers\":{\"X-A\":\"{a-b}\"}"), "field headers.X-A: bad placeholder"},
+    {TOOL(",\"headers\":{\"X-A\":\"x{a\"}"), "field headers.X-A: '{' without '}'"},
+    {TOOL(",\"headers\":{\"X-A\":\"{args}\"}"), "field headers.X-A: {args} is the whole"},
+    {LOOKUP(",\"headers\":{\"X-A\":\"a}\"}"), "field lookup.headers.X-A: '}' without '{'"},
+    /* secrets: read at load; errors name the tool, the header and the source */
+    {TOOL(",\"headers\":{\"Authorization\":{\"env\":\"OQ_TEST_UNSET_VAR_4711\"}}"),
+     "tool \"t\" (tools[0]): field headers.Authorization: environment variable "
+     "OQ_TEST_UNSET_VAR_4711 is not set"},
+    {TOOL(",\"headers\":{\"Authorization\":{\"env\":\"OQ_TEST_EMPTY_VAR\"}}"),
+     "field headers.Authorization: environment variable OQ_TEST_EMPTY_VAR is empty"},
+    {TOOL(",\"headers\":{\"Authorization\":{\"env\":\"OQ_TEST_CRLF_VAR\"}}"),
+     "field headers.Authorization: environment variable OQ_TEST_CRLF_VAR holds a control"},
+    {TOOL(",\"headers\":{\"X-Key\":{\"file\":\"/nonexistent/pay.key\"}}"),
+     "tool \"t\" (tools[0]): field headers.X-Key: cannot read file /nonexistent/pay.key"},
+    {LOOKUP(",\"headers\":{\"X-Key\":{\"file\":\"/nonexistent/k\"}}"),
+     "field lookup.headers.X-Key: cannot read file /nonexistent/k"},
+    {TOOL(",\"headers\":{\"X-Key\":{\"env\":\"A\",\"file\":\"/f\"}}"),
+     "field headers.X-Key: a secret names one source"},
+    {TOOL(",\"headers\":{\"X-Key\":{}}"), "field headers.X-Key: a secret names one source"},
+    {TOOL(",\"headers\":{\"X-Key\":{\"env\":\"A-B\"}}"), "field headers.X-Key: env: expected"},
+    {TOOL(",\"headers\":{\"X-Key\":{\"vault\":\"x\"}}"), "field headers.X-Key.vault: unknown"},
+    {TOOL(",\"headers\":{\"X-Key\":5}"), "field headers.X-Key: expected a one-line string"},
+    /* TLS files: https only, checked readable (and PEM) at load */
+    {TOOL(",\"ca_file\":\"/etc/hostname\""), "field ca_file: TLS settings need an https:// url"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"ca_file\":\"/nonexistent/ca.pem\"}]}",
+     "tool \"t\" (tools[0]): field ca_file: cannot read /nonexistent/ca.pem"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"client_cert\":\"/nonexistent/"
+     "c.pem\"}]}",
+     "field client_cert: cannot read /nonexistent/c.pem"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"client_key\":\"/nonexistent/"
+     "k.pem\"}]}",
+     "field client_key: needs client_cert"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"ca_file\":\"\"}]}",
+     "field ca_file: expected a non-empty string"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"ca_file\":\"/dev/null\"}]}",
+     "field ca_file: /dev/null is not a PEM file"},
+    {"{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\",\"client_cert\":\"/dev/null\","
+     "\"lookup\":{\"url\":\"http://h/{effect_id}\"}}]}",
+     "field client_cert: TLS settings need an https:// url (lookup.url"},
 };
 
 static void test_bad_files(void **state)
 {
     (void)state;
+    setenv("OQ_TEST_EMPTY_VAR", "", 1);
+    setenv("OQ_TEST_CRLF_VAR", "tok\r\nX-Evil: SECRET-PART", 1);
     for (size_t i = 0; i < sizeof bad_files / sizeof bad_files[0]; i++) {
         oq_error_t err = {0};
         oq__http_tools_t *t = NULL;
@@ -176,7 +218,23 @@ static void test_bad_files(void **state)
         assert_int_equal(rc, OQ_EINVAL);
         assert_null(t);
         assert_non_null(strstr(err.msg, bad_files[i].needle));
+        assert_null(strstr(err.msg, "SECRET-PART")); /* a secret value is never shown */
     }
+}
+
+/* {idem_key} is the effect id under its old name: it still works, with a warning at load. */
+static void test_idem_key_alias(void **state)
+{
+    (void)state;
+    oq__http_tools_t *t = parse_ok(LOOKUP(""));
+    assert_int_equal(t->nwarnings, 0);
+    oq__http_tools_destroy(t);
+    t = parse_ok("{\"tools\":[{\"name\":\"a\",\"url\":\"http://h/{idem_key}\"},"
+                 "{\"name\":\"b\",\"url\":\"http://h/\",\"body\":{\"k\":\"{idem_key}\"},"
+                 "\"headers\":{\"X-K\":\"{idem_key}\"}},"
+                 "{\"name\":\"c\",\"url\":\"http://h/{effect_id}\"}]}");
+    assert_int_equal(t->nwarnings, 2); /* one per tool that uses it */
+    oq__http_tools_destroy(t);
 }
 
 static void test_load_missing_file(void **state)
@@ -379,13 +437,15 @@ enum {
     PEER_CLOSE_AFTER_REQUEST,
     PEER_NEVER_READ,
     PEER_READ_NEVER_ANSWER,
-    PEER_RESET_AFTER_HEADERS
+    PEER_RESET_AFTER_HEADERS,
+    PEER_ANSWER_200 /* reads the request, answers 200 {"id":"p1"} */
 };
 
 typedef struct peer {
     int lfd, port, mode;
     atomic_int stop;
     pthread_t th;
+    char got[8192]; /* the header block of the last request read */
 } peer_t;
 
 /* Reads one request (headers, then Content-Length bytes); with headers_only, stops after the
@@ -409,6 +469,7 @@ static int read_request(peer_t *p, int fd, int headers_only)
             head[hl] = '\0';
             char *end = strstr(head, "\r\n\r\n");
             if (!end) continue;
+            snprintf(p->got, sizeof p->got, "%.*s", (int)(end + 4 - head), head);
             if (headers_only) return 0;
             char *cl = strcasestr(head, "content-length:");
             need = cl ? atoll(cl + 15) : 0;
@@ -442,6 +503,10 @@ static void *peer_main(void *arg)
     } else if (p->mode == PEER_NEVER_READ) {
         while (!atomic_load(&p->stop))
             usleep(10000);
+    } else if (p->mode == PEER_ANSWER_200) {
+        static const char ans[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                  "Content-Length: 11\r\nConnection: close\r\n\r\n{\"id\":\"p1\"}";
+        if (read_request(p, fd, 0) == 0) (void)!write(fd, ans, sizeof ans - 1);
     } else if (p->mode == PEER_RESET_AFTER_HEADERS) {
         read_request(p, fd, 1);
         struct linger lg = {1, 0}; /* close with RST: the rest of the body is refused */
@@ -482,6 +547,7 @@ typedef struct got {
     int n;
     oq__http_class_t cls;
     char code[48];
+    char msg[256];
     int sent;
     long status;
 } got_t;
@@ -492,6 +558,7 @@ static void on_outcome(const oq__http_outcome_t *o, void *ctx)
     g->n++;
     g->cls = o->cls;
     snprintf(g->code, sizeof g->code, "%s", o->code);
+    snprintf(g->msg, sizeof g->msg, "%s", o->message ? o->message : "");
     g->sent = o->sent;
     g->status = o->status;
 }
@@ -627,6 +694,74 @@ static void test_exec_refused_and_bad_args(void **state)
     oq__http_tools_destroy(t);
 }
 
+/* Header templates are expanded per request; secrets from the environment and from a file
+ * are read once at load and sent as they are: all of them reach the downstream. */
+static void test_exec_headers(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/oq_test_secretXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "filekey-123\n", 12), 12);
+    close(fd);
+    setenv("OQ_TEST_PAY_TOKEN", "tok-abc", 1);
+    setenv("OQ_TEST_BRACE", "{kept}", 1);
+    peer_t p;
+    peer_start(&p, PEER_ANSWER_200);
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"tools\":[{\"name\":\"t\",\"url\":\"http://127.0.0.1:%d/pay\",\"headers\":{"
+             "\"X-Order\":\"o-{order}\",\"X-Trace\":\"{tool}/{effect_id}\",\"X-Opt\":\"[{gone?}]\","
+             "\"Authorization\":{\"env\":\"OQ_TEST_PAY_TOKEN\",\"prefix\":\"Bearer \"},"
+             "\"X-Api-Key\":{\"file\":\"%s\"},\"X-Brace\":{\"env\":\"OQ_TEST_BRACE\"}}}]}",
+             p.port, path);
+    oq__http_tools_t *t = parse_ok(text);
+    unlink(path);
+    setenv("OQ_TEST_PAY_TOKEN", "changed-after-load", 1); /* read at load: not seen */
+    json_t *args = js("{\"order\":17}");
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(NULL, &err);
+    assert_non_null(x);
+    got_t g = {0};
+    assert_int_equal(oq__http_exec_submit(x, &t->tools[0], args, "eff-9", on_outcome, &g, &err), 0);
+    int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+    while (g.n == 0 && oq_mono_us() < deadline)
+        assert_true(oq__http_exec_poll(x, 200, &err) >= 0);
+    peer_stop(&p);
+    assert_int_equal(g.n, 1);
+    if (g.cls != OQ__HTTP_SUCCESS) fprintf(stderr, "outcome %s\n", g.code);
+    assert_int_equal(g.cls, OQ__HTTP_SUCCESS);
+    const char *want[] = {"\r\nX-Order: o-17\r\n",
+                          "\r\nX-Trace: t/eff-9\r\n",
+                          "\r\nX-Opt: []\r\n",
+                          "\r\nAuthorization: Bearer tok-abc\r\n",
+                          "\r\nX-Api-Key: filekey-123\r\n",
+                          "\r\nX-Brace: {kept}\r\n",
+                          "\r\nIdempotency-Key: eff-9\r\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!strstr(p.got, want[i])) fprintf(stderr, "missing %s in:\n%s\n", want[i], p.got);
+        assert_non_null(strstr(p.got, want[i]));
+    }
+    /* an argument cannot break a header line, and a missing one fails: never sent */
+    const char *bad[] = {"{\"order\":\"1\\r\\nX-Evil: 1\"}", "{}"};
+    const char *why[] = {"header X-Order: an argument put a control character", "missing argument"};
+    for (int i = 0; i < 2; i++) {
+        json_t *a = js(bad[i]);
+        got_t b = {0};
+        assert_int_equal(oq__http_exec_submit(x, &t->tools[0], a, "eff-10", on_outcome, &b, &err),
+                         0);
+        assert_int_equal(oq__http_exec_poll(x, 0, &err), 1);
+        assert_int_equal(b.cls, OQ__HTTP_FINAL);
+        assert_string_equal(b.code, "bad_args");
+        assert_false(b.sent);
+        assert_non_null(strstr(b.msg, why[i]));
+        json_decref(a);
+    }
+    oq__http_exec_destroy(x);
+    json_decref(args);
+    oq__http_tools_destroy(t);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
@@ -644,6 +779,8 @@ int main(void)
         cmocka_unit_test(test_exec_timeout_before_send),
         cmocka_unit_test(test_exec_reset_while_sending),
         cmocka_unit_test(test_exec_refused_and_bad_args),
+        cmocka_unit_test(test_exec_headers),
+        cmocka_unit_test(test_idem_key_alias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
