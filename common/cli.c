@@ -48,6 +48,17 @@ int oq_cli_exit_for(int rc)
 int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FILE *out), int argc,
                     char **argv)
 {
+    if (argc >= 3 && strcmp(argv[1], "help") == 0) { /* help CMD: CMD --help */
+        for (const oq_cli_cmd_t *c = cmds; c->name; c++) {
+            if (strcmp(c->name, argv[2]) != 0) continue;
+            static char help[] = "--help";
+            char *sub[] = {argv[2], help, NULL};
+            return c->fn(2, sub);
+        }
+        fprintf(stderr, "%s help: unknown command '%s'\n\n", prog, argv[2]);
+        usage(stderr);
+        return OQ_EXIT_USAGE;
+    }
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);

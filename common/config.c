@@ -11,7 +11,8 @@
  * scopes `producer.` / `consumer.` names to one kind of client), which knows every property
  * and reports unknown ones. A property given twice keeps its first position and its last
  * value. Only commands that talk to Kafka (their table has a `brokers` setting) take them:
- * elsewhere -X is an error and is not listed in --help.
+ * elsewhere -X is an error and is not listed in --help. Those commands also take kcat's `-b
+ * VALUE` as `--brokers VALUE`.
  *
  * Precedence is flag > environment > file > default, whatever the order on the command line:
  * parsing walks argv twice, first loading the -F files (in their order, a later file wins over
@@ -520,6 +521,12 @@ static int walk(oq_config_t *c, const char *usage, int argc, char **argv, int fi
             if (!files) rc = set_kafka_pair(c, pair, err);
             continue;
         }
+        if (strncmp(a, "-b", 2) == 0 && find(c, "brokers", NULL)) { /* kcat's -b: --brokers */
+            const char *v = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) return oq_error_set(err, OQ_EINVAL, 0, "setting -b (--brokers) needs a value");
+            if (!files) rc = oq_config_set(c, "brokers", v, err);
+            continue;
+        }
         if (strcmp(a, "-F") == 0 || strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
             const char *path = a[1] == 'F'   ? (i + 1 < argc ? argv[++i] : NULL)
                                : a[8] == '=' ? a + 9
@@ -729,6 +736,7 @@ void oq_config_print_help(const oq_config_t *c, const char *usage, FILE *out)
         fputc('\n', out);
     }
     if (kafka_allowed(c)) {
+        fprintf(out, "  %-*s %-8s  %s\n", w, "-b VALUE", "", "the same as --brokers (kcat's flag)");
         fprintf(out, "  %-*s %-8s  %s\n", w, "-X prop=value", "kafka",
                 "librdkafka property, repeatable (e.g. -X acks=all); producer.PROP / "
                 "consumer.PROP reach only that kind of client");

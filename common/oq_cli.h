@@ -12,11 +12,14 @@
 
 /* Exit codes (documented in README "Exit codes"). */
 #define OQ_EXIT_OK 0
-#define OQ_EXIT_FAIL 1      /**< runtime failure (database, broker, I/O) */
-#define OQ_EXIT_USAGE 2     /**< bad usage or invalid input; nothing was changed */
-#define OQ_EXIT_VIOLATION 3 /**< `verify` found an invariant violation */
-#define OQ_EXIT_NOTFOUND 4  /**< `get`/`inspect`: no such call */
-#define OQ_EXIT_CONFLICT 5  /**< `submit`/`call`: same key, different body */
+#define OQ_EXIT_FAIL 1        /**< runtime failure (database, broker, I/O) */
+#define OQ_EXIT_USAGE 2       /**< bad usage or invalid input; nothing was changed */
+#define OQ_EXIT_VIOLATION 3   /**< `verify` found an invariant violation */
+#define OQ_EXIT_NOTFOUND 4    /**< `get`/`inspect`: no such call */
+#define OQ_EXIT_CONFLICT 5    /**< `submit`/`call`: same key, different body */
+#define OQ_EXIT_CALL_FAILED 6 /**< `call`: the call ended `failed` (the tool failed) */
+#define OQ_EXIT_CALL_REVIEW 7 /**< `call`: the call ended `needs_review` (an operator decides) */
+#define OQ_EXIT_GAVE_UP 8     /**< `call`: retry budget or --timeout spent, call not terminal */
 
 /**
  * The daemons' log settings, one table row each: `--log-level`, `--log-format`, also read as
@@ -50,8 +53,9 @@ typedef struct oq_cli_cmd {
 /**
  * @brief The main() of a program of subcommands (\p cmds ends with a NULL name): no argument
  *        prints \p usage on stderr (exit 2); -h, --help or help prints it on stdout (exit 0);
- *        --version or version prints "PROG VERSION"; a known name runs its entry point with
- *        argv + 1 and returns its exit code.
+ *        `help CMD` runs CMD's entry point as `CMD --help` (an unknown CMD: usage on stderr,
+ *        exit 2); --version or version prints "PROG VERSION"; a known name runs its entry point
+ * with argv + 1 and returns its exit code.
  * @returns that exit code, or -1 for an unknown name (the caller says what to do instead).
  */
 int oq_cli_dispatch(const char *prog, const oq_cli_cmd_t *cmds, void (*usage)(FILE *out), int argc,

@@ -11,9 +11,16 @@
  * so a wait that would end past it is not started: the command gives up at once (the key is
  * unchanged: running it again later resumes the same call). The HTTP client is the common
  * one (oq_httpc, libcurl): http and https, IPv4 and IPv6 (`--url http://[::1]:8081`), one
- * connection kept alive across the retries and polls. Exit codes: 0 succeeded, 1 failed /
- * needs_review / gave up, 2 bad usage or 400, 5 idempotency conflict (422).
+ * connection kept alive across the retries and polls. A bearer token (the producer's
+ * --token-file) comes from --token-file or the environment's ONCEQ_TOKEN, never from the
+ * command line, where any user of the host could read it; it is sent on the submit and on
+ * every poll. Exit codes: 0 succeeded, 1 runtime failure, 2 bad usage or 4xx, 5 idempotency
+ * conflict (422), 6 the call failed, 7 it needs review, 8 gave up (budget or --timeout spent;
+ * the key is unchanged, the same command resumes).
  */
+#include <errno.h>
+#include <sys/stat.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +40,9 @@ static const oq_setting_t call_settings[] = {
     {"tenant", OQ_SET_STRING, NULL, 0, 128, NULL, "tenant (default: the server's default)"},
     {"cacert", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "https: CA bundle to verify the server with (default: the system's)"},
+    {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "file holding the bearer token to send (one line; mode 0600); default: the environment's "
+     "ONCEQ_TOKEN; a token is never taken from the command line"},
     {"request-timeout", OQ_SET_DURATION, "5s", 10, 600000, NULL, "deadline of one HTTP request"},
     {"retry-budget", OQ_SET_INT, "8", 0, 1000, NULL, "retries allowed for the submit"},
     {"backoff", OQ_SET_DURATION, "100ms", 1, 60000, NULL, "first backoff (doubles, full jitter)"},
@@ -46,8 +56,66 @@ static const oq_setting_t call_settings[] = {
 
 static const char call_usage[] =
     "usage: onceq call --url http://127.0.0.1:8081 --key K --tool T --args JSON [--tenant X]\n"
-    "Exit codes: 0 succeeded (or accepted with --no-wait), 1 failed/needs_review/gave up,\n"
-    "            2 bad usage or 400, 5 idempotency conflict.";
+    "                  [--token-file F]   (or the token in the environment: ONCEQ_TOKEN)\n"
+    "Exit codes: 0 succeeded (or accepted with --no-wait), 1 runtime failure (e.g. an\n"
+    "            untrusted certificate), 2 bad usage or a 4xx answer (401: no valid token),\n"
+    "            5 idempotency conflict, 6 the call failed, 7 the call needs review,\n"
+    "            8 gave up: retry budget or --timeout spent before an answer or a terminal\n"
+    "            state (the key is unchanged: the same command later resumes the call).";
+
+/* The bearer token: --token-file, else ONCEQ_TOKEN. 0 none, 1 found (in \p out), -1 bad (a
+ * message said why, never the token). */
+static int read_token(const char *path, char *out, size_t n)
+{
+    const char *src = "environment ONCEQ_TOKEN";
+    char buf[1024] = "";
+    if (path) {
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            fprintf(stderr, "onceq call: --token-file %s: %s\n", path, strerror(errno));
+            return -1;
+        }
+        struct stat st;
+        if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
+            fprintf(stderr,
+                    "onceq call: warning: token file %s is readable by group or others "
+                    "(mode %03o)\n",
+                    path, (unsigned)(st.st_mode & 0777));
+        size_t got = fread(buf, 1, sizeof buf - 1, f);
+        int bad = ferror(f) || !feof(f);
+        fclose(f);
+        buf[got] = '\0';
+        if (bad) {
+            fprintf(stderr, "onceq call: --token-file %s: unreadable or over 1 KiB\n", path);
+            return -1;
+        }
+        src = "--token-file";
+    } else {
+        const char *e = getenv("ONCEQ_TOKEN");
+        if (!e || !*e) return 0;
+        snprintf(buf, sizeof buf, "%s", e);
+    }
+    size_t len = strlen(buf);
+    while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+        buf[--len] = '\0';
+    /* RFC 6750 b64token: what the producer accepts, and nothing that could end the header */
+    size_t i = 0;
+    while (i < len && (isalnum((unsigned char)buf[i]) || strchr("-._~+/", buf[i])))
+        i++;
+    while (i > 0 && i < len && buf[i] == '=')
+        i++;
+    int ok = len > 0 && i == len && len + 1 <= n;
+    if (ok) memcpy(out, buf, len + 1);
+    explicit_bzero(buf, sizeof buf);
+    if (!ok) {
+        fprintf(stderr,
+                "onceq call: %s: not a bearer token (one line of A-Z a-z 0-9 - . _ ~ + /, then "
+                "optional '=')\n",
+                src);
+        return -1;
+    }
+    return 1;
+}
 
 static int retriable_status(long st)
 {
@@ -124,9 +192,17 @@ int oq__cmd_call(int argc, char **argv)
     int budget = (int)oq_config_int(cfg, "retry-budget");
     int64_t backoff = oq_config_int(cfg, "backoff"),
             max_backoff = oq_config_int(cfg, "max-backoff");
-    char key_hdr[300];
+    char key_hdr[300], token[520], auth_hdr[560] = "";
+    int have_token = read_token(oq_config_str(cfg, "token-file"), token, sizeof token);
+    if (have_token < 0) {
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (have_token) snprintf(auth_hdr, sizeof auth_hdr, "Authorization: Bearer %s", token);
+    explicit_bzero(token, sizeof token);
     snprintf(key_hdr, sizeof key_hdr, "Idempotency-Key: %s", key);
-    const char *const hdrs[] = {key_hdr, NULL};
+    const char *const hdrs[] = {key_hdr, have_token ? auth_hdr : NULL, NULL};
+    const char *const poll_hdrs[] = {have_token ? auth_hdr : NULL, NULL};
     snprintf(url, ucap, "%.*s/v1/tool-calls", (int)blen, base);
 
     /* Submit, retrying with the same key. */
@@ -147,6 +223,7 @@ int oq__cmd_call(int argc, char **argv)
         if (attempt >= budget) {
             fprintf(stderr, "onceq call: giving up after %d retries: %s\n", attempt,
                     rc == 0 ? "server unavailable" : err.msg);
+            ret = OQ_EXIT_GAVE_UP;
             goto out;
         }
         int64_t cap = backoff << (attempt < 20 ? attempt : 20);
@@ -162,6 +239,7 @@ int oq__cmd_call(int argc, char **argv)
             if (rc == 0)
                 fprintf(stderr, "  HTTP %ld (Retry-After %lld ms) %s\n", r.status,
                         (long long)r.retry_after_ms, r.body);
+            ret = OQ_EXIT_GAVE_UP;
             goto out;
         }
         fprintf(stderr, "retry %d/%d in %lld ms (same key): %s\n", attempt + 1, budget,
@@ -208,11 +286,12 @@ int oq__cmd_call(int argc, char **argv)
                         "onceq call: still %s after --timeout; the call goes on (query "
                         "with onceq get %s)\n",
                         last, id);
+                ret = OQ_EXIT_GAVE_UP;
                 goto print;
             }
             oq_sleep_ms(wait, NULL);
             oq_httpc_resp_clear(&r);
-            have = oq_httpc_request(http, "GET", url, NULL, NULL, &r, NULL) == 0;
+            have = oq_httpc_request(http, "GET", url, poll_hdrs, NULL, &r, NULL) == 0;
             if (!have || r.status != 200) continue; /* transient: poll until the deadline */
             json_t *c = json_loads(r.body, 0, NULL);
             if (!c) continue;
@@ -224,7 +303,9 @@ int oq__cmd_call(int argc, char **argv)
                         (long long)json_integer_value(json_object_get(call, "attempt")));
             }
         }
-        ret = strcmp(last, "succeeded") == 0 ? OQ_EXIT_OK : OQ_EXIT_FAIL;
+        ret = strcmp(last, "succeeded") == 0 ? OQ_EXIT_OK
+              : strcmp(last, "failed") == 0  ? OQ_EXIT_CALL_FAILED
+                                             : OQ_EXIT_CALL_REVIEW;
     } else {
         ret = OQ_EXIT_OK;
     }

@@ -107,7 +107,7 @@ static void on_signal(int sig)
 int oq__cmd_producer(int argc, char **argv)
 {
     oq_error_t err = {0};
-    int ret = OQ_EXIT_FAIL, prc;
+    int ret = OQ_EXIT_FAIL, prc = -1;
     oq_producer_t *p = NULL;
     oq_http_t *h = NULL;
     oq_ingest_t *in = NULL;
@@ -297,6 +297,6 @@ out:
     if (pdb) sqlite3_close_v2(pdb);
     oq_metrics_destroy(metrics);
     if (cfg) oq_config_destroy(cfg);
-    if (ret == OQ_EXIT_OK) OQ_LOG_INFO("producer", "stopped");
+    if (ret == OQ_EXIT_OK && prc < 0) OQ_LOG_INFO("producer", "stopped"); /* not after --help */
     return ret;
 }

@@ -25,7 +25,8 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "onceq %s: effectively-once tool calls over SQLite and Kafka\n\n"
-            "usage: onceq <command> [options]   (onceq <command> --help for its options)\n\n"
+            "usage: onceq <command> [options]   (onceq help <command> or onceq <command> --help\n"
+            "                                    for its options)\n\n"
             "commands:\n",
             ONCEQ_VERSION);
     for (const oq_cli_cmd_t *c = cmds; c->name; c++)
@@ -33,7 +34,8 @@ static void usage(FILE *out)
     fprintf(out,
             "\nbenchmarks and the HTTP load generator: the onceq-bench program\n"
             "exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input,\n"
-            "            3 invariant violation (verify), 4 not found, 5 idempotency conflict\n"
+            "            3 invariant violation (verify), 4 not found, 5 idempotency conflict,\n"
+            "            6 call failed, 7 call needs review, 8 gave up (call)\n"
             "environment: ONCEQ_LOG_LEVEL=debug|info|warn|error, ONCEQ_LOG_FORMAT=logfmt|json\n");
 }
 

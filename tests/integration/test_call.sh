@@ -3,7 +3,9 @@
 # (tests/tools/oq_http_stub): one key for every retry; a Retry-After (seconds, or an HTTP-date)
 # is waited out, for the submit and for the polling; a Retry-After past the --timeout budget
 # makes it give up at once instead of sleeping; https with a CA bundle, and a refused
-# certificate is not retried; IPv6 (http://[::1]:port).
+# certificate is not retried; IPv6 (http://[::1]:port). A bearer token from --token-file or
+# ONCEQ_TOKEN (never from argv) reaches a producer with --token-file, on the submit and the
+# polls; the outcomes have their own exit codes: 6 failed, 7 needs_review, 8 gave up.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
@@ -67,10 +69,78 @@ stub "503:ra=120"
 t0=$SECONDS
 call --url "http://127.0.0.1:$SPORT" --key ra-4 --no-wait --timeout 3s 2>"$T/ra4.err"
 rc=$?
-[[ $rc == 1 ]] || oq_fail "Retry-After past the budget: want exit 1, got $rc"
+[[ $rc == 8 ]] || oq_fail "Retry-After past the budget: want exit 8 (gave up), got $rc"
 ((SECONDS - t0 <= 2)) || oq_fail "gave up only after $((SECONDS - t0)) s"
 grep -q "past --timeout" "$T/ra4.err" || oq_fail "no give-up message: $(cat "$T/ra4.err")"
 [[ $(wc -l <"$SLOG") == 1 ]] || oq_fail "retried past the budget: $(cat "$SLOG")"
+
+# --- the outcomes have distinct exit codes ------------------------------------------------------
+stub "202,200:st=failed"
+call --url "http://127.0.0.1:$SPORT" --key ex-6 --poll-interval 20ms >/dev/null 2>"$T/ex6.err"
+rc=$?
+[[ $rc == 6 ]] || oq_fail "call ended failed: want exit 6, got $rc: $(cat "$T/ex6.err")"
+stub "202,200:st=needs_review"
+call --url "http://127.0.0.1:$SPORT" --key ex-7 --poll-interval 20ms >/dev/null 2>"$T/ex7.err"
+rc=$?
+[[ $rc == 7 ]] || oq_fail "call ended needs_review: want exit 7, got $rc: $(cat "$T/ex7.err")"
+stub "503"
+call --url "http://127.0.0.1:$SPORT" --key ex-8 --retry-budget 2 >/dev/null 2>"$T/ex8.err"
+rc=$?
+[[ $rc == 8 ]] || oq_fail "retry budget spent: want exit 8, got $rc: $(cat "$T/ex8.err")"
+[[ $(wc -l <"$SLOG") == 3 ]] || oq_fail "retry budget 2: want 3 requests: $(cat "$SLOG")"
+stub "202"
+call --url "http://127.0.0.1:$SPORT" --key ex-8b --poll-interval 50ms --timeout 1s >"$T/ex8b.out" \
+    2>"$T/ex8b.err"
+rc=$?
+[[ $rc == 8 ]] || oq_fail "still pending after --timeout: want exit 8, got $rc: $(cat "$T/ex8b.err")"
+[[ $(jq -r .status "$T/ex8b.out") == pending ]] || oq_fail "gave up: last call $(cat "$T/ex8b.out")"
+"$ONCEQ_BIN" call --help | grep -q "6 the call failed, 7 the call needs review" ||
+    oq_fail "call --help does not document the exit codes"
+oq_pass "exit codes: 6 failed, 7 needs_review, 8 gave up (budget, --timeout)"
+
+# --- a bearer token: --token-file or ONCEQ_TOKEN, on the submit and every poll ----------------
+TOKEN=tok-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '%s shop\n' "$TOKEN" >"$T/tokens"
+printf '%s\n' "$TOKEN" >"$T/client.token"
+chmod 600 "$T/tokens" "$T/client.token"
+PORT=$(oq_free_port) || oq_fail "no free port"
+oq_spawn producer2 "$ONCEQ_BIN" producer --db "$T/calls2.db" --listen "127.0.0.1:$PORT" \
+    --token-file "$T/tokens"
+oq_wait_for 15 curl -sf "http://127.0.0.1:$PORT/healthz" || oq_fail "producer did not come up"
+call --url "http://127.0.0.1:$PORT" --key tok-0 --no-wait 2>"$T/tok0.err"
+rc=$?
+[[ $rc == 2 ]] || oq_fail "no token against --token-file: want exit 2 (401), got $rc"
+grep -q "HTTP 401" "$T/tok0.err" || oq_fail "no token: $(cat "$T/tok0.err")"
+call --url "http://127.0.0.1:$PORT" --key tok-1 --no-wait --token-file "$T/client.token" \
+    >"$T/tok1.out" 2>"$T/tok1.err" || oq_fail "--token-file: $(cat "$T/tok1.err")"
+[[ $(jq -r .tenant "$T/tok1.out") == shop ]] || oq_fail "--token-file: $(cat "$T/tok1.out")"
+ONCEQ_TOKEN=$TOKEN call --url "http://127.0.0.1:$PORT" --key tok-1 --no-wait >/dev/null \
+    2>"$T/tok2.err" || oq_fail "ONCEQ_TOKEN: $(cat "$T/tok2.err")"
+grep -q "^replayed call_id=" "$T/tok2.err" || oq_fail "ONCEQ_TOKEN: $(cat "$T/tok2.err")"
+# the polls carry it too: wait until --timeout on a pending call, every GET answered 200
+ONCEQ_TOKEN=$TOKEN call --url "http://127.0.0.1:$PORT" --key tok-2 --poll-interval 100ms \
+    --timeout 1s >"$T/tok3.out" 2>"$T/tok3.err"
+rc=$?
+[[ $rc == 8 && $(jq -r .tenant "$T/tok3.out") == shop ]] ||
+    oq_fail "polls with ONCEQ_TOKEN: exit $rc: $(cat "$T/tok3.err")"
+oq_kill producer2
+stub "202"
+ONCEQ_TOKEN=$TOKEN call --url "http://127.0.0.1:$SPORT" --key tok-3 --poll-interval 20ms \
+    --timeout 1s >/dev/null 2>&1
+[[ $(awk '{print $5}' "$SLOG" | sort -u) == "Bearer_$TOKEN" ]] ||
+    oq_fail "not every request carried the token: $(cat "$SLOG")"
+(($(wc -l <"$SLOG") >= 2)) || oq_fail "no poll: $(cat "$SLOG")"
+"$ONCEQ_BIN" call --url "http://127.0.0.1:1" --key x --tool charge --token "$TOKEN" 2>"$T/argv.err"
+[[ $? == 2 ]] && grep -q "unknown setting" "$T/argv.err" || oq_fail "a token on argv was taken"
+"$ONCEQ_BIN" call --url "http://127.0.0.1:1" --key x --tool charge --token-file "$T/nope" \
+    2>"$T/nofile.err"
+[[ $? == 2 ]] || oq_fail "missing --token-file: want exit 2"
+printf 'bad token\n' >"$T/bad.token"
+"$ONCEQ_BIN" call --url "http://127.0.0.1:1" --key x --tool charge --token-file "$T/bad.token" \
+    2>"$T/badtok.err"
+[[ $? == 2 ]] || oq_fail "a malformed token: want exit 2"
+grep -q "bad token" "$T/badtok.err" && oq_fail "the token was printed: $(cat "$T/badtok.err")"
+oq_pass "bearer token: --token-file and ONCEQ_TOKEN, submit and polls; never on argv"
 
 # --- https with a CA bundle; an unverifiable certificate is not retried -----------------------
 if openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost \

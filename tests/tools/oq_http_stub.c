@@ -6,12 +6,14 @@
  *
  *   oq_http_stub --script STEPS --log FILE [--ipv6] [--tls-cert PEM --tls-key PEM]
  *
- * STEPS is a comma-separated list of STATUS[:ra=N|:ra=date+N]: the status, and optionally a
- * Retry-After of N seconds or of the HTTP-date N seconds from now; the last step repeats.
- * Bodies are fixed by the status: 200 `{"call_id":"c_stub","status":"succeeded",...}`, 202
- * the same with "pending", anything else an error object. It binds 127.0.0.1 (::1 with
- * --ipv6) on a free port, prints `port=N` on stdout once it listens, serves until SIGTERM,
- * and writes to the log one line per request: `<unix ms> <method> <url> <Idempotency-Key|->`.
+ * STEPS is a comma-separated list of STATUS[:ra=N|:ra=date+N][:st=STATE]: the status, and
+ * optionally a Retry-After of N seconds or of the HTTP-date N seconds from now; the last step
+ * repeats. Bodies are fixed by the status: 200 `{"call_id":"c_stub","status":"succeeded",...}`,
+ * 202 the same with "pending" (`:st=STATE` puts another call status there, e.g. failed or
+ * needs_review), anything else an error object. It binds 127.0.0.1 (::1 with --ipv6) on a
+ * free port, prints `port=N` on stdout once it listens, serves until SIGTERM, and writes to
+ * the log one line per request: `<unix ms> <method> <url> <Idempotency-Key|-> <Authorization|->`
+ * (the Authorization value with its spaces as '_').
  */
 #include <arpa/inet.h>
 #include <getopt.h>
@@ -34,6 +36,7 @@ typedef struct {
     int status;
     int ra;      /* Retry-After seconds; -1 none */
     int ra_date; /* send it as an HTTP-date */
+    char st[32]; /* the call status in a 200/202 body; "" for the default */
 } step_t;
 
 static step_t steps[MAX_STEPS];
@@ -63,6 +66,12 @@ static int parse_script(const char *s)
             st->ra_date = strncmp(ra, "date+", 5) == 0;
             st->ra = atoi(st->ra_date ? ra + 5 : ra);
         }
+        const char *cs = strstr(tok, ":st=");
+        if (cs) {
+            snprintf(st->st, sizeof st->st, "%s", cs + 4);
+            char *colon = strchr(st->st, ':');
+            if (colon) *colon = '\0';
+        }
         if (st->status < 100 || st->status > 599) nsteps = 0;
     }
     free(copy);
@@ -86,17 +95,25 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         return MHD_YES;
     }
     const char *key = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Idempotency-Key");
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    char authw[600];
+    snprintf(authw, sizeof authw, "%s", auth ? auth : "-");
+    for (char *c = authw; *c; c++)
+        if (*c == ' ') *c = '_';
     pthread_mutex_lock(&mu);
     step_t st = steps[next_step < nsteps ? next_step : nsteps - 1];
     next_step++;
-    fprintf(reqlog, "%lld %s %s %s\n", (long long)oq_now_ms(), method, url, key ? key : "-");
+    fprintf(reqlog, "%lld %s %s %s %s\n", (long long)oq_now_ms(), method, url, key ? key : "-",
+            authw);
     fflush(reqlog);
     pthread_mutex_unlock(&mu);
     char body[256];
     if (st.status == 200 || st.status == 202)
         snprintf(body, sizeof body,
                  "{\"call_id\":\"c_stub\",\"status\":\"%s\",\"attempt\":1,\"tool\":\"charge\"}",
-                 st.status == 200 ? "succeeded" : "pending");
+                 st.st[0]           ? st.st
+                 : st.status == 200 ? "succeeded"
+                                    : "pending");
     else
         snprintf(body, sizeof body, "{\"error\":{\"code\":\"stub\",\"message\":\"status %d\"}}",
                  st.status);
