@@ -31,6 +31,7 @@
 #include "oq_db.h"
 #include "oq_downstream.h"
 #include "oq_log.h"
+#include "oq_json.h"
 
 static const char *const vnames[OQ__V_COUNT] = {
     "dup_key",
@@ -544,7 +545,7 @@ static int print_json(const oq_verify_report_t *rep, FILE *out)
     json_object_set_new(o, "violations", json_integer(rep->violations));
     json_object_set_new(o, "by_kind", counts);
     json_object_set_new(o, "examples", ex);
-    char *s = json_dumps(o, JSON_COMPACT);
+    char *s = oq_json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s) return OQ_ENOMEM;
     int rc = fprintf(out, "%s\n", s) < 0 ? OQ_EIO : 0;

@@ -745,3 +745,93 @@ int oq_fingerprint_canon(const char *tenant, const char *tool, const char *args_
         return oq_error_set(err, OQ_EINVAL, 0, "fingerprint needs tenant, tool and args");
     return fingerprint(tenant, tool, NULL, args_canon, args_len, out, err);
 }
+
+/* --- output --------------------------------------------------------------------------------
+ * jansson writes a real with "%.17g" (JSON_REAL_PRECISION(0)), which round-trips but shows
+ * the binary noise of most decimals: 3.545 comes out as 3.5449999999999999. oq_json_dumps()
+ * keeps jansson's layout (indentation, key order, escaping) and rewrites only the reals, as
+ * the shortest "%.*g" text that reads back as the same double, in jansson's form (a '.' or an
+ * exponent always present, no '+' or leading zeros in the exponent). It finds the reals in
+ * jansson's output stream: json_dump_callback() emits a real as one chunk, and a string as
+ * a lone '"', its content (never a lone '"': a quote inside is written escaped) and a lone
+ * '"', so outside strings a chunk that starts like a number and holds '.', 'e' or 'E' is a
+ * real (an integer has none of them). */
+
+typedef struct dump_buf {
+    char *p;
+    size_t len, cap;
+    int in_string;
+} dump_buf_t;
+
+static int dump_put(dump_buf_t *d, const char *s, size_t n)
+{
+    if (d->len + n + 1 > d->cap) {
+        size_t nc = d->cap ? d->cap : 256;
+        while (nc < d->len + n + 1)
+            nc *= 2;
+        char *np = realloc(d->p, nc);
+        if (!np) return -1;
+        d->p = np;
+        d->cap = nc;
+    }
+    memcpy(d->p + d->len, s, n);
+    d->len += n;
+    d->p[d->len] = '\0';
+    return 0;
+}
+
+void oq_json_real_text(double x, char out[OQ_JSON_REAL_MAX])
+{
+    int prec = 1;
+    for (; prec <= 17; prec++) {
+        snprintf(out, OQ_JSON_REAL_MAX, "%.*g", prec, x);
+        if (strtod(out, NULL) == x) break;
+    }
+    char *e = strchr(out, 'e');
+    int x10 = e ? atoi(e + 1) : 0;
+    if (e && x10 >= -4 && x10 < 17) { /* positional, as "%.17g" would be: 100.0, not 1e2 */
+        snprintf(out, OQ_JSON_REAL_MAX, "%.*g", x10 + 1 > prec ? x10 + 1 : prec, x);
+        e = strchr(out, 'e');
+    }
+    if (e) { /* "1e+21" -> "1e21", "1e-05" -> "1e-5" */
+        char *d = e + 1, *s = e + 1;
+        if (*s == '+')
+            s++;
+        else if (*s == '-')
+            *d++ = *s++;
+        while (*s == '0' && s[1])
+            s++;
+        memmove(d, s, strlen(s) + 1);
+    } else if (!strchr(out, '.') && strspn(out, "-0123456789") == strlen(out)) {
+        strcat(out, ".0"); /* still a real when read back */
+    }
+}
+
+static int dump_chunk(const char *buf, size_t size, void *data)
+{
+    dump_buf_t *d = data;
+    if (size == 1 && buf[0] == '"') {
+        d->in_string = !d->in_string;
+        return dump_put(d, buf, 1);
+    }
+    if (!d->in_string && size > 0 && size < 64 &&
+        (buf[0] == '-' || (buf[0] >= '0' && buf[0] <= '9')) &&
+        (memchr(buf, '.', size) || memchr(buf, 'e', size) || memchr(buf, 'E', size))) {
+        char in[64], num[OQ_JSON_REAL_MAX];
+        memcpy(in, buf, size);
+        in[size] = '\0';
+        oq_json_real_text(strtod(in, NULL), num);
+        return dump_put(d, num, strlen(num));
+    }
+    return dump_put(d, buf, size);
+}
+
+char *oq_json_dumps(const json_t *v, size_t flags)
+{
+    dump_buf_t d = {0};
+    if (json_dump_callback(v, dump_chunk, &d, flags) != 0 || !d.p) {
+        free(d.p);
+        return NULL;
+    }
+    return d.p;
+}

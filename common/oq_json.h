@@ -105,4 +105,24 @@ int oq_jcs_buf_finish(oq_jcs_buf_t *b, int rc, char **out, size_t *out_len, oq_e
  */
 int oq_jcs_number(double d, char out[OQ_JCS_NUMBER_MAX], oq_error_t *err);
 
+/** Buffer size for oq_json_real_text(). */
+#define OQ_JSON_REAL_MAX 40
+
+/**
+ * @brief \p x as the shortest "%.*g" text that reads back as \p x, in jansson's form: always
+ *        a '.' or an exponent (3.0 is "3.0"), no '+' or leading zeros in the exponent (1e21).
+ */
+void oq_json_real_text(double x, char out[OQ_JSON_REAL_MAX]);
+
+/**
+ * @brief json_dumps() with reals written by oq_json_real_text(): 3.545, not jansson's
+ *        3.5449999999999999. The one writer of JSON that people read (command output, HTTP
+ *        answers); the layout (\p flags: JSON_INDENT, JSON_COMPACT, JSON_SORT_KEYS, ...) is
+ *        jansson's. Canonical forms (fingerprints, bodies sent downstream) are RFC 8785:
+ *        oq_jcs_canonicalize().
+ * @returns a malloc()ed string (caller free()s), or NULL (out of memory, or a value jansson
+ *          cannot write, as json_dumps()).
+ */
+char *oq_json_dumps(const json_t *v, size_t flags);
+
 #endif

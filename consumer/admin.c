@@ -70,7 +70,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char
 /* Sends \p v (a new reference, consumed). */
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *v)
 {
-    char *t = v ? json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *t = v ? oq_json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(v);
     if (!t) return MHD_NO;
     size_t n = strlen(t);

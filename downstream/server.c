@@ -288,7 +288,7 @@ static enum MHD_Result send_json(oq_downstream_t *s, struct MHD_Connection *c, u
                                  json_t *body, const hdrs_t *h)
 {
     if (!body) return MHD_NO;
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = oq_json_dumps(body, JSON_COMPACT);
     json_decref(body);
     return send_text(s, c, status, text, "application/json", h);
 }

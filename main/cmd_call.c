@@ -180,7 +180,7 @@ int oq__cmd_call(int argc, char **argv)
     }
     body = json_pack("{s:s,s:O}", "tool", tool, "args", args);
     if (body && tenant) json_object_set_new(body, "tenant", json_string(tenant));
-    body_text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    body_text = body ? oq_json_dumps(body, JSON_COMPACT) : NULL;
     size_t ucap = blen + 64 + 128;
     url = malloc(ucap);
     if (!body_text || !url) goto out;
@@ -310,7 +310,7 @@ int oq__cmd_call(int argc, char **argv)
         ret = OQ_EXIT_OK;
     }
 print:;
-    char *text = json_dumps(call, JSON_INDENT(2));
+    char *text = oq_json_dumps(call, JSON_INDENT(2));
     if (text) printf("%s\n", text);
     free(text);
 out:

@@ -40,6 +40,7 @@
 #include "oq_kafka.h"
 #include "oq_relay.h"
 #include "oq_util.h"
+#include "oq_json.h"
 
 static const char dlq_usage[] =
     "usage: onceq dlq list    --brokers B [--limit N] [--json]\n"
@@ -146,7 +147,7 @@ static json_t *msg_json(const rd_kafka_message_t *m, int all)
 
 static void print_json(json_t *v)
 {
-    char *t = json_dumps(v, JSON_INDENT(2));
+    char *t = oq_json_dumps(v, JSON_INDENT(2));
     if (t) puts(t);
     free(t);
 }

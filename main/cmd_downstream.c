@@ -16,6 +16,7 @@
 #include "oq_downstream.h"
 #include "oq_log.h"
 #include "oq_util.h"
+#include "oq_json.h"
 
 static const oq_setting_t downstream_settings[] = {
     {"listen", OQ_SET_STRING, "127.0.0.1:8090", 1, 128, NULL,
@@ -83,7 +84,7 @@ static int run_stats(oq_config_t *cfg)
         fprintf(stderr, "onceq downstream stats: %s: %s\n", db, err.msg);
         return err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
     }
-    char *text = json_dumps(s, JSON_INDENT(2));
+    char *text = oq_json_dumps(s, JSON_INDENT(2));
     json_decref(s);
     if (!text) return OQ_EXIT_FAIL;
     printf("%s\n", text);

@@ -8,6 +8,7 @@
 #include "cmds.h"
 #include "oq_db.h"
 #include "oq_producer.h"
+#include "oq_json.h"
 
 static const oq_setting_t get_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -54,7 +55,7 @@ int oq__cmd_get(int argc, char **argv)
         goto out;
     }
     json_t *j = oq_call_to_json(&call);
-    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    char *text = j ? oq_json_dumps(j, JSON_INDENT(2)) : NULL;
     json_decref(j);
     if (!text) goto out;
     printf("%s\n", text);

@@ -18,6 +18,7 @@
 #include "oq_db.h"
 #include "oq_producer.h"
 #include "oq_util.h"
+#include "oq_json.h"
 
 static const oq_setting_t inspect_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -128,7 +129,7 @@ int oq__cmd_inspect(int argc, char **argv)
                              "from", tl[i].from, "event", tl[i].event ? tl[i].event : "?", "detail",
                              tl[i].detail, "worker", tl[i].worker, "attempt",
                              int_or_null(tl[i].attempt), "fence", int_or_null(tl[i].fence)));
-        char *text = doc ? json_dumps(doc, JSON_INDENT(2)) : NULL;
+        char *text = doc ? oq_json_dumps(doc, JSON_INDENT(2)) : NULL;
         json_decref(doc);
         if (!text) goto out;
         printf("%s\n", text);

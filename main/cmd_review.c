@@ -22,6 +22,7 @@
 #include "oq_db.h"
 #include "oq_producer.h"
 #include "oq_util.h"
+#include "oq_json.h"
 
 static const oq_setting_t review_settings[] = {
     {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "consumer database"},
@@ -45,7 +46,7 @@ static const char review_usage[] =
 
 static void print_json(json_t *v)
 {
-    char *t = json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *t = oq_json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
     if (t) puts(t);
     free(t);
 }
@@ -162,8 +163,8 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
     }
     json_t *x = json_object_get(o, "execution"), *e = json_object_get(o, "effect");
     json_t *tl = json_object_get(o, "timeline");
-    char *args = json_dumps(json_object_get(x, "args"), JSON_COMPACT);
-    char *error = json_dumps(json_object_get(x, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
+    char *args = oq_json_dumps(json_object_get(x, "args"), JSON_COMPACT);
+    char *error = oq_json_dumps(json_object_get(x, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
     printf("call      %s\ntool      %s\nargs      %s\n", call_id,
            json_string_value(json_object_get(x, "tool")), args ? args : "?");
     printf("consumer  %s (attempt %lld, tries %lld, fence %lld)\n",

@@ -11,6 +11,7 @@
 #include "oq_db.h"
 #include "oq_producer.h"
 #include "oq_relay.h"
+#include "oq_json.h"
 
 static const oq_setting_t stats_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -47,7 +48,7 @@ int oq__cmd_stats(int argc, char **argv)
         }
         json_object_set_new(s, "relay", relay);
     }
-    char *text = json_dumps(s, JSON_INDENT(2));
+    char *text = oq_json_dumps(s, JSON_INDENT(2));
     if (!text) goto out;
     printf("%s\n", text);
     free(text);

@@ -82,7 +82,7 @@ int oq__cmd_submit(int argc, char **argv)
         goto out;
     }
     out = oq_call_to_json(&call);
-    char *text = out ? json_dumps(out, JSON_INDENT(2)) : NULL;
+    char *text = out ? oq_json_dumps(out, JSON_INDENT(2)) : NULL;
     if (!text) goto out;
     printf("%s\n", text);
     free(text);

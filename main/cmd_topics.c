@@ -39,6 +39,7 @@
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_util.h"
+#include "oq_json.h"
 
 #define TOPICS_MAX 64
 #define DAY_MS (86400LL * 1000)
@@ -606,7 +607,7 @@ static int do_describe(rd_kafka_t *rk, rd_kafka_queue_t *q, const oq_config_t *c
     if (as_json) {
         json_t *root = json_pack("{s:o}", "topics", jtopics);
         jtopics = NULL;
-        char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+        char *s = root ? oq_json_dumps(root, JSON_COMPACT) : NULL;
         if (s) printf("%s\n", s);
         free(s);
         json_decref(root);

@@ -74,6 +74,7 @@
 #include "oq_mhd.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_json.h"
 
 #define TOKEN_MIN_LEN 16
 #define TOKEN_MAX_LEN 512
@@ -199,7 +200,7 @@ static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigne
 static enum MHD_Result send_json(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                  json_t *body, const char *location, int replayed)
 {
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = oq_json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!text) return MHD_NO;
     return send_text(h, c, status, text, strlen(text), "application/json", location, replayed, 0,
@@ -211,7 +212,7 @@ static enum MHD_Result send_error_hdr(oq_http_t *h, struct MHD_Connection *c, un
                                       const char *xname, const char *xvalue)
 {
     json_t *b = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg ? msg : code);
-    char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    char *text = b ? oq_json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!text) return MHD_NO;
     return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close, xname,

@@ -787,9 +787,66 @@ static void test_cli_fingerprint(void **state)
     }
 }
 
+/* oq_json_dumps: jansson's layout, reals without binary noise, the same doubles read back. */
+static void test_json_dumps(void **state)
+{
+    (void)state;
+    static const struct {
+        double x;
+        const char *want;
+    } reals[] = {
+        {3.545, "3.545"},
+        {0.1, "0.1"},
+        {100.0, "100.0"},
+        {-2.5, "-2.5"},
+        {1e21, "1e21"},
+        {1e-7, "1e-7"},
+        {0.0, "0.0"},
+        {0.30000000000000004, "0.30000000000000004"},
+        {1e16, "10000000000000000.0"},
+        {123456.789, "123456.789"},
+        {2.5e-5, "2.5e-5"},
+    };
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        char t[OQ_JSON_REAL_MAX];
+        oq_json_real_text(reals[i].x, t);
+        if (strcmp(t, reals[i].want) != 0)
+            fail_msg("%.17g: got %s, want %s", reals[i].x, t, reals[i].want);
+        assert_true(strtod(t, NULL) == reals[i].x);
+    }
+    json_t *v = json_pack("{s:f, s:[f, i, s], s:s, s:{s:f}}", "dsr", 3.545, "list", 0.1, 7,
+                          "3.5449999999999999", "s", "x 1.5 \"q\" 2e5", "o", "p50", 1.0 / 3);
+    assert_non_null(v);
+    char *got = oq_json_dumps(v, JSON_COMPACT);
+    assert_string_equal(got, "{\"dsr\":3.545,\"list\":[0.1,7,\"3.5449999999999999\"],\"s\":\"x 1.5 "
+                             "\\\"q\\\" 2e5\",\"o\":{\"p50\":0.3333333333333333}}");
+    json_t *back = json_loads(got, 0, NULL);
+    assert_non_null(back);
+    assert_true(json_equal(v, back)); /* the same doubles */
+    json_decref(back);
+    free(got);
+    /* without reals, byte for byte what json_dumps writes, in every layout */
+    json_t *plain =
+        json_pack("{s:i, s:[s, b, n], s:{}, s:s}", "n", 5, "a", "1.5", 1, "e", "k", "\u00e9\n");
+    size_t layouts[] = {0, JSON_COMPACT, JSON_INDENT(2), JSON_INDENT(2) | JSON_SORT_KEYS,
+                        JSON_COMPACT | JSON_ENSURE_ASCII};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        char *a = json_dumps(plain, layouts[i]), *b = oq_json_dumps(plain, layouts[i]);
+        assert_string_equal(a, b);
+        free(a);
+        free(b);
+    }
+    got = oq_json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS);
+    assert_non_null(strstr(got, "\"dsr\": 3.545,\n"));
+    free(got);
+    json_decref(plain);
+    json_decref(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_dumps),
         cmocka_unit_test(test_vectors),
         cmocka_unit_test(test_rfc_number_table),
         cmocka_unit_test(test_number_forms),
