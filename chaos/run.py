@@ -1179,9 +1179,13 @@ def sc_retry_payload(run):
     a downstream answering 503 + Retry-After to 50-80 % of the requests until 0.5-1.5 s after
     the first retryable failure, and compiled
     `fail {retryable:true}` calls (every run fails retryably until --max-attempts); the client
-    resubmits the same key and body several times at random moments, during the retries and
-    after the end: the same call_id every time, one call per key, one payment per `pay` call,
-    no effect and exactly --max-attempts runs per `fail` call. (b) A different payload racing
+    resubmits the same key and body several times at random moments while the calls retry,
+    and once more after every call ended (after the drain): the same call_id every time, one
+    call per key. A `pay` call: one payment, the late resubmit a 200 replay of the succeeded
+    call. A `fail` call: no effect; a resubmit while an attempt runs never runs the tool again
+    (each attempt: --max-attempts runs, ended once), one after it failed retryably starts
+    exactly one new attempt (the producer's RETRY_RESET, the late one always does), and every
+    attempt was one the client was answered with. (b) A different payload racing
     the original: the original and 5-10 other bodies under one key sent within +-30 ms of each
     other (and more different bodies while it retries): exactly one body gets 2xx, every
     other 422, and the payment in the ledger has the accepted body's amount."""
@@ -1195,24 +1199,31 @@ def sc_retry_payload(run):
     ds_mode(run, {"faults": f"503:{p503}", "retry_after_s": 1})
     run.fault(f"downstream 503:{p503} with Retry-After 1 s")
     newkey = run.brk == "new_key"
-    results = {}  # key -> list of (status, call_id)
+    results = {}  # key -> list of (status, call_id, attempt, call status)
     lock = threading.Lock()
+
+    def answer(key, k, body):
+        st, j = submit_until_answer(run, k, body)
+        j = j or {}
+        got = (st, j.get("call_id"), j.get("attempt"), j.get("status"))
+        with lock:
+            results.setdefault(key, []).append(got)
+        return got
 
     def resubmit(key, body, times, first_delay):
         time.sleep(first_delay)
         for r in range(times):
-            k = f"{key}-retry{r}" if newkey and r else key
-            st, j = submit_until_answer(run, k, body)
-            with lock:
-                results.setdefault(key, []).append((st, j.get("call_id") if j else None))
+            answer(key, f"{key}-retry{r}" if newkey and r else key, body)
             time.sleep(run.rng.uniform(0.1, 0.8))
 
     threads = []
     same = []
+    bodies = {}
     for i in range(n):
         for tool, args in (("pay", {"amount": 200 + i}), ("fail", {"retryable": True})):
             key = f"same-{tool}-{run.idx}-{i}"
             same.append((key, tool))
+            bodies[key] = {"tool": tool, "args": args}
             threads.append(threading.Thread(target=resubmit, args=(
                 key, {"tool": tool, "args": args}, run.rng.randint(3, 5),
                 run.rng.uniform(0, 0.5))))
@@ -1252,12 +1263,16 @@ def sc_retry_payload(run):
     for key, amounts in races:
         racer(key, 5000 + amounts[0], now())
     run.drain(180)
+    # every call has ended: each key once more (a `fail` call starts a new attempt)
+    late = {key: answer(key, f"{key}-after" if newkey else key, bodies[key]) for key, _ in same}
+    run.fault("every same-key call resubmitted once more after it ended")
+    run.drain(180)
     # (a) checks
     for key, tool in same:
         got = results.get(key, [])
-        ids = {cid for _, cid in got}
-        codes = sorted({st for st, _ in got})
-        if len(ids) != 1 or any(st not in (200, 202) for st, _ in got):
+        ids = {g[1] for g in got}
+        codes = sorted({g[0] for g in got})
+        if len(ids) != 1 or any(g[0] not in (200, 202) for g in got):
             run.fail(f"{key}: resubmits gave codes {codes} and {len(ids)} call ids")
     calls = dict((k, (c, t, s)) for c, k, t, s, _ in call_rows(run, ["pay", "fail"]))
     retryable_runs = 0
@@ -1271,18 +1286,38 @@ def sc_retry_payload(run):
         if tool == "pay":
             if state != "succeeded" or ledger_count(run, eid_of(cid)) != 1:
                 run.fail(f"{key}: {state} with {ledger_count(run, eid_of(cid))} payments")
+            if late[key][0] != 200 or late[key][3] != "succeeded":
+                run.fail(f"{key}: resubmit after the end answered {late[key]}, not a 200 replay "
+                         f"of the succeeded call")
             retryable_runs += run.q(run.cdb, "SELECT count(*) FROM audit WHERE call_id=? AND "
                                              "event='failed_retryable'", (cid,))[0][0]
         else:
+            att = run.q(run.pdb, "SELECT attempt FROM calls WHERE call_id=?", (cid,))[0][0]
             runs_ = run.q(run.cdb, "SELECT attempt, tries FROM executions WHERE call_id=?",
                           (cid,))
             eff = run.q(run.cdb, "SELECT count(*) FROM effects WHERE call_id=?", (cid,))[0][0]
             if state != "failed" or eff != 0:
                 run.fail(f"{key}: fail tool ended {state} with {eff} effects")
-            if runs_ != [(1, max_att)]:
-                run.fail(f"{key}: (attempt, tool runs) {runs_}, expected [(1, {max_att})]: "
-                         f"a resubmit must not run the tool again")
+            if late[key][0] != 202 or late[key][3] != "pending" or late[key][2] != att:
+                run.fail(f"{key}: resubmit after the end answered {late[key]}: expected 202 "
+                         f"pending, attempt {att} (a new attempt of the failed call)")
+            seen = max(g[2] or 0 for g in results.get(key, []))
+            if att < 2 or seen != att:
+                run.fail(f"{key}: attempt {att}, the client was answered up to attempt {seen}: "
+                         f"an attempt nobody resubmitted for")
+            if runs_ != [(att, max_att)]:
+                run.fail(f"{key}: (attempt, tool runs) {runs_}, expected [({att}, {max_att})]")
+            per = dict(((a, ev), n) for a, ev, n in run.q(
+                run.cdb, "SELECT attempt, event, count(*) FROM audit WHERE call_id=? AND event "
+                         "IN ('failed_retryable','failed_final') GROUP BY attempt, event", (cid,)))
+            for a in range(1, att + 1):
+                if (per.get((a, "failed_retryable"), 0), per.get((a, "failed_final"), 0)) != \
+                        (max_att - 1, 1):
+                    run.fail(f"{key}: attempt {a} ran {per.get((a, 'failed_retryable'), 0)} "
+                             f"retryable + {per.get((a, 'failed_final'), 0)} final runs, expected "
+                             f"{max_att - 1} + 1: a resubmit ran the tool again within an attempt")
             run.metrics.setdefault("fail_tool_runs", []).append(runs_)
+            run.metrics.setdefault("fail_attempts", []).append(att)
     same_keys = {k for k, _ in same}
     n_calls = run.q(run.pdb, "SELECT count(*) FROM calls WHERE idem_key LIKE 'same-%'")[0][0]
     if n_calls != len(same_keys):

@@ -567,7 +567,11 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
             "needs_review %lld)\n",
             (long long)rep->calls, (long long)rep->by_state[0], (long long)rep->by_state[1],
             (long long)rep->by_state[2], (long long)rep->by_state[3], (long long)rep->by_state[4]);
-    fprintf(out, "effects          %lld (expected %lld: succeeded charge + send_email calls)\n",
+    /* expected_effects counts the built-in effectful tools only: a tools-file (HTTP) tool's
+     * effects are the downstream's, checked with --downstream-db */
+    fprintf(out,
+            "effects          %lld (built-in charge/send_email: %lld succeeded calls, each must "
+            "have one; other tools are not counted here)\n",
             (long long)rep->effects, (long long)rep->expected_effects);
     fprintf(out, "duplicates       %lld (duplicate effects)\n", (long long)rep->duplicates);
     fprintf(out, "lost             %lld%s\n", (long long)rep->lost,

@@ -673,6 +673,11 @@ static void test_read_only_and_json(void **state)
     fclose(m);
     assert_non_null(strstr(buf, "not_terminal"));
     assert_non_null(strstr(buf, "VIOLATIONS"));
+    /* the effects line says what its number counts: the built-in effectful tools only (an
+     * HTTP tool's effects are not "expected 0") */
+    assert_non_null(strstr(buf, "(built-in charge/send_email: "));
+    assert_non_null(strstr(buf, " succeeded calls, each must have one; other tools are not "
+                                "counted here)"));
     free(buf);
     oq_verify_report_clear(&rep);
     fx_free(f);
