@@ -711,7 +711,8 @@ static void test_exec_headers(void **state)
     char text[1024];
     snprintf(text, sizeof text,
              "{\"tools\":[{\"name\":\"t\",\"url\":\"http://127.0.0.1:%d/pay\",\"headers\":{"
-             "\"X-Order\":\"o-{order}\",\"X-Trace\":\"{tool}/{effect_id}\",\"X-Opt\":\"[{gone?}]\","
+             "\"X-Order\":\"o-{order}\",\"X-Trace\":\"{tool}/"
+             "{effect_id}\",\"X-Opt\":\"[{gone?}]\",\"X-Empty\":\"{gone?}\","
              "\"Authorization\":{\"env\":\"OQ_TEST_PAY_TOKEN\",\"prefix\":\"Bearer \"},"
              "\"X-Api-Key\":{\"file\":\"%s\"},\"X-Brace\":{\"env\":\"OQ_TEST_BRACE\"}}}]}",
              p.port, path);
@@ -742,6 +743,7 @@ static void test_exec_headers(void **state)
         if (!strstr(p.got, want[i])) fprintf(stderr, "missing %s in:\n%s\n", want[i], p.got);
         assert_non_null(strstr(p.got, want[i]));
     }
+    assert_null(strstr(p.got, "X-Empty")); /* expanded to nothing: not sent */
     /* an argument cannot break a header line, and a missing one fails: never sent */
     const char *bad[] = {"{\"order\":\"1\\r\\nX-Evil: 1\"}", "{}"};
     const char *why[] = {"header X-Order: an argument put a control character", "missing argument"};
