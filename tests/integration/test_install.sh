@@ -83,8 +83,8 @@ oq_pass "in_tx.c built with pkg-config alone against libonceq.so (needs: $needed
 (cd "$T" && $CC -std=c11 -Wall -Werror -static -o in_tx_static in_tx.c \
     $(pkg-config --static --cflags --libs libonceq)) 2>"$T/cc2.err" ||
     { cat "$T/cc2.err" >&2; oq_fail "in_tx.c does not link statically with pkg-config --static"; }
-file "$T/in_tx_static" | grep -q 'statically linked' ||
-    oq_fail "in_tx_static is not statically linked: $(file "$T/in_tx_static")"
+readelf -d "$T/in_tx_static" | grep -q NEEDED &&
+    oq_fail "in_tx_static is not statically linked: $(readelf -d "$T/in_tx_static" | grep NEEDED)"
 "$T/in_tx_static" "$T/shop.db" >"$T/in_tx2.out" 2>&1 ||
     { cat "$T/in_tx2.out" >&2; oq_fail "in_tx (static) failed"; }
 grep -q "orders=2 calls=2 outbox=2" "$T/in_tx2.out" ||
