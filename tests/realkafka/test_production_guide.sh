@@ -138,6 +138,37 @@ run_guide >"$T/setup2.out" 2>&1 || { cat "$T/setup2.out" >&2; oq_fail "a second 
     oq_fail "the replay is another call"
 oq_pass "a second run of the script changes nothing; the same key is the same call"
 
+# Backup while running (README "Backup and restore"), then a restore of effects.db.
+V=$R/var/lib/onceq
+CID=$(jq -r .call_id "$T/call.out")
+umask 077
+sqlite3 "$V/calls.db" ".backup $T/calls-copy.db" || oq_fail "sqlite3 .backup of a live calls.db"
+sqlite3 "$V/effects.db" "VACUUM INTO '$T/effects-copy.db'" || oq_fail "VACUUM INTO of a live effects.db"
+umask 022
+[ "$(sqlite3 "$T/calls-copy.db" 'PRAGMA integrity_check')" = ok ] || oq_fail "calls copy damaged"
+[ "$(sqlite3 "$T/effects-copy.db" 'PRAGMA integrity_check')" = ok ] || oq_fail "effects copy damaged"
+[ "$(sqlite3 "$T/calls-copy.db" "SELECT state FROM calls WHERE call_id = '$CID'")" = succeeded ] ||
+    oq_fail "the calls copy lacks the call"
+[ "$(sqlite3 "$T/effects-copy.db" "SELECT count(*) FROM effects WHERE call_id = '$CID'")" = 1 ] ||
+    oq_fail "the effects copy lacks the effect"
+[ ! -e "$T/effects-copy.db-wal" ] && [ "$(stat -c %a "$T/effects-copy.db")" = 600 ] ||
+    oq_fail "the copy is not one owner-only file"
+for u in onceq-consumer@2 onceq-consumer@1; do
+    python3 "$ONCEQ_SRC/tests/integration/unitrun.py" stop "$u.service"
+done
+mkdir "$T/damaged"
+mv "$V/effects.db" "$V"/effects.db-* "$T/damaged/" 2>/dev/null || true
+cp "$T/effects-copy.db" "$V/effects.db"
+python3 "$ONCEQ_SRC/tests/integration/unitrun.py" start onceq-consumer@1.service \
+    onceq-consumer@2.service >/dev/null || oq_fail "consumers did not start on the restored copy"
+"$P/bin/onceq" call --url "http://127.0.0.1:$PORT" --key "$KEY-2" --tool pay \
+    --args '{"amount":500,"currency":"EUR"}' --timeout 120s >"$T/call3.out" 2>"$T/call3.err" ||
+    { cat "$T/call3.out" "$T/call3.err" >&2; oq_fail "a call after the restore failed"; }
+"$P/bin/onceq" verify --producer-db "$V/calls.db" --consumer-db "$V/effects.db" \
+    --downstream-db "$T/downstream.db" >"$T/verify2.out" 2>&1 ||
+    { cat "$T/verify2.out" >&2; oq_fail "onceq verify after the restore failed"; }
+oq_pass "backups of the live databases (.backup, VACUUM INTO: whole, 0600), effects.db restored from its copy, the next call succeeds, verify clean"
+
 for u in onceq-consumer@2 onceq-consumer@1 onceq-relay onceq-producer; do
     python3 "$ONCEQ_SRC/tests/integration/unitrun.py" stop "$u.service"
 done
