@@ -35,9 +35,6 @@ grep -qx 'LoadCredential=tools.json:/etc/onceq/tools.json' "$C" ||
     oq_fail "the consumer unit does not load /etc/onceq/tools.json as a credential"
 grep -q '^Environment=.* ONCEQ_TOOLS=%d/tools.json' "$C" ||
     oq_fail "the consumer unit does not point ONCEQ_TOOLS at the credential"
-[ "$(grep -n '^Environment=' "$C" | head -1 | cut -d: -f1)" -lt \
-    "$(grep -n '^EnvironmentFile=' "$C" | head -1 | cut -d: -f1)" ] ||
-    oq_fail "the consumer's environment files must come after Environment= (to override it)"
 oq_pass "units: @system-service filter, ProtectProc, ProcSubset, RemoveIPC, PrivateMounts, RestartPreventExitStatus=2, onceq.env; consumer tools via LoadCredential + ONCEQ_TOOLS"
 
 # RestartPreventExitStatus=2 relies on a configuration error exiting 2.

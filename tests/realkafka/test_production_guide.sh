@@ -15,7 +15,7 @@
 # folder. On real Kafka (ONCEQ_TEST_BROKERS, scripts/test-real-kafka.sh) the script creates
 # its topics under a prefix of its own (RF 3); without it the test runs on the embedded
 # broker, which makes its topics itself (OQ_CREATE_TOPICS=no: it has no admin API).
-# ctest-cost: 40
+# ctest-cost: 70
 set -euo pipefail
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
