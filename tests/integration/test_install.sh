@@ -43,7 +43,10 @@ for h in $HEADERS; do
     $CC -std=c11 -Wall -Wextra -Werror -c -o "$T/h.o" "$T/h.c" $(pkg-config --cflags libonceq) \
         2>"$T/h.err" || { cat "$T/h.err" >&2; oq_fail "installed onceq/$h does not compile alone"; }
 done
-oq_pass "each installed header compiles on its own as <onceq/...> (C11, -Wall -Wextra -Werror)"
+if grep -n '#include "' "$P"/include/onceq/*.h; then
+    oq_fail "installed headers include each other by bare name, not as <onceq/...>"
+fi
+oq_pass "each installed header compiles on its own as <onceq/...> (C11, -Wall -Wextra -Werror) and names the others as <onceq/...>"
 
 cp "$ONCEQ_SRC/producer/examples/in_tx.c" "$T/in_tx.c"
 grep -q 'sqlite3_bind_text' "$T/in_tx.c" || oq_fail "in_tx.c binds no parameter"
