@@ -4,7 +4,8 @@
 # notify settings (system call filter, ProtectProc, ProcSubset, RemoveIPC, PrivateMounts, no
 # restart loop on exit 2, the consumer's tools file as a credential through ONCEQ_TOOLS);
 # `systemd-analyze security --offline=true` rates each unit's exposure at most 2.0; a
-# configuration error does exit 2 (what RestartPreventExitStatus=2 relies on); `onceq producer`, `onceq relay` and `onceq consumer` under a fake
+# configuration error does exit 2 (what RestartPreventExitStatus=2 relies on); metrics need no
+# /proc/stat (hidden by ProcSubset=pid); `onceq producer`, `onceq relay` and `onceq consumer` under a fake
 # NOTIFY_SOCKET (a python3 datagram listener) send READY=1 once serving, WATCHDOG=1 pings at
 # half of WATCHDOG_USEC, and STOPPING=1 on SIGTERM. Without NOTIFY_SOCKET nothing is sent.
 set -u
@@ -129,3 +130,22 @@ sleep 0.5
 grep -q WATCHDOG "$T/quiet.msgs" && oq_fail "WATCHDOG=1 sent without WATCHDOG_USEC"
 oq_kill quiet TERM
 oq_pass "no watchdog pings without WATCHDOG_USEC"
+
+# ProcSubset=pid leaves /proc/self but hides /proc/stat: process_start_time_seconds must not
+# depend on it. /proc/stat is hidden here with a private mount namespace (needs root and
+# unshare; skipped otherwise).
+if unshare -m sh -c 'mount --bind /dev/null /proc/stat' 2>/dev/null; then
+    MP=$(oq_free_port)
+    oq_spawn hidden unshare -m sh -c 'mount --bind /dev/null /proc/stat && exec "$0" "$@"' \
+        "$ONCEQ_BIN" relay --db "$T/calls.db" --brokers "$BROKERS" --metrics-listen "127.0.0.1:$MP"
+    oq_wait_for 20 curl -sf "http://127.0.0.1:$MP/metrics" -o "$T/hidden.metrics" ||
+        oq_fail "relay with /proc/stat hidden: no /metrics"
+    start=$(awk '$1 == "process_start_time_seconds" {printf "%d", $2}' "$T/hidden.metrics")
+    now=$(date +%s)
+    [ -n "$start" ] && [ $((now - start)) -ge 0 ] && [ $((now - start)) -lt 120 ] ||
+        oq_fail "process_start_time_seconds=$start with /proc/stat hidden (now $now)"
+    oq_kill hidden TERM
+    oq_pass "process_start_time_seconds is right with /proc/stat hidden (ProcSubset=pid)"
+else
+    echo "SKIP: cannot hide /proc/stat here (unshare -m needs root): ProcSubset=pid not simulated"
+fi
