@@ -3,6 +3,10 @@
  * stderr, so lines from several threads (and from librdkafka's threads, via the log callback)
  * never interleave. Levels are checked by the macros before any formatting happens.
  * Timestamps are wall-clock UTC with milliseconds.
+ *
+ * In libonceq (built with ONCEQ_LIBRARY) the threshold starts at OQ_LOG_OFF: a library stays
+ * silent in its host until the host sets a level (oq_log_set_level) and, usually, a callback
+ * (oq_log_set_callback) that receives each formatted line instead of stderr.
  */
 #include "oq_log.h"
 
@@ -14,8 +18,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef ONCEQ_LIBRARY
+oq_log_level_t oq_log_threshold = OQ_LOG_OFF;
+#else
 oq_log_level_t oq_log_threshold = OQ_LOG_INFO;
+#endif
 static oq_log_format_t log_format = OQ_LOG_FMT_LOGFMT;
+static oq_log_cb log_cb;
+static void *log_cb_opaque;
+
+void oq_log_set_level(oq_log_level_t level)
+{
+    oq_log_threshold = level <= OQ_LOG_OFF ? level : OQ_LOG_OFF;
+}
+
+void oq_log_set_callback(oq_log_cb cb, void *opaque)
+{
+    log_cb_opaque = opaque;
+    log_cb = cb;
+}
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
@@ -231,6 +252,11 @@ static void log_emit(oq_log_level_t level, const char *component, const char *ca
         }
     }
     if (pos >= sizeof(line)) pos = sizeof(line) - 1;
+    if (log_cb) {
+        line[pos] = '\0';
+        log_cb(level, component ? component : "onceq", line, pos, log_cb_opaque);
+        return;
+    }
     line[pos++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, pos);
     (void)w;

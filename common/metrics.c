@@ -317,16 +317,14 @@ int oq_metrics_add_process(oq_metrics_t *m, const char *component)
                "%*d %*d %llu",
                &start) == 1 &&
         tck > 0) {
-        double boot = 0;
-        f = fopen("/proc/stat", "r");
-        char line[256];
-        while (f && fgets(line, sizeof line, f))
-            if (strncmp(line, "btime ", 6) == 0) {
-                boot = atof(line + 6);
-                break;
-            }
-        if (f) fclose(f);
-        oq_gauge_set(m->p_start, boot + (double)start / (double)tck);
+        /* The boot time from the clocks, not /proc/stat's btime: the systemd units run with
+         * ProcSubset=pid, which leaves /proc/self but hides /proc/stat. */
+        struct timespec real, boot;
+        clock_gettime(CLOCK_REALTIME, &real);
+        clock_gettime(CLOCK_BOOTTIME, &boot);
+        double booted =
+            (double)(real.tv_sec - boot.tv_sec) + (double)(real.tv_nsec - boot.tv_nsec) / 1e9;
+        oq_gauge_set(m->p_start, booted + (double)start / (double)tck);
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

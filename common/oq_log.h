@@ -7,19 +7,14 @@
  * `OQ_LOGC_WARN("consumer", call_id, "lease lost fence=%lld", f);`. The message is free text;
  * it is emitted as the `msg` field. Thread-safe: one write(2) per line.
  * librdkafka logs reach it through oq_log_rdkafka_cb (set with rd_kafka_conf_set_log_cb).
+ * A program linking libonceq routes the lines with oq_log_set_callback() (oq_logger.h).
  */
 #ifndef OQ_LOG_H
 #define OQ_LOG_H
 
 #include <stdio.h>
 
-typedef enum {
-    OQ_LOG_DEBUG = 0,
-    OQ_LOG_INFO,
-    OQ_LOG_WARN,
-    OQ_LOG_ERROR,
-    OQ_LOG_OFF
-} oq_log_level_t;
+#include "oq_logger.h" /* the levels; the public level and callback setters */
 typedef enum { OQ_LOG_FMT_LOGFMT = 0, OQ_LOG_FMT_JSON } oq_log_format_t;
 
 /** Current threshold; read without locking (a racy read only delays a level change). */

@@ -27,21 +27,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_client.h"
 #include "oq_error.h"
 
-/* This header is installed (include/onceq/) and must stand alone: it includes only the
- * public oq_error.h and the libraries whose types it uses (jansson, SQLite). The two lengths
- * repeat the definitions of oq_util.h and oq_json.h (an identical redefinition is allowed;
- * a different one fails the build of every file that includes both). */
-#define OQ_CALL_ID_LEN 34               /**< "c_" + 32 lowercase hex */
-#define OQ_FINGERPRINT_LEN 64           /**< SHA-256 as lowercase hex */
 typedef struct oq_metrics oq_metrics_t; /**< metrics registry (opaque here) */
-
-#define OQ_DEFAULT_TENANT "default"
-#define OQ_DEFAULT_KEY_TTL_MS (24LL * 3600 * 1000)
-/** librdkafka's default message.max.bytes: the largest message the relay publishes unless its
- *  `-X message.max.bytes` says otherwise. */
-#define OQ_DEFAULT_MAX_MESSAGE_BYTES 1000000
 /** The error code a call gets when its message could not be published (it was set aside by
  *  the relay, see relay/README.md "Dead letters"). */
 #define OQ_ERROR_UNPUBLISHABLE "unpublishable"
@@ -75,69 +64,6 @@ typedef struct oq_producer_opts {
                                     the logical topic onceq.tool-calls whatever the prefix;
                                     the relay maps it (oq_relay_opts_t.topic_prefix). */
 } oq_producer_opts_t;
-
-typedef enum {
-    OQ_SUBMIT_NEW = 1,
-    OQ_SUBMIT_REPLAY = 2,
-    OQ_SUBMIT_CONFLICT = 3,
-    OQ_SUBMIT_RETRY_RESET = 4
-} oq_submit_outcome_t;
-
-/** @brief "new" / "replay" / "conflict" / "retry_reset". */
-const char *oq_submit_outcome_name(oq_submit_outcome_t o);
-
-/** A submit request. All fields borrowed for the duration of the call. */
-typedef struct oq_submit_req {
-    const char *tenant;    /**< NULL or "" = "default"; 1..128 printable ASCII bytes */
-    const char *idem_key;  /**< 1..255 printable ASCII bytes (0x20..0x7e: space included) */
-    const char *tool;      /**< 1..128 bytes, [A-Za-z0-9_.:-] */
-    const json_t *args;    /**< a JSON object */
-    const char *client_id; /**< optional; 1..128 printable ASCII bytes
-                                (the rules: oq_envelope_valid_key / _name / _tool) */
-    int64_t seq;           /**< optional client sequence number, used when has_seq */
-    int has_seq;
-} oq_submit_req_t;
-
-/** One call row. Strings are owned by the struct; release with oq_call_clear(). */
-typedef struct oq_call {
-    char call_id[OQ_CALL_ID_LEN + 1];
-    char fingerprint[OQ_FINGERPRINT_LEN + 1];
-    char state[16]; /**< pending|running|succeeded|failed|needs_review */
-    char *tenant;
-    char *idem_key;
-    char *tool;
-    char *args;      /**< canonical JSON text */
-    char *result;    /**< JSON text or NULL */
-    char *error;     /**< JSON text {"code","message","retryable"} or NULL */
-    char *effect_id; /**< NULL until a result reported one */
-    char *client_id; /**< NULL when not given */
-    int64_t attempt;
-    int64_t seq;
-    int has_seq;
-    int64_t created_at, updated_at, expires_at; /**< unix ms */
-} oq_call_t;
-
-/** @brief Free the strings \p c owns and zero it; safe on a zeroed struct. */
-void oq_call_clear(oq_call_t *c);
-
-/** @brief Non-zero for succeeded / failed / needs_review. */
-int oq_call_state_terminal(const char *state);
-
-/**
- * @brief The call as the compact JSON text of the HTTP API and the CLI: call_id, tenant,
- *        idem_key, fingerprint, tool, args, status, attempt, result, error, effect_id,
- *        client_id, seq, created_at/updated_at/expires_at (RFC 3339), query_url. The one
- *        writer of a call's JSON (no intermediate jansson objects: the HTTP hot path).
- * @param out malloc()ed NUL-terminated text (caller free()s).
- * @returns 0, OQ_ENOMEM, or OQ_EUTF8 (a string of \p c that is not UTF-8).
- */
-int oq_call_render(const oq_call_t *c, char **out, size_t *out_len);
-
-/**
- * @brief The same object as oq_call_render() writes, as a jansson tree (its text parsed).
- * @returns a new reference, or NULL when rendering or parsing failed.
- */
-json_t *oq_call_to_json(const oq_call_t *c);
 
 /**
  * @brief Open (create, migrate) the producer database at \p path and start its writer thread.
@@ -194,23 +120,8 @@ int oq_producer_submit_async(oq_producer_t *p, oq_submit_job_t *job, oq_submit_d
 int oq_submit_job_result(const oq_submit_job_t *job, oq_submit_outcome_t *outcome,
                          const oq_call_t **call, oq_error_t *err);
 
-/**
- * @brief Submit inside the caller's own open write transaction on the caller's connection,
- *        so business rows and the intent commit (or roll back) together.
- * @remark \p db must hold an open write transaction (BEGIN IMMEDIATE) and carry the producer
- *         schema (oq_producer_migrate). Nothing is committed here. A conflict writes nothing.
- * @param key_ttl_ms 0 = 24 h.
- * @returns as oq_producer_submit(); the message size is checked against
- *          OQ_DEFAULT_MAX_MESSAGE_BYTES (the relay's default).
- */
-int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
-                             oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
-
 /** @brief The topic prefix \p p was opened with (oq_producer_opts_t.topic_prefix), or NULL. */
 const char *oq_producer_topic_prefix(const oq_producer_t *p);
-
-/** @brief Apply the producer migrations (outbox + calls, ...) to the caller's \p db. */
-int oq_producer_migrate(sqlite3 *db, oq_error_t *err);
 
 /** @brief Get by call id. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
 int oq_producer_get(oq_producer_t *p, const char *call_id, oq_call_t *out, oq_error_t *err);
@@ -224,10 +135,6 @@ int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *ide
  */
 int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err);
 
-/* --- the same reads on a plain connection (CLI tools) ------------------------------------- */
-int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err);
-int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
-                        oq_error_t *err);
 int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err);
 
 /** One audit row (strings owned by the array; free with oq_audit_free). */
@@ -264,24 +171,6 @@ typedef struct oq_purge_stats {
  */
 int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
                    oq_purge_stats_t *stats, oq_error_t *err);
-
-/* --- dead letters ------------------------------------------------------------------------- */
-
-/**
- * @brief Fail the calls whose message the relay set aside (outbox_dead rows not handled yet,
- *        at most \p max): each becomes a tool_result `failed` with error
- *        {"code":"unpublishable","message":...,"retryable":false} applied by the same rules
- *        as a consumer's result (oq_store_apply_result: audited, deduplicated by the dead
- *        message's id, a stale attempt or a terminal call is left alone), and the row is marked
- *        handled. A producer (oq_producer_open) does this by itself about once a second; a
- *        service using oq_producer_submit_in_tx with its own relay calls this.
- * @remark Runs in the caller's open write transaction; commits nothing.
- * @param failed receives the number of calls moved to `failed`; may be NULL.
- * @param handled receives the number of rows handled; may be NULL.
- * @returns 0, OQ_EBUSY, OQ_EDB, OQ_ENOMEM.
- */
-int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed, int *handled,
-                               oq_error_t *err);
 
 /* --- results ingest ----------------------------------------------------------------------- */
 

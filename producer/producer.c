@@ -6,7 +6,8 @@
  * Submits are prepared on the caller's thread (submit.c) and handed to the writer as work
  * items; the blocking calls (oq_producer_submit, oq_producer_apply_results) wait on a
  * condition variable that the item's completion signals. The reads on a plain connection
- * (oq_store_get, oq_store_stats, ..., used by the CLI) are here too, over the same store.
+ * (oq_store_stats, oq_store_audit, used by the CLI) are here too, over the same store; the
+ * client side that libonceq exports (migrate, lookups) is in client.c.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -156,11 +157,6 @@ void oq_producer_close(oq_producer_t *p)
     free(p);
 }
 
-int oq_producer_migrate(sqlite3 *db, oq_error_t *err)
-{
-    return oq_db_migrate(db, oq_migrations_producer, err);
-}
-
 /* --- writes through the writer ---------------------------------------------------------------*/
 
 static void job_done(oq__work_t *w, void *opaque)
@@ -303,19 +299,6 @@ int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err)
     int ret = oq_store_stats(r->db, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
-}
-
-int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err)
-{
-    oq__producer_store_t s = {db, NULL};
-    return oq__producer_store_get(&s, call_id, out, err);
-}
-
-int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
-                        oq_error_t *err)
-{
-    oq__producer_store_t s = {db, NULL};
-    return oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
 }
 
 int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,

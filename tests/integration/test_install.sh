@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Install: `cmake --install` into a temporary prefix, then use only what was installed.
-# producer/examples/in_tx.c builds against the installed headers with pkg-config alone (shared
-# and static libonceq) and runs; each public header compiles on its own; the installed binary
-# runs; the bash completion script loads and completes commands, flags and enum values from
-# the settings tables; the --help docs are there and name the environment variables.
+# libonceq is the producer's client side: its headers install as <onceq/...> (Cflags
+# -I$prefix/include, no generic names on the global include path) and each compiles alone;
+# producer/examples/in_tx.c builds against the install with pkg-config alone, shared and fully
+# static (`pkg-config --static`, `-static`: every private dependency must link statically),
+# and runs; the library needs SQLite, jansson and libcrypto only (no librdkafka, libcurl,
+# libmicrohttpd, libsystemd); it is silent in its host unless a log callback and level are set;
+# libonceq.so exports exactly the functions the installed headers declare. Then: the installed
+# binary runs; the bash completion script loads and completes commands, flags and enum values
+# from the settings tables; the --help docs are there and name the environment variables.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
@@ -12,14 +17,18 @@ CC=${CC:-cc}
 
 cmake --install "$ONCEQ_BUILD" --prefix "$P" >"$T/install.log" 2>&1 ||
     { cat "$T/install.log" >&2; oq_fail "cmake --install failed"; }
-for f in bin/onceq bin/onceq-bench include/onceq/oq_producer.h include/onceq/oq_db.h \
-    include/onceq/oq_error.h lib/libonceq.a lib/pkgconfig/libonceq.pc \
+HEADERS="oq_error.h oq_logger.h oq_client.h"
+for f in bin/onceq bin/onceq-bench lib/libonceq.a lib/pkgconfig/libonceq.pc \
     share/bash-completion/completions/onceq share/doc/onceq/onceq-producer.txt; do
     [ -e "$P/$f" ] || oq_fail "not installed: $f"
 done
+for h in $HEADERS; do [ -e "$P/include/onceq/$h" ] || oq_fail "not installed: include/onceq/$h"; done
+extra=$(cd "$P/include" && find . -type f | sort | grep -v -x -e ./onceq/oq_error.h \
+    -e ./onceq/oq_logger.h -e ./onceq/oq_client.h)
+[ -z "$extra" ] || oq_fail "headers installed beyond the client API: $extra"
 ls "$P"/lib/libonceq.so.* >/dev/null 2>&1 || oq_fail "not installed: lib/libonceq.so.N"
 "$P/bin/onceq" --version | grep -q '^onceq ' || oq_fail "installed onceq does not run"
-oq_pass "installed: binaries, libonceq (shared + static), headers, libonceq.pc, completion, docs"
+oq_pass "installed: binaries, libonceq (shared + static), include/onceq/{$HEADERS}, libonceq.pc, completion, docs"
 
 # Only the installed prefix: no source-tree include path, no build-tree library.
 export PKG_CONFIG_PATH=$P/lib/pkgconfig
@@ -27,46 +36,82 @@ pkg-config --exists libonceq || oq_fail "pkg-config does not find libonceq"
 case "$(pkg-config --cflags --libs libonceq)" in
 *"$ONCEQ_SRC"* | *"$ONCEQ_BUILD"*) oq_fail "libonceq.pc points into the source or build tree" ;;
 esac
-for h in oq_error.h oq_db.h oq_producer.h; do
-    printf '#include "%s"\nint main(void) { return 0; }\n' "$h" >"$T/h.c"
+pkg-config --cflags libonceq | grep -q -- "-I$P/include/onceq" &&
+    oq_fail "libonceq.pc puts include/onceq on the include path: $(pkg-config --cflags libonceq)"
+for h in $HEADERS; do
+    printf '#include <onceq/%s>\nint main(void) { return 0; }\n' "$h" >"$T/h.c"
     $CC -std=c11 -Wall -Wextra -Werror -c -o "$T/h.o" "$T/h.c" $(pkg-config --cflags libonceq) \
-        2>"$T/h.err" || { cat "$T/h.err" >&2; oq_fail "installed $h does not compile alone"; }
+        2>"$T/h.err" || { cat "$T/h.err" >&2; oq_fail "installed onceq/$h does not compile alone"; }
 done
-oq_pass "each installed header compiles on its own (C11, -Wall -Wextra -Werror)"
+if grep -n '#include "' "$P"/include/onceq/*.h; then
+    oq_fail "installed headers include each other by bare name, not as <onceq/...>"
+fi
+oq_pass "each installed header compiles on its own as <onceq/...> (C11, -Wall -Wextra -Werror) and names the others as <onceq/...>"
 
 cp "$ONCEQ_SRC/producer/examples/in_tx.c" "$T/in_tx.c"
+grep -q 'sqlite3_bind_text' "$T/in_tx.c" || oq_fail "in_tx.c binds no parameter"
+grep -nE 'snprintf\([^;]*(INSERT|SELECT|UPDATE|DELETE)' "$T/in_tx.c" &&
+    oq_fail "in_tx.c formats values into SQL text"
+grep -q '#include <onceq/oq_client.h>' "$T/in_tx.c" || oq_fail "in_tx.c does not include <onceq/...>"
 (cd "$T" && $CC -std=c11 -Wall -Werror -o in_tx in_tx.c $(pkg-config --cflags --libs libonceq)) \
     2>"$T/cc.err" || { cat "$T/cc.err" >&2; oq_fail "in_tx.c does not build against the install"; }
 LD_LIBRARY_PATH=$P/lib ldd "$T/in_tx" | grep -q "libonceq.so.0 => $P/lib/" ||
     oq_fail "in_tx is not linked to the installed libonceq.so"
-LD_LIBRARY_PATH=$P/lib "$T/in_tx" "$T/shop.db" >"$T/in_tx.out" 2>&1 ||
-    { cat "$T/in_tx.out" >&2; oq_fail "in_tx (shared) failed"; }
+needed=$(readelf -d "$P"/lib/libonceq.so | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | sort |
+    tr '\n' ' ')
+for n in $needed; do
+    case "$n" in
+    libsqlite3.so.* | libjansson.so.* | libcrypto.so.* | libc.so.* | libm.so.* | ld-linux*) ;;
+    *) oq_fail "libonceq.so needs $n (expected only SQLite, jansson, libcrypto, libc): $needed" ;;
+    esac
+done
+# A fresh database: the migration logs a line, which a library must keep to itself, whatever
+# ONCEQ_LOG_LEVEL says; with -v the example sets a callback and a level and receives it.
+ONCEQ_LOG_LEVEL=debug LD_LIBRARY_PATH=$P/lib "$T/in_tx" "$T/shop.db" >"$T/in_tx.out" \
+    2>"$T/in_tx.err" || { cat "$T/in_tx.out" "$T/in_tx.err" >&2; oq_fail "in_tx (shared) failed"; }
 grep -q "committed with call c_" "$T/in_tx.out" || oq_fail "in_tx did not commit a call"
+grep -q "lookup by key -> call c_" "$T/in_tx.out" || oq_fail "in_tx: the lookup by key failed"
 grep -q "rows of the rolled-back order: 0" "$T/in_tx.out" || oq_fail "in_tx rollback left rows"
-oq_pass "in_tx.c built with pkg-config alone against libonceq.so, ran: order + call committed"
+[ -s "$T/in_tx.err" ] && oq_fail "libonceq wrote to its host's stderr: $(cat "$T/in_tx.err")"
+grep -q '^onceq: ' "$T/in_tx.out" && oq_fail "libonceq logged without a callback: $(cat "$T/in_tx.out")"
+LD_LIBRARY_PATH=$P/lib "$T/in_tx" -v "$T/shop-v.db" >"$T/in_tx-v.out" 2>"$T/in_tx-v.err" ||
+    { cat "$T/in_tx-v.out" "$T/in_tx-v.err" >&2; oq_fail "in_tx -v failed"; }
+grep -q '^onceq: .*component=db msg="migrated schema' "$T/in_tx-v.out" ||
+    oq_fail "in_tx -v: the log callback did not receive the migration line"
+[ -s "$T/in_tx-v.err" ] && oq_fail "in_tx -v: lines reached stderr despite the callback"
+oq_pass "in_tx.c built with pkg-config alone against libonceq.so (needs: $needed), ran: order + call committed; silent by default, lines through oq_log_set_callback"
 
-# Static: the archive plus the libraries its .pc names as private dependencies (linked
-# shared: `pkg-config --static` would also want the static archives of librdkafka's own
-# compression libraries, which Debian's -dev packages do not all ship).
-libs="$(pkg-config --libs libonceq | sed 's/-lonceq//') -lpthread -lm"
-libs+=" $(pkg-config --libs $(pkg-config --print-requires-private libonceq | awk '{print $1}'))"
-(cd "$T" && $CC -std=c11 -Wall -Werror -o in_tx_static in_tx.c \
-    $(pkg-config --cflags libonceq) "$P/lib/libonceq.a" $libs) 2>"$T/cc2.err" ||
-    { cat "$T/cc2.err" >&2; oq_fail "in_tx.c does not build against libonceq.a"; }
-ldd "$T/in_tx_static" | grep -q libonceq && oq_fail "in_tx_static still needs libonceq.so"
+# Static: everything the .pc names, fully static (librdkafka's compression libraries are not
+# among its dependencies any more, so no -dev package beyond SQLite, jansson, OpenSSL, zlib).
+(cd "$T" && $CC -std=c11 -Wall -Werror -static -o in_tx_static in_tx.c \
+    $(pkg-config --static --cflags --libs libonceq)) 2>"$T/cc2.err" ||
+    { cat "$T/cc2.err" >&2; oq_fail "in_tx.c does not link statically with pkg-config --static"; }
+readelf -d "$T/in_tx_static" | grep -q NEEDED &&
+    oq_fail "in_tx_static is not statically linked: $(readelf -d "$T/in_tx_static" | grep NEEDED)"
 "$T/in_tx_static" "$T/shop.db" >"$T/in_tx2.out" 2>&1 ||
     { cat "$T/in_tx2.out" >&2; oq_fail "in_tx (static) failed"; }
 grep -q "orders=2 calls=2 outbox=2" "$T/in_tx2.out" ||
     oq_fail "second run: expected 2 orders, 2 calls, 2 outbox rows: $(cat "$T/in_tx2.out")"
-oq_pass "in_tx.c built against libonceq.a, ran on the same database"
+oq_pass "in_tx.c linked fully static (pkg-config --static), ran on the same database"
 
-# The shared library exports public names only.
-nm -D --defined-only "$P"/lib/libonceq.so | grep -q ' T oq_producer_submit_in_tx$' ||
-    oq_fail "libonceq.so does not export oq_producer_submit_in_tx"
-if nm -D --defined-only "$P"/lib/libonceq.so | grep -q ' T oq__'; then
-    oq_fail "libonceq.so exports oq__ internals"
-fi
-oq_pass "libonceq.so exports oq_* and no oq__* symbol"
+# The exported dynamic symbols are exactly the functions the installed headers declare.
+python3 - "$P"/include/onceq/*.h >"$T/declared" <<'PY' || oq_fail "cannot read the headers"
+import re, sys
+names = set()
+for f in sys.argv[1:]:
+    s = open(f).read()
+    s = re.sub(r"/\*.*?\*/", "", s, flags=re.S)
+    s = re.sub(r"^\s*#.*$", "", s, flags=re.M)
+    names |= set(re.findall(r"\b(oq_[a-z0-9_]+)\s*\(", s))
+print("\n".join(sorted(names)))
+PY
+nm -D --defined-only "$P"/lib/libonceq.so | awk '{print $3}' | sed 's/@.*//' | sort -u \
+    >"$T/exported"
+[ "$(wc -l <"$T/declared")" -ge 10 ] || oq_fail "found too few declarations: $(cat "$T/declared")"
+diff "$T/declared" "$T/exported" >"$T/sym.diff" ||
+    oq_fail "libonceq.so exports differ from the headers (< declared only, > exported only):
+$(cat "$T/sym.diff")"
+oq_pass "libonceq.so exports exactly the $(wc -l <"$T/declared") functions its installed headers declare"
 
 # Completion: loads in bash, completes commands, flags of a command and an enum's values.
 complete_words() { # complete_words WORD...: the completions of the last word
