@@ -1282,7 +1282,8 @@ static int printable(const char *s, size_t max)
 }
 
 int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
-                     const char *note, const char *by, int64_t now, int *state_out, oq_error_t *err)
+                     const char *note, const char *by, int64_t fence, int64_t now, int *state_out,
+                     oq_error_t *err)
 {
     static const char *const names[] = {"committed", "failed", "retry"};
     oq__exec_row_t x;
@@ -1298,6 +1299,10 @@ int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const
         return oq_error_set(err, OQ_EINVAL, 0, "resolve as what? (committed, failed, retry)");
     if (!note || !note[0] || strlen(note) > 1000)
         return oq_error_set(err, OQ_EINVAL, 0, "a note of 1-1000 bytes is required");
+    if (fence < 0)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "the review's fence is required (--fence N, as review list/show "
+                            "print it)");
     if (ref && (as != OQ__RESOLVE_COMMITTED || !printable(ref, 255)))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "--ref goes with --as committed: 1-255 printable ASCII bytes");
@@ -1313,6 +1318,14 @@ int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const
     if (x.state != OQ_X_NEEDS_REVIEW) {
         rc = oq_error_set(err, OQ_ESTATE, 0, "%s is %s, not NEEDS_REVIEW: nothing to resolve",
                           call_id, oq__xstate_name(x.state));
+        goto out;
+    }
+    if (x.fence != fence) {
+        /* another episode: the call left review (a retry, its resend) and came back */
+        rc = oq_error_set(err, OQ_EFENCED, 0,
+                          "review_moved: %s is in review with fence %lld, not %lld: it left "
+                          "review and came back since that decision was made; look at it again",
+                          call_id, (long long)x.fence, (long long)fence);
         goto out;
     }
     if ((rc = audit(s, call_id, "review_resolved", x.attempt, x.fence + 1, detail, now, err)))

@@ -294,12 +294,17 @@ typedef enum {
  *        the state entered; COMMITTED also records the effect (downstream id = \p ref) and
  *        FAILED_FINAL / COMMITTED append ONE result event, so the producer's call moves to
  *        succeeded / failed. RETRY resets the try count: the next run gets a full budget.
+ *        \p fence pins the review episode the operator decided on: the execution's fence as
+ *        `onceq review list/show` printed it. It moves whenever the call leaves NEEDS_REVIEW
+ *        (a resolution, a retry's resend), so a decision made while looking at an earlier
+ *        episode is refused instead of applied to the next one.
  * @param note required, 1..1000 bytes; \p ref optional (COMMITTED only); \p by who resolved.
  * @returns 0, OQ_ENOTFOUND (no such call), OQ_ESTATE (not NEEDS_REVIEW: nothing written),
- *          OQ_EINVAL (bad note or ref), OQ_EDB / OQ_EBUSY.
+ *          OQ_EFENCED (NEEDS_REVIEW, but with another fence: the review moved, nothing
+ *          written), OQ_EINVAL (bad note, ref or a negative fence), OQ_EDB / OQ_EBUSY.
  */
 int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
-                     const char *note, const char *by, int64_t now, int *state_out,
+                     const char *note, const char *by, int64_t fence, int64_t now, int *state_out,
                      oq_error_t *err);
 
 /**

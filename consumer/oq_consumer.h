@@ -246,7 +246,9 @@ int oq_consumer_check_tools(const char *path, oq_error_t *err);
 
 /**
  * @brief The review queue, oldest first: a JSON array of {call_id, tool, tenant, idem_key,
- *        attempt, tries, since (unix ms the outcome became unknown), age_s, code, why}.
+ *        attempt, tries, fence (the episode's, for oq_review_resolve), since (unix ms the
+ *        outcome became unknown), age_s, code, why}. GET /v1/review and `onceq review list
+ *        --json` both print it as {"review": [...], "count": N}.
  * @param limit at most this many (<= 0: 1000). @param out a new array (caller decrefs).
  * @returns 0, OQ_EIO (no database), OQ_EDB.
  */
@@ -269,12 +271,16 @@ int oq_review_show(const char *db_path, const char *call_id, json_t **out, oq_er
  *        at most one result event; the producer's call moves to the end state once a worker's
  *        relay publishes it.
  * @param note required (1-1000 bytes, UTF-8); \p ref optional, only with committed.
+ * @param fence the review episode decided on: the `fence` oq_review_list / oq_review_show
+ *        reported (required, >= 0). It moves when the call leaves review and comes back.
  * @param out may be NULL; else {call_id, resolved_as, state}.
- * @returns 0, OQ_EINVAL (bad --as, note or ref: nothing written), OQ_ENOTFOUND, OQ_ESTATE (not
- *          NEEDS_REVIEW: nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
+ * @returns 0, OQ_EINVAL (bad --as, note, ref or fence: nothing written), OQ_ENOTFOUND,
+ *          OQ_ESTATE (not NEEDS_REVIEW: nothing written), OQ_EFENCED ("review_moved": in
+ *          review with another fence, nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
  */
 int oq_review_resolve(const char *db_path, const char *call_id, const char *as, const char *ref,
-                      const char *note, const char *by, json_t **out, oq_error_t *err);
+                      const char *note, const char *by, int64_t fence, json_t **out,
+                      oq_error_t *err);
 
 /** The settings table of `onceq consumer` (name, type, default, bounds, doc). */
 extern const oq_setting_t oq_consumer_settings[];

@@ -407,6 +407,9 @@ static void test_declarations(void **state)
     oq_envelope_clear(&c);
 }
 
+/* The execution's fence: the review episode an operator decides on. */
+#define RFENCE(id) qi(f->b, "SELECT fence FROM executions WHERE call_id = ?1", (id))
+
 /* The operator: committed with a reference, failed, retry (once more, same key, new budget);
  * only from NEEDS_REVIEW, with a note, fenced and audited, one result event each. */
 static void test_review_resolve(void **state)
@@ -431,20 +434,27 @@ static void test_review_resolve(void **state)
     start(f->a, &other, "pay_keys", now, &x);
     assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
     assert_int_equal(oq__exec_resolve(f->b, other.call_id, OQ__RESOLVE_COMMITTED, NULL, "n", "op",
-                                      now, &st, &err),
+                                      RFENCE(other.call_id), now, &st, &err),
                      OQ_ESTATE);
-    assert_int_equal(
-        oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, NULL, "", "op", now, &st, &err),
-        OQ_EINVAL);
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, NULL, "", "op",
+                                      RFENCE(e[0].call_id), now, &st, &err),
+                     OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, "pay_x", "n", "op",
-                                      now, &st, &err),
+                                      RFENCE(e[0].call_id), now, &st, &err),
                      OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "\xff\xfe",
-                                      "op", now, &st, &err),
+                                      "op", RFENCE(e[0].call_id), now, &st, &err),
                      OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, "c_0000000000000000", OQ__RESOLVE_FAILED, NULL, "n",
-                                      "op", now, &st, &err),
+                                      "op", 0, now, &st, &err),
                      OQ_ENOTFOUND);
+    /* the review episode pinned: no fence, or another episode's, is refused */
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "n", "op", -1,
+                                      now, &st, &err),
+                     OQ_EINVAL);
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "n", "op",
+                                      RFENCE(e[0].call_id) - 1, now, &st, &err),
+                     OQ_EFENCED);
     oq__consumer_store_commit(f->b, &err);
     assert_int_equal(qi(f->b, "SELECT count(*) FROM audit WHERE event = 'review_resolved'", NULL),
                      0);
@@ -452,21 +462,22 @@ static void test_review_resolve(void **state)
 
     assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, "pay_77",
-                                      "found it in the provider's dashboard", "ada", now + 20, &st,
-                                      &err),
+                                      "found it in the provider's dashboard", "ada",
+                                      RFENCE(e[0].call_id), now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(oq__exec_resolve(f->b, e[1].call_id, OQ__RESOLVE_FAILED, NULL,
-                                      "never reached the provider", "ada", now + 20, &st, &err),
+                                      "never reached the provider", "ada", RFENCE(e[1].call_id),
+                                      now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(oq__exec_resolve(f->b, e[2].call_id, OQ__RESOLVE_RETRY, NULL, "try again",
-                                      "ada", now + 20, &st, &err),
+                                      "ada", RFENCE(e[2].call_id), now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_SAFE_RETRY);
     /* a second resolution is refused */
     assert_int_equal(oq__exec_resolve(f->b, e[1].call_id, OQ__RESOLVE_COMMITTED, NULL, "again",
-                                      "ada", now + 21, &st, &err),
+                                      "ada", RFENCE(e[1].call_id), now + 21, &st, &err),
                      OQ_ESTATE);
     assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
 
