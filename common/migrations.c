@@ -7,6 +7,7 @@
 
 #include "oq_db.h"
 
+/* clang-format off */
 const char *const oq_migrations_producer[] = {
     "common/0001_outbox.sql",
     "producer/0001_init.sql",
@@ -14,6 +15,7 @@ const char *const oq_migrations_producer[] = {
     "common/0002_outbox_watermark.sql",
     "common/0003_outbox_dead.sql",
     "producer/0003_redrive.sql",
+    "producer/0004_settled_expiry.sql",
     NULL,
 };
 
@@ -26,3 +28,4 @@ const char *const oq_migrations_consumer[] = {
     "consumer/0003_dlq_code.sql",
     NULL,
 };
+/* clang-format on */

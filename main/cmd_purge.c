@@ -1,10 +1,11 @@
 /*
- * `onceq purge`: retention. Deletes calls whose key expired (expires_at <= now) and that are
- * terminal, with their audit and result_inbox rows, and published outbox rows (at or below the
- * relay's watermark) created more than --key-ttl ago, in batches of --batch rows, each its own
- * short transaction (the daemon's writer waits at most one batch). Pending/running calls are never
- * deleted. A key used again after its call was purged (or expired) is a new call. Prints what was
- * deleted as JSON.
+ * `onceq purge`: retention. Deletes calls whose key expired (expires_at <= now: settled more
+ * than key_ttl ago) and that are settled (succeeded, failed), with their audit and result_inbox
+ * rows, and published outbox rows (at or below the relay's watermark) created more than
+ * --key-ttl ago, in batches of --batch rows, each its own short transaction (the daemon's writer
+ * waits at most one batch). Pending, running and needs_review calls are never deleted. A key
+ * used again after its call was purged (or expired) is a new call. Prints what was deleted as
+ * JSON.
  */
 #include <stdio.h>
 
