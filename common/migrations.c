@@ -26,6 +26,7 @@ const char *const oq_migrations_consumer[] = {
     "common/0003_outbox_dead.sql",
     "consumer/0002_downstream.sql",
     "consumer/0003_dlq_code.sql",
+    "consumer/0004_retention.sql",
     NULL,
 };
 /* clang-format on */
