@@ -340,6 +340,11 @@ typedef struct oq__purge_batch {
     int limit;
 } oq__purge_batch_t;
 
+/** @brief Autocommit: delete up to \p limit result events the relay delivered, created before
+ *  \p before (oq_outbox_purge_published; a re-emit appends a new row when it is gone). */
+int oq__consumer_store_purge_outbox(oq__consumer_store_t *s, int64_t before, int limit,
+                                    int64_t *n_deleted, oq_error_t *err);
+
 /** @brief The retention horizon (0: nothing was ever purged). Any transaction. */
 int oq__consumer_store_horizon(oq__consumer_store_t *s, int64_t *horizon, oq_error_t *err);
 

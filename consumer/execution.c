@@ -1444,10 +1444,16 @@ int oq__exec_purge(oq__consumer_store_t *s, int64_t now, int64_t retention_ms, i
     memset(st, 0, sizeof(*st));
     if (batch <= 0) batch = 1000;
     if (inbox_ms <= 0) return oq_error_set(err, OQ_EINVAL, 0, "inbox retention must be > 0");
-    /* the inbox and handled dead letters (autocommit batches) */
+    /* the inbox, handled dead letters and delivered result events (autocommit batches; the
+     * embedded relay also deletes the result events after its own --retention) */
     for (int i = 0; i < 100000; i++) {
         if ((rc = oq__consumer_store_purge(s, now - inbox_ms, batch, &n, err))) return rc;
         st->inbox += n;
+        if (n < batch) break;
+    }
+    for (int i = 0; i < 100000; i++) {
+        if ((rc = oq__consumer_store_purge_outbox(s, now - inbox_ms, batch, &n, err))) return rc;
+        st->outbox += n;
         if (n < batch) break;
     }
     if (retention_ms <= 0) return 0; /* executions kept */

@@ -293,7 +293,8 @@ int oq_review_resolve(const char *db_path, const char *call_id, const char *as, 
 
 /** What a purge deleted. */
 typedef struct oq_consumer_purge_stats {
-    int64_t executions, effects, audit, inbox, dlq;
+    int64_t executions, effects, audit, inbox, outbox; /**< inbox: with handled dead letters;
+                                                            outbox: delivered result events */
     int batches;
 } oq_consumer_purge_stats_t;
 

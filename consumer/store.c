@@ -812,6 +812,12 @@ int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit,
 
 /* --- retention of settled executions (schema/consumer/0004_retention.sql) --------------------- */
 
+int oq__consumer_store_purge_outbox(oq__consumer_store_t *s, int64_t before, int limit,
+                                    int64_t *n_deleted, oq_error_t *err)
+{
+    return oq_outbox_purge_published(s->db, before, limit, n_deleted, err);
+}
+
 int oq__consumer_store_horizon(oq__consumer_store_t *s, int64_t *horizon, oq_error_t *err)
 {
     static const char sql[] = "SELECT horizon FROM retention WHERE name = 'executions'";

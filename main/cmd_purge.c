@@ -63,9 +63,9 @@ int oq__cmd_purge(int argc, char **argv)
             goto out;
         }
         printf("{\"consumer_db\":true,\"executions\":%lld,\"effects\":%lld,\"audit\":%lld,"
-               "\"inbox\":%lld,\"batches\":%d}\n",
+               "\"inbox\":%lld,\"outbox\":%lld,\"batches\":%d}\n",
                (long long)cs.executions, (long long)cs.effects, (long long)cs.audit,
-               (long long)cs.inbox, cs.batches);
+               (long long)cs.inbox, (long long)cs.outbox, cs.batches);
         if (!oq_config_is_set(cfg, "db")) {
             ret = OQ_EXIT_OK;
             goto out;
