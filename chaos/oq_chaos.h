@@ -46,6 +46,8 @@ typedef enum {
     OQ_V_ACCEPTED_MISSING,     /**< a client got 2xx for a call that calls.db does not hold */
     OQ_V_DOWNSTREAM_DUP,       /**< the downstream ledger holds > 1 effect for one key/ref */
     OQ_V_DOWNSTREAM_MISSING,   /**< an effect's downstream id is not in the ledger */
+    OQ_V_KEY_REEXECUTED,       /**< one (tenant, idem_key) owns two calls with an effect, the
+                                    second created before the first settled */
     OQ__V_COUNT
 } oq_violation_kind_t;
 

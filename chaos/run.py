@@ -1681,6 +1681,126 @@ def sc_offset_rewind(run):
         run.fail("no re-delivered copy reached the inbox")
 
 
+def review_fence(run, cid):
+    return run.q(run.cdb, "SELECT fence FROM executions WHERE call_id = ?", (cid,))[0][0]
+
+
+def review_cli(run, cid, *args):
+    """`onceq review resolve CID ARGS` on the run's consumer database; returns its exit code."""
+    r = subprocess.run([run.bin, "review", "resolve", cid, "--db", run.cdb, "--by", "chaos",
+                        *args], capture_output=True, text=True, timeout=60)
+    run.say(f"review resolve {cid} {' '.join(args)}: exit {r.returncode} {r.stderr.strip()[-200:]}")
+    return r.returncode
+
+
+def wait_state(run, cids, state, what, pred=None):
+    def done():
+        rows = dict(run.q(run.pdb, "SELECT call_id, state FROM calls"))
+        return all(rows.get(c) == state for c in cids) and (pred is None or pred())
+    run.wait(60, done, what, supervise=True)
+
+
+def sc_review_expiry(run):
+    """Issue 17, item 1: unresolved reviews never expire. A tool with neither keys nor lookup
+    whose every reply is dropped after commit: 2-4 calls end needs_review (one payment each).
+    The producer runs with --key-ttl 1-2 s and purges every second; 1.5-3 s past the TTL each
+    key is resubmitted 1-3 times with the same body: the same call comes back and nothing is
+    sent. Then each review is resolved `committed` with the payment the ledger holds."""
+    n = run.rng.randint(2, 4)
+    ttl = run.rng.randint(1, 2)
+    start_downstream(run)
+    tools = write_tools(run, [{"name": "blind_drop",
+                               "url": f"http://127.0.0.1:{run.dport}/v1/payments",
+                               "body": {"amount": "{amount}"}, "idempotency_header": None,
+                               "headers": {"X-Downstream-Fault": "drop-after-commit"}}])
+    run.port = free_port()
+    run.start_broker()
+    run.start_producer(None, ["--key-ttl", f"{ttl}s", "--purge-interval", "1s"])
+    run.start_relay()
+    run.start_consumer(1, None, ds_consumer_x(tools))
+    run.wait_healthy(30)
+    first = {}
+    for i in range(n):
+        st, j = submit_until_answer(run, f"rx-{run.idx}-{i}",
+                                    {"tool": "blind_drop", "args": {"amount": 100 + i}})
+        first[i] = j["call_id"]
+    wait_state(run, first.values(), "needs_review", "every call in review")
+    run.fault(f"key-ttl {ttl}s, reviews left unresolved past it")
+    time.sleep(ttl + run.rng.uniform(1.5, 3.0))
+    for i in range(n):
+        for _ in range(run.rng.randint(1, 3)):
+            st, j = submit_until_answer(run, f"rx-{run.idx}-{i}",
+                                        {"tool": "blind_drop", "args": {"amount": 100 + i}})
+            if j is None or j.get("call_id") != first[i]:
+                run.fail(f"key rx-{run.idx}-{i} past its TTL: {st} {j} (was {first[i]})")
+    time.sleep(1.5)
+    pays = run.q(run.ddb, "SELECT count(*) FROM payments")[0][0]
+    if pays != n:
+        run.fail(f"{pays} payments in the ledger for {n} calls")
+    for i in range(n):
+        pid = run.q(run.ddb, "SELECT id FROM payments WHERE amount = ?", (100 + i,))[0][0]
+        if review_cli(run, first[i], "--fence", str(review_fence(run, first[i])), "--as",
+                      "committed", "--ref", pid, "--note", "seen in the ledger"):
+            run.fail(f"resolve {first[i]} refused")
+    run.drain(60)
+    wait_state(run, first.values(), "succeeded", "every resolution applied")
+    run.finish()
+
+
+def sc_review_fence(run):
+    """Issue 17, item 3: a review decision is pinned to its episode. A tool that honours keys,
+    undeclared, no lookup, every reply dropped: 2-4 calls in review. Operator A resolves each
+    `retry`; the resend's reply is dropped too and the call is back in review with another
+    fence. Operator B's `committed`, decided on the first episode (old fence), 0.1-1 s later,
+    must be refused (exit 9, review_moved) and change nothing; then the current fence's `retry`
+    with the faults off: one payment per key."""
+    n = run.rng.randint(2, 4)
+    start_downstream(run)
+    tools = write_tools(run, [{"base": True, "name": "keyed_undeclared", "idempotent": False,
+                               "lookup": None}])
+    run.start_pipeline(consumers=1, consumer_x=ds_consumer_x(tools))
+    ds_mode(run, {"faults": "drop-after-commit:1"})
+    cids = []
+    for i in range(n):
+        st, j = submit_until_answer(run, f"rf-{run.idx}-{i}",
+                                    {"tool": "keyed_undeclared", "args": {"amount": 7}})
+        cids.append(j["call_id"])
+    wait_state(run, cids, "needs_review", "every call in review")
+    old = {c: review_fence(run, c) for c in cids}
+    run.fault("retry resolutions whose resend fails back into review")
+    for c in cids:
+        if review_cli(run, c, "--fence", str(old[c]), "--as", "retry", "--note", "resend"):
+            run.fail(f"retry {c} refused")
+
+    def back():
+        return all(run.q(run.cdb, "SELECT state = 'NEEDS_REVIEW' AND fence <> ? FROM executions "
+                                  "WHERE call_id = ?", (old[c], c))[0][0] for c in cids)
+    run.wait(60, back, "every call back in review with another fence", supervise=True)
+    time.sleep(run.rng.uniform(0.1, 1.0))
+    for c in cids:
+        before = run.q(run.cdb, "SELECT state, fence, (SELECT count(*) FROM audit WHERE "
+                                "call_id = ?1) FROM executions WHERE call_id = ?1", (c,))
+        rc = review_cli(run, c, "--fence", str(old[c]), "--as", "committed", "--ref", "pay_x",
+                        "--note", "decided on the first episode")
+        if rc != 9:
+            run.fail(f"stale committed on {c}: exit {rc}, not 9 (review_moved)")
+        after = run.q(run.cdb, "SELECT state, fence, (SELECT count(*) FROM audit WHERE "
+                               "call_id = ?1) FROM executions WHERE call_id = ?1", (c,))
+        if after != before:
+            run.fail(f"a refused decision changed {c}: {before} -> {after}")
+    ds_mode(run, {"faults": ""})
+    for c in cids:
+        if review_cli(run, c, "--fence", str(review_fence(run, c)), "--as", "retry", "--note",
+                      "resend with the current fence"):
+            run.fail(f"retry with the current fence refused for {c}")
+    run.drain(60)
+    wait_state(run, cids, "succeeded", "every call succeeded")
+    for c in cids:
+        if ledger_count(run, eid_of(c)) != 1:
+            run.fail(f"{c}: {ledger_count(run, eid_of(c))} payments in the ledger")
+    run.finish()
+
+
 # --- real Kafka (row 7b, only with --real-kafka) ---------------------------------------------
 KAFKA_NODES = (1, 2, 3)
 KAFKA_TOPICS = ["onceq.tool-calls", "onceq.tool-results", "onceq.dlq"]
@@ -2159,6 +2279,8 @@ SCENARIOS = {
     "lost_messages": sc_lost_messages,
     "disk_full": sc_disk_full,
     "offset_rewind": sc_offset_rewind,
+    "review_expiry": sc_review_expiry,
+    "review_fence": sc_review_fence,
     "soak": sc_soak,  # only with --soak-minutes or when named
     "kafka_node_faults": sc_kafka_node_faults,  # only with --real-kafka (a 3-node cluster)
 }

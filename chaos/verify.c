@@ -48,6 +48,7 @@ static const char *const vnames[OQ__V_COUNT] = {
     "accepted_missing",
     "downstream_dup",
     "downstream_missing",
+    "key_reexecuted",
 };
 
 const char *oq_violation_name(int kind)
@@ -145,6 +146,24 @@ static const check_t checks[] = {
      "          AND NOT EXISTS (SELECT 1 FROM main.audit b WHERE b.call_id = a.call_id"
      "          AND b.id > t.id AND b.id < a.id AND b.event IN ('succeeded','failed')))"
      " GROUP BY a.call_id"},
+    /* 1 again, across calls: a key owns more than one call with an effect (an effect row, or
+     *    a request that may have landed: STARTED, UNKNOWN, RECONCILING, NEEDS_REVIEW), and the
+     *    later call was created while the earlier one was not settled yet. The consumer keeps
+     *    executions longer than the producer keeps keys, so this sees a key whose first call
+     *    the producer forgot or replaced too early; a key reused after its call settled and
+     *    expired is a new call and is not reported. */
+    {OQ_V_KEY_REEXECUTED,
+     "WITH x AS (SELECT call_id, tenant, idem_key, state, created_at, updated_at FROM c.executions"
+     "   WHERE state IN ('STARTED','UNKNOWN','RECONCILING','NEEDS_REVIEW')"
+     "   OR EXISTS (SELECT 1 FROM c.effects e WHERE e.call_id = executions.call_id))"
+     " SELECT b.call_id, 'tenant=' || b.tenant || ' key=' || b.idem_key || ': call ' || b.call_id"
+     " || ' created while ' || a.call_id || ' was ' || CASE WHEN a.state IN"
+     " ('COMMITTED','FAILED_FINAL') THEN 'not settled yet' ELSE a.state END"
+     " FROM x a JOIN x b ON b.tenant = a.tenant AND b.idem_key = a.idem_key"
+     " AND b.call_id <> a.call_id AND (b.created_at > a.created_at"
+     "      OR (b.created_at = a.created_at AND b.call_id > a.call_id))"
+     " WHERE a.state NOT IN ('COMMITTED','FAILED_FINAL') OR a.updated_at >= b.created_at"
+     " GROUP BY b.call_id"},
 };
 
 void oq_verify_report_clear(oq_verify_report_t *rep)

@@ -7,6 +7,7 @@
 
 #include "oq_db.h"
 
+/* clang-format off */
 const char *const oq_migrations_producer[] = {
     "common/0001_outbox.sql",
     "producer/0001_init.sql",
@@ -14,6 +15,7 @@ const char *const oq_migrations_producer[] = {
     "common/0002_outbox_watermark.sql",
     "common/0003_outbox_dead.sql",
     "producer/0003_redrive.sql",
+    "producer/0004_settled_expiry.sql",
     NULL,
 };
 
@@ -24,5 +26,7 @@ const char *const oq_migrations_consumer[] = {
     "common/0003_outbox_dead.sql",
     "consumer/0002_downstream.sql",
     "consumer/0003_dlq_code.sql",
+    "consumer/0004_retention.sql",
     NULL,
 };
+/* clang-format on */

@@ -100,6 +100,8 @@ static enum MHD_Result send_rc(struct MHD_Connection *c, int rc, const oq_error_
         return send_error(c, MHD_HTTP_NOT_FOUND, "not_found", err->msg);
     case OQ_ESTATE:
         return send_error(c, MHD_HTTP_CONFLICT, "not_in_review", err->msg);
+    case OQ_EFENCED:
+        return send_error(c, MHD_HTTP_CONFLICT, "review_moved", err->msg);
     default:
         return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", err->msg);
     }
@@ -121,10 +123,13 @@ static enum MHD_Result resolve(oq__admin_t *a, struct MHD_Connection *c, const c
     json_t *v;
     json_object_foreach(req, k, v)
     {
-        if ((strcmp(k, "as") && strcmp(k, "ref") && strcmp(k, "note") && strcmp(k, "by")) ||
-            !json_is_string(v)) {
+        int fence = strcmp(k, "fence") == 0;
+        if (fence ? !json_is_integer(v) || json_integer_value(v) < 0
+                  : (strcmp(k, "as") && strcmp(k, "ref") && strcmp(k, "note") && strcmp(k, "by")) ||
+                        !json_is_string(v)) {
             char msg[160];
-            snprintf(msg, sizeof(msg), "member %.60s: expected one of as, ref, note, by (strings)",
+            snprintf(msg, sizeof(msg),
+                     "member %.60s: expected as, ref, note, by (strings), fence (an integer >= 0)",
                      k);
             json_decref(req);
             return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", msg);
@@ -133,9 +138,11 @@ static enum MHD_Result resolve(oq__admin_t *a, struct MHD_Connection *c, const c
     const char *by = json_string_value(json_object_get(req, "by"));
     char who[128];
     snprintf(who, sizeof(who), "%s (http)", by ? by : "operator");
+    json_t *fence = json_object_get(req, "fence");
     int rc = oq_review_resolve(a->db, call_id, json_string_value(json_object_get(req, "as")),
                                json_string_value(json_object_get(req, "ref")),
-                               json_string_value(json_object_get(req, "note")), who, &out, &err);
+                               json_string_value(json_object_get(req, "note")), who,
+                               fence ? (int64_t)json_integer_value(fence) : -1, &out, &err);
     json_decref(req);
     if (rc) return send_rc(c, rc, &err);
     OQ_LOGC_INFO(COMP, call_id, "review resolved over http by %s", who);

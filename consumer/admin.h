@@ -11,10 +11,11 @@
  *   GET  /v1/review[?limit=N]            the review queue (oq_review_list)
  *   GET  /v1/review/{call_id}            one call's story (oq_review_show)
  *   POST /v1/review/{call_id}/resolve    body {"as": "committed"|"failed"|"retry",
- *                                        "ref": "...", "note": "...", "by": "..."}
- *                                        (oq_review_resolve)
+ *                                        "fence": N, "ref": "...", "note": "...",
+ *                                        "by": "..."} (oq_review_resolve)
  * Errors are {"error":{"code":...,"message":...}}: 400 bad_request, 404 not_found,
- * 409 not_in_review, 405 method_not_allowed, 413 payload_too_large, 500 internal.
+ * 409 not_in_review, 409 review_moved (the fence moved: another review episode),
+ * 405 method_not_allowed, 413 payload_too_large, 500 internal.
  * It binds 127.0.0.1 unless told otherwise: resolving a review is an operator's act.
  */
 #ifndef OQ_CONSUMER_ADMIN_H

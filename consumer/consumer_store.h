@@ -331,4 +331,41 @@ int oq__consumer_store_state_counts(oq__consumer_store_t *s, int64_t counts[OQ_X
 int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit, int64_t *n_deleted,
                              oq_error_t *err);
 
+/* --- retention of settled executions (the rule: oq__exec_purge in consumer/execution.c) ------ */
+
+/** One batch of a purge pass: rows after \p after up to \p upto (rowid / audit id) older than
+ *  \p before, at most \p limit; \p horizon is raised first (executions only). */
+typedef struct oq__purge_batch {
+    int64_t after, upto, before, horizon;
+    int limit;
+} oq__purge_batch_t;
+
+/** @brief Autocommit: delete up to \p limit result events the relay delivered, created before
+ *  \p before (oq_outbox_purge_published; a re-emit appends a new row when it is gone). */
+int oq__consumer_store_purge_outbox(oq__consumer_store_t *s, int64_t before, int limit,
+                                    int64_t *n_deleted, oq_error_t *err);
+
+/** @brief The retention horizon (0: nothing was ever purged). Any transaction. */
+int oq__consumer_store_horizon(oq__consumer_store_t *s, int64_t *horizon, oq_error_t *err);
+
+/** @brief The last execution rowid and audit id written before \p before (the end of a pass's
+ *  scan; rows are appended in time order). Autocommit. */
+int oq__consumer_store_purge_bounds(oq__consumer_store_t *s, int64_t before, int64_t *max_rowid,
+                                    int64_t *max_audit_id, oq_error_t *err);
+
+/**
+ * @brief In tx: raise the horizon to \p b->horizon, then delete up to \p b->limit settled
+ *        executions (COMMITTED, FAILED_FINAL) last written before \p b->before, in rowid order
+ *        within (after, upto], with their effects. @param last the last rowid deleted (the next
+ *        batch's \p after); \p n_exec < limit means the pass is done.
+ */
+int oq__consumer_store_purge_settled(oq__consumer_store_t *s, const oq__purge_batch_t *b,
+                                     int64_t *last, int64_t *n_exec, int64_t *n_eff,
+                                     oq_error_t *err);
+
+/** @brief In tx: delete up to \p b->limit audit rows in (after, upto] older than \p b->before
+ *  whose execution is gone (or that name no call). */
+int oq__consumer_store_purge_audit(oq__consumer_store_t *s, const oq__purge_batch_t *b,
+                                   int64_t *last, int64_t *n_deleted, oq_error_t *err);
+
 #endif

@@ -473,6 +473,14 @@ int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq_
 
     /* The decision, from the execution as it stands (the inbox only says "seen before"). */
     if (!have) {
+        /* No execution: a new call, unless the message is older than the retention horizon,
+         * when its execution may have been purged (see "what retention deletes" below). */
+        int64_t horizon = 0;
+        if ((rc = oq__consumer_store_horizon(s, &horizon, err)) != 0) return rc;
+        if (env->created_at < horizon) {
+            *decision = OQ__INTAKE_EXPIRED; /* nothing written: the caller dead-letters it */
+            return 0;
+        }
         d = OQ__INTAKE_NEW;
     } else if (strcmp(x.fingerprint, env->fingerprint) != 0) {
         *decision = OQ__INTAKE_MISMATCH; /* nothing written: the caller dead-letters it */
@@ -1282,7 +1290,8 @@ static int printable(const char *s, size_t max)
 }
 
 int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
-                     const char *note, const char *by, int64_t now, int *state_out, oq_error_t *err)
+                     const char *note, const char *by, int64_t fence, int64_t now, int *state_out,
+                     oq_error_t *err)
 {
     static const char *const names[] = {"committed", "failed", "retry"};
     oq__exec_row_t x;
@@ -1298,6 +1307,10 @@ int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const
         return oq_error_set(err, OQ_EINVAL, 0, "resolve as what? (committed, failed, retry)");
     if (!note || !note[0] || strlen(note) > 1000)
         return oq_error_set(err, OQ_EINVAL, 0, "a note of 1-1000 bytes is required");
+    if (fence < 0)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "the review's fence is required (--fence N, as review list/show "
+                            "print it)");
     if (ref && (as != OQ__RESOLVE_COMMITTED || !printable(ref, 255)))
         return oq_error_set(err, OQ_EINVAL, 0,
                             "--ref goes with --as committed: 1-255 printable ASCII bytes");
@@ -1313,6 +1326,14 @@ int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const
     if (x.state != OQ_X_NEEDS_REVIEW) {
         rc = oq_error_set(err, OQ_ESTATE, 0, "%s is %s, not NEEDS_REVIEW: nothing to resolve",
                           call_id, oq__xstate_name(x.state));
+        goto out;
+    }
+    if (x.fence != fence) {
+        /* another episode: the call left review (a retry, its resend) and came back */
+        rc = oq_error_set(err, OQ_EFENCED, 0,
+                          "review_moved: %s is in review with fence %lld, not %lld: it left "
+                          "review and came back since that decision was made; look at it again",
+                          call_id, (long long)x.fence, (long long)fence);
         goto out;
     }
     if ((rc = audit(s, call_id, "review_resolved", x.attempt, x.fence + 1, detail, now, err)))
@@ -1391,4 +1412,84 @@ int oq__exec_dead_letter(oq__consumer_store_t *s, const oq__dlq_row_t *r, const 
     }
     if ((rc = oq__consumer_store_dlq_insert(s, r, err))) return rc;
     return audit(s, call_id, "dlq", 0, 0, r->reason, r->created_at, err);
+}
+
+/* --- what retention deletes -------------------------------------------------------------------
+ * Settled executions (COMMITTED, FAILED_FINAL) go with their effect and audit rows once they
+ * were last written more than R = max(retention, inbox retention) ago: an execution outlives
+ * its message id in the inbox, so a redelivery the inbox no longer knows still finds it. An
+ * execution in review, or in any other unsettled state, is never deleted, whatever its age.
+ *
+ * What could run a deleted call again is a message of it arriving later: Kafka keeping or
+ * replaying it (topic retention, an offset reset), or the producer redriving a call it heard
+ * nothing from (a lost result: the redrive repeats the call's message with its original
+ * created_at). The horizon closes that for good, whatever the topic's retention or the
+ * producer's redrive window: before a pass deletes anything, it raises the database's horizon
+ * to the pass's cutoff + a skew allowance (R / 10, at most 1 h), in the same transaction as the
+ * first deletions. Every deleted execution was last written before the cutoff, so every
+ * message of its call was created before it (a call's message is created at its submit or its
+ * retry, before the execution that ran it was written): intake refuses a message that finds no
+ * execution and was created before the horizon (OQ__INTAKE_EXPIRED, dead-lettered `expired`),
+ * and lets every later one through, which cannot belong to a deleted execution. The allowance
+ * covers a producer clock ahead of the consumer's (created_at is the producer's time). The
+ * cost: a call never executed whose message comes more than R late (a consumer group stopped
+ * longer than R with a topic that keeps messages longer) is dead-lettered instead of run;
+ * the consumer warns at start when the topic's retention exceeds R.
+ */
+int oq__exec_purge(oq__consumer_store_t *s, int64_t now, int64_t retention_ms, int64_t inbox_ms,
+                   int batch, oq_consumer_purge_stats_t *st, oq_error_t *err)
+{
+    int64_t n = 0, r = retention_ms > inbox_ms ? retention_ms : inbox_ms;
+    int rc = 0;
+    memset(st, 0, sizeof(*st));
+    if (batch <= 0) batch = 1000;
+    if (inbox_ms <= 0) return oq_error_set(err, OQ_EINVAL, 0, "inbox retention must be > 0");
+    /* the inbox, handled dead letters and delivered result events (autocommit batches; the
+     * embedded relay also deletes the result events after its own --retention) */
+    for (int i = 0; i < 100000; i++) {
+        if ((rc = oq__consumer_store_purge(s, now - inbox_ms, batch, &n, err))) return rc;
+        st->inbox += n;
+        if (n < batch) break;
+    }
+    for (int i = 0; i < 100000; i++) {
+        if ((rc = oq__consumer_store_purge_outbox(s, now - inbox_ms, batch, &n, err))) return rc;
+        st->outbox += n;
+        if (n < batch) break;
+    }
+    if (retention_ms <= 0) return 0; /* executions kept */
+    int64_t skew = r / 10 < 3600000 ? r / 10 : 3600000;
+    oq__purge_batch_t b = {.before = now - r, .horizon = now - r + skew, .limit = batch};
+    int64_t max_rowid = 0, max_audit = 0, last = 0, n_exec = 0, n_eff = 0;
+    if ((rc = oq__consumer_store_purge_bounds(s, b.before, &max_rowid, &max_audit, err))) return rc;
+    b.upto = max_rowid;
+    for (int more = 1; more && rc == 0;) {
+        if ((rc = oq__consumer_store_begin(s, err))) return rc;
+        rc = oq__consumer_store_purge_settled(s, &b, &last, &n_exec, &n_eff, err);
+        if (rc == 0) rc = oq__consumer_store_commit(s, err);
+        if (rc) {
+            oq__consumer_store_rollback(s);
+            return rc;
+        }
+        st->executions += n_exec;
+        st->effects += n_eff;
+        st->batches++;
+        b.after = last;
+        more = n_exec >= batch;
+    }
+    b.after = 0;
+    b.upto = max_audit;
+    for (int more = 1; more && rc == 0;) {
+        if ((rc = oq__consumer_store_begin(s, err))) return rc;
+        rc = oq__consumer_store_purge_audit(s, &b, &last, &n, err);
+        if (rc == 0) rc = oq__consumer_store_commit(s, err);
+        if (rc) {
+            oq__consumer_store_rollback(s);
+            return rc;
+        }
+        st->audit += n;
+        st->batches++;
+        b.after = last;
+        more = n >= batch;
+    }
+    return 0;
 }

@@ -155,17 +155,33 @@ typedef enum {
     OQ__INTAKE_IN_PROGRESS,   /**< call being executed: nothing to do */
     OQ__INTAKE_STALE,         /**< older attempt than the execution's: ignored */
     OQ__INTAKE_MISMATCH,      /**< same call_id, different fingerprint: nothing written; DLQ it */
-    OQ__INTAKE_REEMITTED      /**< message id already in the inbox (a redelivery, or the
+    OQ__INTAKE_REEMITTED,     /**< message id already in the inbox (a redelivery, or the
                                    producer's redrive) and the call terminal with its result
                                    delivered once: seen + 1, nothing executed, the result
                                    published again under its own (derived, so unchanged) message
                                    id. The repair of a lost result. A duplicate whose result is
                                    still unpublished is OQ__INTAKE_DUPLICATE. */
+    OQ__INTAKE_EXPIRED        /**< no execution, and the message was created before the
+                                   retention horizon: its execution may have been purged, so it
+                                   is never executed; nothing written, the caller dead-letters
+                                   it (OQ_DLQ_EXPIRED) */
 } oq__intake_t;
 
 /** @brief In tx: the inbox row of \p env and the decision (an oq__intake_t in *decision). */
 int oq__exec_intake(oq__consumer_store_t *s, const oq_envelope_t *env, const oq__msg_src_t *src,
                     int64_t now, int *decision, oq_error_t *err);
+
+/**
+ * @brief Retention of settled rows (see "what retention deletes" in execution.c): inbox and
+ *        published dead letters older than \p inbox_ms; settled executions (COMMITTED,
+ *        FAILED_FINAL), their effects and audit rows last written more than max(\p
+ *        retention_ms, \p inbox_ms) ago, after raising the horizon that keeps their messages
+ *        from running again. NEEDS_REVIEW and every other unsettled execution stay. Short
+ *        transactions of \p batch rows each. \p retention_ms 0: executions are kept.
+ * @param st accumulates what was deleted (zeroed first).
+ */
+int oq__exec_purge(oq__consumer_store_t *s, int64_t now, int64_t retention_ms, int64_t inbox_ms,
+                   int batch, oq_consumer_purge_stats_t *st, oq_error_t *err);
 
 /** @brief In tx: the execution of a NEW call, PLANNED and due now (audit 'planned'). */
 int oq__exec_plan(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t now, oq_error_t *err);
@@ -294,12 +310,17 @@ typedef enum {
  *        the state entered; COMMITTED also records the effect (downstream id = \p ref) and
  *        FAILED_FINAL / COMMITTED append ONE result event, so the producer's call moves to
  *        succeeded / failed. RETRY resets the try count: the next run gets a full budget.
+ *        \p fence pins the review episode the operator decided on: the execution's fence as
+ *        `onceq review list/show` printed it. It moves whenever the call leaves NEEDS_REVIEW
+ *        (a resolution, a retry's resend), so a decision made while looking at an earlier
+ *        episode is refused instead of applied to the next one.
  * @param note required, 1..1000 bytes; \p ref optional (COMMITTED only); \p by who resolved.
  * @returns 0, OQ_ENOTFOUND (no such call), OQ_ESTATE (not NEEDS_REVIEW: nothing written),
- *          OQ_EINVAL (bad note or ref), OQ_EDB / OQ_EBUSY.
+ *          OQ_EFENCED (NEEDS_REVIEW, but with another fence: the review moved, nothing
+ *          written), OQ_EINVAL (bad note, ref or a negative fence), OQ_EDB / OQ_EBUSY.
  */
 int oq__exec_resolve(oq__consumer_store_t *s, const char *call_id, int as, const char *ref,
-                     const char *note, const char *by, int64_t now, int *state_out,
+                     const char *note, const char *by, int64_t fence, int64_t now, int *state_out,
                      oq_error_t *err);
 
 /**

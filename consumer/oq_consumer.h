@@ -72,6 +72,9 @@
 #define OQ_DLQ_INVALID "invalid_envelope"        /**< not JSON, a field missing or invalid */
 #define OQ_DLQ_NOT_TOOL_CALL "not_tool_call"     /**< a valid envelope of another kind */
 #define OQ_DLQ_MISMATCH "fingerprint_mismatch"   /**< call_id known with another fingerprint */
+#define OQ_DLQ_EXPIRED                                                                             \
+    "expired" /**< no execution, created before the retention horizon: its                         \
+                   execution may have been purged, so it never runs */
 
 /* --- tools ------------------------------------------------------------------------------------
  * Adding a tool: write one `oq_tool_fn` (validate args -> OQ_TOOL_BADARGS with a message; do
@@ -170,6 +173,10 @@ typedef struct oq_consumer_opts {
     int no_relay;                  /**< do not embed the result relay (tests, benchmarks) */
     int64_t inbox_retention_ms;    /**< inbox rows older than this are purged (default 7 days;
                                         keep it >= the input topic's retention) */
+    int64_t retention_ms;          /**< settled executions, their effects and audit rows are
+                                        purged this long after they settled (at least
+                                        inbox_retention_ms; 0: 7 days; < 0: never). Keep it
+                                        >= the producer's key_ttl and the topic's retention */
     const char *tools_path;        /**< tools file of HTTP tools (NULL: compiled tools only); a
                                         name declared there and compiled in is an error */
     int http_inflight;             /**< outside requests running at once (default 1024); more
@@ -246,7 +253,9 @@ int oq_consumer_check_tools(const char *path, oq_error_t *err);
 
 /**
  * @brief The review queue, oldest first: a JSON array of {call_id, tool, tenant, idem_key,
- *        attempt, tries, since (unix ms the outcome became unknown), age_s, code, why}.
+ *        attempt, tries, fence (the episode's, for oq_review_resolve), since (unix ms the
+ *        outcome became unknown), age_s, code, why}. GET /v1/review and `onceq review list
+ *        --json` both print it as {"review": [...], "count": N}.
  * @param limit at most this many (<= 0: 1000). @param out a new array (caller decrefs).
  * @returns 0, OQ_EIO (no database), OQ_EDB.
  */
@@ -269,12 +278,40 @@ int oq_review_show(const char *db_path, const char *call_id, json_t **out, oq_er
  *        at most one result event; the producer's call moves to the end state once a worker's
  *        relay publishes it.
  * @param note required (1-1000 bytes, UTF-8); \p ref optional, only with committed.
+ * @param fence the review episode decided on: the `fence` oq_review_list / oq_review_show
+ *        reported (required, >= 0). It moves when the call leaves review and comes back.
  * @param out may be NULL; else {call_id, resolved_as, state}.
- * @returns 0, OQ_EINVAL (bad --as, note or ref: nothing written), OQ_ENOTFOUND, OQ_ESTATE (not
- *          NEEDS_REVIEW: nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
+ * @returns 0, OQ_EINVAL (bad --as, note, ref or fence: nothing written), OQ_ENOTFOUND,
+ *          OQ_ESTATE (not NEEDS_REVIEW: nothing written), OQ_EFENCED ("review_moved": in
+ *          review with another fence, nothing written), OQ_EIO, OQ_EDB / OQ_EBUSY.
  */
 int oq_review_resolve(const char *db_path, const char *call_id, const char *as, const char *ref,
-                      const char *note, const char *by, json_t **out, oq_error_t *err);
+                      const char *note, const char *by, int64_t fence, json_t **out,
+                      oq_error_t *err);
+
+/* --- retention (consumer/retention.c) -------------------------------------------------------- */
+
+/** What a purge deleted. */
+typedef struct oq_consumer_purge_stats {
+    int64_t executions, effects, audit, inbox, outbox; /**< inbox: with handled dead letters;
+                                                            outbox: delivered result events */
+    int batches;
+} oq_consumer_purge_stats_t;
+
+/**
+ * @brief Retention on the consumer database \p db_path (it must exist): the inbox and
+ *        published dead letters older than \p inbox_retention_ms; settled executions
+ *        (COMMITTED, FAILED_FINAL) with their effects and audit rows once they settled longer
+ *        ago than max(\p retention_ms, \p inbox_retention_ms). Executions in review (or in
+ *        any other unsettled state) are never deleted. Before deleting, the database's
+ *        retention horizon is raised: a message that finds no execution and was created before
+ *        it is never executed (dead-lettered `expired`), so a purged call cannot run again.
+ *        What `onceq purge --consumer-db` and the consumer daemon (every minute) run.
+ * @param batch rows per transaction (<= 0: 1000). @param stats may be NULL.
+ * @returns 0, OQ_EINVAL (a retention <= 0), OQ_EIO (no database), OQ_EDB / OQ_EBUSY.
+ */
+int oq_consumer_purge(const char *db_path, int64_t retention_ms, int64_t inbox_retention_ms,
+                      int batch, oq_consumer_purge_stats_t *stats, oq_error_t *err);
 
 /** The settings table of `onceq consumer` (name, type, default, bounds, doc). */
 extern const oq_setting_t oq_consumer_settings[];

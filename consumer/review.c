@@ -92,11 +92,11 @@ int oq_review_list(const char *db_path, int limit, json_t **out, oq_error_t *err
         const char *why = json_string_value(json_object_get(e, "message"));
         int64_t since = x->unknown_at ? x->unknown_at : x->updated_at;
         json_array_append_new(
-            a, json_pack("{s:s, s:s*, s:s*, s:s*, s:I, s:I, s:f, s:s*, s:s*, s:I}", "call_id",
+            a, json_pack("{s:s, s:s*, s:s*, s:s*, s:I, s:I, s:f, s:s*, s:s*, s:I, s:I}", "call_id",
                          x->call_id, "tool", x->tool, "tenant", x->tenant, "idem_key", x->idem_key,
                          "attempt", (json_int_t)x->attempt, "since", (json_int_t)since, "age_s",
                          (double)(now - since) / 1000.0, "code", code, "why", why, "tries",
-                         (json_int_t)x->tries));
+                         (json_int_t)x->tries, "fence", (json_int_t)x->fence));
         json_decref(e);
     }
     if (!a) rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -157,7 +157,8 @@ out:
 }
 
 int oq_review_resolve(const char *db_path, const char *call_id, const char *as, const char *ref,
-                      const char *note, const char *by, json_t **out, oq_error_t *err)
+                      const char *note, const char *by, int64_t fence, json_t **out,
+                      oq_error_t *err)
 {
     oq__consumer_store_t *s = NULL;
     int rc, st = -1, kind;
@@ -175,7 +176,7 @@ int oq_review_resolve(const char *db_path, const char *call_id, const char *as, 
     if (!call_id || !call_id[0]) return oq_error_set(err, OQ_EINVAL, 0, "which call_id?");
     if ((rc = open_store(db_path, by, &s, err))) return rc;
     if ((rc = oq__consumer_store_begin(s, err)) == 0) {
-        rc = oq__exec_resolve(s, call_id, kind, ref, note, by && by[0] ? by : "operator",
+        rc = oq__exec_resolve(s, call_id, kind, ref, note, by && by[0] ? by : "operator", fence,
                               oq_now_ms(), &st, err);
         if (rc == 0) rc = oq__consumer_store_commit(s, err);
         if (rc) oq__consumer_store_rollback(s);

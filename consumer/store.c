@@ -809,3 +809,148 @@ int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit,
     if (n_deleted) *n_deleted = total;
     return 0;
 }
+
+/* --- retention of settled executions (schema/consumer/0004_retention.sql) --------------------- */
+
+int oq__consumer_store_purge_outbox(oq__consumer_store_t *s, int64_t before, int limit,
+                                    int64_t *n_deleted, oq_error_t *err)
+{
+    return oq_outbox_purge_published(s->db, before, limit, n_deleted, err);
+}
+
+int oq__consumer_store_horizon(oq__consumer_store_t *s, int64_t *horizon, oq_error_t *err)
+{
+    static const char sql[] = "SELECT horizon FROM retention WHERE name = 'executions'";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    if (!st) return stmt_error(err);
+    int rc = sqlite3_step(st);
+    *horizon = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    rc = (rc == SQLITE_ROW || rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "horizon");
+    sqlite3_reset(st);
+    return rc;
+}
+
+/* One integer from \p sql with ?1 = \p t. */
+static int scalar_at(oq__consumer_store_t *s, const char *sql, int64_t t, int64_t *out,
+                     oq_error_t *err)
+{
+    sqlite3_stmt *st = stmt(s, sql, err);
+    if (!st) return stmt_error(err);
+    sqlite3_bind_int64(st, 1, t);
+    int rc = sqlite3_step(st);
+    *out = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    rc = (rc == SQLITE_ROW || rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "purge bound");
+    sqlite3_clear_bindings(st);
+    sqlite3_reset(st);
+    return rc;
+}
+
+int oq__consumer_store_purge_bounds(oq__consumer_store_t *s, int64_t before, int64_t *max_rowid,
+                                    int64_t *max_audit_id, oq_error_t *err)
+{
+    /* Rows are appended in time order (rowid / id): the scan of a pass ends before the first
+     * row written at or after \p before, so a pass never reads the recent part of the tables. */
+    static const char sql_x[] =
+        "SELECT ifnull((SELECT rowid FROM executions WHERE created_at >= ?1 ORDER BY rowid "
+        "LIMIT 1) - 1, (SELECT ifnull(max(rowid), 0) FROM executions))";
+    static const char sql_a[] =
+        "SELECT ifnull((SELECT id FROM audit WHERE ts >= ?1 ORDER BY id LIMIT 1) - 1, "
+        "(SELECT ifnull(max(id), 0) FROM audit))";
+    int rc = scalar_at(s, sql_x, before, max_rowid, err);
+    return rc ? rc : scalar_at(s, sql_a, before, max_audit_id, err);
+}
+
+int oq__consumer_store_purge_settled(oq__consumer_store_t *s, const oq__purge_batch_t *b,
+                                     int64_t *last, int64_t *n_exec, int64_t *n_eff,
+                                     oq_error_t *err)
+{
+    static const char sql_horizon[] =
+        "INSERT INTO retention(name, horizon) VALUES('executions', ?1) "
+        "ON CONFLICT(name) DO UPDATE SET horizon = max(horizon, excluded.horizon)";
+    static const char sql_pick[] =
+        "INSERT INTO temp.purge_x(rid, call_id) SELECT rowid, call_id FROM executions "
+        "WHERE rowid > ?1 AND rowid <= ?2 AND (state = 'COMMITTED' OR state = 'FAILED_FINAL') "
+        "AND updated_at < ?3 ORDER BY rowid LIMIT ?4";
+    static const char sql_count[] = "SELECT count(*), ifnull(max(rid), 0) FROM temp.purge_x";
+    static const char sql_eff[] =
+        "DELETE FROM effects WHERE call_id IN (SELECT call_id FROM temp.purge_x)";
+    static const char sql_exec[] = "DELETE FROM executions WHERE rowid IN (SELECT rid FROM "
+                                   "temp.purge_x)";
+    sqlite3_stmt *st;
+    int rc;
+    *n_exec = *n_eff = 0;
+    *last = b->after;
+    if ((rc = oq_db_exec(s->db,
+                         "CREATE TEMP TABLE IF NOT EXISTS purge_x(rid INTEGER PRIMARY KEY, "
+                         "call_id TEXT NOT NULL); DELETE FROM temp.purge_x",
+                         err)))
+        return rc;
+    /* the horizon first: nothing settled after it is deleted, no message older is executed */
+    if (!(st = stmt(s, sql_horizon, err))) return stmt_error(err);
+    sqlite3_bind_int64(st, 1, b->horizon);
+    if ((rc = step_done(s, st, "purge horizon", err))) return rc;
+    if (!(st = stmt(s, sql_pick, err))) return stmt_error(err);
+    sqlite3_bind_int64(st, 1, b->after);
+    sqlite3_bind_int64(st, 2, b->upto);
+    sqlite3_bind_int64(st, 3, b->before);
+    sqlite3_bind_int(st, 4, b->limit);
+    if ((rc = step_done(s, st, "purge pick", err))) return rc;
+    if (!(st = stmt(s, sql_count, err))) return stmt_error(err);
+    if ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        *n_exec = sqlite3_column_int64(st, 0);
+        if (*n_exec) *last = sqlite3_column_int64(st, 1);
+        rc = 0;
+    } else {
+        rc = oq_db_error(s->db, rc, err, "purge count");
+    }
+    sqlite3_reset(st);
+    if (rc || *n_exec == 0) return rc;
+    if (!(st = stmt(s, sql_eff, err))) return stmt_error(err);
+    if ((rc = step_done(s, st, "purge effects", err))) return rc;
+    *n_eff = sqlite3_changes(s->db);
+    if (!(st = stmt(s, sql_exec, err))) return stmt_error(err);
+    return step_done(s, st, "purge executions", err);
+}
+
+int oq__consumer_store_purge_audit(oq__consumer_store_t *s, const oq__purge_batch_t *b,
+                                   int64_t *last, int64_t *n_deleted, oq_error_t *err)
+{
+    /* Audit rows older than the cutoff whose execution is gone (or that name no call): the
+     * rows of an execution that is kept (in review, or changed since) stay with it. */
+    static const char sql_pick[] =
+        "INSERT INTO temp.purge_a(id) SELECT id FROM audit a WHERE id > ?1 AND id <= ?2 AND "
+        "ts < ?3 AND (a.call_id IS NULL OR NOT EXISTS (SELECT 1 FROM executions x WHERE "
+        "x.call_id = a.call_id)) ORDER BY id LIMIT ?4";
+    static const char sql_count[] = "SELECT count(*), ifnull(max(id), 0) FROM temp.purge_a";
+    static const char sql_del[] = "DELETE FROM audit WHERE id IN (SELECT id FROM temp.purge_a)";
+    sqlite3_stmt *st;
+    int rc;
+    *n_deleted = 0;
+    *last = b->after;
+    if ((rc = oq_db_exec(s->db,
+                         "CREATE TEMP TABLE IF NOT EXISTS purge_a(id INTEGER PRIMARY KEY); "
+                         "DELETE FROM temp.purge_a",
+                         err)))
+        return rc;
+    if (!(st = stmt(s, sql_pick, err))) return stmt_error(err);
+    sqlite3_bind_int64(st, 1, b->after);
+    sqlite3_bind_int64(st, 2, b->upto);
+    sqlite3_bind_int64(st, 3, b->before);
+    sqlite3_bind_int(st, 4, b->limit);
+    if ((rc = step_done(s, st, "purge audit pick", err))) return rc;
+    if (!(st = stmt(s, sql_count, err))) return stmt_error(err);
+    int64_t n = 0;
+    if ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        n = sqlite3_column_int64(st, 0);
+        if (n) *last = sqlite3_column_int64(st, 1);
+        rc = 0;
+    } else {
+        rc = oq_db_error(s->db, rc, err, "purge audit count");
+    }
+    sqlite3_reset(st);
+    if (rc || n == 0) return rc;
+    if (!(st = stmt(s, sql_del, err))) return stmt_error(err);
+    if ((rc = step_done(s, st, "purge audit", err))) return rc;
+    *n_deleted = sqlite3_changes(s->db);
+    return 0;
+}

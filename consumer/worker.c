@@ -74,7 +74,7 @@
 #define OQ__DUE_CAP 256
 #define OQ__RECOVER_CAP 200
 #define OQ__LAT_RING 2048
-#define OQ__DLQ_NREASONS 7 /* the six codes of oq_consumer.h and "other" */
+#define OQ__DLQ_NREASONS 8 /* the seven codes of oq_consumer.h and "other" */
 #define OQ__LAG_MAX 1024   /* partitions of the input topic with a lag series */
 
 typedef struct {
@@ -192,8 +192,8 @@ static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *
 /* Dead-letter reasons as metric labels: the stable codes of oq_consumer.h (the detail text
  * goes with the message). */
 static const char *const dlq_reasons[OQ__DLQ_NREASONS] = {
-    OQ_DLQ_EMPTY,    OQ_DLQ_TOO_LARGE, OQ_DLQ_UNKNOWN_VERSION, OQ_DLQ_INVALID, OQ_DLQ_NOT_TOOL_CALL,
-    OQ_DLQ_MISMATCH, "other"};
+    OQ_DLQ_EMPTY,         OQ_DLQ_TOO_LARGE, OQ_DLQ_UNKNOWN_VERSION, OQ_DLQ_INVALID,
+    OQ_DLQ_NOT_TOOL_CALL, OQ_DLQ_MISMATCH,  OQ_DLQ_EXPIRED,         "other"};
 
 static int dlq_reason_index(const char *code)
 {
@@ -230,6 +230,10 @@ const oq_setting_t oq_consumer_settings[] = {
      "exit after this long without input or due work, once a message was handled (0: never)"},
     {"inbox-retention", OQ_SET_DURATION, "7d", 60000, 3650LL * 86400000, NULL,
      "purge inbox rows older than this (keep >= the topic's retention.ms)"},
+    {"retention", OQ_SET_DURATION, "7d", 0, 3650LL * 86400000, NULL,
+     "purge settled executions, effects, audit this long after they settled (at least "
+     "--inbox-retention; keep >= the topic's retention.ms and the producer's --key-ttl; 0: "
+     "never)"},
     {"no-relay", OQ_SET_BOOL, "false", 0, -1, NULL,
      "do not publish results (another process relays effects.db)"},
     {"tools", OQ_SET_STRING, NULL, 1, 4096, NULL,
@@ -262,6 +266,8 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->worker_id = oq_config_str(cfg, "worker-id");
     o->no_relay = (int)oq_config_int(cfg, "no-relay");
     o->inbox_retention_ms = oq_config_int(cfg, "inbox-retention");
+    o->retention_ms = oq_config_int(cfg, "retention");
+    if (o->retention_ms == 0) o->retention_ms = -1; /* --retention 0: executions are kept */
     o->tools_path = oq_config_str(cfg, "tools");
     o->http_inflight = (int)oq_config_int(cfg, "http-inflight");
     o->lookup_budget = (int)oq_config_int(cfg, "lookup-attempts");
@@ -936,6 +942,12 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         dlq_msg(c, m, &src, env.call_id, env.message_id, OQ_DLQ_MISMATCH,
                 "fingerprint differs from the existing execution of this call_id", now, err, &rc);
         break;
+    case OQ__INTAKE_EXPIRED:
+        dlq_msg(c, m, &src, env.call_id, env.message_id, OQ_DLQ_EXPIRED,
+                "no execution, and created before the retention horizon: its execution may "
+                "have been purged, so it is not executed",
+                now, err, &rc);
+        break;
     case OQ__INTAKE_REEMITTED: /* a duplicate too: nothing executed */
         atomic_fetch_add(&c->n_dup, 1);
         oq_counter_add(c->m_dup, 1);
@@ -1413,21 +1425,22 @@ static int schedule_due(oq_consumer_t *c)
     return n;
 }
 
-/* Retention, in small autocommit steps so batches are not held up. */
+/* Retention (oq__exec_purge: the rule is in execution.c), in short transactions of 1000 rows
+ * so batches are not held up for long. */
 static void purge_retention(oq_consumer_t *c)
 {
     oq_error_t err = {0};
-    int64_t n = 0, total = 0;
-    for (int i = 0; i < 20; i++) {
-        if (oq__consumer_store_purge(c->store, oq_now_ms() - c->o.inbox_retention_ms, 1000, &n,
-                                     &err)) {
-            OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
-            break;
-        }
-        total += n;
-        if (n < 1000) break;
+    oq_consumer_purge_stats_t st;
+    if (oq__exec_purge(c->store, oq_now_ms(), c->o.retention_ms, c->o.inbox_retention_ms, 1000, &st,
+                       &err)) {
+        OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
+        return;
     }
-    if (total) OQ_LOG_INFO(OQ__COMP, "purged %" PRId64 " inbox/dlq rows past retention", total);
+    if (st.inbox || st.executions || st.audit)
+        OQ_LOG_INFO(OQ__COMP,
+                    "purged past retention inbox=%" PRId64 " executions=%" PRId64
+                    " effects=%" PRId64 " audit=%" PRId64,
+                    st.inbox, st.executions, st.effects, st.audit);
 }
 
 /* The lag gauge of one partition, registered the first time it is assigned here. */
@@ -1550,6 +1563,9 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     if (c->o.runners <= 0) c->o.runners = 4;
     if (c->o.recover_every_ms <= 0) c->o.recover_every_ms = 1000;
     if (c->o.inbox_retention_ms <= 0) c->o.inbox_retention_ms = 7LL * 86400000;
+    if (c->o.retention_ms == 0) c->o.retention_ms = 7LL * 86400000;
+    if (c->o.retention_ms > 0 && c->o.retention_ms < c->o.inbox_retention_ms)
+        c->o.retention_ms = c->o.inbox_retention_ms; /* an execution outlives its inbox row */
     if (c->o.http_inflight <= 0) c->o.http_inflight = 1024;
     c->policy.max_attempts = c->o.max_attempts;
     c->policy.base_ms = c->o.retry_base_ms > 0 ? c->o.retry_base_ms : 200;
@@ -1718,9 +1734,9 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     pthread_setname_np(c->hb_th, "oq-heartbeat");
     OQ_LOG_INFO(OQ__COMP,
                 "worker started worker_id=%s db=%s group=%s topic=%s lease=%" PRId64
-                "ms runners=%d http_tools=%zu",
+                "ms runners=%d http_tools=%zu inbox_retention_ms=%" PRId64 " retention_ms=%" PRId64,
                 c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners,
-                c->tools ? c->tools->n : (size_t)0);
+                c->tools ? c->tools->n : (size_t)0, c->o.inbox_retention_ms, c->o.retention_ms);
     *out = c;
     return 0;
 fail:
@@ -1757,7 +1773,10 @@ static void shutdown_threads(oq_consumer_t *c)
  * The inbox must remember a message id for at least as long as the topic keeps the message
  * (DESIGN: key scope and retention), or a redelivery of an older message is not recognised
  * by its id (the execution row and the UNIQUE effects gate still stop a second effect, but
- * the DLQ / retry bookkeeping would run again). Reads the topic's retention.ms with
+ * the DLQ / retry bookkeeping would run again). Settled executions are kept at least as long
+ * (--retention is raised to --inbox-retention), so the same check covers them: a message older
+ * than their retention would be dead-lettered `expired` (execution.c, "what retention
+ * deletes"), never run twice, but never run either. Reads the topic's retention.ms with
  * DescribeConfigs (bounded wait) and warns when --inbox-retention is shorter. A broker that
  * does not answer (the embedded mock has no admin API) is logged at info level.
  */

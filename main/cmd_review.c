@@ -5,14 +5,17 @@
  *
  *   onceq review list    [--db effects.db] [--json] [--limit N]
  *   onceq review show    <call_id> [--db effects.db] [--producer-db calls.db] [--json]
- *   onceq review resolve <call_id> --as committed|failed|retry [--ref DOWNSTREAM_ID]
+ *   onceq review resolve <call_id> --as committed|failed|retry --fence N [--ref DOWNSTREAM_ID]
  *                        --note TEXT [--by NAME] [--db effects.db]
  *
  * The rules live in the consumer library (oq_review_*, consumer/review.c); this file parses,
  * prints, and maps errors to exit codes: 0 ok, 2 bad usage or a call that is not in review
- * (nothing written), 4 no such call, 1 anything else. `show` merges the timelines of both
+ * (nothing written), 4 no such call, 9 the review moved (--fence is not the episode's any
+ * more: nothing written), 1 anything else. `list --json` prints what GET /v1/review answers,
+ * {"review": [...], "count": N}. `show` merges the timelines of both
  * databases by time when --producer-db is given, each row marked with where it comes from.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,14 +38,20 @@ static const oq_setting_t review_settings[] = {
      "resolve --as committed: the downstream's id of what it did"},
     {"note", OQ_SET_STRING, NULL, 1, 1000, NULL, "resolve: why (required, audited)"},
     {"by", OQ_SET_STRING, NULL, 1, 100, NULL, "resolve: who decides (default $USER)"},
+    {"fence", OQ_SET_INT, NULL, 0, INT64_MAX, NULL,
+     "resolve: the review episode decided on (the FENCE that list/show print; required)"},
 };
+
+/* The review moved: the call left review and came back since the decision was made. */
+#define EXIT_REVIEW_MOVED 9
 
 static const char review_usage[] =
     "usage: onceq review list    [--db effects.db] [--json] [--limit N]\n"
     "       onceq review show    <call_id> [--db effects.db] [--producer-db calls.db] [--json]\n"
-    "       onceq review resolve <call_id> --as committed|failed|retry [--ref DOWNSTREAM_ID]\n"
-    "                            --note TEXT [--by NAME] [--db effects.db]\n"
-    "Exit codes: 0 ok, 2 bad usage or not in review (nothing written), 4 no such call.";
+    "       onceq review resolve <call_id> --as committed|failed|retry --fence N\n"
+    "                            [--ref DOWNSTREAM_ID] --note TEXT [--by NAME] [--db effects.db]\n"
+    "Exit codes: 0 ok, 2 bad usage or not in review (nothing written), 4 no such call,\n"
+    "9 review moved (the call left review and came back: --fence is stale, nothing written).";
 
 static void print_json(json_t *v)
 {
@@ -73,13 +82,16 @@ static int do_list(const oq_config_t *cfg)
         return oq_cli_exit_for(rc);
     }
     if (oq_config_int(cfg, "json")) {
-        print_json(a);
+        json_t *o = json_pack("{s:O, s:I}", "review", a, "count", (json_int_t)json_array_size(a));
+        if (o) print_json(o);
+        json_decref(o);
     } else if (json_array_size(a) == 0) {
         printf("nothing to review\n");
     } else {
         size_t i;
         json_t *r;
-        printf("%-7s %-18s %-20s %-20s %s\n", "AGE", "CALL_ID", "TOOL", "CODE", "WHY");
+        printf("%-7s %-34s %-6s %-20s %-20s %s\n", "AGE", "CALL_ID", "FENCE", "TOOL", "CODE",
+               "WHY");
         json_array_foreach(a, i, r)
         {
             char age[32];
@@ -87,12 +99,13 @@ static int do_list(const oq_config_t *cfg)
             const char *tool = json_string_value(json_object_get(r, "tool"));
             const char *code = json_string_value(json_object_get(r, "code"));
             const char *why = json_string_value(json_object_get(r, "why"));
-            printf("%-7s %-18s %-20s %-20s %s\n", age,
-                   json_string_value(json_object_get(r, "call_id")), tool ? tool : "-",
+            printf("%-7s %-34s %-6lld %-20s %-20s %s\n", age,
+                   json_string_value(json_object_get(r, "call_id")),
+                   (long long)json_integer_value(json_object_get(r, "fence")), tool ? tool : "-",
                    code ? code : "-", why ? why : "-");
         }
         printf("%zu call(s) waiting for a decision: onceq review show <call_id>, then onceq "
-               "review resolve <call_id> --as committed|failed|retry --note ...\n",
+               "review resolve <call_id> --fence FENCE --as committed|failed|retry --note ...\n",
                json_array_size(a));
     }
     json_decref(a);
@@ -172,6 +185,10 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
            (long long)json_integer_value(json_object_get(x, "attempt")),
            (long long)json_integer_value(json_object_get(x, "tries")),
            (long long)json_integer_value(json_object_get(x, "fence")));
+    if (strcmp(json_string_value(json_object_get(x, "state")), "NEEDS_REVIEW") == 0)
+        printf("resolve   onceq review resolve %s --fence %lld --as committed|failed|retry "
+               "--note ...\n",
+               call_id, (long long)json_integer_value(json_object_get(x, "fence")));
     if (json_string_value(json_object_get(x, "effect_id")))
         printf("effect id %s (the idempotency key, when the tool sends one)\n",
                json_string_value(json_object_get(x, "effect_id")));
@@ -227,15 +244,20 @@ static int do_resolve(const oq_config_t *cfg, const char *call_id)
     json_t *o = NULL;
     const char *by = oq_config_str(cfg, "by");
     if (!by) by = getenv("USER");
-    if (!oq_config_str(cfg, "as") || !oq_config_str(cfg, "note")) {
-        fprintf(stderr, "onceq review resolve: --as and --note are required\n%s\n", review_usage);
+    if (!oq_config_str(cfg, "as") || !oq_config_str(cfg, "note") ||
+        !oq_config_is_set(cfg, "fence")) {
+        fprintf(stderr,
+                "onceq review resolve: --as, --fence and --note are required (the fence: "
+                "onceq review list or show)\n%s\n",
+                review_usage);
         return OQ_EXIT_USAGE;
     }
     int rc = oq_review_resolve(oq_config_str(cfg, "db"), call_id, oq_config_str(cfg, "as"),
-                               oq_config_str(cfg, "ref"), oq_config_str(cfg, "note"), by, &o, &err);
+                               oq_config_str(cfg, "ref"), oq_config_str(cfg, "note"), by,
+                               oq_config_int(cfg, "fence"), &o, &err);
     if (rc) {
         fprintf(stderr, "onceq review resolve: %s\n", err.msg);
-        return oq_cli_exit_for(rc);
+        return rc == OQ_EFENCED ? EXIT_REVIEW_MOVED : oq_cli_exit_for(rc);
     }
     print_json(o);
     json_decref(o);
@@ -283,8 +305,9 @@ int oq__cmd_review(int argc, char **argv)
         goto out;
     }
     if (!resolve && (oq_config_is_set(cfg, "as") || oq_config_is_set(cfg, "note") ||
-                     oq_config_is_set(cfg, "ref"))) {
-        fprintf(stderr, "onceq review %s: --as, --ref and --note go with resolve\n", action);
+                     oq_config_is_set(cfg, "ref") || oq_config_is_set(cfg, "fence"))) {
+        fprintf(stderr, "onceq review %s: --as, --fence, --ref and --note go with resolve\n",
+                action);
         ret = OQ_EXIT_USAGE;
         goto out;
     }

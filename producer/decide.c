@@ -14,8 +14,11 @@
  *  1. Insert the prepared call and its outbox row; the insert does nothing when the key
  *     exists, so a new key costs one statement. A call id that is taken (time-ordered ids can
  *     collide) is redrawn here and the insert repeated.
- *  2. The key exists: read its call. Terminal and past expires_at -> the old call, its audit
- *     and its result rows are deleted and the request is a NEW call (as after a purge).
+ *  2. The key exists: read its call. Settled (`succeeded` or `failed`) and past expires_at
+ *     (set to the moment it settled + key_ttl) -> the old call, its audit and its result rows
+ *     are deleted and the request is a NEW call (as after a purge). A call that is not settled
+ *     (`pending`, `running`, `needs_review`) never expires, whatever its age: an unresolved
+ *     review replaced by a new call would run the operation a second time.
  *  3. Another fingerprint -> CONFLICT, nothing written.
  *  4. `failed` with error.retryable = true -> RETRY_RESET: back to `pending` with attempt + 1
  *     and a new outbox row (a new message id, the same call id), audited.
@@ -35,7 +38,8 @@
  * overrides a terminal state and never comes back after one. A message id already claimed
  * stops everything (DUPLICATE: nothing else is written, not even an audit row). Only then is
  * the call updated, or the refusal audited. A
- * terminal result ends the call's redrive schedule.
+ * terminal result ends the call's redrive schedule; a settling one (`succeeded`, `failed`)
+ * also starts the key's retention: expires_at = now + key_ttl.
  *
  * Redrive (anti-entropy), inside the writer's transaction, for each call due (looked at before
  * and next_redrive_at passed, or never looked at and unchanged for redrive_after):
@@ -58,6 +62,13 @@
 #include "producer_int.h"
 
 /* --- submit --------------------------------------------------------------------------------- */
+
+/* Settled: the call's outcome is known for good, so its key may expire (key_ttl after this).
+ * needs_review is terminal for the pipeline but not settled: it waits for an operator. */
+static int call_settled(const char *state)
+{
+    return strcmp(state, "succeeded") == 0 || strcmp(state, "failed") == 0;
+}
 
 /* Step 1: insert the job's call; *exists when the key already has one (nothing written). */
 static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
@@ -199,7 +210,7 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
         oq_call_clear(c);
         return ret;
     }
-    if (oq_call_state_terminal(c->state) && c->expires_at <= now_ms) {
+    if (call_settled(c->state) && c->expires_at <= now_ms) {
         if (big) {
             oq_call_clear(c);
             return refuse_too_big(job->payload_len, max_bytes, err);
@@ -308,7 +319,7 @@ static char *ignored_detail(const oq_envelope_t *env, const char *why)
 
 /* Record the change: the call's new state, result, error and effect id, and its audit row. */
 static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *from,
-                 int64_t now_ms, oq_error_t *err)
+                 int64_t now_ms, int64_t ttl, oq_error_t *err)
 {
     char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -319,7 +330,8 @@ static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *
                                .error = error,
                                .effect_id = env->effect_id,
                                .updated_at = now_ms,
-                               .settled = oq_call_state_terminal(env->status)};
+                               .settled = oq_call_state_terminal(env->status),
+                               .expires_at = call_settled(env->status) ? now_ms + ttl : 0};
     int ret = oq__producer_store_set_result(s, &r, err);
     if (ret) goto out;
     detail = applied_detail(from, env, error);
@@ -334,7 +346,7 @@ out:
 }
 
 static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int64_t now_ms,
-                         oq_result_outcome_t *outcome, oq_error_t *err)
+                         int64_t ttl, oq_result_outcome_t *outcome, oq_error_t *err)
 {
     if (env->kind != OQ_KIND_TOOL_RESULT || !known_result_status(env->status))
         return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
@@ -387,17 +399,18 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
         *outcome = oc;
         return 0;
     }
-    if ((ret = apply(s, env, call.state, now_ms, err))) return ret;
+    if ((ret = apply(s, env, call.state, now_ms, ttl, err))) return ret;
     *outcome = OQ_RESULT_APPLIED;
     return 0;
 }
 
 int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
-                       oq_result_outcome_t *outcomes, int64_t now_ms, oq_error_t *err)
+                       oq_result_outcome_t *outcomes, int64_t now_ms, int64_t ttl, oq_error_t *err)
 {
+    if (ttl <= 0) ttl = OQ_DEFAULT_KEY_TTL_MS;
     for (int k = 0; k < n; k++) {
         oq_result_outcome_t oc = 0;
-        int rc = decide_result(s, &envs[k], now_ms, &oc, err);
+        int rc = decide_result(s, &envs[k], now_ms, ttl, &oc, err);
         if (rc == OQ_EINVAL) { /* refused as a whole, nothing written for it */
             oq_error_clear(err);
             oc = 0;
@@ -413,14 +426,14 @@ int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
                           oq_result_outcome_t *outcome, oq_error_t *err)
 {
     oq__producer_store_t s = {db, NULL};
-    return decide_result(&s, env, now_ms, outcome, err);
+    return decide_result(&s, env, now_ms, OQ_DEFAULT_KEY_TTL_MS, outcome, err);
 }
 
 /* --- dead letters --------------------------------------------------------------------------- */
 
 /* The tool_result that fails the call of dead letter \p d, applied by decide_result(). */
 static int fail_dead_call(oq__producer_store_t *s, const oq__producer_dead_t *d, int64_t now_ms,
-                          oq_result_outcome_t *oc, oq_error_t *err)
+                          int64_t ttl, oq_result_outcome_t *oc, oq_error_t *err)
 {
     char msg[512];
     snprintf(msg, sizeof msg,
@@ -439,14 +452,15 @@ static int fail_dead_call(oq__producer_store_t *s, const oq__producer_dead_t *d,
     env.error =
         json_pack("{s:s,s:s,s:b}", "code", OQ_ERROR_UNPUBLISHABLE, "message", msg, "retryable", 0);
     if (!env.error) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    int ret = decide_result(s, &env, now_ms, oc, err);
+    int ret = decide_result(s, &env, now_ms, ttl, oc, err);
     json_decref(env.error);
     return ret;
 }
 
-int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, int *failed,
-                            int *handled, oq_error_t *err)
+int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int max,
+                            int *failed, int *handled, oq_error_t *err)
 {
+    if (ttl <= 0) ttl = OQ_DEFAULT_KEY_TTL_MS;
     oq__producer_dead_t *rows = NULL;
     size_t n = 0;
     int ret = oq__producer_store_dead_list(s, max, &rows, &n, err);
@@ -458,7 +472,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
                       oq_call_id_valid(d->key) && strlen(d->message_id) == OQ_UUID_LEN;
         if (is_call) {
             oq_result_outcome_t oc = 0;
-            if ((ret = fail_dead_call(s, d, now_ms, &oc, err))) break;
+            if ((ret = fail_dead_call(s, d, now_ms, ttl, &oc, err))) break;
             if (oc == OQ_RESULT_APPLIED) {
                 if (failed) (*failed)++;
                 OQ_LOGC_WARN("producer", d->key,
@@ -486,7 +500,8 @@ int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed
     oq__producer_store_t s = {db, NULL};
     if (failed) *failed = 0;
     if (handled) *handled = 0;
-    return oq__decide_dead_letters(&s, now_ms, max > 0 ? max : 64, failed, handled, err);
+    return oq__decide_dead_letters(&s, now_ms, OQ_DEFAULT_KEY_TTL_MS, max > 0 ? max : 64, failed,
+                                   handled, err);
 }
 
 /* --- redrive -------------------------------------------------------------------------------- */

@@ -10,8 +10,9 @@
  *  - same key + fingerprint, call `failed` with error.retryable=true
  *                                     -> OQ_SUBMIT_RETRY_RESET: back to `pending`, attempt+1,
  *                                        a new outbox row (new message_id, same call_id).
- * A key whose call is terminal and past expires_at (created_at + key_ttl) is a new call, even
- * before `onceq purge` deleted it. Non-terminal calls never expire.
+ * A key whose call settled (`succeeded` or `failed`) and is past expires_at (the moment it
+ * settled + key_ttl) is a new call, even before `onceq purge` deleted it. A call that is not
+ * settled (`pending`, `running`, `needs_review`) never expires: a same-key submit gets it back.
  *
  * Durability: oq_producer_submit() returns only after the batch holding the submit committed
  * (synchronous=FULL unless the opener lowered it). Many concurrent submitters share one
@@ -161,11 +162,12 @@ typedef struct oq_purge_stats {
 } oq_purge_stats_t;
 
 /**
- * @brief Delete calls with expires_at <= \p now_ms in a terminal state, their audit and
+ * @brief Delete settled calls (succeeded, failed) with expires_at <= \p now_ms, their audit and
  *        result_inbox rows, result_inbox rows of unknown calls received before
  *        now_ms - key_ttl_ms, and outbox rows published before now_ms - key_ttl_ms, in batches
  *        of \p batch rows (one short BEGIN IMMEDIATE transaction each, so the write lock is
- *        never held for long). Pending/running calls are never deleted.
+ *        never held for long). Calls that are not settled (pending, running, needs_review)
+ *        are never deleted.
  * @param stats accumulates what was deleted; may be NULL.
  * @returns 0, OQ_EBUSY, OQ_EDB.
  */

@@ -126,8 +126,8 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
  * @returns 0, or a database error (roll back: nothing of it holds).
  * @locality writer thread (or the caller's thread for oq_store_fail_dead_letters)
  */
-int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, int *failed,
-                            int *handled, oq_error_t *err);
+int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int max,
+                            int *failed, int *handled, oq_error_t *err);
 
 /**
  * @brief The result decision for each of \p n envelopes, inside an open write transaction.
@@ -136,7 +136,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
  * @locality writer thread
  */
 int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
-                       oq_result_outcome_t *outcomes, int64_t now_ms, oq_error_t *err);
+                       oq_result_outcome_t *outcomes, int64_t now_ms, int64_t ttl, oq_error_t *err);
 
 /**
  * @brief One redrive pass inside an open write transaction (see oq_producer_redrive()): up to

@@ -132,7 +132,9 @@ typedef struct oq__producer_result {
     const char *error;     /**< JSON text or NULL */
     const char *effect_id; /**< NULL keeps the stored one */
     int64_t updated_at;
-    int settled; /**< non-zero: the call is terminal, its redrive schedule ends */
+    int settled;        /**< non-zero: the call is terminal, its redrive schedule ends */
+    int64_t expires_at; /**< the key's new expiry (the call settled: succeeded or failed);
+                             0 keeps the stored one */
 } oq__producer_result_t;
 
 /** Set the call's state, result, error and effect_id. */

@@ -60,8 +60,8 @@ static const char SQL_INBOX_INSERT[] =
 static const char SQL_GET_STATE[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
 static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
-    "updated_at=?6,next_redrive_at=CASE WHEN ?7 THEN NULL ELSE next_redrive_at END "
-    "WHERE call_id=?1";
+    "updated_at=?6,next_redrive_at=CASE WHEN ?7 THEN NULL ELSE next_redrive_at END,"
+    "expires_at=COALESCE(?8,expires_at) WHERE call_id=?1";
 #define REDRIVE_COLS                                                                               \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,message_id,redrive_count,"        \
     "created_at,updated_at,next_redrive_at"
@@ -352,6 +352,7 @@ int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_re
     bind_text(st, 5, r->effect_id);
     sqlite3_bind_int64(st, 6, r->updated_at);
     sqlite3_bind_int(st, 7, r->settled != 0);
+    bind_time(st, 8, r->expires_at);
     int ret = st_exec(s, st, err, "apply result");
     st_done(s, st);
     return ret;
@@ -617,7 +618,7 @@ int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int6
              "CREATE TEMP TABLE IF NOT EXISTS purge_ids(call_id TEXT PRIMARY KEY);"
              "DELETE FROM temp.purge_ids;"
              "INSERT INTO temp.purge_ids SELECT call_id FROM calls WHERE expires_at<=%lld AND "
-             "state IN ('succeeded','failed','needs_review') ORDER BY expires_at LIMIT %d;",
+             "(state='succeeded' OR state='failed') ORDER BY expires_at LIMIT %d;",
              (long long)now_ms, batch);
     if ((ret = oq_db_exec(db, sql, err))) goto fail;
     int64_t n = 0;

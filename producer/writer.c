@@ -99,7 +99,7 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
         return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);
     }
     oq__results_t *r = (oq__results_t *)it;
-    return oq__decide_results(s, r->envs, r->n, r->outcomes, now, &it->err);
+    return oq__decide_results(s, r->envs, r->n, r->outcomes, now, w->key_ttl_ms, &it->err);
 }
 
 /** Run \p n items in one transaction. @returns 0, or the batch-level error (all items
@@ -320,7 +320,9 @@ static void dead_letters(oq__writer_t *w)
     }
     if (!any) return;
     int ret = oq_db_begin_immediate(w->wdb, 1000, &err);
-    if (!ret) ret = oq__decide_dead_letters(&s, oq_now_ms(), DEAD_BATCH, &failed, &handled, &err);
+    if (!ret)
+        ret = oq__decide_dead_letters(&s, oq_now_ms(), w->key_ttl_ms, DEAD_BATCH, &failed, &handled,
+                                      &err);
     if (!ret) ret = oq_db_commit(w->wdb, &err);
     if (ret) {
         oq_db_rollback(w->wdb);

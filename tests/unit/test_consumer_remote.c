@@ -407,6 +407,9 @@ static void test_declarations(void **state)
     oq_envelope_clear(&c);
 }
 
+/* The execution's fence: the review episode an operator decides on. */
+#define RFENCE(id) qi(f->b, "SELECT fence FROM executions WHERE call_id = ?1", (id))
+
 /* The operator: committed with a reference, failed, retry (once more, same key, new budget);
  * only from NEEDS_REVIEW, with a note, fenced and audited, one result event each. */
 static void test_review_resolve(void **state)
@@ -431,20 +434,27 @@ static void test_review_resolve(void **state)
     start(f->a, &other, "pay_keys", now, &x);
     assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
     assert_int_equal(oq__exec_resolve(f->b, other.call_id, OQ__RESOLVE_COMMITTED, NULL, "n", "op",
-                                      now, &st, &err),
+                                      RFENCE(other.call_id), now, &st, &err),
                      OQ_ESTATE);
-    assert_int_equal(
-        oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, NULL, "", "op", now, &st, &err),
-        OQ_EINVAL);
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, NULL, "", "op",
+                                      RFENCE(e[0].call_id), now, &st, &err),
+                     OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, "pay_x", "n", "op",
-                                      now, &st, &err),
+                                      RFENCE(e[0].call_id), now, &st, &err),
                      OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "\xff\xfe",
-                                      "op", now, &st, &err),
+                                      "op", RFENCE(e[0].call_id), now, &st, &err),
                      OQ_EINVAL);
     assert_int_equal(oq__exec_resolve(f->b, "c_0000000000000000", OQ__RESOLVE_FAILED, NULL, "n",
-                                      "op", now, &st, &err),
+                                      "op", 0, now, &st, &err),
                      OQ_ENOTFOUND);
+    /* the review episode pinned: no fence, or another episode's, is refused */
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "n", "op", -1,
+                                      now, &st, &err),
+                     OQ_EINVAL);
+    assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_FAILED, NULL, "n", "op",
+                                      RFENCE(e[0].call_id) - 1, now, &st, &err),
+                     OQ_EFENCED);
     oq__consumer_store_commit(f->b, &err);
     assert_int_equal(qi(f->b, "SELECT count(*) FROM audit WHERE event = 'review_resolved'", NULL),
                      0);
@@ -452,21 +462,22 @@ static void test_review_resolve(void **state)
 
     assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
     assert_int_equal(oq__exec_resolve(f->b, e[0].call_id, OQ__RESOLVE_COMMITTED, "pay_77",
-                                      "found it in the provider's dashboard", "ada", now + 20, &st,
-                                      &err),
+                                      "found it in the provider's dashboard", "ada",
+                                      RFENCE(e[0].call_id), now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(oq__exec_resolve(f->b, e[1].call_id, OQ__RESOLVE_FAILED, NULL,
-                                      "never reached the provider", "ada", now + 20, &st, &err),
+                                      "never reached the provider", "ada", RFENCE(e[1].call_id),
+                                      now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(oq__exec_resolve(f->b, e[2].call_id, OQ__RESOLVE_RETRY, NULL, "try again",
-                                      "ada", now + 20, &st, &err),
+                                      "ada", RFENCE(e[2].call_id), now + 20, &st, &err),
                      0);
     assert_int_equal(st, OQ_X_SAFE_RETRY);
     /* a second resolution is refused */
     assert_int_equal(oq__exec_resolve(f->b, e[1].call_id, OQ__RESOLVE_COMMITTED, NULL, "again",
-                                      "ada", now + 21, &st, &err),
+                                      "ada", RFENCE(e[1].call_id), now + 21, &st, &err),
                      OQ_ESTATE);
     assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
 
@@ -546,6 +557,86 @@ static void test_unsettled_index(void **state)
     assert_int_equal(u.review, 0);
 }
 
+/* Retention (issue 17, item 7): settled executions go with their effects and audit rows;
+ * executions in review stay, whatever their age; a message of a purged call is never
+ * executed again (created before the horizon the purge raised), a later one runs. */
+static void test_purge_keeps_review(void **state)
+{
+    fx_t *f = *state;
+    const int64_t day = 86400000;
+    oq_envelope_t e[2], g, late;
+    oq__exec_row_t x, lk[8];
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    memset(lk, 0, sizeof(lk));
+    int st = -1, nl = 0, d = -1;
+    int64_t now = 9000000;
+    for (int i = 0; i < 2; i++) {
+        start(f->a, &e[i], "pay_blind", now, &x);
+        assert_int_equal(
+            finish(f->a, &x, OQ__OUTCOME_UNKNOWN, "closed_without_answer", -1, NULL, now, &st), 0);
+        oq__exec_row_clear(&x);
+    }
+    assert_int_equal(recover(f->b, now + 10, lk, &nl), 2);
+    state_is(f->b, e[0].call_id, "NEEDS_REVIEW");
+    /* e[1] resolved (settled), g committed with an effect */
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_resolve(f->b, e[1].call_id, OQ__RESOLVE_FAILED, NULL, "not there",
+                                      "ada", RFENCE(e[1].call_id), now + 20, &st, &err),
+                     0);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
+    start(f->a, &g, "pay_keys", now, &x);
+    assert_int_equal(
+        finish(f->a, &x, OQ__OUTCOME_SUCCESS, "status_201", -1, "pay_9", now + 30, &st), 0);
+    oq__exec_row_clear(&x);
+    assert_int_equal(oq__consumer_store_effect_count(f->b, g.call_id), 1);
+    int64_t review_audit = qi(f->b, "SELECT count(*) FROM audit WHERE call_id = ?1", e[0].call_id);
+    assert_true(review_audit > 0);
+
+    /* ten days later, one day of retention */
+    oq_consumer_purge_stats_t ps;
+    int64_t later = now + 10 * day;
+    assert_int_equal(oq__exec_purge(f->b, later, day, day, 1, &ps, &err), 0);
+    assert_int_equal(ps.executions, 2);
+    assert_int_equal(ps.effects, 1);
+    assert_true(ps.audit > 0);
+    state_is(f->b, e[0].call_id, "NEEDS_REVIEW");
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM audit WHERE call_id = ?1", e[0].call_id),
+                     review_audit);
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM executions WHERE call_id = ?1", g.call_id), 0);
+    assert_int_equal(oq__consumer_store_effect_count(f->b, g.call_id), 0);
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM audit WHERE call_id = ?1", g.call_id), 0);
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM audit WHERE call_id = ?1", e[1].call_id), 0);
+    assert_int_equal(qi(f->b, "SELECT horizon FROM retention", NULL),
+                     later - day + 3600000) /* skew allowance: min(R / 10, 1 h) */;
+
+    /* g's message again (a redrive, a replay): no execution, created before the horizon */
+    /* a copy under another id: the inbox does not know it */
+    oq_id_uuid(g.message_id);
+    g.created_at = now;
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_intake(f->b, &g, &src, later, &d, &err), 0);
+    assert_int_equal(d, OQ__INTAKE_EXPIRED);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM executions WHERE call_id = ?1", g.call_id), 0);
+    /* a call created after the horizon is new */
+    mk_env(&late, "pay_keys", "{\"amount\":5}", 1);
+    late.created_at = later;
+    assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+    assert_int_equal(oq__exec_intake(f->b, &late, &src, later, &d, &err), 0);
+    assert_int_equal(d, OQ__INTAKE_NEW);
+    assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
+    /* a second purge never lowers the horizon */
+    assert_int_equal(oq__exec_purge(f->b, now, day, day, 100, &ps, &err), 0);
+    assert_int_equal(qi(f->b, "SELECT horizon FROM retention", NULL),
+                     later - day + 3600000) /* skew allowance: min(R / 10, 1 h) */;
+    clear_rows(lk, 8);
+    for (int i = 0; i < 2; i++)
+        oq_envelope_clear(&e[i]);
+    oq_envelope_clear(&g);
+    oq_envelope_clear(&late);
+}
+
 int main(void)
 {
     (void)run_registry_tool; /* (the shared fixture's; these tests run no compiled tool) */
@@ -559,6 +650,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_review_resolve, setup, teardown),
         cmocka_unit_test_setup_teardown(test_release_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsettled_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_purge_keeps_review, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

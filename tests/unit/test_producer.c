@@ -264,6 +264,10 @@ static void test_concurrent_same_key(void **state)
 }
 
 /* Apply one tool_result on the check connection, in its own transaction. */
+/* The clock of apply(): 0 = now (a result comes after its submit, and a settling one starts
+ * the key's retention then); a test of received_at boundaries sets a fixed time. */
+static int64_t apply_clock;
+
 static int apply(fx_t *f, const char *call_id, const char *msg_id, const char *status,
                  int64_t attempt, const char *error_json, const char *effect_id,
                  oq_result_outcome_t *oc)
@@ -281,7 +285,7 @@ static int apply(fx_t *f, const char *call_id, const char *msg_id, const char *s
     e.effect_id = (char *)effect_id;
     oq_error_t err = {0};
     assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
-    int rc = oq_store_apply_result(f->db, &e, 1000, oc, &err);
+    int rc = oq_store_apply_result(f->db, &e, apply_clock ? apply_clock : oq_now_ms(), oc, &err);
     assert_int_equal(oq_db_commit(f->db, &err), 0);
     json_decref(e.error);
     json_decref(e.result);
@@ -426,7 +430,9 @@ static void test_retryable_failure_and_results(void **state)
     text_is(f->db, "SELECT result FROM calls", "{\"ok\":true}");
     int64_t audit_rows = count(f->db, "SELECT count(*) FROM audit");
     /* an unknown call is recorded in the inbox (no audit row), and deduplicated like any */
+    apply_clock = 1000;
     assert_int_equal(apply(f, "c_ffffffffffffffff", "m6", "succeeded", 1, NULL, NULL, &ro), 0);
+    apply_clock = 0;
     assert_int_equal(ro, OQ_RESULT_UNKNOWN_CALL);
     text_is(f->db,
             "SELECT call_id||' '||status||' '||outcome||' '||received_at FROM result_inbox "
@@ -646,14 +652,19 @@ static void test_purge(void **state)
                                 "FROM outbox",
                                 &err),
                      0);
-    /* and all three rows as old as p1 (they age by created_at) */
+    /* and all three rows as old as p1's retention (they age by created_at) */
     char up[128];
-    snprintf(up, sizeof up, "UPDATE outbox SET created_at=%lld", (long long)g.created_at);
+    snprintf(up, sizeof up, "UPDATE outbox SET created_at=%lld",
+             (long long)(exp - OQ_DEFAULT_KEY_TTL_MS));
     assert_int_equal(oq_db_exec(f->db, up, &err), 0);
-    assert_int_equal(exp - g.created_at, OQ_DEFAULT_KEY_TTL_MS);
+    /* the key's retention counts from the moment the call settled, not from its submit */
+    assert_true(exp - g.created_at >= OQ_DEFAULT_KEY_TTL_MS);
+    assert_int_equal(exp - g.updated_at, OQ_DEFAULT_KEY_TTL_MS);
     oq_call_clear(&g);
-    /* a result for an unknown call, received at t=1000 (the apply helper's clock) */
+    /* a result for an unknown call, received at t=1000 */
+    apply_clock = 1000;
     assert_int_equal(apply(f, "c_ffffffffffffffff", "pmx", "succeeded", 1, NULL, NULL, &ro), 0);
+    apply_clock = 0;
     assert_int_equal(ro, OQ_RESULT_UNKNOWN_CALL);
     oq_purge_stats_t ps = {0};
     /* purge at t = 1000 + ttl - 1: the orphan stays */
@@ -710,6 +721,32 @@ static void test_purge(void **state)
     assert_int_equal(submit(f->p, NULL, "p3", "charge", "{\"amount\":3}", &q, &oc), 0);
     assert_int_equal(oc, OQ_SUBMIT_REPLAY);
     assert_string_equal(q.call_id, c.call_id);
+    /* needs_review is not settled either: an operator may still decide, so the key keeps its
+     * call (never replaced, never purged) whatever its age; retention starts when it settles */
+    oq_call_clear(&q);
+    assert_int_equal(apply(f, b.call_id, "pm4", "needs_review", 1,
+                           "{\"code\":\"no_lookup_no_keys\",\"message\":\"x\"}", NULL, &ro),
+                     0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    assert_int_equal(oq_db_exec(f->db, "UPDATE calls SET expires_at=1 WHERE idem_key='p2'", &err),
+                     0);
+    assert_int_equal(submit(f->p, NULL, "p2", "charge", "{\"amount\":2}", &q, &oc), 0);
+    assert_int_equal(oc, OQ_SUBMIT_REPLAY);
+    assert_string_equal(q.call_id, b.call_id);
+    assert_string_equal(q.state, "needs_review");
+    memset(&ps, 0, sizeof ps);
+    assert_int_equal(oq_store_purge(f->db, exp + 10 * OQ_DEFAULT_KEY_TTL_MS, OQ_DEFAULT_KEY_TTL_MS,
+                                    100, &ps, &err),
+                     0);
+    assert_int_equal(ps.calls, 0);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM calls WHERE call_id='%s'", b.call_id);
+    assert_int_equal(count(f->db, sql), 1);
+    int64_t t0 = oq_now_ms();
+    assert_int_equal(apply(f, b.call_id, "pm5", "succeeded", 1, NULL, "e2", &ro), 0);
+    assert_int_equal(ro, OQ_RESULT_APPLIED);
+    assert_int_equal(oq_producer_get(f->p, b.call_id, &g, NULL), 0);
+    assert_true(g.expires_at >= t0 + OQ_DEFAULT_KEY_TTL_MS);
+    oq_call_clear(&g);
     /* rows above the relay's watermark are never purged, however old */
     int64_t unpublished = count(f->db, "SELECT count(*) FROM outbox_unpublished");
     assert_true(unpublished >= 2);

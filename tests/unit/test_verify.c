@@ -467,6 +467,42 @@ static void ledger_pay(oq__ledger_t *l, const char *id, const char *key, const c
     oq__ds_payment_clear(&p);
 }
 
+/* Issue 17, item 1: a key whose call is still in review was given a second call, which
+ * executed: one key, two calls that may each have charged. A key reused after its first call
+ * settled (and expired) is a new call, not reported. */
+static void test_key_reexecuted(void **state)
+{
+    (void)state;
+    fx_t *f = fx_new(1);
+    add_base(f);
+    /* the old call: in review at the consumer, forgotten by the producer */
+    add_exec(f, "c_0000000000000010", FP_A, "pay", "NEEDS_REVIEW", 1);
+    exec_sql(f->c, "UPDATE executions SET idem_key='order-7', effect_id='e_10' WHERE "
+                   "call_id='c_0000000000000010'");
+    /* the new call of the same key, created while the old one waits: executed */
+    add_good(f, "c_0000000000000011", "charge");
+    exec_sql(f->c, "UPDATE executions SET idem_key='order-7', created_at=3000, updated_at=3100 "
+                   "WHERE call_id='c_0000000000000011'");
+    oq_verify_report_t rep;
+    run(f, 0, &rep);
+    expect_only(&rep, OQ_V_KEY_REEXECUTED, 1, "c_0000000000000011");
+    oq_verify_report_clear(&rep);
+    /* the old call resolved (committed) after the new one was created: still reported */
+    exec_sql(f->c, "UPDATE executions SET state='COMMITTED', updated_at=4000 WHERE "
+                   "call_id='c_0000000000000010'");
+    add_effect(f, "c_0000000000000010", "e_10", "pay", 1, 4000);
+    run(f, 0, &rep);
+    assert_int_equal(rep.count[OQ_V_KEY_REEXECUTED], 1);
+    oq_verify_report_clear(&rep);
+    /* settled before the new call was created: a key reused after its retention, clean */
+    exec_sql(f->c, "UPDATE executions SET updated_at=2500 WHERE call_id='c_0000000000000010'");
+    exec_sql(f->c, "UPDATE effects SET created_at=2500 WHERE call_id='c_0000000000000010'");
+    run(f, 0, &rep);
+    assert_int_equal(rep.count[OQ_V_KEY_REEXECUTED], 0);
+    oq_verify_report_clear(&rep);
+    fx_free(f);
+}
+
 static void test_downstream_ledger(void **state)
 {
     (void)state;
@@ -702,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_new_attempt_after_final_is_clean),
         cmocka_unit_test(test_review_resolution),
         cmocka_unit_test(test_downstream_ledger),
+        cmocka_unit_test(test_key_reexecuted),
         cmocka_unit_test(test_effect_after_final_failure),
         cmocka_unit_test(test_terminal_left),
         cmocka_unit_test(test_inline_trail),
