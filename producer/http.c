@@ -760,6 +760,14 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
 {
     const char *raw = NULL;
     size_t raw_len = 0;
+    /* A submit's tenant is in its body (or its token): a ?tenant= that the submit would ignore
+     * is refused, so a client never believes a call landed in a tenant it did not. */
+    const char *qt = NULL;
+    size_t qt_len = 0;
+    if (MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, "tenant", strlen("tenant"), &qt,
+                                      &qt_len) == MHD_YES)
+        return send_error(h, c, 400, "bad_request",
+                          "a submit takes its tenant in the body, not in ?tenant=");
     if (ctx->n_key == 0 ||
         MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Idempotency-Key",
                                       strlen("Idempotency-Key"), &raw, &raw_len) != MHD_YES ||
@@ -769,12 +777,11 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     if (ctx->n_key > 1)
         return send_error(h, c, 400, "invalid_idempotency_key",
                           "send exactly one Idempotency-Key header");
-    /* A NUL inside the value would end the key early. libmicrohttpd 0.9.75 itself ends a
-     * header value at a NUL (the length it reports is already cut), so this catches it only
-     * with a libmicrohttpd that keeps the bytes behind it. */
+    /* A NUL inside the value would end the key early: refused. libmicrohttpd 0.9.75 (Debian
+     * 12) itself ends a header value at a NUL and reports the cut length, so this catches it
+     * only with a libmicrohttpd that keeps the bytes behind it. */
     if (strlen(raw) != raw_len)
-        return send_error(h, c, 400, "invalid_idempotency_key",
-                          "Idempotency-Key contains a NUL byte");
+        return send_error(h, c, 400, "bad_request", "Idempotency-Key contains a NUL byte");
     char kbuf[OQ_MAX_KEY_LEN + 3];
     const char *key = unquote_key(raw, kbuf);
     if (!oq_envelope_valid_key(key))
@@ -923,6 +930,9 @@ static enum MHD_Result get_call(oq_http_t *h, const req_ctx_t *ctx, struct MHD_C
         if (tenant && !*tenant)
             return send_error(h, c, 400, "bad_request",
                               "query tenant must not be empty (leave it out for \"default\")");
+        if (tenant && !oq_envelope_valid_name(tenant))
+            return send_error(h, c, 400, "bad_request",
+                              "query tenant must be printable ASCII (a %00 is refused)");
         if (ctx->authed) {
             if (tenant && strcmp(tenant, ctx->tenant) != 0)
                 return send_error(h, c, 403, "tenant_mismatch",
@@ -1248,8 +1258,8 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         (uint16_t)port, accept_policy, h, handler, h,
         /* the logger first: libmicrohttpd warns about options parsed before it */
         MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &sa,
-        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-        MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
+        MHD_OPTION_UNESCAPE_CALLBACK, oq_mhd_unescape, NULL, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
         /* libmicrohttpd splits its cap between the pool threads: set it past ours so that the
          * accept policy, not a worker that stopped listening, decides */
         MHD_OPTION_CONNECTION_LIMIT, h->max_conns * threads + threads,
