@@ -1,7 +1,7 @@
 /*
  * http.c: the producer's HTTP API on libmicrohttpd (Debian's libmicrohttpd 0.9.75).
- * (About 1,300 lines, over the usual 800: routes, connection limits and bearer tokens share the
- * request context; moving the token file and its reload into their own file is the next split.)
+ * (About 1,200 lines, over the usual 800: routes, connection limits and bearer tokens share the
+ * request context; the token file's parser is common/tokens.c, shared with the consumer.)
  *
  * Design. libmicrohttpd runs a pool of epoll threads (at least 2: one epoll thread stalls at
  * 128+ connections). Those threads must never block on a commit, so a POST is handled as:
@@ -54,8 +54,6 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <search.h>
 #include <stdarg.h>
@@ -74,9 +72,8 @@
 #include "oq_mhd.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_tokens.h"
 
-#define TOKEN_MIN_LEN 16
-#define TOKEN_MAX_LEN 512
 #define READY_PERIOD_MS 1000   /* probe interval */
 #define READY_STALE_US 5000000 /* a probe older than this: the prober is stuck */
 #define COMMIT_FAIL_WINDOW_US 10000000
@@ -86,17 +83,6 @@
 
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
-
-/** The SHA-256 digests of a token file's tokens, each with its tenant. */
-typedef struct token_entry {
-    unsigned char digest[32];
-    char tenant[OQ_MAX_NAME_LEN + 1]; /**< "" in a metrics token file */
-} token_entry_t;
-
-typedef struct token_table {
-    token_entry_t *v;
-    size_t n;
-} token_table_t;
 
 /** Open connections of one client address (a node of the tsearch tree). */
 typedef struct ip_count {
@@ -127,8 +113,8 @@ struct oq_http {
 
     /* authentication */
     pthread_rwlock_t tok_lock;
-    token_table_t *tokens;         /**< NULL: authentication off */
-    token_table_t *metrics_tokens; /**< for OQ_HTTP_METRICS_TOKEN */
+    oq_token_table_t *tokens;         /**< NULL: authentication off */
+    oq_token_table_t *metrics_tokens; /**< for OQ_HTTP_METRICS_TOKEN */
     char *token_file, *metrics_token_file;
     oq_http_metrics_access_t metrics_access;
     oq_metric_t *m_auth_fail;
@@ -387,187 +373,26 @@ static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_ctx,
 
 /* --- tokens ----------------------------------------------------------------------------------*/
 
-static void token_table_free(token_table_t *t)
-{
-    if (!t) return;
-    OPENSSL_cleanse(t->v, t->n * sizeof *t->v);
-    free(t->v);
-    free(t);
-}
-
-static int token_digest(const char *tok, size_t len, unsigned char out[32])
-{
-    unsigned int n = 0;
-    return EVP_Digest(tok, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
-}
-
-/* RFC 6750 b64token: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=" */
-static int b64token_valid(const char *t, size_t n)
-{
-    size_t i = 0;
-    for (; i < n; i++) {
-        char c = t[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/'))
-            break;
-    }
-    if (i == 0) return 0;
-    for (; i < n; i++)
-        if (t[i] != '=') return 0;
-    return 1;
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
-/* The digest of one token-file entry: a token, or "sha256:" + its digest in hex. */
-static int parse_token(const char *tok, size_t n, unsigned char digest[32])
-{
-    if (strncmp(tok, "sha256:", 7) == 0) {
-        if (n != 7 + 64) return -1;
-        for (int i = 0; i < 32; i++) {
-            int hi = hex_value(tok[7 + 2 * i]), lo = hex_value(tok[8 + 2 * i]);
-            if (hi < 0 || lo < 0) return -1;
-            digest[i] = (unsigned char)(hi << 4 | lo);
-        }
-        return 0;
-    }
-    if (n < TOKEN_MIN_LEN || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return -1;
-    return token_digest(tok, n, digest);
-}
-
-/*
- * Read a token file: lines "TOKEN TENANT" (\p with_tenant) or "TOKEN", blank lines and lines
- * starting with '#' ignored. TOKEN is an RFC 6750 b64token of 16..512 characters, or
- * "sha256:" + 64 lowercase hex digits (the digest of the token, so the file need not hold the
- * secret itself). Errors name the file and the line, never a token.
- */
-static int token_file_load(const char *path, int with_tenant, token_table_t **out, oq_error_t *err)
-{
-    int ret = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0;
-    token_table_t *t = calloc(1, sizeof *t);
-    size_t tcap = 0;
-    FILE *f = NULL;
-    if (!t) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    if (!(f = fopen(path, "r"))) {
-        ret = oq_error_set(err, OQ_EIO, errno, "token file %s: %s", path, strerror(errno));
-        goto out;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
-        OQ_LOG_WARN("http", "token file %s is readable by group or others (mode %03o)", path,
-                    (unsigned)(st.st_mode & 0777));
-    ssize_t got;
-    while ((got = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        char *save = NULL;
-        char *tok = strtok_r(line, " \t\r\n", &save);
-        if (!tok || tok[0] == '#') continue;
-        char *tenant = strtok_r(NULL, " \t\r\n", &save);
-        char *extra = strtok_r(NULL, " \t\r\n", &save);
-        if ((with_tenant && (!tenant || extra)) || (!with_tenant && tenant)) {
-            ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: expected %s", path,
-                               lineno, with_tenant ? "TOKEN TENANT" : "TOKEN");
-            goto out;
-        }
-        if (with_tenant && !oq_envelope_valid_name(tenant)) {
-            ret = oq_error_set(err, OQ_EINVAL, 0,
-                               "token file %s line %d: the tenant must be 1..%d printable ASCII "
-                               "bytes",
-                               path, lineno, OQ_MAX_NAME_LEN);
-            goto out;
-        }
-        token_entry_t e;
-        memset(&e, 0, sizeof e);
-        size_t n = strlen(tok);
-        int bad = parse_token(tok, n, e.digest);
-        OPENSSL_cleanse(tok, n);
-        if (bad) {
-            ret = oq_error_set(err, OQ_EINVAL, 0,
-                               "token file %s line %d: a token is %d..%d characters of A-Z a-z "
-                               "0-9 - . _ ~ + / (then optional '='), or sha256: + 64 lowercase hex",
-                               path, lineno, TOKEN_MIN_LEN, TOKEN_MAX_LEN);
-            goto out;
-        }
-        if (with_tenant) snprintf(e.tenant, sizeof e.tenant, "%s", tenant);
-        for (size_t i = 0; i < t->n; i++)
-            if (memcmp(t->v[i].digest, e.digest, 32) == 0) {
-                ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: a token listed twice",
-                                   path, lineno);
-                goto out;
-            }
-        if (t->n == tcap) {
-            size_t ncap = tcap ? 2 * tcap : 8;
-            token_entry_t *nv = realloc(t->v, ncap * sizeof *nv);
-            if (!nv) {
-                ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-                goto out;
-            }
-            t->v = nv;
-            tcap = ncap;
-        }
-        t->v[t->n++] = e;
-    }
-    if (ferror(f)) ret = oq_error_set(err, OQ_EIO, errno, "token file %s: read error", path);
-out:
-    if (line) OPENSSL_cleanse(line, cap);
-    free(line);
-    if (f) fclose(f);
-    if (ret) {
-        token_table_free(t);
-        return ret;
-    }
-    *out = t;
-    return 0;
-}
-
-/* Index of the entry whose digest is that of \p tok, or -1. Every entry is compared, each in
- * constant time, so the time taken says nothing about which entry matched or how closely. */
-static long token_find(const token_table_t *t, const char *tok, size_t len)
-{
-    unsigned char d[32];
-    if (!t || token_digest(tok, len, d) != 0) return -1;
-    long found = -1;
-    for (size_t i = 0; i < t->n; i++)
-        if (CRYPTO_memcmp(t->v[i].digest, d, 32) == 0) found = (long)i;
-    return found;
-}
-
 typedef enum { AUTH_OK = 0, AUTH_MISSING, AUTH_INVALID } auth_result_t;
 
 /* Check "Authorization: Bearer <token>" against \p which (h->tokens or h->metrics_tokens);
  * \p tenant (may be NULL) receives the token's tenant. \p n_auth: Authorization headers seen. */
 static auth_result_t check_bearer(oq_http_t *h, struct MHD_Connection *c, int n_auth,
-                                  token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
+                                  oq_token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
 {
     const char *v = NULL;
     size_t vlen = 0;
     if (n_auth == 0) return AUTH_MISSING;
     if (n_auth > 1 ||
         MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
-                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v,
-                                      &vlen) != MHD_YES ||
-        !v || strlen(v) != vlen)
+                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v, &vlen) != MHD_YES)
         return AUTH_INVALID;
-    if (vlen < 7 || strncasecmp(v, "Bearer", 6) != 0 || (v[6] != ' ' && v[6] != '\t'))
-        return AUTH_INVALID;
-    const char *tok = v + 6;
-    while (*tok == ' ' || *tok == '\t')
-        tok++;
-    size_t n = strlen(tok);
-    while (n && (tok[n - 1] == ' ' || tok[n - 1] == '\t'))
-        n--;
-    if (n == 0 || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return AUTH_INVALID;
+    const char *tok;
+    size_t n;
+    if (oq_tokens_bearer(v, vlen, &tok, &n) != 0) return AUTH_INVALID;
     auth_result_t r = AUTH_INVALID;
     pthread_rwlock_rdlock(&h->tok_lock);
-    long i = token_find(*which, tok, n);
+    long i = oq_tokens_find(*which, tok, n);
     if (i >= 0) {
         if (tenant) memcpy(tenant, (*which)->v[i].tenant, OQ_MAX_NAME_LEN + 1);
         r = AUTH_OK;
@@ -591,21 +416,21 @@ static enum MHD_Result send_unauthorized(oq_http_t *h, struct MHD_Connection *c,
 
 int oq_http_reload(oq_http_t *h, oq_error_t *err)
 {
-    token_table_t *t = NULL, *mt = NULL;
+    oq_token_table_t *t = NULL, *mt = NULL;
     int ret;
     if (!h->token_file && !h->metrics_token_file) return 0;
-    if (h->token_file && (ret = token_file_load(h->token_file, 1, &t, err))) return ret;
-    if (h->metrics_token_file && (ret = token_file_load(h->metrics_token_file, 0, &mt, err))) {
-        token_table_free(t);
+    if (h->token_file && (ret = oq_tokens_load(h->token_file, 1, &t, err))) return ret;
+    if (h->metrics_token_file && (ret = oq_tokens_load(h->metrics_token_file, 0, &mt, err))) {
+        oq_tokens_free(t);
         return ret;
     }
     pthread_rwlock_wrlock(&h->tok_lock);
-    token_table_t *old = h->tokens, *mold = h->metrics_tokens;
+    oq_token_table_t *old = h->tokens, *mold = h->metrics_tokens;
     if (h->token_file) h->tokens = t;
     if (h->metrics_token_file) h->metrics_tokens = mt;
     pthread_rwlock_unlock(&h->tok_lock);
-    if (h->token_file) token_table_free(old);
-    if (h->metrics_token_file) token_table_free(mold);
+    if (h->token_file) oq_tokens_free(old);
+    if (h->metrics_token_file) oq_tokens_free(mold);
     OQ_LOG_INFO("http", "tokens loaded: api=%zu (%s) metrics=%zu (%s)", t ? t->n : 0,
                 h->token_file ? h->token_file : "off", mt ? mt->n : 0,
                 h->metrics_token_file ? h->metrics_token_file : "off");
@@ -1175,8 +1000,8 @@ static void http_free(oq_http_t *h)
 {
     if (!h) return;
     if (h->ip_tree) tdestroy(h->ip_tree, free);
-    token_table_free(h->tokens);
-    token_table_free(h->metrics_tokens);
+    oq_tokens_free(h->tokens);
+    oq_tokens_free(h->metrics_tokens);
     free(h->token_file);
     free(h->metrics_token_file);
     pthread_mutex_destroy(&h->conn_lock);
