@@ -147,41 +147,41 @@ void oq_tool_out_clear(oq_tool_out_t *out);
 
 /** Worker settings (see oq_consumer_settings for the command-line names and defaults). */
 typedef struct oq_consumer_opts {
-    const char *db_path;             /**< effects database (created and migrated) */
-    const char *brokers;             /**< bootstrap servers */
-    const char *group;               /**< consumer group id (default "onceq-workers") */
-    const char *topic;               /**< input topic (default: topic_prefix + "tool-calls") */
-    const char *topic_prefix;        /**< topic names' prefix (NULL: "onceq."): the input topic,
-                                          the DLQ and the results the embedded relay publishes */
-    const char *worker_id;           /**< NULL: host:pid:random */
-    const char *synchronous;         /**< SQLite synchronous level (NULL: FULL) */
-    const char *relay_synchronous;   /**< the embedded result relay's own writes (marks, lease):
-                                          NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
-    const char *metrics_listen;      /**< NULL: no admin listener (metrics, stats, review over
-                                          HTTP: consumer/admin.h) */
-    const oq_config_t *cfg;          /**< -X Kafka properties (may be NULL); borrowed */
-    int64_t lease_ms;                /**< execution lease (default 30000) */
-    int max_attempts;                /**< tool runs per attempt before FAILED_FINAL (default 5) */
-    int batch;                       /**< max messages per poll batch / transaction (default 500) */
-    int runners;                     /**< threads for blocking tools (default 4) */
-    int64_t retry_base_ms;           /**< first backoff (default 200) */
-    int64_t retry_max_ms;            /**< backoff cap (default 30000) */
-    int64_t recover_every_ms;        /**< recovery scan period (default 1000) */
-    int no_relay;                    /**< do not embed the result relay (tests, benchmarks) */
-    int64_t inbox_retention_ms;      /**< inbox rows older than this are purged (default 7 days;
-                                          keep it >= the input topic's retention) */
-    const char *tools_path;          /**< tools file of HTTP tools (NULL: compiled tools only); a
-                                          name declared there and compiled in is an error */
-    int http_inflight;               /**< outside requests running at once (default 1024); more
-                                          wait in the dispatcher's queue, their leases renewed */
-    int lookup_budget;               /**< undecided lookups per unknown outcome before it goes to
-                                          review (or, for a tool that honours keys, is resent);
-                                          default 5 */
-    const char *token_file;          /**< NULL, or the token file (producer's format) whose
-                                          operator tokens guard the review API and /stats; needed
-                                          for a non-loopback metrics_listen */
-    const char *metrics_only_listen; /**< NULL, or host:port serving /metrics, /healthz and
-                                          /readyz only (open, any address) */
+    const char *db_path;           /**< effects database (created and migrated) */
+    const char *brokers;           /**< bootstrap servers */
+    const char *group;             /**< consumer group id (default "onceq-workers") */
+    const char *topic;             /**< input topic (default: topic_prefix + "tool-calls") */
+    const char *topic_prefix;      /**< topic names' prefix (NULL: "onceq."): the input topic,
+                                        the DLQ and the results the embedded relay publishes */
+    const char *worker_id;         /**< NULL: host:pid:random */
+    const char *synchronous;       /**< SQLite synchronous level (NULL: FULL) */
+    const char *relay_synchronous; /**< the embedded result relay's own writes (marks, lease):
+                                        NULL: NORMAL (see oq_relay_opts_t.db_synchronous) */
+    const char *metrics_listen;    /**< NULL: no admin listener (metrics, stats, review over
+                                        HTTP: consumer/admin.h) */
+    const oq_config_t *cfg;        /**< -X Kafka properties (may be NULL); borrowed */
+    int64_t lease_ms;              /**< execution lease (default 30000) */
+    int max_attempts;              /**< tool runs per attempt before FAILED_FINAL (default 5) */
+    int batch;                     /**< max messages per poll batch / transaction (default 500) */
+    int runners;                   /**< threads for blocking tools (default 4) */
+    int64_t retry_base_ms;         /**< first backoff (default 200) */
+    int64_t retry_max_ms;          /**< backoff cap (default 30000) */
+    int64_t recover_every_ms;      /**< recovery scan period (default 1000) */
+    int no_relay;                  /**< do not embed the result relay (tests, benchmarks) */
+    int64_t inbox_retention_ms;    /**< inbox rows older than this are purged (default 7 days;
+                                        keep it >= the input topic's retention) */
+    const char *tools_path;        /**< tools file of HTTP tools (NULL: compiled tools only); a
+                                        name declared there and compiled in is an error */
+    int http_inflight;             /**< outside requests running at once (default 1024); more
+                                        wait in the dispatcher's queue, their leases renewed */
+    int lookup_budget;             /**< undecided lookups per unknown outcome before it goes to
+                                        review (or, for a tool that honours keys, is resent);
+                                        default 5 */
+    /** NULL, or the token file (the producer's format) whose operator tokens guard the review
+     *  API and /stats; needed for a metrics_listen that is not on loopback */
+    const char *token_file;
+    /** NULL, or host:port serving /metrics, /healthz and /readyz only (open, any address) */
+    const char *metrics_only_listen;
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;
