@@ -53,6 +53,7 @@ struct oq__admin {
     int port;
     int loopback;             /**< bound to a loopback address: Host must name one */
     oq_token_table_t *tokens; /**< NULL: no token file (then loopback only) */
+    oq_mhd_guard_t *guard;    /**< slots, request deadline, probe slots (common/mhd.c) */
     struct oq_ready *_Atomic ready;
 };
 
@@ -435,14 +436,30 @@ oq__admin_t *oq__admin_start(const char *listen, const char *token_file, oq_metr
     sin.sin_family = AF_INET;
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
+    oq_mhd_guard_opts_t go = {.component = COMP,
+                              .max_conns = OQ_MHD_ADMIN_CONNS,
+                              .probe_slots = OQ_MHD_ADMIN_PROBE_SLOTS,
+                              .request_timeout_ms = OQ_MHD_ADMIN_REQUEST_TIMEOUT_MS,
+                              .handler = handle,
+                              .handler_cls = a,
+                              .completed = done,
+                              .completed_cls = a};
+    if (!(a->guard = oq_mhd_guard_new(&go, m, err))) {
+        oq_tokens_free(a->tokens);
+        free(a->db);
+        free(a);
+        return NULL;
+    }
     a->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port, NULL,
-        NULL, handle, a, MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_UNESCAPE_CALLBACK,
-        oq_mhd_unescape, NULL, MHD_OPTION_NOTIFY_COMPLETED, done, a, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port,
+        OQ_MHD_GUARD_DAEMON_ARGS(a->guard), MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
+        (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+        MHD_OPTION_UNESCAPE_CALLBACK, oq_mhd_unescape, NULL, OQ_MHD_GUARD_OPTIONS(a->guard),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_CONNECTION_LIMIT,
+        oq_mhd_guard_mhd_limit(a->guard, 1), MHD_OPTION_END);
     if (!a->d) {
         oq_error_set(err, OQ_EIO, 0, "admin listener: cannot listen on %s:%d", host, port);
+        oq_mhd_guard_destroy(a->guard);
         oq_tokens_free(a->tokens);
         free(a->db);
         free(a);
@@ -464,6 +481,7 @@ void oq__admin_stop(oq__admin_t *a)
 {
     if (!a) return;
     MHD_stop_daemon(a->d);
+    oq_mhd_guard_destroy(a->guard);
     oq_tokens_free(a->tokens);
     free(a->db);
     free(a);

@@ -80,6 +80,8 @@
 #define DEFAULT_MAX_CONNS 1000
 #define DEFAULT_MAX_CONNS_PER_IP 256
 #define DEFAULT_IDLE_TIMEOUT_MS 10000
+#define DEFAULT_REQUEST_TIMEOUT_MS 30000
+#define DEFAULT_PROBE_SLOTS 8
 
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
@@ -102,13 +104,9 @@ struct oq_http {
     oq_metrics_t *metrics;
     oq_metric_t *m_2xx, *m_4xx, *m_5xx;
 
-    /* connection limits (conn_lock guards the tree, the count and the log state) */
+    /* connection limits, request deadline, eviction, probe slots (common/mhd.c) */
     unsigned max_conns, max_conns_per_ip; /**< per ip: 0 = no limit */
-    pthread_mutex_t conn_lock;
-    void *ip_tree;
-    unsigned conns;
-    int64_t refuse_logged_us;
-    uint64_t refused_unlogged;
+    oq_mhd_guard_t *guard;
     oq_metric_t *m_conns, *m_refused_global, *m_refused_ip;
 
     /* authentication */
@@ -258,16 +256,6 @@ static void addr_key(const struct sockaddr *sa, ip_count_t *k)
     }
 }
 
-static void addr_text(const ip_count_t *k, char out[INET6_ADDRSTRLEN])
-{
-    if (k->len == 4)
-        inet_ntop(AF_INET, k->addr, out, INET6_ADDRSTRLEN);
-    else if (k->len == 16)
-        inet_ntop(AF_INET6, k->addr, out, INET6_ADDRSTRLEN);
-    else
-        snprintf(out, INET6_ADDRSTRLEN, "?");
-}
-
 static int client_is_loopback(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci =
@@ -278,97 +266,6 @@ static int client_is_loopback(struct MHD_Connection *c)
     if (k.len == 4) return k.addr[0] == 127;
     if (k.len == 16) return memcmp(k.addr, v6_loopback, 16) == 0;
     return 0;
-}
-
-/* --- connection limits -----------------------------------------------------------------------*/
-
-static int ip_cmp(const void *a, const void *b)
-{
-    const ip_count_t *x = a, *y = b;
-    if (x->len != y->len) return x->len < y->len ? -1 : 1;
-    return memcmp(x->addr, y->addr, x->len);
-}
-
-/* One warning per second at most, with what was refused since the last one. conn_lock held. */
-static void log_refusal(oq_http_t *h, const char *why, const ip_count_t *k)
-{
-    h->refused_unlogged++;
-    int64_t now = oq_mono_us();
-    if (now - h->refuse_logged_us < 1000000) return;
-    char a[INET6_ADDRSTRLEN];
-    addr_text(k, a);
-    OQ_LOG_WARN("http",
-                "connection refused: %s (client %s); %llu refused since the last line; open=%u "
-                "max_connections=%u max_connections_per_ip=%u",
-                why, a, (unsigned long long)h->refused_unlogged, h->conns, h->max_conns,
-                h->max_conns_per_ip);
-    h->refused_unlogged = 0;
-    h->refuse_logged_us = now;
-}
-
-/* libmicrohttpd's accept policy: runs on the accepting pool thread before the connection is
- * set up. Refusing closes the socket at once. */
-static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen)
-{
-    oq_http_t *h = cls;
-    (void)addrlen;
-    ip_count_t k;
-    addr_key(addr, &k);
-    enum MHD_Result ok = MHD_YES;
-    pthread_mutex_lock(&h->conn_lock);
-    if (h->conns >= h->max_conns) {
-        oq_counter_add(h->m_refused_global, 1);
-        log_refusal(h, "max_connections reached", &k);
-        ok = MHD_NO;
-    } else if (h->max_conns_per_ip > 0) {
-        ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
-        if (found && (*found)->n >= h->max_conns_per_ip) {
-            oq_counter_add(h->m_refused_ip, 1);
-            log_refusal(h, "max_connections_per_ip reached", &k);
-            ok = MHD_NO;
-        }
-    }
-    pthread_mutex_unlock(&h->conn_lock);
-    return ok;
-}
-
-/* Started / closed: libmicrohttpd calls closed exactly once for every started connection. */
-static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_ctx,
-                        enum MHD_ConnectionNotificationCode code)
-{
-    oq_http_t *h = cls;
-    pthread_mutex_lock(&h->conn_lock);
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        h->conns++;
-        *socket_ctx = NULL;
-        if (h->max_conns_per_ip > 0) {
-            const union MHD_ConnectionInfo *ci =
-                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-            ip_count_t k;
-            addr_key(ci ? ci->client_addr : NULL, &k);
-            ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
-            ip_count_t *node = found ? *found : NULL;
-            if (!node && (node = malloc(sizeof *node)) != NULL) {
-                *node = k;
-                if (!tsearch(node, &h->ip_tree, ip_cmp)) {
-                    free(node);
-                    node = NULL;
-                }
-            }
-            if (node) node->n++;
-            *socket_ctx = node; /* NULL when out of memory: the address is not counted */
-        }
-    } else {
-        h->conns--;
-        ip_count_t *node = *socket_ctx;
-        if (node && --node->n == 0) {
-            tdelete(node, &h->ip_tree, ip_cmp);
-            free(node);
-        }
-        *socket_ctx = NULL;
-    }
-    oq_gauge_set(h->m_conns, (double)h->conns);
-    pthread_mutex_unlock(&h->conn_lock);
 }
 
 /* --- tokens ----------------------------------------------------------------------------------*/
@@ -999,12 +896,11 @@ static unsigned fit_fd_limit(unsigned max_conns)
 static void http_free(oq_http_t *h)
 {
     if (!h) return;
-    if (h->ip_tree) tdestroy(h->ip_tree, free);
+    oq_mhd_guard_destroy(h->guard);
     oq_tokens_free(h->tokens);
     oq_tokens_free(h->metrics_tokens);
     free(h->token_file);
     free(h->metrics_token_file);
-    pthread_mutex_destroy(&h->conn_lock);
     pthread_rwlock_destroy(&h->tok_lock);
     pthread_mutex_destroy(&h->ready_lock);
     pthread_cond_destroy(&h->ready_cond);
@@ -1048,7 +944,6 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
 
     oq_http_t *h = calloc(1, sizeof *h);
     if (!h) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    pthread_mutex_init(&h->conn_lock, NULL);
     pthread_rwlock_init(&h->tok_lock, NULL);
     pthread_mutex_init(&h->ready_lock, NULL);
     pthread_condattr_t ca;
@@ -1077,17 +972,38 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     if ((ret = oq_http_reload(h, err)) != 0) goto fail;
 
     unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
+    oq_mhd_guard_opts_t go = {
+        .component = "http",
+        .max_conns = h->max_conns,
+        .max_conns_per_ip = h->max_conns_per_ip,
+        .probe_slots = opts->probe_slots < 0    ? 0
+                       : opts->probe_slots == 0 ? DEFAULT_PROBE_SLOTS
+                                                : (unsigned)opts->probe_slots,
+        .request_timeout_ms =
+            opts->request_timeout_ms > 0 ? opts->request_timeout_ms : DEFAULT_REQUEST_TIMEOUT_MS,
+        .handler = handler,
+        .handler_cls = h,
+        .completed = completed,
+        .completed_cls = h,
+        .m_conns = h->m_conns,
+        .m_refused_global = h->m_refused_global,
+        .m_refused_ip = h->m_refused_ip,
+    };
+    if (!(h->guard = oq_mhd_guard_new(&go, h->metrics, err))) {
+        ret = err ? err->code : OQ_EIO;
+        goto fail;
+    }
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG,
-        (uint16_t)port, accept_policy, h, handler, h,
+        (uint16_t)port, OQ_MHD_GUARD_DAEMON_ARGS(h->guard),
         /* the logger first: libmicrohttpd warns about options parsed before it */
         MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &sa,
         MHD_OPTION_UNESCAPE_CALLBACK, oq_mhd_unescape, NULL, MHD_OPTION_THREAD_POOL_SIZE, threads,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
-        /* libmicrohttpd splits its cap between the pool threads: set it past ours so that the
-         * accept policy, not a worker that stopped listening, decides */
-        MHD_OPTION_CONNECTION_LIMIT, h->max_conns * threads + threads,
+        OQ_MHD_GUARD_OPTIONS(h->guard),
+        /* past ours (see oq_mhd_guard_mhd_limit): the guard, not a worker that stopped
+         * listening, decides */
+        MHD_OPTION_CONNECTION_LIMIT, oq_mhd_guard_mhd_limit(h->guard, threads),
         MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
         /* the pool is zeroed on every keep-alive request: keep it small;
          * bodies stream through the upload callback anyway */
@@ -1107,9 +1023,11 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     static const char *const access_names[] = {"loopback", "open", "token"};
     OQ_LOG_INFO("http",
                 "listening on %s:%d threads=%u max_body=%lld max_connections=%u "
-                "max_connections_per_ip=%u idle_timeout_s=%u auth=%s metrics_access=%s",
+                "max_connections_per_ip=%u idle_timeout_s=%u request_timeout_ms=%lld "
+                "probe_slots=%u auth=%s metrics_access=%s",
                 host, h->port, threads, (long long)h->max_body, h->max_conns, h->max_conns_per_ip,
-                idle_s, h->token_file ? "tokens" : "off",
+                idle_s, (long long)go.request_timeout_ms, go.probe_slots,
+                h->token_file ? "tokens" : "off",
                 access_names[(unsigned)h->metrics_access < 3 ? h->metrics_access : 0]);
     *out = h;
     return 0;
