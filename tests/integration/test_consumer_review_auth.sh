@@ -94,13 +94,36 @@ CODE=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $TEN" "$
 CODE=$(curl -s -o /dev/null -w '%{http_code}' "$U/metrics")
 [[ "$CODE" == 200 ]] || oq_fail "/metrics is not open: $CODE"
 A=(-H "Authorization: Bearer $OP")
-N=$(curl -sf "${A[@]}" "$U/v1/review" | jq .count) || oq_fail "operator list failed"
+curl -s -o "$T/v_401" "$U/v1/review"
+curl -s -o "$T/v_403" -H "Authorization: Bearer $TEN" "$U/v1/review"
+curl -s -o "$T/v_415" -X POST "${A[@]}" --data-binary "$RES" "$U/v1/review/$CALL/resolve"
+curl -sf -o "$T/v_list" "${A[@]}" "$U/v1/review" || oq_fail "operator list failed"
+N=$(jq .count "$T/v_list")
 [[ "$N" == 1 ]] || oq_fail "operator list: count $N"
-curl -sf "${A[@]}" "$U/v1/review/$CALL" >/dev/null || oq_fail "operator show failed"
-CODE=$(curl -s -o "$T/b" -w '%{http_code}' -X POST "${H[@]}" "${A[@]}" --data-binary "$RES" \
-    "$U/v1/review/$CALL/resolve")
-[[ "$CODE" == 200 ]] || oq_fail "operator resolve: $CODE $(cat "$T/b")"
+curl -sf -o "$T/v_show" "${A[@]}" "$U/v1/review/$CALL" || oq_fail "operator show failed"
+CODE=$(curl -s -o "$T/v_resolve" -w '%{http_code}' -X POST "${H[@]}" "${A[@]}" \
+    --data-binary "$RES" "$U/v1/review/$CALL/resolve")
+[[ "$CODE" == 200 ]] || oq_fail "operator resolve: $CODE $(cat "$T/v_resolve")"
 [[ "$(state)" == COMMITTED ]] || oq_fail "after the operator's resolve: $(state)"
+curl -s -o "$T/v_409" -X POST "${H[@]}" "${A[@]}" --data-binary "$RES" \
+    "$U/v1/review/$CALL/resolve"
+# the bodies against docs/openapi.yaml's review schemas
+/usr/bin/python3 - "$ONCEQ_SRC/docs/openapi.yaml" "$T" <<'PY' || oq_fail "a review body does not match docs/openapi.yaml"
+import json, sys, yaml, jsonschema
+doc = yaml.safe_load(open(sys.argv[1]))
+res = jsonschema.RefResolver.from_schema(doc)
+def check(name, ref, code=None):
+    body = json.load(open(sys.argv[2] + "/" + name))
+    jsonschema.Draft202012Validator({"$ref": ref}, resolver=res).validate(body)
+    if code:
+        assert body["error"]["code"] == code, (name, body)
+check("v_list", "#/components/schemas/ReviewList")
+check("v_show", "#/components/schemas/ReviewShow")
+check("v_resolve", "#/components/schemas/ResolveResult")
+for n, c in (("v_401", "unauthorized"), ("v_403", "forbidden"), ("v_415", "unsupported_media_type"),
+             ("v_409", "not_in_review")):
+    check(n, "#/components/schemas/ReviewError", c)
+PY
 oq_kill c2
 
 # a non-loopback address with a token file starts
