@@ -46,6 +46,78 @@ size_t oq_mhd_unescape(void *cls, struct MHD_Connection *c, char *s)
     return n;
 }
 
+/* --- header values cut at a NUL ----------------------------------------------------------------*/
+
+typedef struct hv {
+    const char *k, *v;
+    size_t vlen;
+} hv_t;
+
+typedef struct hv_list {
+    hv_t *a;
+    size_t n, cap;
+    int cut; /* a value whose reported length passes a NUL */
+} hv_list_t;
+
+static enum MHD_Result hv_collect(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size)
+{
+    hv_list_t *l = cls;
+    (void)kind, (void)key_size;
+    if (!key || !value) return MHD_YES;
+    if (strlen(value) != value_size) l->cut = 1;
+    if (l->n == l->cap) {
+        size_t ncap = l->cap ? 2 * l->cap : 16;
+        hv_t *na = realloc(l->a, ncap * sizeof *na);
+        if (!na) return MHD_NO;
+        l->a = na;
+        l->cap = ncap;
+    }
+    l->a[l->n++] = (hv_t){key, value, value_size};
+    return MHD_YES;
+}
+
+static int hv_cmp(const void *x, const void *y)
+{
+    const hv_t *a = x, *b = y;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method)
+{
+    hv_list_t l = {NULL, 0, 0, 0};
+    int ok = 1;
+    if (MHD_get_connection_values_n(c, MHD_HEADER_KIND, hv_collect, &l) < 0) ok = 0;
+    if (l.cut) ok = 0;
+    const union MHD_ConnectionInfo *hi =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    size_t hsize = hi ? hi->header_size : 0;
+    if (ok && hsize && method && l.n) {
+        /* The header block as libmicrohttpd parsed it in place: from the method to the blank
+         * line, each ':' and line end overwritten with NULs. Between the end of a value and the
+         * next name (or the block's end) only NULs remain, unless the value held a NUL that cut
+         * it, or a folded line was moved out of the block: either way, refused. */
+        const char *lo = method, *hi_end = method + hsize;
+        size_t m = 0;
+        for (size_t i = 0; i < l.n; i++)
+            if (l.a[i].k > lo && l.a[i].k < hi_end && l.a[i].v > l.a[i].k &&
+                l.a[i].v + l.a[i].vlen <= hi_end)
+                l.a[m++] = l.a[i];
+        qsort(l.a, m, sizeof *l.a, hv_cmp);
+        for (size_t i = 0; ok && i < m; i++) {
+            const char *from = l.a[i].v + l.a[i].vlen;
+            const char *to = i + 1 < m ? l.a[i + 1].k : hi_end;
+            for (const char *p = from; p < to; p++)
+                if (*p != '\0') {
+                    ok = 0;
+                    break;
+                }
+        }
+    }
+    free(l.a);
+    return ok;
+}
+
 /* --- the connection guard ---------------------------------------------------------------------*/
 
 #define GUARD_SCAN_MS 250
@@ -299,6 +371,23 @@ enum MHD_Result oq_mhd_guard_handler(void *cls, struct MHD_Connection *c, const 
 {
     oq_mhd_guard_t *g = cls;
     guard_conn_t *e = conn_of(c);
+    if (*con_cls == NULL && !oq_mhd_headers_intact(c, method)) {
+        static char cut[] = "{\"error\":{\"code\":\"bad_request\",\"message\":\"a header value "
+                            "contains a NUL byte, or a header line is folded\"}}";
+        if (e) {
+            pthread_mutex_lock(&g->mu);
+            e->incomplete = 0;
+            pthread_mutex_unlock(&g->mu);
+        }
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(sizeof cut - 1, cut, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_BAD_REQUEST, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (e && e->probe && *con_cls == NULL &&
         !((strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) &&
           (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0))) {

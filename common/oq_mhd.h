@@ -35,6 +35,18 @@ void oq_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(pr
  */
 size_t oq_mhd_unescape(void *cls, struct MHD_Connection *c, char *s);
 
+/**
+ * @brief 0 when a header value of \p c was cut at a NUL byte: libmicrohttpd reports a length
+ *        past the NUL (MHD_lookup_connection_value_n), or, as libmicrohttpd 0.9.75 does, cuts
+ *        the value itself and leaves the rest of the line in its buffer, where this finds it
+ *        (the header block is parsed in place from \p method, the handler's argument, for
+ *        MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE bytes). A folded header line (obs-fold, which
+ *        RFC 9112 lets a server refuse) reads the same way and is refused too. 1 otherwise.
+ *        The guard's handler refuses such a request with 400 bad_request before the server
+ *        sees it.
+ */
+int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method);
+
 /*
  * The connection guard: the connection table of one libmicrohttpd daemon, so that slow or
  * hostile clients cannot hold every slot and keep health checks out (common/mhd.c).

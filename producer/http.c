@@ -499,9 +499,9 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     if (ctx->n_key > 1)
         return send_error(h, c, 400, "invalid_idempotency_key",
                           "send exactly one Idempotency-Key header");
-    /* A NUL inside the value would end the key early: refused. libmicrohttpd 0.9.75 (Debian
-     * 12) itself ends a header value at a NUL and reports the cut length, so this catches it
-     * only with a libmicrohttpd that keeps the bytes behind it. */
+    /* A NUL inside the value would end the key early: refused. The guard's handler
+     * (oq_mhd_headers_intact) has refused such a request already, also with libmicrohttpd
+     * 0.9.75, which cuts the value itself; this is the check where the length says it. */
     if (strlen(raw) != raw_len)
         return send_error(h, c, 400, "bad_request", "Idempotency-Key contains a NUL byte");
     char kbuf[OQ_MAX_KEY_LEN + 3];
