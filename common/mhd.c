@@ -54,9 +54,10 @@ typedef struct hv {
 } hv_t;
 
 typedef struct hv_list {
-    hv_t *a;
+    hv_t *a; /* first `local`, on the heap past 32 headers */
     size_t n, cap;
     int cut; /* a value whose reported length passes a NUL */
+    hv_t local[32];
 } hv_list_t;
 
 static enum MHD_Result hv_collect(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -67,9 +68,11 @@ static enum MHD_Result hv_collect(void *cls, enum MHD_ValueKind kind, const char
     if (!key || !value) return MHD_YES;
     if (strlen(value) != value_size) l->cut = 1;
     if (l->n == l->cap) {
-        size_t ncap = l->cap ? 2 * l->cap : 16;
-        hv_t *na = realloc(l->a, ncap * sizeof *na);
+        size_t ncap = 2 * l->cap;
+        hv_t *na = malloc(ncap * sizeof *na);
         if (!na) return MHD_NO;
+        memcpy(na, l->a, l->n * sizeof *na);
+        if (l->a != l->local) free(l->a);
         l->a = na;
         l->cap = ncap;
     }
@@ -85,7 +88,11 @@ static int hv_cmp(const void *x, const void *y)
 
 int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method)
 {
-    hv_list_t l = {NULL, 0, 0, 0};
+    hv_list_t l;
+    l.a = l.local;
+    l.n = 0;
+    l.cap = sizeof l.local / sizeof l.local[0];
+    l.cut = 0;
     int ok = 1;
     if (MHD_get_connection_values_n(c, MHD_HEADER_KIND, hv_collect, &l) < 0) ok = 0;
     if (l.cut) ok = 0;
@@ -114,7 +121,7 @@ int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method)
                 }
         }
     }
-    free(l.a);
+    if (l.a != l.local) free(l.a);
     return ok;
 }
 
