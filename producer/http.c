@@ -30,7 +30,11 @@
  * consequence the policy can let through at most one connection per pool thread over a
  * limit. libmicrohttpd's own cap is set past ours (global limit times the pool size), only as
  * a backstop. An idle timeout (10 s by default) closes connections whose request is
- * incomplete, so a flood of half requests holds its slots for seconds, not minutes.
+ * incomplete, so a flood of half requests holds its slots for seconds, not minutes. The
+ * policy, the counts, a request deadline against clients that trickle (which the idle timeout
+ * never catches), eviction of the oldest slow request and the probe slots for /healthz and
+ * /readyz live in the connection guard of common/mhd.c, shared with the relay and consumer
+ * listeners.
  *
  * Authentication (optional). A token file maps bearer tokens to tenants; only SHA-256
  * digests of the tokens are held in memory, and a presented token's digest is compared with
@@ -55,7 +59,6 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
-#include <search.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -86,11 +89,10 @@
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
 
-/** Open connections of one client address (a node of the tsearch tree). */
+/** A client address (for the loopback check of /metrics and /stats). */
 typedef struct ip_count {
     unsigned char addr[16];
     size_t len; /**< 4 (IPv4, also v4-mapped IPv6), 16 (IPv6) or 0 (other families) */
-    unsigned n;
 } ip_count_t;
 
 struct oq_http {
