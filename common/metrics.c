@@ -517,6 +517,7 @@ struct oq_metrics_server {
     oq_metrics_t *m;
     int port;
     struct oq_ready *_Atomic ready;
+    oq_mhd_guard_t *guard; /* slots, request deadline, probe slots (common/mhd.c) */
 };
 
 void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r)
@@ -650,13 +651,25 @@ oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
     sin.sin_family = AF_INET;
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER,
-                            oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    oq_mhd_guard_opts_t go = {.component = "metrics",
+                              .max_conns = OQ_MHD_ADMIN_CONNS,
+                              .probe_slots = OQ_MHD_ADMIN_PROBE_SLOTS,
+                              .request_timeout_ms = OQ_MHD_ADMIN_REQUEST_TIMEOUT_MS,
+                              .handler = handle,
+                              .handler_cls = s};
+    if (!(s->guard = oq_mhd_guard_new(&go, m, err))) {
+        free(s);
+        return NULL;
+    }
+    s->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port,
+        OQ_MHD_GUARD_DAEMON_ARGS(s->guard), MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
+        (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+        OQ_MHD_GUARD_OPTIONS(s->guard), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+        MHD_OPTION_CONNECTION_LIMIT, oq_mhd_guard_mhd_limit(s->guard, 1), MHD_OPTION_END);
     if (!s->d) {
         oq_error_set(err, OQ_EIO, 0, "metrics server: cannot listen on %s:%d", host, port);
+        oq_mhd_guard_destroy(s->guard);
         free(s);
         return NULL;
     }
@@ -675,5 +688,6 @@ void oq_metrics_serve_stop(oq_metrics_server_t *s)
 {
     if (!s) return;
     MHD_stop_daemon(s->d);
+    oq_mhd_guard_destroy(s->guard);
     free(s);
 }

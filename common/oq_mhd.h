@@ -7,6 +7,7 @@
 #define OQ_MHD_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 #include "oq_log.h"
 
@@ -19,5 +20,105 @@ typedef struct oq_mhd_log_ctx {
 /** @brief MHD_OPTION_EXTERNAL_LOGGER: one log line (trailing newlines cut) per message, with
  *         \p cls an oq_mhd_log_ctx_t. */
 void oq_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
+#include <microhttpd.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+#include "oq_metrics.h"
+
+/**
+ * @brief MHD_OPTION_UNESCAPE_CALLBACK: libmicrohttpd's own percent-decoding, except that a
+ *        decoded NUL (%00) becomes 0x7f. libmicrohttpd hands the path to the handler as a C
+ *        string, so a %00 would cut it there (by-key/a%00b read as the key "a"); 0x7f is a byte
+ *        that no key, tenant or call id accepts, so such a request is refused instead.
+ */
+size_t oq_mhd_unescape(void *cls, struct MHD_Connection *c, char *s);
+
+/**
+ * @brief 0 when a header value of \p c was cut at a NUL byte: libmicrohttpd reports a length
+ *        past the NUL (MHD_lookup_connection_value_n), or, as libmicrohttpd 0.9.75 does, cuts
+ *        the value itself and leaves the rest of the line in its buffer, where this finds it
+ *        (the header block is parsed in place from \p method, the handler's argument, for
+ *        MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE bytes). A folded header line (obs-fold, which
+ *        RFC 9112 lets a server refuse) reads the same way and is refused too. 1 otherwise.
+ *        The guard's handler refuses such a request with 400 bad_request before the server
+ *        sees it.
+ */
+int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method);
+
+/*
+ * The connection guard: the connection table of one libmicrohttpd daemon, so that slow or
+ * hostile clients cannot hold every slot and keep health checks out (common/mhd.c).
+ *
+ *  - limits: at most max_conns connections (and max_conns_per_ip per client address) take a
+ *    normal slot; a connection over a limit is closed at accept, counted and logged (one line
+ *    a second at most);
+ *  - a request deadline: a request's line, headers and body must all arrive within
+ *    request_timeout_ms of the connection's accept or of the end of its previous request
+ *    (libmicrohttpd's own timeout is an idle timeout: one byte every few seconds resets it);
+ *    a request being answered (a submit waiting for its commit included) is never timed out;
+ *  - eviction: when the table is full, a new connection takes the slot of the oldest request
+ *    still incomplete after OQ_MHD_EVICT_AGE_MS;
+ *  - probe slots: when no slot can be had that way, probe_slots more connections are let in
+ *    that may only ask GET /healthz or /readyz (anything else is 503 and closed) and must do
+ *    so within OQ_MHD_PROBE_DEADLINE_MS.
+ * Closing is done with shutdown(2) on the connection's socket under the guard's lock, which
+ * libmicrohttpd then sees as the client going away; the socket cannot be closed and reused
+ * meanwhile, because libmicrohttpd reports the connection closed (removing it from the table
+ * under the same lock) before it closes the socket.
+ *
+ * Use: fill oq_mhd_guard_opts_t, oq_mhd_guard_new(), then pass OQ_MHD_GUARD_DAEMON_ARGS(g) as
+ * the accept policy / handler arguments of MHD_start_daemon and OQ_MHD_GUARD_OPTIONS(g) among
+ * its options (they take MHD_OPTION_NOTIFY_CONNECTION and MHD_OPTION_NOTIFY_COMPLETED: give
+ * the server's own completion callback in the opts). Destroy after MHD_stop_daemon.
+ */
+#define OQ_MHD_EVICT_AGE_MS 1000
+/** The relays' and consumers' listeners (--metrics-listen, --metrics-only-listen). */
+#define OQ_MHD_ADMIN_CONNS 64
+#define OQ_MHD_ADMIN_PROBE_SLOTS 8
+#define OQ_MHD_ADMIN_REQUEST_TIMEOUT_MS 10000
+#define OQ_MHD_PROBE_DEADLINE_MS 2000
+
+typedef struct oq_mhd_guard oq_mhd_guard_t;
+
+typedef struct oq_mhd_guard_opts {
+    const char *component;             /**< of its log lines */
+    unsigned max_conns;                /**< normal slots; 0: 64 */
+    unsigned max_conns_per_ip;         /**< 0: no limit per address */
+    unsigned probe_slots;              /**< slots for /healthz and /readyz only; 0: none */
+    int64_t request_timeout_ms;        /**< 0: no request deadline */
+    MHD_AccessHandlerCallback handler; /**< the server's handler */
+    void *handler_cls;
+    MHD_RequestCompletedCallback completed; /**< the server's, or NULL */
+    void *completed_cls;
+    oq_metric_t *m_conns;                         /**< gauge: connections open (or NULL) */
+    oq_metric_t *m_refused_global, *m_refused_ip; /**< counters of refusals (or NULL) */
+} oq_mhd_guard_opts_t;
+
+/** @brief A new guard (registers onceq_http_requests_closed_total{reason} in \p metrics
+ *         when not NULL). @returns NULL with \p err filled. */
+oq_mhd_guard_t *oq_mhd_guard_new(const oq_mhd_guard_opts_t *o, oq_metrics_t *metrics,
+                                 oq_error_t *err);
+/** @brief Stop its deadline thread and free it; after MHD_stop_daemon. Accepts NULL. */
+void oq_mhd_guard_destroy(oq_mhd_guard_t *g);
+/** @brief What libmicrohttpd's own connection limit should be for a pool of \p threads. */
+unsigned oq_mhd_guard_mhd_limit(const oq_mhd_guard_t *g, unsigned threads);
+
+enum MHD_Result oq_mhd_guard_accept(void *cls, const struct sockaddr *addr, socklen_t len);
+enum MHD_Result oq_mhd_guard_handler(void *cls, struct MHD_Connection *c, const char *url,
+                                     const char *method, const char *version, const char *upload,
+                                     size_t *upload_size, void **con_cls);
+void oq_mhd_guard_notify(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                         enum MHD_ConnectionNotificationCode code);
+void oq_mhd_guard_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                            enum MHD_RequestTerminationCode toe);
+
+/** MHD_start_daemon's apc, apc_cls, dh, dh_cls for guard \p g. */
+#define OQ_MHD_GUARD_DAEMON_ARGS(g) oq_mhd_guard_accept, (g), oq_mhd_guard_handler, (g)
+/** MHD_start_daemon options for guard \p g. */
+#define OQ_MHD_GUARD_OPTIONS(g)                                                                    \
+    MHD_OPTION_NOTIFY_CONNECTION, oq_mhd_guard_notify, (g), MHD_OPTION_NOTIFY_COMPLETED,           \
+        oq_mhd_guard_completed, (g)
 
 #endif

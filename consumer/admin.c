@@ -7,6 +7,17 @@
  * the worker (its counters, and its own stats connection under a lock). A POST body is read
  * into a per-connection buffer up to 64 KiB (more: 413) and parsed strictly (oq_json_parse:
  * duplicate members, bad UTF-8 and unknown members are refused with 400).
+ *
+ * Who may read and resolve reviews (and read /stats). With a token file (the producer's
+ * format, read by common/tokens.c) a request needs a bearer token whose line carries the
+ * `operator` role: none or an unknown one is 401, a tenant's token without the role 403.
+ * Without one the listener must be on loopback (oq__admin_check_listen refuses anything else
+ * before the consumer starts), and a browser on that host is the remaining way in: a loopback
+ * listener answers only requests whose Host names a loopback address (a DNS-rebinding page
+ * names its own host), any request with an Origin that is not http:// + its Host is 403, and
+ * the resolve POST needs Content-Type: application/json (415 otherwise), which a page cannot
+ * send cross-origin without a preflight that this listener never grants. /metrics, /healthz
+ * and /readyz stay open.
  */
 #include "admin.h"
 
@@ -18,12 +29,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "oq_consumer.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
 #include "oq_ready.h"
+#include "oq_tokens.h"
 
 #define MAX_BODY (64 * 1024)
 #define COMP "admin"
@@ -38,6 +51,9 @@ struct oq__admin {
     oq__admin_stats_fn stats;
     void *ctx;
     int port;
+    int loopback;             /**< bound to a loopback address: Host must name one */
+    oq_token_table_t *tokens; /**< NULL: no token file (then loopback only) */
+    oq_mhd_guard_t *guard;    /**< slots, request deadline, probe slots (common/mhd.c) */
     struct oq_ready *_Atomic ready;
 };
 
@@ -88,6 +104,133 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
 {
     return send_json(c, status,
                      json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg ? msg : ""));
+}
+
+/* --- who may use the review API (see the top of the file) ------------------------------------*/
+
+typedef struct {
+    int auth, host;
+} hdr_count_t;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    hdr_count_t *n = cls;
+    (void)kind, (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) n->auth++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) n->host++;
+    return MHD_YES;
+}
+
+/* A Host value naming a loopback address: 127.x.x.x, localhost or [::1], with or without a
+ * port. */
+static int host_is_loopback(const char *h)
+{
+    size_t n = strlen(h);
+    const char *colon = h[0] == '[' ? strchr(h, ']') : strrchr(h, ':');
+    if (h[0] == '[') {
+        if (!colon) return 0;
+        if (colon[1] != '\0' && colon[1] != ':') return 0;
+        return colon - h == 4 && strncmp(h, "[::1", 4) == 0;
+    }
+    if (colon) n = (size_t)(colon - h);
+    if (n == 9 && strncasecmp(h, "localhost", 9) == 0) return 1;
+    if (n < 9 || n > 15 || strncmp(h, "127.", 4) != 0) return 0;
+    for (size_t i = 4; i < n; i++)
+        if (!((h[i] >= '0' && h[i] <= '9') || h[i] == '.')) return 0;
+    return 1;
+}
+
+/* The Host, Origin and token checks of the review API and /stats; MHD_YES with \p *sent
+ * set when a refusal was queued. */
+static enum MHD_Result guard(oq__admin_t *a, struct MHD_Connection *c, int *sent)
+{
+    hdr_count_t n = {0, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &n);
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    *sent = 1;
+    if (n.host > 1) return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "two Host headers");
+    if (a->loopback && host && !host_is_loopback(host))
+        return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                          "this listener is on loopback: the Host header must name a loopback "
+                          "address");
+    if (origin) {
+        /* a browser's Origin is scheme://host[:port]: it must be this very listener */
+        if (!host || strncasecmp(origin, "http://", 7) != 0 || strcasecmp(origin + 7, host) != 0)
+            return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                              "cross-origin requests are refused (the Origin is not this "
+                              "listener)");
+    }
+    if (a->tokens) {
+        const char *v = NULL, *tok = NULL;
+        size_t vlen = 0, tlen = 0;
+        const char *why = NULL;
+        long i = -1;
+        if (n.auth == 0)
+            why = "the review API needs an Authorization: Bearer token with the operator role";
+        else if (n.auth > 1 ||
+                 MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                               strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v,
+                                               &vlen) != MHD_YES ||
+                 oq_tokens_bearer(v, vlen, &tok, &tlen) != 0 ||
+                 (i = oq_tokens_find(a->tokens, tok, tlen)) < 0)
+            why = "the bearer token is not valid";
+        if (why) {
+            struct MHD_Response *r = NULL;
+            char *t = NULL;
+            json_t *b =
+                json_pack("{s:{s:s, s:s}}", "error", "code", "unauthorized", "message", why);
+            if (b) t = json_dumps(b, JSON_COMPACT);
+            json_decref(b);
+            if (!t || !(r = MHD_create_response_from_buffer(strlen(t), t, MHD_RESPMEM_MUST_FREE))) {
+                free(t);
+                return MHD_NO;
+            }
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+            MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                    n.auth ? "Bearer realm=\"onceq\", error=\"invalid_token\""
+                                           : "Bearer realm=\"onceq\"");
+            enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_UNAUTHORIZED, r);
+            MHD_destroy_response(r);
+            return ret;
+        }
+        if (!(a->tokens->v[i].roles & OQ_TOKEN_ROLE_OPERATOR))
+            return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                              "this token has no operator role (TOKEN TENANT operator in the "
+                              "token file)");
+    }
+    *sent = 0;
+    return MHD_YES;
+}
+
+/* The resolve POST carries JSON, said so: a form or text/plain POST (what a page can send
+ * without a preflight) is refused. */
+static int content_type_json(struct MHD_Connection *c)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct) return 0;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    size_t n = strcspn(ct, ";");
+    while (n && (ct[n - 1] == ' ' || ct[n - 1] == '\t'))
+        n--;
+    return n == 16 && strncasecmp(ct, "application/json", 16) == 0;
+}
+
+int oq__admin_check_listen(const char *listen, const char *token_file, oq_error_t *err)
+{
+    char host[64];
+    int port;
+    if (!listen) return 0;
+    int rc = oq_parse_listen(listen, host, &port, err);
+    if (rc) return rc;
+    if (token_file || strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0) return 0;
+    return oq_error_set(err, OQ_EINVAL, 0,
+                        "--metrics-listen %s is not a loopback address: the review API on it "
+                        "needs --token-file (an operator token); for /metrics alone use "
+                        "--metrics-only-listen",
+                        listen);
 }
 
 /* The error of a review call as HTTP. */
@@ -154,6 +297,11 @@ static enum MHD_Result route(oq__admin_t *a, struct MHD_Connection *c, const cha
 {
     static char ok[] = "ok\n";
     oq_error_t err = {0};
+    if (strcmp(url, "/stats") == 0 || strncmp(url, "/v1/", 4) == 0) {
+        int sent = 0;
+        enum MHD_Result g = guard(a, c, &sent);
+        if (sent) return g;
+    }
     int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     int post = strcmp(method, "POST") == 0;
     const char *rv = "/v1/review";
@@ -214,6 +362,9 @@ static enum MHD_Result route(oq__admin_t *a, struct MHD_Connection *c, const cha
         if (strcmp(slash, "/resolve") == 0) {
             if (!post)
                 return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "POST");
+            if (!content_type_json(c))
+                return send_error(c, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
+                                  "send the decision as Content-Type: application/json");
             return resolve(a, c, id, b);
         }
     }
@@ -262,16 +413,26 @@ static void done(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
-oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db_path,
-                             oq__admin_stats_fn stats, void *ctx, oq_error_t *err)
+oq__admin_t *oq__admin_start(const char *listen, const char *token_file, oq_metrics_t *m,
+                             const char *db_path, oq__admin_stats_fn stats, void *ctx,
+                             oq_error_t *err)
 {
     char host[64];
     int port;
+    if (oq__admin_check_listen(listen, token_file, err) != 0) return NULL;
     if (oq_parse_listen(listen, host, &port, err) != 0) return NULL;
+    if (strcmp(host, "localhost") == 0) snprintf(host, sizeof(host), "127.0.0.1");
     oq__admin_t *a = calloc(1, sizeof(*a));
     if (!a || !(a->db = strdup(db_path))) {
         free(a);
         oq_error_set(err, OQ_ENOMEM, 0, "admin listener: out of memory");
+        return NULL;
+    }
+    a->loopback = strncmp(host, "127.", 4) == 0;
+    if (token_file && oq_tokens_load(token_file, 1, &a->tokens, err) != 0) {
+        if (err && err->code == OQ_EIO) err->code = OQ_EINVAL; /* a usage error: exit 2 */
+        free(a->db);
+        free(a);
         return NULL;
     }
     a->m = m;
@@ -282,21 +443,39 @@ oq__admin_t *oq__admin_start(const char *listen, oq_metrics_t *m, const char *db
     sin.sin_family = AF_INET;
     sin.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, host, &sin.sin_addr);
-    a->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, handle, a, MHD_OPTION_EXTERNAL_LOGGER,
-                            oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, done, a,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    oq_mhd_guard_opts_t go = {.component = COMP,
+                              .max_conns = OQ_MHD_ADMIN_CONNS,
+                              .probe_slots = OQ_MHD_ADMIN_PROBE_SLOTS,
+                              .request_timeout_ms = OQ_MHD_ADMIN_REQUEST_TIMEOUT_MS,
+                              .handler = handle,
+                              .handler_cls = a,
+                              .completed = done,
+                              .completed_cls = a};
+    if (!(a->guard = oq_mhd_guard_new(&go, m, err))) {
+        oq_tokens_free(a->tokens);
+        free(a->db);
+        free(a);
+        return NULL;
+    }
+    a->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, (uint16_t)port,
+        OQ_MHD_GUARD_DAEMON_ARGS(a->guard), MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log,
+        (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+        MHD_OPTION_UNESCAPE_CALLBACK, oq_mhd_unescape, NULL, OQ_MHD_GUARD_OPTIONS(a->guard),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_CONNECTION_LIMIT,
+        oq_mhd_guard_mhd_limit(a->guard, 1), MHD_OPTION_END);
     if (!a->d) {
         oq_error_set(err, OQ_EIO, 0, "admin listener: cannot listen on %s:%d", host, port);
+        oq_mhd_guard_destroy(a->guard);
+        oq_tokens_free(a->tokens);
         free(a->db);
         free(a);
         return NULL;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_BIND_PORT);
     a->port = info ? (int)info->port : port;
-    OQ_LOG_INFO(COMP, "serving http://%s:%d/metrics, /stats and /v1/review", host, a->port);
+    OQ_LOG_INFO(COMP, "serving http://%s:%d/metrics, /stats and /v1/review review_auth=%s", host,
+                a->port, a->tokens ? "operator-token" : "loopback-only");
     return a;
 }
 
@@ -309,6 +488,8 @@ void oq__admin_stop(oq__admin_t *a)
 {
     if (!a) return;
     MHD_stop_daemon(a->d);
+    oq_mhd_guard_destroy(a->guard);
+    oq_tokens_free(a->tokens);
     free(a->db);
     free(a);
 }

@@ -184,6 +184,11 @@ typedef struct oq_consumer_opts {
     int lookup_budget;             /**< undecided lookups per unknown outcome before it goes to
                                         review (or, for a tool that honours keys, is resent);
                                         default 5 */
+    /** NULL, or the token file (the producer's format) whose operator tokens guard the review
+     *  API and /stats; needed for a metrics_listen that is not on loopback */
+    const char *token_file;
+    /** NULL, or host:port serving /metrics, /healthz and /readyz only (open, any address) */
+    const char *metrics_only_listen;
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;

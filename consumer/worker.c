@@ -126,6 +126,7 @@ struct oq_consumer {
     oq_relay_t *relay;
     oq_metrics_t *metrics;
     oq__admin_t *msrv;                 /* metrics, stats and review over HTTP */
+    oq_metrics_server_t *mosrv;        /* --metrics-only-listen: /metrics, /healthz, /readyz */
     oq__consumer_store_t *stats_store; /* the stats' own connection (admin thread) */
     pthread_mutex_t stats_mu;
 
@@ -224,7 +225,13 @@ const oq_setting_t oq_consumer_settings[] = {
     {"relay-synchronous", OQ_SET_ENUM, "normal", 0, -1, "full|normal|off",
      "synchronous level of the result relay's marks (a lost mark only republishes a result)"},
     {"metrics-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
-     "admin listener host:port: /metrics, /stats, /v1/review (see README)"},
+     "admin listener host:port: /metrics, /stats, /v1/review (see README); not loopback: "
+     "needs --token-file"},
+    {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "token file (the producer's format): operator tokens (TOKEN TENANT operator) guard "
+     "/v1/review and /stats"},
+    {"metrics-only-listen", OQ_SET_STRING, NULL, 1, 255, NULL,
+     "host:port serving /metrics, /healthz and /readyz only, open (any address)"},
     {"worker-id", OQ_SET_STRING, NULL, 1, 100, NULL, "worker id (default host:pid:random)"},
     {"exit-idle", OQ_SET_DURATION, "0", 0, 86400000, NULL,
      "exit after this long without input or due work, once a message was handled (0: never)"},
@@ -263,6 +270,8 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->synchronous = oq_config_str(cfg, "synchronous");
     o->relay_synchronous = oq_config_str(cfg, "relay-synchronous");
     o->metrics_listen = oq_config_str(cfg, "metrics-listen");
+    o->token_file = oq_config_str(cfg, "token-file");
+    o->metrics_only_listen = oq_config_str(cfg, "metrics-only-listen");
     o->worker_id = oq_config_str(cfg, "worker-id");
     o->no_relay = (int)oq_config_int(cfg, "no-relay");
     o->inbox_retention_ms = oq_config_int(cfg, "inbox-retention");
@@ -1541,6 +1550,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     oq_error_t perr = {0};
     if (opts->topic_prefix && (rc = oq_topic_prefix_check(opts->topic_prefix, &perr)) != 0)
         return oq_error_set(err, rc, 0, "topic prefix '%s': %s", opts->topic_prefix, perr.msg);
+    if ((rc = oq__admin_check_listen(opts->metrics_listen, opts->token_file, err)) != 0)
+        return rc; /* before anything starts */
     oq_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     pthread_mutex_init(&c->mu, NULL);
@@ -1695,11 +1706,18 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         if ((rc = oq_relay_start(c->relay, err))) goto fail;
     }
     if (c->metrics_listen &&
-        !(c->msrv = oq__admin_start(c->metrics_listen, c->metrics, c->db_path, stats_cb, c, err))) {
+        !(c->msrv = oq__admin_start(c->metrics_listen, c->o.token_file, c->metrics, c->db_path,
+                                    stats_cb, c, err))) {
         rc = err ? err->code : OQ_EIO;
         goto fail;
     }
-    if (c->msrv) { /* GET /readyz: effects.db writable, the brokers answer, in the group */
+    if (c->o.metrics_only_listen &&
+        !(c->mosrv = oq_metrics_serve(c->metrics, c->o.metrics_only_listen, err))) {
+        rc = err ? err->code : OQ_EIO;
+        goto fail;
+    }
+    if (c->msrv ||
+        c->mosrv) { /* GET /readyz: effects.db writable, the brokers answer, in the group */
         if (!(c->ready = oq_ready_new(OQ__COMP, c->metrics)) ||
             oq_ready_add_db(c->ready, c->db_path) != 0 ||
             oq_ready_add(c->ready, "group", check_group, c) != 0) {
@@ -1710,6 +1728,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
             (rc = oq_ready_start(c->ready, err)))
             goto fail;
         oq__admin_set_ready(c->msrv, c->ready);
+        oq_metrics_server_set_ready(c->mosrv, c->ready);
     }
     if (c->tools) {
         oq__http_exec_opts_t xo = {.max_inflight = c->o.http_inflight};
@@ -2071,6 +2090,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
     shutdown_threads(c);
     if (c->relay) oq_relay_destroy(c->relay);
     oq__admin_stop(c->msrv);
+    oq_metrics_serve_stop(c->mosrv);
     c->msrv = NULL;
     oq_ready_destroy(c->ready);
     c->ready = NULL;

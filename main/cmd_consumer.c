@@ -30,7 +30,7 @@ int oq__cmd_consumer(int argc, char **argv)
     const char *usage =
         "onceq consumer --brokers host:port --db effects.db [--group onceq-workers] "
         "[-X k=v]... [--lease 30s] [--max-attempts 5] [--metrics-listen 127.0.0.1:P] "
-        "[--batch N] [--tools tools.json]";
+        "[--batch N] [--tools tools.json] [--token-file F] [--metrics-only-listen H:P]";
     oq_consumer_t *c = NULL;
     oq_error_t err = {0};
     oq_config_t *cfg = oq_config_new(oq_consumer_settings, oq_consumer_nsettings);

@@ -72,6 +72,13 @@ static const oq_setting_t producer_settings[] = {
     {"idle-timeout", OQ_SET_DURATION, "10s", 1000, 3600000, NULL,
      "close a connection that sent nothing for this long (incomplete request or keep-alive); "
      "a submit waiting for its commit is never timed out"},
+    {"request-timeout", OQ_SET_DURATION, "30s", 1000, 3600000, NULL,
+     "a request's line, headers and body must arrive within this (from the accept or the end "
+     "of the previous request; the idle timeout still applies); a request being answered is "
+     "never timed out"},
+    {"probe-connections", OQ_SET_INT, "8", 0, 1000, NULL,
+     "connections over --max-connections for GET /healthz and /readyz only (taken when no "
+     "slow request can be evicted)"},
     {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "API tokens, lines 'TOKEN TENANT': /v1/ then needs Authorization: Bearer and the tenant "
      "is the token's (reloaded on SIGHUP)"},
@@ -212,6 +219,10 @@ int oq__cmd_producer(int argc, char **argv)
         .max_conns = (int)oq_config_int(cfg, "max-connections"),
         .max_conns_per_ip = per_ip == 0 ? -1 : (int)per_ip,
         .idle_timeout_ms = (int)oq_config_int(cfg, "idle-timeout"),
+        .request_timeout_ms = (int)oq_config_int(cfg, "request-timeout"),
+        .probe_slots = oq_config_int(cfg, "probe-connections") == 0
+                           ? -1
+                           : (int)oq_config_int(cfg, "probe-connections"),
         .token_file = oq_config_str(cfg, "token-file"),
         .metrics_access = by_token                       ? OQ_HTTP_METRICS_TOKEN
                           : strcmp(maccess, "open") == 0 ? OQ_HTTP_METRICS_OPEN

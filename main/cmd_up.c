@@ -66,6 +66,10 @@ static const oq_setting_t up_settings[] = {
      "producer: open HTTP connections per client address, 0 = no limit (default 256)"},
     {"idle-timeout", OQ_SET_DURATION, NULL, 1000, 3600000, NULL,
      "producer: close a connection idle this long (default 10s)"},
+    {"request-timeout", OQ_SET_DURATION, NULL, 1000, 3600000, NULL,
+     "producer: a request's line, headers and body must arrive within this (default 30s)"},
+    {"probe-connections", OQ_SET_INT, NULL, 0, 1000, NULL,
+     "producer: connections over --max-connections for /healthz and /readyz only (default 8)"},
     {"token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "producer: API tokens, lines 'TOKEN TENANT' (default: no authentication); SIGHUP to "
      "onceq up reloads it"},
@@ -85,12 +89,14 @@ static const oq_setting_t up_settings[] = {
      "PORT+K (0 = off; the producer's are on --listen)"},
 };
 
-/* The producer settings that onceq up passes through when the user gave them (the last three
- * are strings, the others numbers: durations pass as milliseconds). */
-#define UP_PASS_N 6
-static const char *const up_producer_pass[UP_PASS_N] = {"max-connections", "max-connections-per-ip",
-                                                        "idle-timeout",    "token-file",
-                                                        "metrics-access",  "metrics-token-file"};
+/* The producer settings that onceq up passes through when the user gave them (numbers first,
+ * durations passed as milliseconds, then strings). */
+#define UP_PASS_N 8
+#define UP_PASS_NUMBERS 5 /* the first five are numbers, the rest strings */
+static const char *const up_producer_pass[UP_PASS_N] = {
+    "max-connections", "max-connections-per-ip", "idle-timeout",
+    "request-timeout", "probe-connections",      "token-file",
+    "metrics-access",  "metrics-token-file"};
 
 typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
 
@@ -160,7 +166,7 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         for (size_t i = 0; i < sizeof up_producer_pass / sizeof up_producer_pass[0]; i++) {
             const char *name = up_producer_pass[i];
             if (!oq_config_is_set(up->cfg, name)) continue;
-            if (i >= 3)
+            if (i >= UP_PASS_NUMBERS)
                 snprintf(up->pass[i], sizeof up->pass[i], "--%s=%s", name,
                          oq_config_str(up->cfg, name));
             else

@@ -1,7 +1,7 @@
 /*
  * http.c: the producer's HTTP API on libmicrohttpd (Debian's libmicrohttpd 0.9.75).
- * (About 1,300 lines, over the usual 800: routes, connection limits and bearer tokens share the
- * request context; moving the token file and its reload into their own file is the next split.)
+ * (About 1,200 lines, over the usual 800: routes, connection limits and bearer tokens share the
+ * request context; the token file's parser is common/tokens.c, shared with the consumer.)
  *
  * Design. libmicrohttpd runs a pool of epoll threads (at least 2: one epoll thread stalls at
  * 128+ connections). Those threads must never block on a commit, so a POST is handled as:
@@ -30,7 +30,11 @@
  * consequence the policy can let through at most one connection per pool thread over a
  * limit. libmicrohttpd's own cap is set past ours (global limit times the pool size), only as
  * a backstop. An idle timeout (10 s by default) closes connections whose request is
- * incomplete, so a flood of half requests holds its slots for seconds, not minutes.
+ * incomplete, so a flood of half requests holds its slots for seconds, not minutes. The
+ * policy, the counts, a request deadline against clients that trickle (which the idle timeout
+ * never catches), eviction of the oldest slow request and the probe slots for /healthz and
+ * /readyz live in the connection guard of common/mhd.c, shared with the relay and consumer
+ * listeners.
  *
  * Authentication (optional). A token file maps bearer tokens to tenants; only SHA-256
  * digests of the tokens are held in memory, and a presented token's digest is compared with
@@ -54,10 +58,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <pthread.h>
-#include <search.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -75,35 +76,24 @@
 #include "oq_metrics.h"
 #include "oq_producer.h"
 #include "oq_json.h"
+#include "oq_tokens.h"
 
-#define TOKEN_MIN_LEN 16
-#define TOKEN_MAX_LEN 512
 #define READY_PERIOD_MS 1000   /* probe interval */
 #define READY_STALE_US 5000000 /* a probe older than this: the prober is stuck */
 #define COMMIT_FAIL_WINDOW_US 10000000
 #define DEFAULT_MAX_CONNS 1000
 #define DEFAULT_MAX_CONNS_PER_IP 256
 #define DEFAULT_IDLE_TIMEOUT_MS 10000
+#define DEFAULT_REQUEST_TIMEOUT_MS 30000
+#define DEFAULT_PROBE_SLOTS 8
 
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
 
-/** The SHA-256 digests of a token file's tokens, each with its tenant. */
-typedef struct token_entry {
-    unsigned char digest[32];
-    char tenant[OQ_MAX_NAME_LEN + 1]; /**< "" in a metrics token file */
-} token_entry_t;
-
-typedef struct token_table {
-    token_entry_t *v;
-    size_t n;
-} token_table_t;
-
-/** Open connections of one client address (a node of the tsearch tree). */
+/** A client address (for the loopback check of /metrics and /stats). */
 typedef struct ip_count {
     unsigned char addr[16];
     size_t len; /**< 4 (IPv4, also v4-mapped IPv6), 16 (IPv6) or 0 (other families) */
-    unsigned n;
 } ip_count_t;
 
 struct oq_http {
@@ -117,19 +107,15 @@ struct oq_http {
     oq_metrics_t *metrics;
     oq_metric_t *m_2xx, *m_4xx, *m_5xx;
 
-    /* connection limits (conn_lock guards the tree, the count and the log state) */
+    /* connection limits, request deadline, eviction, probe slots (common/mhd.c) */
     unsigned max_conns, max_conns_per_ip; /**< per ip: 0 = no limit */
-    pthread_mutex_t conn_lock;
-    void *ip_tree;
-    unsigned conns;
-    int64_t refuse_logged_us;
-    uint64_t refused_unlogged;
+    oq_mhd_guard_t *guard;
     oq_metric_t *m_conns, *m_refused_global, *m_refused_ip;
 
     /* authentication */
     pthread_rwlock_t tok_lock;
-    token_table_t *tokens;         /**< NULL: authentication off */
-    token_table_t *metrics_tokens; /**< for OQ_HTTP_METRICS_TOKEN */
+    oq_token_table_t *tokens;         /**< NULL: authentication off */
+    oq_token_table_t *metrics_tokens; /**< for OQ_HTTP_METRICS_TOKEN */
     char *token_file, *metrics_token_file;
     oq_http_metrics_access_t metrics_access;
     oq_metric_t *m_auth_fail;
@@ -273,16 +259,6 @@ static void addr_key(const struct sockaddr *sa, ip_count_t *k)
     }
 }
 
-static void addr_text(const ip_count_t *k, char out[INET6_ADDRSTRLEN])
-{
-    if (k->len == 4)
-        inet_ntop(AF_INET, k->addr, out, INET6_ADDRSTRLEN);
-    else if (k->len == 16)
-        inet_ntop(AF_INET6, k->addr, out, INET6_ADDRSTRLEN);
-    else
-        snprintf(out, INET6_ADDRSTRLEN, "?");
-}
-
 static int client_is_loopback(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci =
@@ -295,280 +271,28 @@ static int client_is_loopback(struct MHD_Connection *c)
     return 0;
 }
 
-/* --- connection limits -----------------------------------------------------------------------*/
-
-static int ip_cmp(const void *a, const void *b)
-{
-    const ip_count_t *x = a, *y = b;
-    if (x->len != y->len) return x->len < y->len ? -1 : 1;
-    return memcmp(x->addr, y->addr, x->len);
-}
-
-/* One warning per second at most, with what was refused since the last one. conn_lock held. */
-static void log_refusal(oq_http_t *h, const char *why, const ip_count_t *k)
-{
-    h->refused_unlogged++;
-    int64_t now = oq_mono_us();
-    if (now - h->refuse_logged_us < 1000000) return;
-    char a[INET6_ADDRSTRLEN];
-    addr_text(k, a);
-    OQ_LOG_WARN("http",
-                "connection refused: %s (client %s); %llu refused since the last line; open=%u "
-                "max_connections=%u max_connections_per_ip=%u",
-                why, a, (unsigned long long)h->refused_unlogged, h->conns, h->max_conns,
-                h->max_conns_per_ip);
-    h->refused_unlogged = 0;
-    h->refuse_logged_us = now;
-}
-
-/* libmicrohttpd's accept policy: runs on the accepting pool thread before the connection is
- * set up. Refusing closes the socket at once. */
-static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen)
-{
-    oq_http_t *h = cls;
-    (void)addrlen;
-    ip_count_t k;
-    addr_key(addr, &k);
-    enum MHD_Result ok = MHD_YES;
-    pthread_mutex_lock(&h->conn_lock);
-    if (h->conns >= h->max_conns) {
-        oq_counter_add(h->m_refused_global, 1);
-        log_refusal(h, "max_connections reached", &k);
-        ok = MHD_NO;
-    } else if (h->max_conns_per_ip > 0) {
-        ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
-        if (found && (*found)->n >= h->max_conns_per_ip) {
-            oq_counter_add(h->m_refused_ip, 1);
-            log_refusal(h, "max_connections_per_ip reached", &k);
-            ok = MHD_NO;
-        }
-    }
-    pthread_mutex_unlock(&h->conn_lock);
-    return ok;
-}
-
-/* Started / closed: libmicrohttpd calls closed exactly once for every started connection. */
-static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_ctx,
-                        enum MHD_ConnectionNotificationCode code)
-{
-    oq_http_t *h = cls;
-    pthread_mutex_lock(&h->conn_lock);
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        h->conns++;
-        *socket_ctx = NULL;
-        if (h->max_conns_per_ip > 0) {
-            const union MHD_ConnectionInfo *ci =
-                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-            ip_count_t k;
-            addr_key(ci ? ci->client_addr : NULL, &k);
-            ip_count_t **found = tfind(&k, &h->ip_tree, ip_cmp);
-            ip_count_t *node = found ? *found : NULL;
-            if (!node && (node = malloc(sizeof *node)) != NULL) {
-                *node = k;
-                if (!tsearch(node, &h->ip_tree, ip_cmp)) {
-                    free(node);
-                    node = NULL;
-                }
-            }
-            if (node) node->n++;
-            *socket_ctx = node; /* NULL when out of memory: the address is not counted */
-        }
-    } else {
-        h->conns--;
-        ip_count_t *node = *socket_ctx;
-        if (node && --node->n == 0) {
-            tdelete(node, &h->ip_tree, ip_cmp);
-            free(node);
-        }
-        *socket_ctx = NULL;
-    }
-    oq_gauge_set(h->m_conns, (double)h->conns);
-    pthread_mutex_unlock(&h->conn_lock);
-}
-
 /* --- tokens ----------------------------------------------------------------------------------*/
-
-static void token_table_free(token_table_t *t)
-{
-    if (!t) return;
-    OPENSSL_cleanse(t->v, t->n * sizeof *t->v);
-    free(t->v);
-    free(t);
-}
-
-static int token_digest(const char *tok, size_t len, unsigned char out[32])
-{
-    unsigned int n = 0;
-    return EVP_Digest(tok, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
-}
-
-/* RFC 6750 b64token: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=" */
-static int b64token_valid(const char *t, size_t n)
-{
-    size_t i = 0;
-    for (; i < n; i++) {
-        char c = t[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/'))
-            break;
-    }
-    if (i == 0) return 0;
-    for (; i < n; i++)
-        if (t[i] != '=') return 0;
-    return 1;
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
-/* The digest of one token-file entry: a token, or "sha256:" + its digest in hex. */
-static int parse_token(const char *tok, size_t n, unsigned char digest[32])
-{
-    if (strncmp(tok, "sha256:", 7) == 0) {
-        if (n != 7 + 64) return -1;
-        for (int i = 0; i < 32; i++) {
-            int hi = hex_value(tok[7 + 2 * i]), lo = hex_value(tok[8 + 2 * i]);
-            if (hi < 0 || lo < 0) return -1;
-            digest[i] = (unsigned char)(hi << 4 | lo);
-        }
-        return 0;
-    }
-    if (n < TOKEN_MIN_LEN || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return -1;
-    return token_digest(tok, n, digest);
-}
-
-/*
- * Read a token file: lines "TOKEN TENANT" (\p with_tenant) or "TOKEN", blank lines and lines
- * starting with '#' ignored. TOKEN is an RFC 6750 b64token of 16..512 characters, or
- * "sha256:" + 64 lowercase hex digits (the digest of the token, so the file need not hold the
- * secret itself). Errors name the file and the line, never a token.
- */
-static int token_file_load(const char *path, int with_tenant, token_table_t **out, oq_error_t *err)
-{
-    int ret = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0;
-    token_table_t *t = calloc(1, sizeof *t);
-    size_t tcap = 0;
-    FILE *f = NULL;
-    if (!t) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    if (!(f = fopen(path, "r"))) {
-        ret = oq_error_set(err, OQ_EIO, errno, "token file %s: %s", path, strerror(errno));
-        goto out;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
-        OQ_LOG_WARN("http", "token file %s is readable by group or others (mode %03o)", path,
-                    (unsigned)(st.st_mode & 0777));
-    ssize_t got;
-    while ((got = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        char *save = NULL;
-        char *tok = strtok_r(line, " \t\r\n", &save);
-        if (!tok || tok[0] == '#') continue;
-        char *tenant = strtok_r(NULL, " \t\r\n", &save);
-        char *extra = strtok_r(NULL, " \t\r\n", &save);
-        if ((with_tenant && (!tenant || extra)) || (!with_tenant && tenant)) {
-            ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: expected %s", path,
-                               lineno, with_tenant ? "TOKEN TENANT" : "TOKEN");
-            goto out;
-        }
-        if (with_tenant && !oq_envelope_valid_name(tenant)) {
-            ret = oq_error_set(err, OQ_EINVAL, 0,
-                               "token file %s line %d: the tenant must be 1..%d printable ASCII "
-                               "bytes",
-                               path, lineno, OQ_MAX_NAME_LEN);
-            goto out;
-        }
-        token_entry_t e;
-        memset(&e, 0, sizeof e);
-        size_t n = strlen(tok);
-        int bad = parse_token(tok, n, e.digest);
-        OPENSSL_cleanse(tok, n);
-        if (bad) {
-            ret = oq_error_set(err, OQ_EINVAL, 0,
-                               "token file %s line %d: a token is %d..%d characters of A-Z a-z "
-                               "0-9 - . _ ~ + / (then optional '='), or sha256: + 64 lowercase hex",
-                               path, lineno, TOKEN_MIN_LEN, TOKEN_MAX_LEN);
-            goto out;
-        }
-        if (with_tenant) snprintf(e.tenant, sizeof e.tenant, "%s", tenant);
-        for (size_t i = 0; i < t->n; i++)
-            if (memcmp(t->v[i].digest, e.digest, 32) == 0) {
-                ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: a token listed twice",
-                                   path, lineno);
-                goto out;
-            }
-        if (t->n == tcap) {
-            size_t ncap = tcap ? 2 * tcap : 8;
-            token_entry_t *nv = realloc(t->v, ncap * sizeof *nv);
-            if (!nv) {
-                ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-                goto out;
-            }
-            t->v = nv;
-            tcap = ncap;
-        }
-        t->v[t->n++] = e;
-    }
-    if (ferror(f)) ret = oq_error_set(err, OQ_EIO, errno, "token file %s: read error", path);
-out:
-    if (line) OPENSSL_cleanse(line, cap);
-    free(line);
-    if (f) fclose(f);
-    if (ret) {
-        token_table_free(t);
-        return ret;
-    }
-    *out = t;
-    return 0;
-}
-
-/* Index of the entry whose digest is that of \p tok, or -1. Every entry is compared, each in
- * constant time, so the time taken says nothing about which entry matched or how closely. */
-static long token_find(const token_table_t *t, const char *tok, size_t len)
-{
-    unsigned char d[32];
-    if (!t || token_digest(tok, len, d) != 0) return -1;
-    long found = -1;
-    for (size_t i = 0; i < t->n; i++)
-        if (CRYPTO_memcmp(t->v[i].digest, d, 32) == 0) found = (long)i;
-    return found;
-}
 
 typedef enum { AUTH_OK = 0, AUTH_MISSING, AUTH_INVALID } auth_result_t;
 
 /* Check "Authorization: Bearer <token>" against \p which (h->tokens or h->metrics_tokens);
  * \p tenant (may be NULL) receives the token's tenant. \p n_auth: Authorization headers seen. */
 static auth_result_t check_bearer(oq_http_t *h, struct MHD_Connection *c, int n_auth,
-                                  token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
+                                  oq_token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
 {
     const char *v = NULL;
     size_t vlen = 0;
     if (n_auth == 0) return AUTH_MISSING;
     if (n_auth > 1 ||
         MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
-                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v,
-                                      &vlen) != MHD_YES ||
-        !v || strlen(v) != vlen)
+                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v, &vlen) != MHD_YES)
         return AUTH_INVALID;
-    if (vlen < 7 || strncasecmp(v, "Bearer", 6) != 0 || (v[6] != ' ' && v[6] != '\t'))
-        return AUTH_INVALID;
-    const char *tok = v + 6;
-    while (*tok == ' ' || *tok == '\t')
-        tok++;
-    size_t n = strlen(tok);
-    while (n && (tok[n - 1] == ' ' || tok[n - 1] == '\t'))
-        n--;
-    if (n == 0 || n > TOKEN_MAX_LEN || !b64token_valid(tok, n)) return AUTH_INVALID;
+    const char *tok;
+    size_t n;
+    if (oq_tokens_bearer(v, vlen, &tok, &n) != 0) return AUTH_INVALID;
     auth_result_t r = AUTH_INVALID;
     pthread_rwlock_rdlock(&h->tok_lock);
-    long i = token_find(*which, tok, n);
+    long i = oq_tokens_find(*which, tok, n);
     if (i >= 0) {
         if (tenant) memcpy(tenant, (*which)->v[i].tenant, OQ_MAX_NAME_LEN + 1);
         r = AUTH_OK;
@@ -592,21 +316,21 @@ static enum MHD_Result send_unauthorized(oq_http_t *h, struct MHD_Connection *c,
 
 int oq_http_reload(oq_http_t *h, oq_error_t *err)
 {
-    token_table_t *t = NULL, *mt = NULL;
+    oq_token_table_t *t = NULL, *mt = NULL;
     int ret;
     if (!h->token_file && !h->metrics_token_file) return 0;
-    if (h->token_file && (ret = token_file_load(h->token_file, 1, &t, err))) return ret;
-    if (h->metrics_token_file && (ret = token_file_load(h->metrics_token_file, 0, &mt, err))) {
-        token_table_free(t);
+    if (h->token_file && (ret = oq_tokens_load(h->token_file, 1, &t, err))) return ret;
+    if (h->metrics_token_file && (ret = oq_tokens_load(h->metrics_token_file, 0, &mt, err))) {
+        oq_tokens_free(t);
         return ret;
     }
     pthread_rwlock_wrlock(&h->tok_lock);
-    token_table_t *old = h->tokens, *mold = h->metrics_tokens;
+    oq_token_table_t *old = h->tokens, *mold = h->metrics_tokens;
     if (h->token_file) h->tokens = t;
     if (h->metrics_token_file) h->metrics_tokens = mt;
     pthread_rwlock_unlock(&h->tok_lock);
-    if (h->token_file) token_table_free(old);
-    if (h->metrics_token_file) token_table_free(mold);
+    if (h->token_file) oq_tokens_free(old);
+    if (h->metrics_token_file) oq_tokens_free(mold);
     OQ_LOG_INFO("http", "tokens loaded: api=%zu (%s) metrics=%zu (%s)", t ? t->n : 0,
                 h->token_file ? h->token_file : "off", mt ? mt->n : 0,
                 h->metrics_token_file ? h->metrics_token_file : "off");
@@ -761,6 +485,14 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
 {
     const char *raw = NULL;
     size_t raw_len = 0;
+    /* A submit's tenant is in its body (or its token): a ?tenant= that the submit would ignore
+     * is refused, so a client never believes a call landed in a tenant it did not. */
+    const char *qt = NULL;
+    size_t qt_len = 0;
+    if (MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, "tenant", strlen("tenant"), &qt,
+                                      &qt_len) == MHD_YES)
+        return send_error(h, c, 400, "bad_request",
+                          "a submit takes its tenant in the body, not in ?tenant=");
     if (ctx->n_key == 0 ||
         MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Idempotency-Key",
                                       strlen("Idempotency-Key"), &raw, &raw_len) != MHD_YES ||
@@ -770,12 +502,11 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     if (ctx->n_key > 1)
         return send_error(h, c, 400, "invalid_idempotency_key",
                           "send exactly one Idempotency-Key header");
-    /* A NUL inside the value would end the key early. libmicrohttpd 0.9.75 itself ends a
-     * header value at a NUL (the length it reports is already cut), so this catches it only
-     * with a libmicrohttpd that keeps the bytes behind it. */
+    /* A NUL inside the value would end the key early: refused. The guard's handler
+     * (oq_mhd_headers_intact) has refused such a request already, also with libmicrohttpd
+     * 0.9.75, which cuts the value itself; this is the check where the length says it. */
     if (strlen(raw) != raw_len)
-        return send_error(h, c, 400, "invalid_idempotency_key",
-                          "Idempotency-Key contains a NUL byte");
+        return send_error(h, c, 400, "bad_request", "Idempotency-Key contains a NUL byte");
     char kbuf[OQ_MAX_KEY_LEN + 3];
     const char *key = unquote_key(raw, kbuf);
     if (!oq_envelope_valid_key(key))
@@ -924,6 +655,9 @@ static enum MHD_Result get_call(oq_http_t *h, const req_ctx_t *ctx, struct MHD_C
         if (tenant && !*tenant)
             return send_error(h, c, 400, "bad_request",
                               "query tenant must not be empty (leave it out for \"default\")");
+        if (tenant && !oq_envelope_valid_name(tenant))
+            return send_error(h, c, 400, "bad_request",
+                              "query tenant must be printable ASCII (a %00 is refused)");
         if (ctx->authed) {
             if (tenant && strcmp(tenant, ctx->tenant) != 0)
                 return send_error(h, c, 403, "tenant_mismatch",
@@ -1165,12 +899,11 @@ static unsigned fit_fd_limit(unsigned max_conns)
 static void http_free(oq_http_t *h)
 {
     if (!h) return;
-    if (h->ip_tree) tdestroy(h->ip_tree, free);
-    token_table_free(h->tokens);
-    token_table_free(h->metrics_tokens);
+    oq_mhd_guard_destroy(h->guard);
+    oq_tokens_free(h->tokens);
+    oq_tokens_free(h->metrics_tokens);
     free(h->token_file);
     free(h->metrics_token_file);
-    pthread_mutex_destroy(&h->conn_lock);
     pthread_rwlock_destroy(&h->tok_lock);
     pthread_mutex_destroy(&h->ready_lock);
     pthread_cond_destroy(&h->ready_cond);
@@ -1214,7 +947,6 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
 
     oq_http_t *h = calloc(1, sizeof *h);
     if (!h) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    pthread_mutex_init(&h->conn_lock, NULL);
     pthread_rwlock_init(&h->tok_lock, NULL);
     pthread_mutex_init(&h->ready_lock, NULL);
     pthread_condattr_t ca;
@@ -1243,17 +975,38 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     if ((ret = oq_http_reload(h, err)) != 0) goto fail;
 
     unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
+    oq_mhd_guard_opts_t go = {
+        .component = "http",
+        .max_conns = h->max_conns,
+        .max_conns_per_ip = h->max_conns_per_ip,
+        .probe_slots = opts->probe_slots < 0    ? 0
+                       : opts->probe_slots == 0 ? DEFAULT_PROBE_SLOTS
+                                                : (unsigned)opts->probe_slots,
+        .request_timeout_ms =
+            opts->request_timeout_ms > 0 ? opts->request_timeout_ms : DEFAULT_REQUEST_TIMEOUT_MS,
+        .handler = handler,
+        .handler_cls = h,
+        .completed = completed,
+        .completed_cls = h,
+        .m_conns = h->m_conns,
+        .m_refused_global = h->m_refused_global,
+        .m_refused_ip = h->m_refused_ip,
+    };
+    if (!(h->guard = oq_mhd_guard_new(&go, h->metrics, err))) {
+        ret = err ? err->code : OQ_EIO;
+        goto fail;
+    }
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG,
-        (uint16_t)port, accept_policy, h, handler, h,
+        (uint16_t)port, OQ_MHD_GUARD_DAEMON_ARGS(h->guard),
         /* the logger first: libmicrohttpd warns about options parsed before it */
         MHD_OPTION_EXTERNAL_LOGGER, oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &sa,
-        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-        MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
-        /* libmicrohttpd splits its cap between the pool threads: set it past ours so that the
-         * accept policy, not a worker that stopped listening, decides */
-        MHD_OPTION_CONNECTION_LIMIT, h->max_conns * threads + threads,
+        MHD_OPTION_UNESCAPE_CALLBACK, oq_mhd_unescape, NULL, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        OQ_MHD_GUARD_OPTIONS(h->guard),
+        /* past ours (see oq_mhd_guard_mhd_limit): the guard, not a worker that stopped
+         * listening, decides */
+        MHD_OPTION_CONNECTION_LIMIT, oq_mhd_guard_mhd_limit(h->guard, threads),
         MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
         /* the pool is zeroed on every keep-alive request: keep it small;
          * bodies stream through the upload callback anyway */
@@ -1273,9 +1026,11 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     static const char *const access_names[] = {"loopback", "open", "token"};
     OQ_LOG_INFO("http",
                 "listening on %s:%d threads=%u max_body=%lld max_connections=%u "
-                "max_connections_per_ip=%u idle_timeout_s=%u auth=%s metrics_access=%s",
+                "max_connections_per_ip=%u idle_timeout_s=%u request_timeout_ms=%lld "
+                "probe_slots=%u auth=%s metrics_access=%s",
                 host, h->port, threads, (long long)h->max_body, h->max_conns, h->max_conns_per_ip,
-                idle_s, h->token_file ? "tokens" : "off",
+                idle_s, (long long)go.request_timeout_ms, go.probe_slots,
+                h->token_file ? "tokens" : "off",
                 access_names[(unsigned)h->metrics_access < 3 ? h->metrics_access : 0]);
     *out = h;
     return 0;

@@ -286,6 +286,10 @@ typedef struct oq_http_opts {
     int idle_timeout_ms;    /**< close a connection that sent nothing for this long (a request
                                  still incomplete, or keep-alive between requests); a submit
                                  waiting for its commit is never timed out; default 10 s */
+    int request_timeout_ms; /**< a request's line, headers and body must arrive within this of
+                                 the accept or the previous request's end; default 30 s */
+    int probe_slots;        /**< connections over max_conns for /healthz and /readyz only,
+                                 when no slow request can be evicted; default 8; < 0 = none */
     const char *token_file; /**< API tokens, lines "TOKEN TENANT" (README "Authentication");
                                  NULL = no authentication. Borrowed: kept for oq_http_reload */
     oq_http_metrics_access_t metrics_access;

@@ -87,14 +87,14 @@ rt_wait_status blind-2 needs_review 30 || oq_fail "blind-2: $(rt_call blind-2)"
 A=http://127.0.0.1:$MPORT
 [[ $(curl -sf "$A/v1/review" | jq -r '.review[0].call_id') == "$c3" ]] || oq_fail "GET /v1/review: $(curl -s "$A/v1/review")"
 [[ $(curl -sf "$A/v1/review/$c3" | jq -r .execution.state) == NEEDS_REVIEW ]] || oq_fail "GET /v1/review/id"
-code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"fence\":$(F "$c3")}")
+code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "Content-Type: application/json" "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"fence\":$(F "$c3")}")
 [[ $code == 400 ]] || oq_fail "no note: HTTP $code $(cat "$T/r.json")"
-code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"note\":\"x\",\"extra\":1,\"fence\":$(F "$c3")}")
+code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "Content-Type: application/json" "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"note\":\"x\",\"extra\":1,\"fence\":$(F "$c3")}")
 [[ $code == 400 ]] || oq_fail "unknown member: HTTP $code"
-code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST "$A/v1/review/$c3/resolve" \
+code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "Content-Type: application/json" "$A/v1/review/$c3/resolve" \
     -d "{\"as\":\"failed\",\"note\":\"no payment at the provider\",\"by\":\"bob\",\"fence\":$(F "$c3")}")
 [[ $code == 200 ]] || oq_fail "resolve over http: HTTP $code $(cat "$T/r.json")"
-code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"note\":\"x\",\"fence\":$(F "$c3")}")
+code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "Content-Type: application/json" "$A/v1/review/$c3/resolve" -d "{\"as\":\"failed\",\"note\":\"x\",\"fence\":$(F "$c3")}")
 [[ $code == 409 ]] || oq_fail "second resolve over http: HTTP $code"
 rt_wait_status blind-2 failed 30 || oq_fail "blind-2: $(rt_call blind-2)"
 [[ $(rt_call blind-2 | jq -r .error.code) == resolved_failed ]] || oq_fail "error: $(rt_call blind-2)"

@@ -12,6 +12,11 @@ holds the connections for HOLD seconds, or until STOP_FILE exists, and writes DO
 "closed_later": how many of the connections still open at READY were closed by the server
 meanwhile (the idle timeout), and "seconds" until the last of those closed. Bounded: it exits
 after HOLD seconds whatever happens.
+
+--sources A,B,... spreads COUNT over several source addresses (127.0.0.2..6 are loopback on
+Linux), COUNT/len(sources) each. --trickle N makes each connection a slow client that keeps
+the idle timeout at bay: it sends a whole request line and Host, then one more header line
+every N seconds, never the blank line that would end the headers.
 """
 import argparse
 import errno
@@ -44,7 +49,10 @@ def main():
     ap.add_argument("--ready-file", required=True)
     ap.add_argument("--done-file", required=True)
     ap.add_argument("--stop-file", default="")
+    ap.add_argument("--sources", default="")
+    ap.add_argument("--trickle", type=float, default=0.0)
     a = ap.parse_args()
+    sources = a.sources.split(",") if a.sources else [a.source]
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = a.count + 64
@@ -53,13 +61,16 @@ def main():
 
     start = time.monotonic()
     socks, failed = [], 0
-    for _ in range(a.count):
+    for i in range(a.count):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.settimeout(2.0)
         try:
-            s.bind((a.source, 0))
+            s.bind((sources[i % len(sources)], 0))
             s.connect((a.host, a.port))
-            s.sendall(b"GET /healthz HTT")  # half a request line, never finished
+            if a.trickle > 0:  # a request line and Host; more header lines follow slowly
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            else:
+                s.sendall(b"GET /healthz HTT")  # half a request line, never finished
         except OSError as e:
             if e.errno not in (errno.ECONNRESET, errno.EPIPE):
                 failed += 1
@@ -77,12 +88,23 @@ def main():
 
     t_ready = time.monotonic()
     closed_at = {}
+    next_line, n_line = t_ready, 0
     while time.monotonic() - start < a.hold:
         if a.stop_file and os.path.exists(a.stop_file):
             break
         for i, s in enumerate(open_socks):
             if i not in closed_at and closed_by_peer(s):
                 closed_at[i] = time.monotonic() - t_ready
+        if a.trickle > 0 and time.monotonic() >= next_line:
+            n_line += 1
+            for i, s in enumerate(open_socks):
+                if i in closed_at:
+                    continue
+                try:
+                    s.send(b"X-Slow-%d: a\r\n" % n_line)
+                except OSError:
+                    closed_at[i] = time.monotonic() - t_ready
+            next_line += a.trickle
         if len(closed_at) == len(open_socks):
             break
         time.sleep(0.2)
