@@ -99,7 +99,15 @@ int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method)
     const union MHD_ConnectionInfo *hi =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     size_t hsize = hi ? hi->header_size : 0;
-    if (ok && hsize && method && l.n) {
+    /* The in-place scan below relies on how libmicrohttpd 0.9.x keeps the header block (parsed
+     * in place in one read buffer, as checked on Debian's 0.9.75); another series keeps only the
+     * reported lengths above, so a future layout can never make this read outside its buffer. */
+#if MHD_VERSION >= 0x00097000 && MHD_VERSION < 0x00098000
+    const int in_place = 1;
+#else
+    const int in_place = 0;
+#endif
+    if (ok && in_place && hsize && method && l.n) {
         /* The header block as libmicrohttpd parsed it in place: from the method to the blank
          * line, each ':' and line end overwritten with NULs. Between the end of a value and the
          * next name (or the block's end) only NULs remain, unless the value held a NUL that cut

@@ -50,7 +50,7 @@ CODE=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MO/v1/review")
 
 # --- 2. what a browser page can send -----------------------------------------------------------
 U=http://127.0.0.1:$PORT
-RES='{"as":"committed","ref":"x","note":"from a web page"}'
+RES='{"as":"committed","fence":3,"ref":"x","note":"from a web page"}'
 CODE=$(curl -s -o "$T/b" -w '%{http_code}' -X POST "$U/v1/review/$CALL/resolve" \
     -H 'Content-Type: text/plain' -H 'Origin: http://evil.example' --data-binary "$RES")
 [[ "$CODE" == 403 ]] || oq_fail "text/plain POST with a foreign Origin: $CODE $(cat "$T/b")"
