@@ -445,7 +445,7 @@ static int fail_dead_call(oq__producer_store_t *s, const oq__producer_dead_t *d,
 }
 
 int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, int *failed,
-                            int *handled, oq_error_t *err)
+                            int *handled, oq__settled_cb settled, void *arg, oq_error_t *err)
 {
     oq__producer_dead_t *rows = NULL;
     size_t n = 0;
@@ -461,6 +461,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int max, in
             if ((ret = fail_dead_call(s, d, now_ms, &oc, err))) break;
             if (oc == OQ_RESULT_APPLIED) {
                 if (failed) (*failed)++;
+                if (settled) settled(d->key, arg);
                 OQ_LOGC_WARN("producer", d->key,
                              "call failed: its message was set aside by the relay code=%s "
                              "attempt=%lld message_id=%s seq=%lld reason=\"%s\"",
@@ -486,7 +487,8 @@ int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed
     oq__producer_store_t s = {db, NULL};
     if (failed) *failed = 0;
     if (handled) *handled = 0;
-    return oq__decide_dead_letters(&s, now_ms, max > 0 ? max : 64, failed, handled, err);
+    return oq__decide_dead_letters(&s, now_ms, max > 0 ? max : 64, failed, handled, NULL, NULL,
+                                   err);
 }
 
 /* --- redrive -------------------------------------------------------------------------------- */

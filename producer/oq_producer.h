@@ -319,6 +319,13 @@ int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err);
 
 /** @brief Metrics registry the producer was opened with (may be NULL). */
 oq_metrics_t *oq_producer_metrics(oq_producer_t *p);
+/**
+ * @brief The producer's call waiters (oq_waiters.h): arm one on a call id to be woken once the
+ *        call is terminal (the writer notifies after the commit), at a deadline, or at close.
+ *        Owned by \p p; valid until oq_producer_close(), which wakes whoever still waits.
+ */
+typedef struct oq_waiters oq_waiters_t;
+oq_waiters_t *oq_producer_waiters(oq_producer_t *p);
 /** @brief Path of the database. */
 const char *oq_producer_path(const oq_producer_t *p);
 /** @brief Configured key TTL (ms). */

@@ -334,6 +334,11 @@ oq_metrics_t *oq_producer_metrics(oq_producer_t *p)
     return p->metrics;
 }
 
+oq_waiters_t *oq_producer_waiters(oq_producer_t *p)
+{
+    return oq__writer_waiters(p->writer);
+}
+
 const char *oq_producer_path(const oq_producer_t *p)
 {
     return p->path;
