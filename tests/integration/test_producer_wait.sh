@@ -9,6 +9,8 @@
 #    malformed or out-of-range waits are 400 bad_request; a terminal call answers at once;
 #  - many: 500 concurrent waiting clients (one connection each) are all answered with the
 #    terminal call; the producer's thread count does not grow with them;
+#  - onceq call waits by long poll: a call that takes ~3 s costs it at most 3 status requests
+#    (it polled every --poll-interval before);
 #  - shutdown: 100 clients waiting when the producer gets SIGTERM are answered (200 pending)
 #    and the producer exits 0.
 # ctest-cost: 40
@@ -40,6 +42,7 @@ start
 check latency
 check deadline
 check many --clients 500
+check call --onceq "$ONCEQ_BIN"
 check shutdown --clients 100
 oq_wait_exit producer 20
 RC=$?

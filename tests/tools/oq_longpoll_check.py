@@ -10,11 +10,14 @@ tests/integration/test_producer_wait.sh, one step per invocation:
   many      N concurrent waiting clients (asyncio, one connection each) are all answered with
             the terminal call; the producer's thread count does not grow with them
   shutdown  clients waiting when the producer gets SIGTERM are all answered (200, pending)
+  call      `onceq call` waits by long poll: a call that takes seconds costs it one or two
+            status requests, not one per --poll-interval
 
 Stdlib only. Prints figures as "figure NAME VALUE" lines; exits 1 with a message on failure.
 """
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import re
@@ -68,7 +71,8 @@ class Api:
     def metric(self, name):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             text = r.read().decode()
-        m = re.search(r"^%s(?:\{[^}]*\})? ([0-9.e+-]+)$" % re.escape(name), text, re.M)
+        pat = re.escape(name) if "{" in name else re.escape(name) + r"(?:\{[^}]*\})?"
+        m = re.search(r"^%s ([0-9.e+-]+)$" % pat, text, re.M)
         return float(m.group(1)) if m else None
 
     def inject(self, calls, status="succeeded"):
@@ -117,10 +121,11 @@ def step_latency(api, args):
     def waiter():
         t0 = time.monotonic()
         st, body = api.get(cid, "30s", timeout=60)
+        out["waiter_wall"] = time.time()
         out["waiter"] = (time.monotonic(), st, body, time.monotonic() - t0)
 
     def poller():
-        while "waiter" not in out and time.monotonic() < stop_at:
+        while time.monotonic() < stop_at:
             st, body = api.get(cid)
             if st == 200 and body["status"] == "succeeded":
                 out["poller"] = time.monotonic()
@@ -150,6 +155,11 @@ def step_latency(api, args):
     lag = t_ans - out["poller"]
     figure("latency_after_poller_ms", "%.1f" % (lag * 1000))
     figure("latency_after_inject_ms", "%.1f" % ((t_ans - t_inject) * 1000))
+    # upper bound from the state change itself: updated_at is taken when the writer's batch
+    # begins, before its commit (wall clock, ms)
+    upd = datetime.datetime.strptime(body["updated_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+    figure("latency_after_updated_at_ms", "%.1f" % ((out["waiter_wall"] - upd) * 1000))
     # the poller sees the commit at most 5 ms + one GET after it; the waiter should be as quick
     if lag > args.bound:
         fail("the waiting client was answered %.0f ms after a poller saw the terminal state "
@@ -300,18 +310,50 @@ def step_shutdown(api, args):
         fail("answers at shutdown took %.1f s" % (last - t_kill))
 
 
+def step_call(api, args):
+    key = "lp-call"
+    cmd = [args.onceq, "call", "--url", api.url, "--key", key, "--tool", "charge", "--args",
+           json.dumps({"k": key}), "--poll-interval", "50ms", "--timeout", "60s"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 20
+        while True:
+            st, c = api.req("GET", "/v1/tool-calls/by-key/" + key)
+            if st == 200:
+                break
+            if time.monotonic() > end or p.poll() is not None:
+                fail("onceq call did not submit: %s %s" % (st, c))
+            time.sleep(0.05)
+        m0 = api.metric("onceq_http_responses_total{class=\"2xx\"}")
+        time.sleep(2.0)
+        api.inject([c])
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    m1 = api.metric("onceq_http_responses_total{class=\"2xx\"}")
+    if p.returncode != 0 or json.loads(out).get("status") != "succeeded":
+        fail("onceq call: exit %s, stdout %s, stderr %s" % (p.returncode, out, err))
+    gets = int(m1 - m0 - 1)  # less the scrape that read m0
+    figure("onceq_call_status_requests", gets)
+    if gets > 3:
+        fail("onceq call made %d status requests for a call that took ~3 s: it polls" % gets)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["latency", "deadline", "many", "shutdown"])
+    ap.add_argument("step", choices=["latency", "deadline", "many", "shutdown", "call"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--brokers", default="")
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--clients", type=int, default=500)
     ap.add_argument("--bound", type=float, default=0.5, help="latency bound, seconds")
+    ap.add_argument("--onceq", default="onceq", help="the onceq binary (step call)")
     args = ap.parse_args()
     api = Api(args.url, args.brokers)
     {"latency": step_latency, "deadline": step_deadline, "many": step_many,
-     "shutdown": step_shutdown}[args.step](api, args)
+     "shutdown": step_shutdown, "call": step_call}[args.step](api, args)
     print("ok " + args.step)
 
 
