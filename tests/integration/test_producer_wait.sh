@@ -9,8 +9,8 @@
 #    malformed or out-of-range waits are 400 bad_request; a terminal call answers at once;
 #  - many: 500 concurrent waiting clients (one connection each) are all answered with the
 #    terminal call; the producer's thread count does not grow with them;
-#  - onceq call waits by long poll: a call that takes ~3 s costs it at most 3 status requests
-#    (it polled every --poll-interval before);
+#  - onceq call and the example clients (examples/clients, Python and Node) wait by long poll:
+#    a call that takes ~3 s costs each at most 3 status requests (they polled before);
 #  - shutdown: 100 clients waiting when the producer gets SIGTERM are answered (200 pending)
 #    and the producer exits 0.
 # ctest-cost: 40
@@ -43,6 +43,13 @@ check latency
 check deadline
 check many --clients 500
 check call --onceq "$ONCEQ_BIN"
+check call --client py --src "$ONCEQ_SRC"
+if command -v node >/dev/null; then
+    check call --client js --src "$ONCEQ_SRC"
+else
+    [[ "${CI:-}" == true ]] && oq_fail "node is required (apt-get install nodejs)"
+    oq_log "no node: the Node example client is not checked"
+fi
 check shutdown --clients 100
 oq_wait_exit producer 20
 RC=$?

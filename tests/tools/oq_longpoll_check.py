@@ -10,8 +10,9 @@ tests/integration/test_producer_wait.sh, one step per invocation:
   many      N concurrent waiting clients (asyncio, one connection each) are all answered with
             the terminal call; the producer's thread count does not grow with them
   shutdown  clients waiting when the producer gets SIGTERM are all answered (200, pending)
-  call      `onceq call` waits by long poll: a call that takes seconds costs it one or two
-            status requests, not one per --poll-interval
+  call      `onceq call` (--client onceq) or an example client (--client py|js,
+            examples/clients/) waits by long poll: a call that takes seconds costs it one or
+            two status requests, not one per poll interval
 
 Stdlib only. Prints figures as "figure NAME VALUE" lines; exits 1 with a message on failure.
 """
@@ -311,9 +312,12 @@ def step_shutdown(api, args):
 
 
 def step_call(api, args):
-    key = "lp-call"
-    cmd = [args.onceq, "call", "--url", api.url, "--key", key, "--tool", "charge", "--args",
-           json.dumps({"k": key}), "--poll-interval", "50ms", "--timeout", "60s"]
+    key = "lp-call-" + args.client
+    common = ["--url", api.url, "--key", key, "--tool", "charge", "--args", json.dumps({"k": key})]
+    examples = os.path.join(args.src, "examples", "clients")
+    cmd = {"onceq": [args.onceq, "call"] + common + ["--poll-interval", "50ms", "--timeout", "60s"],
+           "py": [sys.executable, os.path.join(examples, "onceq_client.py"), "submit"] + common,
+           "js": ["node", os.path.join(examples, "onceq_client.mjs"), "submit"] + common}[args.client]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 20
@@ -334,11 +338,12 @@ def step_call(api, args):
             p.wait()
     m1 = api.metric("onceq_http_responses_total{class=\"2xx\"}")
     if p.returncode != 0 or json.loads(out).get("status") != "succeeded":
-        fail("onceq call: exit %s, stdout %s, stderr %s" % (p.returncode, out, err))
+        fail("%s: exit %s, stdout %s, stderr %s" % (args.client, p.returncode, out, err))
     gets = int(m1 - m0 - 1)  # less the scrape that read m0
-    figure("onceq_call_status_requests", gets)
+    figure("%s_status_requests" % args.client, gets)
     if gets > 3:
-        fail("onceq call made %d status requests for a call that took ~3 s: it polls" % gets)
+        fail("%s made %d status requests for a call that took ~3 s: it polls" %
+             (args.client, gets))
 
 
 def main():
@@ -350,6 +355,8 @@ def main():
     ap.add_argument("--clients", type=int, default=500)
     ap.add_argument("--bound", type=float, default=0.5, help="latency bound, seconds")
     ap.add_argument("--onceq", default="onceq", help="the onceq binary (step call)")
+    ap.add_argument("--client", default="onceq", choices=["onceq", "py", "js"])
+    ap.add_argument("--src", default=".", help="the source tree (step call, py and js)")
     args = ap.parse_args()
     api = Api(args.url, args.brokers)
     {"latency": step_latency, "deadline": step_deadline, "many": step_many,
