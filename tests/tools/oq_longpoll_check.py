@@ -7,8 +7,8 @@ tests/integration/test_producer_wait.sh, one step per invocation:
             against a concurrent poller (no wait, every 5 ms) that sees the committed state
   deadline  at the deadline the answer is 200 with the call still pending (by id and by key);
             bad waits are 400 bad_request; a call terminal already is answered at once
-  many      N concurrent waiting clients (asyncio, one connection each) are all answered with
-            the terminal call; the producer's thread count does not grow with them
+  many      N concurrent waiting clients (asyncio, one connection each; one in ten by key) are
+            all answered with the terminal call; the producer's thread count does not grow with them
   shutdown  clients waiting when the producer gets SIGTERM are all answered (200, pending)
   call      `onceq call` (--client onceq) or an example client (--client py|js,
             examples/clients/) waits by long poll: a call that takes seconds costs it one or
@@ -240,8 +240,12 @@ def step_many(api, args):
     figure("producer_threads_before", threads_before)
 
     async def run():
-        tasks = [asyncio.create_task(raw_get(host, port, "/v1/tool-calls/%s?wait=60s" %
-                                             calls[i % ncalls]["call_id"], 90))
+        def path(i):  # one client in ten waits by key
+            c = calls[i % ncalls]
+            if i % 10 == 0:
+                return "/v1/tool-calls/by-key/%s?wait=60s" % c["idem_key"]
+            return "/v1/tool-calls/%s?wait=60s" % c["call_id"]
+        tasks = [asyncio.create_task(raw_get(host, port, path(i), 90))
                  for i in range(args.clients)]
         await asyncio.sleep(1.0)
         done_early = [t for t in tasks if t.done()]
