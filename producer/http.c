@@ -15,15 +15,17 @@
  * one: the request context is freed in the completion notification after the response.
  *
  * GETs read through the producer's read-connection pool (WAL readers: no waiting on the
- * writer). A GET of a call with ?wait= (long poll) whose call is not terminal suspends its
- * connection the same way and arms a call waiter (waiters.c) with the deadline: the writer's
+ * writer). Error bodies are {"error":{"code":...,"message":...}} with stable codes:
+ * missing_idempotency_key, invalid_idempotency_key, bad_request, unauthorized, forbidden,
+ * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
+ * unavailable, internal.
+ *
+ * Long poll. A GET of a call with ?wait= whose call is not terminal suspends its connection
+ * the same way and arms a call waiter (waiters.c) with the deadline: the writer's
  * notification after the commit that makes the call terminal, the waiters' timer thread at
  * the deadline, or oq_http_stop resumes it, and the handler answers what it then reads. So a
  * waiting client costs no thread; the call is read again after the waiter is armed, so a
- * result committed in between is not missed. Error bodies are {"error":{"code":...,"message":...}}
- * with stable codes: missing_idempotency_key, invalid_idempotency_key, bad_request, unauthorized,
- * forbidden, tenant_mismatch, payload_too_large, idempotency_conflict, not_found,
- * method_not_allowed, unavailable, internal.
+ * result committed in between is not missed.
  *
  * Connection limits. libmicrohttpd's own limits stop polling the listening socket when a
  * worker is full, so new clients wait unseen in the kernel's backlog, and they do not say
@@ -52,8 +54,9 @@
  * the results ingest's brokers answer; a submit whose commit failed also makes the producer
  * unready until a later commit succeeds or 10 s pass.
  *
- * Shutdown (oq_http_stop): quiesce (stop accepting), wait for requests in progress (bounded),
- * then stop the daemon.
+ * Shutdown (oq_http_stop): quiesce (stop accepting), wake every long poll (answered with the
+ * call as it stands: libmicrohttpd must not be stopped with a connection suspended), wait for
+ * requests in progress (bounded), then stop the daemon.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -976,7 +979,7 @@ static enum MHD_Result get_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
     if (wait && (rc = oq_wait_parse(wait, OQ_WAIT_MAX_MS, &wait_ms)) != 0)
         return send_error(h, c, 400, "bad_request",
                           rc == OQ_ERANGE ? "query wait: at most 60s"
-                                          : "query wait: a duration such as 30s, 500ms, 2m, or "
+                                          : "query wait: a duration such as 30s, 500ms, 1m, or "
                                             "seconds (at most 60s)");
     int64_t deadline_us = oq_mono_us() + wait_ms * 1000;
     if (key) {

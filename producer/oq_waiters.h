@@ -117,7 +117,7 @@ size_t oq_waiters_wake_all(oq_waiters_t *ws, const void *owner);
 size_t oq_waiters_count(oq_waiters_t *ws);
 
 /**
- * @brief Parse a wait: "30s", "500ms", "2m" or a bare number of seconds ("30"), digits only
+ * @brief Parse a wait: "30s", "500ms", "1m" or a bare number of seconds ("30"), digits only
  *        (no sign, no fraction, no spaces), at most \p max_ms.
  * @returns 0 with \p out_ms set, OQ_EINVAL (malformed) or OQ_ERANGE (over \p max_ms).
  */
