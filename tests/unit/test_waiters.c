@@ -4,7 +4,8 @@
  * waiters over one timer thread; the ?wait= syntax), then wired into the producer: a result
  * that makes a call terminal wakes its waiter only after the commit (the callback reads the
  * call and sees the terminal state), a `running` result wakes nobody, and a call failed
- * because its message was set aside (dead letter) wakes its waiter too.
+ * because its message was set aside (dead letter) wakes its waiter too; oq_producer_wait, the
+ * blocking form, returns on the result, at its deadline, or at once for a terminal call.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -396,6 +397,57 @@ static void test_producer_close_wakes(void **state)
     oq_call_clear(&c);
 }
 
+typedef struct later {
+    pfx_t *f;
+    oq_call_t *call;
+    int delay_ms;
+} later_t;
+
+static void *apply_later(void *arg)
+{
+    later_t *l = arg;
+    usleep((useconds_t)l->delay_ms * 1000);
+    result(l->f, l->call, "failed", "00000000-0000-4000-8000-000000000003");
+    return NULL;
+}
+
+/* oq_producer_wait: the blocking form. Times out with the call as it stands, returns once a
+ * result made it terminal (not at the deadline), answers a terminal call at once. */
+static void test_producer_wait_blocking(void **state)
+{
+    pfx_t *f = *state;
+    oq_call_t c, got;
+    oq_error_t err = {0};
+    submit(f, "w4", &c);
+    int64_t t0 = oq_mono_us();
+    memset(&got, 0, sizeof got);
+    assert_int_equal(oq_producer_wait(f->p, c.call_id, 300, &got, &err), 0);
+    assert_true(oq_mono_us() - t0 >= 300000);
+    assert_string_equal(got.state, "pending");
+    oq_call_clear(&got);
+
+    later_t l = {f, &c, 300};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, apply_later, &l), 0);
+    t0 = oq_mono_us();
+    assert_int_equal(oq_producer_wait(f->p, c.call_id, 30000, &got, &err), 0);
+    int64_t took = oq_mono_us() - t0;
+    pthread_join(th, NULL);
+    assert_string_equal(got.state, "failed");
+    assert_true(took < 20 * 1000000LL); /* woken by the result, not by the 30 s deadline */
+    oq_call_clear(&got);
+
+    t0 = oq_mono_us();
+    assert_int_equal(oq_producer_wait(f->p, c.call_id, 30000, &got, &err), 0);
+    assert_true(oq_mono_us() - t0 < 5 * 1000000LL);
+    assert_string_equal(got.state, "failed");
+    oq_call_clear(&got);
+    assert_int_equal(oq_producer_wait(f->p, "c_00000000000000000000000000000001", 1000, &got, &err),
+                     OQ_ENOTFOUND);
+    assert_int_equal(oq_waiters_count(oq_producer_waiters(f->p)), 0);
+    oq_call_clear(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +459,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_producer_result_wakes_after_commit, psetup, pteardown),
         cmocka_unit_test_setup_teardown(test_producer_dead_letter_wakes, psetup, pteardown),
         cmocka_unit_test_setup_teardown(test_producer_close_wakes, psetup, pteardown),
+        cmocka_unit_test_setup_teardown(test_producer_wait_blocking, psetup, pteardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
