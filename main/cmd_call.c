@@ -2,9 +2,11 @@
  * `onceq call`: the well-behaved client. Submits one call over HTTP(S) with ONE
  * Idempotency-Key, retries what may succeed later (connection errors, timeouts, 429, 503,
  * other 5xx) with exponential backoff and full jitter under a retry budget, never changes the
- * key (so a retry after a lost response is a replay, not a second call), then polls
- * GET /v1/tool-calls/{id} until the call is terminal, printing each state change on stderr and
- * the final call JSON on stdout.
+ * key (so a retry after a lost response is a replay, not a second call), then waits for the
+ * call with long polls, GET /v1/tool-calls/{id}?wait= (--long-poll, 30 s each, capped by what
+ * is left of --timeout: the producer answers as soon as the call is terminal), printing each
+ * state change on stderr and the final call JSON on stdout. Two GETs start at least
+ * --poll-interval apart, so a server that answers without waiting is polled, not hammered.
  *
  * A `Retry-After` from the server (seconds or an HTTP-date) is a floor on the next wait, for
  * the submit retries and for the polling alike; --timeout is the budget of the whole command,
@@ -48,10 +50,13 @@ static const oq_setting_t call_settings[] = {
     {"backoff", OQ_SET_DURATION, "100ms", 1, 60000, NULL, "first backoff (doubles, full jitter)"},
     {"max-backoff", OQ_SET_DURATION, "5s", 1, 600000, NULL,
      "backoff cap (a longer Retry-After from the server is still honoured)"},
-    {"poll-interval", OQ_SET_DURATION, "200ms", 10, 60000, NULL, "status polling period"},
+    {"poll-interval", OQ_SET_DURATION, "200ms", 10, 60000, NULL,
+     "least time between two status requests (after an error, or a server that did not wait)"},
+    {"long-poll", OQ_SET_DURATION, "30s", 1000, 60000, NULL,
+     "how long one status request waits on the server (GET ?wait=) for the call to finish"},
     {"timeout", OQ_SET_DURATION, "60s", 100, 86400000, NULL,
      "budget of the whole command (submit retries and polling); the call goes on after it"},
-    {"wait", OQ_SET_BOOL, "true", 0, 0, NULL, "poll until terminal (--no-wait: submit only)"},
+    {"wait", OQ_SET_BOOL, "true", 0, 0, NULL, "wait until terminal (--no-wait: submit only)"},
 };
 
 static const char call_usage[] =
@@ -143,7 +148,7 @@ int oq__cmd_call(int argc, char **argv)
     int ret = OQ_EXIT_FAIL, prc;
     json_t *args = NULL, *body = NULL, *call = NULL;
     char *body_text = NULL, *url = NULL;
-    oq_httpc_t *http = NULL;
+    oq_httpc_t *http = NULL, *waitc = NULL;
     oq_httpc_resp_t r = {0};
     oq_config_t *cfg = oq_config_new(call_settings, sizeof call_settings / sizeof call_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
@@ -273,15 +278,26 @@ int oq__cmd_call(int argc, char **argv)
     fprintf(stderr, "%s call_id=%s status=%s\n",
             strcmp(replayed, "true") == 0 ? "replayed" : "accepted", id, last);
 
-    /* Poll to a terminal state. */
+    /* Wait for a terminal state: long polls, each answered by the producer as soon as the call
+     * is terminal or after ?wait= with the call as it stands. */
     if (oq_config_int(cfg, "wait")) {
-        snprintf(url, ucap, "%.*s/v1/tool-calls/%s", (int)blen, base, id);
         int64_t poll = oq_config_int(cfg, "poll-interval");
-        int have = 0; /* r holds the answer to a poll */
+        int64_t long_poll = oq_config_int(cfg, "long-poll");
+        /* a client of its own: one request may last the wait plus --request-timeout */
+        oq_httpc_opts_t wo = {ho.timeout_ms + long_poll, ho.cacert};
+        if (!(waitc = oq_httpc_new(&wo, &err))) {
+            fprintf(stderr, "onceq call: %s\n", err.msg);
+            goto out;
+        }
+        int have = 0;         /* r holds the answer to a status request */
+        int64_t last_get = 0; /* when the last one started (oq_mono_us) */
         while (strcmp(last, "succeeded") != 0 && strcmp(last, "failed") != 0 &&
                strcmp(last, "needs_review") != 0) {
-            int64_t wait = next_wait_ms(poll, have ? &r : NULL, deadline);
-            if (wait < 0) {
+            int64_t since_ms = last_get ? (oq_mono_us() - last_get) / 1000 : poll;
+            int64_t pause =
+                next_wait_ms(since_ms < poll ? poll - since_ms : 0, have ? &r : NULL, deadline);
+            int64_t left_ms = pause < 0 ? 0 : (deadline - oq_mono_us()) / 1000 - pause;
+            if (pause < 0 || left_ms < 10) {
                 fprintf(stderr,
                         "onceq call: still %s after --timeout; the call goes on (query "
                         "with onceq get %s)\n",
@@ -289,9 +305,12 @@ int oq__cmd_call(int argc, char **argv)
                 ret = OQ_EXIT_GAVE_UP;
                 goto print;
             }
-            oq_sleep_ms(wait, NULL);
+            if (pause > 0) oq_sleep_ms(pause, NULL);
+            snprintf(url, ucap, "%.*s/v1/tool-calls/%s?wait=%lldms", (int)blen, base, id,
+                     (long long)(left_ms < long_poll ? left_ms : long_poll));
             oq_httpc_resp_clear(&r);
-            have = oq_httpc_request(http, "GET", url, poll_hdrs, NULL, &r, NULL) == 0;
+            last_get = oq_mono_us();
+            have = oq_httpc_request(waitc, "GET", url, poll_hdrs, NULL, &r, NULL) == 0;
             if (!have || r.status != 200) continue; /* transient: poll until the deadline */
             json_t *c = json_loads(r.body, 0, NULL);
             if (!c) continue;
@@ -316,6 +335,7 @@ print:;
 out:
     oq_httpc_resp_clear(&r);
     oq_httpc_destroy(http);
+    oq_httpc_destroy(waitc);
     free(url);
     free(body_text);
     json_decref(call);

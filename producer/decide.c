@@ -458,7 +458,8 @@ static int fail_dead_call(oq__producer_store_t *s, const oq__producer_dead_t *d,
 }
 
 int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int max,
-                            int *failed, int *handled, oq_error_t *err)
+                            int *failed, int *handled, oq__settled_cb settled, void *arg,
+                            oq_error_t *err)
 {
     if (ttl <= 0) ttl = OQ_DEFAULT_KEY_TTL_MS;
     oq__producer_dead_t *rows = NULL;
@@ -475,6 +476,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl
             if ((ret = fail_dead_call(s, d, now_ms, ttl, &oc, err))) break;
             if (oc == OQ_RESULT_APPLIED) {
                 if (failed) (*failed)++;
+                if (settled) settled(d->key, arg);
                 OQ_LOGC_WARN("producer", d->key,
                              "call failed: its message was set aside by the relay code=%s "
                              "attempt=%lld message_id=%s seq=%lld reason=\"%s\"",
@@ -501,7 +503,7 @@ int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed
     if (failed) *failed = 0;
     if (handled) *handled = 0;
     return oq__decide_dead_letters(&s, now_ms, OQ_DEFAULT_KEY_TTL_MS, max > 0 ? max : 64, failed,
-                                   handled, err);
+                                   handled, NULL, NULL, err);
 }
 
 /* --- redrive -------------------------------------------------------------------------------- */

@@ -20,6 +20,13 @@
  * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
  * unavailable, internal.
  *
+ * Long poll. A GET of a call with ?wait= whose call is not terminal suspends its connection
+ * the same way and arms a call waiter (waiters.c) with the deadline: the writer's
+ * notification after the commit that makes the call terminal, the waiters' timer thread at
+ * the deadline, or oq_http_stop resumes it, and the handler answers what it then reads. So a
+ * waiting client costs no thread; the call is read again after the waiter is armed, so a
+ * result committed in between is not missed.
+ *
  * Connection limits. libmicrohttpd's own limits stop polling the listening socket when a
  * worker is full, so new clients wait unseen in the kernel's backlog, and they do not say
  * which limit was hit. Instead an accept policy callback refuses a connection over the global
@@ -51,8 +58,9 @@
  * the results ingest's brokers answer; a submit whose commit failed also makes the producer
  * unready until a later commit succeeds or 10 s pass.
  *
- * Shutdown (oq_http_stop): quiesce (stop accepting), wait for requests in progress (bounded),
- * then stop the daemon.
+ * Shutdown (oq_http_stop): quiesce (stop accepting), wake every long poll (answered with the
+ * call as it stands: libmicrohttpd must not be stopped with a connection suspended), wait for
+ * requests in progress (bounded), then stop the daemon.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -77,6 +85,7 @@
 #include "oq_producer.h"
 #include "oq_json.h"
 #include "oq_tokens.h"
+#include "oq_waiters.h"
 
 #define READY_PERIOD_MS 1000   /* probe interval */
 #define READY_STALE_US 5000000 /* a probe older than this: the prober is stuck */
@@ -106,6 +115,9 @@ struct oq_http {
     atomic_int inflight;
     oq_metrics_t *metrics;
     oq_metric_t *m_2xx, *m_4xx, *m_5xx;
+    oq_waiters_t *waiters; /**< the producer's: GET ...?wait= */
+    atomic_int stopping;   /**< oq_http_stop began: no new waits */
+    oq_metric_t *m_waiting;
 
     /* connection limits, request deadline, eviction, probe slots (common/mhd.c) */
     unsigned max_conns, max_conns_per_ip; /**< per ip: 0 = no limit */
@@ -147,6 +159,8 @@ typedef struct req_ctx {
     int authed;                       /**< tokens are on and the request carried a valid one */
     int n_key;                        /**< Idempotency-Key headers received */
     char tenant[OQ_MAX_NAME_LEN + 1]; /**< the token's tenant when authed */
+    oq_waiter_t waiter;               /**< GET ...?wait=: armed while suspended */
+    int waited;                       /**< the waiter was armed once */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -643,13 +657,62 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
 
 /* --- GET handlers ----------------------------------------------------------------------------*/
 
-static enum MHD_Result get_call(oq_http_t *h, const req_ctx_t *ctx, struct MHD_Connection *c,
+/* A waiter fired (the call settled, the deadline, shutdown): answer what a read says now. */
+static void wait_woken(oq_waiter_t *w, oq_wake_t why, void *opaque)
+{
+    req_ctx_t *ctx = opaque;
+    (void)w;
+    (void)why;
+    oq_gauge_add(ctx->h->m_waiting, -1);
+    ctx->state = RS_DONE;
+    MHD_resume_connection(ctx->conn);
+}
+
+/* Long poll: suspend \p c until \p call_id is terminal, \p deadline_us or shutdown; the
+ * handler then runs again in RS_DONE and answers the call as it reads then. */
+static enum MHD_Result wait_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
+                                 const char *call_id, int64_t deadline_us)
+{
+    ctx->state = RS_WAITING;
+    MHD_suspend_connection(c);
+    if (oq_waiters_add(h->waiters, &ctx->waiter, call_id, deadline_us, wait_woken, ctx, h, NULL) !=
+        0) {
+        ctx->state = RS_DONE;
+        MHD_resume_connection(c);
+        return MHD_YES;
+    }
+    ctx->waited = 1;
+    oq_gauge_add(h->m_waiting, 1);
+    /* A result committed after the first read and before the waiter was armed woke nobody:
+     * read again. A stop that began meanwhile may have woken the others already. */
+    oq_call_t now;
+    memset(&now, 0, sizeof now);
+    int settled = oq_producer_get(h->p, call_id, &now, NULL) != 0 ||
+                  oq_call_state_terminal(now.state) || atomic_load(&h->stopping);
+    oq_call_clear(&now);
+    if (settled && oq_waiters_cancel(h->waiters, &ctx->waiter)) {
+        oq_gauge_add(h->m_waiting, -1);
+        ctx->state = RS_DONE;
+        MHD_resume_connection(c);
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result get_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
                                 const char *id, const char *key)
 {
     oq_call_t call;
     memset(&call, 0, sizeof call);
     oq_error_t err = {0};
     int rc;
+    int64_t wait_ms = 0;
+    const char *wait = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
+    if (wait && (rc = oq_wait_parse(wait, OQ_WAIT_MAX_MS, &wait_ms)) != 0)
+        return send_error(h, c, 400, "bad_request",
+                          rc == OQ_ERANGE ? "query wait: at most 60s"
+                                          : "query wait: a duration such as 30s, 500ms, 1m, or "
+                                            "seconds (at most 60s)");
+    int64_t deadline_us = oq_mono_us() + wait_ms * 1000;
     if (key) {
         const char *tenant = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "tenant");
         if (tenant && !*tenant)
@@ -675,7 +738,14 @@ static enum MHD_Result get_call(oq_http_t *h, const req_ctx_t *ctx, struct MHD_C
     }
     if (rc == OQ_ENOTFOUND) return send_error(h, c, 404, "not_found", "no such call");
     if (rc) return send_error(h, c, 503, "unavailable", err.msg);
-    enum MHD_Result r = send_call(h, c, 200, &call, 0);
+    enum MHD_Result r;
+    if (wait_ms > 0 && ctx->state != RS_DONE && !oq_call_state_terminal(call.state) &&
+        !atomic_load(&h->stopping)) {
+        r = wait_call(h, ctx, c, call.call_id, deadline_us);
+        oq_call_clear(&call);
+        return r;
+    }
+    r = send_call(h, c, 200, &call, 0);
     oq_call_clear(&call);
     return r;
 }
@@ -828,6 +898,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    if (ctx->state == RS_WAITING) return MHD_YES; /* a long poll, suspended */
 
     if (strcmp(url, "/healthz") == 0) {
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
@@ -871,6 +942,9 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)c;
     (void)toe;
     if (!ctx) return;
+    /* a waiter is armed only while suspended, and libmicrohttpd ends no suspended request
+     * before MHD_stop_daemon (oq_http_stop wakes them all first): this is a safety net */
+    if (ctx->waited && oq_waiters_cancel(h->waiters, &ctx->waiter)) oq_gauge_add(h->m_waiting, -1);
     oq_submit_job_destroy(ctx->job);
     free(ctx->body);
     free(ctx);
@@ -927,6 +1001,9 @@ static void register_metrics(oq_http_t *h)
     h->m_auth_fail = oq_metrics_counter(m, "onceq_http_auth_failures_total",
                                         "requests refused with 401 (no or an unknown token)", NULL);
     h->m_ready = oq_metrics_gauge(m, "onceq_http_ready", "1 when GET /readyz answers 200", NULL);
+    h->m_waiting =
+        oq_metrics_gauge(m, "onceq_http_waiting_requests",
+                         "GET ...?wait= requests waiting for their call to settle", NULL);
 }
 
 int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out, oq_error_t *err)
@@ -954,6 +1031,7 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     pthread_cond_init(&h->ready_cond, &ca);
     pthread_condattr_destroy(&ca);
     h->p = p;
+    h->waiters = oq_producer_waiters(p);
     h->ingest = opts->ingest;
     h->max_body = opts->max_body > 0 ? opts->max_body : 1024 * 1024;
     h->max_depth = opts->max_depth > 0 ? opts->max_depth : 32;
@@ -1055,6 +1133,10 @@ void oq_http_stop(oq_http_t *h, int drain_ms)
         pthread_join(h->ready_th, NULL);
     }
     MHD_socket ls = MHD_quiesce_daemon(h->d);
+    /* long polls: answered now with the call as it stands, and no new ones */
+    atomic_store(&h->stopping, 1);
+    size_t woken = oq_waiters_wake_all(h->waiters, h);
+    if (woken) OQ_LOG_INFO("http", "stopping: %zu waiting requests answered", woken);
     int64_t deadline = oq_mono_us() + (int64_t)drain_ms * 1000;
     while (atomic_load(&h->inflight) > 0 && oq_mono_us() < deadline)
         oq_sleep_ms(10, NULL);

@@ -325,6 +325,25 @@ int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err);
 
 /** @brief Metrics registry the producer was opened with (may be NULL). */
 oq_metrics_t *oq_producer_metrics(oq_producer_t *p);
+/**
+ * @brief The producer's call waiters (oq_waiters.h): arm one on a call id to be woken once the
+ *        call is terminal (the writer notifies after the commit), at a deadline, or at close.
+ *        Owned by \p p; valid until oq_producer_close(), which wakes whoever still waits.
+ */
+typedef struct oq_waiters oq_waiters_t;
+oq_waiters_t *oq_producer_waiters(oq_producer_t *p);
+
+/**
+ * @brief Wait until call \p call_id is terminal (succeeded, failed, needs_review), at most
+ *        \p timeout_ms, then read it: the blocking form of GET ...?wait=. A call terminal
+ *        already is read at once; \p timeout_ms <= 0 does not wait.
+ * @param out receives the call as it stands then (not terminal when the time ran out or the
+ *        producer is closing); the caller clears it with oq_call_clear().
+ * @returns 0, OQ_ENOTFOUND, OQ_EDB (as oq_producer_get).
+ * @remark Blocks the calling thread; a server uses oq_producer_waiters() with a callback.
+ */
+int oq_producer_wait(oq_producer_t *p, const char *call_id, int64_t timeout_ms, oq_call_t *out,
+                     oq_error_t *err);
 /** @brief Path of the database. */
 const char *oq_producer_path(const oq_producer_t *p);
 /** @brief Configured key TTL (ms). */

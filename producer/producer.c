@@ -327,11 +327,64 @@ int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
     return 0;
 }
 
+/* --- waiting for a call ----------------------------------------------------------------------*/
+
+typedef struct sync_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int fired;
+} sync_wait_t;
+
+static void sync_woken(oq_waiter_t *w, oq_wake_t why, void *opaque)
+{
+    sync_wait_t *sw = opaque;
+    (void)w;
+    (void)why;
+    pthread_mutex_lock(&sw->mu);
+    sw->fired = 1;
+    pthread_cond_signal(&sw->cv);
+    pthread_mutex_unlock(&sw->mu);
+}
+
+int oq_producer_wait(oq_producer_t *p, const char *call_id, int64_t timeout_ms, oq_call_t *out,
+                     oq_error_t *err)
+{
+    int ret = oq_producer_get(p, call_id, out, err);
+    if (ret || timeout_ms <= 0 || oq_call_state_terminal(out->state)) return ret;
+    oq_waiters_t *ws = oq__writer_waiters(p->writer);
+    sync_wait_t sw = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    oq_waiter_t w;
+    memset(&w, 0, sizeof w);
+    if (oq_waiters_add(ws, &w, out->call_id, oq_mono_us() + timeout_ms * 1000, sync_woken, &sw,
+                       NULL, NULL) == 0) {
+        /* read again: a result committed since the first read woke nobody */
+        oq_call_clear(out);
+        ret = oq_producer_get(p, call_id, out, err);
+        if (ret == 0 && !oq_call_state_terminal(out->state)) {
+            pthread_mutex_lock(&sw.mu);
+            while (!sw.fired)
+                pthread_cond_wait(&sw.cv, &sw.mu);
+            pthread_mutex_unlock(&sw.mu);
+            oq_call_clear(out);
+            ret = oq_producer_get(p, call_id, out, err);
+        }
+        oq_waiters_cancel(ws, &w); /* also waits for a callback still running */
+    }
+    pthread_mutex_destroy(&sw.mu);
+    pthread_cond_destroy(&sw.cv);
+    return ret;
+}
+
 /* --- accessors -------------------------------------------------------------------------------*/
 
 oq_metrics_t *oq_producer_metrics(oq_producer_t *p)
 {
     return p->metrics;
+}
+
+oq_waiters_t *oq_producer_waiters(oq_producer_t *p)
+{
+    return oq__writer_waiters(p->writer);
 }
 
 const char *oq_producer_path(const oq_producer_t *p)

@@ -13,6 +13,7 @@
  *   submit.c    a submit request prepared outside the writer (oq_submit_job_t)
  *   store.c     every SQL statement (producer_store.h)
  *   call.c      oq_call_t and its one JSON writer
+ *   waiters.c   call waiters (oq_waiters.h), owned and notified by the writer after commits
  *   http.c, ingest.c  the HTTP API and the results consumer, on the public API
  */
 #ifndef OQ_PRODUCER_INT_H
@@ -25,6 +26,7 @@
 #include "oq_metrics.h"
 #include "oq_producer.h"
 #include "oq_util.h"
+#include "oq_waiters.h"
 #include "producer_store.h"
 
 /* --- work items of the writer's queue ------------------------------------------------------ */
@@ -119,15 +121,21 @@ void oq__job_finish_new(oq_submit_job_t *job);
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
                       int64_t key_ttl_ms, int64_t max_message_bytes, oq_error_t *err);
 
+/** Told the id of each call a decision made terminal, inside the transaction (so: remember
+ *  it, act after the commit). */
+typedef void (*oq__settled_cb)(const char *call_id, void *arg);
+
 /**
  * @brief Fail the calls of up to \p max unhandled dead letters (outbox_dead) and mark them
  *        handled, inside an open write transaction on \p s (see oq_store_fail_dead_letters).
  * @param failed, handled incremented per call failed / row handled; may be NULL.
+ * @param settled called with each call failed (may be NULL), \p arg its argument.
  * @returns 0, or a database error (roll back: nothing of it holds).
  * @locality writer thread (or the caller's thread for oq_store_fail_dead_letters)
  */
 int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int max,
-                            int *failed, int *handled, oq_error_t *err);
+                            int *failed, int *handled, oq__settled_cb settled, void *arg,
+                            oq_error_t *err);
 
 /**
  * @brief The result decision for each of \p n envelopes, inside an open write transaction.
@@ -162,6 +170,10 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
 
 /** @brief Run what is queued, stop the threads, close the connections. NULL ok. */
 void oq__writer_close(oq__writer_t *w);
+
+/** @brief The call waiters the writer notifies after each commit that made calls terminal
+ *         (results applied, dead letters failed). Owned by the writer. */
+oq_waiters_t *oq__writer_waiters(oq__writer_t *w);
 
 /**
  * @brief Queue \p item (its kind, done and opaque set); done runs once on the writer thread.

@@ -33,6 +33,10 @@
  * consumer's result), so a call whose message Kafka refused ends `failed` with error code
  * "unpublishable" instead of staying pending.
  *
+ * Waiters: after the commit of a batch, and before its items complete, the writer tells the
+ * call waiters (waiters.c: GET ...?wait=) about each call the batch made terminal (a result
+ * applied; a call failed for a dead letter): a woken client reads the committed state.
+ *
  * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
  * it inside every ~45th commit, stalling that batch. The writer connection has a WAL hook
  * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
@@ -41,6 +45,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -78,6 +83,7 @@ struct oq__writer {
     int ckpt_wanted, ckpt_stop, ckpt_busy, ckpt_pass_done; /* under cmu */
     int wal_last, ckpt_next, finish_due;                   /* writer thread only */
     oq_metric_t *m_ckpt, *m_ckpt_fin;
+    oq_waiters_t *waiters; /* told after each commit that made calls terminal */
 };
 
 /* --- one batch -------------------------------------------------------------------------------*/
@@ -307,12 +313,25 @@ static void *ckpt_main(void *arg)
 
 #define DEAD_BATCH 64
 
+typedef struct settled_ids {
+    char id[DEAD_BATCH][OQ_CALL_ID_LEN + 1];
+    int n;
+} settled_ids_t;
+
+static void remember_settled(const char *call_id, void *arg)
+{
+    settled_ids_t *s = arg;
+    if (s->n < DEAD_BATCH) snprintf(s->id[s->n++], sizeof s->id[0], "%s", call_id);
+}
+
 /** Fails the calls of dead letters, if there are any (see the file comment). @locality writer */
 static void dead_letters(oq__writer_t *w)
 {
     oq_error_t err = {0};
     oq__producer_store_t s = {w->wdb, w->wcache};
     int any = 0, failed = 0, handled = 0;
+    settled_ids_t settled;
+    settled.n = 0;
     w->next_dead_us = oq_mono_us() + 1000000;
     if (oq__producer_store_dead_any(&s, &any, &err) != 0) {
         OQ_LOG_WARN("producer", "dead letters: %s", err.msg);
@@ -322,7 +341,7 @@ static void dead_letters(oq__writer_t *w)
     int ret = oq_db_begin_immediate(w->wdb, 1000, &err);
     if (!ret)
         ret = oq__decide_dead_letters(&s, oq_now_ms(), w->key_ttl_ms, DEAD_BATCH, &failed, &handled,
-                                      &err);
+                                      remember_settled, &settled, &err);
     if (!ret) ret = oq_db_commit(w->wdb, &err);
     if (ret) {
         oq_db_rollback(w->wdb);
@@ -330,10 +349,23 @@ static void dead_letters(oq__writer_t *w)
         return;
     }
     oq_counter_add(w->m_unpublishable, (uint64_t)failed);
+    for (int i = 0; i < settled.n; i++) /* committed: waiters read the failed call */
+        oq_waiters_notify(w->waiters, settled.id[i]);
     if (handled >= DEAD_BATCH) w->next_dead_us = oq_mono_us() + 10000;
 }
 
 /* --- the writer thread -----------------------------------------------------------------------*/
+
+/** After the commit of \p r (never before: a woken waiter reads the committed state), and
+ *  before its completion (the envelopes are the ingest's): wake the waiters of each call the
+ *  batch made terminal. @locality writer */
+static void notify_settled(oq__writer_t *w, const oq__results_t *r)
+{
+    for (int k = 0; k < r->n; k++)
+        if (r->outcomes[k] == OQ_RESULT_APPLIED && r->envs[k].status &&
+            oq_call_state_terminal(r->envs[k].status))
+            oq_waiters_notify(w->waiters, r->envs[k].call_id);
+}
 
 static void *writer_main(void *arg)
 {
@@ -398,6 +430,8 @@ static void *writer_main(void *arg)
                 oq_histogram_observe(w->m_wait, (double)(now_us - it->enq_us) / 1e6);
             } else if (it->kind == OQ__WORK_REDRIVE && it->rc == 0) {
                 oq_counter_add(w->m_redrives, (uint64_t)((oq__redrive_t *)it)->stats.redriven);
+            } else if (it->kind == OQ__WORK_RESULTS && it->rc == 0) {
+                notify_settled(w, (oq__results_t *)it);
             }
             it->next = NULL;
             it->done(it, it->opaque);
@@ -410,6 +444,11 @@ static void *writer_main(void *arg)
 }
 
 /* --- open / close ----------------------------------------------------------------------------*/
+
+oq_waiters_t *oq__writer_waiters(oq__writer_t *w)
+{
+    return w->waiters;
+}
 
 static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
 {
@@ -486,6 +525,7 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
         goto out;
     }
     register_metrics(w, o->metrics);
+    if ((ret = oq_waiters_new(&w->waiters, err))) goto out;
     if (w->ckpt_pages > 0) {
         oq_db_opts_t co = {o->synchronous, 0, 0};
         if ((ret = oq_db_open(path, &co, &w->cdb, err))) goto out;
@@ -525,6 +565,7 @@ void oq__writer_close(oq__writer_t *w)
     pthread_cond_signal(&w->ccv);
     pthread_mutex_unlock(&w->cmu);
     if (w->ckpt_started) pthread_join(w->ckpt, NULL);
+    oq_waiters_destroy(w->waiters); /* wakes whoever still waits: the writer is gone */
     if (w->cdb) sqlite3_close_v2(w->cdb);
     oq_stmt_cache_destroy(w->wcache);
     if (w->wdb) sqlite3_close_v2(w->wdb);

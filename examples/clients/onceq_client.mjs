@@ -10,8 +10,9 @@
 // submit: POST /v1/tool-calls with the Idempotency-Key. A timeout, a lost connection, a 429 or
 // a 5xx is retried with the SAME key and the SAME body (the producer then returns the original
 // call), at most --tries times, with exponential backoff and full jitter, waiting at least the
-// server's Retry-After. Then GET the call until it is terminal (succeeded, failed,
-// needs_review), at most --wait seconds. Prints the call JSON on stdout. The fingerprint the
+// server's Retry-After. Then wait for the call to be terminal (succeeded, failed,
+// needs_review), at most --wait seconds, by long poll: GET ?wait=, which the producer answers
+// as soon as the call is terminal. Prints the call JSON on stdout. The fingerprint the
 // server returns is checked against the one computed here.
 //
 // fingerprint: SHA-256 (lowercase hex) of the RFC 8785 (JCS) form of
@@ -125,7 +126,7 @@ export class Client {
     this.log = log || (() => {});
   }
 
-  once(method, path, headers, body) {
+  once(method, path, headers, body, extraS = 0) {
     const mod = this.url.protocol === 'https:' ? https : http;
     const h = { Accept: 'application/json', Connection: 'close', ...headers };
     if (this.token) h.Authorization = `Bearer ${this.token}`;
@@ -148,8 +149,8 @@ export class Client {
       );
       // one deadline for the whole exchange, as a client's timeout should be
       const timer = setTimeout(() => {
-        req.destroy(new Transient(`timeout after ${this.timeout} s`));
-      }, this.timeout * 1000);
+        req.destroy(new Transient(`timeout after ${this.timeout + extraS} s`));
+      }, (this.timeout + extraS) * 1000);
       req.on('close', () => clearTimeout(timer));
       req.on('error', (e) => reject(e instanceof Transient ? e : new Transient(`connection: ${e.message}`)));
       if (body !== undefined) req.write(body);
@@ -157,11 +158,12 @@ export class Client {
     });
   }
 
-  /** One request, retried on Transient failures (same headers, same body). */
-  async request(method, path, headers = {}, body = undefined) {
+  /** One request, retried on Transient failures (same headers, same body); extraS is added to
+   *  the timeout (a long poll lasts that much longer). */
+  async request(method, path, headers = {}, body = undefined, extraS = 0) {
     for (let attempt = 1; ; attempt++) {
       try {
-        return await this.once(method, path, headers, body);
+        return await this.once(method, path, headers, body, extraS);
       } catch (e) {
         if (!(e instanceof Transient) || attempt >= this.tries) throw e;
         // full jitter: a random wait up to the exponential step, never under Retry-After
@@ -185,21 +187,27 @@ export class Client {
     return { call: JSON.parse(r.text), replayed: r.headers['idempotent-replayed'] === 'true' };
   }
 
-  async get(callId) {
-    const r = await this.request('GET', `/v1/tool-calls/${encodeURIComponent(callId)}`);
+  /** The call; with waitS (up to 60), a long poll: the producer answers as soon as the call
+   *  is terminal, or after waitS with the call as it stands. */
+  async get(callId, waitS = 0) {
+    let path = `/v1/tool-calls/${encodeURIComponent(callId)}`;
+    if (waitS > 0) path += `?wait=${Math.floor(waitS * 1000)}ms`;
+    const r = await this.request('GET', path, {}, undefined, waitS);
     if (r.status !== 200) throw new Refused(r.status, r.text);
     return JSON.parse(r.text);
   }
 
-  /** Poll until terminal (backoff 0.1 s .. 2 s); null when limitS passed. */
+  /** Long-poll (30 s a request) until terminal; null when limitS passed. Two requests start
+   *  at least 0.1 s apart: a server that does not wait is polled. */
   async wait(call, limitS = 60) {
     const deadline = Date.now() + limitS * 1000;
-    let pause = 0.1;
     while (!TERMINAL.includes(call.status)) {
-      if (Date.now() + pause * 1000 > deadline) return null;
-      await sleep(pause);
-      pause = Math.min(2, pause * 1.5);
-      call = await this.get(call.call_id);
+      const left = (deadline - Date.now()) / 1000;
+      if (left < 0.01) return null;
+      const started = Date.now();
+      call = await this.get(call.call_id, Math.min(30, left));
+      if (!TERMINAL.includes(call.status))
+        await sleep(Math.max(0, Math.min(0.1 - (Date.now() - started) / 1000, (deadline - Date.now()) / 1000)));
     }
     return call;
   }

@@ -10,8 +10,9 @@
 submit: POST /v1/tool-calls with the Idempotency-Key. A timeout, a lost connection, a 429 or a
 5xx is retried with the SAME key and the SAME body (that is what makes the retry safe: the
 producer returns the original call), at most --tries times, with exponential backoff and full
-jitter, waiting at least the server's Retry-After. Then GET the call until it is terminal
-(succeeded, failed, needs_review), at most --wait seconds. Prints the call JSON on stdout.
+jitter, waiting at least the server's Retry-After. Then wait for the call to be terminal
+(succeeded, failed, needs_review), at most --wait seconds, by long poll: GET ?wait=, which the
+producer answers as soon as the call is terminal. Prints the call JSON on stdout.
 The fingerprint the server returns is checked against the one computed here.
 
 fingerprint: SHA-256 (lowercase hex) of the RFC 8785 (JCS) form of
@@ -193,9 +194,9 @@ class Client:
         self.backoff_max = backoff_max
         self.log = log or (lambda msg: None)
 
-    def _once(self, method, path, headers, body):
+    def _once(self, method, path, headers, body, extra_s=0.0):
         cls = http.client.HTTPSConnection if self.u.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.u.hostname, self.u.port, timeout=self.timeout)
+        conn = cls(self.u.hostname, self.u.port, timeout=self.timeout + extra_s)
         h = {"Accept": "application/json", "Connection": "close"}
         if self.token:
             h["Authorization"] = "Bearer " + self.token
@@ -215,11 +216,12 @@ class Client:
                             retry_after_seconds(r.getheader("Retry-After")))
         return r.status, {k.lower(): v for k, v in r.getheaders()}, data
 
-    def request(self, method, path, headers=None, body=None):
-        """One request, retried on Transient failures (same headers, same body)."""
+    def request(self, method, path, headers=None, body=None, extra_s=0.0):
+        """One request, retried on Transient failures (same headers, same body); extra_s is
+        added to the timeout (a long poll lasts that much longer)."""
         for attempt in range(1, self.tries + 1):
             try:
-                return self._once(method, path, headers or {}, body)
+                return self._once(method, path, headers or {}, body, extra_s)
             except Transient as e:
                 if attempt == self.tries:
                     raise
@@ -246,22 +248,30 @@ class Client:
             raise Refused(status, resp.decode("utf-8", "replace"))
         return json.loads(resp), h.get("idempotent-replayed") == "true"
 
-    def get(self, call_id):
-        status, _, resp = self.request("GET", "/v1/tool-calls/" + urllib.parse.quote(call_id))
+    def get(self, call_id, wait_s=0.0):
+        """The call; with wait_s (up to 60), a long poll: the producer answers as soon as the
+        call is terminal, or after wait_s with the call as it stands."""
+        path = "/v1/tool-calls/" + urllib.parse.quote(call_id)
+        if wait_s > 0:
+            path += "?wait=%dms" % int(wait_s * 1000)
+        status, _, resp = self.request("GET", path, extra_s=wait_s)
         if status != 200:
             raise Refused(status, resp.decode("utf-8", "replace"))
         return json.loads(resp)
 
     def wait(self, call, limit_s=60.0):
-        """Poll until the call is terminal (backoff 0.1 s .. 2 s); None when limit_s passed."""
+        """Long-poll (30 s a request) until the call is terminal; None when limit_s passed.
+        Two requests start at least 0.1 s apart: a server that does not wait is polled."""
         deadline = time.monotonic() + limit_s
-        pause = 0.1
         while call["status"] not in TERMINAL:
-            if time.monotonic() + pause > deadline:
+            left = deadline - time.monotonic()
+            if left < 0.01:
                 return None
-            time.sleep(pause)
-            pause = min(2.0, pause * 1.5)
-            call = self.get(call["call_id"])
+            started = time.monotonic()
+            call = self.get(call["call_id"], min(30.0, left))
+            if call["status"] not in TERMINAL:
+                time.sleep(max(0.0, min(0.1 - (time.monotonic() - started),
+                                        deadline - time.monotonic())))
         return call
 
 
@@ -280,7 +290,7 @@ def main(argv=None):
     s.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     s.add_argument("--tries", type=int, default=8, help="requests at most per step")
     s.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the end")
-    s.add_argument("--no-wait", action="store_true", help="print the accepted call, do not poll")
+    s.add_argument("--no-wait", action="store_true", help="print the accepted call, do not wait")
     s.add_argument("--quiet", action="store_true", help="no retry log on stderr")
     f = sub.add_parser("fingerprint", help="the fingerprint of the args JSON on stdin")
     f.add_argument("--tool", required=True)

@@ -363,6 +363,12 @@ def scenario_main(ck, M, src):
     ck.request(M, "GET", "/v1/tool-calls/c_00000000000000000000000000000000", expect=404,
                code="not_found")
     ck.request(M, "GET", "/v1/tool-calls/not-an-id", expect=404, code="not_found")
+    # long poll: a terminal call answers at once; a bad wait is 400
+    ck.request(M, "GET", "/v1/tool-calls/" + cid + "?wait=30s", expect=200)
+    ck.request(M, "GET", "/v1/tool-calls/by-key/oa-1?tenant=shop&wait=500ms", expect=200)
+    ck.request(M, "GET", "/v1/tool-calls/" + cid + "?wait=61s", expect=400, code="bad_request")
+    ck.request(M, "GET", "/v1/tool-calls/by-key/oa-1?tenant=shop&wait=x", expect=400,
+               code="bad_request")
     # refused submits
     body = json.dumps({"tool": "charge", "args": {"amount": 1}})
     ck.submit(M, None, body, expect=400, code="missing_idempotency_key")
