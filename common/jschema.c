@@ -112,12 +112,46 @@ static int cerr(cctx_t *c, const char *fmt, ...)
     return oq_error_set(c->err, OQ_EINVAL, 0, "at %s: %s", c->plen ? c->ptr : "the root", msg);
 }
 
+/* Length of the UTF-8 sequence that lead byte \p b starts (1 for anything else). */
+static size_t u8seq(unsigned char b)
+{
+    return b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+}
+
+/* The longest prefix of \p s, at most \p max bytes, that ends on a character boundary: what
+ * is printed with "%.*s" stays UTF-8 (the HTTP API puts it in JSON). */
+static int u8cut(const char *s, size_t max)
+{
+    size_t n = 0;
+    while (s[n] && n + u8seq((unsigned char)s[n]) <= max)
+        n += u8seq((unsigned char)s[n]);
+    return (int)n;
+}
+
+/* Drop an incomplete UTF-8 sequence a truncation left at the end of \p s. */
+static void u8trim(char *s)
+{
+    size_t n = strlen(s), i = n;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i > 0 && (unsigned char)s[i - 1] >= 0xC0 && i - 1 + u8seq((unsigned char)s[i - 1]) > n)
+        s[i - 1] = 0;
+}
+
 /* Append "/seg" (escaped as a JSON pointer) to buf[*len], within cap; returns the old length. */
 static size_t ptr_push(char *buf, size_t cap, size_t *len, const char *seg)
 {
     size_t old = *len, n = *len;
     if (n + 1 < cap) buf[n++] = '/';
     for (const char *p = seg; *p && n + 2 < cap; p++) {
+        size_t q = u8seq((unsigned char)*p);
+        if (q > 1) { /* a whole character or nothing */
+            if (n + q + 1 > cap) break;
+            memcpy(buf + n, p, q);
+            n += q;
+            p += q - 1;
+            continue;
+        }
         if (*p == '~' || *p == '/') {
             buf[n++] = '~';
             buf[n++] = *p == '~' ? '0' : '1';
@@ -383,9 +417,9 @@ static int compile_keyword(cctx_t *c, node_t *n, const char *k, const json_t *v,
     }
     old = ptr_push(c->ptr, sizeof c->ptr, &c->plen, k);
     return cerr(c,
-                "keyword \"%.60s\" is not supported (README, \"The tools file\": the JSON "
+                "keyword \"%.*s\" is not supported (README, \"The tools file\": the JSON "
                 "Schema subset)",
-                k);
+                u8cut(k, 60), k);
 bad:
     old = ptr_push(c->ptr, sizeof c->ptr, &c->plen, k);
     (void)old;
@@ -490,8 +524,8 @@ int oq_jschema_compile(const json_t *schema, oq_jschema_t **out, oq_error_t *err
             for (size_t d = 0; d < r->ndefs && !n->ref; d++)
                 if (strcmp(r->defs[d].name, name) == 0) n->ref = r->defs[d].s;
         if (!n->ref)
-            rc = oq_error_set(err, OQ_EINVAL, 0,
-                              "$ref \"%.100s\": no such entry in the root's $defs", n->ref_text);
+            rc = oq_error_set(err, OQ_EINVAL, 0, "$ref \"%.*s\": no such entry in the root's $defs",
+                              u8cut(n->ref_text, 100), n->ref_text);
     }
     for (size_t i = 0; rc == 0 && i < s->nnodes; i++)
         if (inplace_cycle(s->nodes[i], 0))
@@ -533,6 +567,7 @@ static int fail(vctx_t *x, const char *kw, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(x->v->reason, sizeof x->v->reason, fmt, ap);
     va_end(ap);
+    u8trim(x->v->reason);
     return 1;
 }
 
@@ -738,7 +773,7 @@ static int check_object(vctx_t *x, const node_t *n, const json_t *i, int depth)
         const char *name = json_string_value(json_array_get(n->required, k));
         if (!json_object_get(i, name)) {
             size_t old = ptr_push(x->ptr, sizeof x->ptr, &x->plen, name);
-            fail(x, "required", "required property \"%.100s\" is missing", name);
+            fail(x, "required", "required property \"%.*s\" is missing", u8cut(name, 100), name);
             ptr_pop(x->ptr, &x->plen, old);
             return 1;
         }
@@ -758,7 +793,8 @@ static int check_object(vctx_t *x, const node_t *n, const json_t *i, int depth)
             if (declared) continue;
             if (n->addl->boolean == 0) {
                 size_t old = ptr_push(x->ptr, sizeof x->ptr, &x->plen, key);
-                fail(x, "additionalProperties", "property \"%.100s\" is not allowed", key);
+                fail(x, "additionalProperties", "property \"%.*s\" is not allowed", u8cut(key, 100),
+                     key);
                 ptr_pop(x->ptr, &x->plen, old);
                 return 1;
             }

@@ -122,7 +122,8 @@ typedef struct oq__http_tool {
 typedef struct oq__http_tools {
     oq__http_tool_t *tools;
     size_t n;
-    int nwarnings; /**< warnings logged while parsing (deprecated names) */
+    struct oq_catalog *catalog; /**< the file's catalogue (names, schemas), owned */
+    int nwarnings;              /**< warnings logged while parsing (deprecated names) */
 } oq__http_tools_t;
 
 /**
