@@ -99,6 +99,8 @@ typedef struct cctx {
     size_t plen;
 } cctx_t;
 
+static void u8trim(char *s);
+
 static int cerr(cctx_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int cerr(cctx_t *c, const char *fmt, ...)
 {
@@ -107,9 +109,16 @@ static int cerr(cctx_t *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (c->plen > 120) /* keep the reason readable: the pointer's tail is the useful part */
-        return oq_error_set(c->err, OQ_EINVAL, 0, "at ...%s: %s", c->ptr + c->plen - 100, msg);
-    return oq_error_set(c->err, OQ_EINVAL, 0, "at %s: %s", c->plen ? c->ptr : "the root", msg);
+    u8trim(msg);
+    const char *at = c->plen ? c->ptr : "the root";
+    if (c->plen > 120) { /* keep the reason readable: the pointer's tail is the useful part */
+        at = c->ptr + c->plen - 100;
+        while (((unsigned char)*at & 0xC0) == 0x80) /* start on a character */
+            at++;
+    }
+    int rc = oq_error_set(c->err, OQ_EINVAL, 0, "at %s%s: %s", c->plen > 120 ? "..." : "", at, msg);
+    if (c->err) u8trim(c->err->msg); /* messages stay UTF-8, cut or not */
+    return rc;
 }
 
 /* Length of the UTF-8 sequence that lead byte \p b starts (1 for anything else). */
@@ -285,6 +294,82 @@ static int is_annotation(const char *k)
     return 0;
 }
 
+#define MAX_PATTERN_LEN 1024
+#define MAX_PATTERN_WEIGHT 20000L
+#define MAX_PATTERN_GROUPS 32
+
+/*
+ * What glibc's regcomp/regexec accept but cannot do in bounded time or memory, refused before
+ * regcomp sees it: back-references (\1: not ERE, and exponential to match), adjacent
+ * quantifiers ("a+*": undefined in POSIX, and exponential in glibc's regcomp), and patterns
+ * whose bounded repetitions expand too far (regcomp copies "x{1,100}" a hundred times, nested
+ * ones multiply: the weight below is the expanded size). Returns NULL or the reason.
+ */
+static const char *pattern_problem(const char *p)
+{
+    long sum[MAX_PATTERN_GROUPS + 1] = {0}, last = 0;
+    int depth = 0, quantified = 1; /* a quantifier at the start quantifies nothing */
+    if (strlen(p) > MAX_PATTERN_LEN) return "longer than 1024 bytes";
+    for (const char *q = p; *q; q++) {
+        if (*q == '*' || *q == '+' || *q == '?' || (*q == '{' && q[1] >= '0' && q[1] <= '9')) {
+            if (quantified) return "a quantifier follows another (undefined in POSIX)";
+            quantified = 1;
+            long hi = *q == '+' ? 2 : 1;
+            if (*q == '{') {
+                long lo = strtol(q + 1, (char **)&q, 10), up = lo;
+                if (*q == ',')
+                    up = (q[1] >= '0' && q[1] <= '9') ? strtol(q + 1, (char **)&q, 10)
+                                                      : (q++, lo + 1);
+                if (*q != '}') return "a bound {m,n} is not closed";
+                if (lo > 255 || up > 255) return "a repetition bound over 255";
+                hi = up > 1 ? up : 1;
+            }
+            sum[depth] += last * (hi - 1);
+            if (sum[depth] > MAX_PATTERN_WEIGHT) goto heavy;
+            continue;
+        }
+        quantified = 0;
+        if (*q == '\\') {
+            if (q[1] >= '1' && q[1] <= '9') return "back-references are not supported";
+            if (q[1]) q++;
+            last = 1;
+        } else if (*q == '[') { /* a bracket expression: one atom */
+            q++;
+            if (*q == '^') q++;
+            if (*q == ']') q++;
+            while (*q && *q != ']') {
+                if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
+                    char end = q[1];
+                    for (q += 2; *q && !(q[0] == end && q[1] == ']'); q++) {
+                    }
+                    if (*q) q++;
+                }
+                if (*q) q++;
+            }
+            if (!*q) return "a bracket expression is not closed";
+            last = 1;
+        } else if (*q == '(') {
+            if (depth == MAX_PATTERN_GROUPS) return "groups nested deeper than 32";
+            sum[++depth] = 0;
+            quantified = 1; /* "(*" quantifies nothing */
+            continue;
+        } else if (*q == ')') {
+            if (depth == 0) return "')' without '('";
+            last = sum[depth--];
+        } else if (*q == '|') {
+            quantified = 1;
+            continue;
+        } else {
+            last = 1;
+        }
+        sum[depth] += last;
+        if (sum[depth] > MAX_PATTERN_WEIGHT) goto heavy;
+    }
+    return NULL;
+heavy:
+    return "its repetitions expand to over 20000 atoms";
+}
+
 static int compile_keyword(cctx_t *c, node_t *n, const char *k, const json_t *v, int depth)
 {
     size_t old;
@@ -352,6 +437,8 @@ static int compile_keyword(cctx_t *c, node_t *n, const char *k, const json_t *v,
         old = ptr_push(c->ptr, sizeof c->ptr, &c->plen, k);
         if (strlen(json_string_value(v)) != json_string_length(v))
             return cerr(c, "a pattern cannot hold U+0000");
+        const char *why_not = pattern_problem(json_string_value(v));
+        if (why_not) return cerr(c, "%s", why_not);
         int e = regcomp(&n->re, json_string_value(v), REG_EXTENDED | REG_NOSUB);
         if (e) {
             char why[120];

@@ -182,6 +182,44 @@ static void test_depth_budget(void **state)
     json_decref(schema);
 }
 
+/* A pointer or a reason cut to fit its buffer is still UTF-8 (the HTTP API puts both in JSON):
+ * a 700-byte property name of two-byte characters, missing and then not allowed. */
+static void test_utf8_cuts(void **state)
+{
+    (void)state;
+    char name[701];
+    for (int i = 0; i < 700; i += 2)
+        memcpy(name + i, "\xc3\xa9", 2);
+    name[700] = 0;
+    json_t *schema = json_pack("{s:[s],s:b}", "required", name, "additionalProperties", 0);
+    oq_jschema_t *s = NULL;
+    assert_int_equal(oq_jschema_compile(schema, &s, NULL), 0);
+    json_t *empty = json_object(), *extra = json_pack("{s:i}", name, 1);
+    oq_jschema_violation_t v;
+    const json_t *cases[] = {empty, extra};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(oq_jschema_validate(s, cases[i], &v), OQ_EINVAL);
+        json_t *p = json_string(v.pointer), *r = json_string(v.reason);
+        assert_non_null(p);
+        assert_non_null(r);
+        assert_true(strlen(v.pointer) > 100);
+        json_decref(p);
+        json_decref(r);
+    }
+    oq_jschema_destroy(s);
+    json_decref(schema);
+    json_decref(empty);
+    json_decref(extra);
+    /* a compile error naming a long keyword of two-byte characters */
+    json_t *bad = json_pack("{s:{s:i}}", "properties", name, 1);
+    oq_error_t err = {0};
+    assert_int_equal(oq_jschema_compile(bad, &s, &err), OQ_EINVAL);
+    json_t *m = json_string(err.msg);
+    assert_non_null(m);
+    json_decref(m);
+    json_decref(bad);
+}
+
 static void test_equal_and_source(void **state)
 {
     (void)state;
@@ -212,6 +250,7 @@ int main(void)
         cmocka_unit_test(test_suite_valid),         cmocka_unit_test(test_suite_refused),
         cmocka_unit_test(test_compile_depth_bound), cmocka_unit_test(test_step_budget),
         cmocka_unit_test(test_depth_budget),        cmocka_unit_test(test_equal_and_source),
+        cmocka_unit_test(test_utf8_cuts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
