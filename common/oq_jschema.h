@@ -20,7 +20,9 @@
  * pattern is a POSIX extended regular expression compiled with regcomp(REG_EXTENDED |
  * REG_NOSUB) in the C library's current locale (bytes in the C locale, which onceq keeps) and
  * searched unanchored, as the spec says (write ^...$ to anchor). A pattern regcomp refuses is
- * refused at compile time. ECMA-262 specifics (\d, \w, lookaround, lazy quantifiers) are not
+ * refused at compile time, and so are patterns glibc cannot run in bounded time or memory:
+ * adjacent quantifiers ("a+*", undefined in POSIX), back-references, a bound over 255,
+ * repetitions expanding past 20000 atoms, more than 1024 bytes. ECMA-262 specifics (\d, \w, lookaround, lazy quantifiers) are not
  * POSIX: "\d" is refused by some C libraries and means a literal "d" in others, so write
  * [0-9]. A string holding U+0000 is matched up to it.
  *
