@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The tool catalogue over HTTP (issue 20, item 1): a producer started with --tools (and one with
-# ONCEQ_TOOLS) serves GET /v1/tools (the file's tools with input_schema and annotations, then
-# the compiled ones); a submit naming a tool the catalogue lacks is 400 unknown_tool, arguments
+# The tool catalogue over HTTP (issue 20, item 1): a producer started with --tools (and one
+# with ONCEQ_TOOLS, and one under `onceq up --tools`) serves GET /v1/tools (the file's tools
+# with input_schema and annotations, then the compiled ones); a submit naming a tool the catalogue lacks is 400 unknown_tool, arguments
 # its input_schema refuses are 400 bad_args with the JSON pointer of the first violation, and
 # neither writes anything (no call, no outbox row: nothing will be published, and the key stays
 # free for a corrected submit); a good call is accepted. A tools file whose schema uses a
@@ -124,6 +124,22 @@ CODE=$(curl -s -o "$T/body" -w '%{http_code}' -X POST -H 'Idempotency-Key: x' \
 [[ "$CODE" == 202 ]] || oq_fail "without a catalogue any tool is accepted: $CODE $(cat "$T/body")"
 kill -TERM "$(oq_pid producer3)"
 oq_wait_exit producer3 15 || oq_fail "producer3 did not stop"
+
+# --- onceq up passes the file to the producer (and the consumers) ---------------------------------
+PORT5=$(oq_free_port) || oq_fail "no free port"
+oq_spawn up "$ONCEQ_BIN" up --dir "$T/up" --listen "127.0.0.1:$PORT5" --consumers 1 \
+    --tools "$T/tools.json"
+oq_wait_for 60 curl -sf "http://127.0.0.1:$PORT5/healthz" || oq_fail "onceq up: producer not healthy"
+CODE=$(curl -s -o "$T/body" -w '%{http_code}' "http://127.0.0.1:$PORT5/v1/tools")
+[[ "$CODE" == 200 ]] && jq -e '.tools[0].name == "pay"' "$T/body" >/dev/null ||
+    oq_fail "onceq up --tools: GET /v1/tools: $CODE $(cat "$T/body")"
+CODE=$(curl -s -o "$T/body" -w '%{http_code}' -X POST -H 'Idempotency-Key: up-1' \
+    --data-binary '{"tool":"pay","args":{"amount":"5","currency":"EUR"}}' \
+    "http://127.0.0.1:$PORT5/v1/tool-calls")
+[[ "$CODE" == 400 && "$(jq -r .error.pointer "$T/body")" == /amount ]] ||
+    oq_fail "onceq up --tools: bad args: $CODE $(cat "$T/body")"
+kill -TERM "$(oq_pid up)"
+oq_wait_exit up 30 || oq_fail "onceq up did not stop"
 
 # --- a schema outside the subset stops the start ---------------------------------------------------
 cat >"$T/bad.json" <<'JSON'
