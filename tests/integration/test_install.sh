@@ -13,7 +13,7 @@ CC=${CC:-cc}
 cmake --install "$ONCEQ_BUILD" --prefix "$P" >"$T/install.log" 2>&1 ||
     { cat "$T/install.log" >&2; oq_fail "cmake --install failed"; }
 for f in bin/onceq bin/onceq-bench include/onceq/oq_producer.h include/onceq/oq_db.h \
-    include/onceq/oq_error.h lib/libonceq.a lib/pkgconfig/libonceq.pc \
+    include/onceq/oq_error.h include/onceq/oq_catalog.h include/onceq/oq_jschema.h lib/libonceq.a lib/pkgconfig/libonceq.pc \
     share/bash-completion/completions/onceq share/doc/onceq/onceq-producer.txt; do
     [ -e "$P/$f" ] || oq_fail "not installed: $f"
 done
@@ -27,7 +27,7 @@ pkg-config --exists libonceq || oq_fail "pkg-config does not find libonceq"
 case "$(pkg-config --cflags --libs libonceq)" in
 *"$ONCEQ_SRC"* | *"$ONCEQ_BUILD"*) oq_fail "libonceq.pc points into the source or build tree" ;;
 esac
-for h in oq_error.h oq_db.h oq_producer.h; do
+for h in oq_error.h oq_db.h oq_producer.h oq_catalog.h oq_jschema.h; do
     printf '#include "%s"\nint main(void) { return 0; }\n' "$h" >"$T/h.c"
     $CC -std=c11 -Wall -Wextra -Werror -c -o "$T/h.o" "$T/h.c" $(pkg-config --cflags libonceq) \
         2>"$T/h.err" || { cat "$T/h.err" >&2; oq_fail "installed $h does not compile alone"; }
