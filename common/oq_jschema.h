@@ -27,7 +27,9 @@
  * [0-9]. A string holding U+0000 is matched up to it.
  *
  * Equality (enum, const, uniqueItems) is JSON equality: 1 and 1.0 are equal, object member
- * order does not matter.
+ * order does not matter. multipleOf is exact on integers; with a non-integer on either side
+ * the quotient counts as whole within a relative 1e-9, so 19.99 is a multiple of 0.01 (binary
+ * floating point alone says it is not, and so do validators that divide naively).
  *
  * Bounds: compiling stops at 64 levels of nested schemas; a $ref cycle that does not descend
  * into the instance ({"$ref": "#/$defs/a"} with a = {"$ref": "#/$defs/a"}, or through
