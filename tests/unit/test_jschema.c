@@ -24,7 +24,7 @@ static json_t *load_data(const char *name)
     char path[4096];
     snprintf(path, sizeof path, "%s/jschema/%s", dir ? dir : "tests/data", name);
     json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    json_t *j = json_load_file(path, JSON_ALLOW_NUL, &je);
     if (!j) fprintf(stderr, "%s: %s (line %d)\n", path, je.text, je.line);
     assert_non_null(j);
     return j;
