@@ -194,6 +194,23 @@ static void test_http_tools_through_catalog(void **state)
     oq__http_tools_destroy(t);
 }
 
+/* The producer reads the catalogue only: a secret header's variable or file, or a TLS file,
+ * need not exist where the producer runs (the consumer still refuses them at load). */
+static void test_no_secrets_read(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "{\"tools\":[{\"name\":\"t\",\"url\":\"https://h/x\","
+        "\"headers\":{\"Authorization\":{\"env\":\"OQ_TEST_UNSET_VAR_4711\"}},"
+        "\"ca_file\":\"/nonexistent/ca.pem\"}]}";
+    oq_catalog_t *c = NULL;
+    assert_int_equal(oq_catalog_parse(text, strlen(text), "t.json", &c, NULL), 0);
+    assert_true(oq_catalog_has(c, "t"));
+    oq_catalog_destroy(c);
+    oq__http_tools_t *t = NULL;
+    assert_int_equal(oq__http_tools_parse(text, strlen(text), "t.json", &t, NULL), OQ_EINVAL);
+}
+
 static void test_load_file(void **state)
 {
     (void)state;
@@ -222,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_http_tools_through_catalog),
         cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_no_secrets_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
