@@ -56,6 +56,7 @@
 #include <time.h>
 
 #include "http_tools.h"
+#include "oq_catalog.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_util.h"
@@ -563,44 +564,20 @@ static int parse_tls(pctx_t *p, const json_t *o, oq__http_tool_t *t)
     return 0;
 }
 
+/* The HTTP part of a tool; name, description, input_schema, annotations and the field names
+ * were checked by the catalogue (common/catalog.c), which parsed the file. */
 static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
 {
-    static const char *const fields[] = {"name",
-                                         "description",
-                                         "method",
-                                         "url",
-                                         "body",
-                                         "headers",
-                                         "idempotency_header",
-                                         "idempotent",
-                                         "connect_timeout_ms",
-                                         "timeout_ms",
-                                         "object_id",
-                                         "success",
-                                         "final",
-                                         "retryable",
-                                         "lookup",
-                                         "ca_file",
-                                         "client_cert",
-                                         "client_key",
-                                         NULL};
     static const char *const success_def[] = {"2xx", NULL};
     static const char *const final_def[] = {"4xx", NULL};
     static const char *const retry_def[] = {"429", "503:retry-after", NULL};
     oq__http_request_t *r = &t->call;
     int rc, given;
     const json_t *v;
-    if (!json_is_object(o)) return perr(p, NULL, "expected an object");
     if ((rc = get_string(p, o, "name", "name", &t->name, 1))) return rc;
-    for (const char *s = t->name; *s; s++)
-        if (!(isalnum((unsigned char)*s) || strchr("_.-", *s)) || s - t->name >= 64)
-            return perr(p, "name", "use 1-64 letters, digits, '_', '.', '-'");
     char idx[sizeof p->where];
     snprintf(idx, sizeof idx, "%s", p->where);
     snprintf(p->where, sizeof p->where, "tool \"%s\" (%.40s)", t->name, idx);
-    if ((rc = check_fields(p, o, "", fields))) return rc;
-    if ((v = json_object_get(o, "description")) && !json_is_string(v))
-        return perr(p, "description", "expected a string");
     if ((rc = parse_method(p, o, "method", "POST", r))) return rc;
     if ((rc = parse_url(p, o, "url", r, NULL))) return rc;
 
@@ -682,6 +659,7 @@ void oq__http_tools_destroy(oq__http_tools_t *t)
     for (size_t i = 0; i < t->n; i++)
         tool_clear(&t->tools[i]);
     free(t->tools);
+    oq_catalog_destroy(t->catalog);
     free(t);
 }
 
@@ -689,32 +667,12 @@ int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__h
                          oq_error_t *err)
 {
     pctx_t p = {origin ? origin : "tools", "top level", err, 0};
-    json_t *root = NULL;
-    oq_error_t jerr = {0};
     int rc;
     oq__http_tools_t *set = calloc(1, sizeof *set);
     if (!set) return oq_error_set(err, OQ_ENOMEM, 0, "%s: out of memory", p.origin);
-    if (oq_json_parse(text, len, 32, &root, &jerr) != 0) {
-        rc = oq_error_set(err, OQ_EINVAL, 0, "%s: %s", p.origin, jerr.msg);
-        goto out;
-    }
-    static const char *const top[] = {"version", "tools", NULL};
-    if (!json_is_object(root)) {
-        rc = perr(&p, NULL, "expected an object {\"version\":1,\"tools\":[...]}");
-        goto out;
-    }
-    if ((rc = check_fields(&p, root, "", top))) goto out;
-    const json_t *ver = json_object_get(root, "version");
-    if (ver && !(json_is_integer(ver) && json_integer_value(ver) == 1)) {
-        rc = perr(&p, "version", "only version 1 is known");
-        goto out;
-    }
-    const json_t *tools = json_object_get(root, "tools");
-    if (!json_is_array(tools)) {
-        rc = perr(&p, "tools", "expected an array of tools");
-        goto out;
-    }
-    size_t n = json_array_size(tools);
+    /* the file, its top level and each tool's catalogue part (common/catalog.c) */
+    if ((rc = oq_catalog_parse(text, len, p.origin, &set->catalog, err))) goto out;
+    size_t n = oq__catalog_nfile(set->catalog);
     if (n && !(set->tools = calloc(n, sizeof *set->tools))) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "%s: out of memory", p.origin);
         goto out;
@@ -723,7 +681,7 @@ int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__h
         snprintf(p.where, sizeof p.where, "tools[%zu]", i);
         set->n = i + 1;
         p.idem_alias = 0;
-        if ((rc = parse_tool(&p, json_array_get(tools, i), &set->tools[i]))) goto out;
+        if ((rc = parse_tool(&p, oq__catalog_file_tool(set->catalog, i), &set->tools[i]))) goto out;
         if (p.idem_alias) {
             OQ_LOG_WARN("tools",
                         "%s: %s: {idem_key} is the effect id, not the client's key: write "
@@ -731,54 +689,22 @@ int oq__http_tools_parse(const char *text, size_t len, const char *origin, oq__h
                         p.origin, p.where);
             set->nwarnings++;
         }
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(set->tools[j].name, set->tools[i].name) == 0) {
-                rc = perr(&p, "name", "declared twice (also tools[%zu])", j);
-                goto out;
-            }
     }
     *out = set;
     set = NULL;
     rc = 0;
 out:
-    json_decref(root);
     oq__http_tools_destroy(set);
     return rc;
 }
 
 int oq__http_tools_load(const char *path, oq__http_tools_t **out, oq_error_t *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > 16 * 1024 * 1024) {
-                rc = oq_error_set(err, OQ_ETOOBIG, 0, "tools file %s is over 16 MiB", path);
-                goto out;
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-                goto out;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        rc = oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
-        goto out;
-    }
-    rc = oq__http_tools_parse(buf ? buf : "", len, path, out, err);
-out:
+    size_t len = 0;
+    int rc = oq__catalog_read_file(path, &buf, &len, err);
+    if (rc == 0) rc = oq__http_tools_parse(buf, len, path, out, err);
     free(buf);
-    fclose(f);
     return rc;
 }
 

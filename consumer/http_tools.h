@@ -5,7 +5,10 @@
  *        execution protocol (docs/DESIGN.md, "Calling downstream services").
  *
  * The tools file is JSON (parsed strictly: duplicate keys, bad UTF-8 and unknown fields are
- * errors); examples/tools.json documents every field. In short:
+ * errors); examples/tools.json documents every field. common/catalog.c (oq_catalog.h) parses
+ * the file and each tool's catalogue part (name, description, "input_schema": a JSON Schema,
+ * "annotations": MCP hints, the field names); this parser reads the HTTP fields of the same
+ * objects. In short:
  *
  *     {"version": 1, "tools": [ {
  *        "name": "pay", "method": "POST",
@@ -122,7 +125,8 @@ typedef struct oq__http_tool {
 typedef struct oq__http_tools {
     oq__http_tool_t *tools;
     size_t n;
-    int nwarnings; /**< warnings logged while parsing (deprecated names) */
+    struct oq_catalog *catalog; /**< the file's catalogue (names, schemas), owned */
+    int nwarnings;              /**< warnings logged while parsing (deprecated names) */
 } oq__http_tools_t;
 
 /**

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "oq_catalog.h"
 #include "oq_config.h"
 #include "oq_db.h"
 #include "oq_envelope.h"
@@ -87,16 +88,20 @@ static const oq_setting_t producer_settings[] = {
     {"metrics-token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "tokens for /metrics and /stats, one per line (--metrics-access token; reloaded on "
      "SIGHUP)"},
+    {"tools", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "tools file (the consumers' --tools): a submit of a tool it does not list is 400 "
+     "unknown_tool, arguments its input_schema refuses are 400 bad_args, GET /v1/tools lists it"},
     OQ_SETTING_TOPIC_PREFIX,
 };
 
 static const char producer_usage[] =
     "usage: onceq producer --db calls.db --listen 127.0.0.1:8081 [--brokers B] [-X k=v]...\n"
     "                      [--key-ttl 24h] [--max-body 1MiB] [--max-message-bytes 1000000]\n"
-    "                      [--purge-interval 5m]\n"
+    "                      [--purge-interval 5m] [--tools tools.json]\n"
     "\n"
     "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
-    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /stats, GET /metrics, GET /healthz\n"
+    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /v1/tools (with --tools), GET /stats, GET "
+    "/metrics, GET /healthz\n"
     "(liveness), GET /readyz (database writable, brokers reachable).\n"
     "Without --brokers the results ingest (topic onceq.tool-results) is off.\n"
     "SIGHUP reloads --token-file and --metrics-token-file; SIGTERM/SIGINT drain and exit.";
@@ -120,6 +125,7 @@ int oq__cmd_producer(int argc, char **argv)
     oq_ingest_t *in = NULL;
     oq_metrics_server_t *ms = NULL;
     sqlite3 *pdb = NULL;
+    oq_catalog_t *catalog = NULL;
     oq_metrics_t *metrics = oq_metrics_new();
     if (metrics && oq_metrics_add_process(metrics, "producer") != 0) {
         oq_metrics_destroy(metrics);
@@ -162,6 +168,16 @@ int oq__cmd_producer(int argc, char **argv)
     }
     int64_t redrive_after = oq_config_int(cfg, "redrive-after");
     int64_t redrive_every = oq_config_int(cfg, "redrive-interval");
+
+    const char *tools = oq_config_str(cfg, "tools");
+    if (tools && oq_catalog_load(tools, &catalog, &err) != 0) {
+        fprintf(stderr, "onceq producer: %s\n", err.msg);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (catalog)
+        OQ_LOG_INFO("producer", "tool catalogue: %zu tools (%s and the compiled ones)",
+                    oq_catalog_size(catalog), tools);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -228,6 +244,7 @@ int oq__cmd_producer(int argc, char **argv)
                           : strcmp(maccess, "open") == 0 ? OQ_HTTP_METRICS_OPEN
                                                          : OQ_HTTP_METRICS_LOOPBACK,
         .metrics_token_file = mtokens,
+        .catalog = catalog,
     };
     if (oq_http_start(p, &ho, &h, &err) != 0) {
         fprintf(stderr, "onceq producer: %s\n", err.msg);
@@ -305,6 +322,7 @@ out:
     if (ms) oq_metrics_serve_stop(ms);
     oq_ingest_stop(in);
     oq_producer_close(p);
+    oq_catalog_destroy(catalog); /* after the HTTP server, which borrowed it */
     if (pdb) sqlite3_close_v2(pdb);
     oq_metrics_destroy(metrics);
     if (cfg) oq_config_destroy(cfg);

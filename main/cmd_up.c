@@ -83,7 +83,8 @@ static const oq_setting_t up_settings[] = {
     {"redrive-interval", OQ_SET_DURATION, "5s", 100, 3600000, NULL,
      "producer: how often to look for calls due for a redrive"},
     {"tools", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
-     "tools file of HTTP tools, passed to every consumer (checked before anything starts)"},
+     "tools file: passed to every consumer (HTTP tools) and to the producer (tool catalogue: "
+     "unknown tools and bad arguments refused at submit); checked before anything starts"},
     {"metrics-base-port", OQ_SET_INT, "0", 0, 65000, NULL,
      "serve the relay's /metrics, /healthz and /readyz on 127.0.0.1:PORT and consumer-K's on "
      "PORT+K (0 = off; the producer's are on --listen)"},
@@ -193,6 +194,10 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = up->redrive_after;
         argv[n++] = "--redrive-interval";
         argv[n++] = up->redrive_interval;
+        if (up->tools[0]) { /* the same catalogue as the consumers: unknown tools refused early */
+            argv[n++] = "--tools";
+            argv[n++] = up->tools;
+        }
         break;
     case UP_RELAY:
         argv[n++] = "relay";

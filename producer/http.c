@@ -18,7 +18,9 @@
  * writer). Error bodies are {"error":{"code":...,"message":...}} with stable codes:
  * missing_idempotency_key, invalid_idempotency_key, bad_request, unauthorized, forbidden,
  * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
- * unavailable, internal.
+ * unavailable, internal; with a tool catalogue (--tools) also unknown_tool and bad_args (whose
+ * error object adds "pointer", the JSON pointer of the first violation inside args, and
+ * "keyword"), checked on the epoll thread before the job is queued: nothing is written.
  *
  * Long poll. A GET of a call with ?wait= whose call is not terminal suspends its connection
  * the same way and arms a call waiter (waiters.c) with the deadline: the writer's
@@ -77,6 +79,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "oq_catalog.h"
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
@@ -142,6 +145,10 @@ struct oq_http {
     char ready_db[192], ready_kafka[192], commit_error[192];
     atomic_llong last_commit_ok_us, last_commit_fail_us;
     oq_metric_t *m_ready;
+
+    /* tool catalogue (borrowed), or NULL: no check, GET /v1/tools is 404 */
+    const oq_catalog_t *catalog;
+    char *tools_json; /**< the GET /v1/tools body, rendered once at start */
 };
 
 enum { RS_NEW = 0, RS_READING, RS_WAITING, RS_DONE };
@@ -229,6 +236,21 @@ static enum MHD_Result send_error(oq_http_t *h, struct MHD_Connection *c, unsign
                                   const char *code, const char *msg)
 {
     return send_error_ex(h, c, status, code, msg, 0);
+}
+
+/* 400 bad_args: the error object also carries the violation's pointer (into args) and keyword. */
+static enum MHD_Result send_bad_args(oq_http_t *h, struct MHD_Connection *c, const char *tool,
+                                     const oq_jschema_violation_t *v)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "args do not match the input_schema of tool %s: at \"%s\": %s", tool,
+             v->pointer, v->reason);
+    json_t *b = json_pack("{s:{s:s,s:s,s:s,s:s}}", "error", "code", "bad_args", "message", msg,
+                          "pointer", v->pointer, "keyword", v->keyword);
+    char *text = b ? oq_json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    if (!text) return MHD_NO;
+    return send_text(h, c, 400, text, strlen(text), "application/json", NULL, 0, 0, NULL, NULL);
 }
 
 /* 405 with the Allow header that RFC 9110 (15.5.6) requires: the methods the path serves. */
@@ -611,6 +633,22 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
         snprintf(msg, sizeof msg, "%s", err.msg);
         goto bad;
     }
+    if (h->catalog) { /* the catalogue's check (req.tool is valid ASCII by now), before the
+                         job is queued: nothing is written */
+        oq_jschema_violation_t viol;
+        int crc = oq_catalog_check(h->catalog, req.tool, req.args, &viol);
+        if (crc) {
+            oq_submit_job_destroy(ctx->job);
+            ctx->job = NULL;
+            if (crc == OQ_ENOTFOUND)
+                snprintf(msg, sizeof msg, "no tool named \"%s\" in the catalogue (GET /v1/tools)",
+                         req.tool);
+            ret = crc == OQ_ENOTFOUND ? send_error(h, c, 400, "unknown_tool", msg)
+                                      : send_bad_args(h, c, req.tool, &viol);
+            json_decref(root);
+            return ret;
+        }
+    }
     json_decref(root);
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
@@ -918,6 +956,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return get_metrics(h, c);
     }
     if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
+    if (strcmp(url, "/v1/tools") == 0) {
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
+        if (!h->tools_json)
+            return send_error(h, c, 404, "not_found",
+                              "no tool catalogue: the producer runs without --tools");
+        char *t = strdup(h->tools_json);
+        return t ? send_text(h, c, 200, t, strlen(t), "application/json", NULL, 0, 0, NULL, NULL)
+                 : MHD_NO;
+    }
     if (strncmp(url, BYKEY_PREFIX, strlen(BYKEY_PREFIX)) == 0) {
         const char *key = url + strlen(BYKEY_PREFIX);
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
@@ -978,6 +1025,7 @@ static void http_free(oq_http_t *h)
     oq_tokens_free(h->metrics_tokens);
     free(h->token_file);
     free(h->metrics_token_file);
+    free(h->tools_json);
     pthread_rwlock_destroy(&h->tok_lock);
     pthread_mutex_destroy(&h->ready_lock);
     pthread_cond_destroy(&h->ready_cond);
@@ -1051,6 +1099,16 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         goto fail;
     }
     if ((ret = oq_http_reload(h, err)) != 0) goto fail;
+    if ((h->catalog = opts->catalog)) {
+        json_t *list = oq_catalog_list(h->catalog);
+        json_t *body = list ? json_pack("{s:o}", "tools", list) : NULL;
+        h->tools_json = body ? oq_json_dumps(body, JSON_COMPACT) : NULL;
+        json_decref(body);
+        if (!h->tools_json) {
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            goto fail;
+        }
+    }
 
     unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
     oq_mhd_guard_opts_t go = {

@@ -79,6 +79,10 @@ void oq_producer_close(oq_producer_t *p);
 
 /**
  * @brief Submit one call and wait until it is durable (or refused).
+ * @remark No tool catalogue is consulted here: the catalogue belongs to the front doors (the
+ *         HTTP API checks it, see oq_http_opts_t.catalog), because an embedding program is
+ *         trusted code that may submit tools the file does not list. Such a program checks
+ *         with oq_catalog_check() (oq_catalog.h) first when it wants the same refusals.
  * @param call receives the call (the original one on a replay or conflict); may be NULL.
  * @param outcome receives the outcome (also on conflict); may be NULL.
  * @returns 0 for new / replay / retry-reset, OQ_ECONFLICT for a conflict, OQ_EINVAL for a bad
@@ -293,7 +297,12 @@ typedef struct oq_http_opts {
     const char *token_file; /**< API tokens, lines "TOKEN TENANT" (README "Authentication");
                                  NULL = no authentication. Borrowed: kept for oq_http_reload */
     oq_http_metrics_access_t metrics_access;
-    const char *metrics_token_file; /**< lines "TOKEN", for OQ_HTTP_METRICS_TOKEN (borrowed) */
+    const char *metrics_token_file;   /**< lines "TOKEN", for OQ_HTTP_METRICS_TOKEN (borrowed) */
+    const struct oq_catalog *catalog; /**< tool catalogue (oq_catalog.h), borrowed, must outlive
+                                           the server; NULL = none. With one, a submit naming a
+                                           tool it lacks is 400 unknown_tool, arguments its
+                                           input_schema refuses are 400 bad_args (nothing is
+                                           written), and GET /v1/tools lists it */
 } oq_http_opts_t;
 
 /**

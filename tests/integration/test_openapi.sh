@@ -6,7 +6,9 @@
 #    from a local address that is not loopback;
 #  - auth: --token-file, --metrics-access token, --max-message-bytes 1000 (401, 403
 #    tenant_mismatch, the 413 of a message too large for Kafka);
-#  - fault: its calls table renamed for a moment (every 503, /readyz unready), then restored.
+#  - fault: its calls table renamed for a moment (every 503, /readyz unready), then restored;
+#    it also has --tools (a tool "pay" with an input_schema): GET /v1/tools, and the 400s
+#    unknown_tool and bad_args of the catalogue.
 # The checker fails when a response does not validate, a required header is missing, a status
 # is not documented, an undocumented method is not 405 with the right Allow, or a documented
 # (operation, status, error code) was never produced.
@@ -38,7 +40,14 @@ oq_spawn producer-auth "$ONCEQ_BIN" producer --db "$T/auth.db" --listen "127.0.0
     --token-file "$T/tokens" --metrics-access token --metrics-token-file "$T/mtokens" \
     --max-message-bytes 1000
 FPORT=$(oq_free_port) || oq_fail "no free port"
-oq_spawn producer-fault "$ONCEQ_BIN" producer --db "$T/fault.db" --listen "127.0.0.1:$FPORT"
+cat >"$T/tools.json" <<'JSON'
+{"tools": [{"name": "pay", "url": "http://127.0.0.1:9/pay", "description": "Pay",
+            "input_schema": {"type": "object", "required": ["amount"],
+                             "properties": {"amount": {"type": "integer", "minimum": 1}}},
+            "annotations": {"title": "Pay", "idempotentHint": true}}]}
+JSON
+oq_spawn producer-fault "$ONCEQ_BIN" producer --db "$T/fault.db" --listen "127.0.0.1:$FPORT" \
+    --tools "$T/tools.json"
 oq_wait_for 15 curl -sf "http://127.0.0.1:$APORT/healthz" || oq_fail "auth producer did not come up"
 oq_wait_for 15 curl -sf "http://127.0.0.1:$FPORT/healthz" || oq_fail "fault producer did not come up"
 ready() { curl -sf -o /dev/null "$1/readyz"; }

@@ -9,7 +9,9 @@
 --auth: a producer with --token-file (T is the token of tenant "shop"), --metrics-access
         token (M), --max-message-bytes 1000.
 --fault: a producer without brokers on --fault-db, whose calls table this script renames
-        for a moment (every read and every commit then fails) and then restores.
+        for a moment (every read and every commit then fails) and then restores; it runs
+        with --tools (a file declaring the tool "pay", see test_openapi.sh), for GET
+        /v1/tools and the catalogue's refusals (unknown_tool, bad_args).
 --non-loopback: a local address that is not loopback, to be the source of requests to
         /stats and /metrics (403 forbidden); without it those two statuses are reported as
         not produced and the run fails.
@@ -369,6 +371,7 @@ def scenario_main(ck, M, src):
     ck.request(M, "GET", "/v1/tool-calls/" + cid + "?wait=61s", expect=400, code="bad_request")
     ck.request(M, "GET", "/v1/tool-calls/by-key/oa-1?tenant=shop&wait=x", expect=400,
                code="bad_request")
+    ck.request(M, "GET", "/v1/tools", expect=404, code="not_found")  # no --tools
     # refused submits
     body = json.dumps({"tool": "charge", "args": {"amount": 1}})
     ck.submit(M, None, body, expect=400, code="missing_idempotency_key")
@@ -401,6 +404,7 @@ def scenario_main(ck, M, src):
     ck.wrong_methods(M, {"/v1/tool-calls": "/v1/tool-calls",
                          "/v1/tool-calls/{call_id}": "/v1/tool-calls/" + cid,
                          "/v1/tool-calls/by-key/{idem_key}": "/v1/tool-calls/by-key/oa-1",
+                         "/v1/tools": "/v1/tools",
                          "/healthz": "/healthz", "/readyz": "/readyz", "/stats": "/stats",
                          "/metrics": "/metrics"})
     if src:
@@ -424,6 +428,7 @@ def scenario_auth(ck, A, tok, mtok):
     ck.request(A, "GET", "/v1/tool-calls/" + cid, bearer, expect=200)
     ck.request(A, "GET", "/v1/tool-calls/by-key/oa-a1", expect=401, code="unauthorized")
     ck.request(A, "GET", "/v1/tool-calls/by-key/oa-a1", bearer, expect=200)
+    ck.request(A, "GET", "/v1/tools", expect=401, code="unauthorized")
     ck.request(A, "GET", "/v1/tool-calls/by-key/oa-a1?tenant=other", bearer, expect=403,
                code="tenant_mismatch")
     ck.submit(A, "oa-a2", dict(body, tenant="other"), expect=403, code="tenant_mismatch",
@@ -437,6 +442,20 @@ def scenario_auth(ck, A, tok, mtok):
         ck.request(A, "GET", p, [("Authorization", "Bearer " + mtok)], expect=200)
     ck.request(A, "GET", "/healthz", expect=200)
     ck.request(A, "GET", "/readyz", expect=200)
+
+
+def scenario_tools(ck, F):
+    """The catalogue of a producer with --tools: the list, and refusals that write nothing."""
+    st, _, _, t = ck.request(F, "GET", "/v1/tools", expect=200)
+    names = [x["name"] for x in (t or {}).get("tools", [])]
+    if names[:2] != ["pay", "charge"]:
+        ck.fail("GET /v1/tools: %s" % names)
+    ck.submit(F, "oa-t1", {"tool": "refund", "args": {}}, expect=400, code="unknown_tool")
+    st, _, _, e = ck.submit(F, "oa-t2", {"tool": "pay", "args": {"amount": 0}}, expect=400,
+                            code="bad_args")
+    if e and e["error"].get("pointer") != "/amount":
+        ck.fail("bad_args pointer: %s" % e)
+    ck.submit(F, "oa-t2", {"tool": "pay", "args": {"amount": 5}}, expect=202)
 
 
 def scenario_fault(ck, F, db):
@@ -479,6 +498,7 @@ def main():
         return 1
     for name, fn in (("main", lambda: scenario_main(ck, a.main, a.non_loopback)),
                      ("auth", lambda: scenario_auth(ck, a.auth, a.api_token, a.metrics_token)),
+                     ("tools", lambda: scenario_tools(ck, a.fault)),
                      ("fault", lambda: scenario_fault(ck, a.fault, a.fault_db))):
         try:
             fn()
