@@ -22,9 +22,9 @@
  * searched unanchored, as the spec says (write ^...$ to anchor). A pattern regcomp refuses is
  * refused at compile time, and so are patterns glibc cannot run in bounded time or memory:
  * adjacent quantifiers ("a+*", undefined in POSIX), back-references, a bound over 255,
- * repetitions expanding past 20000 atoms, more than 1024 bytes. ECMA-262 specifics (\d, \w, lookaround, lazy quantifiers) are not
- * POSIX: "\d" is refused by some C libraries and means a literal "d" in others, so write
- * [0-9]. A string holding U+0000 is matched up to it.
+ * repetitions expanding past 20000 atoms, more than 1024 bytes. ECMA-262 specifics (\d, \w,
+ * lookaround, lazy quantifiers) are not POSIX: "\d" is refused by some C libraries and means a
+ * literal "d" in others, so write [0-9]. A string holding U+0000 is matched up to it.
  *
  * Equality (enum, const, uniqueItems) is JSON equality: 1 and 1.0 are equal, object member
  * order does not matter. multipleOf is exact on integers; with a non-integer on either side
