@@ -2,8 +2,9 @@
 # `onceq up` as a supervisor: it starts broker + producer + relay + 2 consumers, prints where
 # everything is, serves calls end to end; a child killed with -9 is restarted (new pid) and the
 # pipeline keeps working; a killed embedded broker makes it restart every child against the new
-# broker; SIGTERM stops every child and exits 0, leaving no process behind. Then the quick-start
-# demo (scripts/demo.sh) runs against a fresh `onceq up` and must finish with verify clean.
+# broker; SIGTERM stops every child and exits 0, leaving no process behind. Then the older demo
+# on the compiled tools (scripts/demo-pipeline.sh) runs against a fresh `onceq up` and must
+# finish with verify clean.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
@@ -58,9 +59,9 @@ urc=$?
 for k in $KIDS; do kill -0 "$k" 2>/dev/null && oq_fail "child $k survived onceq up's SIGTERM"; done
 grep -q "onceq up: stopped" "$T/up.log" || oq_fail "no clean stop message"
 
-# The quick-start demo, bounded.
+# The demo on the compiled tools, bounded.
 DPORT=$(oq_free_port)
-ONCEQ_DEMO_PORT=$DPORT ONCEQ_DEMO_DIR=$T/demo timeout 120 bash "$ONCEQ_SRC/scripts/demo.sh" "$ONCEQ_BIN" >"$T/demo.out" 2>&1
+ONCEQ_DEMO_PORT=$DPORT ONCEQ_DEMO_DIR=$T/demo timeout 120 bash "$ONCEQ_SRC/scripts/demo-pipeline.sh" "$ONCEQ_BIN" >"$T/demo.out" 2>&1
 drc=$?
 cat "$T/demo.out" | grep -v '^ts='
 [[ $drc == 0 ]] || oq_fail "demo exit $drc"
