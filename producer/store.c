@@ -750,7 +750,7 @@ int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t
              "SELECT " CALL_COLS ",rowid FROM calls WHERE rowid < ?1 AND rowid >= ?2%s%s%s%s%s "
              "ORDER BY rowid DESC LIMIT ?8",
              q->state ? (indexed ? " AND state=?3 AND state<>'pending'" : " AND state=?3") : "",
-             q->tool ? " AND tool=?4" : "", q->tenant ? " AND tenant=?5" : "",
+             q->tool ? " AND +tool=?4" : "", q->tenant ? " AND +tenant=?5" : "",
              q->since_ms ? " AND created_at >= ?6" : "",
              q->until_ms ? " AND created_at <= ?7" : "");
     int64_t hi = q->before, lo = q->floor > 0 ? q->floor : 0;
