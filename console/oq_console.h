@@ -5,7 +5,8 @@
  *
  * The console holds no rules and no SQL of its own: calls come from oq_store_list, a call's
  * timeline from oq_inspect_doc, the review queue and its decisions from oq_review_list and
- * oq_review_resolve, the relay's dead rows from oq_relay_dead_list, the charts from the
+ * oq_review_resolve, the relay's dead rows from oq_relay_dead_list, the DLQ topic's dead letters
+ * and their redrive from `onceq dlq` itself (console/dlq.c), the charts from the
  * daemons' own /metrics. Its pages are embedded in the binary (console/assets/).
  */
 #ifndef OQ_CONSOLE_H
@@ -38,6 +39,9 @@ typedef struct oq_console_opts {
     const char *const *metrics_urls; /**< the daemons' /metrics, for the charts */
     size_t n_metrics_urls;
     const char *local_operator; /**< the operator's name without tokens (audit rows) */
+    const char *brokers;        /**< the DLQ topic's cluster (NULL: only the relay's dead rows) */
+    const char *topic_prefix;   /**< with brokers: the topics' prefix (NULL: none) */
+    const char *self_exe;       /**< with brokers: the onceq binary, which runs `onceq dlq` */
 } oq_console_opts_t;
 
 /**

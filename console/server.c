@@ -17,6 +17,10 @@
  * cross-site page cannot read it. Decisions are audited with the operator's name
  * ("console:NAME"): the token's name, or the local user's.
  *
+ * Dead letters: the relay's dead outbox rows (oq_relay_dead_list: not redriven, by design), and
+ * with --brokers the DLQ topic's, listed and redriven by `onceq dlq` run as a child
+ * (console/dlq.c), the redrive being a POST with the CSRF token, logged with the operator.
+ *
  * Sessions live in memory (a fixed table, the oldest replaced when full); a restart logs
  * everyone out. The charts' /api/metrics/N fetches the Nth --metrics-url server-side, so the
  * page needs no cross-origin access to the daemons.
@@ -32,6 +36,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "console_int.h"
 #include "oq_console.h"
 #include "oq_consumer.h"
 #include "oq_db.h"
@@ -70,6 +75,7 @@ struct oq_console {
     struct MHD_Daemon *d;
     int port;
     char *pdb, *cdb, *local_op;
+    char *brokers, *prefix, *exe; /**< the DLQ topic (NULL: none) */
     char **murls;
     size_t n_murls;
     oq_token_table_t *tokens; /**< NULL: no tokens, loopback only */
@@ -415,6 +421,9 @@ static enum MHD_Result api_resolve(oq_console_t *c, struct MHD_Connection *conn,
     return send_json(conn, 200, out);
 }
 
+static int run_dlq(oq_console_t *c, const char *action, const char *ref, char **out, int *code,
+                   oq_error_t *err);
+
 static enum MHD_Result api_dlq(oq_console_t *c, struct MHD_Connection *conn)
 {
     oq_error_t err = {0};
@@ -426,7 +435,75 @@ static enum MHD_Result api_dlq(oq_console_t *c, struct MHD_Connection *conn)
     if (rc) return send_error(conn, status_of(rc), "error", err.msg);
     for (size_t i = 0; i < json_array_size(a); i++) /* the page shows sizes, not payloads */
         json_object_del(json_array_get(a, i), "payload");
-    return send_json(conn, 200, json_pack("{s:o}", "outbox_dead", a));
+    json_t *topic = json_null();
+    if (c->brokers) { /* the DLQ topic, as `onceq dlq list --json` prints it */
+        char *out = NULL;
+        int code = 0;
+        json_decref(topic);
+        if (run_dlq(c, "list", NULL, &out, &code, &err) != 0 || code != 0 ||
+            !(topic = json_loads(out, 0, NULL)))
+            topic = json_pack("{s:s}", "error", err.msg[0] ? err.msg : "onceq dlq list failed");
+        free(out);
+        for (size_t i = 0; json_is_array(topic) && i < json_array_size(topic); i++)
+            json_object_del(json_array_get(topic, i), "payload");
+    }
+    return send_json(conn, 200, json_pack("{s:o, s:o}", "outbox_dead", a, "topic", topic));
+}
+
+/* `onceq dlq ACTION [REF] --brokers B [--topic-prefix P] [--json]`; \p out its stdout. */
+static int run_dlq(oq_console_t *c, const char *action, const char *ref, char **out, int *code,
+                   oq_error_t *err)
+{
+    char *argv[12];
+    int n = 0;
+    argv[n++] = c->exe;
+    argv[n++] = "dlq";
+    argv[n++] = (char *)action;
+    if (ref) argv[n++] = (char *)ref;
+    argv[n++] = "--brokers";
+    argv[n++] = c->brokers;
+    if (c->prefix) {
+        argv[n++] = "--topic-prefix";
+        argv[n++] = c->prefix;
+    }
+    if (!ref) argv[n++] = "--json";
+    argv[n] = NULL;
+    return oq__console_run(c->exe, argv, 30000, out, code, err);
+}
+
+static int ref_valid(const char *r)
+{
+    size_t a = strspn(r, "0123456789");
+    return a > 0 && a < 12 && r[a] == ':' && strspn(r + a + 1, "0123456789") > 0 &&
+           strlen(r + a + 1) < 20 && r[a + 1 + strspn(r + a + 1, "0123456789")] == 0;
+}
+
+static enum MHD_Result api_redrive(oq_console_t *c, struct MHD_Connection *conn,
+                                   const principal_t *p, const body_t *b)
+{
+    oq_error_t err = {0};
+    char *out = NULL;
+    int code = 0;
+    if (!csrf_ok(conn, p))
+        return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing published");
+    if (!p->admin) return send_error(conn, 403, "forbidden", "only an operator may redrive");
+    if (!c->brokers) return send_error(conn, 404, "not_found", "no --brokers: no DLQ topic");
+    json_t *in = b->buf ? json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    const char *ref = json_string_value(json_object_get(in, "ref"));
+    if (!ref || !ref_valid(ref)) {
+        json_decref(in);
+        return send_error(conn, 400, "bad_request", "a JSON body {\"ref\": \"PARTITION:OFFSET\"}");
+    }
+    int rc = run_dlq(c, "redrive", ref, &out, &code, &err);
+    OQ_LOG_INFO(COMP, "dlq redrive ref=%s by=console:%s exit=%d", ref, p->name, rc ? -1 : code);
+    json_decref(in);
+    if (rc) return send_error(conn, 502, "error", err.msg);
+    size_t len = strlen(out);
+    while (len && out[len - 1] == '\n')
+        out[--len] = 0;
+    json_t *r = json_pack("{s:b, s:i, s:s}", "redriven", code == 0, "exit", code, "output", out);
+    free(out);
+    return send_json(conn, code == 0 ? 200 : code == 4 ? 404 : code == 2 ? 400 : 502, r);
 }
 
 static enum MHD_Result api_metrics(oq_console_t *c, struct MHD_Connection *conn, const char *which)
@@ -526,6 +603,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         if (!p.admin) return send_error(conn, 403, "forbidden", "operators only");
         return api_dlq(c, conn);
     }
+    if (post && strcmp(r, "dlq/redrive") == 0) return api_redrive(c, conn, &p, b);
     if (get && strncmp(r, "metrics/", 8) == 0) {
         if (!p.admin) return send_error(conn, 403, "forbidden", "operators only");
         return api_metrics(c, conn, r + 8);
@@ -553,6 +631,9 @@ static void console_free(oq_console_t *c)
     free(c->pdb);
     free(c->cdb);
     free(c->local_op);
+    free(c->brokers);
+    free(c->prefix);
+    free(c->exe);
     for (size_t i = 0; i < c->n_murls; i++)
         free(c->murls[i]);
     free(c->murls);
@@ -593,6 +674,16 @@ int oq_console_start(const oq_console_opts_t *o, oq_console_t **out, oq_error_t 
     c->local_op = strdup(o->local_operator ? o->local_operator : "local");
     c->murls = calloc(o->n_metrics_urls + 1, sizeof *c->murls);
     if (!c->pdb || (o->consumer_db && !c->cdb) || !c->local_op || !c->murls) goto oom;
+    if (o->brokers) {
+        if (!o->self_exe) {
+            rc = oq_error_set(err, OQ_EINVAL, 0, "brokers without self_exe");
+            goto fail;
+        }
+        c->brokers = strdup(o->brokers);
+        c->exe = strdup(o->self_exe);
+        c->prefix = o->topic_prefix ? strdup(o->topic_prefix) : NULL;
+        if (!c->brokers || !c->exe || (o->topic_prefix && !c->prefix)) goto oom;
+    }
     for (size_t i = 0; i < o->n_metrics_urls; i++) {
         if (!(c->murls[i] = strdup(o->metrics_urls[i]))) goto oom;
         c->n_murls++;

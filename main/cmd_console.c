@@ -3,6 +3,8 @@
  * flags, starts the server, prints its URL on stdout (one line, "onceq console: http://...",
  * so `onceq up` and scripts can find it) and waits for SIGTERM / SIGINT.
  */
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 
 #include "cmds.h"
 #include "oq_console.h"
+#include "oq_envelope.h"
 #include "oq_log.h"
 
 #define MAX_METRICS_URLS 16
@@ -27,12 +30,16 @@ static const oq_setting_t console_settings[] = {
      "needs one; a tenant sees its own calls, an operator all, and only an operator acts"},
     {"metrics-url", OQ_SET_STRING, "", 0, 8192, NULL,
      "comma-separated /metrics URLs of the daemons (producer, consumers), for the charts"},
+    {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "Kafka bootstrap servers: the DLQ topic's dead letters, listed and redriven by onceq dlq"},
+    OQ_SETTING_TOPIC_PREFIX,
 };
 
 static const char console_usage[] =
     "usage: onceq console [--producer-db calls.db] [--consumer-db effects.db]\n"
     "                     [--listen 127.0.0.1:8089] [--token-file FILE]\n"
     "                     [--metrics-url http://127.0.0.1:8081/metrics,...]\n"
+    "                     [--brokers B [--topic-prefix P]]\n"
     "Pages: calls (filters, search by key or id), a call's timeline, the review queue with\n"
     "resolve, the relay's dead rows, live charts from the daemons' /metrics.";
 
@@ -64,6 +71,13 @@ int oq__cmd_console(int argc, char **argv)
         goto out;
     }
     if (!(urls = strdup(oq_config_str(cfg, "metrics-url")))) goto out;
+    char exe[PATH_MAX];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (el <= 0) {
+        fprintf(stderr, "onceq console: readlink /proc/self/exe: %s\n", strerror(errno));
+        goto out;
+    }
+    exe[el] = 0;
     char *save = NULL;
     for (char *u = strtok_r(urls, ",", &save); u; u = strtok_r(NULL, ",", &save)) {
         if (nm == MAX_METRICS_URLS ||
@@ -84,6 +98,10 @@ int oq__cmd_console(int argc, char **argv)
         .metrics_urls = mv,
         .n_metrics_urls = nm,
         .local_operator = user && user[0] ? user : "local",
+        .brokers = oq_config_str(cfg, "brokers"),
+        .topic_prefix =
+            oq_config_is_set(cfg, "topic-prefix") ? oq_config_str(cfg, "topic-prefix") : NULL,
+        .self_exe = exe,
     };
     if (access(o.producer_db, R_OK) != 0 || (o.consumer_db && access(o.consumer_db, R_OK) != 0)) {
         fprintf(stderr, "onceq console: %s: cannot read\n",

@@ -211,7 +211,7 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
             argv[n++] = up->tools;
         }
         break;
-    case UP_CONSOLE: /* no Kafka: none of the options below */
+    case UP_CONSOLE: /* no Kafka client of its own (onceq dlq is): none of the options below */
         argv[n++] = "console";
         argv[n++] = "--producer-db";
         argv[n++] = up->calls_db;
@@ -225,6 +225,12 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         }
         argv[n++] = "--metrics-url";
         argv[n++] = up->console_metrics;
+        argv[n++] = "--brokers"; /* the DLQ topic */
+        argv[n++] = up->brokers;
+        if (oq_config_is_set(up->cfg, "topic-prefix")) {
+            argv[n++] = "--topic-prefix";
+            argv[n++] = (char *)oq_config_str(up->cfg, "topic-prefix");
+        }
         argv[n] = NULL;
         return n;
     }

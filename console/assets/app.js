@@ -194,8 +194,29 @@ async function viewReview(keepMsg) {
 
 // --- dead letters --------------------------------------------------------------------------
 
-async function viewDlq() {
+async function redrive(ref) {
+  try {
+    const r = await api('dlq/redrive', {method: 'POST', headers: {'Content-Type': 'application/json',
+                                                                  'X-CSRF-Token': me.csrf},
+                                        body: JSON.stringify({ref: ref})});
+    say(r.output || ('redriven ' + ref), 'ok');
+  } catch (e) { say('redrive refused: ' + e.message, 'error'); }
+  await viewDlq(true);
+}
+
+async function viewDlq(keepMsg) {
   const d = await api('dlq');
+  if (!keepMsg) say('');
+  const topic = h('tbody');
+  if (Array.isArray(d.topic)) {
+    for (const r of d.topic)
+      topic.appendChild(h('tr', {'data-ref': r.ref}, h('td', {class: 'mono', text: r.ref}),
+        h('td', {class: 'mono', text: fmtTime(r.timestamp)}), h('td', {text: r.reason || ''}),
+        h('td', {class: 'mono', text: r.detail || ''}), h('td', {class: 'mono', text: r.key || ''}),
+        h('td', {text: r.redrive ? 'redrive of ' + r.redrive : ''}),
+        h('td', {}, me.admin ? h('button', {class: 'redrive-btn', onclick: () => redrive(r.ref)}, 'Redrive') : null)));
+    if (!d.topic.length) topic.appendChild(h('tr', {}, h('td', {colspan: 7, class: 'muted', text: 'no dead letters'})));
+  }
   const tbody = h('tbody');
   for (const r of d.outbox_dead)
     tbody.appendChild(h('tr', {}, h('td', {text: r.seq}), h('td', {class: 'mono', text: fmtTime(r.dead_at)}),
@@ -203,6 +224,14 @@ async function viewDlq() {
       h('td', {text: r.handled_at === null ? 'no' : 'yes'})));
   if (!d.outbox_dead.length) tbody.appendChild(h('tr', {}, h('td', {colspan: 6, class: 'muted', text: 'no dead outbox rows'})));
   page().replaceChildren(h('h1', {text: 'Dead letters'}),
+    h('h2', {text: 'DLQ topic'}),
+    d.topic === null ? h('p', {class: 'muted', text: 'The console was started without --brokers: the DLQ topic is not shown.'})
+      : !Array.isArray(d.topic) ? h('p', {class: 'muted', text: 'onceq dlq list: ' + d.topic.error})
+      : h('div', {}, h('p', {class: 'muted', text: 'Messages a consumer could not execute (as onceq dlq list shows them). ' +
+          'Redrive puts one back on its origin topic with its message id (onceq dlq redrive): the inbox lets a valid copy through once.'}),
+          h('table', {id: 'dlq-topic'}, h('thead', {}, h('tr', {}, ['ref', 'time', 'reason', 'detail', 'call',
+                                                                 'redrive', ''].map(t => h('th', {text: t})))), topic)),
+    h('h2', {text: 'Relay: dead outbox rows'}),
     h('p', {class: 'muted', text: 'Outbox rows Kafka refused for good (as onceq dlq --outbox-db lists them): ' +
       'the producer fails their calls (unpublishable), a client resubmits after the fix.'}),
     h('table', {id: 'dlq'}, h('thead', {}, h('tr', {}, ['seq', 'dead at', 'reason', 'call', 'bytes',
@@ -309,7 +338,7 @@ async function route() {
   try {
     if (path.startsWith('/call/')) { say(''); await viewCall(decodeURIComponent(path.slice(6))); }
     else if (path === '/review') await viewReview(false);
-    else if (path === '/dlq') { say(''); await viewDlq(); }
+    else if (path === '/dlq') await viewDlq(false);
     else if (path === '/charts') { say(''); await viewCharts(); }
     else { say(''); await viewCalls(new URLSearchParams(query || '')); }
   } catch (e) {
