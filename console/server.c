@@ -341,6 +341,14 @@ static enum MHD_Result api_calls(oq_console_t *c, struct MHD_Connection *conn, c
     q.until_ms = qint(conn, "until", 0);
     q.before = qint(conn, "before", 0);
     q.limit = (int)qint(conn, "limit", 50);
+    static const char *const states[] = {"pending", "running", "succeeded", "failed",
+                                         "needs_review"};
+    int known = !q.state;
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        known |= q.state && strcmp(q.state, states[i]) == 0;
+    if (!known)
+        return send_error(conn, 400, "bad_request",
+                          "status: pending, running, succeeded, failed or needs_review");
     if (q.since_ms < 0 || q.until_ms < 0 || q.before < 0 || q.limit < 1 || q.limit > 500)
         return send_error(conn, 400, "bad_request", "since, until, before: unix ms; limit: 1..500");
     int rc = open_pdb(c, &db, &err);
