@@ -271,6 +271,9 @@ const CHARTS = [
    series: [['relay pending rows', ms => sum(ms, 'onceq_relay_pending_rows')],
             ['outbox pending', ms => sum(ms, 'onceq_producer_outbox_pending')],
             ['consumer lag', ms => sum(ms, 'onceq_consumer_lag')]]},
+  {id: 'chart-recovery', title: 'recovery time: UNKNOWN to decided (mean s over 2 s)',
+   series: [['mean s', ms => [sum(ms, 'onceq_consumer_unknown_resolved_seconds_sum'),
+                              sum(ms, 'onceq_consumer_unknown_resolved_seconds_count')], 'ratio']]},
 ];
 
 async function sample() {
@@ -287,11 +290,14 @@ async function sample() {
 function drawChart(c) {
   const W = 600, H = 160, P = 28;
   const pts = c.series.map(s => {
-    const key = c.id + s[0], rate = c.rate || s[2];
+    const key = c.id + s[0], rate = c.rate || s[2] === true, ratio = s[2] === 'ratio';
     const out = [];
-    for (let i = rate ? 1 : 0; i < hist.length; i++) {
-      const y = rate ? Math.max(0, (hist[i].v[key] - hist[i - 1].v[key]) / ((hist[i].t - hist[i - 1].t) / 1000))
-                     : hist[i].v[key];
+    for (let i = rate || ratio ? 1 : 0; i < hist.length; i++) {
+      const a = hist[i].v[key], b = i ? hist[i - 1].v[key] : null;
+      let y;
+      if (ratio) { const dn = a[1] - b[1]; if (dn <= 0) continue; y = Math.max(0, (a[0] - b[0]) / dn); }
+      else if (rate) y = Math.max(0, (a - b) / ((hist[i].t - hist[i - 1].t) / 1000));
+      else y = a;
       out.push([hist[i].t, y]);
     }
     return out;

@@ -94,6 +94,16 @@ def as_operator():
             ready(d, "#/review")
             row = d.find_element(By.CSS_SELECTOR, '#review tr[data-call-id="%s"]' % REVIEW_CALL)
             shot(d, "review")
+            # what a forged request can do with the session cookie alone: no CSRF token, refused
+            fence = int(row.find_element(By.CSS_SELECTOR, "td.fence").text)
+            status = d.execute_async_script("""
+                const done = arguments[arguments.length - 1];
+                fetch('/api/review/' + arguments[0] + '/resolve', {method: 'POST',
+                      credentials: 'same-origin', headers: {'Content-Type': 'application/json'},
+                      body: JSON.stringify({as: 'failed', fence: arguments[1], note: 'forged'})})
+                  .then(r => done(r.status), e => done(String(e)));""", REVIEW_CALL, fence)
+            check(status == 403, "review page: a resolve without the CSRF token is refused (%s)"
+                  % status)
             Select(row.find_element(By.NAME, "as")).select_by_value("committed")
             row.find_element(By.NAME, "note").send_keys("payment seen in the provider dashboard")
             row.find_element(By.CSS_SELECTOR, "button.resolve-btn").click()
@@ -108,7 +118,7 @@ def as_operator():
             d.get(URL + "#/charts")
             ready(d, "#/charts")
             time.sleep(5)  # a few samples, so rates have two points
-            check(len(d.find_elements(By.CSS_SELECTOR, ".chart svg polyline")) >= 6,
+            check(len(d.find_elements(By.CSS_SELECTOR, ".chart svg polyline")) >= 7,
                   "charts page: SVG charts drawn from the daemons' metrics")
             shot(d, "charts")
         finally:
