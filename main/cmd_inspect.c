@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "oq_console.h"
 #include "oq_consumer.h"
 #include "oq_db.h"
 #include "oq_producer.h"
@@ -31,38 +32,13 @@ static const char inspect_usage[] =
     "usage: onceq inspect [--db calls.db] [--consumer-db effects.db] [--json] <call_id>\n"
     "Exit codes: 0 found, 4 not found.";
 
-/* One timeline row from either database (strings borrowed). */
-typedef struct {
-    int64_t ts;
-    int seq; /* order within its source */
-    const char *from, *event, *detail, *worker;
-    int64_t attempt, fence; /* -1: none */
-} tl_row_t;
-
-static int tl_cmp(const void *a, const void *b)
-{
-    const tl_row_t *x = a, *y = b;
-    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
-    int fx = strcmp(x->from, "producer") != 0, fy = strcmp(y->from, "producer") != 0;
-    if (fx != fy) return fx - fy; /* same millisecond: the producer's row first */
-    return x->seq - y->seq;
-}
-
-static json_t *int_or_null(int64_t v)
-{
-    return v >= 0 ? json_integer(v) : json_null();
-}
-
 int oq__cmd_inspect(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
     sqlite3 *db = NULL;
     oq_call_t c = {0};
-    oq_audit_row_t *rows = NULL;
-    size_t n = 0, nt = 0;
-    json_t *cons = NULL;
-    tl_row_t *tl = NULL;
+    json_t *doc = NULL;
     char ts[32];
     oq_config_t *cfg =
         oq_config_new(inspect_settings, sizeof inspect_settings / sizeof inspect_settings[0]);
@@ -88,49 +64,14 @@ int oq__cmd_inspect(int argc, char **argv)
         ret = OQ_EXIT_NOTFOUND;
         goto out;
     }
-    if (rc || oq_store_audit(db, id, &rows, &n, &err) != 0) {
+    if (rc || (rc = oq_inspect_doc(db, cdb, id, &doc, &err)) != 0) {
         fprintf(stderr, "onceq inspect: %s\n", err.msg);
         goto out;
     }
-    if (cdb && (rc = oq_review_show(cdb, id, &cons, &err)) != 0 && rc != OQ_ENOTFOUND) {
-        fprintf(stderr, "onceq inspect: %s: %s\n", cdb, err.msg);
-        goto out;
-    }
-    json_t *ctl = json_object_get(cons, "timeline");
-    if (!(tl = calloc(n + json_array_size(ctl) + 1, sizeof *tl))) goto out;
-    tl[nt++] = (tl_row_t){c.created_at, 0, "producer", "submitted", NULL, NULL, c.attempt, -1};
-    for (size_t i = 0; i < n; i++)
-        tl[nt++] = (tl_row_t){rows[i].ts,     (int)i + 1, "producer", rows[i].event,
-                              rows[i].detail, NULL,       -1,         -1};
-    for (size_t i = 0; i < json_array_size(ctl); i++) {
-        json_t *r = json_array_get(ctl, i);
-        tl[nt++] = (tl_row_t){json_integer_value(json_object_get(r, "ts")),
-                              (int)i,
-                              "consumer",
-                              json_string_value(json_object_get(r, "event")),
-                              json_string_value(json_object_get(r, "detail")),
-                              json_string_value(json_object_get(r, "worker")),
-                              json_integer_value(json_object_get(r, "attempt")),
-                              json_integer_value(json_object_get(r, "fence"))};
-    }
-    qsort(tl, nt, sizeof *tl, tl_cmp);
-
+    json_t *cons = json_object_get(doc, "consumer"), *tl = json_object_get(doc, "timeline");
+    if (json_is_null(cons)) cons = NULL;
     if (oq_config_int(cfg, "json")) {
-        json_t *doc = json_pack("{s:o, s:o, s:[]}", "call", oq_call_to_json(&c), "consumer",
-                                cons ? json_pack("{s:O, s:O}", "execution",
-                                                 json_object_get(cons, "execution"), "effect",
-                                                 json_object_get(cons, "effect"))
-                                     : json_null(),
-                                "timeline");
-        json_t *a = json_object_get(doc, "timeline");
-        for (size_t i = 0; a && i < nt; i++)
-            json_array_append_new(
-                a, json_pack("{s:I, s:s, s:s, s:s*, s:s*, s:o, s:o}", "ts", (json_int_t)tl[i].ts,
-                             "from", tl[i].from, "event", tl[i].event ? tl[i].event : "?", "detail",
-                             tl[i].detail, "worker", tl[i].worker, "attempt",
-                             int_or_null(tl[i].attempt), "fence", int_or_null(tl[i].fence)));
-        char *text = doc ? oq_json_dumps(doc, JSON_INDENT(2)) : NULL;
-        json_decref(doc);
+        char *text = oq_json_dumps(doc, JSON_INDENT(2));
         if (!text) goto out;
         printf("%s\n", text);
         free(text);
@@ -171,20 +112,22 @@ int oq__cmd_inspect(int argc, char **argv)
                        : "");
     }
     printf("\ntimeline\n");
-    for (size_t i = 0; i < nt; i++) {
+    for (size_t i = 0; i < json_array_size(tl); i++) {
+        json_t *r = json_array_get(tl, i);
+        const char *worker = json_string_value(json_object_get(r, "worker"));
+        const char *detail = json_string_value(json_object_get(r, "detail"));
         char meta[200] = "";
-        oq_time_format(tl[i].ts, ts);
-        if (tl[i].worker)
-            snprintf(meta, sizeof meta, " [%s attempt=%lld fence=%lld]", tl[i].worker,
-                     (long long)tl[i].attempt, (long long)tl[i].fence);
-        printf("  %s  %-8s  %-18s %s%s\n", ts, tl[i].from, tl[i].event ? tl[i].event : "?",
-               tl[i].detail ? tl[i].detail : "", meta);
+        oq_time_format(json_integer_value(json_object_get(r, "ts")), ts);
+        if (worker)
+            snprintf(meta, sizeof meta, " [%s attempt=%lld fence=%lld]", worker,
+                     (long long)json_integer_value(json_object_get(r, "attempt")),
+                     (long long)json_integer_value(json_object_get(r, "fence")));
+        printf("  %s  %-8s  %-18s %s%s\n", ts, json_string_value(json_object_get(r, "from")),
+               json_string_value(json_object_get(r, "event")), detail ? detail : "", meta);
     }
     ret = OQ_EXIT_OK;
 out:
-    free(tl);
-    json_decref(cons);
-    oq_audit_free(rows, n);
+    json_decref(doc);
     oq_call_clear(&c);
     if (db) sqlite3_close_v2(db);
     oq_config_destroy(cfg);

@@ -88,6 +88,8 @@ static const oq_setting_t up_settings[] = {
     {"metrics-base-port", OQ_SET_INT, "0", 0, 65000, NULL,
      "serve the relay's /metrics, /healthz and /readyz on 127.0.0.1:PORT and consumer-K's on "
      "PORT+K (0 = off; the producer's are on --listen)"},
+    {"console", OQ_SET_STRING, "127.0.0.1:8089", 0, 128, NULL,
+     "onceq console's listen address (\"\" = no console); it takes --token-file too"},
 };
 
 /* The producer settings that onceq up passes through when the user gave them (numbers first,
@@ -99,7 +101,7 @@ static const char *const up_producer_pass[UP_PASS_N] = {
     "request-timeout", "probe-connections",      "token-file",
     "metrics-access",  "metrics-token-file"};
 
-typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER } up_kind_t;
+typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER, UP_CONSOLE } up_kind_t;
 
 typedef struct {
     up_kind_t kind;
@@ -127,6 +129,7 @@ typedef struct {
     char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
     char kafka_conf[PATH_MAX];           /* DIR/kafka.conf: the clients' Kafka properties */
     char metrics_listen[UP_MAX_CHILDREN][32];
+    char console_metrics[UP_MAX_CHILDREN * 48]; /* the console's --metrics-url list */
 } up_t;
 
 static volatile sig_atomic_t up_stop_sig, up_hup;
@@ -219,6 +222,28 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
             argv[n++] = up->tools;
         }
         break;
+    case UP_CONSOLE: /* no Kafka client of its own (onceq dlq is): none of the options below */
+        argv[n++] = "console";
+        argv[n++] = "--producer-db";
+        argv[n++] = up->calls_db;
+        argv[n++] = "--consumer-db";
+        argv[n++] = up->effects_db;
+        argv[n++] = "--listen";
+        argv[n++] = (char *)oq_config_str(up->cfg, "console");
+        if (oq_config_str(up->cfg, "token-file")) {
+            argv[n++] = "--token-file";
+            argv[n++] = (char *)oq_config_str(up->cfg, "token-file");
+        }
+        argv[n++] = "--metrics-url";
+        argv[n++] = up->console_metrics;
+        argv[n++] = "--brokers"; /* the DLQ topic */
+        argv[n++] = up->brokers;
+        if (oq_config_is_set(up->cfg, "topic-prefix")) {
+            argv[n++] = "--topic-prefix";
+            argv[n++] = (char *)oq_config_str(up->cfg, "topic-prefix");
+        }
+        argv[n] = NULL;
+        return n;
     }
     /* One topic prefix for every child: the broker creates, the others use the same names. */
     if (oq_config_is_set(up->cfg, "topic-prefix")) {
@@ -415,6 +440,9 @@ static void up_print_where(const up_t *up)
         if (up->metrics_listen[i][0])
             printf("  metrics   http://%s/metrics  %s (/healthz, /readyz)\n", up->metrics_listen[i],
                    up->kids[i].name);
+    const char *cl = oq_config_str(up->cfg, "console");
+    if (cl && cl[0])
+        printf("  console   http://%s/  (onceq console: calls, timelines, review, charts)\n", cl);
     for (int i = 0; i < up->nkids; i++)
         if (up->kids[i].pid > 0) printf("  pid %-7d %s\n", (int)up->kids[i].pid, up->kids[i].name);
     printf("  stop      kill -TERM %d  (or Ctrl-C)\n", (int)getpid());
@@ -543,6 +571,19 @@ int oq__cmd_up(int argc, char **argv)
         up_child_t *k = &up->kids[up->nkids++];
         *k = (up_child_t){.kind = UP_CONSUMER};
         snprintf(k->name, sizeof k->name, "consumer-%d", i + 1);
+    }
+    const char *console_listen = oq_config_str(cfg, "console");
+    if (console_listen && console_listen[0] && up->nkids < UP_MAX_CHILDREN) {
+        /* the daemons' /metrics for its charts: the producer's, then those of --metrics-base-port
+         */
+        int base = (int)oq_config_int(cfg, "metrics-base-port"), w;
+        w = snprintf(up->console_metrics, sizeof up->console_metrics, "http://%s/metrics",
+                     oq_config_str(cfg, "listen"));
+        for (int i = 2;
+             base > 0 && i < up->nkids && w > 0 && (size_t)w < sizeof up->console_metrics; i++)
+            w += snprintf(up->console_metrics + w, sizeof up->console_metrics - (size_t)w,
+                          ",http://127.0.0.1:%d/metrics", base + i - 2);
+        up->kids[up->nkids++] = (up_child_t){.kind = UP_CONSOLE, .name = "console"};
     }
 
     struct sigaction sa;

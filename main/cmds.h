@@ -30,6 +30,7 @@
     X(purge, "delete expired terminal calls and published outbox rows")                            \
     X(verify, "check the invariants across the producer and consumer databases")                   \
     X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")           \
+    X(console, "the operators' web console: calls, timelines, review, dead letters, charts")       \
     X(downstream, "run the test payment service (own ledger, switchable faults); stats")           \
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
     X(fingerprint, "print the call fingerprint of the args JSON on stdin")                         \

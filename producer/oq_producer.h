@@ -153,6 +153,24 @@ int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size
                    oq_error_t *err);
 void oq_audit_free(oq_audit_row_t *rows, size_t n);
 
+/** What the operators' list of calls shows (onceq console); NULL / 0 = any. */
+typedef struct oq_call_query {
+    const char *call_id;  /**< exactly this call (then only the tenant below applies) */
+    const char *idem_key; /**< this key: in \p tenant, or in every tenant when NULL */
+    const char *state, *tool, *tenant;
+    int64_t since_ms, until_ms; /**< created_at bounds, inclusive (unix ms) */
+    int64_t before;             /**< the `next` of the previous page (0: the newest) */
+    int limit;                  /**< 1..500 */
+} oq_call_query_t;
+
+/**
+ * @brief A page of calls, newest first: {"calls": [call...], "next": N or null}. Every page
+ *        is bounded work at any table size (see producer/store.c): a filter no index answers
+ *        reads a window of rows, so a page may hold fewer than \p limit calls and still have
+ *        a `next`. @returns 0 with \p out a new reference, OQ_EINVAL, OQ_EDB.
+ */
+int oq_store_list(sqlite3 *db, const oq_call_query_t *q, json_t **out, oq_error_t *err);
+
 /* --- retention ---------------------------------------------------------------------------- */
 
 typedef struct oq_purge_stats {

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "oq_db.h"
+#include "oq_envelope.h"
 #include "oq_error.h"
 #include "oq_producer.h"
 #include "oq_util.h"
@@ -252,5 +253,31 @@ typedef struct oq__producer_counts {
 } oq__producer_counts_t;
 
 int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
+
+/* --- the operators' list of calls (onceq console, through oq_store_list) ---------------------- */
+
+/** A page's filters: NULL / 0 = any. Rows with before > rowid >= floor (0 = no bound). */
+typedef struct oq__producer_list_q {
+    const char *state, *tool, *tenant;
+    int64_t since_ms, until_ms; /**< created_at bounds, inclusive */
+    int64_t before, floor;
+    int limit; /**< 1.. */
+} oq__producer_list_q_t;
+
+/** One listed call and its position (rowid: insertion order). */
+typedef struct oq__producer_listed {
+    int64_t pos;
+    oq_call_t call;
+} oq__producer_listed_t;
+
+/** Newest first, at most q->limit; \p next: the `before` of the next page (0: no more). */
+int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t *q,
+                            oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err);
+void oq__producer_listed_free(oq__producer_listed_t *v, size_t n);
+/** The first position whose call was created at or after \p t. */
+int oq__producer_store_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_error_t *err);
+/** The smallest tenant after \p after, or "" (through the (tenant, idem_key) index). */
+int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
+                                   char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err);
 
 #endif

@@ -729,3 +729,128 @@ out:
     sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     return ret;
 }
+
+/* --- the operators' list of calls (onceq console) --------------------------------------------- */
+
+/*
+ * Newest first by rowid: calls is a rowid table and a submit takes max(rowid) + 1, so rowid
+ * order is insertion order, and paging on it needs no index of its own (a created_at index
+ * would cost every submit one more b-tree). A page reads rows with rowid in [lo, hi): the
+ * window is the whole table when an index answers (a settled state: calls_settled holds
+ * (state, rowid)), and OQ__LIST_SCAN rows otherwise, so no filter reads the whole table.
+ */
+#define OQ__LIST_SCAN 200000
+
+int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t *q,
+                            oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err)
+{
+    char sql[512];
+    int indexed = q->state && strcmp(q->state, "pending") != 0;
+    snprintf(sql, sizeof sql,
+             "SELECT " CALL_COLS ",rowid FROM calls WHERE rowid < ?1 AND rowid >= ?2%s%s%s%s%s "
+             "ORDER BY rowid DESC LIMIT ?8",
+             q->state ? (indexed ? " AND state=?3 AND state<>'pending'" : " AND state=?3") : "",
+             q->tool ? " AND +tool=?4" : "", q->tenant ? " AND +tenant=?5" : "",
+             q->since_ms ? " AND created_at >= ?6" : "",
+             q->until_ms ? " AND created_at <= ?7" : "");
+    int64_t hi = q->before, lo = q->floor > 0 ? q->floor : 0;
+    if (!indexed && (!hi || hi - OQ__LIST_SCAN > lo)) {
+        if (!hi) {
+            sqlite3_stmt *m = NULL;
+            if (sqlite3_prepare_v2(s->db, "SELECT COALESCE(max(rowid),0)+1 FROM calls", -1, &m,
+                                   NULL) != SQLITE_OK)
+                return oq_db_error(s->db, sqlite3_errcode(s->db), err, "list");
+            hi = sqlite3_step(m) == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 1;
+            sqlite3_finalize(m);
+        }
+        if (hi - OQ__LIST_SCAN > lo) lo = hi - OQ__LIST_SCAN;
+    }
+    if (!hi) hi = INT64_MAX;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "list");
+    sqlite3_bind_int64(st, 1, hi);
+    sqlite3_bind_int64(st, 2, lo);
+    if (q->state) bind_text(st, 3, q->state);
+    if (q->tool) bind_text(st, 4, q->tool);
+    if (q->tenant) bind_text(st, 5, q->tenant);
+    if (q->since_ms) sqlite3_bind_int64(st, 6, q->since_ms);
+    if (q->until_ms) sqlite3_bind_int64(st, 7, q->until_ms);
+    sqlite3_bind_int(st, 8, q->limit);
+    oq__producer_listed_t *v = calloc((size_t)q->limit, sizeof *v);
+    size_t k = 0;
+    int ret = 0;
+    if (!v) {
+        sqlite3_finalize(st);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && k < (size_t)q->limit) {
+        v[k].pos = sqlite3_column_int64(st, 16);
+        if ((ret = read_call(st, &v[k].call)) != 0) break;
+        k++;
+    }
+    if (!ret && rc != SQLITE_ROW && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "list");
+    sqlite3_finalize(st);
+    if (ret) {
+        oq__producer_listed_free(v, k);
+        return ret == OQ_ENOMEM ? oq_error_set(err, OQ_ENOMEM, 0, "out of memory") : ret;
+    }
+    /* the next page: below the last row shown, or below the window when it was not filled */
+    *next = k == (size_t)q->limit ? v[k - 1].pos : (lo > (q->floor > 0 ? q->floor : 0) ? lo : 0);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+void oq__producer_listed_free(oq__producer_listed_t *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        oq_call_clear(&v[i].call);
+    free(v);
+}
+
+/* The first rowid whose call was created at or after \p t (rowids follow creation), or
+ * max(rowid) + 1: a binary search of about 20 point reads. */
+int oq__producer_store_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(
+        s->db, "SELECT rowid,created_at FROM calls WHERE rowid >= ?1 ORDER BY rowid LIMIT 1", -1,
+        &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "list");
+    int64_t lo = 0, hi = INT64_MAX / 2;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        sqlite3_bind_int64(st, 1, mid);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW && sqlite3_column_int64(st, 1) < t)
+            lo = sqlite3_column_int64(st, 0) + 1;
+        else if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+            hi = mid;
+        else
+            break;
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return oq_db_error(s->db, rc, err, "list");
+    *pos = lo;
+    return 0;
+}
+
+/* The smallest tenant greater than \p after ("" = the first), through the (tenant, idem_key)
+ * index; 0 with \p out "" when there is none. */
+int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
+                                   char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(
+        s->db, "SELECT tenant FROM calls WHERE tenant > ?1 ORDER BY tenant LIMIT 1", -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "list");
+    bind_text(st, 1, after);
+    out[0] = 0;
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) col_copy(st, 0, out, OQ_MAX_NAME_LEN + 1);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return oq_db_error(s->db, rc, err, "list");
+    return 0;
+}

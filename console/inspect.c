@@ -1,0 +1,100 @@
+/*
+ * inspect.c: one call's story as one JSON document (oq_inspect_doc), the single source of
+ * `onceq inspect --json` and of the console's call page, so both show the same rows in the
+ * same order. The producer side is oq_store_get and oq_store_audit (creation is not an audit
+ * row: a "submitted" row is made from created_at); the consumer side is oq_review_show
+ * (execution, effect with the downstream's id, audit rows with worker, attempt and fence).
+ * The rows of both are merged by time; within one millisecond the producer's come first.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_console.h"
+#include "oq_consumer.h"
+#include "oq_producer.h"
+
+/* One timeline row from either database (strings borrowed). */
+typedef struct {
+    int64_t ts;
+    int seq; /* order within its source */
+    const char *from, *event, *detail, *worker;
+    int64_t attempt, fence; /* -1: none */
+} tl_row_t;
+
+static int tl_cmp(const void *a, const void *b)
+{
+    const tl_row_t *x = a, *y = b;
+    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
+    int fx = strcmp(x->from, "producer") != 0, fy = strcmp(y->from, "producer") != 0;
+    if (fx != fy) return fx - fy; /* same millisecond: the producer's row first */
+    return x->seq - y->seq;
+}
+
+static json_t *int_or_null(int64_t v)
+{
+    return v >= 0 ? json_integer(v) : json_null();
+}
+
+int oq_inspect_doc(sqlite3 *db, const char *consumer_db, const char *call_id, json_t **out,
+                   oq_error_t *err)
+{
+    oq_call_t c = {0};
+    oq_audit_row_t *rows = NULL;
+    size_t n = 0, nt = 0;
+    json_t *cons = NULL, *doc = NULL;
+    tl_row_t *tl = NULL;
+    int rc = oq_store_get(db, call_id, &c, err);
+    if (rc) return rc;
+    if ((rc = oq_store_audit(db, call_id, &rows, &n, err)) != 0) goto out;
+    if (consumer_db && (rc = oq_review_show(consumer_db, call_id, &cons, err)) != 0) {
+        if (rc != OQ_ENOTFOUND) goto out;
+        rc = 0;
+    }
+    json_t *ctl = json_object_get(cons, "timeline");
+    if (!(tl = calloc(n + json_array_size(ctl) + 1, sizeof *tl))) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    tl[nt++] = (tl_row_t){c.created_at, 0, "producer", "submitted", NULL, NULL, c.attempt, -1};
+    for (size_t i = 0; i < n; i++)
+        tl[nt++] = (tl_row_t){rows[i].ts,     (int)i + 1, "producer", rows[i].event,
+                              rows[i].detail, NULL,       -1,         -1};
+    for (size_t i = 0; i < json_array_size(ctl); i++) {
+        json_t *r = json_array_get(ctl, i);
+        tl[nt++] = (tl_row_t){json_integer_value(json_object_get(r, "ts")),
+                              (int)i,
+                              "consumer",
+                              json_string_value(json_object_get(r, "event")),
+                              json_string_value(json_object_get(r, "detail")),
+                              json_string_value(json_object_get(r, "worker")),
+                              json_integer_value(json_object_get(r, "attempt")),
+                              json_integer_value(json_object_get(r, "fence"))};
+    }
+    qsort(tl, nt, sizeof *tl, tl_cmp);
+    doc = json_pack("{s:o, s:o, s:[]}", "call", oq_call_to_json(&c), "consumer",
+                    cons ? json_pack("{s:O, s:O}", "execution", json_object_get(cons, "execution"),
+                                     "effect", json_object_get(cons, "effect"))
+                         : json_null(),
+                    "timeline");
+    json_t *a = json_object_get(doc, "timeline");
+    for (size_t i = 0; a && i < nt; i++)
+        if (json_array_append_new(
+                a, json_pack("{s:I, s:s, s:s, s:s*, s:s*, s:o, s:o}", "ts", (json_int_t)tl[i].ts,
+                             "from", tl[i].from, "event", tl[i].event ? tl[i].event : "?", "detail",
+                             tl[i].detail, "worker", tl[i].worker, "attempt",
+                             int_or_null(tl[i].attempt), "fence", int_or_null(tl[i].fence))) != 0)
+            a = NULL;
+    if (!a) {
+        json_decref(doc);
+        doc = NULL;
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    *out = doc;
+out:
+    free(tl);
+    json_decref(cons);
+    oq_audit_free(rows, n);
+    oq_call_clear(&c);
+    return rc;
+}
