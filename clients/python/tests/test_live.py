@@ -87,7 +87,7 @@ class LiveTest(unittest.TestCase):
         else:
             call = c.call("charge", args, key=key, timeout=60)
         record(call)
-        self.assertEqual(call.status, "succeeded")
+        self.assertEqual((call.status, call.idem_key), ("succeeded", key))
         self.assertTrue(log and "attempt 1 failed" in log[0], log)
         if mode == "delay":
             self.assertIn("timeout", log[0])

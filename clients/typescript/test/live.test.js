@@ -78,7 +78,7 @@ for (const mode of ['drop-response', 'delay']) {
     const args = { amount: 7, memo: 'caf\u00e9 \u{1F602}', rate: 0.1 };
     const call = await c.call('charge', args, { key, timeout: 60 });
     record(call);
-    assert.equal(call.status, 'succeeded');
+    assert.deepEqual([call.status, call.idem_key], ['succeeded', key]);
     assert.ok(log.length && log[0].includes('attempt 1 failed'), log.join('\n'));
     if (mode === 'delay') assert.match(log[0], /timeout/);
     assert.equal((await new onceq.Client(URL_).submit('charge', args, { key })).replayed, true);
