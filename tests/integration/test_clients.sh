@@ -7,7 +7,8 @@
 #    `python -m unittest discover clients/python/tests` from outside the source tree, so the
 #    installed package is the one tested;
 #  - TypeScript: `npm test` in clients/typescript (node --test), `npm pack --dry-run` (the
-#    package's files include the .d.ts), and `tsc -p` when a TypeScript compiler is on PATH;
+#    package's files include the .d.ts), `tsc -p` when a TypeScript compiler is on PATH and
+#    `mypy --strict` on the Python package when mypy is;
 #  - each suite: webhook signature vector (computed with openssl) and a tampered body, typed
 #    errors, retries of 503 + Retry-After / 429 / 500 against a stub, the wait loop against a
 #    server that holds or ignores ?wait=; live: call to succeeded and failed, get / by key,
@@ -166,6 +167,13 @@ for f in src/index.js src/index.d.ts package.json README.md; do
     jq -e --arg f "$f" '.[0].files | map(.path) | index($f)' "$T/pack.json" >/dev/null ||
         oq_fail "npm pack leaves out $f"
 done
+MYPY=$(command -v mypy || true)
+if [[ -n $MYPY ]]; then
+    "$MYPY" --strict "$PYSRC/src/onceq" >"$T/mypy.log" 2>&1 || oq_fail "mypy --strict: $(cat "$T/mypy.log")"
+    oq_log "python: mypy --strict clean ($("$MYPY" --version))"
+else
+    oq_log "python: no mypy on PATH, the type hints are not checked"
+fi
 TSC=$(command -v tsc || true)
 if [[ -n $TSC ]]; then
     (cd "$TSSRC" && "$TSC" -p tsconfig.json) >"$T/tsc.log" 2>&1 || oq_fail "tsc: $(cat "$T/tsc.log")"

@@ -2,7 +2,7 @@
 import hashlib
 import json
 import math
-from typing import Any, Iterable, Tuple
+from typing import Any, Dict, Iterable, Tuple
 
 MAX_SAFE_INT = 2**53
 
@@ -80,8 +80,8 @@ def fingerprint(tenant: str, tool: str, args: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _no_duplicates(pairs: Iterable[Tuple[str, Any]]) -> dict:
-    d: dict = {}
+def _no_duplicates(pairs: Iterable[Tuple[str, Any]]) -> Dict[str, Any]:
+    d: Dict[str, Any] = {}
     for k, v in pairs:
         if k in d:
             raise ValueError("duplicate member %r" % k)

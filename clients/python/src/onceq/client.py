@@ -55,7 +55,7 @@ class Call:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], replayed: bool = False) -> "Call":
-        names = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        names = cls.__dataclass_fields__
         kw = {k: v for k, v in obj.items() if k in names and k not in ("replayed", "raw")}
         return cls(replayed=replayed, raw=dict(obj), **kw)
 
