@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The client examples (issue 12, item 8): examples/clients/onceq_client.py (Python, standard
-# library) and examples/clients/onceq_client.mjs (Node, no dependencies).
-#  - fingerprints: both equal `onceq fingerprint` for several args (RFC 8785 number, string
-#    and key-order cases, the tests/data/jcs vectors) and tenants; `canon` of both turns every
-#    JCS vector into its output byte for byte;
-#  - against a pipeline (embedded broker, producer, relay, one consumer): submit and poll to
-#    succeeded / failed; the response of the first POST dropped (tests/tools/oq_chaos_proxy.py
-#    drop-response) and delayed past the client's timeout (delay): each client retries with
-#    the same key and gets the same call; submitting the key again gives the same call_id;
-#    another body under the key is exit 5; `onceq verify` finds one effect per call;
-#  - a 503 with Retry-After: 1 (a producer whose calls table is briefly renamed): each client
-#    waits at least 1 s before the retry, which succeeds.
-# Node is required under CI=true (skipped with 77 otherwise when missing).
+# The client packages (issue 21, item 5): clients/python (the `onceq` package, standard library
+# only) and clients/typescript (the `onceq` npm package, no dependencies), each run by its own
+# test command against a live pipeline (embedded broker, producer, relay, one consumer):
+#  - Python: installed into a fresh venv (`python3 -m venv --without-pip`, the package copied
+#    into its site-packages as pip lays it out; pyproject.toml checked with tomllib), then
+#    `python -m unittest discover clients/python/tests` from outside the source tree, so the
+#    installed package is the one tested;
+#  - TypeScript: `npm test` in clients/typescript (node --test), `npm pack --dry-run` (the
+#    package's files include the .d.ts), `tsc -p` when a TypeScript compiler is on PATH and
+#    `mypy --strict` on the Python package when mypy is;
+#  - each suite: webhook signature vector (computed with openssl) and a tampered body, typed
+#    errors, retries of 503 + Retry-After / 429 / 500 against a stub, the wait loop against a
+#    server that holds or ignores ?wait=; live: call to succeeded and failed, get / by key,
+#    a 422 conflict, a retry with the same key after a dropped response and after a timeout
+#    (tests/tools/oq_chaos_proxy.py), a long-poll wait;
+#  - then this script: every key the suites used has one call in calls.db, every succeeded
+#    call one effect, `onceq verify` clean; the fingerprints of both packages equal
+#    `onceq fingerprint` and their `canon` the JCS vectors byte for byte.
+# Under CI=true a missing node, npm or venv support fails the run (otherwise: skipped, 77).
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
@@ -19,18 +25,50 @@ oq_tmpdir
 
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3) || oq_fail "no python3"
-if ! command -v node >/dev/null; then
-    [[ "${CI:-}" == true ]] && oq_fail "node is required (apt-get install nodejs)"
-    echo "SKIP: needs node"
+missing() {
+    [[ "${CI:-}" == true ]] && oq_fail "$1 is required under CI=true ($2)"
+    echo "SKIP: needs $1"
     exit 77
-fi
-CLI_PY=$ONCEQ_SRC/examples/clients/onceq_client.py
-CLI_JS=$ONCEQ_SRC/examples/clients/onceq_client.mjs
-PROXY=$ONCEQ_SRC/tests/tools/oq_chaos_proxy.py
-client() { # client py|js ARGS...
+}
+command -v node >/dev/null || missing node "apt-get install nodejs"
+command -v npm >/dev/null || missing npm "apt-get install npm"
+"$PY" -m venv --without-pip "$T/venv" >"$T/venv.log" 2>&1 || missing "python3 -m venv" "apt-get install python3-venv: $(tail -3 "$T/venv.log")"
+PYSRC=$ONCEQ_SRC/clients/python
+TSSRC=$ONCEQ_SRC/clients/typescript
+
+# --- the Python package, installed into the venv -------------------------------------------------
+# `pip install` would need the venv's pip (ensurepip: a minute on a loaded machine) and `wheel`
+# (not bundled) to build offline: the venv is made without pip and the pure-Python package is
+# installed as pip lays it out (the package directory in site-packages); the pyproject.toml
+# that pip would read is checked with tomllib.
+VPY=$T/venv/bin/python
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || oq_fail "venv: no site-packages"
+cp -r "$PYSRC/src/onceq" "$SITE/onceq" || oq_fail "install into $SITE"
+"$VPY" - "$PYSRC/pyproject.toml" <<'PY' || oq_fail "clients/python/pyproject.toml is not what pip needs"
+import sys
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: no TOML reader in the standard library
+    sys.exit(0)
+with open(sys.argv[1], "rb") as f:
+    t = tomllib.load(f)
+p = t["project"]
+assert p["name"] == "onceq" and p["version"] and p["requires-python"], p
+assert p.get("dependencies", []) == [], "runtime dependencies: %r" % p["dependencies"]
+assert t["build-system"]["build-backend"] == "setuptools.build_meta", t["build-system"]
+assert t["tool"]["setuptools"]["packages"]["find"]["where"] == ["src"]
+assert "py.typed" in t["tool"]["setuptools"]["package-data"]["onceq"]
+PY
+WHERE=$(cd "$T" && "$VPY" -c 'import onceq, os; print(os.path.dirname(onceq.__file__))') ||
+    oq_fail "the installed package does not import"
+[[ $WHERE == "$T/venv/"* ]] || oq_fail "onceq imported from $WHERE, not the venv"
+[[ -f $WHERE/py.typed ]] || oq_fail "py.typed is not installed"
+oq_log "python: onceq installed into a venv ($WHERE)"
+
+client() { # client py|js fingerprint|canon ARGS...
     local which=$1
     shift
-    if [[ $which == py ]]; then timeout 60 "$PY" "$CLI_PY" "$@"; else timeout 60 node "$CLI_JS" "$@"; fi
+    if [[ $which == py ]]; then (cd "$T" && timeout 60 "$VPY" -m onceq "$@"); else timeout 60 node "$TSSRC/src/cli.js" "$@"; fi
 }
 
 # --- fingerprints and canonical forms -----------------------------------------------------------
@@ -48,19 +86,35 @@ for f in "$ONCEQ_TESTDATA"/jcs/input/*.json; do
     n=$(basename "$f" .json)
     if [[ $n == arrays ]]; then { printf '{"v":'; cat "$f"; printf '}'; } >"$T/case.$n"; else cp "$f" "$T/case.$n"; fi
 done
-NFP=0
+# one process per package computes every case (a process start per case is a minute and a
+# half on a loaded machine); each line: file TAB tenant
+: >"$T/fp.list"
+: >"$T/fp.want"
 for f in "$T"/case.*; do
     for tenant in default shop "tenant with spaces"; do
-        want=$("$ONCEQ_BIN" fingerprint --tool charge --tenant "$tenant" <"$f") ||
+        printf '%s\t%s\n' "$f" "$tenant" >>"$T/fp.list"
+        "$ONCEQ_BIN" fingerprint --tool charge --tenant "$tenant" <"$f" >>"$T/fp.want" ||
             oq_fail "onceq fingerprint refused $(cat "$f")"
-        for w in py js; do
-            got=$(client "$w" fingerprint --tool charge --tenant "$tenant" <"$f") ||
-                oq_fail "$w fingerprint failed on $(cat "$f")"
-            [[ "$got" == "$want" ]] ||
-                oq_fail "$w fingerprint of $(cat "$f") (tenant $tenant): $got, onceq: $want"
-        done
-        NFP=$((NFP + 1))
     done
+done
+NFP=$(wc -l <"$T/fp.want")
+(cd "$T" && "$VPY" -c '
+import sys, onceq
+for line in open(sys.argv[1], encoding="utf-8"):
+    path, tenant = line.rstrip("\n").split("\t")
+    args = onceq.parse_strict(open(path, encoding="utf-8").read())
+    print(onceq.fingerprint(tenant, "charge", args))
+' "$T/fp.list") >"$T/fp.py" || oq_fail "python fingerprints failed"
+node --input-type=module -e "
+import { readFileSync } from 'node:fs';
+import { fingerprint } from '$TSSRC/src/index.js';
+for (const line of readFileSync(process.argv[1], 'utf8').split('\n').filter(Boolean)) {
+  const [path, tenant] = line.split('\t');
+  console.log(fingerprint(tenant, 'charge', JSON.parse(readFileSync(path, 'utf8'))));
+}" "$T/fp.list" >"$T/fp.js" || oq_fail "typescript fingerprints failed"
+for w in py js; do
+    cmp -s "$T/fp.want" "$T/fp.$w" ||
+        oq_fail "$w fingerprints differ from onceq fingerprint: $(paste "$T/fp.list" "$T/fp.want" "$T/fp.$w" | awk -F'\t' '$3 != $4')"
 done
 for f in "$ONCEQ_TESTDATA"/jcs/input/*.json; do
     n=$(basename "$f")
@@ -80,99 +134,73 @@ for bad in '{"a":1e20}' '{"a":9007199254740993}'; do
 done
 printf '{"a":1,"a":2}' | client py fingerprint --tool charge >/dev/null 2>&1
 [[ $? == 2 ]] || oq_fail "py fingerprint accepted a duplicate member"
-oq_log "fingerprints: $NFP cases x 2 clients equal onceq fingerprint; JCS vectors canonical"
+oq_log "fingerprints: $NFP cases x 2 packages equal onceq fingerprint; JCS vectors canonical"
 
-# --- against the pipeline -------------------------------------------------------------------------
+# --- the webhook vector the suites hard-code is HMAC-SHA256 as openssl computes it ---------------
+VEC=$(printf '1700000000.{"call_id":"c_1","status":"succeeded"}' | openssl dgst -sha256 -hmac whsec_test | awk '{print $NF}')
+for f in "$PYSRC/tests/test_unit.py" "$TSSRC/test/unit.test.js"; do
+    grep -q "t=1700000000,v1=$VEC" "$f" || oq_fail "$f does not carry the openssl vector $VEC"
+done
+
+# --- both suites against the pipeline -------------------------------------------------------------
 pl_start 1
-URL=http://127.0.0.1:$PORT
-PPORT=$(oq_free_port) || oq_fail "no free port"
-proxy() { # proxy MODE CLIENT: faults exactly the first request it gets
-    local name=proxy-$1-$2 i
-    oq_spawn "$name" "$PY" "$PROXY" --listen "$PPORT" --upstream "$PORT" --modes "$1" \
-        --rate 1 --max-faults 1 --delay-ms 2500
-    for ((i = 0; i < 100; i++)); do
-        grep -q '^listening' "$T/$name.log" 2>/dev/null && return 0
-        oq_alive "$name" || break
-        sleep 0.1
-    done
-    oq_fail "the proxy did not start listening"
-}
-field() { jq -r ".$2" <<<"$1"; }
-declare -A IDS=()
+export ONCEQ_TEST_URL=http://127.0.0.1:$PORT ONCEQ_TEST_PROXY=$ONCEQ_SRC/tests/tools/oq_chaos_proxy.py
+export ONCEQ_TEST_PYTHON=$PY ONCEQ_TEST_KEYS_OUT=$T/keys
+: >"$T/keys"
+unset ONCEQ_TOKEN ONCEQ_URL
 
-for w in py js; do
-    OUT=$(client "$w" submit --url "$URL" --key "$w-ok" --tool charge --args '{"amount":5}' \
-        2>"$T/$w-ok.err") || oq_fail "$w submit: $(cat "$T/$w-ok.err")"
-    [[ $(field "$OUT" status) == succeeded ]] || oq_fail "$w submit did not end succeeded: $OUT"
-    IDS[$w-ok]=$(field "$OUT" call_id)
+S=$SECONDS
+(cd "$T" && timeout 240 "$VPY" -m unittest discover -v -s "$PYSRC/tests" -t "$PYSRC/tests") \
+    >"$T/py-tests.log" 2>&1 || oq_fail "python tests: $(grep -E '^(FAIL|ERROR):' "$T/py-tests.log"; tail -40 "$T/py-tests.log")"
+grep -q 'skipped' "$T/py-tests.log" && oq_fail "python tests skipped some: $(grep skipped "$T/py-tests.log")"
+PY_S=$((SECONDS - S))
+oq_log "python: $(grep -E '^Ran ' "$T/py-tests.log") in ${PY_S} s"
 
-    OUT=$(client "$w" submit --url "$URL" --key "$w-fail" --tool fail --args '{}' \
-        2>"$T/$w-fail.err") || oq_fail "$w submit fail: $(cat "$T/$w-fail.err")"
-    [[ $(field "$OUT" status) == failed && $(field "$OUT" error.code) == tool_failed ]] ||
-        oq_fail "$w fail tool: $OUT"
-
-    client "$w" submit --url "$URL" --key "$w-ok" --tool charge --args '{"amount":6}' \
-        >/dev/null 2>"$T/$w-conflict.err"
-    RC=$?
-    [[ $RC == 5 ]] || oq_fail "$w conflict: exit $RC, expected 5: $(cat "$T/$w-conflict.err")"
-
-    for mode in drop-response delay; do
-        key="$w-$mode"
-        proxy "$mode" "$w"
-        OUT=$(client "$w" submit --url "http://127.0.0.1:$PPORT" --key "$key" --tool charge \
-            --args '{"amount":7,"memo":"caf\u00e9 \ud83d\ude02","rate":0.1}' --timeout 1 --tries 6 \
-            2>"$T/$key.err") || oq_fail "$w through $mode: $(cat "$T/$key.err")"
-        cat "$T/$key.err" >&2
-        grep -q "fault 1 mode=$mode" "$T/proxy-$mode-$w.log" || oq_fail "the proxy did not fault ($mode)"
-        grep -q 'attempt 1 failed' "$T/$key.err" || oq_fail "$w: no retry after $mode: $(cat "$T/$key.err")"
-        if [[ $mode == delay ]]; then
-            grep -q 'attempt 1 failed (timeout' "$T/$key.err" || oq_fail "$w: the delay was not a timeout"
-        fi
-        grep -q 'accepted .* (replay)' "$T/$key.err" ||
-            oq_fail "$w: the retry after $mode was not a replay of the first attempt"
-        [[ $(field "$OUT" status) == succeeded ]] || oq_fail "$w through $mode: $OUT"
-        IDS[$key]=$(field "$OUT" call_id)
-        oq_kill "proxy-$mode-$w"
-        # the same key again, directly: the same call
-        AGAIN=$(client "$w" submit --url "$URL" --key "$key" --tool charge \
-            --args '{"rate":0.1,"memo":"caf\u00e9 \ud83d\ude02","amount":7.0}' 2>/dev/null) ||
-            oq_fail "$w resubmit of $key"
-        [[ $(field "$AGAIN" call_id) == "${IDS[$key]}" ]] ||
-            oq_fail "$w: $key resubmitted is another call: $AGAIN vs ${IDS[$key]}"
-    done
+S=$SECONDS
+(cd "$TSSRC" && timeout 240 npm test --silent) >"$T/js-tests.log" 2>&1 ||
+    oq_fail "typescript tests: $(tail -40 "$T/js-tests.log"; grep -E -A12 '^not ok' "$T/js-tests.log")"
+grep -q '^# skipped 0' "$T/js-tests.log" || oq_fail "typescript tests skipped some: $(grep '^# ' "$T/js-tests.log")"
+JS_S=$((SECONDS - S))
+oq_log "typescript: $(grep -E '^# (tests|pass|fail) ' "$T/js-tests.log" | tr '\n' ' ')in ${JS_S} s"
+(cd "$TSSRC" && npm pack --dry-run --json 2>/dev/null) >"$T/pack.json" || oq_fail "npm pack --dry-run"
+for f in src/index.js src/index.d.ts package.json README.md; do
+    jq -e --arg f "$f" '.[0].files | map(.path) | index($f)' "$T/pack.json" >/dev/null ||
+        oq_fail "npm pack leaves out $f"
 done
+MYPY=$(command -v mypy || true)
+if [[ -n $MYPY ]]; then
+    "$MYPY" --strict "$PYSRC/src/onceq" >"$T/mypy.log" 2>&1 || oq_fail "mypy --strict: $(cat "$T/mypy.log")"
+    oq_log "python: mypy --strict clean ($("$MYPY" --version))"
+else
+    oq_log "python: no mypy on PATH, the type hints are not checked"
+fi
+TSC=$(command -v tsc || true)
+if [[ -n $TSC ]]; then
+    (cd "$TSSRC" && "$TSC" -p tsconfig.json) >"$T/tsc.log" 2>&1 || oq_fail "tsc: $(cat "$T/tsc.log")"
+    oq_log "typescript: the declarations compile with $("$TSC" --version)"
+else
+    oq_log "typescript: no tsc on PATH, the declarations are not compiled (npm i -g typescript)"
+fi
 
-for k in "${!IDS[@]}"; do
-    N=$(sqlite3 "$PDB" "SELECT count(*) FROM calls WHERE idem_key='$k'")
-    [[ $N == 1 ]] || oq_fail "key $k: $N calls"
-    E=$(sqlite3 "$CDB" "SELECT count(*) FROM effects WHERE call_id='${IDS[$k]}'")
-    [[ $E == 1 ]] || oq_fail "key $k (${IDS[$k]}): $E effects"
-done
+# --- one call per key, one effect per succeeded call ------------------------------------------------
+N=$(wc -l <"$T/keys")
+[[ $(grep -c '^py-' "$T/keys") -ge 7 && $(grep -c '^js-' "$T/keys") -ge 6 ]] ||
+    oq_fail "the suites did not record their live calls: $(cat "$T/keys")"
+oq_wait_for 30 bash -c "[[ \$(sqlite3 '$PDB' \"SELECT count(*) FROM calls WHERE state IN ('pending','running')\") == 0 ]]" ||
+    oq_fail "calls still in flight"
+while read -r key id; do
+    C=$(sqlite3 "$PDB" "SELECT count(*) FROM calls WHERE idem_key='$key'")
+    [[ $C == 1 ]] || oq_fail "key $key: $C calls"
+    [[ $(sqlite3 "$PDB" "SELECT call_id FROM calls WHERE idem_key='$key'") == "$id" ]] ||
+        oq_fail "key $key: the call is not $id"
+    ST=$(sqlite3 "$PDB" "SELECT state FROM calls WHERE idem_key='$key'")
+    E=$(sqlite3 "$CDB" "SELECT count(*) FROM effects WHERE call_id='$id'")
+    if [[ $ST == succeeded ]]; then [[ $E == 1 ]] || oq_fail "key $key ($id): $E effects"; fi
+done <"$T/keys"
+# and no call the suites did not record (a retry under another key would be one)
+ALL=$(sqlite3 "$PDB" "SELECT count(*) FROM calls")
+[[ $ALL == "$N" ]] || oq_fail "$ALL calls in calls.db for $N keys: $(sqlite3 "$PDB" "SELECT idem_key FROM calls")"
 J=$(pl_verify) || oq_fail "onceq verify: $J"
 [[ $(pl_field "$J" duplicates) == 0 && $(pl_field "$J" clean) == true ]] || oq_fail "onceq verify: $J"
 oq_log "verify: $(jq -c '{calls,effects,expected_effects,duplicates,dsr,clean}' <<<"$J" 2>/dev/null)"
-
-# --- 503 + Retry-After ----------------------------------------------------------------------------
-FPORT=$(oq_free_port) || oq_fail "no free port"
-FDB=$T/fault.db
-oq_spawn producer-fault "$ONCEQ_BIN" producer --db "$FDB" --listen "127.0.0.1:$FPORT"
-oq_wait_for 15 curl -sf "http://127.0.0.1:$FPORT/healthz" || oq_fail "fault producer did not come up"
-for w in py js; do
-    sqlite3 "$FDB" "ALTER TABLE calls RENAME TO calls_away" || oq_fail "rename"
-    client "$w" submit --url "http://127.0.0.1:$FPORT" --key "$w-503" --tool charge \
-        --args '{"amount":8}' --no-wait --tries 8 >"$T/$w-503.out" 2>"$T/$w-503.err" &
-    CPID=$!
-    oq_on_exit "kill $CPID 2>/dev/null"
-    oq_wait_for 20 grep -q 'attempt 1 failed (HTTP 503' "$T/$w-503.err" ||
-        { kill "$CPID"; oq_fail "$w: no 503 seen: $(cat "$T/$w-503.err")"; }
-    sqlite3 "$FDB" "ALTER TABLE calls_away RENAME TO calls" || oq_fail "rename back"
-    wait "$CPID"
-    RC=$?
-    cat "$T/$w-503.err" >&2
-    [[ $RC == 0 ]] || oq_fail "$w after a 503: exit $RC: $(cat "$T/$w-503.err")"
-    WAIT=$(grep -m1 -o 'retrying in [0-9.]* s' "$T/$w-503.err" | awk '{print $3}')
-    awk -v w="$WAIT" 'BEGIN { exit !(w >= 1.0) }' ||
-        oq_fail "$w waited ${WAIT:-?} s after a 503 with Retry-After: 1"
-    [[ $(jq -r .status "$T/$w-503.out") == pending ]] || oq_fail "$w 503 then: $(cat "$T/$w-503.out")"
-done
-oq_pass "client examples: fingerprints ($NFP cases), poll to terminal, retries after a dropped response, a timeout and a 503 (Retry-After), one effect per key"
+oq_pass "client packages: python ${PY_S} s, typescript ${JS_S} s; $N keys one call each; fingerprints ($NFP cases); webhook vector"

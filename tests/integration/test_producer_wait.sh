@@ -9,7 +9,7 @@
 #    malformed or out-of-range waits are 400 bad_request; a terminal call answers at once;
 #  - many: 500 concurrent waiting clients (one connection each) are all answered with the
 #    terminal call; the producer's thread count does not grow with them;
-#  - onceq call and the example clients (examples/clients, Python and Node) wait by long poll:
+#  - onceq call and the client packages (clients/python, clients/typescript) wait by long poll:
 #    a call that takes ~3 s costs each at most 3 status requests (they polled before);
 #  - shutdown: 100 clients waiting when the producer gets SIGTERM are answered (200 pending)
 #    and the producer exits 0.

@@ -11,7 +11,7 @@ tests/integration/test_producer_wait.sh, one step per invocation:
             all answered with the terminal call; the producer's thread count does not grow with them
   shutdown  clients waiting when the producer gets SIGTERM are all answered (200, pending)
   call      `onceq call` (--client onceq) or an example client (--client py|js,
-            examples/clients/) waits by long poll: a call that takes seconds costs it one or
+            clients/python, clients/typescript) waits by long poll: a call that takes seconds costs it one or
             two status requests, not one per poll interval
 
 Stdlib only. Prints figures as "figure NAME VALUE" lines; exits 1 with a message on failure.
@@ -318,11 +318,17 @@ def step_shutdown(api, args):
 def step_call(api, args):
     key = "lp-call-" + args.client
     common = ["--url", api.url, "--key", key, "--tool", "charge", "--args", json.dumps({"k": key})]
-    examples = os.path.join(args.src, "examples", "clients")
+    clients = os.path.join(args.src, "clients")
+    js = ("import {Client} from %s; const [u, k, t, a] = process.argv.slice(1); "
+          "const c = await new Client(u).call(t, JSON.parse(a), {key: k, timeout: 60}); "
+          "console.log(JSON.stringify(c.raw ?? c));"
+          % json.dumps("file://" + os.path.join(clients, "typescript", "src", "index.js")))
     cmd = {"onceq": [args.onceq, "call"] + common + ["--poll-interval", "50ms", "--timeout", "60s"],
-           "py": [sys.executable, os.path.join(examples, "onceq_client.py"), "submit"] + common,
-           "js": ["node", os.path.join(examples, "onceq_client.mjs"), "submit"] + common}[args.client]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "py": [sys.executable, "-m", "onceq", "call"] + common,
+           "js": ["node", "--input-type=module", "-e", js, api.url, key, "charge",
+                  json.dumps({"k": key})]}[args.client]
+    env = dict(os.environ, PYTHONPATH=os.path.join(clients, "python", "src"))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         end = time.monotonic() + 20
         while True:

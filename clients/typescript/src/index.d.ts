@@ -1,0 +1,103 @@
+// Types of onceq's Node client (src/index.js).
+
+export type JsonValue = null | boolean | number | string | JsonValue[] | { [k: string]: JsonValue };
+export type CallStatus = 'pending' | 'running' | 'succeeded' | 'failed' | 'needs_review';
+
+export declare const TERMINAL: readonly CallStatus[];
+export declare const DEFAULT_URL: string;
+export declare const SIGNATURE_HEADER: string;
+
+/** A call as the producer returns it, plus replayed (Idempotent-Replayed) and terminal. */
+export interface Call {
+  call_id: string;
+  tenant: string;
+  idem_key: string;
+  fingerprint: string;
+  tool: string;
+  args: { [k: string]: JsonValue };
+  status: CallStatus;
+  attempt: number;
+  result: JsonValue | null;
+  error: { code: string; message: string; retryable?: boolean } | null;
+  effect_id: string | null;
+  created_at: string;
+  updated_at: string;
+  expires_at: string;
+  query_url: string;
+  replayed: boolean;
+  terminal: boolean;
+  [extra: string]: unknown;
+}
+
+export interface ClientOptions {
+  /** Bearer token; default process.env.ONCEQ_TOKEN. */
+  token?: string | null;
+  /** Seconds per request (default 10). */
+  timeout?: number;
+  /** Seconds after the first attempt past which no retry starts (default 60). */
+  retryDeadline?: number;
+  /** First backoff step in seconds (default 0.2), doubled per retry up to backoffMax (5). */
+  backoff?: number;
+  backoffMax?: number;
+  /** Attempts at most (default: no limit but the deadline). */
+  maxTries?: number | null;
+  /** Seconds each long-poll request asks the producer to hold (default 30). */
+  pollWait?: number;
+  log?: (message: string) => void;
+}
+
+export interface SubmitOptions {
+  /** The Idempotency-Key: the same on every retry of this request. */
+  key: string;
+  tenant?: string;
+}
+
+export declare class Client {
+  constructor(url?: string, opts?: ClientOptions);
+  readonly url: URL;
+  token: string | null;
+  submit(tool: string, args: { [k: string]: JsonValue }, opts: SubmitOptions): Promise<Call>;
+  get(callId: string): Promise<Call>;
+  getByKey(key: string, opts?: { tenant?: string }): Promise<Call>;
+  wait(callId: string, opts?: { timeout?: number | null }): Promise<Call>;
+  call(tool: string, args: { [k: string]: JsonValue },
+       opts: SubmitOptions & { timeout?: number | null }): Promise<Call>;
+}
+
+export declare class OnceqError extends Error {}
+export declare class ApiError extends OnceqError {
+  constructor(status: number, code: string, message: string, retryAfter?: number | null, body?: string);
+  readonly status: number;
+  /** The stable error code, e.g. "idempotency_conflict". */
+  readonly code: string;
+  readonly detail: string;
+  readonly retryAfter: number | null;
+  readonly body: string;
+}
+export declare class BadRequest extends ApiError {}
+export declare class Unauthorized extends ApiError {}
+export declare class Forbidden extends ApiError {}
+export declare class TenantMismatch extends Forbidden {}
+export declare class NotFound extends ApiError {}
+export declare class MethodNotAllowed extends ApiError {}
+export declare class PayloadTooLarge extends ApiError {}
+export declare class IdempotencyConflict extends ApiError {}
+export declare class RateLimited extends ApiError {}
+export declare class Unavailable extends ApiError {}
+export declare class TransportError extends OnceqError {}
+export declare class WaitTimeout extends OnceqError {
+  constructor(message: string, call?: Call | null);
+  readonly call: Call | null;
+}
+export declare class WebhookSignatureError extends OnceqError {}
+
+export declare function errorFor(status: number, code: string, message: string,
+                                 retryAfter?: number | null, body?: string): ApiError;
+export declare function retryAfterSeconds(value: string | null | undefined): number | null;
+export declare function canonicalize(value: JsonValue): string;
+export declare function fingerprint(tenant: string, tool: string, args: JsonValue): string;
+export declare function signWebhook(secret: string | Uint8Array, body: string | Uint8Array,
+                                    timestamp?: number): string;
+export declare function verifyWebhook(secret: string | Uint8Array, body: string | Uint8Array,
+                                      header: string | null | undefined,
+                                      opts?: { toleranceS?: number; now?: number }): number;
