@@ -81,6 +81,7 @@ static const oq_setting_t producer_settings[] = {
      "tokens for /metrics and /stats, one per line (--metrics-access token; reloaded on "
      "SIGHUP)"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
 };
 
 static const char producer_usage[] =
