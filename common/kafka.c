@@ -8,7 +8,7 @@
  * soon as fetch.min.bytes (1) is there, so the long wait costs no latency; it only bounds how
  * often an idle consumer asks. With 10 ms, an idle pipeline (producer, relay, 2 consumers: 3
  * consumer handles on 3 brokers) sent ~900 empty fetches/s and made a 3-node cluster burn
- * ~0.9 cores more than with no client. `mock` is for the embedded broker (librdkafka's mock
+ * 0.6-0.9 cores more than with no client. `mock` is for the embedded broker (librdkafka's mock
  * cluster), which does not answer a fetch early: it holds an unsatisfied fetch for the whole
  * wait, so 500 ms would add ~250 ms to every idle hop; there consumers use
  * fetch.wait.max.ms=10 (idle hop ~11 ms), which costs the in-process mock next to nothing.

@@ -5,8 +5,9 @@
  *
  * Threads: the main thread owns the Kafka consumer and one database connection; it polls a
  * batch, handles it in ONE write transaction (group commit: inbox dedupe, planning, and for
- * fast tools run + effect + terminal state + result event), commits, and only then stores and
- * commits the Kafka offsets. A new call of a fast tool runs inline: its run is prepared in
+ * fast tools run + effect + terminal state + result event), commits, and only then stores the
+ * Kafka offsets (committed at most once a second: commit_stored). A new call of a fast tool
+ * runs inline: its run is prepared in
  * memory and its execution row written once, in its outcome state, with one audit row (see
  * execution.c: writing the PLANNED and STARTED versions cost about half the worker's database
  * time, `onceq bench consumer`). Blocking tools are not run there: their executions are left

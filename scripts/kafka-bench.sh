@@ -19,7 +19,11 @@
 # 2-core machine the brokers share the CPU with everything else. The e2e block adds the
 # brokers' CPU per call (their user+system time from /proc/PID/stat over the run / calls) and
 # their cost at idle: CPU over --idle seconds with no onceq client, then over as long with the
-# idle pipeline (after the warm-up has drained), in cores; "added" is the difference.
+# idle pipeline (after the warm-up has drained), in cores; "added" is the difference. On real
+# Kafka it also gives the CPU per call above the no-client idle rate (the cluster's own
+# housekeeping over the run's duration is not the calls' cost), how much of the brokers' CPU
+# went to the JVMs' JIT compilers (still warming up on a young cluster), and the onceq
+# processes' CPU.
 # `onceq up` picks its clients' kafka-profile itself (mock on the embedded broker, real with
 # --brokers); --up-arg passes one more argument to it (e.g. --up-arg -X --up-arg linger.ms=5).
 # --no-relay skips the relay blocks; --idle 0 skips the idle measurement.
@@ -77,6 +81,17 @@ cpu_s() { # total user+system CPU seconds of the pids given
         t=$((t + v))
     done
     awk -v t="$t" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
+}
+jit_s() { # CPU seconds of the JVMs' JIT compiler threads (C1/C2 CompilerThread) of the pids given
+    local p t total=0 v
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            [[ $(cat "$t/comm" 2>/dev/null) == C[12]\ CompilerThre* ]] || continue
+            v=$(awk '{print $14 + $15}' "$t/stat" 2>/dev/null) || continue
+            total=$((total + v))
+        done
+    done
+    awk -v t="$total" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
 }
 idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores
     local a b
@@ -185,11 +200,19 @@ bench_e2e() { # bench_e2e mock|real
 
     echo
     echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}${up_args[*]:+ ${up_args[*]}}; $calls calls, rate $rate, $conns conns"
+    local kids=() k0 k1
+    kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
+    k0=$(cpu_s "${kids[@]}")
+    local t0=$EPOCHREALTIME t1 j0 j1
+    j0=$(jit_s "${pids[@]}")
     c0=$(cpu_s "${pids[@]}")
     "$LOAD" --port "$port" --calls "$calls" --rate "$rate" --conns "$conns" --prefix "run-$target" \
         --mix 60,40,0,0,0 >"$T/run-$target.out" 2>&1 || oq_fail "$target: load failed: $(cat "$T/run-$target.out")"
     oq_wait_for 300 drained "$d/calls.db" "run-$target" "$calls" || oq_fail "$target: not drained in 300 s"
     c1=$(cpu_s "${pids[@]}")
+    t1=$EPOCHREALTIME
+    j1=$(jit_s "${pids[@]}")
+    k1=$(cpu_s "${kids[@]}")
     grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
     r=$(q "$d/calls.db" "
         WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
@@ -204,6 +227,11 @@ bench_e2e() { # bench_e2e mock|real
     echo "$r"
     E2E_RATE+=("$target=$(awk '{print $2}' <<<"$r")")
     echo "broker CPU during the run: $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s, $(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a) * 1000 / n}') ms per call; RSS MiB: $(rss_mib "${pids[@]}")"
+    [[ $target == real ]] && echo "of which the JVMs' JIT compiler threads: $(awk -v a="$j0" -v b="$j1" 'BEGIN {printf "%.1f", b - a}') s (warm-up of the brokers, not a per-call cost)"
+    # the cluster's own idle cost (KRaft, group and log housekeeping) over the run is not the
+    # calls' cost: what is above it, per call
+    [[ -n "$idle0" ]] && echo "broker CPU above the no-client idle: $(awk -v a="$c0" -v b="$c1" -v i="$idle0" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - i * (e - s)) * 1000 / n}') ms per call (the run took $(awk -v s="$t0" -v e="$t1" 'BEGIN {printf "%.1f", e - s}') s)"
+    echo "onceq processes' CPU during the run (producer, relay, consumers): $(awk -v a="$k0" -v b="$k1" -v n="$calls" 'BEGIN {printf "%.1f s, %.3f ms per call", b - a, (b - a) * 1000 / n}')"
     if ((idle > 0)); then
         if [[ -n "$idle0" ]]; then
             echo "broker CPU at idle (${idle} s each): no client $idle0 cores, idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
