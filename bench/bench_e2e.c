@@ -354,7 +354,8 @@ static int e2e_baseline(const char *dir, const oq_load_opts_t *lo_in, oq_load_re
         if (!brokers[0]) oq_sleep_ms(50, NULL);
     }
     if (!brokers[0]) goto out;
-    char *const pargs[] = {"producer", "--db", db, "--listen", listen, "--brokers", brokers, NULL};
+    char *const pargs[] = {"producer",        "--db", db,  "--listen", listen, "--brokers", brokers,
+                           "--kafka-profile", "mock", NULL}; /* as up's */
     prod = e2e_spawn(pargs, log);
     if (prod <= 0 || !e2e_healthy(port, 300)) goto out;
     oq_load_opts_t lo = *lo_in;

@@ -15,6 +15,9 @@
 # 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
 # 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq downstream
 # 9. keys:     distinct keys vs one hot key hammered by 64 connections (calls=1, effects=1)
+# 10. kafka:   e2e closed loop on the embedded broker and on a real 3-node Kafka cluster, same
+#              run, with the brokers' CPU per call and at idle (scripts/kafka-bench.sh
+#              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,3 +98,16 @@ for mode in distinct hot; do
         "$(jq -r .calls <<<"$j")" "$(jq -r .effects <<<"$j")" "$(jq -r .duplicates <<<"$j")"
     oq_kill "c-$mode"; oq_kill "r-$mode"; oq_kill "p-$mode"; oq_kill broker
 done
+
+# 10. Real Kafka: the e2e closed loop on the embedded broker and on a 3-node KRaft cluster that
+# scripts/kafka-bench.sh starts (and stops by pid), in one run, with the brokers' CPU.
+K_CALLS=$(((quick)) && echo 5000 || echo 10000)
+echo; echo "## 10. scripts/kafka-bench.sh --no-relay --calls $K_CALLS (e2e, embedded broker vs real Kafka, brokers' CPU per call and at idle)"
+if ! command -v java >/dev/null || ! command -v kcat >/dev/null; then
+    echo "skipped: needs java (17+) and kcat (see kafka/README.md)"
+elif ! bash "$ROOT/scripts/kafka-fetch.sh" >/dev/null 2>&1; then
+    echo "skipped: the Kafka jars are not cached and cannot be fetched (Maven; see kafka/README.md)"
+else
+    env -u T bash "$ROOT/scripts/kafka-bench.sh" --build "$(dirname "$BIN")" --no-relay \
+        --calls "$K_CALLS" 2>&1 | grep -v 'spawned' || true
+fi

@@ -96,6 +96,8 @@ def pct(values, p):
 class Run:
     """One run of one scenario: its processes, its directory, its measurements."""
 
+    kafka_profile = "mock"  # "real" once run.brokers names a real cluster
+
     def __init__(self, opts, scenario, idx, seed):
         self.opts = opts
         self.name = scenario
@@ -160,6 +162,8 @@ class Run:
         e = dict(os.environ)
         e.pop("ONCEQ_CRASH_AT", None)
         e.setdefault("ONCEQ_LOG_LEVEL", "warn")
+        # the client defaults of the brokers in use (kafka-profile, common/kafka.c)
+        e["ONCEQ_KAFKA_PROFILE"] = self.kafka_profile
         if env:
             e.update(env)
         out = open(os.path.join(self.dir, f"{name}.log"), "ab")
@@ -2132,6 +2136,7 @@ def sc_kafka_node_faults(run):
             raise RunFailed(f"the cluster is not whole before the run: {why}")
         k.recreate_topics(run.say)
         run.brokers = k.brokers
+        run.kafka_profile = "real"
         run.port = free_port()
         run.start_producer()
         run.start_relay()

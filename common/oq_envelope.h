@@ -36,6 +36,15 @@
         "topic-prefix", OQ_SET_STRING, OQ_TOPIC_PREFIX_DEFAULT, 1, 200, NULL,                      \
             "topic names are PREFIX + tool-calls, tool-results, dlq (the same on every component)" \
     }
+/** The `kafka-profile` row of every settings table whose clients consume or produce (see
+ *  common/kafka.c): `real` (default) sets client defaults for real brokers, `mock` the ones the
+ *  embedded broker (librdkafka's mock cluster) needs. `onceq up` passes `mock` to its children
+ *  when it runs the embedded broker; the user's -X properties win over either profile. */
+#define OQ_SETTING_KAFKA_PROFILE                                                                   \
+    {                                                                                              \
+        "kafka-profile", OQ_SET_ENUM, "real", 0, -1, "real|mock",                                  \
+            "client defaults for real brokers, or for the embedded broker (onceq up sets mock)"    \
+    }
 #define OQ_HDR_MESSAGE_ID "onceq-message-id"
 /* Headers of a dead letter on onceq.dlq (the consumer writes them; `onceq dlq` reads them):
  * the stable reason code (oq_consumer.h lists them), the human-readable detail, and where the

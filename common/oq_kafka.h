@@ -13,9 +13,17 @@
 /** Which kind of client a conf is for: only a consumer gets consumer defaults. */
 typedef enum { OQ_KAFKA_PRODUCER = 0, OQ_KAFKA_CONSUMER = 1 } oq_kafka_role_t;
 
+/** Consumers commit their stored offsets (stored only after the database commit) at most this
+ *  often, not once per batch: each OffsetCommit is a replicated write on the coordinator. */
+#define OQ_KAFKA_COMMIT_INTERVAL_MS 1000
+
+/** @brief 1 when \p cfg (may be NULL) has `kafka-profile` = mock: the embedded broker. */
+int oq_kafka_profile_mock(const oq_config_t *cfg);
+
 /**
  * @brief New librdkafka conf: bootstrap.servers = \p brokers, the onceq logger as log_cb,
- *        low-latency defaults (socket.nagle.disable=true; for consumers fetch.wait.max.ms=10),
+ *        the defaults of \p cfg's `kafka-profile` (socket.nagle.disable=true; for consumers
+ *        fetch.wait.max.ms=500 on real brokers, 10 on the embedded broker: common/kafka.c),
  *        then the user's -X / kafka.* properties from \p cfg (may be NULL) that are for this
  *        kind of client (oq_kafka_conf_apply), which override the defaults.
  * @returns the conf (caller owns it until passed to rd_kafka_new), or NULL with \p err filled

@@ -5,8 +5,9 @@
  *
  * Threads: the main thread owns the Kafka consumer and one database connection; it polls a
  * batch, handles it in ONE write transaction (group commit: inbox dedupe, planning, and for
- * fast tools run + effect + terminal state + result event), commits, and only then stores and
- * commits the Kafka offsets. A new call of a fast tool runs inline: its run is prepared in
+ * fast tools run + effect + terminal state + result event), commits, and only then stores the
+ * Kafka offsets (committed at most once a second: commit_stored). A new call of a fast tool
+ * runs inline: its run is prepared in
  * memory and its execution row written once, in its outcome state, with one audit row (see
  * execution.c: writing the PLANNED and STARTED versions cost about half the worker's database
  * time, `onceq bench consumer`). Blocking tools are not run there: their executions are left
@@ -140,6 +141,8 @@ struct oq_consumer {
     int nhandoff;
     int results_emitted;
     int dlq_added;
+    int offsets_dirty;      /* offsets stored since the last commit request (main thread) */
+    int64_t last_commit_us; /* when the stored offsets were last committed (main thread) */
 
     /* runners */
     runner_t *runners;
@@ -213,6 +216,7 @@ const oq_setting_t oq_consumer_settings[] = {
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
     {"topic", OQ_SET_STRING, NULL, 1, 249, NULL, "input topic (default: PREFIX + tool-calls)"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
     {"lease", OQ_SET_DURATION, "30s", 200, 3600000, NULL,
      "execution lease (longer than the longest tool; renewed by a heartbeat)"},
     {"max-attempts", OQ_SET_INT, "5", 1, 100, NULL, "tool runs per attempt before failing final"},
@@ -976,6 +980,23 @@ out:
 
 static void queue_push(oq_consumer_t *c, const char *call_id);
 
+/* Commit the stored offsets (rd_kafka_offsets_store after each database commit: nothing else
+ * is ever stored) asynchronously, at most once per OQ_KAFKA_COMMIT_INTERVAL_MS:
+ * an OffsetCommit per batch is a replicated write on the group coordinator, which under load
+ * cost a real cluster more than the calls themselves. A crash loses at most an interval of
+ * commits: those messages are redelivered and absorbed by the inbox. Revoke and stop commit
+ * synchronously (rebalance_cb, oq_consumer_run). */
+static void commit_stored(oq_consumer_t *c)
+{
+    int64_t now = oq_mono_us();
+    if (!c->offsets_dirty || now - c->last_commit_us < OQ_KAFKA_COMMIT_INTERVAL_MS * 1000) return;
+    rd_kafka_resp_err_t e = rd_kafka_commit(c->rk, NULL, 1);
+    if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        OQ_LOG_DEBUG(OQ__COMP, "offset commit: %s", rd_kafka_err2str(e));
+    c->offsets_dirty = 0;
+    c->last_commit_us = now;
+}
+
 /*
  * Handles the collected batch, and the answers of outside requests that came back, in one
  * transaction, retried as a whole on a database error (a partial batch is never committed);
@@ -1045,9 +1066,8 @@ static int process_batch(oq_consumer_t *c)
     rd_kafka_resp_err_t e = rd_kafka_offsets_store(c->rk, offs);
     if (e) OQ_LOG_DEBUG(OQ__COMP, "offsets store: %s", rd_kafka_err2str(e));
     rd_kafka_topic_partition_list_destroy(offs);
-    e = rd_kafka_commit(c->rk, NULL, 1);
-    if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
-        OQ_LOG_DEBUG(OQ__COMP, "offset commit: %s", rd_kafka_err2str(e));
+    c->offsets_dirty = 1;
+    commit_stored(c);
 
     atomic_fetch_add(&c->n_consumed, (uint64_t)c->nbatch);
     oq_counter_add(c->m_consumed, (uint64_t)c->nbatch);
@@ -1936,6 +1956,7 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             last_sched = now;
         }
         if (!runners_idle(c)) last_busy = now;
+        commit_stored(c);
         if (c->dlq_added && now - last_dlq >= 1000000) {
             dlq_publish(c);
             last_dlq = now;

@@ -63,6 +63,7 @@ static const oq_setting_t dlq_settings[] = {
     {"dlq-topic", OQ_SET_STRING, NULL, 1, 249, NULL,
      "the dead-letter topic (default: PREFIX + dlq, onceq.dlq)"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
     {"outbox-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "list/show: the relay's dead outbox rows (outbox_dead) of this database instead"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "list/show: print JSON"},

@@ -92,6 +92,7 @@ static const oq_setting_t producer_settings[] = {
      "tools file (the consumers' --tools): a submit of a tool it does not list is 400 "
      "unknown_tool, arguments its input_schema refuses are 400 bad_args, GET /v1/tools lists it"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
 };
 
 static const char producer_usage[] =

@@ -63,6 +63,7 @@ static const oq_setting_t relay_settings[] = {
     {"wait-db", OQ_SET_DURATION, "30s", 0, 3600000, NULL,
      "wait this long for the database tables to appear (the producer migrates them)"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
 };
 
 static volatile sig_atomic_t relay_sig;

@@ -55,6 +55,7 @@ static const oq_setting_t up_settings[] = {
      "external Kafka bootstrap servers (default: run the embedded broker)"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
     OQ_SETTING_TOPIC_PREFIX,
+    OQ_SETTING_KAFKA_PROFILE,
     {"stop-timeout", OQ_SET_DURATION, "10s", 100, 600000, NULL,
      "how long to wait for children after SIGTERM before SIGKILL"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
@@ -249,6 +250,14 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
     if (oq_config_is_set(up->cfg, "topic-prefix")) {
         argv[n++] = "--topic-prefix";
         argv[n++] = (char *)oq_config_str(up->cfg, "topic-prefix");
+    }
+    /* The clients' defaults follow the brokers: the embedded broker's (common/kafka.c) unless
+     * the user chose a profile; the user's -X still win over either. */
+    if (k->kind != UP_BROKER) {
+        argv[n++] = "--kafka-profile";
+        argv[n++] = oq_config_is_set(up->cfg, "kafka-profile")
+                        ? (char *)oq_config_str(up->cfg, "kafka-profile")
+                        : (up->embedded ? "mock" : "real");
     }
     /* Kafka properties reach every client through DIR/kafka.conf (owner-only), never argv,
      * where other users of the host could read a sasl.password; the broker takes none. */

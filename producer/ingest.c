@@ -13,13 +13,16 @@
  * attempt is recorded and counted but never applied, and a terminal call is never moved.
  * Offsets are committed to Kafka only after the database commit, so a crash in between
  * redelivers the batch and the inbox absorbs it (at-least-once in, exactly one state change
- * per message). The offset commit is asynchronous, so the ingest thread does not wait a broker
- * round trip per batch: a commit that fails, is lost in a crash or lands late only leaves the
- * group's position behind, which redelivers results that result_inbox deduplicates. Failures
- * are logged from the offset commit callback, served by rd_kafka_consumer_poll() on the ingest
- * thread; consumer close waits for the commits still in flight. A database failure retries the
- * same batch (in memory) until it succeeds or the ingest stops; undecodable messages are
- * logged, counted and skipped (their offsets are committed: they can never become decodable).
+ * per message): after each database commit the batch's offsets are stored
+ * (rd_kafka_offsets_store, enable.auto.offset.store=false, so nothing else is ever stored), and
+ * the stored offsets are committed asynchronously at most once per OQ_KAFKA_COMMIT_INTERVAL_MS
+ * (and synchronously when the ingest stops): an OffsetCommit per batch is a replicated write
+ * on the group coordinator that cost a real cluster more than the results themselves. A commit
+ * that fails, is lost in a crash or lands late only leaves the group's position behind, which
+ * redelivers results that result_inbox deduplicates. Failures are logged from the offset
+ * commit callback, served by rd_kafka_consumer_poll() on the ingest thread. A database failure
+ * retries the same batch (in memory) until it succeeds or the ingest stops; undecodable messages
+ * are logged, counted and skipped (their offsets are committed: they can never become decodable).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +34,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_util.h"
 
 #define INGEST_BATCH 256
 
@@ -40,6 +44,8 @@ struct oq_ingest {
     pthread_t th;
     int started;
     volatile int stop;
+    int offsets_dirty;      /* stored since the last commit (ingest thread) */
+    int64_t last_commit_us; /* ingest thread */
     _Atomic uint64_t applied, duplicate, unknown_call, stale, ignored, undecodable, batches;
     oq_metric_t *m[6];
 };
@@ -117,8 +123,22 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                     rd_kafka_err2str(err));
 }
 
-/** Commit the offsets after \p msgs without waiting for the broker (the list is copied by
- *  librdkafka; the outcome reaches commit_cb()). */
+/** Commit the stored offsets: asynchronously (the outcome reaches commit_cb()) and at most once
+ *  per interval, or synchronously with \p final. */
+static void commit_stored(oq_ingest_t *in, int final)
+{
+    int64_t now = oq_mono_us();
+    if (!in->offsets_dirty ||
+        (!final && now - in->last_commit_us < OQ_KAFKA_COMMIT_INTERVAL_MS * 1000))
+        return;
+    rd_kafka_resp_err_t e = rd_kafka_commit(in->rk, NULL, !final);
+    if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET) /* the results will be redelivered */
+        OQ_LOG_WARN("ingest", "offset commit failed: %s", rd_kafka_err2str(e));
+    in->offsets_dirty = 0;
+    in->last_commit_us = now;
+}
+
+/** Store the offsets after \p msgs (only after their database commit), then commit_stored(). */
 static void commit_offsets(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n);
@@ -129,10 +149,12 @@ static void commit_offsets(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
         if (!p) p = rd_kafka_topic_partition_list_add(l, topic, m->partition);
         if (p->offset < m->offset + 1) p->offset = m->offset + 1;
     }
-    rd_kafka_resp_err_t e = rd_kafka_commit(in->rk, l, 1);
-    if (e) /* not even queued (no group, fatal error): the batch will be redelivered */
-        OQ_LOG_WARN("ingest", "offset commit failed: %s", rd_kafka_err2str(e));
+    rd_kafka_resp_err_t e = rd_kafka_offsets_store(in->rk, l);
+    if (e) /* e.g. a partition revoked meanwhile: the batch will be redelivered */
+        OQ_LOG_DEBUG("ingest", "offsets store: %s", rd_kafka_err2str(e));
     rd_kafka_topic_partition_list_destroy(l);
+    in->offsets_dirty = 1;
+    commit_stored(in, 0);
 }
 
 static void *ingest_main(void *arg)
@@ -141,6 +163,7 @@ static void *ingest_main(void *arg)
     rd_kafka_message_t *msgs[INGEST_BATCH];
     while (!in->stop) {
         int n = 0;
+        commit_stored(in, 0);
         rd_kafka_message_t *m = rd_kafka_consumer_poll(in->rk, 100);
         while (m) {
             if (m->err) {
@@ -174,6 +197,7 @@ static void *ingest_main(void *arg)
         for (int i = 0; i < n; i++)
             rd_kafka_message_destroy(msgs[i]);
     }
+    commit_stored(in, 1);
     return NULL;
 }
 
@@ -198,6 +222,10 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
         (ret = oq_kafka_conf_set(conf, "auto.offset.reset", "earliest", err)))
         goto out;
     if ((ret = oq_kafka_conf_apply(conf, OQ_KAFKA_CONSUMER, (const oq_config_t *)cfg, err)))
+        goto out;
+    /* The commit discipline is not the user's to change: only offsets of applied results. */
+    if ((ret = oq_kafka_conf_set(conf, "enable.auto.commit", "false", err)) ||
+        (ret = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)))
         goto out;
     rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
     in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);

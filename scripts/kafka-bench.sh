@@ -4,7 +4,7 @@
 #
 #   scripts/kafka-bench.sh [--build DIR] [--rows 300000] [--partitions 64] [--calls 10000]
 #                          [--rate 0] [--conns 64] [--consumers 2] [--only mock|real]
-#                          [--cluster-dir D]
+#                          [--cluster-dir D] [--no-relay] [--idle 20] [--up-arg ARG]...
 #
 # relay: `onceq-bench relay --rows N` (outbox -> broker, idempotent, acks=all; its same-run
 #        baseline is raw librdkafka produce of the same payloads to the same broker) against
@@ -16,7 +16,18 @@
 #        connections. calls/s = calls / (last result applied - first submit committed), and
 #        the submit-to-result latency p50/p99, both read from calls.db's timestamps.
 # Each block also reports the brokers' CPU seconds and resident memory over the run: on the
-# 2-core machine the brokers share the CPU with everything else.
+# 2-core machine the brokers share the CPU with everything else. The e2e block adds the
+# brokers' CPU per call (their user+system time from /proc/PID/stat over the run / calls) and
+# their cost at idle: CPU over --idle seconds with no onceq client, then over as long with the
+# idle pipeline (after the warm-up has drained), in cores; "added" is the difference. On real
+# Kafka it also gives the CPU per call above the no-client idle rate (the cluster's own
+# housekeeping over the run's duration is not the calls' cost), how much of the brokers' CPU
+# went to the JVMs' JIT compilers (still warming up on a young cluster), and the onceq
+# processes' CPU.
+# `onceq up` picks its clients' kafka-profile itself (mock on the embedded broker, real with
+# --brokers); --up-arg passes one more argument to it (e.g. --up-arg -X --up-arg linger.ms=5).
+# --no-relay skips the relay blocks; --idle 0 skips the idle measurement.
+# The last line, `e2e real/mock`, is the real cluster's calls/s over the embedded broker's.
 # The real cluster is started in a temporary folder and stopped by pid at the end, unless
 # --cluster-dir names one started with scripts/kafka-cluster.sh (left running).
 set -uo pipefail
@@ -31,6 +42,9 @@ conns=64
 consumers=2
 only=
 cluster_dir=
+relay=1
+idle=20
+up_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --build) build=$2; shift 2 ;;
@@ -42,6 +56,9 @@ while [[ $# -gt 0 ]]; do
     --consumers) consumers=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --cluster-dir) cluster_dir=$2; shift 2 ;;
+    --no-relay) relay=0; shift ;;
+    --idle) idle=$2; shift 2 ;;
+    --up-arg) up_args+=("$2"); shift 2 ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
@@ -63,7 +80,25 @@ cpu_s() { # total user+system CPU seconds of the pids given
         v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || continue
         t=$((t + v))
     done
-    awk -v t="$t" -v k="$TICK" 'BEGIN {printf "%.1f", t / k}'
+    awk -v t="$t" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
+}
+jit_s() { # CPU seconds of the JVMs' JIT compiler threads (C1/C2 CompilerThread) of the pids given
+    local p t total=0 v
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            [[ $(cat "$t/comm" 2>/dev/null) == C[12]\ CompilerThre* ]] || continue
+            v=$(awk '{print $14 + $15}' "$t/stat" 2>/dev/null) || continue
+            total=$((total + v))
+        done
+    done
+    awk -v t="$total" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
+}
+idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores
+    local a b
+    a=$(cpu_s "$@")
+    sleep "$idle"
+    b=$(cpu_s "$@")
+    awk -v a="$a" -v b="$b" -v s="$idle" 'BEGIN {printf "%.3f", (b - a) / s}'
 }
 rss_mib() { # resident MiB of each pid given, space-separated
     local p
@@ -129,16 +164,23 @@ drained() { # drained DB PREFIX N: N calls with that key prefix, none pending or
     [[ "$r" == "$3|0" ]]
 }
 
+E2E_RATE=()
 bench_e2e() { # bench_e2e mock|real
-    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i
+    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i idle0= idle1= r
     mkdir -p "$d"
     port=$(oq_free_port)
     if [[ $target == real ]]; then
         topics_real 6
         bargs=(--brokers "$REAL")
+        pids=("${JAVA_PIDS[@]}")
+        # no onceq client: the cluster's own idle cost (the embedded broker has none to measure
+        # before `onceq up` starts it)
+        ((idle > 0)) && idle0=$(idle_cores "${pids[@]}")
     fi
-    oq_spawn "up-$target" "$ONCEQ_BIN" up --dir "$d" --consumers "$consumers" \
-        --listen "127.0.0.1:$port" "${bargs[@]}"
+    # `onceq up` chooses the clients' kafka-profile by its brokers; a value left in the
+    # environment by oq_start_broker (the relay block) must not reach it
+    oq_spawn "up-$target" env -u ONCEQ_KAFKA_PROFILE "$ONCEQ_BIN" up --dir "$d" \
+        --consumers "$consumers" --listen "127.0.0.1:$port" "${bargs[@]}" "${up_args[@]}"
     oq_wait_for 60 curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" ||
         oq_fail "$target: producer not healthy"
     if [[ $target == mock ]]; then
@@ -147,22 +189,32 @@ bench_e2e() { # bench_e2e mock|real
             [[ ${#pids[@]} -gt 0 ]] && break
             sleep 0.1
         done
-    else
-        pids=("${JAVA_PIDS[@]}")
     fi
     "$LOAD" --port "$port" --calls 300 --conns 8 --prefix "warm-$target" --mix 60,40,0,0,0 \
         >"$T/warm-$target.out" 2>&1 || oq_fail "$target: warm-up load failed"
     oq_wait_for 120 drained "$d/calls.db" "warm-$target" 300 || oq_fail "$target: warm-up not drained"
+    if ((idle > 0)); then
+        sleep 3 # the last offset commits and result marks
+        idle1=$(idle_cores "${pids[@]}")
+    fi
 
     echo
-    echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}; $calls calls, rate $rate, $conns conns"
+    echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}${up_args[*]:+ ${up_args[*]}}; $calls calls, rate $rate, $conns conns"
+    local kids=() k0 k1
+    kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
+    k0=$(cpu_s "${kids[@]}")
+    local t0=$EPOCHREALTIME t1 j0 j1
+    j0=$(jit_s "${pids[@]}")
     c0=$(cpu_s "${pids[@]}")
     "$LOAD" --port "$port" --calls "$calls" --rate "$rate" --conns "$conns" --prefix "run-$target" \
         --mix 60,40,0,0,0 >"$T/run-$target.out" 2>&1 || oq_fail "$target: load failed: $(cat "$T/run-$target.out")"
     oq_wait_for 300 drained "$d/calls.db" "run-$target" "$calls" || oq_fail "$target: not drained in 300 s"
     c1=$(cpu_s "${pids[@]}")
+    t1=$EPOCHREALTIME
+    j1=$(jit_s "${pids[@]}")
+    k1=$(cpu_s "${kids[@]}")
     grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
-    q "$d/calls.db" "
+    r=$(q "$d/calls.db" "
         WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
                    FROM calls WHERE idem_key LIKE 'run-$target-%'),
              n AS (SELECT count(*) AS n, min(c) AS c0, max(u) AS u1 FROM r)
@@ -171,17 +223,36 @@ bench_e2e() { # bench_e2e mock|real
                       (SELECT l FROM r ORDER BY l LIMIT 1 OFFSET (SELECT n / 2 FROM n)),
                       (SELECT l FROM r ORDER BY l LIMIT 1 OFFSET (SELECT n * 99 / 100 FROM n)),
                       (SELECT max(l) FROM r))
-        FROM n;"
-    echo "broker CPU during the run: $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s; RSS MiB: $(rss_mib "${pids[@]}")"
+        FROM n;")
+    echo "$r"
+    E2E_RATE+=("$target=$(awk '{print $2}' <<<"$r")")
+    echo "broker CPU during the run: $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s, $(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a) * 1000 / n}') ms per call; RSS MiB: $(rss_mib "${pids[@]}")"
+    [[ $target == real ]] && echo "of which the JVMs' JIT compiler threads: $(awk -v a="$j0" -v b="$j1" 'BEGIN {printf "%.1f", b - a}') s (warm-up of the brokers, not a per-call cost)"
+    # the cluster's own idle cost (KRaft, group and log housekeeping) over the run is not the
+    # calls' cost: what is above it, per call
+    [[ -n "$idle0" ]] && echo "broker CPU above the no-client idle: $(awk -v a="$c0" -v b="$c1" -v i="$idle0" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - i * (e - s)) * 1000 / n}') ms per call (the run took $(awk -v s="$t0" -v e="$t1" 'BEGIN {printf "%.1f", e - s}') s)"
+    echo "onceq processes' CPU during the run (producer, relay, consumers): $(awk -v a="$k0" -v b="$k1" -v n="$calls" 'BEGIN {printf "%.1f s, %.3f ms per call", b - a, (b - a) * 1000 / n}')"
+    if ((idle > 0)); then
+        if [[ -n "$idle0" ]]; then
+            echo "broker CPU at idle (${idle} s each): no client $idle0 cores, idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
+        else
+            echo "broker CPU at idle (${idle} s): idle pipeline $idle1 cores"
+        fi
+    fi
     oq_kill "up-$target"
     return 0
 }
 
 for target in mock real; do
-    [[ -n "$only" && "$only" != "$target" ]] && continue
+    [[ -n "$only" && "$only" != "$target" || $relay == 0 ]] && continue
     bench_relay "$target"
 done
 for target in mock real; do
     [[ -n "$only" && "$only" != "$target" ]] && continue
     bench_e2e "$target"
 done
+if [[ ${#E2E_RATE[@]} == 2 ]]; then
+    m=${E2E_RATE[0]#mock=} r=${E2E_RATE[1]#real=}
+    echo
+    echo "e2e real/mock: $(awk -v m="$m" -v r="$r" 'BEGIN {printf "%.2f", (m > 0 ? r / m : 0)}') ($r / $m calls/s)"
+fi

@@ -241,10 +241,14 @@ oq_free_port() {
 # (its control FIFO is then $T/bootstrap.ctl, acks in $T/bootstrap.ctl.log).
 oq_start_broker() {
     oq_tmpdir
+    # the clients' defaults follow the brokers (kafka-profile, common/kafka.c): every onceq
+    # command started after this reads ONCEQ_KAFKA_PROFILE
     if oq_real_kafka; then
+        export ONCEQ_KAFKA_PROFILE=real
         oq__real_kafka_topics "$@"
         return 0
     fi
+    export ONCEQ_KAFKA_PROFILE=mock
     local i ctl=$T/bootstrap.ctl a prev=
     for a in "$@"; do # an explicit --control PATH replaces the default FIFO path
         [[ $prev == --control ]] && ctl=$a

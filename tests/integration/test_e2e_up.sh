@@ -8,6 +8,7 @@
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
+unset ONCEQ_KAFKA_PROFILE # up chooses its children's client defaults itself
 PORT=$(oq_free_port)
 D=$T/up
 oq_spawn up "$ONCEQ_BIN" up --dir "$D" --listen "127.0.0.1:$PORT" --consumers 2 \
@@ -30,6 +31,13 @@ child_pid() {
 verify() { "$ONCEQ_BIN" verify --producer-db "$D/calls.db" --consumer-db "$D/effects.db" "$@"; }
 load() { "$(oq_tool oq_e2e_load)" --port "$PORT" --conns 4 --sleep-ms 5 --retry-ms 60000 "$@"; }
 drained() { verify --examples 0 >/dev/null 2>&1; }
+
+# the embedded broker's client defaults reach every client child (docs/BROKER-NOTES.md)
+for kind in producer relay consumer; do
+    p=$(child_pid "$kind") || oq_fail "no $kind child of onceq up"
+    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- '--kafka-profile mock ' ||
+        oq_fail "$kind not started with --kafka-profile mock: $(tr '\0' ' ' <"/proc/$p/cmdline")"
+done
 
 load --calls 200 --prefix up1 >"$T/l1" || oq_fail "load 1 failed: $(cat "$T/l1")"
 oq_wait_for 60 drained || oq_fail "first batch not drained: $(verify)"

@@ -21,6 +21,7 @@
 
 #include "oq_cli.h"
 #include "oq_config.h"
+#include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
 
@@ -625,6 +626,58 @@ static void test_kafka_scope(void **state)
     oq_config_destroy(c);
 }
 
+/* kafka-profile: consumers fetch with a long wait on real brokers, a short one on the embedded
+ * broker; producers get neither; the user's -X wins over both; a table without the setting
+ * (and a NULL config) is `real`. */
+static const oq_setting_t profile_table[] = {
+    {"brokers", OQ_SET_STRING, NULL, 0, -1, NULL, "bootstrap servers"},
+    OQ_SETTING_KAFKA_PROFILE,
+};
+
+static void expect_fetch_wait(oq_kafka_role_t role, const oq_config_t *c, const char *want)
+{
+    oq_error_t err;
+    rd_kafka_conf_t *conf = oq_kafka_conf_new(role, "h:1", c, &err);
+    assert_non_null(conf);
+    char buf[64];
+    size_t sz = sizeof buf;
+    assert_int_equal(rd_kafka_conf_get(conf, "fetch.wait.max.ms", buf, &sz), RD_KAFKA_CONF_OK);
+    assert_string_equal(buf, want);
+    rd_kafka_conf_destroy(conf);
+}
+
+static void test_kafka_profile(void **state)
+{
+    (void)state;
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, NULL, "500");
+    oq_config_t *plain = oq_config_new(table, NT); /* no kafka-profile setting */
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, plain, "500");
+    oq_config_destroy(plain);
+
+    oq_config_t *c = oq_config_new(profile_table, 2);
+    oq_error_t err;
+    assert_int_equal(parse(c, &err, NULL), 0);
+    assert_int_equal(oq_kafka_profile_mock(c), 0);
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, c, "500"); /* default: real */
+    oq_config_destroy(c);
+
+    c = oq_config_new(profile_table, 2);
+    assert_int_equal(parse(c, &err, "--kafka-profile", "mock", NULL), 0);
+    assert_int_equal(oq_kafka_profile_mock(c), 1);
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, c, "10");
+    oq_config_destroy(c);
+
+    c = oq_config_new(profile_table, 2); /* the user's -X wins over the profile */
+    assert_int_equal(parse(c, &err, "--kafka-profile", "mock", "-X", "fetch.wait.max.ms=77", NULL),
+                     0);
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, c, "77");
+    oq_config_destroy(c);
+
+    c = oq_config_new(profile_table, 2);
+    assert_int_equal(parse(c, &err, "--kafka-profile", "fast", NULL), OQ_EINVAL);
+    oq_config_destroy(c);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -644,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_kcat_file),
         cmocka_unit_test(test_kafka_refused),
         cmocka_unit_test(test_kafka_scope),
+        cmocka_unit_test(test_kafka_profile),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
