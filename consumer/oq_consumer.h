@@ -177,6 +177,9 @@ typedef struct oq_consumer_opts {
     int lookup_budget;             /**< undecided lookups per unknown outcome before it goes to
                                         review (or, for a tool that honours keys, is resent);
                                         default 5 */
+    int64_t drain_ms;              /**< at stop, how long outside requests in flight may still
+                                        answer and commit: 0 = the longest timeout in the tools
+                                        file, at most 60000; negative = none (abandon at once) */
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;

@@ -35,8 +35,9 @@
  * soon as the dispatcher wakes the Kafka poll) writes their outcomes with the same finish
  * path as every run, and only after it commits are the jobs forgotten, so the heartbeat
  * renews a job's lease until its outcome is durable (all of them in one transaction per
- * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, requests in
- * flight get up to 5 s to answer; the rest are abandoned (UNKNOWN when sent) and written.
+ * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, no new request
+ * starts and those in flight get up to --drain (default: the longest tool timeout, at most
+ * 60 s) to answer and commit normally; the rest are abandoned (UNKNOWN when sent) and written.
  *
  * (About 1,900 lines, over the usual 800: every part shares the worker struct, its mutex and
  * its threads; the rules, the SQL, the tools, the HTTP executor and dispatcher, the review
@@ -74,8 +75,9 @@
 #define OQ__DUE_CAP 256
 #define OQ__RECOVER_CAP 200
 #define OQ__LAT_RING 2048
-#define OQ__DLQ_NREASONS 7 /* the six codes of oq_consumer.h and "other" */
-#define OQ__LAG_MAX 1024   /* partitions of the input topic with a lag series */
+#define OQ__DLQ_NREASONS 7             /* the six codes of oq_consumer.h and "other" */
+#define OQ__LAG_MAX 1024               /* partitions of the input topic with a lag series */
+#define OQ__DRAIN_DEFAULT_MAX_MS 60000 /* the default --drain: the longest tool timeout, capped */
 
 typedef struct {
     char call_id[OQ_CALL_ID_LEN + 1];
@@ -238,6 +240,9 @@ const oq_setting_t oq_consumer_settings[] = {
      "outside requests running at once (more wait in a queue, leases renewed)"},
     {"lookup-attempts", OQ_SET_INT, "5", 1, 1000, NULL,
      "undecided lookups of an unknown outcome before it goes to review"},
+    {"drain", OQ_SET_DURATION, NULL, 0, 600000, NULL,
+     "at stop, how long outside requests in flight may still answer and commit (default: the "
+     "longest timeout in the tools file, at most 60s; 0 = abandon them at once)"},
 };
 const size_t oq_consumer_nsettings = sizeof(oq_consumer_settings) / sizeof(oq_consumer_settings[0]);
 
@@ -265,6 +270,8 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->tools_path = oq_config_str(cfg, "tools");
     o->http_inflight = (int)oq_config_int(cfg, "http-inflight");
     o->lookup_budget = (int)oq_config_int(cfg, "lookup-attempts");
+    if (oq_config_is_set(cfg, "drain"))
+        o->drain_ms = oq_config_int(cfg, "drain") > 0 ? oq_config_int(cfg, "drain") : -1;
     o->cfg = cfg;
 }
 
@@ -1604,6 +1611,12 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         for (size_t i = 0; i < c->tools->n; i++)
             pthread_mutex_init(&c->tmetrics[i].ring.mu, NULL);
     }
+    /* the drain at stop: by default every request in flight may reach its own timeout */
+    if (c->o.drain_ms == 0) {
+        c->o.drain_ms = oq__http_tools_max_timeout(c->tools);
+        if (c->o.drain_ms > OQ__DRAIN_DEFAULT_MAX_MS) c->o.drain_ms = OQ__DRAIN_DEFAULT_MAX_MS;
+    }
+    if (c->o.drain_ms < 0) c->o.drain_ms = 0;
     metrics_init(c);
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
@@ -1922,16 +1935,25 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
         c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000);
     process_batch(c);
-    /* outside requests: let the running ones answer (bounded), write every outcome; the ones
-     * still running then are abandoned: UNKNOWN when sent (reconciled later), else not run */
+    /* outside requests: the drain. Nothing new starts; the running ones may answer for up to
+     * --drain and their outcomes commit as they come (leases renewed meanwhile); the ones still
+     * running then are abandoned: UNKNOWN when sent (reconciled later), else not run */
     if (c->disp) {
-        int64_t until = oq_mono_us() + 5000000;
+        int64_t t0 = oq_mono_us(), until = t0 + c->o.drain_ms * 1000;
+        int n0 = oq__dispatch_count(c->disp);
+        oq__dispatch_drain(c->disp, c->o.drain_ms);
+        if (n0 > 0)
+            OQ_LOG_INFO(OQ__COMP, "draining: requests=%d drain_ms=%" PRId64, n0, c->o.drain_ms);
         while (oq__dispatch_count(c->disp) > 0 && oq_mono_us() < until) {
             oq_sleep_ms(5, NULL);
             process_batch(c);
         }
+        int left = oq__dispatch_count(c->disp);
         oq__dispatch_stop(c->disp, 0);
         process_batch(c);
+        if (n0 > 0)
+            OQ_LOG_INFO(OQ__COMP, "drained: requests=%d abandoned=%d ms=%" PRId64, n0, left,
+                        (oq_mono_us() - t0) / 1000);
     }
     e = rd_kafka_commit(c->rk, NULL, 0);
     if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
