@@ -24,5 +24,6 @@ const char *const oq_migrations_consumer[] = {
     "common/0003_outbox_dead.sql",
     "consumer/0002_downstream.sql",
     "consumer/0003_dlq_code.sql",
+    "consumer/0004_lease_clock.sql", /* the lease clock: one anchor per boot of the host */
     NULL,
 };

@@ -277,6 +277,16 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
 
 /* --- helpers --------------------------------------------------------------------------------- */
 
+/* Every time the rules store or compare in effects.db comes from the store's lease clock (a
+ * per-boot anchor + CLOCK_BOOTTIME, consumer_store.h; docs/DESIGN.md "Clocks"), never from
+ * the wall clock: a step of the host's clock must not lapse leases or age a lookup's
+ * "absent". Durations inside this process use oq_mono_us(). Any thread (the anchor is fixed
+ * at open, and every store handle of one database has the same one). */
+static int64_t lease_now(const oq_consumer_t *c)
+{
+    return oq__consumer_store_now(c->store);
+}
+
 static char *strdup0(const char *s)
 {
     return s ? strdup(s) : NULL;
@@ -538,7 +548,7 @@ static int run_inline(oq_consumer_t *c, const oq_envelope_t *env, const char *ca
     if (!args) args = own = json_loads(x.args ? x.args : "{}", 0, NULL);
     run_tool(&x, args, NULL, &o);
     rc = oq__exec_finish(c->store, &x, env ? OQ__RUN_INLINE : OQ__RUN_CLAIMED, &o, &c->policy,
-                         env ? now : oq_now_ms(), &state, &enew, err);
+                         env ? now : lease_now(c), &state, &enew, err);
     if ((rc = note_finish(c, rc, &x, state, enew)) == 0 && oq__xstate_terminal(state))
         c->results_emitted = 1;
 out:
@@ -802,7 +812,7 @@ static void dlq_publish(oq_consumer_t *c)
     int ok = 0;
     for (int i = 0; i < p.n; i++) {
         if (t[i].state != 1) continue;
-        if (oq__consumer_store_dlq_mark(c->store, t[i].id, oq_now_ms(), &err) == 0) ok++;
+        if (oq__consumer_store_dlq_mark(c->store, t[i].id, lease_now(c), &err) == 0) ok++;
     }
     if (ok == p.n) c->dlq_added = 0;
     OQ_LOG_INFO(OQ__COMP, "dead letters published=%d of %d", ok, p.n);
@@ -978,7 +988,7 @@ static int process_batch(oq_consumer_t *c)
         c->nhandoff = 0;
         c->results_emitted = 0;
         drop_sends(c);
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
                 rc = handle_message(c, c->batch[i], now, &err);
@@ -1136,7 +1146,7 @@ static void runner_exec(runner_t *r, const char *call_id)
     memset(&o, 0, sizeof(o));
 
     if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, oq_now_ms(), &x, &err);
+        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, lease_now(c), &x, &err);
         if (rc == 0) rc = oq__consumer_store_commit(r->store, &err);
         if (rc) oq__consumer_store_rollback(r->store);
     }
@@ -1168,8 +1178,8 @@ static void runner_exec(runner_t *r, const char *call_id)
      * row that says so. A busy database is retried (x is unchanged by a rolled-back finish). */
     for (int tries = 0; tries < 20; tries++) {
         if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, oq_now_ms(), &state,
-                                 &enew, &err);
+            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, lease_now(c),
+                                 &state, &enew, &err);
             if (rc == 0 || rc == OQ_EFENCED) {
                 int frc = rc;
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
@@ -1228,7 +1238,7 @@ static void renew_remote(oq_consumer_t *c)
     oq__lease_t *ls = malloc((size_t)n * sizeof(*ls));
     if (!ls) return;
     n = oq__dispatch_leases(c->disp, ls, n);
-    int64_t until = oq_now_ms() + c->o.lease_ms;
+    int64_t until = lease_now(c) + c->o.lease_ms;
     int rc = oq__consumer_store_begin(c->hb_store, &err);
     for (int i = 0; i < n && rc == 0; i++) {
         rc = oq__consumer_store_lease_renew(c->hb_store, ls[i].call_id, ls[i].fence, until, &err);
@@ -1267,7 +1277,7 @@ static void *heartbeat_main(void *arg)
             if (!live) continue;
             oq_error_t err = {0};
             int rc = oq__consumer_store_lease_renew(c->hb_store, call_id, fence,
-                                                    oq_now_ms() + c->o.lease_ms, &err);
+                                                    lease_now(c) + c->o.lease_ms, &err);
             if (rc == OQ_EFENCED) {
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
                 pthread_mutex_lock(&c->mu);
@@ -1298,9 +1308,9 @@ static void recover_lapsed(oq_consumer_t *c)
     oq_error_t err = {0};
     int n = 0, nl = 0, rc;
     atomic_store(&c->recover_now, 0);
-    if (!oq__consumer_store_recovery_pending(c->store, oq_now_ms())) return;
+    if (!oq__consumer_store_recovery_pending(c->store, lease_now(c))) return;
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        rc = oq__exec_recover(c->store, oq_now_ms(), &c->policy, OQ__RECOVER_CAP,
+        rc = oq__exec_recover(c->store, lease_now(c), &c->policy, OQ__RECOVER_CAP,
                               c->disp ? c->lookups : NULL, &nl, &n, &err);
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
@@ -1336,7 +1346,7 @@ static void release_held(oq_consumer_t *c)
     oq_error_t err = {0};
     int n = 0, rc;
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        rc = oq__exec_release_held(c->store, oq_now_ms(), &n, &err);
+        rc = oq__exec_release_held(c->store, lease_now(c), &n, &err);
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
     }
@@ -1384,7 +1394,7 @@ static int schedule_due(oq_consumer_t *c)
     due_list_t list = {.c = c, .rows = due, .n = 0, .cap = OQ__DUE_CAP};
     oq_error_t err = {0};
     int n = 0, rc, nhere = 0;
-    int64_t now = oq_now_ms();
+    int64_t now = lease_now(c);
     if (oq__consumer_store_next_due(c->store) > now) return 0;
     if (oq__consumer_store_due(c->store, now, OQ__DUE_CAP, due_collect, &list, &err)) {
         OQ_LOG_WARN(OQ__COMP, "scheduler: %s", err.msg);
@@ -1403,9 +1413,9 @@ static int schedule_due(oq_consumer_t *c)
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
         for (int i = 0; i < n && rc == 0; i++) {
             if (due[i].remote)
-                rc = claim_remote(c, due[i].call_id, due[i].remote, oq_now_ms(), &err);
+                rc = claim_remote(c, due[i].call_id, due[i].remote, lease_now(c), &err);
             else if (due[i].blocks_ms == 0)
-                rc = run_inline(c, NULL, due[i].call_id, NULL, oq_now_ms(), &err);
+                rc = run_inline(c, NULL, due[i].call_id, NULL, lease_now(c), &err);
         }
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
@@ -1426,7 +1436,7 @@ static void purge_retention(oq_consumer_t *c)
     oq_error_t err = {0};
     int64_t n = 0, total = 0;
     for (int i = 0; i < 20; i++) {
-        if (oq__consumer_store_purge(c->store, oq_now_ms() - c->o.inbox_retention_ms, 1000, &n,
+        if (oq__consumer_store_purge(c->store, lease_now(c) - c->o.inbox_retention_ms, 1000, &n,
                                      &err)) {
             OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
             break;
@@ -1479,7 +1489,7 @@ static void refresh_gauges(oq_consumer_t *c)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
     /* the unsettled rows come from a small partial index: cheap enough to read always */
     if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         oq_gauge_set(c->m_review, (double)un.review);
         oq_gauge_set(c->m_review_age, un.review ? (double)(now - un.review_oldest) / 1000.0 : 0);
         oq_gauge_set(c->m_unsettled_age,
@@ -2036,7 +2046,7 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c)
     json_object_set_new(o, "reconciliation", rec);
     pthread_mutex_lock(&c->stats_mu); /* (the stats connection: any thread may ask) */
     if (oq__consumer_store_unsettled(c->stats_store, &un, NULL) == 0) {
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         json_object_set_new(
             o, "review",
             json_pack("{s:I, s:f, s:I, s:f}", "queue", (json_int_t)un.review, "oldest_s",
