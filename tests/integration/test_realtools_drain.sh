@@ -9,6 +9,9 @@
 #      (Before --drain the worker gave every request 5 s: this call went to review.)
 #   2. --drain 1s: the same request is abandoned after 1 s, UNKNOWN, and with neither keys nor
 #      a lookup the call goes to `needs_review` and is never resent (what --drain bounds).
+#   3. Nothing new starts after SIGTERM: with --http-inflight 1 a second call waits in the
+#      queue behind a held one; at SIGTERM the held one commits within the drain, the queued
+#      one is never sent (handed back, SAFE_RETRY) and runs once after the restart.
 # onceq verify is clean over the three databases.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
@@ -68,6 +71,29 @@ sleep 7 # the held request lands downstream meanwhile
 [[ $(rt_dstat .requests.post_payment) == 2 ]] || oq_fail "resent: $(rt_dstat .requests)"
 [[ $(rt_dstat .ledger.effects) == 2 ]] || oq_fail "ledger: $(rt_dstat .ledger)"
 [[ $(rt_dstat .ledger.duplicate_effects) == 0 ]] || oq_fail "duplicates: $(rt_dstat .ledger)"
+# --- 3. nothing new starts after SIGTERM -------------------------------------------------------
+# one request at a time (--http-inflight 1): the second call waits in the queue while the first
+# is held; at SIGTERM the first may answer within the drain, the second is never sent (handed
+# back, not run) and runs after the restart
+kill -TERM "$(oq_pid consumer-1)"
+oq_wait_exit consumer-1 60 || oq_fail "consumer-1 did not stop"
+PL_CONSUMER_X=("${BASE_X[@]}" --tools "$T/tools.json" --http-inflight 1)
+pl_spawn_consumer 1
+c3=$(rt_submit drain-3 blind_slow '{"amount":53}')
+oq_wait_for 30 rt_at_least 3 rt_dstat .requests.post_payment || oq_fail "drain-3 never sent"
+c4=$(rt_submit drain-4 blind_slow '{"amount":54}')
+oq_wait_for 30 rt_at_least 1 rt_cq "SELECT count(*) FROM executions WHERE call_id='$c4' AND state='STARTED'" ||
+    oq_fail "drain-4 not queued: $(state_of "$c4")"
+term_when_sent 3
+oq_log "drain-3/4: worker exited ${secs}s after SIGTERM: $(state_of "$c3") / $(state_of "$c4")"
+[[ $(state_of "$c3") == COMMITTED ]] || oq_fail "drain-3: $(state_of "$c3")"
+[[ $(rt_dstat .requests.post_payment) == 3 ]] || oq_fail "a queued request started after SIGTERM"
+[[ $(state_of "$c4") == SAFE_RETRY ]] || oq_fail "drain-4: $(state_of "$c4") (expected handed back)"
+pl_spawn_consumer 1
+rt_wait_status drain-3 succeeded 30 || oq_fail "drain-3: $(rt_call drain-3)"
+rt_wait_status drain-4 succeeded 30 || oq_fail "drain-4: $(rt_call drain-4)"
+[[ $(rt_dstat .ledger.effects) == 4 ]] || oq_fail "ledger: $(rt_dstat .ledger)"
+
 J=$(rt_verify)
 [[ $? == 0 ]] || oq_fail "verify: $J"
-oq_pass "SIGTERM with a request in flight: its answer 7 s later committed within the default drain; --drain 1s abandons it to review"
+oq_pass "SIGTERM with a request in flight: its answer 7 s later committed within the default drain; --drain 1s abandons it to review; a queued request is not started"
