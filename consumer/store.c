@@ -71,13 +71,35 @@ void oq__exec_row_clear(oq__exec_row_t *x)
  * read, or written by the first process of the boot. Without a boot id (no /proc) each
  * process computes its own, from the same rule.
  */
+/* This boot's stored anchor into s->clock_anchor: 1 found, 0 none, or a negative OQ_E* code. */
+static int clock_anchor_read(oq__consumer_store_t *s, const char *boot, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, "SELECT anchor_ms FROM clock_anchor WHERE boot_id = ?1", -1,
+                                &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, boot, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) s->clock_anchor = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : oq_db_error(s->db, rc, err, "anchor");
+}
+
 static int clock_anchor_load(oq__consumer_store_t *s, oq_error_t *err)
 {
     char boot[40];
     int have_boot = oq_boot_id(boot) == 0, rc;
     sqlite3_stmt *st = NULL;
     int64_t boot_ms = oq_boot_ms(), wall = oq_now_ms(), last = 0;
-    if ((rc = oq_db_begin_immediate(s->db, 30000, err))) return rc;
+    /* the common case, without a write lock: a process of this boot wrote it already */
+    if (have_boot && (rc = clock_anchor_read(s, boot, err)) != 0) return rc < 0 ? rc : 0;
+    if ((rc = oq_db_begin_immediate(s->db, 30000, err))) {
+        /* a read-only copy (review list, inspect): a local anchor by the same rule is enough */
+        if (sqlite3_db_readonly(s->db, "main") != 1) return rc;
+        s->clock_anchor = wall - boot_ms;
+        return 0;
+    }
     if (have_boot) {
         rc = sqlite3_prepare_v2(s->db, "SELECT anchor_ms FROM clock_anchor WHERE boot_id = ?1", -1,
                                 &st, NULL);
