@@ -1140,6 +1140,116 @@ def sc_downstream_faults(run):
     run.finish()
 
 
+def faketime_lib():
+    """libfaketime's multi-threaded preload library (Debian `faketime`), or None."""
+    for d in sorted(os.listdir("/usr/lib")) if os.path.isdir("/usr/lib") else []:
+        p = os.path.join("/usr/lib", d, "faketime", "libfaketimeMT.so.1")
+        if os.path.exists(p):
+            return p
+    p = "/usr/lib/faketime/libfaketimeMT.so.1"
+    return p if os.path.exists(p) else None
+
+
+def sc_clock_step(run):
+    """Row 12: the host's wall clock steps (NTP, `date -s`) forward and back while HTTP tools
+    are in flight. Two consumers run under libfaketime: CLOCK_REALTIME comes from a file the
+    run rewrites (a step for every process of the host at once), CLOCK_MONOTONIC/BOOTTIME keep
+    running; the downstream (another host) keeps the real clock. Tools without keys, each
+    request held 2.5-4 s by the downstream (inside their 10 s timeout): `ref_slow` (lookup by
+    reference, settle 10 s) and `blind_slow` (no lookup). 3-5 excursions drawn from the seed,
+    0.5-3 s apart, while calls flow: a step of 1-3 h forward or back, and back to the real time
+    0.5-1.5 s later. Checks: every call `succeeded` with exactly one payment, no `needs_review`, 0
+    duplicates in the ledger (a lease kept in wall time lapses on a forward step: review for
+    `blind_slow`, a resend after a "not found" that looks older than settle for `ref_slow`)."""
+    lib = faketime_lib()
+    if lib is None:
+        raise RunFailed("libfaketime is not installed (apt-get install faketime)")
+    n = 4 if run.opts.smoke else 10  # calls per tool
+    slow_ms = run.rng.randint(2500, 4000)
+    clock = os.path.join(run.dir, "faketime.rc")
+    with open(clock, "w") as f:
+        f.write("+0\n")
+    start_downstream(run, ["--slow", f"{slow_ms}ms"])
+    url = f"http://127.0.0.1:{run.dport}/v1/payments"
+    common = {"url": url, "body": {"amount": "{amount}", "reference": "{effect_id}"},
+              "idempotency_header": None, "idempotent": False, "timeout_ms": 10000}
+    tools = write_tools(run, [
+        {**common, "name": "ref_slow",
+         "headers": {"X-Downstream-Fault": "slow", "X-Downstream-Keys": "ignore"},
+         "lookup": {"url": url + "?reference={effect_id}", "found": [200], "absent": [404],
+                    "settle_ms": 10000}},
+        {**common, "name": "blind_slow",
+         "headers": {"X-Downstream-Fault": "slow", "X-Downstream-Keys": "ignore",
+                     "X-Downstream-Lookup": "off"}},
+    ])
+    env = {"LD_PRELOAD": lib, "FAKETIME_TIMESTAMP_FILE": clock, "FAKETIME_NO_CACHE": "1",
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    if run.brk == "clock_boottime":  # the lease clock's base steps too (no real host does that)
+        del env["FAKETIME_DONT_FAKE_MONOTONIC"]
+    run.start_pipeline(consumers=2, consumer_x=["--tools", tools, "--recover-every", "200ms"],
+                       envs={"consumer-1": env, "consumer-2": env})
+    names = ["ref_slow", "blind_slow"]
+    todo = [(t, i) for t in names for i in range(n)]
+    run.rng.shuffle(todo)
+    errors = []
+
+    def client():
+        for t, i in todo:
+            try:
+                st, _ = submit_until_answer(run, f"{t}-{run.idx}-{i}",
+                                            {"tool": t, "args": {"amount": 100 + i}})
+                if st not in (200, 202):
+                    errors.append((t, i, st))
+            except RunFailed as ex:
+                errors.append((t, i, str(ex)))
+            time.sleep(0.2)
+
+    th = threading.Thread(target=client)
+    th.start()
+
+    def started():
+        return run.q(run.cdb, "SELECT count(*) FROM audit WHERE event = 'started'")[0][0]
+    run.wait(60, lambda: started() > 0, "the first request", supervise=True)
+    def set_clock(off):
+        with open(clock + ".new", "w") as f:
+            f.write(f"{off:+d}\n")
+        os.replace(clock + ".new", clock)
+
+    # Excursions: a step, and back to the real time 0.5-1.5 s later. (Short on purpose: glibc's
+    # C11 cnd_timedwait, which librdkafka waits with, bypasses libfaketime while its deadlines
+    # come from the faked clock, so with the clock ahead librdkafka's idle waits last as long
+    # as the offset; no real host has that skew.)
+    steps = []
+    for _ in range(run.rng.randint(3, 5)):
+        time.sleep(run.rng.uniform(0.5, 3.0))
+        off = run.rng.choice([1, -1]) * run.rng.randint(3600, 3 * 3600)
+        set_clock(off)
+        run.fault(f"consumers' wall clock stepped {off:+d} s")
+        time.sleep(run.rng.uniform(0.5, 1.5))
+        set_clock(0)
+        run.fault("consumers' wall clock stepped back to the real time")
+        steps.append(off)
+        run.supervise()
+    th.join(180)
+    if errors:
+        run.fail(f"submits not accepted: {errors[:5]}")
+    run.drain(180)
+    time.sleep(slow_ms / 1000.0 + 1)  # a resend would land meanwhile
+    rows = call_rows(run, names)
+    for cid, key, tool, state, code in rows:
+        n_led = ledger_count(run, eid_of(cid))
+        if state != "succeeded" or n_led != 1:
+            run.fail(f"{key}: state {state} ({code}) with {n_led} payments; expected "
+                     f"succeeded with exactly one")
+    reviews = run.q(run.cdb, "SELECT count(*) FROM audit WHERE event = 'needs_review'")[0][0]
+    if reviews:
+        run.fail(f"{reviews} call(s) went to review")
+    if len(rows) != n * len(names):
+        run.fail(f"{len(rows)} calls for {n * len(names)} submits")
+    run.metrics["clock_steps_s"] = steps
+    run.finish()
+
+
 def sc_downstream_negative(run):
     """Negative control of row 8: a tool falsely declared idempotent (`liar`: resent with the
     same key after an unknown outcome) against a downstream that ignores keys, half the replies
@@ -2282,6 +2392,7 @@ SCENARIOS = {
     "downstream_negative": sc_downstream_negative,
     "retry_payload": sc_retry_payload,
     "lost_messages": sc_lost_messages,
+    "clock_step": sc_clock_step,
     "disk_full": sc_disk_full,
     "offset_rewind": sc_offset_rewind,
     "review_expiry": sc_review_expiry,
@@ -2294,6 +2405,9 @@ BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's chec
                        "ignores keys: its resends after unknown outcomes duplicate payments",
     "settle": "downstream_faults: pay_ref's lookup settle time 1 ms, under the slow fault's "
               "delay: a 'not found' is trusted while the request is still on its way",
+    "clock_boottime": "clock_step: libfaketime steps CLOCK_MONOTONIC and CLOCK_BOOTTIME with "
+                      "the wall clock, so the consumers' lease clock steps too: leases lapse "
+                      "at once (review, or a resend while the first request lands)",
     "new_key": "retry_payload: the client resubmits with a new key: a second call and effect",
     "redrive_off": "lost_messages: --redrive-after 0: lost messages are never repaired",
     "no_space_return": "disk_full: the space never returns: the calls cannot be accepted",

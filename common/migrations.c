@@ -27,6 +27,7 @@ const char *const oq_migrations_consumer[] = {
     "consumer/0002_downstream.sql",
     "consumer/0003_dlq_code.sql",
     "consumer/0004_retention.sql",
+    "consumer/0005_lease_clock.sql", /* the lease clock: one anchor per boot of the host */
     NULL,
 };
 /* clang-format on */

@@ -50,6 +50,20 @@ int64_t oq_now_ms(void);
 /** @brief Monotonic time in microseconds (for durations, deadlines, latencies). */
 int64_t oq_mono_us(void);
 
+/**
+ * @brief CLOCK_BOOTTIME in milliseconds: never stepped (NTP, `date -s`), counts suspend, and is
+ *        the same clock for every process of one host; it starts again near 0 at each boot.
+ *        The base of the consumer's lease clock (see oq__consumer_store_now).
+ */
+int64_t oq_boot_ms(void);
+
+/**
+ * @brief The kernel's id of the current boot (/proc/sys/kernel/random/boot_id, a UUID shared
+ *        by every process and container of the host until the next boot), NUL-terminated.
+ * @returns 0, or OQ_ENOTFOUND (\p out is "") when it cannot be read.
+ */
+int oq_boot_id(char out[40]);
+
 /** @brief Format unix ms as RFC 3339 UTC with milliseconds: "2026-11-30T02:23:24.123Z". */
 void oq_time_format(int64_t unix_ms, char out[32]);
 

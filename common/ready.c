@@ -54,7 +54,12 @@ oq_ready_t *oq_ready_new(const char *component, oq_metrics_t *m)
     if (!r) return NULL;
     snprintf(r->component, sizeof r->component, "%s", component ? component : "onceq");
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca; /* the prober waits with CLOCK_MONOTONIC deadlines: a step of the
+                              wall clock back would otherwise stall it (and /readyz) that long */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
     r->was_ready = -1;
     if (m) {
         r->m_ready = oq_metrics_gauge(m, "onceq_ready",
@@ -200,7 +205,7 @@ static void *ready_main(void *arg)
         oq_gauge_set(r->m_ready, ready ? 1 : 0);
         if (r->stop) break;
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += READY_PERIOD_MS / 1000;
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     }

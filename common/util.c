@@ -135,6 +135,26 @@ int64_t oq_mono_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+int64_t oq_boot_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int oq_boot_id(char out[40])
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return OQ_ENOTFOUND;
+    size_t n = fread(out, 1, 39, f);
+    fclose(f);
+    out[n] = '\0';
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' '))
+        out[--n] = '\0';
+    return n > 0 ? 0 : OQ_ENOTFOUND;
+}
+
 void oq_time_format(int64_t unix_ms, char out[32])
 {
     time_t s = (time_t)(unix_ms / 1000);

@@ -173,6 +173,17 @@ typedef struct oq__due_row {
 /* --- connection ------------------------------------------------------------------------------ */
 
 /**
+ * @brief The lease clock, in ms: the one source of every time the rules store in effects.db
+ *        and compare there (leases, next_attempt_at, started_at + settle_ms, unknown_at,
+ *        updated_at, audit and inbox times). SQLite: the boot's anchor (read or written at
+ *        open, schema/consumer/0005_lease_clock.sql) + CLOCK_BOOTTIME: the same clock for every
+ *        process of the host, never stepped, near the wall clock in value (docs/DESIGN.md,
+ *        "Clocks"). A backend shared by several hosts answers the database server's clock here.
+ * @locality any thread; reads nothing but the anchor.
+ */
+int64_t oq__consumer_store_now(const oq__consumer_store_t *s);
+
+/**
  * @brief Open \p path (WAL, synchronous per \p opts) and migrate it to the consumer set.
  * @param worker_id written into audit.worker and effects.worker; copied.
  * @returns 0 with \p out set, or OQ_EDB / OQ_EIO / OQ_EVERSION / OQ_ENOMEM.

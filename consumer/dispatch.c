@@ -17,8 +17,10 @@
  * consumer.after_request_sent_before_outcome for a call whose request left, queues the job as
  * done and wakes the batch thread.
  *
- * Stopping: oq__dispatch_stop() stops taking jobs, polls until the running requests end or the
- * drain time is over, then destroys the executor, whose callbacks answer every request still
+ * Stopping: oq__dispatch_drain() stops taking jobs and starts no new request (a queued one is
+ * answered "abandoned", not sent), while the running requests go on to their answers until the
+ * drain time is over; the worker writes those outcomes as they come (committed normally).
+ * oq__dispatch_stop() then destroys the executor, whose callbacks answer every request still
  * running ("abandoned": UNKNOWN when it was sent, RETRYABLE when not); so every job ends done
  * and the worker writes its outcome, and a sent request whose answer never came is reconciled.
  */
@@ -149,12 +151,18 @@ static oq__job_t *take_queued(oq__dispatch_t *d)
     return j;
 }
 
-/* Hands the queued jobs to the executor. @locality the dispatcher thread. */
+/* Hands the queued jobs to the executor; while draining, answers them as never sent.
+ * @locality the dispatcher thread. */
 static void submit_queued(oq__dispatch_t *d)
 {
     oq__job_t *j = take_queued(d);
     while (j) {
         oq__job_t *next = j->done_next;
+        if (atomic_load(&d->stopping)) {
+            fail_local(d, j, "abandoned", "the worker is stopping: not sent");
+            j = next;
+            continue;
+        }
         oq_error_t err = {0};
         json_t *args = json_loads(j->row.args ? j->row.args : "{}", 0, NULL);
         cbctx_t *c = calloc(1, sizeof(*c));
@@ -295,11 +303,20 @@ int oq__dispatch_leases(oq__dispatch_t *d, oq__lease_t *out, int cap)
     return n;
 }
 
+void oq__dispatch_drain(oq__dispatch_t *d, int64_t drain_ms)
+{
+    if (!d || !d->started || atomic_load(&d->stopping)) return;
+    d->drain_until_us = oq_mono_us() + (drain_ms > 0 ? drain_ms : 0) * 1000;
+    oq__http_exec_drain(d->x); /* nothing new starts; the running go on */
+    atomic_store(&d->stopping, drain_ms > 0 ? 1 : 2);
+    oq__http_exec_wakeup(d->x);
+}
+
 void oq__dispatch_stop(oq__dispatch_t *d, int64_t drain_ms)
 {
     if (!d || !d->started) return;
-    d->drain_until_us = oq_mono_us() + (drain_ms > 0 ? drain_ms : 0) * 1000;
-    atomic_store(&d->stopping, drain_ms > 0 ? 1 : 2);
+    oq__dispatch_drain(d, drain_ms);
+    if (drain_ms <= 0) atomic_store(&d->stopping, 2);
     oq__http_exec_wakeup(d->x);
     pthread_join(d->th, NULL);
     d->started = 0;

@@ -92,6 +92,15 @@ int oq__dispatch_count(oq__dispatch_t *d);
 int oq__dispatch_leases(oq__dispatch_t *d, oq__lease_t *out, int cap);
 
 /**
+ * @brief Begin the stop without waiting: take no new job and start no new request (queued and
+ *        later ones are answered RETRYABLE / UNDECIDED "abandoned", not sent); the running
+ *        requests may answer for up to \p drain_ms more (0: none). Their jobs end done as usual;
+ *        the caller takes them while oq__dispatch_count() > 0, then calls oq__dispatch_stop(d, 0).
+ *        Thread-safe; a second call does nothing.
+ */
+void oq__dispatch_drain(oq__dispatch_t *d, int64_t drain_ms);
+
+/**
  * @brief Stop taking requests: wait up to \p drain_ms for the running ones, then abort the
  *        rest (a sent call is answered UNKNOWN "abandoned", an unsent one RETRYABLE
  *        "abandoned", a lookup UNDECIDED) and stop the thread. Every job ends done; take and

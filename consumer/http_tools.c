@@ -708,6 +708,17 @@ int oq__http_tools_load(const char *path, oq__http_tools_t **out, oq_error_t *er
     return rc;
 }
 
+int64_t oq__http_tools_max_timeout(const oq__http_tools_t *t)
+{
+    int64_t m = 0;
+    for (size_t i = 0; t && i < t->n; i++) {
+        if (t->tools[i].call.timeout_ms > m) m = t->tools[i].call.timeout_ms;
+        if (t->tools[i].has_lookup && t->tools[i].lookup.timeout_ms > m)
+            m = t->tools[i].lookup.timeout_ms;
+    }
+    return m;
+}
+
 const oq__http_tool_t *oq__http_tools_find(const oq__http_tools_t *t, const char *name)
 {
     if (!t || !name) return NULL;
@@ -1154,6 +1165,7 @@ struct oq__http_exec {
     xfer_t *in_head, *in_tail;
     int closing;
     atomic_int pending;
+    atomic_int draining; /* no new transfer starts (oq__http_exec_drain) */
     /* polling thread only */
     xfer_t *wait_head, *wait_tail; /* accepted, waiting for a slot */
     xfer_t *running;               /* in the multi handle (doubly linked) */
@@ -1602,6 +1614,17 @@ static int admit(oq__http_exec_t *x)
             x->wait_head = t;
         x->wait_tail = t;
     }
+    /* draining: nothing waiting starts any more; it is answered as never sent */
+    while (x->wait_head && atomic_load(&x->draining)) {
+        xfer_t *t = x->wait_head;
+        x->wait_head = t->next;
+        if (!x->wait_head) x->wait_tail = NULL;
+        t->next = NULL;
+        deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE, "abandoned",
+                "the worker is stopping: not sent", 0, 0);
+        xfer_free(t);
+        delivered++;
+    }
     while (x->wait_head && x->nrunning < x->max_inflight) {
         xfer_t *t = x->wait_head;
         x->wait_head = t->next;
@@ -1667,6 +1690,13 @@ void oq__http_exec_wakeup(oq__http_exec_t *x)
 int oq__http_exec_pending(oq__http_exec_t *x)
 {
     return x ? atomic_load(&x->pending) : 0;
+}
+
+void oq__http_exec_drain(oq__http_exec_t *x)
+{
+    if (!x) return;
+    atomic_store(&x->draining, 1);
+    curl_multi_wakeup(x->multi);
 }
 
 void oq__http_exec_destroy(oq__http_exec_t *x)

@@ -145,6 +145,9 @@ int oq__http_tools_load(const char *path, oq__http_tools_t **out, oq_error_t *er
 /** @brief Free a tools set; accepts NULL. Tools must outlive the transfers that use them. */
 void oq__http_tools_destroy(oq__http_tools_t *t);
 
+/** @brief The longest timeout_ms of any request (call or lookup) of \p t; 0 for NULL or none. */
+int64_t oq__http_tools_max_timeout(const oq__http_tools_t *t);
+
 /** @brief The tool named \p name, or NULL. */
 const oq__http_tool_t *oq__http_tools_find(const oq__http_tools_t *t, const char *name);
 
@@ -268,5 +271,13 @@ void oq__http_exec_wakeup(oq__http_exec_t *x);
 
 /** @brief Requests submitted and not yet called back. Thread-safe. */
 int oq__http_exec_pending(oq__http_exec_t *x);
+
+/**
+ * @brief Start no new transfer from now on: the running ones go on to their answer or their
+ *        timeout; every request not started yet (queued, or submitted later) is called back at
+ *        the next poll as not sent, "abandoned" (RETRYABLE; a lookup UNDECIDED). The worker's
+ *        drain at stop. Thread-safe.
+ */
+void oq__http_exec_drain(oq__http_exec_t *x);
 
 #endif

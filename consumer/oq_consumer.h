@@ -189,6 +189,9 @@ typedef struct oq_consumer_opts {
     const char *token_file;
     /** NULL, or host:port serving /metrics, /healthz and /readyz only (open, any address) */
     const char *metrics_only_listen;
+    int64_t drain_ms; /**< at stop, how long outside requests in flight may still
+                           answer and commit: 0 = the longest timeout in the tools
+                           file, at most 60000; negative = none (abandon at once) */
 } oq_consumer_opts_t;
 
 typedef struct oq_consumer oq_consumer_t;

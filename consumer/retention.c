@@ -30,7 +30,8 @@ int oq_consumer_purge(const char *db_path, int64_t retention_ms, int64_t inbox_r
     oq_db_opts_t o = {.busy_timeout_ms = 10000};
     int rc = oq__consumer_store_open(db_path, &o, "purge", &s, err);
     if (rc == 0)
-        rc = oq__exec_purge(s, oq_now_ms(), retention_ms, inbox_retention_ms, batch, stats, err);
+        rc = oq__exec_purge(s, oq__consumer_store_now(s), retention_ms, inbox_retention_ms, batch,
+                            stats, err);
     oq__consumer_store_close(s);
     return rc;
 }

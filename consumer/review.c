@@ -74,10 +74,11 @@ int oq_review_list(const char *db_path, int limit, json_t **out, oq_error_t *err
     oq__consumer_store_t *s = NULL;
     oq__exec_row_t *rows = NULL;
     int n = 0, rc;
-    int64_t now = oq_now_ms();
+    int64_t now;
     *out = NULL;
     if (limit <= 0 || limit > 10000) limit = 1000;
     if ((rc = open_store(db_path, NULL, &s, err))) return rc;
+    now = oq__consumer_store_now(s); /* the clock of the rows' times */
     if (!(rows = calloc((size_t)limit, sizeof(*rows)))) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto out;
@@ -177,7 +178,7 @@ int oq_review_resolve(const char *db_path, const char *call_id, const char *as, 
     if ((rc = open_store(db_path, by, &s, err))) return rc;
     if ((rc = oq__consumer_store_begin(s, err)) == 0) {
         rc = oq__exec_resolve(s, call_id, kind, ref, note, by && by[0] ? by : "operator", fence,
-                              oq_now_ms(), &st, err);
+                              oq__consumer_store_now(s), &st, err);
         if (rc == 0) rc = oq__consumer_store_commit(s, err);
         if (rc) oq__consumer_store_rollback(s);
     }

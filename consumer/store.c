@@ -31,6 +31,7 @@ struct oq__consumer_store {
     sqlite3 *db;
     oq_stmt_cache_t *cache;
     char worker[128];
+    int64_t clock_anchor; /* oq__consumer_store_now() = clock_anchor + oq_boot_ms() */
 };
 
 static const char *const xstate_names[OQ_X__COUNT] = {
@@ -65,6 +66,99 @@ void oq__exec_row_clear(oq__exec_row_t *x)
 
 /* --- connection ------------------------------------------------------------------------------ */
 
+/*
+ * The lease clock's anchor for this boot of the host (schema/consumer/0005_lease_clock.sql):
+ * read, or written by the first process of the boot. Without a boot id (no /proc) each
+ * process computes its own, from the same rule.
+ */
+/* This boot's stored anchor into s->clock_anchor: 1 found, 0 none, or a negative OQ_E* code. */
+static int clock_anchor_read(oq__consumer_store_t *s, const char *boot, oq_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, "SELECT anchor_ms FROM clock_anchor WHERE boot_id = ?1", -1,
+                                &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, boot, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) s->clock_anchor = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : oq_db_error(s->db, rc, err, "anchor");
+}
+
+static int clock_anchor_load(oq__consumer_store_t *s, oq_error_t *err)
+{
+    char boot[40];
+    int have_boot = oq_boot_id(boot) == 0, rc;
+    sqlite3_stmt *st = NULL;
+    int64_t boot_ms = oq_boot_ms(), wall = oq_now_ms(), last = 0;
+    /* the common case, without a write lock: a process of this boot wrote it already */
+    if (have_boot && (rc = clock_anchor_read(s, boot, err)) != 0) return rc < 0 ? rc : 0;
+    if ((rc = oq_db_begin_immediate(s->db, 30000, err))) {
+        /* a read-only copy (review list, inspect): a local anchor by the same rule is enough */
+        if (sqlite3_db_readonly(s->db, "main") != 1) return rc;
+        s->clock_anchor = wall - boot_ms;
+        return 0;
+    }
+    if (have_boot) {
+        rc = sqlite3_prepare_v2(s->db, "SELECT anchor_ms FROM clock_anchor WHERE boot_id = ?1", -1,
+                                &st, NULL);
+        if (rc != SQLITE_OK) goto db_fail;
+        sqlite3_bind_text(st, 1, boot, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            s->clock_anchor = sqlite3_column_int64(st, 0);
+            sqlite3_finalize(st);
+            oq_db_rollback(s->db);
+            return 0;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
+        if (rc != SQLITE_DONE) goto db_fail;
+    }
+    rc = sqlite3_prepare_v2(s->db, "SELECT ifnull(max(updated_at), 0) FROM executions", -1, &st,
+                            NULL);
+    if (rc != SQLITE_OK) goto db_fail;
+    if ((rc = sqlite3_step(st)) != SQLITE_ROW) goto db_fail;
+    last = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+    s->clock_anchor = wall - boot_ms;
+    if (last + 1 - boot_ms > s->clock_anchor) s->clock_anchor = last + 1 - boot_ms;
+    if (have_boot) {
+        rc = sqlite3_prepare_v2(s->db,
+                                "INSERT INTO clock_anchor (boot_id, anchor_ms, created_at) "
+                                "VALUES (?1, ?2, ?3)",
+                                -1, &st, NULL);
+        if (rc != SQLITE_OK) goto db_fail;
+        sqlite3_bind_text(st, 1, boot, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, s->clock_anchor);
+        sqlite3_bind_int64(st, 3, wall);
+        if ((rc = sqlite3_step(st)) != SQLITE_DONE) goto db_fail;
+        sqlite3_finalize(st);
+        st = NULL;
+        /* the anchors of earlier boots are read by nobody any more */
+        rc = sqlite3_prepare_v2(s->db, "DELETE FROM clock_anchor WHERE boot_id <> ?1", -1, &st,
+                                NULL);
+        if (rc != SQLITE_OK) goto db_fail;
+        sqlite3_bind_text(st, 1, boot, -1, SQLITE_STATIC);
+        if ((rc = sqlite3_step(st)) != SQLITE_DONE) goto db_fail;
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    return oq_db_commit(s->db, err);
+db_fail:
+    rc = oq_db_error(s->db, rc, err, "lease clock anchor");
+    sqlite3_finalize(st);
+    oq_db_rollback(s->db);
+    return rc;
+}
+
+int64_t oq__consumer_store_now(const oq__consumer_store_t *s)
+{
+    return s->clock_anchor + oq_boot_ms();
+}
+
 int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const char *worker_id,
                             oq__consumer_store_t **out, oq_error_t *err)
 {
@@ -75,6 +169,7 @@ int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const ch
     snprintf(s->worker, sizeof(s->worker), "%s", worker_id ? worker_id : "worker");
     if ((rc = oq_db_open(path, opts, &s->db, err)) != 0) goto fail;
     if ((rc = oq_db_migrate(s->db, oq_migrations_consumer, err)) != 0) goto fail;
+    if ((rc = clock_anchor_load(s, err)) != 0) goto fail;
     /* A poll batch touches several random-keyed b-trees (call ids): keep them cached rather
      * than spilling to the WAL mid-transaction and reading pages back. */
     if ((rc = oq_db_exec(s->db, "PRAGMA cache_size = -32768", err)) != 0) goto fail;

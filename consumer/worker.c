@@ -36,8 +36,9 @@
  * soon as the dispatcher wakes the Kafka poll) writes their outcomes with the same finish
  * path as every run, and only after it commits are the jobs forgotten, so the heartbeat
  * renews a job's lease until its outcome is durable (all of them in one transaction per
- * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, requests in
- * flight get up to 5 s to answer; the rest are abandoned (UNKNOWN when sent) and written.
+ * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, no new request
+ * starts and those in flight get up to --drain (default: the longest tool timeout, at most
+ * 60 s) to answer and commit normally; the rest are abandoned (UNKNOWN when sent) and written.
  *
  * (About 1,900 lines, over the usual 800: every part shares the worker struct, its mutex and
  * its threads; the rules, the SQL, the tools, the HTTP executor and dispatcher, the review
@@ -75,8 +76,9 @@
 #define OQ__DUE_CAP 256
 #define OQ__RECOVER_CAP 200
 #define OQ__LAT_RING 2048
-#define OQ__DLQ_NREASONS 8 /* the seven codes of oq_consumer.h and "other" */
-#define OQ__LAG_MAX 1024   /* partitions of the input topic with a lag series */
+#define OQ__DLQ_NREASONS 8             /* the seven codes of oq_consumer.h and "other" */
+#define OQ__LAG_MAX 1024               /* partitions of the input topic with a lag series */
+#define OQ__DRAIN_DEFAULT_MAX_MS 60000 /* the default --drain: the longest tool timeout, capped */
 
 typedef struct {
     char call_id[OQ_CALL_ID_LEN + 1];
@@ -253,6 +255,9 @@ const oq_setting_t oq_consumer_settings[] = {
      "outside requests running at once (more wait in a queue, leases renewed)"},
     {"lookup-attempts", OQ_SET_INT, "5", 1, 1000, NULL,
      "undecided lookups of an unknown outcome before it goes to review"},
+    {"drain", OQ_SET_DURATION, NULL, 0, 600000, NULL,
+     "at stop, how long outside requests in flight may still answer and commit (default: the "
+     "longest timeout in the tools file, at most 60s; 0 = abandon them at once)"},
 };
 const size_t oq_consumer_nsettings = sizeof(oq_consumer_settings) / sizeof(oq_consumer_settings[0]);
 
@@ -284,10 +289,22 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
     o->tools_path = oq_config_str(cfg, "tools");
     o->http_inflight = (int)oq_config_int(cfg, "http-inflight");
     o->lookup_budget = (int)oq_config_int(cfg, "lookup-attempts");
+    if (oq_config_is_set(cfg, "drain"))
+        o->drain_ms = oq_config_int(cfg, "drain") > 0 ? oq_config_int(cfg, "drain") : -1;
     o->cfg = cfg;
 }
 
 /* --- helpers --------------------------------------------------------------------------------- */
+
+/* Every time the rules store or compare in effects.db comes from the store's lease clock (a
+ * per-boot anchor + CLOCK_BOOTTIME, consumer_store.h; docs/DESIGN.md "Clocks"), never from
+ * the wall clock: a step of the host's clock must not lapse leases or age a lookup's
+ * "absent". Durations inside this process use oq_mono_us(). Any thread (the anchor is fixed
+ * at open, and every store handle of one database has the same one). */
+static int64_t lease_now(const oq_consumer_t *c)
+{
+    return oq__consumer_store_now(c->store);
+}
 
 static char *strdup0(const char *s)
 {
@@ -550,7 +567,7 @@ static int run_inline(oq_consumer_t *c, const oq_envelope_t *env, const char *ca
     if (!args) args = own = json_loads(x.args ? x.args : "{}", 0, NULL);
     run_tool(&x, args, NULL, &o);
     rc = oq__exec_finish(c->store, &x, env ? OQ__RUN_INLINE : OQ__RUN_CLAIMED, &o, &c->policy,
-                         env ? now : oq_now_ms(), &state, &enew, err);
+                         env ? now : lease_now(c), &state, &enew, err);
     if ((rc = note_finish(c, rc, &x, state, enew)) == 0 && oq__xstate_terminal(state))
         c->results_emitted = 1;
 out:
@@ -814,7 +831,7 @@ static void dlq_publish(oq_consumer_t *c)
     int ok = 0;
     for (int i = 0; i < p.n; i++) {
         if (t[i].state != 1) continue;
-        if (oq__consumer_store_dlq_mark(c->store, t[i].id, oq_now_ms(), &err) == 0) ok++;
+        if (oq__consumer_store_dlq_mark(c->store, t[i].id, lease_now(c), &err) == 0) ok++;
     }
     if (ok == p.n) c->dlq_added = 0;
     OQ_LOG_INFO(OQ__COMP, "dead letters published=%d of %d", ok, p.n);
@@ -1013,7 +1030,7 @@ static int process_batch(oq_consumer_t *c)
         c->nhandoff = 0;
         c->results_emitted = 0;
         drop_sends(c);
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
                 rc = handle_message(c, c->batch[i], now, &err);
@@ -1170,7 +1187,7 @@ static void runner_exec(runner_t *r, const char *call_id)
     memset(&o, 0, sizeof(o));
 
     if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, oq_now_ms(), &x, &err);
+        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, lease_now(c), &x, &err);
         if (rc == 0) rc = oq__consumer_store_commit(r->store, &err);
         if (rc) oq__consumer_store_rollback(r->store);
     }
@@ -1202,8 +1219,8 @@ static void runner_exec(runner_t *r, const char *call_id)
      * row that says so. A busy database is retried (x is unchanged by a rolled-back finish). */
     for (int tries = 0; tries < 20; tries++) {
         if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, oq_now_ms(), &state,
-                                 &enew, &err);
+            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, lease_now(c),
+                                 &state, &enew, &err);
             if (rc == 0 || rc == OQ_EFENCED) {
                 int frc = rc;
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
@@ -1262,7 +1279,7 @@ static void renew_remote(oq_consumer_t *c)
     oq__lease_t *ls = malloc((size_t)n * sizeof(*ls));
     if (!ls) return;
     n = oq__dispatch_leases(c->disp, ls, n);
-    int64_t until = oq_now_ms() + c->o.lease_ms;
+    int64_t until = lease_now(c) + c->o.lease_ms;
     int rc = oq__consumer_store_begin(c->hb_store, &err);
     for (int i = 0; i < n && rc == 0; i++) {
         rc = oq__consumer_store_lease_renew(c->hb_store, ls[i].call_id, ls[i].fence, until, &err);
@@ -1301,7 +1318,7 @@ static void *heartbeat_main(void *arg)
             if (!live) continue;
             oq_error_t err = {0};
             int rc = oq__consumer_store_lease_renew(c->hb_store, call_id, fence,
-                                                    oq_now_ms() + c->o.lease_ms, &err);
+                                                    lease_now(c) + c->o.lease_ms, &err);
             if (rc == OQ_EFENCED) {
                 OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
                 pthread_mutex_lock(&c->mu);
@@ -1332,9 +1349,9 @@ static void recover_lapsed(oq_consumer_t *c)
     oq_error_t err = {0};
     int n = 0, nl = 0, rc;
     atomic_store(&c->recover_now, 0);
-    if (!oq__consumer_store_recovery_pending(c->store, oq_now_ms())) return;
+    if (!oq__consumer_store_recovery_pending(c->store, lease_now(c))) return;
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        rc = oq__exec_recover(c->store, oq_now_ms(), &c->policy, OQ__RECOVER_CAP,
+        rc = oq__exec_recover(c->store, lease_now(c), &c->policy, OQ__RECOVER_CAP,
                               c->disp ? c->lookups : NULL, &nl, &n, &err);
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
@@ -1370,7 +1387,7 @@ static void release_held(oq_consumer_t *c)
     oq_error_t err = {0};
     int n = 0, rc;
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
-        rc = oq__exec_release_held(c->store, oq_now_ms(), &n, &err);
+        rc = oq__exec_release_held(c->store, lease_now(c), &n, &err);
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
     }
@@ -1418,7 +1435,7 @@ static int schedule_due(oq_consumer_t *c)
     due_list_t list = {.c = c, .rows = due, .n = 0, .cap = OQ__DUE_CAP};
     oq_error_t err = {0};
     int n = 0, rc, nhere = 0;
-    int64_t now = oq_now_ms();
+    int64_t now = lease_now(c);
     if (oq__consumer_store_next_due(c->store) > now) return 0;
     if (oq__consumer_store_due(c->store, now, OQ__DUE_CAP, due_collect, &list, &err)) {
         OQ_LOG_WARN(OQ__COMP, "scheduler: %s", err.msg);
@@ -1437,9 +1454,9 @@ static int schedule_due(oq_consumer_t *c)
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
         for (int i = 0; i < n && rc == 0; i++) {
             if (due[i].remote)
-                rc = claim_remote(c, due[i].call_id, due[i].remote, oq_now_ms(), &err);
+                rc = claim_remote(c, due[i].call_id, due[i].remote, lease_now(c), &err);
             else if (due[i].blocks_ms == 0)
-                rc = run_inline(c, NULL, due[i].call_id, NULL, oq_now_ms(), &err);
+                rc = run_inline(c, NULL, due[i].call_id, NULL, lease_now(c), &err);
         }
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
@@ -1460,8 +1477,8 @@ static void purge_retention(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     oq_consumer_purge_stats_t st;
-    if (oq__exec_purge(c->store, oq_now_ms(), c->o.retention_ms, c->o.inbox_retention_ms, 1000, &st,
-                       &err)) {
+    if (oq__exec_purge(c->store, lease_now(c), c->o.retention_ms, c->o.inbox_retention_ms, 1000,
+                       &st, &err)) {
         OQ_LOG_WARN(OQ__COMP, "purge: %s", err.msg);
         return;
     }
@@ -1514,7 +1531,7 @@ static void refresh_gauges(oq_consumer_t *c)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
     /* the unsettled rows come from a small partial index: cheap enough to read always */
     if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         oq_gauge_set(c->m_review, (double)un.review);
         oq_gauge_set(c->m_review_age, un.review ? (double)(now - un.review_oldest) / 1000.0 : 0);
         oq_gauge_set(c->m_unsettled_age,
@@ -1651,6 +1668,12 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         for (size_t i = 0; i < c->tools->n; i++)
             pthread_mutex_init(&c->tmetrics[i].ring.mu, NULL);
     }
+    /* the drain at stop: by default every request in flight may reach its own timeout */
+    if (c->o.drain_ms == 0) {
+        c->o.drain_ms = oq__http_tools_max_timeout(c->tools);
+        if (c->o.drain_ms > OQ__DRAIN_DEFAULT_MAX_MS) c->o.drain_ms = OQ__DRAIN_DEFAULT_MAX_MS;
+    }
+    if (c->o.drain_ms < 0) c->o.drain_ms = 0;
     metrics_init(c);
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
@@ -1981,16 +2004,25 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
         c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000);
     process_batch(c);
-    /* outside requests: let the running ones answer (bounded), write every outcome; the ones
-     * still running then are abandoned: UNKNOWN when sent (reconciled later), else not run */
+    /* outside requests: the drain. Nothing new starts; the running ones may answer for up to
+     * --drain and their outcomes commit as they come (leases renewed meanwhile); the ones still
+     * running then are abandoned: UNKNOWN when sent (reconciled later), else not run */
     if (c->disp) {
-        int64_t until = oq_mono_us() + 5000000;
+        int64_t t0 = oq_mono_us(), until = t0 + c->o.drain_ms * 1000;
+        int n0 = oq__dispatch_count(c->disp);
+        oq__dispatch_drain(c->disp, c->o.drain_ms);
+        if (n0 > 0)
+            OQ_LOG_INFO(OQ__COMP, "draining: requests=%d drain_ms=%" PRId64, n0, c->o.drain_ms);
         while (oq__dispatch_count(c->disp) > 0 && oq_mono_us() < until) {
             oq_sleep_ms(5, NULL);
             process_batch(c);
         }
+        int left = oq__dispatch_count(c->disp);
         oq__dispatch_stop(c->disp, 0);
         process_batch(c);
+        if (n0 > 0)
+            OQ_LOG_INFO(OQ__COMP, "drained: requests=%d abandoned=%d ms=%" PRId64, n0, left,
+                        (oq_mono_us() - t0) / 1000);
     }
     e = rd_kafka_commit(c->rk, NULL, 0);
     if (e && e != RD_KAFKA_RESP_ERR__NO_OFFSET)
@@ -2073,7 +2105,7 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c)
     json_object_set_new(o, "reconciliation", rec);
     pthread_mutex_lock(&c->stats_mu); /* (the stats connection: any thread may ask) */
     if (oq__consumer_store_unsettled(c->stats_store, &un, NULL) == 0) {
-        int64_t now = oq_now_ms();
+        int64_t now = lease_now(c);
         json_object_set_new(
             o, "review",
             json_pack("{s:I, s:f, s:I, s:f}", "queue", (json_int_t)un.review, "oldest_s",

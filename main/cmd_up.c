@@ -57,7 +57,8 @@ static const oq_setting_t up_settings[] = {
     OQ_SETTING_TOPIC_PREFIX,
     OQ_SETTING_KAFKA_PROFILE,
     {"stop-timeout", OQ_SET_DURATION, "10s", 100, 600000, NULL,
-     "how long to wait for children after SIGTERM before SIGKILL"},
+     "how long to wait for children after SIGTERM before SIGKILL (consumers: at least their "
+     "--drain + 10s)"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
      "how long to wait for the embedded broker's bootstrap file"},
     /* Passed to the producer when given; unset, the producer's defaults apply. */
@@ -86,6 +87,9 @@ static const oq_setting_t up_settings[] = {
     {"tools", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "tools file: passed to every consumer (HTTP tools) and to the producer (tool catalogue: "
      "unknown tools and bad arguments refused at submit); checked before anything starts"},
+    {"drain", OQ_SET_DURATION, NULL, 0, 600000, NULL,
+     "consumers: at stop, how long HTTP requests in flight may still answer and commit "
+     "(default: the longest timeout in the tools file, at most 60s)"},
     {"metrics-base-port", OQ_SET_INT, "0", 0, 65000, NULL,
      "serve the relay's /metrics, /healthz and /readyz on 127.0.0.1:PORT and consumer-K's on "
      "PORT+K (0 = off; the producer's are on --listen)"},
@@ -124,6 +128,7 @@ typedef struct {
     char tools[PATH_MAX]; /* absolute path of --tools, or "" */
     char brokers[4096];
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
+    char drain[32];                               /* "<ms>ms" for the consumers' argv, or "" */
     int embedded;
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
@@ -221,6 +226,10 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         if (up->tools[0]) {
             argv[n++] = "--tools";
             argv[n++] = up->tools;
+        }
+        if (up->drain[0]) {
+            argv[n++] = "--drain";
+            argv[n++] = up->drain;
         }
         break;
     case UP_CONSOLE: /* no Kafka client of its own (onceq dlq is): none of the options below */
@@ -344,9 +353,14 @@ static int up_wait_pid(pid_t pid, int64_t timeout_ms)
     }
 }
 
-/* TERM every running child of the selected kinds, wait for all of them, KILL leftovers. */
+/* TERM every running child of the selected kinds, wait for all of them, KILL leftovers. A
+ * consumer's drain (its HTTP requests in flight answering) gets its full time plus 10 s. */
 static void up_stop_kinds(up_t *up, int brokers, int64_t timeout_ms)
 {
+    int64_t drain = oq_config_is_set(up->cfg, "drain") ? oq_config_int(up->cfg, "drain")
+                    : up->tools[0]                     ? 60000
+                                                       : 0;
+    if (!brokers && drain > 0 && timeout_ms < drain + 10000) timeout_ms = drain + 10000;
     for (int i = 0; i < up->nkids; i++) {
         up_child_t *k = &up->kids[i];
         if (k->pid <= 0 || (k->kind == UP_BROKER) != brokers) continue;
@@ -565,6 +579,8 @@ int oq__cmd_up(int argc, char **argv)
             goto out;
         }
     }
+    if (oq_config_is_set(cfg, "drain"))
+        snprintf(up->drain, sizeof up->drain, "%lldms", (long long)oq_config_int(cfg, "drain"));
     const char *ext = oq_config_str(cfg, "brokers");
     up->embedded = ext == NULL || !ext[0];
     if (!up->embedded) snprintf(up->brokers, sizeof up->brokers, "%s", ext);

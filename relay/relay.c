@@ -171,13 +171,16 @@ struct oq_relay {
     int64_t cursor;
     int holder;
     int64_t fence;
-    int64_t renewed_at_ms, expires_at_ms;
+    /* this process's own view of its lease, on CLOCK_MONOTONIC (a step of the wall clock
+     * must neither stall the renewals nor stretch the time it publishes); the stored lease is
+     * wall-clock (docs/DESIGN.md, "Clocks") */
+    int64_t renewed_us, lease_until_us;
     int draining, fatal;
     int64_t resume_at_us, backoff_ms;
     int64_t last_dv;
     int idle_ms;
     int batch_n;
-    int64_t next_stats_us, next_lease_try_ms;
+    int64_t next_stats_us, next_lease_try_us; /* CLOCK_MONOTONIC */
     int last_kafka_err;
     int64_t last_kafka_err_us;
     int64_t max_msg_bytes;        /* the producer's message.max.bytes (for log lines) */
@@ -197,6 +200,7 @@ struct oq_relay {
     dead_list_t job_dead; /* dead letters stored with the job's watermark */
     int job_rc;           /* results, valid in DONE */
     int64_t job_now, job_from;
+    int64_t job_mono_us; /* CLOCK_MONOTONIC when the job's lease renewal was sampled */
     char job_err[256];
     oq__relay_store_t *wstore;
     atomic_int is_holder; /* the writer cleans up only while the relay holds the lease */
@@ -655,7 +659,7 @@ static void try_acquire(oq_relay_t *r)
     oq_error_t err = {0};
     char holder[256];
     int held = 0;
-    int64_t now = oq_now_ms();
+    int64_t now = oq_now_ms(), mono = oq_mono_us();
     int64_t fence = r->fence, wm = 0;
     int rc = oq__relay_lease_acquire(r->store, r->lease_name, r->owner, r->lease_ms, now, &fence,
                                      &held, holder, sizeof(holder), &wm, &err);
@@ -668,8 +672,8 @@ static void try_acquire(oq_relay_t *r)
     r->holder = 1;
     atomic_store(&r->is_holder, 1);
     r->fence = fence;
-    r->renewed_at_ms = now;
-    r->expires_at_ms = now + r->lease_ms;
+    r->renewed_us = mono;
+    r->lease_until_us = mono + r->lease_ms * 1000;
     r->cursor = r->wm = r->wm_stored = wm; /* publish everything after the stored watermark */
     ring_reset(r);
     r->ndelivered = 0;
@@ -689,18 +693,18 @@ static void try_acquire(oq_relay_t *r)
 static void renew(oq_relay_t *r)
 {
     oq_error_t err = {0};
-    int64_t now = oq_now_ms();
+    int64_t now = oq_now_ms(), mono = oq_mono_us();
     int rc =
         oq__relay_lease_renew(r->store, r->lease_name, r->owner, r->fence, r->lease_ms, now, &err);
     if (rc == 0) {
-        r->renewed_at_ms = now;
-        r->expires_at_ms = now + r->lease_ms;
+        r->renewed_us = mono;
+        r->lease_until_us = mono + r->lease_ms * 1000;
         r->st.lease_checked_ms = now;
     } else if (rc == OQ_EFENCED) {
         lose_lease(r, "renewal refused");
     } else {
         OQ_LOG_WARN("relay", "lease renewal failed (will retry): %s", err.msg);
-        r->renewed_at_ms = now - r->lease_ms / 3 + 50; /* retry in ~50 ms */
+        r->renewed_us = mono - r->lease_ms * 1000 / 3 + 50000; /* retry in ~50 ms */
     }
 }
 
@@ -721,6 +725,7 @@ static int mark_collect(oq_relay_t *r)
     }
     int rc = r->job_rc;
     int64_t now = r->job_now, fence = r->job_fence, upto = r->job_upto, from = r->job_from;
+    int64_t mono = r->job_mono_us;
     uint64_t n = r->job_n;
     int current = r->holder && fence == r->fence;
     r->job_state = OQ__JOB_IDLE;
@@ -756,9 +761,9 @@ static int mark_collect(oq_relay_t *r)
 
     if (rc == 0) {
         if (current) {
-            r->renewed_at_ms = now;
+            r->renewed_us = mono;
             r->st.lease_checked_ms = now;
-            r->expires_at_ms = now + r->lease_ms;
+            r->lease_until_us = mono + r->lease_ms * 1000;
             r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
             if (upto > r->wm_stored) r->wm_stored = upto;
         }
@@ -863,6 +868,7 @@ static void writer_mark(oq_relay_t *r)
     if (rc == 0) OQ_CRASH_POINT("relay.after_mark_commit");
     r->job_rc = rc;
     r->job_now = now;
+    r->job_mono_us = t0;
     snprintf(r->job_err, sizeof(r->job_err), "%s", rc ? err.msg : "");
 }
 
@@ -1199,19 +1205,18 @@ static void *relay_main(void *arg)
 
     while (!atomic_load(&r->stop)) {
         mark_collect(r);
-        int64_t now = oq_now_ms();
         periodic(r);
         if (!r->holder) {
-            if (now >= r->next_lease_try_ms) {
+            if (oq_mono_us() >= r->next_lease_try_us) {
                 try_acquire(r);
-                r->next_lease_try_ms = now + standby_poll_ms;
+                r->next_lease_try_us = oq_mono_us() + standby_poll_ms * 1000;
             }
             publish_stats(r);
             if (!r->holder) {
                 wait_ms(r, standby_poll_ms);
                 continue;
             }
-        } else if (now - r->renewed_at_ms >= r->lease_ms / 3) {
+        } else if (oq_mono_us() - r->renewed_us >= r->lease_ms * 1000 / 3) {
             renew(r);
             if (!r->holder) continue;
         }
@@ -1241,7 +1246,7 @@ static void *relay_main(void *arg)
         int progressed = 0, caught_up = 0;
         int64_t dv = -1;
         int64_t now_us = oq_mono_us();
-        int lease_ok = oq_now_ms() < r->expires_at_ms - r->lease_ms / 3;
+        int lease_ok = now_us < r->lease_until_us - r->lease_ms * 1000 / 3;
         if (now_us >= r->resume_at_us && lease_ok && r->st.inflight < r->max_inflight) {
             oq_error_t derr = {0};
             if (oq__relay_store_data_version(r->store, &dv, &derr) != 0) dv = -1;
@@ -1286,7 +1291,7 @@ static void *relay_main(void *arg)
             oq_error_t derr = {0};
             int64_t v;
             if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != r->last_dv) break;
-            if (woke || oq_now_ms() - r->renewed_at_ms >= r->lease_ms / 3) break;
+            if (woke || oq_mono_us() - r->renewed_us >= r->lease_ms * 1000 / 3) break;
         }
     }
     relay_shutdown(r);

@@ -28,8 +28,8 @@ for ctl in ("http_proxy_negative", "downstream_negative"):
     assert rows[ctl]["control_duplicates"] > 0, f"{ctl}: the negative control saw no duplicates"
 want = {"same_key", "http_proxy", "http_proxy_negative", "crash_points", "duplicate_delivery",
         "rebalance_storm", "worker_stop", "broker_faults", "busy_storm", "downstream_faults",
-        "downstream_negative", "retry_payload", "lost_messages", "disk_full", "offset_rewind",
-        "review_expiry", "review_fence", "soak"}
+        "downstream_negative", "retry_payload", "lost_messages", "clock_step", "disk_full",
+        "offset_rewind", "review_expiry", "review_fence", "soak"}
 assert want <= set(rows), f"rows missing: {want - set(rows)}"
 for name, x in rows.items():
     assert x["duplicate_effects"] == 0 and x["lost"] == 0, name
