@@ -234,13 +234,13 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
 int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
                              oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
 {
-    if (sqlite3_get_autocommit(db))
+    oq__producer_store_t s = {db, NULL};
+    if (!oq__producer_store_in_tx(&s))
         return oq_error_set(err, OQ_ESTATE, 0,
                             "oq_producer_submit_in_tx needs an open transaction (BEGIN IMMEDIATE)");
     oq_submit_job_t *job = NULL;
     int ret = oq_submit_job_new(req, &job, err);
     if (ret) return ret;
-    oq__producer_store_t s = {db, NULL};
     int64_t ttl = key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS;
     ret = oq__decide_submit(&s, job, oq_now_ms(), ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
     if (ret == 0) oq__job_finish_new(job);

@@ -32,6 +32,9 @@ typedef struct oq__producer_store {
     oq_stmt_cache_t *cache; /**< borrowed statement cache of db; NULL = prepare per call */
 } oq__producer_store_t;
 
+/** Non-zero when the borrowed connection has a transaction open. */
+int oq__producer_store_in_tx(oq__producer_store_t *s);
+
 /* --- calls ----------------------------------------------------------------------------------- */
 
 /** A new call in state `pending`, attempt 1, and the outbox row of that attempt. Borrowed. */

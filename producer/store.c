@@ -203,6 +203,11 @@ static int append_outbox(oq__producer_store_t *s, const char *message_id, const 
 
 /* --- calls ---------------------------------------------------------------------------------- */
 
+int oq__producer_store_in_tx(oq__producer_store_t *s)
+{
+    return !sqlite3_get_autocommit(s->db);
+}
+
 int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                    oq__producer_insert_t *result, oq_error_t *err)
 {
