@@ -357,3 +357,14 @@ oq__real_kafka_topics() {
     oq_log "real Kafka: BROKERS=$BROKERS, topics recreated (${#names[@]}, $parts partitions each)"
     return 0
 }
+
+# --- PostgreSQL (ONCEQ_TEST_PG_URL, set by ./quickstart test from scripts/pg.sh) --------------
+
+oq_require_pg() {
+    [[ -n "${ONCEQ_TEST_PG_URL:-}" ]] && return 0
+    if [[ "${CI:-}" == true ]]; then
+        oq_fail "PostgreSQL test without ONCEQ_TEST_PG_URL under CI=true (scripts/pg.sh start; export ONCEQ_TEST_PG_URL=\$(scripts/pg.sh url))"
+    fi
+    echo "SKIP: needs PostgreSQL (scripts/pg.sh start; export ONCEQ_TEST_PG_URL=\$(scripts/pg.sh url))"
+    exit 77
+}
