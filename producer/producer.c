@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_pg.h"
 #include "producer_int.h"
 
 typedef struct rconn {
@@ -44,7 +45,7 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     oq_producer_t *p = arg;
     oq__producer_counts_t c;
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, NULL};
+    oq__producer_store_t s = {r->db, NULL, NULL};
     int rc = oq__producer_store_counts(&s, &c, NULL);
     pthread_mutex_unlock(&r->mu);
     (void)m;
@@ -159,6 +160,20 @@ void oq_producer_close(oq_producer_t *p)
 int oq_producer_migrate(sqlite3 *db, oq_error_t *err)
 {
     return oq_db_migrate(db, oq_migrations_producer, err);
+}
+
+int oq_producer_migrate_pg(struct pg_conn *conn, oq_error_t *err)
+{
+    if (!conn) return oq_error_set(err, OQ_EINVAL, 0, "no PostgreSQL connection");
+    return oq_pg_migrate(conn, err);
+}
+
+int oq_producer_submit_in_pgtx(struct pg_conn *conn, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                               oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
+{
+    if (!conn) return oq_error_set(err, OQ_EINVAL, 0, "no PostgreSQL connection");
+    oq__producer_store_t s = {NULL, NULL, conn};
+    return oq__submit_in_store(&s, req, key_ttl_ms, call, outcome, err);
 }
 
 /* --- writes through the writer ---------------------------------------------------------------*/
@@ -281,7 +296,7 @@ static rconn_t *rconn_acquire(oq_producer_t *p)
 int oq_producer_get(oq_producer_t *p, const char *call_id, oq_call_t *out, oq_error_t *err)
 {
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, r->cache};
+    oq__producer_store_t s = {r->db, r->cache, NULL};
     int ret = oq__producer_store_get(&s, call_id, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
@@ -291,7 +306,7 @@ int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *ide
                            oq_call_t *out, oq_error_t *err)
 {
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, r->cache};
+    oq__producer_store_t s = {r->db, r->cache, NULL};
     int ret = oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
@@ -307,27 +322,27 @@ int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err)
 
 int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     return oq__producer_store_get(&s, call_id, out, err);
 }
 
 int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
                         oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     return oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
 }
 
 int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,
                    oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     return oq__producer_store_audit_list(&s, call_id, rows, n, err);
 }
 
 int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     oq__producer_counts_t c;
     int ret = oq__producer_store_counts(&s, &c, err);
     if (ret) return ret;

@@ -107,7 +107,7 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
 static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_failed)
 {
     oq_error_t err = {0};
-    oq__producer_store_t s = {w->wdb, w->wcache};
+    oq__producer_store_t s = {w->wdb, w->wcache, NULL};
     int64_t now = oq_now_ms();
     *item_failed = 0;
     int ret = oq_db_begin_immediate(w->wdb, 10000, &err);
@@ -311,7 +311,7 @@ static void *ckpt_main(void *arg)
 static void dead_letters(oq__writer_t *w)
 {
     oq_error_t err = {0};
-    oq__producer_store_t s = {w->wdb, w->wcache};
+    oq__producer_store_t s = {w->wdb, w->wcache, NULL};
     int any = 0, failed = 0, handled = 0;
     w->next_dead_us = oq_mono_us() + 1000000;
     if (oq__producer_store_dead_any(&s, &any, &err) != 0) {

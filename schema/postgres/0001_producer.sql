@@ -2,10 +2,9 @@
 -- outbox with the relay's lease and dead letters. The same rows and constraints as the SQLite
 -- files schema/common/0001..0003 and schema/producer/0001..0003 (times are unix ms, JSON is
 -- kept as the exact text written, never re-serialized), plus what PostgreSQL needs:
---   outbox.xid     the writing transaction's id (pg_current_xact_id()), so the relay can tell
---                  a row whose transaction may still be running from one that committed
---                  (sequence values are handed out at insert, not at commit: see docs/DESIGN.md)
---   outbox.published_at   the per-row delivery mark (NULL = not yet published)
+--   outbox.published_at   the per-row delivery mark (NULL = not yet published): sequence
+--                  values are handed out at insert, not at commit, so a watermark over seq
+--                  could skip a row whose transaction commits late (see docs/DESIGN.md)
 --   calls.settled_at      when the call became succeeded/failed (retention counts from it)
 -- A statement-level trigger NOTIFYs channel onceq_outbox on every insert into the outbox.
 -- Applied by oq_pg_migrate() (common/pg.c) inside one transaction; append new files, never
@@ -18,7 +17,6 @@ CREATE TABLE onceq.outbox (
     key          text   NOT NULL,          -- Kafka key: the call_id
     payload      text   NOT NULL,          -- envelope JSON, exact bytes
     created_at   bigint NOT NULL,          -- unix ms
-    xid          xid8   NOT NULL DEFAULT pg_current_xact_id(),
     published_at bigint                    -- unix ms of the delivery report; NULL = pending
 );
 CREATE INDEX outbox_pending ON onceq.outbox (seq) WHERE published_at IS NULL;
@@ -31,6 +29,14 @@ BEGIN
 END $$;
 CREATE TRIGGER outbox_notify AFTER INSERT ON onceq.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION onceq.outbox_notify();
+
+-- The JSON of a text, or NULL when it is not JSON (a dead letter's payload may be anything).
+CREATE FUNCTION onceq.try_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN t::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
 
 CREATE TABLE onceq.relay_lease (
     name          text   PRIMARY KEY,      -- lease name, e.g. 'outbox'
