@@ -39,6 +39,14 @@ typedef struct oq__producer_store {
 /** Non-zero when the borrowed connection has a transaction open. */
 int oq__producer_store_in_tx(oq__producer_store_t *s);
 
+/** Open the write transaction of a batch (SQLite: BEGIN IMMEDIATE, waiting up to \p wait_ms
+ *  for the lock; PostgreSQL: BEGIN, reconnecting first when the connection was lost). */
+int oq__producer_store_begin(oq__producer_store_t *s, int wait_ms, oq_error_t *err);
+/** Commit it (durable on return: synchronous commit on both backends). */
+int oq__producer_store_commit(oq__producer_store_t *s, oq_error_t *err);
+/** Roll it back (also after a failed statement); never fails. */
+void oq__producer_store_rollback(oq__producer_store_t *s);
+
 /* --- calls ----------------------------------------------------------------------------------- */
 
 /** A new call in state `pending`, attempt 1, and the outbox row of that attempt. Borrowed. */
@@ -265,6 +273,9 @@ int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *ou
  * the outbox's delivery mark are per row (see store_pg.c), and a unique violation aborts a
  * PostgreSQL transaction, so the inserts avoid raising one (ON CONFLICT DO NOTHING). */
 int oq__producer_pg_in_tx(oq__producer_store_t *s);
+int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err);
+int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err);
+void oq__producer_pg_rollback(oq__producer_store_t *s);
 int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                 oq__producer_insert_t *result, oq_error_t *err);
 int oq__producer_pg_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,

@@ -209,6 +209,27 @@ int oq__producer_store_in_tx(oq__producer_store_t *s)
     return !sqlite3_get_autocommit(s->db);
 }
 
+int oq__producer_store_begin(oq__producer_store_t *s, int wait_ms, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_begin(s, err);
+    return oq_db_begin_immediate(s->db, wait_ms, err);
+}
+
+int oq__producer_store_commit(oq__producer_store_t *s, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_commit(s, err);
+    return oq_db_commit(s->db, err);
+}
+
+void oq__producer_store_rollback(oq__producer_store_t *s)
+{
+    if (s->pg) {
+        oq__producer_pg_rollback(s);
+        return;
+    }
+    oq_db_rollback(s->db);
+}
+
 int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                    oq__producer_insert_t *result, oq_error_t *err)
 {

@@ -96,6 +96,38 @@ int oq__producer_pg_in_tx(oq__producer_store_t *s)
     return t == PQTRANS_INTRANS || t == PQTRANS_INERROR;
 }
 
+int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
+{
+    /* A connection lost since the last batch (server restarted, backend terminated) is
+     * re-established here, before anything of the new batch ran: nothing is lost or doubled. */
+    if (PQstatus(s->pg) == CONNECTION_BAD) {
+        PQreset(s->pg);
+        if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
+        int rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err);
+        if (rc) return rc;
+    }
+    int rc = oq_pg_exec(s->pg, "BEGIN", err);
+    if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
+        /* libpq learns of a closed connection only when it uses it: once more, reconnected */
+        PQreset(s->pg);
+        if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
+        if ((rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err))) return rc;
+        rc = oq_pg_exec(s->pg, "BEGIN", err);
+    }
+    return rc;
+}
+
+int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
+{
+    return oq_pg_exec(s->pg, "COMMIT", err);
+}
+
+void oq__producer_pg_rollback(oq__producer_store_t *s)
+{
+    if (PQstatus(s->pg) == CONNECTION_OK && PQtransactionStatus(s->pg) != PQTRANS_IDLE)
+        PQclear(PQexec(s->pg, "ROLLBACK"));
+}
+
 /* --- outbox --------------------------------------------------------------------------------- */
 
 static int outbox_append(oq__producer_store_t *s, const char *message_id, const char *call_id,

@@ -368,3 +368,12 @@ oq_require_pg() {
     echo "SKIP: needs PostgreSQL (scripts/pg.sh start; export ONCEQ_TEST_PG_URL=\$(scripts/pg.sh url))"
     exit 77
 }
+
+# A fresh database NAME on the test server (dropped first); prints its URL (same passfile).
+oq_pg_fresh_db() {
+    local name=$1
+    psql -XAtq "$ONCEQ_TEST_PG_URL" -c "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null 2>&1 || true
+    psql -XAtq "$ONCEQ_TEST_PG_URL" -c "CREATE DATABASE $name" >/dev/null ||
+        oq_fail "cannot create database $name"
+    echo "$ONCEQ_TEST_PG_URL" | sed -E "s|^(postgres(ql)?://[^/]*/)[^?]*|\1$name|"
+}
