@@ -257,6 +257,7 @@ int oq_pg_migrate(PGconn *c, oq_error_t *err)
         n++;
     if ((rc = oq_pg_exec(c, "BEGIN", err))) return rc;
     if ((rc = oq_pg_exec(c,
+                         "SET LOCAL client_min_messages = warning;"
                          "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");"
                          "CREATE SCHEMA IF NOT EXISTS onceq;"
                          "CREATE TABLE IF NOT EXISTS onceq.schema_version("
