@@ -34,6 +34,7 @@
 
 const char *const oq_migrations_postgres[] = {
     "postgres/0001_producer.sql",
+    "postgres/0002_submit.sql",
     NULL,
 };
 
