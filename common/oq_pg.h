@@ -32,6 +32,13 @@ typedef enum {
  */
 oq_backend_t oq_backend_of(const char *setting);
 
+/**
+ * @brief Non-zero when \p conninfo (URI or keyword string) carries a password. The commands
+ *        refuse such a --db: a command line is visible to every user of the host (ps); the
+ *        password belongs in a passfile (`passfile=` in the string, or PGPASSFILE).
+ */
+int oq_pg_conninfo_has_password(const char *conninfo);
+
 /** SQLSTATE "40001" as an int (PostgreSQL's MAKE_SQLSTATE), the cause in an oq_error_t. */
 int oq_pg_sqlstate_code(const char *sqlstate);
 

@@ -65,6 +65,18 @@ oq_backend_t oq_backend_of(const char *setting)
     return known ? OQ_BACKEND_POSTGRES : OQ_BACKEND_SQLITE;
 }
 
+int oq_pg_conninfo_has_password(const char *conninfo)
+{
+    char *msg = NULL;
+    PQconninfoOption *o = PQconninfoParse(conninfo ? conninfo : "", &msg);
+    PQfreemem(msg);
+    int has = 0;
+    for (PQconninfoOption *p = o; p && p->keyword; p++)
+        if (strcmp(p->keyword, "password") == 0 && p->val && *p->val) has = 1;
+    PQconninfoFree(o);
+    return has;
+}
+
 int oq_pg_sqlstate_code(const char *s)
 {
     if (!s || strlen(s) < 5) return 0;

@@ -40,7 +40,11 @@ int oq__cmd_migrate(int argc, char **argv)
         oq_config_destroy(cfg);
         return OQ_EXIT_USAGE;
     }
-    if (oq_backend_of(db) == OQ_BACKEND_POSTGRES) {
+    if (oq_backend_of(db) == OQ_BACKEND_POSTGRES && oq_pg_conninfo_has_password(db)) {
+        fprintf(stderr, "onceq migrate: --db holds a password: put it in a passfile "
+                        "(passfile=... in the string, or PGPASSFILE)\n");
+        ret = OQ_EXIT_USAGE;
+    } else if (oq_backend_of(db) == OQ_BACKEND_POSTGRES) {
         PGconn *c = NULL;
         if (oq_pg_connect(db, &c, &err) || oq_pg_migrate(c, &err) ||
             oq_pg_schema_version(c, &version, &err)) {

@@ -179,8 +179,15 @@ int oq__cmd_producer(int argc, char **argv)
                              .max_message_bytes = oq_config_int(cfg, "max-message-bytes"),
                              .redrive_after_ms = redrive_after > 0 ? redrive_after : -1,
                              .topic_prefix = prefix};
-    /* A PostgreSQL string may carry a password: it is never printed. */
+    /* A PostgreSQL string may carry a password: it is never printed, and refused here (a
+     * command line is visible to every user of the host). */
     int on_pg = oq_backend_of(db) == OQ_BACKEND_POSTGRES;
+    if (on_pg && oq_pg_conninfo_has_password(db)) {
+        fprintf(stderr, "onceq producer: --db holds a password: put it in a passfile "
+                        "(passfile=... in the string, or PGPASSFILE)\n");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
     const char *db_shown = on_pg ? "postgres" : db;
     if (oq_producer_open(db, &po, &p, &err) != 0) {
         fprintf(stderr, "onceq producer: %s: %s\n", db_shown, err.msg);

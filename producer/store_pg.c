@@ -10,10 +10,12 @@
  *    transactions inserting one key: the second waits on the first's index entry, then finds
  *    the key (committed) or inserts (rolled back); READ COMMITTED lets its next statement read
  *    the winner's row, so the decision is a replay, never a duplicate.
- *  - The outbox carries a per-row delivery mark (published_at) instead of SQLite's watermark
- *    over seq: on PostgreSQL seq is handed out at insert, not at commit, and a watermark would
- *    skip a row whose transaction commits late. A republish clears the mark (the row is pending
- *    again), appends the row when retention deleted it, and leaves a pending row alone.
+ *  - The relay's watermark runs over outbox.pub_seq, numbers the relay assigns after a row's
+ *    transaction committed (relay/store_pg.c), not over seq (handed out at insert: a watermark
+ *    over it would skip a row whose transaction commits late). A row is delivered when its
+ *    pub_seq is at or below the watermark; a republish of a delivered row clears its pub_seq
+ *    (it is assigned a new one, above the watermark: the tail), appends the row when retention
+ *    deleted it, and leaves a pending row alone.
  *  - Retention: a call is purged only once settled (succeeded or failed) and its key expired;
  *    pending, running and needs_review calls are never purged. settled_at records when a call
  *    became succeeded or failed.
@@ -32,6 +34,9 @@
 
 #include "oq_envelope.h"
 #include "oq_pg.h"
+
+/* Rows with pub_seq at or below it were delivered (relay/store_pg.c). */
+#define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
 
 #define CALL_COLS                                                                                  \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
@@ -152,8 +157,8 @@ int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, c
     const char *p[] = {message_id};
     int64_t n = 0;
     int rc = cmd(s,
-                 "UPDATE onceq.outbox SET published_at=NULL WHERE message_id=$1 AND "
-                 "published_at IS NOT NULL",
+                 "UPDATE onceq.outbox SET pub_seq=NULL WHERE message_id=$1 AND "
+                 "pub_seq <= " WATERMARK,
                  1, p, &n, err);
     if (rc) return rc;
     if (n > 0) {
@@ -563,7 +568,7 @@ int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t
            "RETURNING 1),"
            " c AS (DELETE FROM onceq.calls WHERE call_id IN (SELECT call_id FROM ids) RETURNING 1),"
            " o AS (DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
-           "published_at IS NOT NULL AND created_at<=$3 ORDER BY seq LIMIT $2) RETURNING 1),"
+           "pub_seq <= " WATERMARK " AND created_at<=$3 ORDER BY pub_seq LIMIT $2) RETURNING 1),"
            " u AS (DELETE FROM onceq.result_inbox WHERE message_id IN (SELECT message_id FROM "
            "onceq.result_inbox x WHERE received_at<=$3 AND NOT EXISTS (SELECT 1 FROM onceq.calls "
            "k WHERE k.call_id=x.call_id) LIMIT $2) RETURNING 1),"
@@ -597,15 +602,16 @@ int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, 
     memset(out, 0, sizeof *out);
     PGresult *r = NULL;
     /* One statement: one snapshot. */
-    int rc = q(s,
-               "SELECT count(*),"
-               "count(*) FILTER (WHERE state='pending'),count(*) FILTER (WHERE state='running'),"
-               "count(*) FILTER (WHERE state='succeeded'),count(*) FILTER (WHERE state='failed'),"
-               "count(*) FILTER (WHERE state='needs_review'),count(DISTINCT effect_id),"
-               "(SELECT count(*) FROM onceq.outbox WHERE published_at IS NULL),"
-               "(SELECT count(*) FROM onceq.outbox),(SELECT count(*) FROM onceq.result_inbox),"
-               "COALESCE(min(created_at) FILTER (WHERE state='pending'),0) FROM onceq.calls",
-               0, NULL, &r, err);
+    int rc =
+        q(s,
+          "SELECT count(*),"
+          "count(*) FILTER (WHERE state='pending'),count(*) FILTER (WHERE state='running'),"
+          "count(*) FILTER (WHERE state='succeeded'),count(*) FILTER (WHERE state='failed'),"
+          "count(*) FILTER (WHERE state='needs_review'),count(DISTINCT effect_id),"
+          "(SELECT count(*) FROM onceq.outbox WHERE pub_seq IS NULL OR pub_seq > " WATERMARK "),"
+          "(SELECT count(*) FROM onceq.outbox),(SELECT count(*) FROM onceq.result_inbox),"
+          "COALESCE(min(created_at) FILTER (WHERE state='pending'),0) FROM onceq.calls",
+          0, NULL, &r, err);
     if (rc) return rc;
     out->calls = col_i64(r, 0, 0);
     out->pending = col_i64(r, 0, 1);

@@ -2,9 +2,12 @@
 -- outbox with the relay's lease and dead letters. The same rows and constraints as the SQLite
 -- files schema/common/0001..0003 and schema/producer/0001..0003 (times are unix ms, JSON is
 -- kept as the exact text written, never re-serialized), plus what PostgreSQL needs:
---   outbox.published_at   the per-row delivery mark (NULL = not yet published): sequence
---                  values are handed out at insert, not at commit, so a watermark over seq
---                  could skip a row whose transaction commits late (see docs/DESIGN.md)
+--   outbox.pub_seq the relay's publish order, assigned by the relay after the row's transaction
+--                  committed (NULL until then): seq is handed out at insert, not at commit, so a
+--                  watermark over seq could skip a row whose transaction commits late; pub_seq
+--                  values are drawn only by the serialized assigner (relay/store_pg.c) from
+--                  committed rows, so every value at or below the watermark is final
+--                  (docs/DESIGN.md, "The relay on PostgreSQL")
 --   calls.settled_at      when the call became succeeded/failed (retention counts from it)
 -- A statement-level trigger NOTIFYs channel onceq_outbox on every insert into the outbox.
 -- Applied by oq_pg_migrate() (common/pg.c) inside one transaction; append new files, never
@@ -17,10 +20,10 @@ CREATE TABLE onceq.outbox (
     key          text   NOT NULL,          -- Kafka key: the call_id
     payload      text   NOT NULL,          -- envelope JSON, exact bytes
     created_at   bigint NOT NULL,          -- unix ms
-    published_at bigint                    -- unix ms of the delivery report; NULL = pending
+    pub_seq      bigint UNIQUE             -- publish order (see above); NULL = not assigned yet
 );
-CREATE INDEX outbox_pending ON onceq.outbox (seq) WHERE published_at IS NULL;
-CREATE INDEX outbox_published ON onceq.outbox (published_at) WHERE published_at IS NOT NULL;
+CREATE INDEX outbox_unassigned ON onceq.outbox (seq) WHERE pub_seq IS NULL;
+CREATE SEQUENCE onceq.outbox_pub_seq AS bigint;
 
 CREATE FUNCTION onceq.outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -76,4 +76,10 @@ rc=$?
 set -e
 [[ $rc == 1 ]] || oq_fail "unreachable PostgreSQL: exit $rc"
 grep -q "cannot connect to PostgreSQL" "$T/bad.err" || oq_fail "no clear error: $(cat "$T/bad.err")"
+# a password in the connection string is refused (it would be on the command line)
+set +e
+"$ONCEQ_BIN" producer --db "postgresql://onceq:secret@127.0.0.1:1/x" --listen "127.0.0.1:$(oq_free_port)" 2>"$T/pw.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q passfile "$T/pw.err" || oq_fail "a password in --db was not refused: exit $rc $(cat "$T/pw.err")"
 oq_pass "producer on PostgreSQL: group commit, replay/conflict, reconnect, no URL in logs"

@@ -38,6 +38,17 @@ static void test_backend_of(void **state)
     assert_int_equal(oq_backend_of(NULL), OQ_BACKEND_SQLITE);
 }
 
+static void test_password(void **state)
+{
+    (void)state;
+    assert_true(oq_pg_conninfo_has_password("postgresql://u:pw@h/db"));
+    assert_true(oq_pg_conninfo_has_password("host=h password=pw dbname=d"));
+    assert_true(oq_pg_conninfo_has_password("postgresql://u@h/db?password=pw"));
+    assert_false(oq_pg_conninfo_has_password("postgresql://u@h/db?passfile=/x/pgpass"));
+    assert_false(oq_pg_conninfo_has_password("host=h dbname=d"));
+    assert_false(oq_pg_conninfo_has_password("not a conninfo ="));
+}
+
 static void test_sqlstate(void **state)
 {
     (void)state;
@@ -88,7 +99,9 @@ static void test_migrate(void **state)
     assert_non_null(strstr(err.msg, "newer"));
     assert_int_equal(oq_pg_schema_version(c, &v, &err), 0);
     assert_int_equal(v, 999);
-    assert_int_equal(oq_pg_exec(c, "UPDATE onceq.schema_version SET version = 1", &err), 0);
+    char back[96];
+    snprintf(back, sizeof back, "UPDATE onceq.schema_version SET version = %d", n);
+    assert_int_equal(oq_pg_exec(c, back, &err), 0);
     PQfinish(c);
 }
 
@@ -173,6 +186,7 @@ int main(void)
     const struct CMUnitTest offline[] = {
         cmocka_unit_test(test_backend_of),
         cmocka_unit_test(test_sqlstate),
+        cmocka_unit_test(test_password),
         cmocka_unit_test(test_refused),
     };
     int rc = cmocka_run_group_tests_name("pg_offline", offline, NULL, NULL);
