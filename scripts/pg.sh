@@ -142,8 +142,10 @@ start() {
         return 0
     fi
     [[ -f $data/PG_VERSION ]] || init_cluster "$bin"
-    # the port may have been taken meanwhile: pick another one
-    if ! python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' \
+    # the port may have been taken meanwhile: pick another one (SO_REUSEADDR, as the server
+    # binds: connections of the last run in TIME_WAIT do not make the port busy, so a restart
+    # keeps its address and clients reconnect to it)
+    if ! python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' \
         "$(cat "$dir/port")" 2>/dev/null; then
         local p
         p=$(free_port)
