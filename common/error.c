@@ -33,6 +33,7 @@ static const struct {
     {"duplicate_key", "duplicate object key"},
     {"utf8", "invalid UTF-8"},
     {"help", "help printed"},
+    {"exists", "already exists"},
 };
 
 void oq_error_clear(oq_error_t *err)

@@ -35,7 +35,8 @@ enum {
     OQ_EDUPKEY = -18,   /**< Duplicate key in a JSON object. */
     OQ_EUTF8 = -19,     /**< Invalid UTF-8. */
     OQ_EHELP = -20,     /**< Not an error: --help was asked for and printed. */
-    OQ__ECOUNT = 21
+    OQ_EEXIST = -21,    /**< A row with that unique key exists already; nothing written. */
+    OQ__ECOUNT = 22
 };
 
 /** Caller-owned error detail. Zero-initialise or call oq_error_clear(). */

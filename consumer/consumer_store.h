@@ -309,7 +309,8 @@ int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *cal
 int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t *a,
                                  oq_error_t *err);
 
-/** @brief Append \p row (a result event) to the outbox, through oq_outbox_append. */
+/** @brief Append \p row (a result event) to the outbox, through oq_outbox_append.
+ *  @returns 0, OQ_EEXIST (nothing written) when its message id is there already, or OQ_E*. */
 int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_row_t *row,
                                      oq_error_t *err);
 

@@ -384,8 +384,7 @@ static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const c
         if (rc == 0 && written) *written = 1;
         /* The same derived id already in the outbox: this result was emitted before (e.g. a
          * call resolved for a retry ends in the same state again). Publish that row again. */
-        if (rc == OQ_EDB &&
-            sqlite3_extended_errcode(oq__consumer_store_db(s)) == SQLITE_CONSTRAINT_UNIQUE) {
+        if (rc == OQ_EEXIST) {
             oq_outbox_republish_t what = 0;
             if (err) memset(err, 0, sizeof(*err));
             rc = oq__consumer_store_outbox_republish(s, &row, &what, err);

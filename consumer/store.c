@@ -782,7 +782,14 @@ int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t 
 int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_row_t *row,
                                      oq_error_t *err)
 {
-    return oq_outbox_append(s->db, s->cache, row, err);
+    oq_error_t e = {0};
+    int rc = oq_outbox_append(s->db, s->cache, row, &e);
+    /* The message id is the outbox's unique key: say so in the backend's neutral words. */
+    if (rc == OQ_EDB && e.cause == SQLITE_CONSTRAINT_UNIQUE)
+        return oq_error_set(err, OQ_EEXIST, e.cause, "outbox append: message id %.40s exists",
+                            row->message_id);
+    if (rc && err) *err = e;
+    return rc;
 }
 
 int oq__consumer_store_outbox_republish(oq__consumer_store_t *s, const oq_outbox_row_t *row,

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "oq_pg.h"
 #include "cmds.h"
 #include "oq_console.h"
 #include "oq_envelope.h"
@@ -103,6 +104,13 @@ int oq__cmd_console(int argc, char **argv)
             oq_config_is_set(cfg, "topic-prefix") ? oq_config_str(cfg, "topic-prefix") : NULL,
         .self_exe = exe,
     };
+    if (oq_backend_of(o.producer_db) == OQ_BACKEND_POSTGRES ||
+        (o.consumer_db && oq_backend_of(o.consumer_db) == OQ_BACKEND_POSTGRES)) {
+        fprintf(stderr, "onceq console: a PostgreSQL database is not supported by the console yet "
+                        "(SQLite files only)\n");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
     if (access(o.producer_db, R_OK) != 0 || (o.consumer_db && access(o.consumer_db, R_OK) != 0)) {
         fprintf(stderr, "onceq console: %s: cannot read\n",
                 access(o.producer_db, R_OK) != 0 ? o.producer_db : o.consumer_db);

@@ -25,13 +25,16 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_metrics.h"
+#include "oq_pg.h"
 #include "oq_producer.h"
 #include "oq_service.h"
 #include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
     OQ_CLI_LOG_SETTINGS,
-    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string (schema "
+     "onceq; keep the password in a passfile)"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "HTTP listen address host:port"},
     {"brokers", OQ_SET_STRING, NULL, 0, 4096, NULL,
      "Kafka bootstrap servers for the results ingest (off when unset)"},
@@ -200,8 +203,18 @@ int oq__cmd_producer(int argc, char **argv)
                              .max_message_bytes = oq_config_int(cfg, "max-message-bytes"),
                              .redrive_after_ms = redrive_after > 0 ? redrive_after : -1,
                              .topic_prefix = prefix};
+    /* A PostgreSQL string may carry a password: it is never printed, and refused here (a
+     * command line is visible to every user of the host). */
+    int on_pg = oq_backend_of(db) == OQ_BACKEND_POSTGRES;
+    if (on_pg && oq_pg_conninfo_has_password(db)) {
+        fprintf(stderr, "onceq producer: --db holds a password: put it in a passfile "
+                        "(passfile=... in the string, or PGPASSFILE)\n");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    const char *db_shown = on_pg ? "postgres" : db;
     if (oq_producer_open(db, &po, &p, &err) != 0) {
-        fprintf(stderr, "onceq producer: %s: %s\n", db, err.msg);
+        fprintf(stderr, "onceq producer: %s: %s\n", db_shown, err.msg);
         goto out;
     }
     if (brokers && *brokers) {
@@ -260,7 +273,7 @@ int oq__cmd_producer(int argc, char **argv)
     OQ_LOG_INFO("producer",
                 "up db=%s listen=%s key_ttl_ms=%lld purge_interval_ms=%lld max_body=%lld "
                 "max_message_bytes=%lld redrive_after_ms=%lld redrive_interval_ms=%lld",
-                db, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
+                db_shown, oq_config_str(cfg, "listen"), (long long)ttl, (long long)purge_every,
                 (long long)oq_config_int(cfg, "max-body"),
                 (long long)oq_config_int(cfg, "max-message-bytes"),
                 (long long)(redrive_on ? redrive_after : 0), (long long)redrive_every);
@@ -296,6 +309,13 @@ int oq__cmd_producer(int argc, char **argv)
         }
         if (purge_every > 0 && oq_mono_us() >= next_purge) {
             next_purge = oq_mono_us() + purge_every * 1000;
+            oq_purge_stats_t ps = {0};
+            if (on_pg) {
+                if (oq_producer_purge(p, oq_now_ms(), ttl, (int)oq_config_int(cfg, "purge-batch"),
+                                      &ps, &err) != 0)
+                    OQ_LOG_WARN("producer", "purge: %s", err.msg);
+                continue;
+            }
             if (!pdb) {
                 oq_db_opts_t dbo = {sync, 0, 0};
                 if (oq_db_open(db, &dbo, &pdb, &err) != 0) {
@@ -303,7 +323,6 @@ int oq__cmd_producer(int argc, char **argv)
                     continue;
                 }
             }
-            oq_purge_stats_t ps = {0};
             if (oq_store_purge(pdb, oq_now_ms(), ttl, (int)oq_config_int(cfg, "purge-batch"), &ps,
                                &err) != 0)
                 OQ_LOG_WARN("producer", "purge: %s", err.msg);

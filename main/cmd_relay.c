@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "oq_pg.h"
 #include "oq_service.h"
 #include "oq_config.h"
 #include "oq_envelope.h"
@@ -138,6 +139,13 @@ int oq__cmd_relay(int argc, char **argv)
         fprintf(stderr, "onceq relay: %s\n(see: onceq relay --help)\n",
                 oq_config_npositional(cfg) > 0 ? "unexpected argument"
                                                : "--db and --brokers are required");
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (oq_backend_of(oq_config_str(cfg, "db")) == OQ_BACKEND_POSTGRES &&
+        oq_pg_conninfo_has_password(oq_config_str(cfg, "db"))) {
+        fprintf(stderr, "onceq relay: --db holds a password: put it in a passfile (passfile=... "
+                        "in the string, or PGPASSFILE)\n");
         ret = OQ_EXIT_USAGE;
         goto out;
     }

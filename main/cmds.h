@@ -28,6 +28,7 @@
     X(inspect, "audit timeline of one call")                                                       \
     X(dlq, "list, show and redrive dead letters (onceq.dlq, and the relay's outbox_dead)")         \
     X(purge, "delete expired terminal calls and published outbox rows")                            \
+    X(migrate, "apply the schema migrations of a database (SQLite file or PostgreSQL URL)")        \
     X(verify, "check the invariants across the producer and consumer databases")                   \
     X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")           \
     X(console, "the operators' web console: calls, timelines, review, dead letters, charts")       \

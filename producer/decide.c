@@ -242,18 +242,17 @@ int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
     return 0;
 }
 
-int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
-                             oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
+int oq__submit_in_store(oq__producer_store_t *s, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                        oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
 {
-    if (sqlite3_get_autocommit(db))
+    if (!oq__producer_store_in_tx(s))
         return oq_error_set(err, OQ_ESTATE, 0,
-                            "oq_producer_submit_in_tx needs an open transaction (BEGIN IMMEDIATE)");
+                            "the in-transaction submit needs an open transaction (BEGIN)");
     oq_submit_job_t *job = NULL;
     int ret = oq_submit_job_new(req, &job, err);
     if (ret) return ret;
-    oq__producer_store_t s = {db, NULL};
     int64_t ttl = key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS;
-    ret = oq__decide_submit(&s, job, oq_now_ms(), ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    ret = oq__decide_submit(s, job, oq_now_ms(), ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
     if (ret == 0) oq__job_finish_new(job);
     if (outcome) *outcome = job->outcome;
     if (call && (ret == 0 || ret == OQ_ECONFLICT)) {
@@ -262,6 +261,13 @@ int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t ke
     }
     oq_submit_job_destroy(job);
     return ret;
+}
+
+int oq_producer_submit_in_tx(sqlite3 *db, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                             oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL, NULL};
+    return oq__submit_in_store(&s, req, key_ttl_ms, call, outcome, err);
 }
 
 /* --- results -------------------------------------------------------------------------------- */
@@ -425,7 +431,7 @@ int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n
 int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,
                           oq_result_outcome_t *outcome, oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     return decide_result(&s, env, now_ms, OQ_DEFAULT_KEY_TTL_MS, outcome, err);
 }
 
@@ -499,7 +505,7 @@ int oq__decide_dead_letters(oq__producer_store_t *s, int64_t now_ms, int64_t ttl
 int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed, int *handled,
                                oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     if (failed) *failed = 0;
     if (handled) *handled = 0;
     return oq__decide_dead_letters(&s, now_ms, OQ_DEFAULT_KEY_TTL_MS, max > 0 ? max : 64, failed,
@@ -613,12 +619,28 @@ int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
     if (!stats) stats = &local;
     if (batch <= 0) batch = 500;
     if (key_ttl_ms <= 0) key_ttl_ms = OQ_DEFAULT_KEY_TTL_MS;
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     int more = 1, ret = 0;
     for (int i = 0; more && i < 1000000; i++) {
         if ((ret =
                  oq__producer_store_purge_batch(&s, now_ms, key_ttl_ms, batch, stats, &more, err)))
             break;
     }
+    return ret;
+}
+
+/* The same loop on any store (oq_producer_purge: a PostgreSQL producer's own connection). */
+int oq__purge_in_store(oq__producer_store_t *s, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                       oq_purge_stats_t *stats, oq_error_t *err)
+{
+    oq_purge_stats_t local;
+    memset(&local, 0, sizeof local);
+    if (!stats) stats = &local;
+    if (batch <= 0) batch = 500;
+    if (key_ttl_ms <= 0) key_ttl_ms = OQ_DEFAULT_KEY_TTL_MS;
+    int more = 1, ret = 0;
+    for (int i = 0; more && i < 1000000; i++)
+        if ((ret = oq__producer_store_purge_batch(s, now_ms, key_ttl_ms, batch, stats, &more, err)))
+            break;
     return ret;
 }

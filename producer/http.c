@@ -84,6 +84,7 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
+#include "oq_pg.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
 #include "oq_json.h"
@@ -413,16 +414,44 @@ static void probe_db(oq_http_t *h, sqlite3 **db, int *busy_streak, char *out, si
     snprintf(out, cap, "ok");
 }
 
+/* The same probe on PostgreSQL: the server answers on the prober's own connection and takes
+ * writes (not a standby in recovery). A lost connection is opened again at the next probe. */
+static void probe_pg(oq_http_t *h, PGconn **c, char *out, size_t cap)
+{
+    oq_error_t err = {0};
+    if (*c && PQstatus(*c) == CONNECTION_BAD) {
+        PQfinish(*c);
+        *c = NULL;
+    }
+    if (!*c && oq_pg_connect(oq_producer_path(h->p), c, &err) != 0) {
+        snprintf(out, cap, "cannot connect: %.160s", err.msg);
+        return;
+    }
+    PGresult *r = NULL;
+    if (oq_pg_query(*c, "SELECT pg_is_in_recovery()", 0, NULL, &r, &err) != 0) {
+        snprintf(out, cap, "no answer: %.160s", err.msg);
+        return;
+    }
+    int standby = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    snprintf(out, cap, standby ? "read-only: the server is a standby" : "ok");
+}
+
 static void *ready_main(void *arg)
 {
     oq_http_t *h = arg;
     sqlite3 *db = NULL;
+    PGconn *pg = NULL;
+    int is_pg = oq_backend_of(oq_producer_path(h->p)) == OQ_BACKEND_POSTGRES;
     int busy_streak = 0;
     pthread_mutex_lock(&h->ready_lock);
     while (!h->ready_stop) {
         pthread_mutex_unlock(&h->ready_lock);
         char dbs[192], ks[192] = "off";
-        probe_db(h, &db, &busy_streak, dbs, sizeof dbs);
+        if (is_pg)
+            probe_pg(h, &pg, dbs, sizeof dbs);
+        else
+            probe_db(h, &db, &busy_streak, dbs, sizeof dbs);
         if (h->ingest) {
             oq_error_t err = {0};
             if (oq_ingest_probe(h->ingest, READY_PERIOD_MS, &err) == 0)
@@ -452,6 +481,7 @@ static void *ready_main(void *arg)
     }
     pthread_mutex_unlock(&h->ready_lock);
     if (db) sqlite3_close_v2(db);
+    if (pg) PQfinish(pg);
     return NULL;
 }
 

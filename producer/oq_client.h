@@ -163,4 +163,26 @@ int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, o
 int oq_store_fail_dead_letters(sqlite3 *db, int64_t now_ms, int max, int *failed, int *handled,
                                oq_error_t *err);
 
+/* --- PostgreSQL: the caller's own libpq connection ------------------------------------------ */
+
+struct pg_conn; /* libpq's PGconn: include <libpq-fe.h> to have one */
+
+/**
+ * @brief oq_producer_submit_in_tx() on PostgreSQL: inside the caller's own open transaction on
+ *        the caller's own libpq connection (BEGIN issued by the caller), so the service's rows
+ *        and the call with its outbox row commit or roll back together.
+ * @remark \p conn must carry schema `onceq` (oq_producer_migrate_pg, or `onceq migrate --db
+ *         URL`) and be inside a transaction block. Nothing is committed here. A conflict writes
+ *         nothing; an error leaves the transaction aborted (the caller rolls back, as after any
+ *         failed statement on PostgreSQL). Statements are unnamed: the connection's prepared
+ *         statements and settings are left as found.
+ * @returns as oq_producer_submit_in_tx().
+ */
+int oq_producer_submit_in_pgtx(struct pg_conn *conn, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                               oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
+
+/** @brief Apply the migrations of schema `onceq` on the caller's PostgreSQL connection (in a
+ *  transaction of its own: call it outside one). @returns 0, OQ_EVERSION, OQ_EDB. */
+int oq_producer_migrate_pg(struct pg_conn *conn, oq_error_t *err);
+
 #endif

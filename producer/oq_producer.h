@@ -196,6 +196,13 @@ typedef struct oq_purge_stats {
 int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
                    oq_purge_stats_t *stats, oq_error_t *err);
 
+/** @brief oq_store_purge() on a producer opened on PostgreSQL (its own connection; settled
+ *  calls only: pending, running and needs_review calls are never purged).
+ *  @returns 0, OQ_ESTATE on an SQLite producer (use oq_store_purge on a connection of its own),
+ *  OQ_EBUSY, OQ_EDB. */
+int oq_producer_purge(oq_producer_t *p, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                      oq_purge_stats_t *stats, oq_error_t *err);
+
 /* --- results ingest ----------------------------------------------------------------------- */
 
 /** Outcome of applying one tool_result. */

@@ -14,12 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_pg.h"
 #include "producer_int.h"
 
 typedef struct rconn {
     pthread_mutex_t mu;
     sqlite3 *db;
     oq_stmt_cache_t *cache;
+    PGconn *pg; /* PostgreSQL instead of db */
 } rconn_t;
 
 struct oq_producer {
@@ -37,6 +39,7 @@ struct oq_producer {
 static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
                                            "needs_review"};
 static rconn_t *rconn_acquire(oq_producer_t *p);
+static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err);
 
 /* Scrape time, under the registry lock: calls by status and the outbox from one snapshot on a
  * read connection (the same numbers as GET /stats). A failed read keeps the last values. */
@@ -45,7 +48,7 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     oq_producer_t *p = arg;
     oq__producer_counts_t c;
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, NULL};
+    oq__producer_store_t s = {r->db, NULL, r->pg};
     int rc = oq__producer_store_counts(&s, &c, NULL);
     pthread_mutex_unlock(&r->mu);
     (void)m;
@@ -119,6 +122,13 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
     for (; p->nreads < o.read_conns; p->nreads++) {
         rconn_t *r = &p->reads[p->nreads];
         pthread_mutex_init(&r->mu, NULL);
+        if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
+            if ((ret = oq_pg_connect(path, &r->pg, err))) {
+                p->nreads++;
+                goto out;
+            }
+            continue;
+        }
         oq_db_opts_t ro = {o.synchronous, 0, 1};
         if ((ret = oq_db_open(path, &ro, &r->db, err))) {
             p->nreads++;
@@ -149,12 +159,24 @@ void oq_producer_close(oq_producer_t *p)
     for (int i = 0; p->reads && i < p->nreads; i++) {
         oq_stmt_cache_destroy(p->reads[i].cache);
         if (p->reads[i].db) sqlite3_close_v2(p->reads[i].db);
+        if (p->reads[i].pg) PQfinish(p->reads[i].pg);
         pthread_mutex_destroy(&p->reads[i].mu);
     }
     free(p->reads);
     free(p->path);
     free(p->topic_prefix);
     free(p);
+}
+
+int oq_producer_purge(oq_producer_t *p, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                      oq_purge_stats_t *stats, oq_error_t *err)
+{
+    if (!p->reads[0].pg) return oq_error_set(err, OQ_ESTATE, 0, "purge: not a PostgreSQL producer");
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {NULL, NULL, r->pg};
+    int ret = oq__purge_in_store(&s, now_ms, key_ttl_ms, batch, stats, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
 }
 
 /* --- writes through the writer ---------------------------------------------------------------*/
@@ -262,22 +284,30 @@ int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, 
 
 /* --- reads -----------------------------------------------------------------------------------*/
 
+/* A PostgreSQL read connection lost (server restarted, backend terminated) is re-established
+ * before use; when that fails too, the read reports the error and the next one tries again. */
+static rconn_t *rconn_ready(rconn_t *r)
+{
+    if (r->pg && PQstatus(r->pg) == CONNECTION_BAD) PQreset(r->pg);
+    return r;
+}
+
 static rconn_t *rconn_acquire(oq_producer_t *p)
 {
     unsigned start = atomic_fetch_add(&p->rr, 1);
     for (int i = 0; i < p->nreads; i++) {
         rconn_t *r = &p->reads[(start + (unsigned)i) % (unsigned)p->nreads];
-        if (pthread_mutex_trylock(&r->mu) == 0) return r;
+        if (pthread_mutex_trylock(&r->mu) == 0) return rconn_ready(r);
     }
     rconn_t *r = &p->reads[start % (unsigned)p->nreads];
     pthread_mutex_lock(&r->mu);
-    return r;
+    return rconn_ready(r);
 }
 
 int oq_producer_get(oq_producer_t *p, const char *call_id, oq_call_t *out, oq_error_t *err)
 {
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, r->cache};
+    oq__producer_store_t s = {r->db, r->cache, r->pg};
     int ret = oq__producer_store_get(&s, call_id, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
@@ -287,7 +317,7 @@ int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *ide
                            oq_call_t *out, oq_error_t *err)
 {
     rconn_t *r = rconn_acquire(p);
-    oq__producer_store_t s = {r->db, r->cache};
+    oq__producer_store_t s = {r->db, r->cache, r->pg};
     int ret = oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
@@ -296,7 +326,8 @@ int oq_producer_get_by_key(oq_producer_t *p, const char *tenant, const char *ide
 int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err)
 {
     rconn_t *r = rconn_acquire(p);
-    int ret = oq_store_stats(r->db, out, err);
+    oq__producer_store_t s = {r->db, NULL, r->pg};
+    int ret = stats_json(&s, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
 }
@@ -304,15 +335,20 @@ int oq_producer_stats(oq_producer_t *p, json_t **out, oq_error_t *err)
 int oq_store_audit(sqlite3 *db, const char *call_id, oq_audit_row_t **rows, size_t *n,
                    oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     return oq__producer_store_audit_list(&s, call_id, rows, n, err);
 }
 
 int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
+    return stats_json(&s, out, err);
+}
+
+static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err)
+{
     oq__producer_counts_t c;
-    int ret = oq__producer_store_counts(&s, &c, err);
+    int ret = oq__producer_store_counts(s, &c, err);
     if (ret) return ret;
     json_t *o = json_pack(
         "{s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I}", "calls", (json_int_t)c.calls,

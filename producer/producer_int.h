@@ -118,6 +118,13 @@ void oq__job_finish_new(oq_submit_job_t *job);
  *          OQ_ENOMEM/OQ_ESTATE (the caller must roll the transaction back).
  * @locality writer thread (or the caller's thread for the in-transaction API)
  */
+/** The in-transaction submit on any store (oq_producer_submit_in_tx, _in_pgtx): the caller's
+ *  open transaction, nothing committed. */
+int oq__submit_in_store(oq__producer_store_t *s, const oq_submit_req_t *req, int64_t key_ttl_ms,
+                        oq_call_t *call, oq_submit_outcome_t *outcome, oq_error_t *err);
+/** Retention on any store: purge batches until none is full (oq_producer_purge). */
+int oq__purge_in_store(oq__producer_store_t *s, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                       oq_purge_stats_t *stats, oq_error_t *err);
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
                       int64_t key_ttl_ms, int64_t max_message_bytes, oq_error_t *err);
 

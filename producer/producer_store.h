@@ -27,11 +27,26 @@
 #include "oq_producer.h"
 #include "oq_util.h"
 
-/** A borrowed connection. Build it on the stack: {db, cache} or {db, NULL}. */
+struct pg_conn; /* libpq's PGconn */
+
+/** A borrowed connection. Build it on the stack: {db, cache} or {db, NULL} for SQLite,
+ *  {NULL, NULL, pg} for PostgreSQL. */
 typedef struct oq__producer_store {
     sqlite3 *db;            /**< borrowed */
     oq_stmt_cache_t *cache; /**< borrowed statement cache of db; NULL = prepare per call */
+    struct pg_conn *pg;     /**< borrowed; set: every operation runs on PostgreSQL (store_pg.c) */
 } oq__producer_store_t;
+
+/** Non-zero when the borrowed connection has a transaction open. */
+int oq__producer_store_in_tx(oq__producer_store_t *s);
+
+/** Open the write transaction of a batch (SQLite: BEGIN IMMEDIATE, waiting up to \p wait_ms
+ *  for the lock; PostgreSQL: BEGIN, reconnecting first when the connection was lost). */
+int oq__producer_store_begin(oq__producer_store_t *s, int wait_ms, oq_error_t *err);
+/** Commit it (durable on return: synchronous commit on both backends). */
+int oq__producer_store_commit(oq__producer_store_t *s, oq_error_t *err);
+/** Roll it back (also after a failed statement); never fails. */
+void oq__producer_store_rollback(oq__producer_store_t *s);
 
 /* --- calls ----------------------------------------------------------------------------------- */
 
@@ -279,5 +294,50 @@ int oq__producer_store_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, 
 /** The smallest tenant after \p after, or "" (through the (tenant, idem_key) index). */
 int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
                                    char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err);
+
+/* --- PostgreSQL (producer/store_pg.c) -------------------------------------------------------- */
+
+/* The same operations on schema `onceq`, with the same contracts; store.c hands an operation
+ * to its twin here when the store has a PostgreSQL connection (s->pg). Differences: leases and
+ * the outbox's delivery mark are per row (see store_pg.c), and a unique violation aborts a
+ * PostgreSQL transaction, so the inserts avoid raising one (ON CONFLICT DO NOTHING). */
+int oq__producer_pg_in_tx(oq__producer_store_t *s);
+int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err);
+int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err);
+void oq__producer_pg_rollback(oq__producer_store_t *s);
+int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
+                                oq__producer_insert_t *result, oq_error_t *err);
+int oq__producer_pg_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
+                        oq_error_t *err);
+int oq__producer_pg_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,
+                               oq_call_t *out, oq_error_t *err);
+int oq__producer_pg_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
+                               oq_error_t *err);
+int oq__producer_pg_delete_call(oq__producer_store_t *s, const char *call_id, oq_error_t *err);
+int oq__producer_pg_get_state(oq__producer_store_t *s, const char *call_id,
+                              oq__producer_call_state_t *out, int *found, oq_error_t *err);
+int oq__producer_pg_claim_result(oq__producer_store_t *s, const oq__producer_inbox_row_t *r,
+                                 int *claimed, oq_error_t *err);
+int oq__producer_pg_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
+                               oq_error_t *err);
+int oq__producer_pg_dead_list(oq__producer_store_t *s, int max, oq__producer_dead_t **rows,
+                              size_t *n, oq_error_t *err);
+int oq__producer_pg_dead_handled(oq__producer_store_t *s, int64_t seq, int64_t now_ms,
+                                 oq_error_t *err);
+int oq__producer_pg_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err);
+int oq__producer_pg_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                int cap, oq__producer_redrive_row_t *rows, int *n, oq_error_t *err);
+int oq__producer_pg_redrive_mark(oq__producer_store_t *s, const oq__producer_redrive_mark_t *m,
+                                 oq_error_t *err);
+int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, const char *call_id,
+                              const char *payload, size_t payload_len, int64_t now,
+                              oq_outbox_republish_t *what, oq_error_t *err);
+int oq__producer_pg_audit_add(oq__producer_store_t *s, int64_t ts, const char *call_id,
+                              const char *event, const char *detail, oq_error_t *err);
+int oq__producer_pg_audit_list(oq__producer_store_t *s, const char *call_id, oq_audit_row_t **rows,
+                               size_t *n, oq_error_t *err);
+int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl_ms, int batch,
+                                oq_purge_stats_t *stats, int *more, oq_error_t *err);
+int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
 
 #endif

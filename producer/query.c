@@ -36,7 +36,7 @@ static int by_key(oq__producer_store_t *s, const char *tenant, const char *key, 
 
 int oq_store_list(sqlite3 *db, const oq_call_query_t *q, json_t **out, oq_error_t *err)
 {
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     json_t *a = json_array(), *next = json_null();
     int rc = 0;
     if (!a) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");

@@ -203,9 +203,37 @@ static int append_outbox(oq__producer_store_t *s, const char *message_id, const 
 
 /* --- calls ---------------------------------------------------------------------------------- */
 
+int oq__producer_store_in_tx(oq__producer_store_t *s)
+{
+    if (s->pg) return oq__producer_pg_in_tx(s);
+    return !sqlite3_get_autocommit(s->db);
+}
+
+int oq__producer_store_begin(oq__producer_store_t *s, int wait_ms, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_begin(s, err);
+    return oq_db_begin_immediate(s->db, wait_ms, err);
+}
+
+int oq__producer_store_commit(oq__producer_store_t *s, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_commit(s, err);
+    return oq_db_commit(s->db, err);
+}
+
+void oq__producer_store_rollback(oq__producer_store_t *s)
+{
+    if (s->pg) {
+        oq__producer_pg_rollback(s);
+        return;
+    }
+    oq_db_rollback(s->db);
+}
+
 int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                    oq__producer_insert_t *result, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_insert_call(s, c, result, err);
     sqlite3_stmt *st = st_get(s, SQL_INSERT_CALL, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, c->call_id);
@@ -259,6 +287,7 @@ static int get_one(oq__producer_store_t *s, sqlite3_stmt *st, const char *call_i
 int oq__producer_store_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
                            oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_get(s, call_id, out, err);
     sqlite3_stmt *st = st_get(s, SQL_GET_BY_ID, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, call_id);
@@ -268,6 +297,7 @@ int oq__producer_store_get(oq__producer_store_t *s, const char *call_id, oq_call
 int oq__producer_store_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,
                                   oq_call_t *out, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_get_by_key(s, tenant, idem_key, out, err);
     sqlite3_stmt *st = st_get(s, SQL_GET_BY_KEY, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, tenant && *tenant ? tenant : OQ_DEFAULT_TENANT);
@@ -278,6 +308,7 @@ int oq__producer_store_get_by_key(oq__producer_store_t *s, const char *tenant, c
 int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
                                   oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_reset_call(s, a, err);
     sqlite3_stmt *st = st_get(s, SQL_RESET_CALL, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, a->call_id);
@@ -297,6 +328,7 @@ int oq__producer_store_reset_call(oq__producer_store_t *s, const oq__producer_at
 
 int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_delete_call(s, call_id, err);
     int ret;
     if ((ret = exec_id(s, SQL_DELETE_AUDIT, call_id, err, "delete audit")) ||
         (ret = exec_id(s, SQL_DELETE_INBOX, call_id, err, "delete result_inbox")))
@@ -309,6 +341,7 @@ int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id,
 int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
                                  oq__producer_call_state_t *out, int *found, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_get_state(s, call_id, out, found, err);
     sqlite3_stmt *st = st_get(s, SQL_GET_STATE, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, call_id);
@@ -327,6 +360,7 @@ int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
 int oq__producer_store_claim_result(oq__producer_store_t *s, const oq__producer_inbox_row_t *r,
                                     int *claimed, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_claim_result(s, r, claimed, err);
     sqlite3_stmt *st = st_get(s, SQL_INBOX_INSERT, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, r->message_id);
@@ -343,6 +377,7 @@ int oq__producer_store_claim_result(oq__producer_store_t *s, const oq__producer_
 int oq__producer_store_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
                                   oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_set_result(s, r, err);
     sqlite3_stmt *st = st_get(s, SQL_SET_RESULT, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, r->call_id);
@@ -411,6 +446,7 @@ int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t
                                    int cap, oq__producer_redrive_row_t *rows, int *n,
                                    oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_redrive_due(s, now, unchanged_since, cap, rows, n, err);
     *n = 0;
     int ret = redrive_select(s, SQL_REDRIVE_AGAIN, now, cap, rows, n, err);
     if (ret == 0) ret = redrive_select(s, SQL_REDRIVE_UNHEARD, unchanged_since, cap, rows, n, err);
@@ -425,6 +461,7 @@ int oq__producer_store_redrive_due(oq__producer_store_t *s, int64_t now, int64_t
 int oq__producer_store_redrive_mark(oq__producer_store_t *s, const oq__producer_redrive_mark_t *m,
                                     oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_redrive_mark(s, m, err);
     sqlite3_stmt *st = st_get(s, SQL_REDRIVE_MARK, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, m->call_id);
@@ -440,6 +477,9 @@ int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id
                                  const char *call_id, const char *payload, size_t payload_len,
                                  int64_t now, oq_outbox_republish_t *what, oq_error_t *err)
 {
+    if (s->pg)
+        return oq__producer_pg_republish(s, message_id, call_id, payload, payload_len, now, what,
+                                         err);
     oq_outbox_row_t row = {message_id, OQ_TOPIC_CALLS, call_id, payload, payload_len, now};
     return oq_outbox_republish(s->db, s->cache, &row, what, err);
 }
@@ -449,6 +489,7 @@ int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id
 int oq__producer_store_audit_add(oq__producer_store_t *s, int64_t ts, const char *call_id,
                                  const char *event, const char *detail, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_audit_add(s, ts, call_id, event, detail, err);
     sqlite3_stmt *st = st_get(s, SQL_AUDIT_ADD, err);
     if (!st) return st_failed(err);
     sqlite3_bind_int64(st, 1, ts);
@@ -463,6 +504,7 @@ int oq__producer_store_audit_add(oq__producer_store_t *s, int64_t ts, const char
 int oq__producer_store_audit_list(oq__producer_store_t *s, const char *call_id,
                                   oq_audit_row_t **rows, size_t *n, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_audit_list(s, call_id, rows, n, err);
     oq_audit_row_t *v = NULL;
     size_t cnt = 0, cap = 0;
     int ret = 0, rc;
@@ -520,6 +562,7 @@ void oq__producer_dead_free(oq__producer_dead_t *rows, size_t n)
 int oq__producer_store_dead_list(oq__producer_store_t *s, int max, oq__producer_dead_t **rows,
                                  size_t *n, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_dead_list(s, max, rows, n, err);
     oq__producer_dead_t *v = NULL;
     size_t cnt = 0;
     int ret = 0, rc = SQLITE_DONE;
@@ -564,6 +607,7 @@ out:
 int oq__producer_store_dead_handled(oq__producer_store_t *s, int64_t seq, int64_t now_ms,
                                     oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_dead_handled(s, seq, now_ms, err);
     sqlite3_stmt *st = st_get(s, SQL_DEAD_HANDLED, err);
     if (!st) return st_failed(err);
     sqlite3_bind_int64(st, 1, seq);
@@ -575,6 +619,7 @@ int oq__producer_store_dead_handled(oq__producer_store_t *s, int64_t seq, int64_
 
 int oq__producer_store_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_dead_any(s, any, err);
     *any = 0;
     sqlite3_stmt *st = st_get(s, SQL_DEAD_ANY, err);
     if (!st) return st_failed(err);
@@ -608,6 +653,7 @@ static int count_query(sqlite3 *db, const char *sql, int64_t *out, oq_error_t *e
 int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int batch,
                                    oq_purge_stats_t *stats, int *more, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_purge_batch(s, now_ms, ttl, batch, stats, more, err);
     sqlite3 *db = s->db;
     int ret;
     *more = 0;
@@ -677,6 +723,7 @@ fail:
 
 int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_counts(s, out, err);
     sqlite3 *db = s->db;
     sqlite3_stmt *st = NULL;
     memset(out, 0, sizeof *out);

@@ -42,6 +42,11 @@
  * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
  * the writer finishes each pass with a small checkpoint of its own after acknowledging its
  * batch, so that SQLite can restart the WAL (a pass alone never catches up with the writer).
+ *
+ * PostgreSQL (a --db URI or keyword string): the same queue, batches and failure handling on
+ * one libpq connection, through the store's begin/commit (producer/store_pg.c, which reconnects
+ * a lost connection before a batch runs); durability is the server's synchronous_commit=on, and
+ * there is no WAL of ours to checkpoint.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -51,6 +56,7 @@
 #include <time.h>
 
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "producer_int.h"
 
 struct oq__writer {
@@ -63,6 +69,7 @@ struct oq__writer {
     int commit_delay_us;
     sqlite3 *wdb;
     oq_stmt_cache_t *wcache;
+    PGconn *wpg; /* PostgreSQL instead of wdb (no cache, no checkpointer) */
     pthread_t th;
     int started;
     pthread_mutex_t mu;
@@ -113,10 +120,10 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
 static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_failed)
 {
     oq_error_t err = {0};
-    oq__producer_store_t s = {w->wdb, w->wcache};
+    oq__producer_store_t s = {w->wdb, w->wcache, w->wpg};
     int64_t now = oq_now_ms();
     *item_failed = 0;
-    int ret = oq_db_begin_immediate(w->wdb, 10000, &err);
+    int ret = oq__producer_store_begin(&s, 10000, &err);
     if (ret) goto fail;
     for (int i = 0; i < n; i++) {
         oq__work_t *it = items[i];
@@ -125,15 +132,15 @@ static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_faile
             *item_failed = 1;
             err = it->err;
             ret = it->rc;
-            oq_db_rollback(w->wdb);
+            oq__producer_store_rollback(&s);
             goto fail;
         }
     }
     int64_t t0 = oq_mono_us();
-    ret = oq_db_commit(w->wdb, &err);
+    ret = oq__producer_store_commit(&s, &err);
     oq_histogram_observe(w->m_commit, (double)(oq_mono_us() - t0) / 1e6);
     if (ret) {
-        oq_db_rollback(w->wdb);
+        oq__producer_store_rollback(&s);
         goto fail;
     }
     for (int i = 0; i < n; i++)
@@ -328,7 +335,7 @@ static void remember_settled(const char *call_id, void *arg)
 static void dead_letters(oq__writer_t *w)
 {
     oq_error_t err = {0};
-    oq__producer_store_t s = {w->wdb, w->wcache};
+    oq__producer_store_t s = {w->wdb, w->wcache, w->wpg};
     int any = 0, failed = 0, handled = 0;
     settled_ids_t settled;
     settled.n = 0;
@@ -338,13 +345,13 @@ static void dead_letters(oq__writer_t *w)
         return;
     }
     if (!any) return;
-    int ret = oq_db_begin_immediate(w->wdb, 1000, &err);
+    int ret = oq__producer_store_begin(&s, 1000, &err);
     if (!ret)
         ret = oq__decide_dead_letters(&s, oq_now_ms(), w->key_ttl_ms, DEAD_BATCH, &failed, &handled,
                                       remember_settled, &settled, &err);
-    if (!ret) ret = oq_db_commit(w->wdb, &err);
+    if (!ret) ret = oq__producer_store_commit(&s, &err);
     if (ret) {
-        oq_db_rollback(w->wdb);
+        oq__producer_store_rollback(&s);
         OQ_LOG_WARN("producer", "dead letters not handled (will retry): %s", err.msg);
         return;
     }
@@ -516,6 +523,15 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     w->commit_delay_us = o->commit_delay_us;
     w->ckpt_pages = o->checkpoint_pages;
     w->ckpt_next = w->ckpt_pages;
+    if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
+        /* PostgreSQL: the same queue and group commit on one connection; durability is the
+         * server's (synchronous_commit=on), and it has no WAL file of ours to checkpoint. */
+        if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)))
+            goto out;
+        register_metrics(w, o->metrics);
+        w->ckpt_pages = 0;
+        goto start;
+    }
     oq_db_opts_t dbo = {o->synchronous, 0, 0};
     if ((ret = oq_db_open(path, &dbo, &w->wdb, err))) goto out;
     if ((ret = oq_db_migrate(w->wdb, oq_migrations_producer, err))) goto out;
@@ -537,6 +553,7 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
         w->ckpt_started = 1;
         pthread_setname_np(w->ckpt, "oq-ckpt"); /* top -H, perf; failure harmless */
     }
+start:
     if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
         ret = oq_error_set(err, OQ_EIO, errno, "cannot start the writer thread");
         goto out;
@@ -569,6 +586,7 @@ void oq__writer_close(oq__writer_t *w)
     if (w->cdb) sqlite3_close_v2(w->cdb);
     oq_stmt_cache_destroy(w->wcache);
     if (w->wdb) sqlite3_close_v2(w->wdb);
+    if (w->wpg) PQfinish(w->wpg);
     pthread_mutex_destroy(&w->cmu);
     pthread_cond_destroy(&w->ccv);
     pthread_mutex_destroy(&w->mu);

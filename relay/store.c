@@ -1,7 +1,8 @@
 /*
- * All SQL of the relay, against the tables of schema/common/0001_outbox.sql and
- * 0002_outbox_watermark.sql (outbox and relay_lease), so that a second backend can be written
- * beside this file.
+ * All SQL of the relay on SQLite, against the tables of schema/common/0001_outbox.sql and
+ * 0002_outbox_watermark.sql (outbox and relay_lease). A database setting that names PostgreSQL
+ * opens a store whose every operation is handed to store_pg.c instead (one line at the top of
+ * each function).
  *
  * Lease and fencing: relay_lease holds one row per lease name with the owner, a fencing token
  * and an expiry in wall-clock ms. Taking an expired lease (or a missing one) bumps the fence in
@@ -32,11 +33,14 @@
 
 #include "oq_db.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
+#include "store_pg.h"
 
 struct oq__relay_store {
     sqlite3 *db;
     oq_stmt_cache_t *cache;
+    oq__relay_pg_t *pg; /* PostgreSQL instead of db: every operation goes to store_pg.c */
 };
 
 /* How long a relay transaction waits for the write lock beyond the busy handler. */
@@ -103,6 +107,14 @@ int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_st
     int rc;
     *out = NULL;
     if (!s) return oq_error_set(err, OQ_ENOMEM, 0, "relay store: out of memory");
+    if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
+        if ((rc = oq__relay_pg_open(path, &s->pg, err)) != 0) {
+            free(s);
+            return rc;
+        }
+        *out = s;
+        return 0;
+    }
     oq_db_opts_t o = {.synchronous = synchronous, .busy_timeout_ms = 5000};
     rc = oq_db_open(path, &o, &s->db, err);
     if (rc != 0) goto fail;
@@ -158,6 +170,7 @@ fail:
 void oq__relay_store_close(oq__relay_store_t *s)
 {
     if (!s) return;
+    oq__relay_pg_close(s->pg);
     oq_stmt_cache_destroy(s->cache);
     if (s->db) sqlite3_close_v2(s->db);
     free(s);
@@ -176,6 +189,7 @@ static int prep_fail(oq_error_t *err)
 
 int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_data_version(s->pg, out, err);
     sqlite3_stmt *st = get(s, sql_data_version, err);
     if (!st) return prep_fail(err);
     int rc = sqlite3_step(st);
@@ -216,6 +230,9 @@ int oq__relay_lease_acquire(oq__relay_store_t *s, const char *name, const char *
                             char *holder, size_t holder_cap, int64_t *published_seq,
                             oq_error_t *err)
 {
+    if (s->pg)
+        return oq__relay_pg_lease_acquire(s->pg, name, owner, lease_ms, fence, held, holder,
+                                          holder_cap, published_seq, err);
     sqlite3_stmt *st;
     int rc, step;
     *held = 0;
@@ -322,6 +339,7 @@ static int lease_renew_stmt(oq__relay_store_t *s, const char *name, const char *
 int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *owner, int64_t fence,
                           int64_t lease_ms, int64_t now_ms, oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_lease_renew(s->pg, name, owner, fence, lease_ms, err);
     /* A single UPDATE is its own transaction: no BEGIN needed. */
     return lease_renew_stmt(s, name, owner, fence, lease_ms, now_ms, err);
 }
@@ -329,6 +347,7 @@ int oq__relay_lease_renew(oq__relay_store_t *s, const char *name, const char *ow
 int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *owner,
                             int64_t fence, oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_lease_release(s->pg, name, owner, fence, err);
     sqlite3_stmt *st = get(s, sql_lease_release, err);
     if (!st) return prep_fail(err);
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -345,6 +364,7 @@ int oq__relay_lease_release(oq__relay_store_t *s, const char *name, const char *
 int oq__relay_store_read(oq__relay_store_t *s, int64_t after, int max_rows, int64_t max_bytes,
                          oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_read(s->pg, after, max_rows, max_bytes, cb, ctx, nread, err);
     sqlite3_stmt *st = get(s, sql_read, err);
     int rc = 0, n = 0;
     int64_t bytes = 0;
@@ -395,6 +415,9 @@ int oq__relay_store_mark_dead(oq__relay_store_t *s, const char *name, const char
                               int64_t fence, int64_t lease_ms, int64_t now_ms, int64_t upto,
                               const oq__relay_dead_t *dead, size_t ndead, oq_error_t *err)
 {
+    if (s->pg)
+        return oq__relay_pg_mark_dead(s->pg, name, owner, fence, lease_ms, now_ms, upto, dead,
+                                      ndead, err);
     int rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
     if (rc != 0) return rc;
     sqlite3_stmt *st = get(s, sql_mark, err);
@@ -447,6 +470,7 @@ out:
 int oq__relay_store_cleanup(oq__relay_store_t *s, int64_t cutoff_ms, int limit, int64_t *deleted,
                             oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_cleanup(s->pg, cutoff_ms, limit, deleted, err);
     int rc;
     *deleted = 0;
     rc = oq_db_begin_immediate(s->db, OQ__RELAY_BEGIN_TIMEOUT_MS, err);
@@ -492,6 +516,7 @@ static int scalar(sqlite3 *db, sqlite3_stmt *st, int64_t *out, int *found, oq_er
 int oq__relay_store_pending(oq__relay_store_t *s, int64_t *count, int64_t *oldest_created_at,
                             oq_error_t *err)
 {
+    if (s->pg) return oq__relay_pg_pending(s->pg, count, oldest_created_at, err);
     int found, rc;
     sqlite3_stmt *st = get(s, sql_pending_count, err);
     if (!st) return prep_fail(err);

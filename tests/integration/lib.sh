@@ -361,3 +361,23 @@ oq__real_kafka_topics() {
     oq_log "real Kafka: BROKERS=$BROKERS, topics recreated (${#names[@]}, $parts partitions each)"
     return 0
 }
+
+# --- PostgreSQL (ONCEQ_TEST_PG_URL, set by ./quickstart test from scripts/pg.sh) --------------
+
+oq_require_pg() {
+    [[ -n "${ONCEQ_TEST_PG_URL:-}" ]] && return 0
+    if [[ "${CI:-}" == true ]]; then
+        oq_fail "PostgreSQL test without ONCEQ_TEST_PG_URL under CI=true (scripts/pg.sh start; export ONCEQ_TEST_PG_URL=\$(scripts/pg.sh url))"
+    fi
+    echo "SKIP: needs PostgreSQL (scripts/pg.sh start; export ONCEQ_TEST_PG_URL=\$(scripts/pg.sh url))"
+    exit 77
+}
+
+# A fresh database NAME on the test server (dropped first); prints its URL (same passfile).
+oq_pg_fresh_db() {
+    local name=$1
+    psql -XAtq "$ONCEQ_TEST_PG_URL" -c "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null 2>&1 || true
+    psql -XAtq "$ONCEQ_TEST_PG_URL" -c "CREATE DATABASE $name" >/dev/null ||
+        oq_fail "cannot create database $name"
+    echo "$ONCEQ_TEST_PG_URL" | sed -E "s|^(postgres(ql)?://[^/]*/)[^?]*|\1$name|"
+}

@@ -769,6 +769,26 @@ static void test_hand_back(void **state)
 
 /* The runner retries a finish whose transaction was rolled back (a busy database): the run
  * it holds is unchanged by the first try, so the second one commits exactly once. */
+/* The outbox's unique message id is reported as OQ_EEXIST (no backend code), nothing written:
+ * the rules (execution.c) republish on that code, whatever the store's engine. */
+static void test_outbox_append_exists(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq_outbox_row_t row = {.message_id = "m-exists-1",
+                           .topic = OQ_TOPIC_RESULTS,
+                           .key = "c-1",
+                           .payload = "{}",
+                           .payload_len = 2,
+                           .created_at = 1};
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_outbox_append(f->a, &row, &err), 0);
+    assert_int_equal(oq__consumer_store_outbox_append(f->a, &row, &err), OQ_EEXIST);
+    assert_string_equal(oq_error_name(err.code), "exists");
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_int(f->a, "SELECT count(*) FROM outbox WHERE message_id='m-exists-1'"), 1);
+}
+
 static void test_finish_after_rollback(void **state)
 {
     fx_t *f = *state;
@@ -844,6 +864,7 @@ int main(void)
         cmocka_unit_test(test_transition_table),
         cmocka_unit_test_setup_teardown(test_finish_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hand_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_outbox_append_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_finish_after_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
     };

@@ -979,7 +979,7 @@ static void test_call_id_taken(void **state)
              taken);
     assert_int_equal(oq_db_exec(f->db, sql, &err), 0);
     assert_int_equal(oq_db_begin_immediate(f->db, 5000, &err), 0);
-    oq__producer_store_t st = {f->db, NULL};
+    oq__producer_store_t st = {f->db, NULL, NULL};
     assert_int_equal(oq__decide_submit(&st, job, 1000, OQ_DEFAULT_KEY_TTL_MS,
                                        OQ_DEFAULT_MAX_MESSAGE_BYTES, &err),
                      0);

@@ -185,7 +185,7 @@ static oq_redrive_stats_t pass(sqlite3 *db, int64_t now, int64_t after, int limi
 {
     oq_error_t err = {0};
     oq_redrive_stats_t st;
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
     if (oq__decide_redrive(&s, now, after, limit, &st, &err) != 0) fail_msg("pass: %s", err.msg);
     assert_int_equal(oq_db_commit(db, &err), 0);
@@ -443,7 +443,7 @@ static void test_migration(void **state)
     assert_int_equal(
         q_int(db, "SELECT message_id IS NULL FROM calls WHERE call_id='c_0000000000000002'"), 1);
     /* the open call is due for a first look (unheard), the finished one is in no index */
-    oq__producer_store_t s = {db, NULL};
+    oq__producer_store_t s = {db, NULL, NULL};
     oq__producer_redrive_row_t rows[4];
     int n = 0;
     assert_int_equal(oq__producer_store_redrive_due(&s, 1000, 1000, 4, rows, &n, &err), 0);

@@ -1,0 +1,120 @@
+/**
+ * @file oq_pg.h
+ * @brief PostgreSQL helpers (libpq): which backend a database setting names, connecting,
+ *        errors as oq_error_t, retry of serialization failures and deadlocks, reconnect after
+ *        a lost connection, the embedded migrations of schema `onceq` and their newer-schema
+ *        guard. The SQLite counterpart is oq_db.h.
+ *
+ * Every object of onceq lives in the schema `onceq` (so it sits beside a service's own tables
+ * in the service's database); statements name it explicitly and never change a caller's
+ * search_path. A database setting is a file path (SQLite) or a libpq connection string:
+ * a `postgres://` / `postgresql://` URI or a keyword string ("host=... dbname=..."). A password
+ * belongs in a passfile (`passfile=` in the string, or PGPASSFILE), never on a command line.
+ */
+#ifndef OQ_PG_H
+#define OQ_PG_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+
+/** What a database setting names. */
+typedef enum {
+    OQ_BACKEND_SQLITE = 1,  /**< a file path */
+    OQ_BACKEND_POSTGRES = 2 /**< a libpq URI or keyword string */
+} oq_backend_t;
+
+/**
+ * @brief The backend \p setting names: a `postgres://` or `postgresql://` URI, or a string
+ *        whose first word is `keyword=` with a keyword libpq knows (host, dbname, port, user,
+ *        service, ...), is PostgreSQL; anything else (NULL included) is an SQLite file path.
+ */
+oq_backend_t oq_backend_of(const char *setting);
+
+/**
+ * @brief Non-zero when \p conninfo (URI or keyword string) carries a password. The commands
+ *        refuse such a --db: a command line is visible to every user of the host (ps); the
+ *        password belongs in a passfile (`passfile=` in the string, or PGPASSFILE).
+ */
+int oq_pg_conninfo_has_password(const char *conninfo);
+
+/** SQLSTATE "40001" as an int (PostgreSQL's MAKE_SQLSTATE), the cause in an oq_error_t. */
+int oq_pg_sqlstate_code(const char *sqlstate);
+
+/**
+ * @brief Fill \p err from a failed result \p res (may be NULL: the connection's message).
+ * Mapping: 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available ->
+ * OQ_EBUSY (retriable); 23505 unique_violation -> OQ_EEXIST; a lost connection (class 08,
+ * 57P01..57P03, or CONNECTION_BAD) -> OQ_EDB retriable; 57014 query_canceled -> OQ_ETIMEDOUT;
+ * anything else OQ_EDB. cause = oq_pg_sqlstate_code() of the SQLSTATE.
+ * @returns the code.
+ */
+int oq_pg_error(PGconn *c, const PGresult *res, oq_error_t *err, const char *what);
+
+/** @brief Non-zero when \p err says the connection was lost (reconnect and retry). */
+int oq_pg_lost(PGconn *c, const oq_error_t *err);
+
+/**
+ * @brief Connect to \p conninfo (URI or keyword string). The session gets
+ *        synchronous_commit=on (accepted data is durable at commit) and an application_name.
+ * @returns 0 and *out (close with PQfinish), or OQ_EDB (retriable: the server may come up)
+ *          with the server's message; the connection string is never echoed (it may hold a
+ *          password).
+ */
+int oq_pg_connect(const char *conninfo, PGconn **out, oq_error_t *err);
+
+/** @brief Run \p sql (no parameters, any number of statements, no rows kept). */
+int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err);
+
+/**
+ * @brief Run \p sql with \p n text parameters (NULL = SQL NULL) and keep the result.
+ * @returns 0 and *out (PQclear it) when the statement succeeded (rows or none), else the code
+ *          of oq_pg_error() and *out = NULL.
+ */
+int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
+                oq_error_t *err);
+
+/** @brief As oq_pg_query() for a statement whose rows are not needed; *affected = rows
+ *         changed (may be NULL). */
+int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
+              oq_error_t *err);
+
+/** A connection that reconnects: the string is kept (owned) to connect again. */
+typedef struct oq_pg {
+    PGconn *conn;   /**< NULL while disconnected */
+    char *conninfo; /**< owned */
+} oq_pg_t;
+
+/** @brief Connect \p p to \p conninfo (copied). On failure p->conn stays NULL, p is usable. */
+int oq_pg_open(oq_pg_t *p, const char *conninfo, oq_error_t *err);
+/** @brief Close and free \p p's connection and string (p itself is the caller's). */
+void oq_pg_close(oq_pg_t *p);
+
+/**
+ * @brief Run \p fn in a transaction (BEGIN ... COMMIT) on \p p, retried up to \p tries times
+ *        when it fails retriably: a serialization failure or deadlock (rolled back, retried
+ *        after a short jittered sleep) or a lost connection (reconnected first). \p fn must
+ *        leave nothing behind in memory that a retry would duplicate: it is run again from the
+ *        start. A connection lost during COMMIT leaves the outcome unknown; the retry runs \p fn
+ *        again, so \p fn must be idempotent in the database (onceq's writes are: keys, message
+ *        ids and fences make a second run a replay).
+ * @returns fn's result, or the error of the last try.
+ */
+int oq_pg_tx(oq_pg_t *p, int tries, int (*fn)(PGconn *c, void *arg, oq_error_t *err), void *arg,
+             oq_error_t *err);
+
+/** The embedded migrations of schema `onceq` (NULL-terminated names under schema/). */
+extern const char *const oq_migrations_postgres[];
+
+/**
+ * @brief Apply the missing migrations of schema `onceq` in one transaction, serialized across
+ *        processes by an advisory lock. onceq.schema_version holds how many are applied; a
+ *        database with more than this binary knows is refused untouched (OQ_EVERSION).
+ */
+int oq_pg_migrate(PGconn *c, oq_error_t *err);
+
+/** @brief The applied version (0 when schema `onceq` has none) into *version. */
+int oq_pg_schema_version(PGconn *c, int *version, oq_error_t *err);
+
+#endif

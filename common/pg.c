@@ -1,0 +1,314 @@
+/*
+ * pg.c: the PostgreSQL side of common/db.c. A database setting names its backend by its form
+ * (oq_backend_of: a libpq URI or keyword string, else a file path), so one flag (--db) serves
+ * both and no separate "backend" switch can disagree with it.
+ *
+ * Errors: libpq reports an SQLSTATE per failed statement; the few that callers branch on are
+ * mapped to onceq's codes here, once: serialization failures and deadlocks are OQ_EBUSY (the
+ * transaction is rolled back by the server and the whole of it may be run again), a unique
+ * violation is OQ_EEXIST (the same meaning as SQLite's SQLITE_CONSTRAINT_UNIQUE in the stores),
+ * a lost connection is a retriable OQ_EDB that oq_pg_tx() answers with a reconnect. The cause
+ * is the SQLSTATE packed as PostgreSQL packs it (6 bits per character), so a log or a test can
+ * compare it with oq_pg_sqlstate_code("40001").
+ *
+ * Retry: oq_pg_tx() runs a caller's function between BEGIN and COMMIT and runs it again from
+ * the start after a retriable failure. Every write of onceq is keyed (idempotency keys, message
+ * ids, fences), so running a transaction whose COMMIT was lost with the connection once more
+ * turns into a replay, never into a second call.
+ *
+ * Migrations: the files of schema/postgres/, embedded like the SQLite ones (cmake/embed_sql.cmake),
+ * applied in one transaction under an advisory lock (two processes migrating at once apply each
+ * script exactly once; PostgreSQL's DDL is transactional, so a failed script leaves nothing).
+ * onceq.schema_version counts the scripts applied; more than this binary knows is refused.
+ */
+#include "oq_pg.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "oq_db.h"
+#include "oq_log.h"
+
+const char *const oq_migrations_postgres[] = {
+    "postgres/0001_producer.sql",
+    "postgres/0002_submit.sql",
+    NULL,
+};
+
+/* The advisory lock key of the migrations: any constant of our own ("onceq" in ASCII). */
+#define MIGRATE_LOCK "x'6f6e636571'::bigint"
+
+oq_backend_t oq_backend_of(const char *setting)
+{
+    if (!setting) return OQ_BACKEND_SQLITE;
+    if (strncmp(setting, "postgres://", 11) == 0 || strncmp(setting, "postgresql://", 13) == 0)
+        return OQ_BACKEND_POSTGRES;
+    /* A keyword string: its first word is keyword= with a keyword libpq knows. */
+    const char *p = setting;
+    while (isspace((unsigned char)*p))
+        p++;
+    size_t n = 0;
+    while (p[n] && (isalnum((unsigned char)p[n]) || p[n] == '_'))
+        n++;
+    const char *q = p + n;
+    while (isspace((unsigned char)*q))
+        q++;
+    if (n == 0 || *q != '=') return OQ_BACKEND_SQLITE;
+    PQconninfoOption *opts = PQconndefaults();
+    int known = 0;
+    for (PQconninfoOption *o = opts; o && o->keyword; o++)
+        if (strlen(o->keyword) == n && strncmp(o->keyword, p, n) == 0) known = 1;
+    PQconninfoFree(opts);
+    return known ? OQ_BACKEND_POSTGRES : OQ_BACKEND_SQLITE;
+}
+
+int oq_pg_conninfo_has_password(const char *conninfo)
+{
+    char *msg = NULL;
+    PQconninfoOption *o = PQconninfoParse(conninfo ? conninfo : "", &msg);
+    PQfreemem(msg);
+    int has = 0;
+    for (PQconninfoOption *p = o; p && p->keyword; p++)
+        if (strcmp(p->keyword, "password") == 0 && p->val && *p->val) has = 1;
+    PQconninfoFree(o);
+    return has;
+}
+
+int oq_pg_sqlstate_code(const char *s)
+{
+    if (!s || strlen(s) < 5) return 0;
+    int v = 0;
+    for (int i = 0; i < 5; i++)
+        v |= ((s[i] - '0') & 0x3F) << (6 * i);
+    return v;
+}
+
+static int lost_state(const char *st)
+{
+    return st && (strncmp(st, "08", 2) == 0 || strcmp(st, "57P01") == 0 ||
+                  strcmp(st, "57P02") == 0 || strcmp(st, "57P03") == 0);
+}
+
+int oq_pg_error(PGconn *c, const PGresult *res, oq_error_t *err, const char *what)
+{
+    const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = res ? PQresultErrorMessage(res) : NULL;
+    if (!msg || !*msg) msg = c ? PQerrorMessage(c) : "no connection";
+    char m[200];
+    snprintf(m, sizeof m, "%s", msg);
+    size_t l = strlen(m);
+    while (l && (m[l - 1] == '\n' || m[l - 1] == ' '))
+        m[--l] = '\0';
+    int cause = oq_pg_sqlstate_code(st);
+    if (!what) what = "postgres";
+    if (st && (!strcmp(st, "40001") || !strcmp(st, "40P01") || !strcmp(st, "55P03")))
+        return oq_error_set_retriable(err, OQ_EBUSY, cause, 1, "%s: %s", what, m);
+    if (st && !strcmp(st, "23505")) return oq_error_set(err, OQ_EEXIST, cause, "%s: %s", what, m);
+    if (st && !strcmp(st, "57014"))
+        return oq_error_set(err, OQ_ETIMEDOUT, cause, "%s: %s", what, m);
+    if (lost_state(st) || !c || PQstatus(c) == CONNECTION_BAD)
+        return oq_error_set_retriable(err, OQ_EDB, cause ? cause : oq_pg_sqlstate_code("08006"), 1,
+                                      "%s: connection lost: %s", what, m);
+    return oq_error_set(err, OQ_EDB, cause, "%s: %s", what, m);
+}
+
+int oq_pg_lost(PGconn *c, const oq_error_t *err)
+{
+    if (!c || PQstatus(c) == CONNECTION_BAD) return 1;
+    if (!err || !err->cause) return 0;
+    return err->cause == oq_pg_sqlstate_code("08006") ||
+           err->cause == oq_pg_sqlstate_code("08003") ||
+           err->cause == oq_pg_sqlstate_code("08000") || err->cause == oq_pg_sqlstate_code("57P01");
+}
+
+static void notice_quiet(void *arg, const char *msg)
+{
+    (void)arg;
+    (void)msg; /* NOTICEs (IF NOT EXISTS ...) are not onceq's log lines */
+}
+
+int oq_pg_connect(const char *conninfo, PGconn **out, oq_error_t *err)
+{
+    *out = NULL;
+    if (!conninfo || !*conninfo) return oq_error_set(err, OQ_EINVAL, 0, "no PostgreSQL address");
+    const char *keys[] = {"dbname", "application_name", "fallback_application_name", NULL};
+    const char *vals[] = {conninfo, NULL, "onceq", NULL};
+    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    if (!c) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (PQstatus(c) != CONNECTION_OK) {
+        char m[200];
+        snprintf(m, sizeof m, "%s", PQerrorMessage(c));
+        size_t l = strlen(m);
+        while (l && (m[l - 1] == '\n' || m[l - 1] == ' '))
+            m[--l] = '\0';
+        PQfinish(c);
+        return oq_error_set_retriable(err, OQ_EDB, oq_pg_sqlstate_code("08001"), 1,
+                                      "cannot connect to PostgreSQL: %s", m);
+    }
+    PQsetNoticeProcessor(c, notice_quiet, NULL);
+    int rc = oq_pg_exec(c, "SET synchronous_commit = on", err);
+    if (rc) {
+        PQfinish(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err)
+{
+    if (!c) return oq_pg_error(NULL, NULL, err, "exec");
+    PGresult *r = PQexec(c, sql);
+    int ok = r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK);
+    int rc = ok ? 0 : oq_pg_error(c, r, err, "exec");
+    PQclear(r);
+    return rc;
+}
+
+int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
+                oq_error_t *err)
+{
+    *out = NULL;
+    if (!c) return oq_pg_error(NULL, NULL, err, "query");
+    PGresult *r = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK)) {
+        *out = r;
+        return 0;
+    }
+    int rc = oq_pg_error(c, r, err, "query");
+    PQclear(r);
+    return rc;
+}
+
+int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
+              oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = oq_pg_query(c, sql, n, params, &r, err);
+    if (rc) return rc;
+    if (affected) {
+        const char *t = PQcmdTuples(r);
+        *affected = t && *t ? strtoll(t, NULL, 10) : 0;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq_pg_open(oq_pg_t *p, const char *conninfo, oq_error_t *err)
+{
+    memset(p, 0, sizeof *p);
+    p->conninfo = strdup(conninfo ? conninfo : "");
+    if (!p->conninfo) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    return oq_pg_connect(p->conninfo, &p->conn, err);
+}
+
+void oq_pg_close(oq_pg_t *p)
+{
+    if (!p) return;
+    if (p->conn) PQfinish(p->conn);
+    free(p->conninfo);
+    memset(p, 0, sizeof *p);
+}
+
+static void backoff(int attempt)
+{
+    long ms = 5L << (attempt < 6 ? attempt : 6); /* 5 ms .. 320 ms */
+    ms += rand() % (ms + 1);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int oq_pg_tx(oq_pg_t *p, int tries, int (*fn)(PGconn *c, void *arg, oq_error_t *err), void *arg,
+             oq_error_t *err)
+{
+    int rc = 0;
+    if (tries < 1) tries = 1;
+    for (int i = 0; i < tries; i++) {
+        if (i) backoff(i);
+        if (!p->conn || PQstatus(p->conn) == CONNECTION_BAD) {
+            if (p->conn) PQfinish(p->conn);
+            p->conn = NULL;
+            if ((rc = oq_pg_connect(p->conninfo, &p->conn, err))) continue;
+        }
+        if ((rc = oq_pg_exec(p->conn, "BEGIN", err)) == 0 && (rc = fn(p->conn, arg, err)) == 0 &&
+            (rc = oq_pg_exec(p->conn, "COMMIT", err)) == 0)
+            return 0;
+        if (p->conn && PQstatus(p->conn) == CONNECTION_OK &&
+            PQtransactionStatus(p->conn) != PQTRANS_IDLE) {
+            PGresult *r = PQexec(p->conn, "ROLLBACK");
+            PQclear(r);
+        }
+        int retry = err ? err->retriable : 0;
+        if (!retry) return rc;
+        OQ_LOG_INFO("pg", "transaction retried (try %d of %d): %s", i + 2, tries,
+                    err ? err->msg : "");
+    }
+    return rc;
+}
+
+int oq_pg_schema_version(PGconn *c, int *version, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    *version = 0;
+    int rc = oq_pg_query(c,
+                         "SELECT CASE WHEN to_regclass('onceq.schema_version') IS NULL THEN 0 "
+                         "ELSE (SELECT COALESCE(max(version),0) FROM onceq.schema_version) END",
+                         0, NULL, &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 1) *version = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
+}
+
+int oq_pg_migrate(PGconn *c, oq_error_t *err)
+{
+    int n = 0, v = 0, rc;
+    while (oq_migrations_postgres[n])
+        n++;
+    if ((rc = oq_pg_exec(c, "BEGIN", err))) return rc;
+    if ((rc = oq_pg_exec(c,
+                         "SET LOCAL client_min_messages = warning;"
+                         "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ");"
+                         "CREATE SCHEMA IF NOT EXISTS onceq;"
+                         "CREATE TABLE IF NOT EXISTS onceq.schema_version("
+                         "  id int PRIMARY KEY CHECK (id = 1), version int NOT NULL)",
+                         err)) ||
+        (rc = oq_pg_schema_version(c, &v, err)))
+        goto fail;
+    if (v > n) {
+        rc = oq_error_set(err, OQ_EVERSION, 0,
+                          "database schema onceq version %d is newer than this binary (%d); "
+                          "upgrade onceq",
+                          v, n);
+        goto fail;
+    }
+    for (int i = v; i < n; i++) {
+        const char *sql = oq_sql_file(oq_migrations_postgres[i]);
+        if (!sql) {
+            rc = oq_error_set(err, OQ_EINVAL, 0, "no embedded migration %s",
+                              oq_migrations_postgres[i]);
+            goto fail;
+        }
+        if ((rc = oq_pg_exec(c, sql, err))) {
+            char m[160];
+            snprintf(m, sizeof m, "%.150s", err ? err->msg : "");
+            if (err) snprintf(err->msg, sizeof err->msg, "%.80s: %s", oq_migrations_postgres[i], m);
+            goto fail;
+        }
+    }
+    if (v < n) {
+        char sql[160];
+        snprintf(sql, sizeof sql,
+                 "INSERT INTO onceq.schema_version VALUES (1, %d) ON CONFLICT (id) DO UPDATE "
+                 "SET version = EXCLUDED.version",
+                 n);
+        if ((rc = oq_pg_exec(c, sql, err))) goto fail;
+    }
+    return oq_pg_exec(c, "COMMIT", err);
+fail:
+    PQclear(PQexec(c, "ROLLBACK"));
+    return rc;
+}

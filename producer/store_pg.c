@@ -1,0 +1,631 @@
+/*
+ * store_pg.c: every SQL statement of the producer on PostgreSQL (schema `onceq`), the twin of
+ * store.c behind the same row operations (producer_store.h); store.c hands an operation here
+ * when the store holds a PostgreSQL connection. No rules here either: decide.c decides.
+ *
+ * What differs from SQLite, and why:
+ *  - A failed statement aborts a PostgreSQL transaction (SQLite aborts only the statement). So
+ *    the call insert never raises: ON CONFLICT DO NOTHING without a target absorbs both unique
+ *    keys, and a second probe of the key tells a taken call id from an existing key. Two
+ *    transactions inserting one key: the second waits on the first's index entry, then finds
+ *    the key (committed) or inserts (rolled back); READ COMMITTED lets its next statement read
+ *    the winner's row, so the decision is a replay, never a duplicate.
+ *  - The relay's watermark runs over outbox.pub_seq, numbers the relay assigns after a row's
+ *    transaction committed (relay/store_pg.c), not over seq (handed out at insert: a watermark
+ *    over it would skip a row whose transaction commits late). A row is delivered when its
+ *    pub_seq is at or below the watermark; a republish of a delivered row clears its pub_seq
+ *    (it is assigned a new one, above the watermark: the tail), appends the row when retention
+ *    deleted it, and leaves a pending row alone.
+ *  - Retention: a call is purged only once settled (succeeded or failed) and its key expired;
+ *    pending, running and needs_review calls are never purged. settled_at records when a call
+ *    became succeeded or failed.
+ *  - Parameters go as text (PQexecParams); integers are printed with PRId64. No statement is
+ *    prepared by name, so a caller's connection (oq_producer_submit_in_pgtx) is left as found.
+ *
+ * Write operations run in the caller's open transaction; purge and counts open their own.
+ */
+#include "producer_store.h"
+
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_envelope.h"
+#include "oq_pg.h"
+
+/* Rows with pub_seq at or below it were delivered (relay/store_pg.c). */
+#define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
+
+#define CALL_COLS                                                                                  \
+    "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
+    "client_id,seq,created_at,updated_at,expires_at"
+
+/* An int64 as a parameter. */
+typedef struct {
+    char s[24];
+} num_t;
+
+static const char *num(num_t *n, int64_t v)
+{
+    snprintf(n->s, sizeof n->s, "%" PRId64, v);
+    return n->s;
+}
+
+/* A text of \p len bytes as a NUL-terminated parameter (args, payloads are given by length). */
+static char *dupn(const char *p, size_t len)
+{
+    char *d = malloc(len + 1);
+    if (!d) return NULL;
+    memcpy(d, p, len);
+    d[len] = '\0';
+    return d;
+}
+
+static int q(oq__producer_store_t *s, const char *sql, int n, const char *const *p, PGresult **r,
+             oq_error_t *err)
+{
+    return oq_pg_query(s->pg, sql, n, p, r, err);
+}
+
+static int cmd(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
+               int64_t *affected, oq_error_t *err)
+{
+    return oq_pg_cmd(s->pg, sql, n, p, affected, err);
+}
+
+static char *col_dup(PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? NULL : strdup(PQgetvalue(r, row, col));
+}
+
+static void col_copy(PGresult *r, int row, int col, char *out, size_t n)
+{
+    snprintf(out, n, "%s", PQgetisnull(r, row, col) ? "" : PQgetvalue(r, row, col));
+}
+
+static int64_t col_i64(PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static int oom(oq_error_t *err)
+{
+    return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+int oq__producer_pg_in_tx(oq__producer_store_t *s)
+{
+    PGTransactionStatusType t = PQtransactionStatus(s->pg);
+    return t == PQTRANS_INTRANS || t == PQTRANS_INERROR;
+}
+
+int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
+{
+    /* A connection lost since the last batch (server restarted, backend terminated) is
+     * re-established here, before anything of the new batch ran: nothing is lost or doubled. */
+    if (PQstatus(s->pg) == CONNECTION_BAD) {
+        PQreset(s->pg);
+        if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
+        int rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err);
+        if (rc) return rc;
+    }
+    int rc = oq_pg_exec(s->pg, "BEGIN", err);
+    if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
+        /* libpq learns of a closed connection only when it uses it: once more, reconnected */
+        PQreset(s->pg);
+        if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
+        if ((rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err))) return rc;
+        rc = oq_pg_exec(s->pg, "BEGIN", err);
+    }
+    return rc;
+}
+
+int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
+{
+    return oq_pg_exec(s->pg, "COMMIT", err);
+}
+
+void oq__producer_pg_rollback(oq__producer_store_t *s)
+{
+    if (PQstatus(s->pg) == CONNECTION_OK && PQtransactionStatus(s->pg) != PQTRANS_IDLE)
+        PQclear(PQexec(s->pg, "ROLLBACK"));
+}
+
+/* --- outbox --------------------------------------------------------------------------------- */
+
+static int outbox_append(oq__producer_store_t *s, const char *message_id, const char *call_id,
+                         const char *payload, size_t payload_len, int64_t now, oq_error_t *err)
+{
+    num_t t;
+    char *pl = dupn(payload, payload_len);
+    if (!pl) return oom(err);
+    const char *p[] = {message_id, OQ_TOPIC_CALLS, call_id, pl, num(&t, now)};
+    int rc = cmd(s,
+                 "INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
+                 "VALUES($1,$2,$3,$4,$5)",
+                 5, p, NULL, err);
+    free(pl);
+    return rc;
+}
+
+int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, const char *call_id,
+                              const char *payload, size_t payload_len, int64_t now,
+                              oq_outbox_republish_t *what, oq_error_t *err)
+{
+    const char *p[] = {message_id};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "UPDATE onceq.outbox SET pub_seq=NULL WHERE message_id=$1 AND "
+                 "pub_seq <= " WATERMARK,
+                 1, p, &n, err);
+    if (rc) return rc;
+    if (n > 0) {
+        *what = OQ_OUTBOX_REQUEUED;
+        return 0;
+    }
+    PGresult *r = NULL;
+    if ((rc = q(s, "SELECT 1 FROM onceq.outbox WHERE message_id=$1", 1, p, &r, err))) return rc;
+    int pending = PQntuples(r) > 0;
+    PQclear(r);
+    if (pending) {
+        *what = OQ_OUTBOX_PENDING;
+        return 0;
+    }
+    rc = outbox_append(s, message_id, call_id, payload, payload_len, now, err);
+    if (rc == 0) *what = OQ_OUTBOX_APPENDED;
+    return rc;
+}
+
+/* --- calls ---------------------------------------------------------------------------------- */
+
+int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
+                                oq__producer_insert_t *result, oq_error_t *err)
+{
+    num_t seq, at, exp;
+    char *args = dupn(c->args, c->args_len);
+    if (!args) return oom(err);
+    const char *p[] = {c->call_id,
+                       c->tenant,
+                       c->idem_key,
+                       c->fingerprint,
+                       c->tool,
+                       args,
+                       c->client_id,
+                       c->has_seq ? num(&seq, c->seq) : NULL,
+                       num(&at, c->created_at),
+                       num(&exp, c->expires_at),
+                       c->message_id};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,state,"
+                 "attempt,client_id,seq,created_at,updated_at,expires_at,message_id) "
+                 "VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11) ON CONFLICT DO NOTHING",
+                 11, p, &n, err);
+    free(args);
+    if (rc) return rc;
+    if (n == 0) {
+        /* The key, or only the call id (then the key is free: draw another id)? */
+        PGresult *r = NULL;
+        const char *k[] = {c->tenant, c->idem_key};
+        if ((rc = q(s, "SELECT 1 FROM onceq.calls WHERE tenant=$1 AND idem_key=$2", 2, k, &r, err)))
+            return rc;
+        *result = PQntuples(r) ? OQ__INSERT_KEY_EXISTS : OQ__INSERT_ID_TAKEN;
+        PQclear(r);
+        return 0;
+    }
+    *result = OQ__INSERT_NEW;
+    return outbox_append(s, c->message_id, c->call_id, c->payload, c->payload_len, c->created_at,
+                         err);
+}
+
+static int read_call(PGresult *r, oq_call_t *c)
+{
+    memset(c, 0, sizeof *c);
+    col_copy(r, 0, 0, c->call_id, sizeof c->call_id);
+    c->tenant = col_dup(r, 0, 1);
+    c->idem_key = col_dup(r, 0, 2);
+    col_copy(r, 0, 3, c->fingerprint, sizeof c->fingerprint);
+    c->tool = col_dup(r, 0, 4);
+    c->args = col_dup(r, 0, 5);
+    col_copy(r, 0, 6, c->state, sizeof c->state);
+    c->result = col_dup(r, 0, 7);
+    c->error = col_dup(r, 0, 8);
+    c->attempt = col_i64(r, 0, 9);
+    c->effect_id = col_dup(r, 0, 10);
+    c->client_id = col_dup(r, 0, 11);
+    c->has_seq = !PQgetisnull(r, 0, 12);
+    c->seq = col_i64(r, 0, 12);
+    c->created_at = col_i64(r, 0, 13);
+    c->updated_at = col_i64(r, 0, 14);
+    c->expires_at = col_i64(r, 0, 15);
+    if (!c->tenant || !c->idem_key || !c->tool || !c->args) {
+        oq_call_clear(c);
+        return OQ_ENOMEM;
+    }
+    return 0;
+}
+
+static int get_one(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
+                   const char *call_id, oq_call_t *out, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = q(s, sql, n, p, &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 0)
+        rc = call_id ? oq_error_set(err, OQ_ENOTFOUND, 0, "no call %s", call_id)
+                     : oq_error_set(err, OQ_ENOTFOUND, 0, "no call for key");
+    else if ((rc = read_call(r, out)))
+        oom(err);
+    PQclear(r);
+    return rc;
+}
+
+int oq__producer_pg_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
+                        oq_error_t *err)
+{
+    const char *p[] = {call_id};
+    return get_one(s, "SELECT " CALL_COLS " FROM onceq.calls WHERE call_id=$1", 1, p, call_id, out,
+                   err);
+}
+
+int oq__producer_pg_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,
+                               oq_call_t *out, oq_error_t *err)
+{
+    const char *p[] = {tenant && *tenant ? tenant : OQ_DEFAULT_TENANT, idem_key};
+    return get_one(s, "SELECT " CALL_COLS " FROM onceq.calls WHERE tenant=$1 AND idem_key=$2", 2, p,
+                   NULL, out, err);
+}
+
+int oq__producer_pg_reset_call(oq__producer_store_t *s, const oq__producer_attempt_t *a,
+                               oq_error_t *err)
+{
+    num_t att, up, exp;
+    const char *p[] = {a->call_id, num(&att, a->attempt), num(&up, a->updated_at),
+                       num(&exp, a->expires_at), a->message_id};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "UPDATE onceq.calls SET state='pending',attempt=$2,result=NULL,error=NULL,"
+                 "updated_at=$3,expires_at=$4,message_id=$5,redrive_count=0,next_redrive_at=NULL,"
+                 "settled_at=NULL WHERE call_id=$1 AND state='failed' AND attempt=$2::bigint-1",
+                 5, p, &n, err);
+    if (rc) return rc;
+    if (n != 1)
+        return oq_error_set(err, OQ_ESTATE, 0, "call %s is not failed at attempt %lld", a->call_id,
+                            (long long)(a->attempt - 1));
+    return outbox_append(s, a->message_id, a->call_id, a->payload, a->payload_len, a->updated_at,
+                         err);
+}
+
+int oq__producer_pg_delete_call(oq__producer_store_t *s, const char *call_id, oq_error_t *err)
+{
+    const char *p[] = {call_id};
+    int rc;
+    if ((rc = cmd(s, "DELETE FROM onceq.audit WHERE call_id=$1", 1, p, NULL, err)) ||
+        (rc = cmd(s, "DELETE FROM onceq.result_inbox WHERE call_id=$1", 1, p, NULL, err)))
+        return rc;
+    return cmd(s, "DELETE FROM onceq.calls WHERE call_id=$1", 1, p, NULL, err);
+}
+
+/* --- results -------------------------------------------------------------------------------- */
+
+int oq__producer_pg_get_state(oq__producer_store_t *s, const char *call_id,
+                              oq__producer_call_state_t *out, int *found, oq_error_t *err)
+{
+    const char *p[] = {call_id};
+    PGresult *r = NULL;
+    int rc = q(s, "SELECT state,attempt FROM onceq.calls WHERE call_id=$1", 1, p, &r, err);
+    if (rc) return rc;
+    *found = PQntuples(r) > 0;
+    if (*found) {
+        col_copy(r, 0, 0, out->state, sizeof out->state);
+        out->attempt = col_i64(r, 0, 1);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__producer_pg_claim_result(oq__producer_store_t *s, const oq__producer_inbox_row_t *r,
+                                 int *claimed, oq_error_t *err)
+{
+    num_t at;
+    const char *p[] = {r->message_id, r->call_id, r->status, r->outcome, num(&at, r->received_at)};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,received_at) "
+                 "VALUES($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING",
+                 5, p, &n, err);
+    if (!rc) *claimed = n != 0;
+    return rc;
+}
+
+int oq__producer_pg_set_result(oq__producer_store_t *s, const oq__producer_result_t *r,
+                               oq_error_t *err)
+{
+    num_t at, exp;
+    const char *p[] = {r->call_id,
+                       r->state,
+                       r->result,
+                       r->error,
+                       r->effect_id,
+                       num(&at, r->updated_at),
+                       r->settled ? "t" : "f",
+                       num(&exp, r->expires_at)};
+    return cmd(
+        s,
+        "UPDATE onceq.calls SET state=$2,result=$3,error=$4,effect_id=COALESCE($5,effect_id),"
+        "updated_at=$6,next_redrive_at=CASE WHEN $7::boolean THEN NULL ELSE next_redrive_at "
+        "END,settled_at=CASE WHEN $2 IN ('succeeded','failed') THEN COALESCE(settled_at,$6) "
+        "ELSE NULL END,expires_at=CASE WHEN $8::bigint > 0 THEN $8::bigint ELSE expires_at END "
+        "WHERE call_id=$1",
+        8, p, NULL, err);
+}
+
+/* --- dead letters --------------------------------------------------------------------------- */
+
+int oq__producer_pg_dead_list(oq__producer_store_t *s, int max, oq__producer_dead_t **rows,
+                              size_t *n, oq_error_t *err)
+{
+    *rows = NULL;
+    *n = 0;
+    if (max <= 0) return 0;
+    num_t m;
+    const char *p[] = {num(&m, max)};
+    PGresult *r = NULL;
+    int rc = q(s,
+               "SELECT seq,message_id,topic,key,onceq.try_jsonb(payload)->>'kind',"
+               "CASE WHEN jsonb_typeof(onceq.try_jsonb(payload)->'attempt')='number' "
+               "THEN (onceq.try_jsonb(payload)->>'attempt')::numeric::bigint END,reason,detail "
+               "FROM onceq.outbox_dead WHERE handled_at IS NULL ORDER BY seq LIMIT $1",
+               1, p, &r, err);
+    if (rc) return rc;
+    int cnt = PQntuples(r);
+    oq__producer_dead_t *v = calloc(cnt ? (size_t)cnt : 1, sizeof *v);
+    if (!v) {
+        PQclear(r);
+        return oom(err);
+    }
+    for (int i = 0; i < cnt; i++) {
+        oq__producer_dead_t *d = &v[i];
+        d->seq = col_i64(r, i, 0);
+        d->message_id = col_dup(r, i, 1);
+        d->topic = col_dup(r, i, 2);
+        d->key = col_dup(r, i, 3);
+        d->kind = col_dup(r, i, 4);
+        d->attempt = col_i64(r, i, 5);
+        d->reason = col_dup(r, i, 6);
+        d->detail = col_dup(r, i, 7);
+        if (!d->message_id || !d->topic || !d->key || !d->reason) {
+            PQclear(r);
+            oq__producer_dead_free(v, (size_t)i + 1);
+            return oom(err);
+        }
+    }
+    PQclear(r);
+    *rows = v;
+    *n = (size_t)cnt;
+    return 0;
+}
+
+int oq__producer_pg_dead_handled(oq__producer_store_t *s, int64_t seq, int64_t now_ms,
+                                 oq_error_t *err)
+{
+    num_t a, b;
+    const char *p[] = {num(&a, seq), num(&b, now_ms)};
+    return cmd(s, "UPDATE onceq.outbox_dead SET handled_at=$2 WHERE seq=$1", 2, p, NULL, err);
+}
+
+int oq__producer_pg_dead_any(oq__producer_store_t *s, int *any, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    *any = 0;
+    int rc = q(s, "SELECT EXISTS(SELECT 1 FROM onceq.outbox_dead WHERE handled_at IS NULL)", 0,
+               NULL, &r, err);
+    if (rc) return rc;
+    *any = PQntuples(r) && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return 0;
+}
+
+/* --- redrive -------------------------------------------------------------------------------- */
+
+#define REDRIVE_COLS                                                                               \
+    "call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,message_id,redrive_count,"        \
+    "created_at,updated_at,next_redrive_at"
+
+static int redrive_select(oq__producer_store_t *s, const char *sql, int64_t t, int cap,
+                          oq__producer_redrive_row_t *rows, int *n, oq_error_t *err)
+{
+    if (*n >= cap) return 0;
+    num_t a, b;
+    const char *p[] = {num(&a, t), num(&b, cap - *n)};
+    PGresult *r = NULL;
+    int rc = q(s, sql, 2, p, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++) {
+        oq__producer_redrive_row_t *x = &rows[*n];
+        memset(x, 0, sizeof *x);
+        col_copy(r, i, 0, x->call_id, sizeof x->call_id);
+        x->tenant = col_dup(r, i, 1);
+        x->idem_key = col_dup(r, i, 2);
+        col_copy(r, i, 3, x->fingerprint, sizeof x->fingerprint);
+        x->tool = col_dup(r, i, 4);
+        x->args = col_dup(r, i, 5);
+        col_copy(r, i, 6, x->state, sizeof x->state);
+        x->attempt = col_i64(r, i, 7);
+        col_copy(r, i, 8, x->message_id, sizeof x->message_id);
+        x->redrive_count = col_i64(r, i, 9);
+        x->created_at = col_i64(r, i, 10);
+        x->updated_at = col_i64(r, i, 11);
+        x->next_redrive_at = col_i64(r, i, 12);
+        (*n)++;
+        if (!x->tenant || !x->idem_key || !x->tool || !x->args) {
+            rc = oom(err);
+            break;
+        }
+    }
+    PQclear(r);
+    return rc;
+}
+
+int oq__producer_pg_redrive_due(oq__producer_store_t *s, int64_t now, int64_t unchanged_since,
+                                int cap, oq__producer_redrive_row_t *rows, int *n, oq_error_t *err)
+{
+    *n = 0;
+    int rc = redrive_select(s,
+                            "SELECT " REDRIVE_COLS " FROM onceq.calls WHERE next_redrive_at IS NOT "
+                            "NULL AND next_redrive_at<=$1 ORDER BY next_redrive_at LIMIT $2",
+                            now, cap, rows, n, err);
+    if (rc == 0)
+        rc =
+            redrive_select(s,
+                           "SELECT " REDRIVE_COLS " FROM onceq.calls WHERE next_redrive_at IS NULL "
+                           "AND (state = 'pending' OR state = 'running') AND updated_at<=$1 "
+                           "ORDER BY updated_at LIMIT $2",
+                           unchanged_since, cap, rows, n, err);
+    if (rc) {
+        for (int i = 0; i < *n; i++)
+            oq__producer_redrive_row_clear(&rows[i]);
+        *n = 0;
+    }
+    return rc;
+}
+
+int oq__producer_pg_redrive_mark(oq__producer_store_t *s, const oq__producer_redrive_mark_t *m,
+                                 oq_error_t *err)
+{
+    num_t a, b;
+    const char *p[] = {m->call_id, num(&a, m->redrive_count),
+                       m->next_redrive_at ? num(&b, m->next_redrive_at) : NULL, m->message_id};
+    return cmd(s,
+               "UPDATE onceq.calls SET redrive_count=$2,next_redrive_at=$3,"
+               "message_id=COALESCE($4,message_id) WHERE call_id=$1",
+               4, p, NULL, err);
+}
+
+/* --- audit ---------------------------------------------------------------------------------- */
+
+int oq__producer_pg_audit_add(oq__producer_store_t *s, int64_t ts, const char *call_id,
+                              const char *event, const char *detail, oq_error_t *err)
+{
+    num_t t;
+    const char *p[] = {num(&t, ts), call_id, event, detail};
+    return cmd(s, "INSERT INTO onceq.audit(ts,call_id,event,detail) VALUES($1,$2,$3,$4)", 4, p,
+               NULL, err);
+}
+
+int oq__producer_pg_audit_list(oq__producer_store_t *s, const char *call_id, oq_audit_row_t **rows,
+                               size_t *n, oq_error_t *err)
+{
+    const char *p[] = {call_id};
+    PGresult *r = NULL;
+    int rc =
+        q(s, "SELECT ts,event,detail FROM onceq.audit WHERE call_id=$1 ORDER BY id", 1, p, &r, err);
+    if (rc) return rc;
+    int cnt = PQntuples(r);
+    oq_audit_row_t *v = calloc(cnt ? (size_t)cnt : 1, sizeof *v);
+    if (!v) {
+        PQclear(r);
+        return oom(err);
+    }
+    for (int i = 0; i < cnt; i++) {
+        v[i].ts = col_i64(r, i, 0);
+        v[i].event = col_dup(r, i, 1);
+        v[i].detail = col_dup(r, i, 2);
+        if (!v[i].event) {
+            PQclear(r);
+            oq_audit_free(v, (size_t)i + 1);
+            return oom(err);
+        }
+    }
+    PQclear(r);
+    if (cnt == 0) {
+        free(v);
+        v = NULL;
+    }
+    *rows = v;
+    *n = (size_t)cnt;
+    return 0;
+}
+
+/* --- retention ------------------------------------------------------------------------------ */
+
+int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int batch,
+                                oq_purge_stats_t *stats, int *more, oq_error_t *err)
+{
+    num_t now, cut, lim;
+    *more = 0;
+    PGresult *r = NULL;
+    int rc = oq_pg_exec(s->pg, "BEGIN", err);
+    if (rc) return rc;
+    /* One statement per table, each bounded by the batch: the calls first (settled, key
+     * expired), then what hangs off them, in one CTE so the ids are read once. */
+    const char *p3[] = {num(&now, now_ms), num(&lim, batch), num(&cut, now_ms - ttl)};
+    rc = q(s,
+           "WITH ids AS (SELECT call_id FROM onceq.calls WHERE expires_at<=$1 AND state IN "
+           "('succeeded','failed') ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+           " a AS (DELETE FROM onceq.audit WHERE call_id IN (SELECT call_id FROM ids) RETURNING 1),"
+           " i AS (DELETE FROM onceq.result_inbox WHERE call_id IN (SELECT call_id FROM ids) "
+           "RETURNING 1),"
+           " c AS (DELETE FROM onceq.calls WHERE call_id IN (SELECT call_id FROM ids) RETURNING 1),"
+           " o AS (DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
+           "pub_seq <= " WATERMARK " AND created_at<=$3 ORDER BY pub_seq LIMIT $2) RETURNING 1),"
+           " u AS (DELETE FROM onceq.result_inbox WHERE message_id IN (SELECT message_id FROM "
+           "onceq.result_inbox x WHERE received_at<=$3 AND NOT EXISTS (SELECT 1 FROM onceq.calls "
+           "k WHERE k.call_id=x.call_id) LIMIT $2) RETURNING 1),"
+           " d AS (DELETE FROM onceq.outbox_dead WHERE seq IN (SELECT seq FROM onceq.outbox_dead "
+           "WHERE handled_at IS NOT NULL AND dead_at<=$3 LIMIT $2) RETURNING 1)"
+           " SELECT (SELECT count(*) FROM c),(SELECT count(*) FROM a),(SELECT count(*) FROM i),"
+           "(SELECT count(*) FROM o),(SELECT count(*) FROM u),(SELECT count(*) FROM d)",
+           3, p3, &r, err);
+    if (rc) goto fail;
+    int64_t c = col_i64(r, 0, 0), ob = col_i64(r, 0, 3), orphans = col_i64(r, 0, 4),
+            dead = col_i64(r, 0, 5);
+    stats->calls += c;
+    stats->audit += col_i64(r, 0, 1);
+    stats->result_inbox += col_i64(r, 0, 2) + orphans;
+    stats->outbox += ob;
+    stats->dead += dead;
+    PQclear(r);
+    if ((rc = oq_pg_exec(s->pg, "COMMIT", err))) return rc;
+    stats->batches++;
+    *more = c >= batch || ob >= batch || orphans >= batch || dead >= batch;
+    return 0;
+fail:
+    PQclear(PQexec(s->pg, "ROLLBACK"));
+    return rc;
+}
+
+/* --- stats ---------------------------------------------------------------------------------- */
+
+int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err)
+{
+    memset(out, 0, sizeof *out);
+    PGresult *r = NULL;
+    /* One statement: one snapshot. */
+    int rc =
+        q(s,
+          "SELECT count(*),"
+          "count(*) FILTER (WHERE state='pending'),count(*) FILTER (WHERE state='running'),"
+          "count(*) FILTER (WHERE state='succeeded'),count(*) FILTER (WHERE state='failed'),"
+          "count(*) FILTER (WHERE state='needs_review'),count(DISTINCT effect_id),"
+          "(SELECT count(*) FROM onceq.outbox WHERE pub_seq IS NULL OR pub_seq > " WATERMARK "),"
+          "(SELECT count(*) FROM onceq.outbox),(SELECT count(*) FROM onceq.result_inbox),"
+          "COALESCE(min(created_at) FILTER (WHERE state='pending'),0) FROM onceq.calls",
+          0, NULL, &r, err);
+    if (rc) return rc;
+    out->calls = col_i64(r, 0, 0);
+    out->pending = col_i64(r, 0, 1);
+    out->running = col_i64(r, 0, 2);
+    out->succeeded = col_i64(r, 0, 3);
+    out->failed = col_i64(r, 0, 4);
+    out->needs_review = col_i64(r, 0, 5);
+    out->effects = col_i64(r, 0, 6);
+    out->outbox_pending = col_i64(r, 0, 7);
+    out->outbox_rows = col_i64(r, 0, 8);
+    out->result_inbox = col_i64(r, 0, 9);
+    out->oldest_pending_created_at = col_i64(r, 0, 10);
+    PQclear(r);
+    return 0;
+}

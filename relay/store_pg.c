@@ -1,0 +1,350 @@
+/*
+ * store_pg.c: all SQL of the relay on PostgreSQL (schema `onceq`, schema/postgres/), the twin of
+ * store.c behind relay_store.h; store.c hands an operation here when its database setting is a
+ * PostgreSQL URI or keyword string. relay.c does not know which one runs.
+ *
+ * Publish order (see docs/DESIGN.md, "The relay on PostgreSQL"). relay.c keeps one number of
+ * progress, a watermark: every row at or below it was delivered. On SQLite that number is the
+ * outbox's seq, which is safe there because one writer commits in seq order. On PostgreSQL seq is
+ * handed out at INSERT, and transactions commit in any order: a transaction holding seq 100 can
+ * commit after seq 101 was published, and a watermark over seq would pass 100 for ever. So the
+ * relay's numbers are not seq but pub_seq, drawn by the relay itself from a sequence for rows
+ * that are already committed, in short "assign" transactions that take one advisory lock
+ * (every relay on this database serializes on it, a fenced one included) and commit before any
+ * read looks at their numbers. A row invisible to an assign (its transaction still open, or
+ * rolled back) keeps pub_seq NULL and gets a number in a later assign, larger than every number
+ * handed out before: it lands above the watermark, never below. So every pub_seq at or below
+ * the watermark was final when the relay read it, and no row can appear there later.
+ *
+ * Leases are decided on the database server's clock: expires_at is a timestamptz compared with
+ * clock_timestamp(), so relays on hosts whose clocks disagree still agree on who holds the
+ * lease; the now_ms the relay passes is ignored here (its own renew schedule is relative). The
+ * fencing check (owner, fence, unexpired) sits in every write's WHERE clause, as on SQLite.
+ *
+ * Waking: LISTEN onceq_outbox (a trigger NOTIFYs at every insert's commit); data_version counts
+ * the notifications received and also changes once a second, so an idle relay polls at least
+ * that often even if a notification was missed (a connection lost and re-established).
+ *
+ * A lost connection is re-established before the next operation (PQreset, LISTEN again); the
+ * operation that met it fails retriably and relay.c retries as after any database error.
+ */
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_log.h"
+#include "oq_pg.h"
+#include "oq_util.h"
+#include "relay_store.h"
+#include "store_pg.h"
+
+struct oq__relay_pg {
+    PGconn *c;
+    int64_t notes; /* notifications received */
+};
+
+/* The advisory lock key of the assign step ("onceq-relay" as a number of our own). */
+#define ASSIGN_LOCK "x'6f6e6365712d72'::bigint"
+
+#define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
+
+typedef struct {
+    char s[24];
+} num_t;
+
+static const char *num(num_t *n, int64_t v)
+{
+    snprintf(n->s, sizeof n->s, "%" PRId64, v);
+    return n->s;
+}
+
+static int listen_on(PGconn *c, oq_error_t *err)
+{
+    return oq_pg_exec(c, "LISTEN onceq_outbox", err);
+}
+
+/* Reconnects a connection the server closed; the caller's operation then runs on it. */
+static int ready(oq__relay_pg_t *p, oq_error_t *err)
+{
+    if (PQstatus(p->c) == CONNECTION_OK) return 0;
+    PQreset(p->c);
+    if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "relay reconnect");
+    int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
+    if (!rc) rc = listen_on(p->c, err);
+    if (!rc) OQ_LOG_INFO("relay", "reconnected to PostgreSQL");
+    return rc;
+}
+
+static void rollback(oq__relay_pg_t *p)
+{
+    if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
+        PQclear(PQexec(p->c, "ROLLBACK"));
+}
+
+int oq__relay_pg_open(const char *conninfo, oq__relay_pg_t **out, oq_error_t *err)
+{
+    *out = NULL;
+    oq__relay_pg_t *p = calloc(1, sizeof *p);
+    if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int rc = oq_pg_connect(conninfo, &p->c, err), v = 0;
+    if (!rc) rc = oq_pg_schema_version(p->c, &v, err);
+    if (!rc && v < 1)
+        rc = oq_error_set(err, OQ_EDB, 0,
+                          "database has no schema onceq (not migrated yet? onceq migrate --db URL, "
+                          "or start the producer once)");
+    if (!rc) rc = listen_on(p->c, err);
+    if (rc) {
+        oq__relay_pg_close(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void oq__relay_pg_close(oq__relay_pg_t *p)
+{
+    if (!p) return;
+    if (p->c) PQfinish(p->c);
+    free(p);
+}
+
+int oq__relay_pg_data_version(oq__relay_pg_t *p, int64_t *out, oq_error_t *err)
+{
+    int rc = ready(p, err);
+    if (rc) return rc;
+    if (!PQconsumeInput(p->c)) return oq_pg_error(p->c, NULL, err, "relay notifications");
+    PGnotify *n;
+    while ((n = PQnotifies(p->c)) != NULL) {
+        p->notes++;
+        PQfreemem(n);
+    }
+    *out = p->notes * 1000000 + oq_mono_us() / 1000000; /* and once a second regardless */
+    return 0;
+}
+
+/* --- lease ---------------------------------------------------------------------------------- */
+
+int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner,
+                               int64_t lease_ms, int64_t *fence, int *held, char *holder,
+                               size_t holder_cap, int64_t *published_seq, oq_error_t *err)
+{
+    num_t l, f;
+    PGresult *r = NULL;
+    *held = 0;
+    if (published_seq) *published_seq = 0;
+    if (holder && holder_cap) holder[0] = '\0';
+    int rc = ready(p, err);
+    if (rc || (rc = oq_pg_exec(p->c, "BEGIN", err))) return rc;
+    const char *ins[] = {name, owner, num(&l, lease_ms)};
+    /* A missing row is ours (fence 1); a concurrent insert of the same name wins or loses on
+     * the primary key without an error. */
+    if ((rc = oq_pg_cmd(p->c,
+                        "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at) VALUES "
+                        "($1, $2, 0, '-infinity') ON CONFLICT (name) DO NOTHING",
+                        2, ins, NULL, err)))
+        goto out;
+    const char *get[] = {name};
+    if ((rc = oq_pg_query(p->c,
+                          "SELECT owner, fence, expires_at > clock_timestamp(), published_seq "
+                          "FROM onceq.relay_lease WHERE name = $1 FOR UPDATE",
+                          1, get, &r, err)))
+        goto out;
+    if (PQntuples(r) != 1) {
+        rc = oq_error_set(err, OQ_EDB, 0, "relay lease %s: no row", name);
+        goto out;
+    }
+    const char *cur_owner = PQgetvalue(r, 0, 0);
+    int64_t cur_fence = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    int live = PQgetvalue(r, 0, 2)[0] == 't';
+    if (published_seq) *published_seq = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+    if (holder && holder_cap) snprintf(holder, holder_cap, "%s", cur_owner);
+    int ours = strcmp(cur_owner, owner) == 0 && cur_fence == *fence && live;
+    if (!ours && live) goto commit; /* someone else holds it */
+    int64_t new_fence = ours ? cur_fence : cur_fence + 1;
+    const char *up[] = {name, owner, num(&f, new_fence), num(&l, lease_ms)};
+    if ((rc = oq_pg_cmd(p->c,
+                        "UPDATE onceq.relay_lease SET owner = $2, fence = $3, expires_at = "
+                        "clock_timestamp() + $4 * interval '1 millisecond' WHERE name = $1",
+                        4, up, NULL, err)))
+        goto out;
+    *fence = new_fence;
+    *held = 1;
+    if (holder && holder_cap) snprintf(holder, holder_cap, "%s", owner);
+commit:
+    PQclear(r);
+    r = NULL;
+    rc = oq_pg_exec(p->c, "COMMIT", err);
+    if (rc) *held = 0;
+    return rc;
+out:
+    PQclear(r);
+    *held = 0;
+    rollback(p);
+    return rc;
+}
+
+/* A fenced write: the lease row, renewed, when (owner, fence) still holds it on the server's
+ * clock. Inside the caller's transaction (or alone). */
+static int fenced_renew(oq__relay_pg_t *p, const char *name, const char *owner, int64_t fence,
+                        int64_t lease_ms, int64_t upto, int64_t now_ms, oq_error_t *err)
+{
+    num_t f, l, u, t;
+    const char *pr[] = {name,          owner,          num(&f, fence), num(&l, lease_ms),
+                        num(&u, upto), num(&t, now_ms)};
+    int64_t n = 0;
+    int rc = oq_pg_cmd(p->c,
+                       "UPDATE onceq.relay_lease SET expires_at = clock_timestamp() + $4 * "
+                       "interval '1 millisecond', published_seq = GREATEST(published_seq, $5), "
+                       "published_at = CASE WHEN $5::bigint > published_seq THEN $6::bigint ELSE "
+                       "published_at END WHERE name = $1 AND owner = $2 AND fence = $3 AND "
+                       "expires_at > clock_timestamp()",
+                       6, pr, &n, err);
+    if (rc) return rc;
+    if (n != 1)
+        return oq_error_set(err, OQ_EFENCED, 0, "relay lease %s: fence %" PRId64 " no longer held",
+                            name, fence);
+    return 0;
+}
+
+int oq__relay_pg_lease_renew(oq__relay_pg_t *p, const char *name, const char *owner, int64_t fence,
+                             int64_t lease_ms, oq_error_t *err)
+{
+    int rc = ready(p, err);
+    if (rc) return rc;
+    return fenced_renew(p, name, owner, fence, lease_ms, 0, oq_now_ms(), err);
+}
+
+int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *owner,
+                               int64_t fence, oq_error_t *err)
+{
+    num_t f;
+    const char *pr[] = {name, owner, num(&f, fence)};
+    int rc = ready(p, err);
+    if (rc) return rc;
+    return oq_pg_cmd(p->c,
+                     "UPDATE onceq.relay_lease SET expires_at = '-infinity' WHERE name = $1 AND "
+                     "owner = $2 AND fence = $3",
+                     3, pr, NULL, err);
+}
+
+/* --- read ----------------------------------------------------------------------------------- */
+
+/* Numbers the committed rows that have none yet, in seq order, above every number handed out
+ * before (see the file comment). One short transaction. */
+static int assign(oq__relay_pg_t *p, int max_rows, oq_error_t *err)
+{
+    num_t m;
+    const char *pr[] = {num(&m, max_rows)};
+    int rc = oq_pg_exec(p->c, "BEGIN; SELECT pg_advisory_xact_lock(" ASSIGN_LOCK ")", err);
+    if (rc) goto fail;
+    if ((rc = oq_pg_cmd(
+             p->c,
+             "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY "
+             "seq LIMIT $1 FOR UPDATE), n AS (SELECT seq, nextval('onceq.outbox_pub_seq') "
+             "AS ps FROM (SELECT seq FROM c ORDER BY seq) z) UPDATE onceq.outbox o SET "
+             "pub_seq = n.ps FROM n WHERE o.seq = n.seq",
+             1, pr, NULL, err)))
+        goto fail;
+    OQ_CRASH_POINT("relay.pg_after_assign_before_commit");
+    return oq_pg_exec(p->c, "COMMIT", err);
+fail:
+    rollback(p);
+    return rc;
+}
+
+int oq__relay_pg_read(oq__relay_pg_t *p, int64_t after, int max_rows, int64_t max_bytes,
+                      oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err)
+{
+    num_t a, m;
+    PGresult *r = NULL;
+    *nread = 0;
+    int rc = ready(p, err);
+    if (rc || (rc = assign(p, max_rows > 0 ? max_rows * 4 : 1000, err))) return rc;
+    const char *pr[] = {num(&a, after), num(&m, max_rows)};
+    if ((rc = oq_pg_query(p->c,
+                          "SELECT pub_seq, created_at, message_id, topic, key, payload FROM "
+                          "onceq.outbox WHERE pub_seq > $1 ORDER BY pub_seq LIMIT $2",
+                          2, pr, &r, err)))
+        return rc;
+    int64_t bytes = 0;
+    int n = 0;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__relay_row_t row;
+        row.seq = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+        row.created_at = strtoll(PQgetvalue(r, i, 1), NULL, 10);
+        row.message_id = PQgetvalue(r, i, 2);
+        row.topic = PQgetvalue(r, i, 3);
+        row.key = PQgetvalue(r, i, 4);
+        row.key_len = (size_t)PQgetlength(r, i, 4);
+        row.payload = PQgetvalue(r, i, 5);
+        row.payload_len = (size_t)PQgetlength(r, i, 5);
+        if (cb(ctx, &row) != 0) break;
+        n++;
+        bytes += (int64_t)row.payload_len;
+        if (bytes >= max_bytes) break;
+    }
+    PQclear(r);
+    *nread = n;
+    return 0;
+}
+
+/* --- mark ----------------------------------------------------------------------------------- */
+
+int oq__relay_pg_mark_dead(oq__relay_pg_t *p, const char *name, const char *owner, int64_t fence,
+                           int64_t lease_ms, int64_t now_ms, int64_t upto,
+                           const oq__relay_dead_t *dead, size_t ndead, oq_error_t *err)
+{
+    int rc = ready(p, err);
+    if (rc || (rc = oq_pg_exec(p->c, "BEGIN", err))) return rc;
+    if ((rc = fenced_renew(p, name, owner, fence, lease_ms, upto, now_ms, err))) goto fail;
+    for (size_t i = 0; i < ndead; i++) {
+        num_t s, t;
+        const char *pr[] = {num(&s, dead[i].seq), dead[i].reason, dead[i].detail, num(&t, now_ms)};
+        if ((rc = oq_pg_cmd(p->c,
+                            "INSERT INTO onceq.outbox_dead(seq, message_id, topic, key, payload, "
+                            "created_at, reason, detail, dead_at) SELECT pub_seq, message_id, "
+                            "topic, key, payload, created_at, $2, $3, $4 FROM onceq.outbox WHERE "
+                            "pub_seq = $1 ON CONFLICT (seq) DO NOTHING",
+                            4, pr, NULL, err)))
+            goto fail;
+    }
+    OQ_CRASH_POINT("relay.after_mark_before_commit");
+    return oq_pg_exec(p->c, "COMMIT", err);
+fail:
+    rollback(p);
+    return rc;
+}
+
+/* --- retention and status ------------------------------------------------------------------- */
+
+int oq__relay_pg_cleanup(oq__relay_pg_t *p, int64_t cutoff_ms, int limit, int64_t *deleted,
+                         oq_error_t *err)
+{
+    num_t c, l;
+    const char *pr[] = {num(&c, cutoff_ms), num(&l, limit)};
+    int rc = ready(p, err);
+    if (rc) return rc;
+    return oq_pg_cmd(p->c,
+                     "DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
+                     "pub_seq <= " WATERMARK " ORDER BY pub_seq LIMIT $2) AND created_at < $1",
+                     2, pr, deleted, err);
+}
+
+int oq__relay_pg_pending(oq__relay_pg_t *p, int64_t *count, int64_t *oldest_created_at,
+                         oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = ready(p, err);
+    if (rc) return rc;
+    if ((rc = oq_pg_query(p->c,
+                          "SELECT count(*), COALESCE(min(created_at), 0) FROM onceq.outbox WHERE "
+                          "pub_seq IS NULL OR pub_seq > " WATERMARK,
+                          0, NULL, &r, err)))
+        return rc;
+    *count = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    *oldest_created_at = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    PQclear(r);
+    return 0;
+}
