@@ -30,9 +30,6 @@ PL_CONSUMER_X+=(--tools "$T/tools.json")
 pl_start 1
 MCP=http://127.0.0.1:$PORT/mcp
 
-$PY "$CLI" protocol "$MCP" "$PDB" "$DURL" || oq_fail "protocol checks"
-oq_log "protocol checks passed"
-
 $PY "$CLI" retries "$MCP" "$DURL" agent-pay-1 - 20 >"$T/once.json" || oq_fail "retries through onceq"
 oq_log "through onceq: $(cat "$T/once.json")"
 jq -e '.distinct_answers == 1 and .ledger == 1 and .answer.isError == false' "$T/once.json" >/dev/null ||
@@ -48,6 +45,9 @@ OUT=$(curl -s -X POST "$MCP" -H 'Content-Type: application/json' -H 'Accept: app
     {"name":"pay","arguments":{"amount":6},"idempotencyKey":"agent-pay-1"}}')
 [[ $(jq -r .error.data.code <<<"$OUT") == idempotency_conflict ]] || oq_fail "conflict: $OUT"
 [[ $(rt_dstat .effects_committed) == 1 ]] || oq_fail "ledger after the conflict: $(curl -s "$DURL/ledger/stats")"
+
+$PY "$CLI" protocol "$MCP" "$PDB" "$DURL" || oq_fail "protocol checks"
+oq_log "protocol checks passed"
 
 # negative control: a naive MCP server in front of the same downstream
 NPORT=$(oq_free_port) || oq_fail "no free port"
