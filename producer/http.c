@@ -859,11 +859,11 @@ static enum MHD_Result mcp_post(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
     if (ctx->state == RS_WAITING) return MHD_YES;
     if (ctx->state == RS_DONE && ctx->mcp_phase == 0) {
         ctx->mcp_phase = 1;
-        if (oq_mcp_call_submitted(ctx->mcp, ctx->refused, &o, call_id) == 0 ||
-            atomic_load(&h->stopping))
+        if (oq_mcp_call_submitted(ctx->mcp, ctx->refused, &o, call_id) == 0)
             return mcp_send(h, c, &o);
         memcpy(ctx->mcp_call_id, call_id, sizeof ctx->mcp_call_id);
-        return wait_call(h, ctx, c, call_id, ctx->mcp_deadline_us);
+        if (!atomic_load(&h->stopping)) /* stopping: answer the call as it stands */
+            return wait_call(h, ctx, c, call_id, ctx->mcp_deadline_us);
     }
     if (ctx->state == RS_DONE) {
         oq_call_t call;
