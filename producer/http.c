@@ -29,6 +29,11 @@
  * waiting client costs no thread; the call is read again after the waiter is armed, so a
  * result committed in between is not missed.
  *
+ * MCP. POST /mcp (producer/mcp.c: JSON-RPC, sessions, CallToolResult) reads its body as a
+ * submit does; a tools/call queues the submit job mcp.c prepared (the same job and writer as
+ * POST /v1/tool-calls), then waits as a long poll does (wait_call) up to --mcp-wait from the
+ * request's start, and answers the call as it then reads. Bearer tokens apply as on /v1/.
+ *
  * Connection limits. libmicrohttpd's own limits stop polling the listening socket when a
  * worker is full, so new clients wait unseen in the kernel's backlog, and they do not say
  * which limit was hit. Instead an accept policy callback refuses a connection over the global
