@@ -94,6 +94,9 @@ static const oq_setting_t producer_settings[] = {
     {"tools", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "tools file (the consumers' --tools): a submit of a tool it does not list is 400 "
      "unknown_tool, arguments its input_schema refuses are 400 bad_args, GET /v1/tools lists it"},
+    {"mcp-wait", OQ_SET_DURATION, "30s", 1, 600000, NULL,
+     "POST /mcp: how long a tools/call waits for its call to settle; still running then, it "
+     "answers isError with {\"status\":\"running\",\"call_id\"} (retry with the same key)"},
     OQ_SETTING_TOPIC_PREFIX,
     OQ_SETTING_KAFKA_PROFILE,
 };
@@ -104,7 +107,8 @@ static const char producer_usage[] =
     "                      [--purge-interval 5m] [--tools tools.json]\n"
     "\n"
     "HTTP API: POST /v1/tool-calls (Idempotency-Key header), GET /v1/tool-calls/{id},\n"
-    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /v1/tools (with --tools), GET /stats, GET "
+    "GET /v1/tool-calls/by-key/{key}?tenant=, GET /v1/tools (with --tools), POST /mcp (MCP "
+    "Streamable HTTP: tools/list, tools/call), GET /stats, GET "
     "/metrics, GET /healthz\n"
     "(liveness), GET /readyz (database writable, brokers reachable).\n"
     "Without --brokers the results ingest (topic onceq.tool-results) is off.\n"
@@ -259,6 +263,7 @@ int oq__cmd_producer(int argc, char **argv)
                                                          : OQ_HTTP_METRICS_LOOPBACK,
         .metrics_token_file = mtokens,
         .catalog = catalog,
+        .mcp_wait_ms = oq_config_int(cfg, "mcp-wait"),
     };
     if (oq_http_start(p, &ho, &h, &err) != 0) {
         fprintf(stderr, "onceq producer: %s\n", err.msg);

@@ -72,6 +72,8 @@ static const oq_setting_t up_settings[] = {
      "producer: a request's line, headers and body must arrive within this (default 30s)"},
     {"probe-connections", OQ_SET_INT, NULL, 0, 1000, NULL,
      "producer: connections over --max-connections for /healthz and /readyz only (default 8)"},
+    {"mcp-wait", OQ_SET_DURATION, NULL, 1, 600000, NULL,
+     "producer: how long a tools/call on POST /mcp waits for its call (default 30s)"},
     {"token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "producer: API tokens, lines 'TOKEN TENANT' (default: no authentication); SIGHUP to "
      "onceq up reloads it"},
@@ -99,12 +101,12 @@ static const oq_setting_t up_settings[] = {
 
 /* The producer settings that onceq up passes through when the user gave them (numbers first,
  * durations passed as milliseconds, then strings). */
-#define UP_PASS_N 8
-#define UP_PASS_NUMBERS 5 /* the first five are numbers, the rest strings */
+#define UP_PASS_N 9
+#define UP_PASS_NUMBERS 6 /* the first six are numbers, the rest strings */
 static const char *const up_producer_pass[UP_PASS_N] = {
     "max-connections", "max-connections-per-ip", "idle-timeout",
-    "request-timeout", "probe-connections",      "token-file",
-    "metrics-access",  "metrics-token-file"};
+    "request-timeout", "probe-connections",      "mcp-wait",
+    "token-file",      "metrics-access",         "metrics-token-file"};
 
 typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER, UP_CONSOLE } up_kind_t;
 

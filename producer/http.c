@@ -29,6 +29,11 @@
  * waiting client costs no thread; the call is read again after the waiter is armed, so a
  * result committed in between is not missed.
  *
+ * MCP. POST /mcp (producer/mcp.c: JSON-RPC, sessions, CallToolResult) reads its body as a
+ * submit does; a tools/call queues the submit job mcp.c prepared (the same job and writer as
+ * POST /v1/tool-calls), then waits as a long poll does (wait_call) up to --mcp-wait from the
+ * request's start, and answers the call as it then reads. Bearer tokens apply as on /v1/.
+ *
  * Connection limits. libmicrohttpd's own limits stop polling the listening socket when a
  * worker is full, so new clients wait unseen in the kernel's backlog, and they do not say
  * which limit was hit. Instead an accept policy callback refuses a connection over the global
@@ -83,6 +88,7 @@
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_mcp.h"
 #include "oq_mhd.h"
 #include "oq_pg.h"
 #include "oq_metrics.h"
@@ -150,6 +156,8 @@ struct oq_http {
     /* tool catalogue (borrowed), or NULL: no check, GET /v1/tools is 404 */
     const oq_catalog_t *catalog;
     char *tools_json; /**< the GET /v1/tools body, rendered once at start */
+
+    oq_mcp_t *mcp; /**< POST /mcp (mcp.c) */
 };
 
 enum { RS_NEW = 0, RS_READING, RS_WAITING, RS_DONE };
@@ -169,6 +177,11 @@ typedef struct req_ctx {
     char tenant[OQ_MAX_NAME_LEN + 1]; /**< the token's tenant when authed */
     oq_waiter_t waiter;               /**< GET ...?wait=: armed while suspended */
     int waited;                       /**< the waiter was armed once */
+    int is_mcp;                       /**< POST /mcp */
+    int mcp_phase;                    /**< 0 submitting, 1 waiting for the call to settle */
+    int64_t mcp_deadline_us;          /**< when a tools/call stops waiting */
+    char mcp_call_id[OQ_CALL_ID_LEN + 1]; /**< the call a tools/call waits for */
+    oq_mcp_call_t *mcp;                   /**< a tools/call under way */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -851,6 +864,66 @@ static enum MHD_Result get_metrics(oq_http_t *h, struct MHD_Connection *c)
                      NULL);
 }
 
+/* --- /mcp (producer/mcp.c) ------------------------------------------------------------------*/
+
+static enum MHD_Result mcp_send(oq_http_t *h, struct MHD_Connection *c, oq_mcp_out_t *o)
+{
+    char *body = o->body ? o->body : strdup("");
+    if (!body) return MHD_NO;
+    return send_text(h, c, o->status, body, strlen(body), o->ctype ? o->ctype : "application/json",
+                     NULL, 0, 0, o->session[0] ? "Mcp-Session-Id" : NULL, o->session);
+}
+
+static void mcp_in(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c, oq_mcp_in_t *in)
+{
+    (void)h;
+    in->session = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Mcp-Session-Id");
+    in->proto = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "MCP-Protocol-Version");
+    in->accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+    in->origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    in->host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    in->tenant = ctx->authed ? ctx->tenant : NULL;
+}
+
+/* A tools/call is the submit of POST /v1/tool-calls (the same job, the same writer), then the
+ * wait of GET ...?wait= (wait_call) up to --mcp-wait from the request's start. */
+static enum MHD_Result mcp_post(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    oq_mcp_out_t o;
+    char call_id[OQ_CALL_ID_LEN + 1];
+    if (ctx->state == RS_WAITING) return MHD_YES;
+    if (ctx->state == RS_DONE && ctx->mcp_phase == 0) {
+        ctx->mcp_phase = 1;
+        if (oq_mcp_call_submitted(ctx->mcp, ctx->refused, &o, call_id) == 0)
+            return mcp_send(h, c, &o);
+        memcpy(ctx->mcp_call_id, call_id, sizeof ctx->mcp_call_id);
+        if (!atomic_load(&h->stopping)) /* stopping: answer the call as it stands */
+            return wait_call(h, ctx, c, call_id, ctx->mcp_deadline_us);
+    }
+    if (ctx->state == RS_DONE) {
+        oq_call_t call;
+        memset(&call, 0, sizeof call);
+        int rc = oq_producer_get(h->p, ctx->mcp_call_id, &call, NULL);
+        oq_mcp_call_answer(ctx->mcp, rc, &call, &o);
+        oq_call_clear(&call);
+        return mcp_send(h, c, &o);
+    }
+    if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
+    oq_mcp_in_t in;
+    mcp_in(h, ctx, c, &in);
+    ctx->mcp_deadline_us = oq_mono_us() + oq_mcp_wait_ms(h->mcp) * 1000;
+    if (oq_mcp_post(h->mcp, &in, ctx->body, ctx->len, h->max_depth, &ctx->mcp, &o) == 0)
+        return mcp_send(h, c, &o);
+    ctx->state = RS_WAITING;
+    MHD_suspend_connection(c);
+    if (oq_producer_submit_async(h->p, oq_mcp_call_job(ctx->mcp), job_done, ctx) != 0) {
+        ctx->refused = 1; /* not queued: the callback will not run */
+        ctx->state = RS_DONE;
+        MHD_resume_connection(c);
+    }
+    return MHD_YES;
+}
+
 /* --- dispatch --------------------------------------------------------------------------------*/
 
 typedef struct hdr_count {
@@ -890,7 +963,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         ctx->h = h;
         ctx->conn = c;
         ctx->state = RS_READING;
-        ctx->is_submit = is_post && strcmp(url, CALLS_PREFIX) == 0;
+        ctx->is_mcp = is_post && strcmp(url, "/mcp") == 0;
+        ctx->is_submit = is_post && (strcmp(url, CALLS_PREFIX) == 0 || ctx->is_mcp);
         *con_cls = ctx;
         atomic_fetch_add(&h->inflight, 1);
         /* a POST answered before its body was read closes the connection */
@@ -903,7 +977,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                                  n.host ? "more than one Host header"
                                         : "an HTTP/1.1 request needs a Host header",
                                  close);
-        if (h->token_file && strncmp(url, "/v1/", 4) == 0) {
+        if (h->token_file && (strncmp(url, "/v1/", 4) == 0 || strcmp(url, "/mcp") == 0)) {
             auth_result_t a = check_bearer(h, c, n.auth, &h->tokens, ctx->tenant);
             if (a != AUTH_OK) return send_unauthorized(h, c, a, close);
             ctx->authed = 1;
@@ -958,6 +1032,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             *upload_size = 0;
             return MHD_YES;
         }
+        if (ctx->is_mcp) return mcp_post(h, ctx, c);
         if (ctx->state == RS_DONE) return submit_finish(h, ctx, c);
         if (ctx->state == RS_WAITING) return MHD_YES; /* spurious call while suspended */
         return submit_begin(h, ctx, c);
@@ -986,6 +1061,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return get_metrics(h, c);
     }
     if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
+    if (strcmp(url, "/mcp") == 0) { /* no SSE stream of server messages: GET is 405 */
+        if (strcmp(method, MHD_HTTP_METHOD_DELETE) != 0)
+            return method_not_allowed(h, c, "POST, DELETE");
+        oq_mcp_in_t in;
+        oq_mcp_out_t o;
+        mcp_in(h, ctx, c, &in);
+        oq_mcp_delete(h->mcp, &in, &o);
+        return mcp_send(h, c, &o);
+    }
     if (strcmp(url, "/v1/tools") == 0) {
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         if (!h->tools_json)
@@ -1023,6 +1107,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
      * before MHD_stop_daemon (oq_http_stop wakes them all first): this is a safety net */
     if (ctx->waited && oq_waiters_cancel(h->waiters, &ctx->waiter)) oq_gauge_add(h->m_waiting, -1);
     oq_submit_job_destroy(ctx->job);
+    oq_mcp_call_free(ctx->mcp);
     free(ctx->body);
     free(ctx);
     *con_cls = NULL;
@@ -1056,6 +1141,7 @@ static void http_free(oq_http_t *h)
     free(h->token_file);
     free(h->metrics_token_file);
     free(h->tools_json);
+    oq_mcp_destroy(h->mcp);
     pthread_rwlock_destroy(&h->tok_lock);
     pthread_mutex_destroy(&h->ready_lock);
     pthread_cond_destroy(&h->ready_cond);
@@ -1139,6 +1225,8 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
             goto fail;
         }
     }
+
+    if ((ret = oq_mcp_new(h->catalog, opts->mcp_wait_ms, &h->mcp, err)) != 0) goto fail;
 
     unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
     oq_mhd_guard_opts_t go = {

@@ -328,6 +328,8 @@ typedef struct oq_http_opts {
                                            tool it lacks is 400 unknown_tool, arguments its
                                            input_schema refuses are 400 bad_args (nothing is
                                            written), and GET /v1/tools lists it */
+    int64_t mcp_wait_ms; /**< POST /mcp: how long a tools/call waits for its call to settle
+                              before it answers "running" (oq_mcp.h); default 30 s */
 } oq_http_opts_t;
 
 /**
