@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Convenience targets over CMake. The README's commands are ./quickstart and ./quickstart test.
 BUILD ?= build
 JOBS ?= 2

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file bench.h
  * @brief The benchmarks of the `onceq-bench` program. Each lives in bench/bench_<name>.c as

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq-bench consumer`: the consumer worker from a pre-filled topic against a raw baseline
  * in the same run, as a ratio.

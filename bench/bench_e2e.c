@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq-bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
  *

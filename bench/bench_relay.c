@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq-bench relay`: outbox-to-broker throughput of the relay against raw librdkafka
  * production of the same payloads to the same broker, in the same run, plus the idle relay's

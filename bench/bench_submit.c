@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq-bench submit`: durable submits per second through the C API (N submitter threads,
  * unique keys, group commit) against a plain single-thread SQLite loop that inserts the same

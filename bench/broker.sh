@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Broker throughput over loopback: oq_kclient (librdkafka) against `onceq broker`.
 #
 #   bench/broker.sh [COUNT [SIZE [PARTITIONS]]]     defaults 200000 200 64

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * An HTTP load generator for the producer, used by the end-to-end tests (tests/tools/
  * oq_e2e_load) and `onceq-bench e2e`, which runs it on the same cores as the pipeline it

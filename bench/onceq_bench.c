@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq-bench <what>`: the benchmark program, kept out of the `onceq` binary that
  * deployments run. Each benchmark lives in bench/bench_<what>.c and measures onceq side by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_load.h
  * @brief The HTTP load generator of `onceq-bench e2e` and the end-to-end tests

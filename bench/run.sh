@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `make bench`: every onceq benchmark, each with its same-run baseline, on this machine.
 #
 #   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes)

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- wrk script for durable HTTP submits: every request carries a unique Idempotency-Key, so
 -- each one is a new call (a calls row + an outbox row committed before the 202).
 --   wrk -t2 -c32 -d10s --latency -s bench/wrk_submit.lua http://127.0.0.1:8081

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_chaos.h
  * @brief The invariant checker behind `onceq verify` (and the chaos tests).

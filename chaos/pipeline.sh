@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Shell helpers for the pipeline-level tests (tests/integration/test_e2e*.sh,
 # tests/chaos/test_e2e*.sh): start broker + producer + relay + N consumers as separate

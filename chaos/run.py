@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The chaos matrix runner: every fault class as a scenario, each run N times with its timing and
 its choices (which process, which crash point, which broker, how long) drawn from one printed
 seed, each run checked end to end.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The invariant checker: every invariant listed in oq_chaos.h as one SQL query over the
  * producer database with the consumer database ATTACHed as `c`, both read-only.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Generates a C file holding every console/assets/* file as bytes, keyed by its name (for
 # example "app.js"), with its content type: the console serves them from the binary, so it
 # needs no files at run time and no network (no CDN, no external font).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Generates a C file holding every schema/**/*.sql as a string, keyed by its path relative to
 # schema/ (for example "producer/0001_init.sql"). common/db.c looks migrations up by that name.
 file(GLOB_RECURSE files RELATIVE ${SCHEMA_DIR} ${SCHEMA_DIR}/*.sql)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * catalog.c: the tool catalogue, read from the tools file (see oq_catalog.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The parse-or-exit step shared by the subcommands of both command-line programs: settings
  * come from the command's table (oq_config), --help prints that table, and any error is one

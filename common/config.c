@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Settings. A command describes its settings once, as a table of oq_setting_t (name, type,
  * default, bounds, doc); that table drives the defaults, --help, command-line parsing, config

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * SQLite helpers shared by every onceq database (calls.db, effects.db).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The Kafka message envelope, version 1: encode, decode, validate.
  *

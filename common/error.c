@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Error helpers. Formatting goes into the caller's fixed buffer; nothing here allocates, so
  * errors can be reported from out-of-memory paths too. The name table is part of the public

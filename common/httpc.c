@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The HTTP client of the command-line tools, a thin layer over one libcurl easy handle.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * jschema.c: a JSON Schema (draft 2020-12) validator for the subset oq_jschema.h documents.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Strict JSON, RFC 8785 (JCS) canonicalisation and call fingerprints.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * librdkafka configuration shared by producer, relay and consumer. The defaults depend on the
  * brokers, named by the command's `kafka-profile` setting; the user's -X settings are applied

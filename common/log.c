@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Logger. Each line is formatted into a stack buffer and written with a single write(2) to
  * stderr, so lines from several threads (and from librdkafka's threads, via the log callback)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mhd.c: what the onceq servers on libmicrohttpd share (oq_mhd.h): the logger, the URL
  * unescaper that never lets a %00 truncate a path or a query value, and the connection guard

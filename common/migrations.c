@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Migration sets: the ordered schema/ files that make up each database. PRAGMA user_version
  * is the number of entries applied, so entries are only ever appended, never reordered or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_catalog.h
  * @brief The tool catalogue: which tools exist, what their arguments must look like, and what

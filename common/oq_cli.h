@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_cli.h
  * @brief What the command-line programs (`onceq`, `onceq-bench`) share: exit codes and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_config.h
  * @brief Settings: one table (name, type, default, bounds, doc) per command drives --help,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_db.h
  * @brief SQLite helpers: durable open, embedded migrations, a prepared-statement cache,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_envelope.h
  * @brief The Kafka message envelope, version 1 (documented in schema/envelope.schema.json).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_httpc.h
  * @brief The onceq HTTP client, on libcurl: one request at a time over a connection kept

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_jschema.h
  * @brief A JSON Schema (draft 2020-12) validator for a documented subset, compiled once and

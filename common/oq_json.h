@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_json.h
  * @brief Strict JSON parsing, RFC 8785 (JCS) canonicalisation and call fingerprints.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_kafka.h
  * @brief librdkafka configuration shared by every onceq Kafka client.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_log.h
  * @brief The one logger: levels checked before formatting, logfmt (default) or JSON lines on

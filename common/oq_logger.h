@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_logger.h
  * @brief Where onceq's log lines go, for a program that links libonceq. Installed as

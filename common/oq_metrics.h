@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_metrics.h
  * @brief A small metrics registry rendered in the Prometheus text exposition format (0.0.4).

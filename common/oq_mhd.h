@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_mhd.h
  * @brief The one libmicrohttpd logger of the onceq servers (producer API, consumer admin,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_pg.h
  * @brief PostgreSQL helpers (libpq): which backend a database setting names, connecting,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_ready.h
  * @brief Readiness for the daemons' metrics listeners (GET /readyz): a thread probes a few

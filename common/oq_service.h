@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_service.h
  * @brief Service-manager notifications (systemd's sd_notify protocol): readiness, watchdog

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_tokens.h
  * @brief Bearer-token files: the one parser of the producer's API tokens, its metrics tokens

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_util.h
  * @brief Ids from a CSPRNG, time helpers, and named crash points for the chaos suite.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pg.c: the PostgreSQL side of common/db.c. A database setting names its backend by its form
  * (oq_backend_of: a libpq URI or keyword string, else a file path), so one flag (--db) serves

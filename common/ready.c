@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Readiness prober (oq_ready.h). One thread runs every check once a second and stores each
  * one's text under the lock; oq_ready_render() only reads them, so /readyz never waits for a

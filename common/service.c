@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Service-manager notifications. Under systemd (Type=notify) a daemon says READY=1 once it
  * serves, and, when the unit sets WatchdogSec=, pings WATCHDOG=1 more often than that or is

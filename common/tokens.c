@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tokens.c: bearer-token files (oq_tokens.h), moved here from the producer's HTTP server so
  * that the consumer's review API reads the very same format with the very same code.

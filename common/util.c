@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Small shared helpers: CSPRNG ids, clocks, duration/size parsing and crash points.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file console_int.h
  * @brief Internals of the console (not installed).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dlq.c: the console's Kafka dead letters, through `onceq dlq` itself. The DLQ topic is read
  * and redriven by main/cmd_dlq.c (assign, read to the high watermark, re-publish with the

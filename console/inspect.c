@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inspect.c: one call's story as one JSON document (oq_inspect_doc), the single source of
  * `onceq inspect --json` and of the console's call page, so both show the same rows in the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_console.h
  * @brief `onceq console`: the operators' web console (console/server.c) and the one call's

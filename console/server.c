@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * server.c: the console's HTTP server (libmicrohttpd, its own polling thread, one request at
  * a time). Pages are static files embedded at build time (console/assets/, cmake/embed_assets

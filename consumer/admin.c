@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin.c: the consumer's admin listener (routes in admin.h).
  *

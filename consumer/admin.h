@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file admin.h
  * @brief Internal: the consumer's admin listener (consumer/admin.c), on --metrics-listen:

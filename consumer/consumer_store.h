@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file consumer_store.h
  * @brief Internal: every SQL statement of the consumer (consumer/store.c), as row operations on

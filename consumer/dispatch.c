@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dispatch.c: the worker's outside calls, on one thread.
  *

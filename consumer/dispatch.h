@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file dispatch.h
  * @brief Internal: the worker's dispatcher of outside calls (consumer/dispatch.c). It runs the

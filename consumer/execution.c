@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer's rules, top to bottom: the states and the one table of legal transitions, the
  * retry policy, what a tool's outcome means, the intake decision for each message, the claim,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file execution.h
  * @brief Internal: the consumer's rules (consumer/execution.c): the intake decision, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_tools.c: declarative HTTP tools and their executor (libcurl multi interface).
  * (About 1,500 lines, over the usual 800: the tools-file parser, the request templates and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file http_tools.h
  * @brief Internal: declarative HTTP tools (the `--tools FILE` format) and the executor that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_consumer.h
  * @brief The consumer-group worker (`onceq consumer`) and its tools registry.

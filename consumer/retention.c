@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * retention.c: `onceq purge --consumer-db` (oq_consumer_purge of oq_consumer.h). Opens the
  * consumer database itself (it must exist: a purge never creates one) under the worker id

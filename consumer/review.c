@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * review.c: the operator's side of NEEDS_REVIEW (the API of oq_consumer.h used by
  * `onceq review` and by the worker's admin listener).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer store: every SQL statement against effects.db lives in this file, behind the
  * row operations of consumer_store.h. It decides nothing; consumer/execution.c holds the rules.

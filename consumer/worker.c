@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer-group worker: Kafka, threads, batching, and the one place a tool is called
  * (run_tool). What a message means and how an execution moves are decided in

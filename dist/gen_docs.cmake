@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes, from the built binary ONCEQ into OUT: completion/onceq (`onceq completion bash`),
 # doc/onceq.txt (`onceq --help`) and doc/onceq-<command>.txt (`onceq <command> --help`) for
 # every command that `onceq --help` lists. Run by the build (target onceq_docs).

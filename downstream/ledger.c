@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ledger.c: every SQL statement of the test downstream (`onceq downstream`), in one file.
  *

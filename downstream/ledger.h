@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file ledger.h
  * @brief Internal: the test downstream's SQLite ledger (rows only; the rules live in

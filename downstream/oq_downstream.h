@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_downstream.h
  * @brief `onceq downstream`: a small payment service with its own SQLite ledger and

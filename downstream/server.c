@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * server.c: the rules and the HTTP front of `onceq downstream`, a payment service to test
  * onceq against (its API is in oq_downstream.h; its SQL in ledger.c).

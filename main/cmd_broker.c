@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq broker`: the embedded default Kafka broker, librdkafka's mock cluster serving the real
  * Kafka protocol on random loopback ports, plus a fault-control channel for the chaos suite.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq call`: the well-behaved client. Submits one call over HTTP(S) with ONE
  * Idempotency-Key, retries what may succeed later (connection errors, timeouts, 429, 503,

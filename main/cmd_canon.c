@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq canon`: print the RFC 8785 (JCS) canonical form of the JSON text on stdin, for users
  * whose clients are written in other languages and want to check their own canonicaliser or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq completion bash`: prints a bash completion script for onceq. The command names come
  * from the dispatch list of cmds.h, compiled in here, so a new subcommand completes without an

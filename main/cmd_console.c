@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq console`: the operators' web console (console/oq_console.h). This file parses the
  * flags, starts the server, prints its URL on stdout (one line, "onceq console: http://...",

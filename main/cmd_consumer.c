@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq consumer --db effects.db --group onceq-workers --brokers B [-X k=v]... [--lease 30s]
  *  [--max-attempts 5] [--metrics-listen 127.0.0.1:P] [--batch N] [--tools tools.json]`: one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq dlq list|show|redrive`: the dead letters of the consumers (topic onceq.dlq), and of
  * the relay (the table outbox_dead of a database), without SQL or a Kafka tool.

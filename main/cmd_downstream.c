@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq downstream`: run the test payment service (downstream/oq_downstream.h), or with the
  * positional word `stats`, print the statistics of a ledger file as JSON and exit.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq fingerprint --tool T [--tenant X]`: print the call fingerprint of the args JSON on
  * stdin: lowercase hex SHA-256 of the RFC 8785 form of {"args":..,"tenant":..,"tool":..},

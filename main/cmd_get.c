@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq get <call_id>` / `onceq get --key K [--tenant X]`: print one call as JSON, read
  * straight from --db (read-only connection; safe while the daemon runs).

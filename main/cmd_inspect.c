@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq inspect <call_id>`: one call's story. From the producer's database (--db): the call's
  * identity and state, "submitted" (created_at; creation is not an audit row) and every audit

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq migrate --db D`: apply the schema migrations explicitly, before any daemon starts (the
  * daemons migrate on start too; a deployment may prefer to do it once, with a role that owns

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq producer`: the producer daemon. Opens calls.db (WAL, synchronous=FULL unless
  * --synchronous says otherwise), starts the group-commit writer, the HTTP API, the results

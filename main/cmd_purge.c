@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq purge`: retention. Deletes calls whose key expired (expires_at <= now: settled more
  * than key_ttl ago) and that are settled (succeeded, failed), with their audit and result_inbox

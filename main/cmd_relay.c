@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq relay`: the outbox relay daemon for one database (relay/oq_relay.h does the work).
  *

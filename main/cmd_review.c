@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq review list|show|resolve`: the operator's workflow for executions no machine could
  * decide (NEEDS_REVIEW: an outside call whose answer was lost, at a downstream with neither

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq stats`: counts by status, distinct effects reported back, outbox backlog, result
  * inbox size, as one JSON object read from --db (the same numbers as GET /stats), then the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq submit`: one submit through the C API, written directly into --db (the same
  * transaction + group-commit writer as the daemon; it is safe to run while `onceq producer`

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq topics create|describe|delete`: administration of onceq's Kafka topics through
  * librdkafka's admin API, for a real cluster (the embedded mock broker has no admin API and

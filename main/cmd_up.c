@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq up`: a small process supervisor for a whole pipeline on one host.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `onceq verify --producer-db calls.db --consumer-db effects.db [--downstream-db ledger.db]
  * [--json] [--allow-pending]`: the invariant checker of chaos/verify.c as a command; with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file cmds.h
  * @brief Subcommands of the `onceq` binary. Each lives in main/cmd_<name>.c as

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The `onceq` binary: a dispatch table over the subcommands listed in cmds.h, every one of
  * them linked in. Subcommands that moved to another program (the benchmarks, now

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * call.c: the producer's value types (oq_call_t, the outcome enums) and the one writer of a
  * call's JSON.

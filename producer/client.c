@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * client.c: the entry points of oq_client.h that work on a caller's connection and are not
  * rules (those are in decide.c: oq_producer_submit_in_tx, oq_store_fail_dead_letters):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * decide.c: the producer's rules, top to bottom. What happens to a submit (new, replay,
  * conflict, expired key, retry-reset), what happens to a tool_result (duplicate, unknown call,

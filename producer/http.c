@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http.c: the producer's HTTP API on libmicrohttpd (Debian's libmicrohttpd 0.9.75).
  * (About 1,200 lines, over the usual 800: routes, connection limits and bearer tokens share the

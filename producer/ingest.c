@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ingest.c: results back into calls.db. A librdkafka consumer-group member (group
  * "onceq-producer", default assignment strategy, auto commit off) reads onceq.tool-results on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mcp.c: the MCP gateway of the producer (POST /mcp, Streamable HTTP, JSON-RPC 2.0).
  *

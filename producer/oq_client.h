@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_client.h
  * @brief The producer's client side, for a service that submits tool calls in its own SQLite

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_mcp.h
  * @brief The producer's MCP gateway (POST /mcp): JSON-RPC 2.0 over MCP's Streamable HTTP

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_producer.h
  * @brief The producer: idempotent submit of tool calls (calls + outbox row in one SQLite

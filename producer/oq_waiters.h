@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_waiters.h
  * @brief Call waiters: be told when a call reaches a terminal state, or when a deadline

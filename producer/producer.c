@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * producer.c: the oq_producer_t object and the public entry points of oq_producer.h.
  *

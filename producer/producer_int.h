@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file producer_int.h
  * @brief Internals shared by the producer's files (not installed, not for callers).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file producer_store.h
  * @brief Internal: every SQL statement of the producer (producer/store.c) as row operations on

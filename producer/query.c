@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * query.c: the operators' list of calls (oq_store_list, for `onceq console`). The rows come
  * from producer/store.c (oq__producer_store_list and friends: the SQL is there, beside every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.c: every SQL statement of the producer (calls, result_inbox, redrive schedule, audit,
  * retention, stats), as the row operations of producer_store.h, so that a second backend

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_pg.c: every SQL statement of the producer on PostgreSQL (schema `onceq`), the twin of
  * store.c behind the same row operations (producer_store.h); store.c hands an operation here

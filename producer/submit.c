@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * submit.c: a submit request prepared outside the writer (oq_submit_job_t).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * waiters.c: call waiters (oq_waiters.h), the wait behind GET /v1/tool-calls/{id}?wait= and,
  * later, behind the MCP gateway's tools/call.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * writer.c: the producer's one writer thread on calls.db, its group commit and its checkpoints.
  *

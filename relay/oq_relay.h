@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_relay.h
  * @brief The outbox relay: publishes a database's `outbox` rows to Kafka, at least once, in

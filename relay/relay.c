@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The outbox relay engine: one thread per relay that competes for the database's lease and,
  * (About 1,500 lines, over the usual 800: the produce loop, the in-flight ring, the watermark

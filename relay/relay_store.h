@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file relay_store.h
  * @brief Internal: every SQL statement of the relay (relay/store.c), behind a small interface

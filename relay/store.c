@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * All SQL of the relay on SQLite, against the tables of schema/common/0001_outbox.sql and
  * 0002_outbox_watermark.sql (outbox and relay_lease). A database setting that names PostgreSQL

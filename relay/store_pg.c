@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_pg.c: all SQL of the relay on PostgreSQL (schema `onceq`, schema/postgres/), the twin of
  * store.c behind relay_store.h; store.c hands an operation here when its database setting is a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file store_pg.h
  * @brief Internal: the relay's row operations on PostgreSQL (relay/store_pg.c), called by

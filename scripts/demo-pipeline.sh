@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The demo on the compiled tools (./quickstart's demo before scripts/demo.sh, which runs real
 # HTTP tools; kept for its duplicate and conflict): start the whole pipeline with `onceq up`,
 # submit a few tool calls over HTTP with curl (including a duplicate: same key + same body ->

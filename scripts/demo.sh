@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The quick-start demo (what `./quickstart` runs): onceq against a real HTTP service that loses
 # answers. It starts `onceq downstream` (a payment service with its own ledger that drops some
 # answers after committing the payment: --fault drop-after-commit:RATE, seeded) and `onceq up`

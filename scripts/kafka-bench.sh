@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Relay and end-to-end benchmarks on the embedded mock broker and on a real 3-node Kafka
 # cluster, in one run on one machine, so the two columns are comparable.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A local Apache Kafka cluster (KRaft, every node broker + controller) on loopback, for the
 # real-Kafka tests, chaos runs and benchmarks. Jars come from scripts/kafka-fetch.sh's cache.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fetch the Apache Kafka broker jars declared in kafka/pom.xml into a cache folder outside the
 # source tree, with Maven. Idempotent: a complete cache (marked by its .complete stamp, which
 # records the pom's checksum) is left alone; a partial one is rebuilt. Jars are copied into a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A private PostgreSQL cluster on loopback for onceq's tests and local runs, from Debian's
 # `postgresql` package. Never touches a system cluster.
 #

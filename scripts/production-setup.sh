@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The production set-up of one onceq host, as README.md "Install and run as a service" quotes
 # it: the onceq user, /etc/onceq (shared settings, the producer's, the tools file), the Kafka
 # topics, then the units in their start order (producer, relay, consumers) and a readiness

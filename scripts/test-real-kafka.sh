@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The real-Kafka suite: fetches Apache Kafka (scripts/kafka-fetch.sh), starts a fresh 3-node
 # KRaft cluster in a temporary folder (scripts/kafka-cluster.sh), runs the chosen tests one
 # after the other against it (ONCEQ_TEST_BROKERS / ONCEQ_KAFKA_DIR), and stops every node by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // onceq console: one page, four views (#/calls, #/call/ID, #/review, #/dlq, #/charts). Data
 // comes from the console's /api routes (the same library functions as the CLI); the DOM is
 // built with textContent only, never from HTML strings. No library, no build step.

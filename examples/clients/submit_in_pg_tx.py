@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The transactional outbox from Python: an order and its charge call commit together inside the
 service's own PostgreSQL transaction, through the SQL function onceq.submit (schema `onceq`,
 applied once with `onceq migrate --db URL`). Needs only psycopg2 (Debian python3-psycopg2).

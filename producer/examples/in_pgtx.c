@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * example_in_pgtx: the transactional outbox inside a service's own PostgreSQL transaction.
  *

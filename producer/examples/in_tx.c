@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * example_in_tx: the transactional outbox from a service's point of view.
  *

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- The transactional outbox and the relay lease, shared by the producer database (calls.db)
 -- and the consumer database (effects.db). Rows are appended inside the writer's own
 -- transaction (oq_outbox_append) and published by the relay (relay/) in seq order.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Publish progress as a watermark on the lease row instead of a mark on every outbox row.
 --
 -- Before: the relay set outbox.published_at on every delivered row, one UPDATE per row that

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Dead letters of the outbox: rows the relay set aside because Kafka refused them for good.
 --
 -- A row that fails with a permanent per-message error (too large for message.max.bytes, a

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Consumer database (effects.db), shared by every worker process of one consumer group on one
 -- host (WAL). Owned by consumer/store.c: all SQL against these tables lives there.
 --

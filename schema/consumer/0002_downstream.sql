@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Calls to downstream services (DESIGN.md "Calling downstream services"): an execution whose
 -- answer was lost is stored UNKNOWN and reconciled against the downstream, through RECONCILING
 -- while a lookup runs; what cannot be decided waits in NEEDS_REVIEW for an operator.

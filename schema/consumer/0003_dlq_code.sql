@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Dead letters get a stable reason code beside the human-readable reason, for the header
 -- onceq-dlq-reason of their copy on onceq.dlq (oq_consumer.h lists the codes; `onceq dlq`
 -- shows them). Rows written before this migration had only the text: they read as

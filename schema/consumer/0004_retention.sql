@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Consumer database, migration 4: retention of settled executions (issue 17, item 7).
 --
 -- Settled executions (COMMITTED, FAILED_FINAL) are deleted with their effect and audit rows

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- The lease clock of effects.db (consumer/store.c, oq__consumer_store_now; docs/DESIGN.md,
 -- "Clocks"): every time the consumer's rules store and compare (leases, next_attempt_at,
 -- started_at + settle_ms, unknown_at, updated_at) is anchor_ms + CLOCK_BOOTTIME in ms, not the

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- PostgreSQL schema `onceq`, version 1: the producer's calls, result inbox, audit, and the
 -- outbox with the relay's lease and dead letters. The same rows and constraints as the SQLite
 -- files schema/common/0001..0003 and schema/producer/0001..0003 (times are unix ms, JSON is

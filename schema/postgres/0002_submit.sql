@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- PostgreSQL schema `onceq`, version 2: onceq.submit(...), the producer's submit as a SQL
 -- function, so a service in any language writes its call inside its own transaction:
 --

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Producer database (calls.db). Owned by producer/store.c (all producer SQL lives there).
 -- Applied after common/0001_outbox.sql (outbox + relay_lease) by oq_db_migrate with the set
 -- oq_migrations_producer. Timestamps are unix milliseconds (INTEGER).

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Producer database, migration 2: a cheaper calls table for the submit hot path (measured with
 -- wrk at 32 connections, see producer/README.md "Group commit and performance").
 --

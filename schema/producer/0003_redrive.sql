@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Producer database, migration 3: stuck-call redrive (anti-entropy).
 --
 -- A call that is not terminal and has heard nothing for --redrive-after is "redriven": the

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Producer database, migration 4: a key's retention counts from the moment its call settled.
 --
 -- A call is settled when it is `succeeded` or `failed`. One that is not (`pending`, `running`,

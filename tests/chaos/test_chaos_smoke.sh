@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 260
 # The chaos matrix's smoke subset: every implemented scenario of chaos/run.py once, with the
 # small loads of --smoke, from a fixed seed (ONCEQ_CHAOS_SEED overrides it; the seed is

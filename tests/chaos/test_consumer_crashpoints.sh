@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kill -9 at each consumer crash point, then recovery by a fresh worker on the same database:
 # every call ends terminal, charge/send_email calls have exactly one effect each, and nothing
 # started again after a terminal state. Each round uses its own topic, group and database.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Three consumers of one group share one effects.db. Mid-run, c2 dies by SIGKILL at the crash
 # point consumer.after_commit_before_offset (its batch is committed in SQLite, its offsets are
 # not) and c3 is killed with kill -9 from outside. The group rebalances onto c1, which gets the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-labels: long
 # The full-size pipeline runs (label chaos, so the default suite stays short):
 # 10,000 mixed calls through producer -> relay -> 3 consumers -> results -> producer, then

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Broker faults across the whole pipeline, driven through the embedded broker's control FIFO
 # while calls flow (200 calls/s for 10 s):
 #   0. NOT_LEADER_FOR_PARTITION x5 on Produce alone: the reproduction of issue 14 item 2. The

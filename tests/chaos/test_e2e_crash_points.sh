@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 50
 # Chaos across the whole pipeline: every process type (producer, relay, consumers) is killed
 # with SIGKILL at each of its named crash points (ONCEQ_CRASH_AT, OQ_CRASH_POINT in producer/,

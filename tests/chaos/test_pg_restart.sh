@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # PostgreSQL killed (immediate shutdown: SIGQUIT to the postmaster, as `pg_ctl stop -m
 # immediate`) and restarted under load, on a private cluster of this test (scripts/pg.sh):
 # producer and relay on it, one consumer (SQLite). 4 clients submit 200 calls over HTTP, each

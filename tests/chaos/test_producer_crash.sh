@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Crash after commit, before the reply: `onceq producer` is SIGKILLed by the crash point
 # producer.after_commit_before_reply right after its group commit, so the client never gets an
 # answer. After a restart, the client's retry with the same key must return the committed

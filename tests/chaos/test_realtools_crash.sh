@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 40
 # kill -9 of a consumer at the two crash points of outside calls, under load (calls keep
 # arriving while it dies and while its successor recovers), against `onceq downstream`:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Relay crash points: for each named point, a relay is SIGKILLed there (ONCEQ_CRASH_AT), then a
 # fresh relay publishes the rest. Checks: the kill really happened (exit 137); nothing is lost
 # (every message_id on the topic); per-key order kept; every duplicate is of a row that was

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target for the strict parser and the RFC 8785 canonicaliser.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks Prometheus text exposition with the reference parser (prometheus_client).
 
 usage: check_metrics.py COMPONENT FIRST.prom SECOND.prom [REQUIRED_FAMILY ...]

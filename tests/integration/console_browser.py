@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Drives `onceq console` in headless Chromium (python3-selenium, Debian's chromium-driver).
 
     console_browser.py URL OUT_DIR OPERATOR_TOKEN TENANT_TOKEN REVIEW_CALL OTHER_CALL OWN_CALL

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A raw JSON-RPC client of onceq's POST /mcp (Streamable HTTP) for tests/integration/test_mcp*.sh.
 
 Usage: mcp_client.py SCENARIO URL [ARGS...]; exits 1 with a message when a check fails.

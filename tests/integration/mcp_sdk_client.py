@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The official MCP Python SDK against onceq's /mcp (tests/integration/test_mcp_sdk.sh):
 connect over Streamable HTTP, list the tools with their schemas, call "charge" twice with the
 same key (_meta), print a JSON summary."""

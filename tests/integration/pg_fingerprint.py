@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The SQL fingerprint (onceq.fingerprint / onceq.jcs, schema/postgres/0002_submit.sql) against
 the C one, byte for byte: the RFC 8785 vectors of tests/data/jcs, then N random documents
 (seeded) given to both sides as the same JSON text: each document must get the same

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Helpers for the tests of HTTP tools against `onceq downstream` (test_realtools_*.sh and the
 # chaos tests of outside calls). Source lib.sh and chaos/pipeline.sh first, then this file.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The benchmark program stays usable: `onceq bench` points at onceq-bench (exit 2), and a short
 # `onceq-bench e2e` runs the onceq binary next to it (onceq up, load over HTTP, drain, hop
 # table, verify) end to end and reports a clean verify.

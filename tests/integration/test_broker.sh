@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 30
 # `onceq broker` as a real process, with clients in other processes over loopback TCP:
 # metadata via kcat, produce/consume, a two-process consumer-group split, an offset resume

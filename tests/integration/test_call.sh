@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq call`, the well-behaved client, against a real producer and against a scripted server
 # (tests/tools/oq_http_stub): one key for every retry; a Retry-After (seconds, or an HTTP-date)
 # is waited out, for the submit and for the polling; a Retry-After past the --timeout budget

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The tool catalogue over HTTP (issue 20, item 1): a producer started with --tools (and one
 # with ONCEQ_TOOLS, and one under `onceq up --tools`) serves GET /v1/tools (the file's tools
 # with input_schema and annotations, then the compiled ones); a submit naming a tool the catalogue lacks is 400 unknown_tool, arguments

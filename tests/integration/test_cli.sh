@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The command line around the commands: `onceq help CMD` prints CMD's help for every command;
 # `CMD --help` writes nothing on stderr (no daemon start/stop log lines, e.g. the producer's
 # "stopped"); kcat's `-b` is --brokers wherever --brokers is (and unknown elsewhere); the bash

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The client packages (issue 21, item 5): clients/python (the `onceq` package, standard library
 # only) and clients/typescript (the `onceq` npm package, no dependencies), each run by its own
 # test command against a live pipeline (embedded broker, producer, relay, one consumer):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 90
 # `onceq console` against a live pipeline (embedded broker, onceq downstream, HTTP tools).
 #   - Safe by default: with --token-file every /api request needs a token (401 without), a

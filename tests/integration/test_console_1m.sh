@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 60
 # ctest-labels: long
 # The console's calls page and its filters with 1,000,000 calls: every query answers in under

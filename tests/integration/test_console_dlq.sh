@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The console's dead letters: with --brokers it lists the DLQ topic as `onceq dlq list --json`
 # does (it runs it), and redrives one as `onceq dlq redrive` does: a POST with the CSRF token
 # (refused without it, nothing published), by an operator; the redriven copy, still invalid,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq up` starts `onceq console` (--console HOST:PORT, default 127.0.0.1:8089) and prints
 # its URL; the console reads the pipeline's calls.db and effects.db and charts the producer's
 # /metrics; `--console ""` starts none. SIGTERM stops it with the rest.

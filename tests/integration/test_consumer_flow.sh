@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Consumer worker with real processes on the embedded broker (no producer: tool_call
 # envelopes are produced straight into onceq.tool-calls by oq_consumer_feed):
 #   - retry with backoff then success (charge fail_times=2: 3 tries, 2 failed_retryable,

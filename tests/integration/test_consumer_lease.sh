@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Lease lapse: worker A runs a slow charge (delay_ms 4000, lease 2 s, heartbeat every ~0.7 s)
 # and is SIGSTOPped mid-run. Its lease lapses; worker B's recovery turns the execution
 # UNKNOWN -> SAFE_RETRY (no effect yet), B claims it (new fence) and commits the one effect.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Bounded consumer storage (issue 17, item 7): settled executions, their effects and audit rows
 # are purged, and a message of a purged call that comes again is never executed.
 #   - 60 calls run to the end; `onceq purge --consumer-db --retention 2s --inbox-retention 2s`

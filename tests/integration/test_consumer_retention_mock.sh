@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The consumer's start-up retention check on the embedded mock broker, which has no admin API:
 # the consumer must say (info level) that it could not read onceq.tool-calls' retention.ms and
 # that keeping --inbox-retention at or above it is the operator's job, must not warn as if it

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The review API on the consumer's admin listener is guarded (issue 17, item 2):
 #  1. without --token-file, a non-loopback --metrics-listen is refused at start (exit 2), and
 #     --metrics-only-listen serves /metrics there instead;

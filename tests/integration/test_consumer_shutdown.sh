@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # SIGTERM while a long tool runs: the worker does not wait for the 6 s sleep; it hands the
 # execution back (STARTED -> UNKNOWN -> SAFE_RETRY, audited "abandoned at stop"), commits,
 # leaves the group and exits 0 within a few seconds. A restarted worker runs it to COMMITTED.

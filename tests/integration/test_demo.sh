@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The quick-start demo (scripts/demo.sh), run as ./quickstart runs it (bash scripts/demo.sh
 # BUILT_BINARY), on free ports:
 #   - it exits 0 and tells its story: answers lost, one call's timeline with the service's

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Dead letters end to end, with `onceq dlq` only (no SQL against Kafka, no Kafka tool):
 #   - a call whose envelope is damaged in the outbox before the relay runs (attempt 0: the
 #     consumer cannot decode it) lands in onceq.dlq with the headers: reason code, detail,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq downstream` (the test payment service) driven by the HTTP tool executor
 # (consumer/http_tools.c through tests/tools/oq_http_exec_cli): keys honoured -> one effect for
 # two calls with the same key; keys ignored -> two effects, and the ledger's duplicate counter

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kill -9 one of three consumers mid-run (while calls flow), with the others taking over its
 # partitions after the rebalance. Redelivery of what the dead worker had committed to its
 # database but not yet to Kafka must be absorbed by the inbox: duplicates skipped > 0 is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # End to end with separate processes: embedded broker, producer (HTTP), relay, 3 consumers.
 # ONCEQ_E2E_CALLS calls (default 2000; the 10,000 with ONCEQ_E2E_CALLS=10000) of
 # mixed tools (charge, send_email, sleep 5 ms, fail retryable, fail final) over HTTP, with

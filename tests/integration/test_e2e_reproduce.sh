@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Duplicate injection from outside: after a batch of calls has run to completion, every
 # message in onceq.tool-calls is produced 3 more times, byte for byte (tests/tools/
 # oq_e2e_dup.c; same key, value and headers), and so is every message in onceq.tool-results.

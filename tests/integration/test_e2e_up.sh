@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq up` as a supervisor: it starts broker + producer + relay + 2 consumers, prints where
 # everything is, serves calls end to end; a child killed with -9 is restarted (new pid) and the
 # pipeline keeps working; a killed embedded broker makes it restart every child against the new

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Issue 14, item 5: databases, their -wal/-shm files and the logs of `onceq up`'s children are
 # created owner-only (0600; the data directory 0700), under the usual umask 022, instead of
 # 0644. (The embedded broker's bootstrap address file stays readable: kcat users read it.)

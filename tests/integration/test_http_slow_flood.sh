@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Slow clients do not starve health checks (issue 17, item 4). tests/tools/http_flood.py opens
 # connections from five loopback addresses (127.0.0.2..6), each sending a request line and then
 # one header line every 4 s: libmicrohttpd's idle timeout never fires on them.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Tools-file secrets and mutual TLS, end to end through the HTTP tool executor
 # (consumer/http_tools.c via tests/tools/oq_http_exec_cli) against a Python https server that
 # requires a client certificate signed by a test CA (all made here with openssl):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The operator's read-only views of a live pipeline (broker, producer, relay, one consumer):
 #   - `onceq stats --json`: stdout is exactly one JSON document (jq), with the relay's status
 #     (lease held) under "relay" and the calls by status; plain `onceq stats` keeps its line;

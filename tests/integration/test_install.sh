@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install: `cmake --install` into a temporary prefix, then use only what was installed.
 # libonceq is the producer's client side: its headers install as <onceq/...> (Cflags
 # -I$prefix/include, no generic names on the global include path) and each compiles alone;

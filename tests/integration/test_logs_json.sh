@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # JSON logs (--log-format json, or ONCEQ_LOG_FORMAT=json) of a whole `onceq up` pipeline under
 # a little load:
 #  - every line of every child's log (broker, producer, relay, consumers) and of up's own

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The MCP gateway (issue 20, items 2-4): POST /mcp on the producer, raw JSON-RPC from
 # tests/integration/mcp_client.py against a live pipeline (broker, producer, relay, consumer,
 # `onceq downstream` behind the HTTP tool "pay"; the compiled "charge").

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The official MCP Python SDK against POST /mcp (issue 20): `pip install mcp` into a venv under
 # the build dir (made once, reused), then tests/integration/mcp_sdk_client.py connects over
 # Streamable HTTP to a producer of a live pipeline, lists the tools with their schemas and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # /metrics of the producer, the relay and two consumers on one effects.db, scraped before and
 # after a little load, checked with Prometheus' own text parser (python3-prometheus-client,
 # Debian's; tests/integration/check_metrics.py): the exposition parses; counters and only

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The embedded broker (librdkafka 2.0.2's mock cluster) loses messages that an idempotent
 # producer reports delivered when Produce requests fail with injected errors while more than
 # one request per partition is in flight (docs/BROKER-NOTES.md). This checks the side that is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The HTTP contract (issue 12, item 8): docs/openapi.yaml checked against running producers by
 # tests/tools/oq_openapi_check.py. Three producers on loopback:
 #  - main: a pipeline (embedded broker, relay, one consumer), so calls reach real terminal

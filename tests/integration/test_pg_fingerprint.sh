@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # onceq.fingerprint / onceq.jcs in SQL equal the C fingerprint byte for byte: the RFC 8785
 # vectors (tests/data/jcs) and 10,000 random documents (seed ONCEQ_FP_SEED, default 8785) given
 # as the same JSON text to both sides, each fingerprinted alike or refused by both

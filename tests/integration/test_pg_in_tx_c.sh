@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # producer/examples/in_pgtx.c on PostgreSQL: an order and its charge call commit together in the
 # service's own transaction (exactly one call and one outbox row), a rolled-back order leaves no
 # call; run twice on one database (the schema is applied once, the second run adds its own).

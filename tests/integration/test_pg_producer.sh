@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The producer daemon on PostgreSQL (--db URL): 300 concurrent HTTP submits group-committed
 # (fewer transactions than submits), each stored once with its outbox row in schema onceq; a
 # replay answers the same call, another body is a 422 conflict; /readyz ready; the URL is in no

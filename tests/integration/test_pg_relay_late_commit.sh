@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The relay on PostgreSQL never skips a row whose transaction commits late (the classic outbox
 # trap: seq is handed out at insert, not at commit). A submit transaction (onceq.submit in SQL)
 # takes its seq and stays open for seconds while 300 later submits commit and are published

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Two relays on one PostgreSQL outbox as on two hosts whose clocks disagree (relay A runs 45 s
 # ahead under faketime: leases are decided on the server's clock, so this changes nothing),
 # while 8 writers commit 800 submits out of seq order (onceq.submit, random delays before

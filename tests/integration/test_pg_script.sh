@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/pg.sh: a private cluster in a folder of its own, started as an unprivileged user on a
 # free loopback port; the URL carries no password (libpq reads the passfile it names), no
 # password in any process's command line or in the server's log; a second start is a no-op;

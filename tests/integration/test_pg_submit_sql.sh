@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # onceq.submit(...) in SQL: the Python example (examples/clients/submit_in_pg_tx.py: commit one
 # call, rollback none, replay, conflict as an integrity error); the SQL and the C producer agree
 # on keys (a call made in SQL is a replay for the HTTP API with the same args in another key

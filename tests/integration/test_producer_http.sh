@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The producer's HTTP API against a real `onceq producer` on a random loopback port: status
 # codes and headers of new / replay / conflict, every error path (missing or bad key, bad
 # JSON, bad types, unknown field, 413 at 5 MB, invalid UTF-8, nesting), fingerprint invariance

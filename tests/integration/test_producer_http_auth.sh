@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # API tokens and tenant isolation (issue 14, item 4), against `onceq producer --token-file`:
 #  - /v1/ without a token, or with an unknown one, is 401 with WWW-Authenticate: Bearer and
 #    writes nothing; a token's tenant is the request's tenant; a different tenant in the body

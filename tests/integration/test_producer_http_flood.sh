@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Connection floods against `onceq producer` (issue 14, item 3). 1,000 connections from
 # 127.0.0.1 that each send half a request line (tests/tools/http_flood.py):
 #  1. defaults (per-address limit 256, idle timeout 10 s): the connections over the limit are

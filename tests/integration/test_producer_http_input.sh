@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Input the producer must refuse rather than reinterpret (issue 17, items 5 and 9a), from a raw
 # socket client (tests/tools/http_raw.py) where curl would not send the bytes:
 #  - POST /v1/tool-calls?tenant=X: 400 bad_request, nothing written (the submit's tenant is in

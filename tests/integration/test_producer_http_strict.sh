@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Strict HTTP input and readiness (issue 14, item 5, the HTTP parts), against `onceq producer`:
 #  - two Idempotency-Key headers: 400 invalid_idempotency_key (not the first one silently);
 #  - a key that ends with a space (or, in the quoted form, begins or ends with one): 400

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Results back into calls.db: `onceq producer --brokers` consumes onceq.tool-results (group
 # onceq-producer) from the embedded broker. tool_result envelopes are injected with kcat:
 # running, then succeeded three times with the SAME message_id (duplicates), a stale attempt,

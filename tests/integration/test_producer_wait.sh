@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Completion without polling (issue 21, item 3): GET /v1/tool-calls/{id}?wait= and
 # GET /v1/tool-calls/by-key/{key}?wait= answer as soon as the call is terminal, or at the
 # deadline with the call as it stands. A producer with its results ingest on the embedded

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Readiness of the relay and the consumer on their metrics listeners:
 #  - /healthz is 200 and /readyz 200 {"status":"ready"} with database, kafka, and the relay's
 #    lease (holder) / the consumer's group (assigned) once both run; onceq_ready 1;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The host clock steps (+2 h, then back) while HTTP tools are in flight: nothing is done twice,
 # nothing goes to review, nothing hangs. Two consumers run under libfaketime (CLOCK_REALTIME
 # read from one file that the test rewrites mid-run, as an NTP step or an operator's `date -s`

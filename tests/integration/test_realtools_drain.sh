@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # SIGTERM while an HTTP request is in flight: the consumer drains. A tool with neither keys nor
 # a lookup (its lost answer could only go to review) calls a downstream that holds the request
 # 7 s before it acts and answers; the tool's timeout is 20 s, so the default --drain (the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One consumer keeps hundreds of outside requests in flight without a thread each: with the
 # downstream holding every payment 3 s, 280 calls are all in flight at once (the consumer's
 # /stats and its onceq_consumer_downstream_inflight gauge say so; its thread count stays

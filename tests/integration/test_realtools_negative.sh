@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A negative control: what the protocol prevents is visible when its premise is false. A tool
 # declared "idempotent" (so a lost answer is settled by resending with the same key) against a
 # downstream that in truth ignores keys, with half the replies dropped after commit: the

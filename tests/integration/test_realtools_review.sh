@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The operator's workflow for what no machine can decide.
 #   - A downstream with neither keys nor a lookup loses an answer (it committed, then dropped
 #     the connection): the call ends `needs_review` and is never resent. `onceq review list`

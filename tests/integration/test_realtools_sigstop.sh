@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A worker SIGSTOPped in the middle of a request, past its lease; another worker takes the call
 # over through reconciliation; the first resumes and its late answer is refused by the fence.
 # Worker A sends two calls while the downstream holds requests 4 s before acting ("slow"):

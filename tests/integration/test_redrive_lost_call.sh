@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Redrive repairs a LOST CALL MESSAGE. Calls are accepted while no relay runs; then the relay's
 # watermark is moved past the first half of the outbox without publishing those rows: the
 # relay believes them delivered (what a broker that acknowledges a write it never stored, or a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Redrive repairs a LOST RESULT MESSAGE. The consumer runs every call (effects committed) with
 # its result relay off; then the result relay's watermark in effects.db is moved past the
 # first half of the results without publishing them, and the consumer restarts with its relay

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Relay, happy path: 10,000 outbox rows over 500 keys reach the topic, every message_id exactly
 # once (no faults here, so no duplicates either), key/value/header intact and per-key order
 # kept (read back with oq_relay_check); metrics and the status line report it; SIGTERM exits 0

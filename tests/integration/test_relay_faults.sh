@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Relay under broker faults while rows keep arriving.
 #  A. Default relay (message.timeout.ms=0, gapless): injected Produce errors
 #     (NOT_LEADER_FOR_PARTITION), a partition leader moved, broker 1 down

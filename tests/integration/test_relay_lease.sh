@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Two relays on one database (lease 2 s) while rows keep arriving:
 #  1. only the lease holder publishes (the standby's published counter stays 0);
 #  2. kill -9 the holder: the standby takes over within the lease (+ its 200 ms poll), not

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fenced review decisions (issue 17, item 3): a resolution names the review episode it was
 # decided on, and is refused when the call left review and came back since.
 #   - A downstream that honours keys, undeclared and without a lookup, drops every answer: the

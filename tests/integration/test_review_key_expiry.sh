@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Unsettled calls never expire (issue 17, item 1). A call in needs_review waits for an
 # operator; its key must not expire under it, or a same-key resubmit runs the operation again.
 #   - A tool with neither keys nor lookup whose answers are dropped: the call goes to review

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Service units and sd_notify: the installed systemd units pass `systemd-analyze verify`
 # (skipped, with a message, where systemd-analyze is missing) and carry the hardening and
 # notify settings (system call filter, ProtectProc, ProcSubset, RemoveIPC, PrivateMounts, no

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # --topic-prefix: one setting, honoured by every command that talks to Kafka. With
 # --topic-prefix acme.onceq. the broker (or, on a real cluster, `onceq topics create`) makes
 # acme.onceq.tool-calls, .tool-results and .dlq; producer, relay and consumers use them:

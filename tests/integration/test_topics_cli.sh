@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq topics`: bad input is refused with exit 2 and a clear message before any request is
 # sent (no broker is needed: the bootstrap address below has nothing listening), and an
 # unreachable cluster is a runtime failure (exit 1) within --timeout. The requests themselves

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctest-labels: chaos
 # Issue 14, item 1: a body just under --max-body must not stop the pipeline.
 #  A. `onceq up` with its defaults (the issue's reproduction): a ~1,000,000-byte body is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Issue 14, item 5: after the producer dies under `onceq up` (kill -9, restarted by up), the
 # results come back within seconds. Its results consumer (group onceq-producer) used to wait out
 # the dead member's session on the embedded broker (librdkafka's 45 s default: results were

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """unitrun: a stand-in for `systemctl` where systemd is not PID 1 (containers, CI).
 
 It starts a unit's ExecStart= the way systemd would for the settings onceq's units use, and

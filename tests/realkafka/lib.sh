@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Helpers for the real-Kafka tests (tests/realkafka/test_*.sh). Source tests/integration/lib.sh
 # first (and chaos/pipeline.sh where the pipeline runs), then this file. It ends a script that

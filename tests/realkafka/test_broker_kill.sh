@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A broker node is killed with SIGKILL while calls flow, and restarted on its data.
 #
 # The victim is the node leading most partitions of onceq.tool-calls. With RF 3 and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A broker node is frozen with SIGSTOP while calls flow, for longer than the session timeouts
 # (broker.session.timeout.ms 6 s in the test cluster, the consumers' session.timeout.ms 6 s),
 # then resumed with SIGCONT. Unlike a kill, the node's sockets stay open: clients see no

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # End to end on a real Kafka cluster (3 KRaft nodes): producer (HTTP), relay, 3 consumers and
 # ONCEQ_E2E_CALLS (default 2000) mixed calls with same-key replays and conflicts, as the mock
 # run in tests/integration/test_e2e_pipeline.sh. On top of `onceq verify` clean (every

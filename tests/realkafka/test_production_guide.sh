@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The production guide, run as written: scripts/production-setup.sh (which README.md quotes
 # verbatim: checked here) against an install prefix: the onceq user (systemd-sysusers --root),
 # /etc/onceq (shared settings with the brokers for every unit, the producer's listen address,

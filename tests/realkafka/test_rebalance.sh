@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Consumers joining and leaving while calls flow, on a real Kafka cluster (3 KRaft nodes):
 # consumer-1 runs throughout; every 1-2 s one more consumer joins (up to 4 in the group) or a
 # random extra one leaves, by TERM (a clean leave: it finishes its batch, commits and leaves

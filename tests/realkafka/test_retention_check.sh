@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The consumer's start-up retention check against a real broker's DescribeConfigs. The inbox
 # must remember a message id at least as long as the topic keeps the message, so a consumer
 # whose --inbox-retention is shorter than onceq.tool-calls' retention.ms logs a warning that

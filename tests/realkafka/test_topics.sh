@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `onceq topics` against a real cluster: create (defaults, NAME:PARTITIONS, --retention,
 # --validate-only, --if-not-exists), describe (text and JSON, exit 4 for a missing topic),
 # delete (waits until gone, so the name can be created again at once), and the broker's

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Connection flood for the producer's HTTP limits (tests/integration/test_producer_http_flood.sh).
 
 Opens COUNT TCP connections to HOST:PORT from SOURCE (a loopback address, so a test can flood

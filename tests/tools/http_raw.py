@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Send one raw HTTP/1.1 request over a socket and print the status code and the body.
 
 For bytes that curl will not put on the wire: a NUL inside a header value, %00 in a path.

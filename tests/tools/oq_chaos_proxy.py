@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """oq_chaos_proxy: an HTTP fault proxy between a client and the onceq producer (chaos tests).
 
     oq_chaos_proxy.py --listen PORT --upstream PORT [--modes drop-response,duplicate-request,

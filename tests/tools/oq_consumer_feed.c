@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_consumer_feed: produces tool_call envelopes straight into onceq.tool-calls, the way the
  * producer's relay would (key = call_id, header onceq-message-id), for the consumer tests and

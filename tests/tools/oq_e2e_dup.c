@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_e2e_dup: duplicate injection from outside the pipeline. Reads every message currently in
  * a topic (all partitions, from the low to the high watermark, by assign() under a throwaway

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_e2e_load: HTTP load generator for the end-to-end tests (a thin CLI over oq_load_run() in
  * bench/load.c). It submits calls "<prefix>-<i>" for i in [first, first+calls) with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_fp_batch: `onceq fingerprint` for many documents at once, for the comparison with the SQL
  * side (tests/integration/test_pg_fingerprint.sh). Reads one JSON text per line on stdin and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_group_rewind: rewind a consumer group's committed offsets on one topic to the start of
  * every partition (its low watermark), as an operator's "reset offsets to earliest" would. Every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_http_exec_cli: drives the HTTP tool executor (consumer/http_tools.h) from scripts.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_http_stub: a scripted HTTP(S) server for the client tests (`onceq call`). It answers the
  * requests it gets, in arrival order, with the steps of --script, and logs each request, so a

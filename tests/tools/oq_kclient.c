@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_kclient: a small librdkafka command-line client for the integration tests and the broker
  * benchmark. Two modes:

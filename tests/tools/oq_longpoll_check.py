@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """GET /v1/tool-calls/{id}?wait= (long poll) against a running producer whose results ingest
 reads the embedded broker; results are injected with kcat. Run by
 tests/integration/test_producer_wait.sh, one step per invocation:

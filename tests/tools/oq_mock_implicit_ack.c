@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_mock_implicit_ack: shows the embedded broker's Produce-error loss (docs/BROKER-NOTES.md).
  *

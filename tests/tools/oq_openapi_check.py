@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """oq_openapi_check: check docs/openapi.yaml against running onceq producers.
 
     oq_openapi_check.py --spec docs/openapi.yaml --main URL --auth URL --fault URL

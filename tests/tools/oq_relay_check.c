@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_relay_check: reads a topic back from the beginning and checks it against a database's
  * outbox, for the relay tests.

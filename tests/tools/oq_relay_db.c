@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_relay_db: small read-only queries on an outbox database for the relay test scripts, so
  * they do not depend on the sqlite3 command-line shell.

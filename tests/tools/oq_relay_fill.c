@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oq_relay_fill: appends rows to a database's outbox for the relay tests and benchmark.
  *

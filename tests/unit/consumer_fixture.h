@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Shared fixture of the consumer unit tests (test_consumer_store.c, test_consumer_fast.c): a
  * temporary effects.db opened by two "workers" (two store connections), a retry policy, a

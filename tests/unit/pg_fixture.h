@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * PostgreSQL for unit tests: ONCEQ_TEST_PG_URL names a server (./quickstart test starts one with
  * scripts/pg.sh). Each test file gets a database of its own, created fresh (tests of one run go

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/catalog.c: the tool catalogue read from the tools file (names, input_schema,
  * annotations, keys and lookups), its load errors, the check of a call's arguments, the JSON

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Settings table: defaults, every type, bounds, unknown names, bad values, -X collection and
  * its application to a real rd_kafka_conf_t, config files (with file:line errors), --help,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The console's reads: oq_store_list (the calls pages: order, keyset paging, filters, key and
  * id search across and within tenants, time ranges, bad input) and oq_inspect_doc (one call's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of the consumer's inline fast path (oq__exec_intake -> OQ__INTAKE_NEW, then
  * oq__exec_start_inline + oq__exec_finish(OQ__RUN_INLINE), the same finish as a claimed run):

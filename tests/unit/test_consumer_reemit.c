@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer's side of the redrive: a call message that comes again for a TERMINAL
  * execution (the same message id redelivered, or the producer's redrive) re-emits the call's

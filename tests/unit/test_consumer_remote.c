@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The rules for calls to other systems (consumer/execution.c), on a real effects.db shared by
  * two workers: STARTED durable with the `running` event before a request leaves; the outcome

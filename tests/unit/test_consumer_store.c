@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of the consumer's rules over its store (consumer/execution.c, consumer/store.c,
  * consumer/tools.c) on a temporary effects.db: inbox dedupe, claim by conditional UPDATE and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * SQLite helpers: durable open (WAL + synchronous=FULL), migrations (fresh, re-run, newer
  * database refused untouched, failing script rolls everything back), the statement cache and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Issue 14 hardening of common code the HTTP API relies on:
  *  - call ids: "c_" + 32 hex (48 bits of ms, then 80 random bits), time-ordered, and ids of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * HTTP tools: the tools-file parser on the example file, on defaults and on a table of bad
  * files (each error must name the tool and the field); URL and body expansion; JSON paths;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests for strict JSON parsing, RFC 8785 canonicalisation and fingerprints.
  *

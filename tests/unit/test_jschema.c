@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/jschema.c: the JSON Schema subset. Cases in the JSON-Schema-Test-Suite layout (groups
  * of {description, schema, tests: [{description, data, valid}]}, written for this project, in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Allocation-failure tests for the JSON and envelope code, in the manner of jansson's own
  * test_chaos.c: jansson's allocator is replaced (json_set_alloc_funcs) by one that fails the

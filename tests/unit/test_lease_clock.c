@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer's lease clock (oq__consumer_store_now; docs/DESIGN.md "Clocks"): every store
  * connection of one database reads the same clock (the boot's anchor is written once and read

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The MCP gateway's logic without HTTP (producer/mcp.c, issue 20 items 2-3): version
  * negotiation, the session table (required, bounded: the least recently used goes when it is

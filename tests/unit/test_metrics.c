@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Metrics: exact Prometheus 0.0.4 text for counters, labelled gauges and histograms; exact
  * sums under concurrent updates from 4 threads; the HTTP endpoint fetched with a plain socket

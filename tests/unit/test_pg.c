@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of common/pg.c: which backend a database setting names (no server needed), the
  * SQLSTATE packing, and on a PostgreSQL server (ONCEQ_TEST_PG_URL, else skipped): the

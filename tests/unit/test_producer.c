@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Producer store and C API: the seven scenarios of the reference design (same key, different
  * key, conflict, concurrent same key, retryable failure reset, crash after commit before the

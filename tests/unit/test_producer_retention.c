@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Retention by default (issue 14, item 5): `onceq producer` started with no retention flag
  * deletes terminal calls past their key TTL (with their audit and result rows) on its own,

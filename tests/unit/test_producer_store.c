@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The producer's store on both backends, with the same test bodies: each body runs once on a
  * temporary SQLite file and once on PostgreSQL (a fresh database on ONCEQ_TEST_PG_URL; that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Calls whose message cannot be published (issue 14, item 1), on the producer's side:
  *  - at submit, a call whose Kafka message would be over max_message_bytes is refused with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Stuck-call redrive, below the processes: the outbox's republish (one row per message id: a
  * delivered row moves to the tail with its stored bytes, a pending one is left alone, a deleted

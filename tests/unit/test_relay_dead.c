@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Dead letters of the relay, against librdkafka's in-process mock cluster: no outbox row can
  * block the rows behind it for ever.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The relay library in-process, against a broker address that refuses connections
  * (127.0.0.1:1), so no Kafka is needed: option and -X validation, a database without the

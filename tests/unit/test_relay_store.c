@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Relay store (relay/store.c): lease take/renew/release with fencing, the fenced mark (a
  * relay whose lease was taken over marks nothing), ranged marks over gaps, batch reads in seq

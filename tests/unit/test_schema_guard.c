@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The schema-version guard (issue 14, item 5): a database whose PRAGMA user_version is newer
  * than this binary is refused by every opener, clearly, and nothing is written to it.

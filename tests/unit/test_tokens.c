@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Token files (common/tokens.c), the one parser of the producer's --token-file, its
  * --metrics-token-file and the consumer's --token-file: the two-column format as before, the

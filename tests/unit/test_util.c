@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/util.c: id formats and uniqueness, UUIDv7 layout and time order, clocks, duration
  * and size parsing, and crash points (inert when unset; in forked children, ONCEQ_CRASH_AT

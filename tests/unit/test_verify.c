@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of the invariant checker (chaos/verify.c): small producer and consumer databases
  * built by hand with the real migrations, one kind of violation injected per test, each must

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Call waiters (producer/waiters.c, issue 21 item 3): the registry alone (notify fires only
  * the call's waiters, once; the deadline; cancel; wake_all by owner; destroy; thousands of

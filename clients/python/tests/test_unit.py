@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests that need no pipeline: webhook vectors, error mapping, retries and the wait loop
 against a scripted stub server on loopback."""
 import asyncio

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: Apache-2.0
 // onceq-client fingerprint --tool T [--tenant X] < args.json | canon < any.json
 import { parseArgs } from 'node:util';
 import { canonicalize, fingerprint } from './index.js';

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Types of onceq's Node client (src/index.js).
 
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [k: string]: JsonValue };

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // onceq: a client for onceq's HTTP API (Node 18+, no dependencies). Types: index.d.ts.
 //
 // Retries: a submit (and a read) that gets no answer (connection refused or lost, timeout), a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests against a live pipeline (tests/integration/test_clients.sh starts it and sets
 // ONCEQ_TEST_URL; ONCEQ_TEST_PROXY: tests/tools/oq_chaos_proxy.py, ONCEQ_TEST_PYTHON: the
 // python3 to run it with; ONCEQ_TEST_KEYS_OUT: a file where every key and call id is appended,

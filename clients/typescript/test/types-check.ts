@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled by `tsc -p tsconfig.json` (when TypeScript is available): the declarations are
 // consistent and usable. Not run.
 import { Client, IdempotencyConflict, verifyWebhook, type Call } from '../src/index.js';

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """onceq: a client for onceq's HTTP API (Python 3.8+, standard library only)."""
 from ._jcs import canonicalize, fingerprint, parse_strict
 from .client import TERMINAL, AsyncClient, Call, Client, retry_after_seconds

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python3 -m onceq fingerprint --tool T [--tenant X] < args.json | canon < any.json
 | call --key K --tool T --args JSON [--url U] [--tenant X] [--timeout S]"""
 import argparse

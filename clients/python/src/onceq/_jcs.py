@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """RFC 8785 (JCS) canonical JSON and onceq's call fingerprint, exactly as `onceq fingerprint`."""
 import hashlib
 import json

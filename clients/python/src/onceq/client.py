@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client and AsyncClient for onceq's HTTP API (standard library only).
 
 Retries: a submit (and a read) that gets no answer (connection refused or lost, timeout), a

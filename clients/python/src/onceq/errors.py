@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Typed exceptions: one class per stable error code of onceq's HTTP API."""
 from typing import Any, Dict, Optional, Type
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Webhook signature verification (HMAC-SHA256, Stripe-style header).
 
 Header: `Onceq-Signature: t=TIMESTAMP,v1=HEX[,v1=HEX...]` where TIMESTAMP is Unix seconds and
