@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # One consumer keeps hundreds of outside requests in flight without a thread each: with the
-# downstream holding every payment 3 s, 280 calls are all in flight at once (the consumer's
+# downstream holding every payment 7 s, 280 calls are all in flight at once (the consumer's
 # /stats and its onceq_consumer_downstream_inflight gauge say so; its thread count stays
 # small), then all succeed with one effect each.
 set -u
@@ -15,17 +15,22 @@ MPORT=$(oq_free_port)
 PL_CONSUMER_X+=(--tools "$T/tools.json" --metrics-listen "127.0.0.1:$MPORT")
 pl_start 1
 N=280
-rt_mode '{"faults":"slow:1","slow_ms":3000}'
+# Each payment is held 7 s (under the tool's 10 s timeout), so the calls submitted in any 7 s
+# window are in flight together: the in-flight count is sampled while the submits go on, and a
+# slow machine that needs several seconds to submit 280 calls still sees them all at once.
+rt_mode '{"faults":"slow:1","slow_ms":7000}'
 seq 1 $N | xargs -P 16 -I{} curl -s -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/tool-calls" \
-    -H "Idempotency-Key: fly-{}" -d '{"tool":"pay","args":{"amount":{}}}'
-inflight() { curl -sf "http://127.0.0.1:$MPORT/stats" | jq -r .inflight; }
+    -H "Idempotency-Key: fly-{}" -d '{"tool":"pay","args":{"amount":{}}}' &
+SUBMITS=$!
+inflight() { curl -sf "http://127.0.0.1:$MPORT/stats" | jq -r '.inflight // 0'; }
 max=0
-for ((i = 0; i < 100; i++)); do
+for ((i = 0; i < 300; i++)); do
     v=$(inflight)
     ((v > max)) && max=$v
     ((max >= 256)) && break
     sleep 0.1
 done
+wait "$SUBMITS"
 threads=$(ls /proc/"$(oq_pid consumer-1)"/task | wc -l)
 oq_log "in flight: $max, consumer threads: $threads"
 ((max >= 256)) || oq_fail "at most $max requests in flight"
