@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -134,6 +135,26 @@ int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method)
     return ok;
 }
 
+/* --- loopback --------------------------------------------------------------------------------*/
+
+int oq_mhd_host_is_loopback(const char *h)
+{
+    if (!h) return 0;
+    size_t n = strlen(h);
+    const char *colon = h[0] == '[' ? strchr(h, ']') : strrchr(h, ':');
+    if (h[0] == '[') {
+        if (!colon) return 0;
+        if (colon[1] != '\0' && colon[1] != ':') return 0;
+        return colon - h == 4 && strncmp(h, "[::1", 4) == 0;
+    }
+    if (colon) n = (size_t)(colon - h);
+    if (n == 9 && strncasecmp(h, "localhost", 9) == 0) return 1;
+    if (n < 9 || n > 15 || strncmp(h, "127.", 4) != 0) return 0;
+    for (size_t i = 4; i < n; i++)
+        if (!((h[i] >= '0' && h[i] <= '9') || h[i] == '.')) return 0;
+    return 1;
+}
+
 /* --- the connection guard ---------------------------------------------------------------------*/
 
 #define GUARD_SCAN_MS 250
@@ -189,6 +210,18 @@ static void ip_key(const struct sockaddr *sa, guard_ip_t *k)
             k->len = 16;
         }
     }
+}
+
+int oq_mhd_client_is_loopback(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    guard_ip_t k;
+    ip_key(ci ? ci->client_addr : NULL, &k);
+    static const unsigned char v6_loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    if (k.len == 4) return k.addr[0] == 127;
+    if (k.len == 16) return memcmp(k.addr, v6_loopback, 16) == 0;
+    return 0;
 }
 
 static int ip_cmp(const void *a, const void *b)

@@ -122,4 +122,13 @@ void oq_mhd_guard_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     MHD_OPTION_NOTIFY_CONNECTION, oq_mhd_guard_notify, (g), MHD_OPTION_NOTIFY_COMPLETED,           \
         oq_mhd_guard_completed, (g)
 
+/** @brief Non-zero when \p host (a Host header or a URL's host, "host[:port]" or "[v6][:port]")
+ *  names a loopback address exactly: 127.d.d.d, localhost or [::1] (never "127.evil.example",
+ *  which DNS could point anywhere). NULL is not loopback. */
+int oq_mhd_host_is_loopback(const char *host);
+
+/** @brief Non-zero when the peer of \p c connects from a loopback address (127/8, ::1, or a
+ *  v4-mapped 127/8). */
+int oq_mhd_client_is_loopback(struct MHD_Connection *c);
+
 #endif

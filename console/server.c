@@ -171,11 +171,8 @@ static unsigned status_of(int rc)
 
 static int host_is_loopback(struct MHD_Connection *conn)
 {
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    if (!h) return 0;
-    size_t n = strcspn(h, ":");
-    if (h[0] == '[') return strncmp(h, "[::1]", 5) == 0;
-    return (n == 9 && strncmp(h, "localhost", 9) == 0) || strncmp(h, "127.", 4) == 0;
+    return oq_mhd_host_is_loopback(
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
 }
 
 static session_t *session_find(oq_console_t *c, const char *sid)

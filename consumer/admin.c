@@ -123,25 +123,6 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
-/* A Host value naming a loopback address: 127.x.x.x, localhost or [::1], with or without a
- * port. */
-static int host_is_loopback(const char *h)
-{
-    size_t n = strlen(h);
-    const char *colon = h[0] == '[' ? strchr(h, ']') : strrchr(h, ':');
-    if (h[0] == '[') {
-        if (!colon) return 0;
-        if (colon[1] != '\0' && colon[1] != ':') return 0;
-        return colon - h == 4 && strncmp(h, "[::1", 4) == 0;
-    }
-    if (colon) n = (size_t)(colon - h);
-    if (n == 9 && strncasecmp(h, "localhost", 9) == 0) return 1;
-    if (n < 9 || n > 15 || strncmp(h, "127.", 4) != 0) return 0;
-    for (size_t i = 4; i < n; i++)
-        if (!((h[i] >= '0' && h[i] <= '9') || h[i] == '.')) return 0;
-    return 1;
-}
-
 /* The Host, Origin and token checks of the review API and /stats; MHD_YES with \p *sent
  * set when a refusal was queued. */
 static enum MHD_Result guard(oq__admin_t *a, struct MHD_Connection *c, int *sent)
@@ -152,7 +133,7 @@ static enum MHD_Result guard(oq__admin_t *a, struct MHD_Connection *c, int *sent
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
     *sent = 1;
     if (n.host > 1) return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "two Host headers");
-    if (a->loopback && host && !host_is_loopback(host))
+    if (a->loopback && host && !oq_mhd_host_is_loopback(host))
         return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
                           "this listener is on loopback: the Host header must name a loopback "
                           "address");

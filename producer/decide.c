@@ -615,19 +615,8 @@ out:
 int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
                    oq_purge_stats_t *stats, oq_error_t *err)
 {
-    oq_purge_stats_t local;
-    memset(&local, 0, sizeof local);
-    if (!stats) stats = &local;
-    if (batch <= 0) batch = 500;
-    if (key_ttl_ms <= 0) key_ttl_ms = OQ_DEFAULT_KEY_TTL_MS;
     oq__producer_store_t s = {db, NULL, NULL};
-    int more = 1, ret = 0;
-    for (int i = 0; more && i < 1000000; i++) {
-        if ((ret =
-                 oq__producer_store_purge_batch(&s, now_ms, key_ttl_ms, batch, stats, &more, err)))
-            break;
-    }
-    return ret;
+    return oq__purge_in_store(&s, now_ms, key_ttl_ms, batch, stats, err);
 }
 
 /* The same loop on any store (oq_producer_purge: a PostgreSQL producer's own connection). */

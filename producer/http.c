@@ -110,12 +110,6 @@
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
 
-/** A client address (for the loopback check of /metrics and /stats). */
-typedef struct ip_count {
-    unsigned char addr[16];
-    size_t len; /**< 4 (IPv4, also v4-mapped IPv6), 16 (IPv6) or 0 (other families) */
-} ip_count_t;
-
 struct oq_http {
     struct MHD_Daemon *d;
     oq_producer_t *p;
@@ -286,40 +280,6 @@ static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigne
     snprintf(loc, sizeof loc, "/v1/tool-calls/%s", call->call_id);
     return send_text(h, c, status, text, len, "application/json", status == 202 ? loc : NULL,
                      replayed, 0, NULL, NULL);
-}
-
-/* --- client addresses ------------------------------------------------------------------------*/
-
-/** The address bytes of \p sa (a v4-mapped IPv6 address as its IPv4 form). */
-static void addr_key(const struct sockaddr *sa, ip_count_t *k)
-{
-    memset(k, 0, sizeof *k);
-    if (!sa) return;
-    if (sa->sa_family == AF_INET) {
-        memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-        k->len = 4;
-    } else if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        if (IN6_IS_ADDR_V4MAPPED(a6)) {
-            memcpy(k->addr, a6->s6_addr + 12, 4);
-            k->len = 4;
-        } else {
-            memcpy(k->addr, a6->s6_addr, 16);
-            k->len = 16;
-        }
-    }
-}
-
-static int client_is_loopback(struct MHD_Connection *c)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    ip_count_t k;
-    addr_key(ci ? ci->client_addr : NULL, &k);
-    static const unsigned char v6_loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-    if (k.len == 4) return k.addr[0] == 127;
-    if (k.len == 16) return memcmp(k.addr, v6_loopback, 16) == 0;
-    return 0;
 }
 
 /* --- tokens ----------------------------------------------------------------------------------*/
@@ -984,7 +944,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             ctx->authed = 1;
         }
         if (strcmp(url, "/metrics") == 0 || strcmp(url, "/stats") == 0) {
-            if (h->metrics_access == OQ_HTTP_METRICS_LOOPBACK && !client_is_loopback(c))
+            if (h->metrics_access == OQ_HTTP_METRICS_LOOPBACK && !oq_mhd_client_is_loopback(c))
                 return send_error_ex(h, c, 403, "forbidden",
                                      "/metrics and /stats answer loopback clients only "
                                      "(--metrics-access)",

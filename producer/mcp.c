@@ -34,6 +34,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "oq_mhd.h"
 #include "oq_catalog.h"
 #include "oq_envelope.h"
 #include "oq_json.h"
@@ -180,15 +181,17 @@ static void host_part(const char *s, char *out, size_t cap)
     out[n] = '\0';
 }
 
-static int origin_ok(const char *origin, const char *host)
+/* A browser's Origin may call /mcp when its host is loopback, or, with authentication on, when
+ * it is the request's own Host. Without authentication Origin == Host is not enough: a page
+ * whose name DNS points at 127.0.0.1 (rebinding) sends Origin and Host both with its own name. */
+static int origin_ok(const char *origin, const char *host, int authenticated)
 {
     if (!origin || !*origin) return 1; /* not a browser */
     if (strcmp(origin, "null") == 0) return 0;
     char o[256], hh[256];
     host_part(origin, o, sizeof o);
-    if (strcasecmp(o, "localhost") == 0 || strncmp(o, "127.", 4) == 0 || strcmp(o, "[::1]") == 0)
-        return 1;
-    if (!host) return 0;
+    if (oq_mhd_host_is_loopback(o)) return 1;
+    if (!host || !authenticated) return 0;
     host_part(host, hh, sizeof hh);
     return strcasecmp(o, hh) == 0;
 }
@@ -365,7 +368,7 @@ int oq_mcp_post(oq_mcp_t *m, const oq_mcp_in_t *in, const char *body, size_t len
 {
     memset(out, 0, sizeof *out);
     *call = NULL;
-    if (!origin_ok(in->origin, in->host)) {
+    if (!origin_ok(in->origin, in->host, in->tenant != NULL)) {
         rpc_error(out, 403, NULL, RPC_INVALID_REQUEST, "Origin not allowed",
                   json_pack("{s:s}", "code", "forbidden"), 0);
         return 0;
@@ -476,7 +479,7 @@ out:
 void oq_mcp_delete(oq_mcp_t *m, const oq_mcp_in_t *in, oq_mcp_out_t *out)
 {
     memset(out, 0, sizeof *out);
-    if (!origin_ok(in->origin, in->host)) {
+    if (!origin_ok(in->origin, in->host, in->tenant != NULL)) {
         rpc_error(out, 403, NULL, RPC_INVALID_REQUEST, "Origin not allowed", NULL, 0);
         return;
     }

@@ -19,6 +19,7 @@
 
 #include "oq_envelope.h"
 #include "oq_json.h"
+#include "oq_mhd.h"
 #include "oq_util.h"
 
 static void test_call_id_format(void **state)
@@ -189,12 +190,37 @@ static void test_number_underflow(void **state)
     free(c);
 }
 
+/* A Host (or an Origin's host) is loopback only when it names a loopback address exactly: a
+ * name DNS could point anywhere (127.evil.example) is not, whatever it starts with. */
+static void test_host_is_loopback(void **state)
+{
+    (void)state;
+    const char *yes[] = {"127.0.0.1",    "127.0.0.1:8081", "127.1.2.3:1", "localhost",
+                         "LOCALHOST:80", "[::1]",          "[::1]:8081"};
+    const char *no[] = {"127.evil.example",
+                        "127.0.0.1.evil.example",
+                        "127.0.0.1evil",
+                        "evil.example:8081",
+                        "localhost.evil.example",
+                        "[::1]x",
+                        "[::2]:80",
+                        "[::1",
+                        "",
+                        "128.0.0.1",
+                        "0.0.0.0:8081"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+        assert_true(oq_mhd_host_is_loopback(yes[i]));
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        assert_false(oq_mhd_host_is_loopback(no[i]));
+    assert_false(oq_mhd_host_is_loopback(NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_call_id_format),   cmocka_unit_test(test_call_id_random_tail),
-        cmocka_unit_test(test_call_id_valid),    cmocka_unit_test(test_envelope_both_id_formats),
-        cmocka_unit_test(test_number_underflow),
+        cmocka_unit_test(test_host_is_loopback),         cmocka_unit_test(test_call_id_format),
+        cmocka_unit_test(test_call_id_random_tail),      cmocka_unit_test(test_call_id_valid),
+        cmocka_unit_test(test_envelope_both_id_formats), cmocka_unit_test(test_number_underflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,6 +110,20 @@ static void test_transport(void **state)
     assert_int_equal(o.status, 200);
     json_decref(j);
     free(o.body);
+    /* DNS rebinding: a page at a name pointed at 127.0.0.1 sends Origin == Host == that name;
+     * without authentication it is refused, and 127.evil.example is not loopback */
+    in.origin = "http://rebind.example:8081";
+    in.host = "rebind.example:8081";
+    j = post(m, &in, "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}", &o);
+    assert_int_equal(o.status, 403);
+    json_decref(j);
+    free(o.body);
+    in.origin = "http://127.evil.example";
+    in.host = "127.0.0.1:8081";
+    j = post(m, &in, "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}", &o);
+    assert_int_equal(o.status, 403);
+    json_decref(j);
+    free(o.body);
     in.origin = NULL;
     j = post(m, &in, "{\"jsonrpc\":\"2.0\",\"id\":2,", &o);
     assert_int_equal(o.status, 400);
