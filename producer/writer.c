@@ -524,6 +524,7 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     w->commit_delay_us = o->commit_delay_us;
     w->ckpt_pages = o->checkpoint_pages;
     w->ckpt_next = w->ckpt_pages;
+    if ((ret = oq_waiters_new(&w->waiters, err))) goto out; /* both backends: GET ?wait=, /mcp */
     if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
         /* PostgreSQL: the same queue and group commit on one connection; durability is the
          * server's (synchronous_commit=on), and it has no WAL file of ours to checkpoint. */
@@ -542,7 +543,6 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
         goto out;
     }
     register_metrics(w, o->metrics);
-    if ((ret = oq_waiters_new(&w->waiters, err))) goto out;
     if (w->ckpt_pages > 0) {
         oq_db_opts_t co = {o->synchronous, 0, 0};
         if ((ret = oq_db_open(path, &co, &w->cdb, err))) goto out;
