@@ -226,6 +226,7 @@ static void test_id_taken(void **state)
     assert_int_equal(oq__producer_store_insert_call(&f->s, &c, &res, &err), 0);
     assert_int_equal(res, OQ__INSERT_KEY_EXISTS);
     /* the transaction is intact: more work and a commit */
+    oq_call_clear(&a);
     assert_int_equal(submit(f, "k-c", 1, &a, &oc), 0);
     commit(f);
     oq_call_clear(&a);
