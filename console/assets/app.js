@@ -130,7 +130,10 @@ async function viewCall(id) {
     row('downstream id', h('span', {id: 'downstream-id', text: e.downstream_id || '-'}));
     if (e.worker) row('effect by', e.worker);
   }
-  row('created', fmtTime(c.created_at)); row('expires', fmtTime(c.expires_at));
+  row('created', fmtTime(c.created_at));
+  // The key's retention counts from settling: a call not settled yet never expires.
+  row('key kept until', c.status === 'succeeded' || c.status === 'failed'
+    ? fmtTime(c.expires_at) : 'never (not settled)');
   const tbody = h('tbody');
   for (const r of d.timeline)
     tbody.appendChild(h('tr', {},
