@@ -60,7 +60,7 @@ while [[ $# -gt 0 ]]; do
     --no-relay) relay=0; shift ;;
     --idle) idle=$2; shift 2 ;;
     --up-arg) up_args+=("$2"); shift 2 ;;
-    *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e '/SPDX-License-Identifier/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 [[ "$build" == /* ]] || build=$PWD/$build

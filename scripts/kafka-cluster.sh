@@ -69,7 +69,7 @@ say() { echo "kafka-cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e '/SPDX-License-Identifier/d' -e 's/^# \{0,1\}//' >&2
     exit 2
 }
 

@@ -34,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --build) build=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e '/SPDX-License-Identifier/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 [[ "$build" == /* ]] || build=$PWD/$build
