@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The consumer-group worker: Kafka, threads, batching, and the one place a tool is called
- * (run_tool). What a message means and how an execution moves are decided in
- * consumer/execution.c; every row goes through consumer/consumer_store.h.
+ * The consumer-group worker: the Kafka poll loop and the batch transaction. What a message
+ * means and how an execution moves are decided in consumer/execution.c; every row goes
+ * through consumer/consumer_store.h.
  *
  * Threads: the main thread owns the Kafka consumer and one database connection; it polls a
  * batch, handles it in ONE write transaction (group commit: inbox dedupe, planning, and for
@@ -30,24 +30,21 @@
  * revoke the pending batch is finished and its offsets committed before the partitions go;
  * commit failures during a rebalance are tolerated (the inbox absorbs the redelivery).
  *
- * Outside calls (HTTP tools of the --tools file): a new call's execution is STARTED in the
- * batch transaction (oq__exec_start), a due one claimed in the scheduler's (oq__exec_claim),
- * and the jobs are handed to the dispatcher (consumer/dispatch.c) only after that transaction
- * commits. Answers come back as done jobs; the next batch transaction (process_batch, run as
- * soon as the dispatcher wakes the Kafka poll) writes their outcomes with the same finish
- * path as every run, and only after it commits are the jobs forgotten, so the heartbeat
- * renews a job's lease until its outcome is durable (all of them in one transaction per
- * beat). Recovery sends the lookups of RECONCILING rows the same way. At stop, no new request
- * starts and those in flight get up to --drain (default: the longest tool timeout, at most
- * 60 s) to answer and commit normally; the rest are abandoned (UNKNOWN when sent) and written.
+ * Outside calls (HTTP tools of the --tools file) are started or claimed in the same
+ * transactions and sent once they commit; their answers are written by the next batch
+ * transaction (outside.c). At stop, no new request starts and those in flight get up to --drain
+ * (default: the longest tool timeout, at most 60 s) to answer and commit normally; the rest
+ * are abandoned (UNKNOWN when sent) and written.
  *
- * (About 1,900 lines, over the usual 800: every part shares the worker struct, its mutex and
- * its threads; the rules, the SQL, the tools, the HTTP executor and dispatcher, the review
- * API and the admin listener live in their own files. Splitting the metrics and the outside
- * calls' glue into a file of their own, over an internal header of the struct, is the next
- * step if it grows.)
+ * Files: this one keeps the Kafka poll loop, the batch transaction, rebalances, dead letters,
+ * the periodic work (recovery, scheduler, retention) and the worker's lifecycle; runner.c the
+ * compiled tools' runs (inline, runner threads, heartbeat); outside.c the hand-off of jobs to
+ * the dispatcher and of outcomes back; consumer_metrics.c the metrics and /stats. They share
+ * struct oq_consumer through worker_int.h. Threads and locks: the main thread owns the Kafka
+ * consumer, c->store and every batch field (no lock); c->mu guards only the runners' queue and
+ * lease slots (runner.c); the admin thread reads stats through c->stats_mu.
  */
-#include "oq_consumer.h"
+#include "worker_int.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -59,156 +56,12 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "admin.h"
-#include "consumer_store.h"
-#include "dispatch.h"
-#include "execution.h"
-#include "http_tools.h"
 #include "oq_cli.h"
-#include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
-#include "oq_metrics.h"
-#include "oq_ready.h"
-#include "oq_relay.h"
 #include "oq_util.h"
 
-#define OQ__COMP "consumer"
-#define OQ__DUE_CAP 256
-#define OQ__RECOVER_CAP 200
-#define OQ__LAT_RING 2048
-#define OQ__DLQ_NREASONS 8             /* the seven codes of oq_consumer.h and "other" */
-#define OQ__LAG_MAX 1024               /* partitions of the input topic with a lag series */
-#define OQ__DRAIN_DEFAULT_MAX_MS 60000 /* the default --drain: the longest tool timeout, capped */
-
-typedef struct {
-    char call_id[OQ_CALL_ID_LEN + 1];
-    int64_t fence;
-    int used;
-    int lost;
-} lease_slot_t;
-
-typedef struct runner {
-    struct oq_consumer *c;
-    int index;
-    pthread_t th;
-    oq__consumer_store_t *store;
-} runner_t;
-
-/* The last OQ__LAT_RING observations of a duration, for quantiles in the stats. */
-typedef struct {
-    pthread_mutex_t mu;
-    double v[OQ__LAT_RING];
-    int n, pos;
-} lat_ring_t;
-
-/* Per declared HTTP tool: its metrics and recent latencies. */
-typedef struct {
-    oq_metric_t *latency;     /* onceq_consumer_downstream_seconds{tool} */
-    oq_metric_t *by_class[8]; /* onceq_consumer_downstream_requests_total{tool,class} */
-    atomic_uint_fast64_t n_class[8];
-    lat_ring_t ring;
-} tool_metrics_t;
-
-struct oq_consumer {
-    oq_consumer_opts_t o;
-    char *db_path, *brokers, *group, *topic, *sync, *metrics_listen, *topic_prefix;
-    char dlq_topic[OQ_TOPIC_NAME_CAP];
-    /* the start-up check of the topic's retention.ms (DescribeConfigs, polled) */
-    rd_kafka_queue_t *rq;
-    rd_kafka_AdminOptions_t *rao;
-    rd_kafka_ConfigResource_t *rres;
-    int64_t rdeadline_us;
-    char worker_id[128];
-    oq__retry_policy_t policy;
-    volatile int stop;
-    volatile int hb_stop;
-
-    oq__consumer_store_t *store;
-    rd_kafka_t *rk;
-    rd_kafka_t *dlq_rk;
-    oq_relay_t *relay;
-    oq_metrics_t *metrics;
-    oq__admin_t *msrv;                 /* metrics, stats and review over HTTP */
-    oq_metrics_server_t *mosrv;        /* --metrics-only-listen: /metrics, /healthz, /readyz */
-    oq__consumer_store_t *stats_store; /* the stats' own connection (admin thread) */
-    pthread_mutex_t stats_mu;
-
-    /* the batch being collected (main thread) */
-    rd_kafka_message_t **batch;
-    int64_t *batch_t0;
-    int nbatch;
-    int subscribed;
-    /* long executions planned by the current batch, handed to runners after the commit */
-    char (*handoff)[OQ_CALL_ID_LEN + 1];
-    int nhandoff;
-    int results_emitted;
-    int dlq_added;
-    int offsets_dirty;      /* offsets stored since the last commit request (main thread) */
-    int64_t last_commit_us; /* when the stored offsets were last committed (main thread) */
-
-    /* runners */
-    runner_t *runners;
-    int nrunners;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char (*queue)[OQ_CALL_ID_LEN + 1];
-    int qlen, qcap;
-    lease_slot_t *slots; /* one per runner, guarded by mu */
-    pthread_t hb_th;
-    int hb_started;
-    oq__consumer_store_t *hb_store;
-
-    /* outside calls: declared HTTP tools, their dispatcher, the jobs of the current batch */
-    oq__http_tools_t *tools;
-    tool_metrics_t *tmetrics; /* one per declared tool */
-    oq__dispatch_t *disp;
-    rd_kafka_queue_t *cq; /* the consumer's queue: yielded to wake the batch thread */
-    oq__job_t **sends;    /* claimed in the open transaction, sent once it commits */
-    int nsends, csends;
-    oq__job_t *outcomes; /* done jobs taken, written by the next batch transaction */
-    int noutcomes;
-    atomic_int recover_now;
-    oq__exec_row_t *lookups; /* recovery's RECONCILING rows (OQ__RECOVER_CAP) */
-
-    /* counters */
-    atomic_uint_fast64_t n_consumed, n_dup, n_effects, n_dlq, n_terminal;
-    atomic_uint_fast64_t n_requests, n_unknown, n_lease_lost, n_recon[4], n_review;
-    lat_ring_t resolve_ring; /* time from UNKNOWN to a decision */
-    _Atomic int64_t first_poll_us;
-    /* where the main thread's time goes (logged at stop) */
-    int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
-    oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq[OQ__DLQ_NREASONS], *m_lease_lost,
-        *m_recovered, *m_reemit;
-    oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts;
-    /* lag per assigned partition (registered as partitions are first assigned; absent while
-     * not assigned here) */
-    struct {
-        int32_t partition;
-        oq_metric_t *g;
-    } m_lag[OQ__LAG_MAX];
-    int n_lag;
-    oq_ready_t *ready;
-    _Atomic int assigned_n; /* partitions assigned; -1 before the first assignment */
-    oq_metric_t *m_unknown, *m_recon[4], *m_recon_rate, *m_review, *m_review_age, *m_unsettled_age,
-        *m_resolve, *m_inflight;
-};
-
 static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err);
-
-/* Dead-letter reasons as metric labels: the stable codes of oq_consumer.h (the detail text
- * goes with the message). */
-static const char *const dlq_reasons[OQ__DLQ_NREASONS] = {
-    OQ_DLQ_EMPTY,         OQ_DLQ_TOO_LARGE, OQ_DLQ_UNKNOWN_VERSION, OQ_DLQ_INVALID,
-    OQ_DLQ_NOT_TOOL_CALL, OQ_DLQ_MISMATCH,  OQ_DLQ_EXPIRED,         "other"};
-
-static int dlq_reason_index(const char *code)
-{
-    for (int i = 0; code && i < OQ__DLQ_NREASONS - 1; i++)
-        if (strcmp(code, dlq_reasons[i]) == 0) return i;
-    return OQ__DLQ_NREASONS - 1;
-}
-static json_t *stats_cb(void *ctx);
 
 /* --- settings -------------------------------------------------------------------------------- */
 
@@ -297,161 +150,9 @@ void oq_consumer_opts_from_config(const oq_config_t *cfg, oq_consumer_opts_t *o)
 
 /* --- helpers --------------------------------------------------------------------------------- */
 
-/* Every time the rules store or compare in effects.db comes from the store's lease clock (a
- * per-boot anchor + CLOCK_BOOTTIME, consumer_store.h; docs/DESIGN.md "Clocks"), never from
- * the wall clock: a step of the host's clock must not lapse leases or age a lookup's
- * "absent". Durations inside this process use oq_mono_us(). Any thread (the anchor is fixed
- * at open, and every store handle of one database has the same one). */
-static int64_t lease_now(const oq_consumer_t *c)
-{
-    return oq__consumer_store_now(c->store);
-}
-
 static char *strdup0(const char *s)
 {
     return s ? strdup(s) : NULL;
-}
-
-static void metrics_init(oq_consumer_t *c)
-{
-    static const double lat[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                 0.1,    0.25,  0.5,    1,     2.5,  5,     10};
-    static const double att[] = {1, 2, 3, 4, 5, 7, 10, 20};
-    oq_metrics_t *m = c->metrics;
-    c->m_consumed = oq_metrics_counter(m, "onceq_consumer_consumed_total",
-                                       "Kafka messages handled by this worker", NULL);
-    c->m_dup = oq_metrics_counter(m, "onceq_consumer_duplicates_skipped_total",
-                                  "redelivered messages skipped by the inbox", NULL);
-    c->m_effects = oq_metrics_counter(m, "onceq_consumer_effects_total",
-                                      "effects recorded by this worker", NULL);
-    for (int i = 0; i < OQ__DLQ_NREASONS; i++) {
-        char labels[64];
-        snprintf(labels, sizeof(labels), "reason=\"%s\"", dlq_reasons[i]);
-        c->m_dlq[i] =
-            oq_metrics_counter(m, "onceq_consumer_dlq_total",
-                               "messages sent to the dead-letter topic, by reason", labels);
-    }
-    c->m_lease_lost =
-        oq_metrics_counter(m, "onceq_consumer_lease_lost_total",
-                           "finishing writes refused because the lease was lost", NULL);
-    c->m_recovered = oq_metrics_counter(m, "onceq_consumer_recovered_total",
-                                        "executions reconciled after a lapsed lease", NULL);
-    c->m_reemit = oq_metrics_counter(
-        m, "onceq_consumer_results_reemitted_total",
-        "results of terminal calls published again because their call message was delivered "
-        "again (a redelivery or a producer redrive); also counted as duplicates",
-        NULL);
-    for (int i = 0; i < OQ_X__COUNT; i++) {
-        char labels[64];
-        snprintf(labels, sizeof(labels), "state=\"%s\"", oq__xstate_name(i));
-        c->m_state[i] = oq_metrics_gauge(
-            m, "onceq_consumer_executions",
-            "executions in the database by state (exported by one worker of a database: the "
-            "holder of its results relay lease)",
-            labels);
-    }
-    c->m_latency = oq_metrics_histogram(m, "onceq_consumer_processing_seconds",
-                                        "poll to database commit, per message", NULL, lat,
-                                        sizeof(lat) / sizeof(lat[0]));
-    c->m_attempts = oq_metrics_histogram(m, "onceq_consumer_attempts",
-                                         "tool runs per execution at its terminal state", NULL, att,
-                                         sizeof(att) / sizeof(att[0]));
-
-    /* outside calls and their reconciliation */
-    static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                  0.5,   1,      2.5,   5,    10,    30,   60,  300};
-    static const char *const verdicts[4] = {"found", "absent", "undecided", "none"};
-    c->m_unknown =
-        oq_metrics_counter(m, "onceq_consumer_unknown_outcomes_total",
-                           "runs whose outcome was stored UNKNOWN (sent, no answer)", NULL);
-    for (int i = 0; i < 4; i++) {
-        char labels[64];
-        snprintf(labels, sizeof(labels), "outcome=\"%s\"", verdicts[i]);
-        c->m_recon[i] = oq_metrics_counter(
-            m, "onceq_consumer_reconciliations_total",
-            "reconciliation verdicts: found / absent (a definite lookup answer), undecided, none "
-            "(decided by the tool's declaration)",
-            labels);
-    }
-    c->m_recon_rate = oq_metrics_gauge(
-        m, "onceq_consumer_reconciliation_success_ratio",
-        "lookups with a definite answer (found + absent) / all lookups, by this worker", NULL);
-    c->m_review = oq_metrics_gauge(m, "onceq_consumer_review_queue",
-                                   "executions in NEEDS_REVIEW (waiting for an operator; one "
-                                   "worker of a database exports it)",
-                                   NULL);
-    c->m_review_age = oq_metrics_gauge(m, "onceq_consumer_review_oldest_seconds",
-                                       "age of the oldest execution waiting for review", NULL);
-    c->m_unsettled_age =
-        oq_metrics_gauge(m, "onceq_consumer_unknown_oldest_seconds",
-                         "age of the oldest UNKNOWN / RECONCILING execution", NULL);
-    oq_metrics_add_process(m, "consumer");
-    /* database gauges: none until refresh_gauges() knows whether this worker exports them */
-    for (int i = 0; i < OQ_X__COUNT && !c->o.no_relay; i++)
-        oq_metric_set_absent(c->m_state[i], 1);
-    oq_metric_set_absent(c->m_review, !c->o.no_relay);
-    oq_metric_set_absent(c->m_review_age, !c->o.no_relay);
-    oq_metric_set_absent(c->m_unsettled_age, !c->o.no_relay);
-    c->m_resolve = oq_metrics_histogram(m, "onceq_consumer_unknown_resolved_seconds",
-                                        "time from UNKNOWN to a reconciliation decision", NULL,
-                                        secs, sizeof(secs) / sizeof(secs[0]));
-    c->m_inflight = oq_metrics_gauge(m, "onceq_consumer_downstream_inflight",
-                                     "outside requests in flight (leases held)", NULL);
-    for (size_t t = 0; c->tools && t < c->tools->n; t++) {
-        tool_metrics_t *tm = &c->tmetrics[t];
-        char labels[160];
-        snprintf(labels, sizeof(labels), "tool=\"%s\"", c->tools->tools[t].name);
-        tm->latency = oq_metrics_histogram(m, "onceq_consumer_downstream_seconds",
-                                           "outside request latency, submit to answer", labels,
-                                           secs, sizeof(secs) / sizeof(secs[0]));
-        for (int k = OQ__HTTP_SUCCESS; k <= OQ__HTTP_UNDECIDED; k++) {
-            snprintf(labels, sizeof(labels), "tool=\"%s\",class=\"%s\"", c->tools->tools[t].name,
-                     oq__http_class_name((oq__http_class_t)k));
-            tm->by_class[k] = oq_metrics_counter(
-                m, "onceq_consumer_downstream_requests_total",
-                "outside requests by tool and outcome class (calls: SUCCESS, FINAL, "
-                "RETRYABLE_BEFORE_SEND, UNKNOWN; lookups: FOUND, ABSENT, UNDECIDED)",
-                labels);
-        }
-    }
-}
-
-static void ring_add(lat_ring_t *r, double v)
-{
-    pthread_mutex_lock(&r->mu);
-    r->v[r->pos] = v;
-    r->pos = (r->pos + 1) % OQ__LAT_RING;
-    if (r->n < OQ__LAT_RING) r->n++;
-    pthread_mutex_unlock(&r->mu);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* p50, p95, p99 of the ring (zeros when empty); @returns the number of observations used. */
-static int ring_quantiles(lat_ring_t *r, double q[3])
-{
-    static const double at[3] = {0.50, 0.95, 0.99};
-    double *copy = malloc(sizeof(r->v));
-    int n;
-    q[0] = q[1] = q[2] = 0;
-    if (!copy) return 0;
-    pthread_mutex_lock(&r->mu);
-    n = r->n;
-    memcpy(copy, r->v, (size_t)n * sizeof(double));
-    pthread_mutex_unlock(&r->mu);
-    if (n > 0) {
-        qsort(copy, (size_t)n, sizeof(double), cmp_double);
-        for (int i = 0; i < 3; i++) {
-            int k = (int)(at[i] * (double)n);
-            q[i] = copy[k < n ? k : n - 1];
-        }
-    }
-    free(copy);
-    return n;
 }
 
 /* --- the rules' view of the tools ------------------------------------------------------------ */
@@ -471,295 +172,6 @@ static void tool_traits(const char *tool, void *ctx, oq__tool_traits_t *out)
         return;
     }
     out->known = oq_tool_find(tool) != NULL;
-}
-
-/* Metrics of every reconciliation decision (called by the rules, inside the transaction). */
-static void on_reconciled(void *ctx, int verdict, int to_state, int64_t unknown_ms)
-{
-    oq_consumer_t *c = ctx;
-    if (verdict >= 0 && verdict < 4) {
-        atomic_fetch_add(&c->n_recon[verdict], 1);
-        oq_counter_add(c->m_recon[verdict], 1);
-        uint64_t def = atomic_load(&c->n_recon[0]) + atomic_load(&c->n_recon[1]);
-        uint64_t all = def + atomic_load(&c->n_recon[2]);
-        if (all) oq_gauge_set(c->m_recon_rate, (double)def / (double)all);
-    }
-    if (to_state == OQ_X_NEEDS_REVIEW) atomic_fetch_add(&c->n_review, 1);
-    if (to_state != OQ_X_UNKNOWN && to_state != OQ_X_RECONCILING) {
-        oq_histogram_observe(c->m_resolve, (double)unknown_ms / 1000.0);
-        ring_add(&c->resolve_ring, (double)unknown_ms);
-    }
-}
-
-/* The dispatcher has a done job: cut the batch thread's Kafka wait short. */
-static void wake_batch(void *ctx)
-{
-    oq_consumer_t *c = ctx;
-    if (c->cq) rd_kafka_queue_yield(c->cq);
-}
-
-/* Counts what a finish did. A refused finish (OQ_EFENCED: the lease was lost, which the
- * finish already audited) is counted and absorbed. @returns the remaining error, or 0. */
-static int note_finish(oq_consumer_t *c, int rc, const oq__exec_row_t *x, int state, int effect_new)
-{
-    if (rc == OQ_EFENCED) {
-        atomic_fetch_add(&c->n_lease_lost, 1);
-        oq_counter_add(c->m_lease_lost, 1);
-        return 0;
-    }
-    if (rc) return rc;
-    if (effect_new) {
-        atomic_fetch_add(&c->n_effects, 1);
-        oq_counter_add(c->m_effects, 1);
-    }
-    if (oq__xstate_terminal(state)) {
-        atomic_fetch_add(&c->n_terminal, 1);
-        oq_histogram_observe(c->m_attempts, (double)x->tries);
-    }
-    return 0;
-}
-
-/*
- * The one place a tool is called, for every path (inline new call, inline claimed call,
- * runner): the call is built from the execution \p x, with the call's stable effect id as the
- * downstream idempotency key, the registry tool runs with \p args (x's arguments, parsed), and
- * its answer is classified for oq__exec_finish(). \p stop (may be NULL) lets a blocking tool
- * return early when the worker stops. Clear \p o after.
- */
-static void run_tool(const oq__exec_row_t *x, const json_t *args, volatile int *stop,
-                     oq__outcome_t *o)
-{
-    char eid[OQ_CALL_ID_LEN + 1];
-    memset(o, 0, sizeof(*o));
-    oq__exec_effect_id(x->call_id, eid);
-    oq_tool_call_t call = {.call_id = x->call_id,
-                           .effect_id = eid,
-                           .tenant = x->tenant,
-                           .tool = x->tool,
-                           .args = args,
-                           .attempt = x->attempt,
-                           .try_no = x->tries,
-                           .stop = stop};
-    int trc = oq_tool_invoke(oq_tool_find(x->tool), &call, &o->out);
-    oq__outcome_classify(trc, o);
-}
-
-/*
- * Runs a fast tool inside the caller's (batch or scheduler) transaction and finishes the run
- * there: the first run of the NEW call \p env (nothing stored yet: the row is written once, in
- * its outcome state), or, with \p env NULL, the claimed run of \p call_id (not due, or taken
- * by another worker: nothing to do). \p args may be NULL (parsed from the row).
- */
-static int run_inline(oq_consumer_t *c, const oq_envelope_t *env, const char *call_id,
-                      const json_t *args, int64_t now, oq_error_t *err)
-{
-    oq__exec_row_t x;
-    oq__outcome_t o;
-    json_t *own = NULL;
-    int rc, state = -1, enew = 0;
-    memset(&x, 0, sizeof(x));
-    memset(&o, 0, sizeof(o));
-    if (env)
-        rc = oq__exec_start_inline(env, &x, err);
-    else
-        rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
-    if (rc == OQ_ESTATE && !env) return 0;
-    if (rc) goto out;
-    if (!args) args = own = json_loads(x.args ? x.args : "{}", 0, NULL);
-    run_tool(&x, args, NULL, &o);
-    rc = oq__exec_finish(c->store, &x, env ? OQ__RUN_INLINE : OQ__RUN_CLAIMED, &o, &c->policy,
-                         env ? now : lease_now(c), &state, &enew, err);
-    if ((rc = note_finish(c, rc, &x, state, enew)) == 0 && oq__xstate_terminal(state))
-        c->results_emitted = 1;
-out:
-    json_decref(own);
-    oq__outcome_clear(&o);
-    oq__exec_row_clear(&x);
-    return rc;
-}
-
-/* --- outside calls -----------------------------------------------------------------------------
- */
-
-/* Queues a job for the claimed row \p x (its strings move to the job), to be sent once the
- * open transaction commits: STARTED (or RECONCILING) is durable before the request leaves. */
-static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool_t *tool,
-                      oq__exec_row_t *x, oq_error_t *err)
-{
-    if (c->nsends == c->csends) {
-        int cap = c->csends ? c->csends * 2 : 64;
-        oq__job_t **ns = realloc(c->sends, (size_t)cap * sizeof(*ns));
-        if (!ns) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-        c->sends = ns;
-        c->csends = cap;
-    }
-    oq__job_t *j = oq__job_new(kind, tool);
-    if (!j) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    j->row = *x;
-    memset(x, 0, sizeof(*x));
-    c->sends[c->nsends++] = j;
-    return 0;
-}
-
-/* The transaction rolled back: nothing was claimed, nothing is sent. */
-static void drop_sends(oq_consumer_t *c)
-{
-    for (int i = 0; i < c->nsends; i++)
-        oq__job_free(c->sends[i]);
-    c->nsends = 0;
-}
-
-/* The transaction committed: the requests may leave. */
-static void flush_sends(oq_consumer_t *c)
-{
-    for (int i = 0; i < c->nsends; i++)
-        oq__dispatch_send(c->disp, c->sends[i]);
-    c->nsends = 0;
-}
-
-/* In tx: the first run of a NEW call of the HTTP tool \p tool: STARTED now, sent after commit. */
-static int start_remote(oq_consumer_t *c, const oq_envelope_t *env, const oq__http_tool_t *tool,
-                        int64_t now, oq_error_t *err)
-{
-    oq__exec_row_t x;
-    memset(&x, 0, sizeof(x));
-    int rc = oq__exec_start(c->store, env, c->o.lease_ms, now, &x, err);
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
-    oq__exec_row_clear(&x);
-    return rc;
-}
-
-/* In tx: claim the due (or re-planned) \p call_id of the HTTP tool \p tool; sent after commit.
- * Not due or taken by another worker: nothing to do. */
-static int claim_remote(oq_consumer_t *c, const char *call_id, const oq__http_tool_t *tool,
-                        int64_t now, oq_error_t *err)
-{
-    oq__exec_row_t x;
-    memset(&x, 0, sizeof(x));
-    int rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
-    if (rc == OQ_ESTATE) return 0;
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
-    oq__exec_row_clear(&x);
-    return rc;
-}
-
-/* Counts a finished request: per tool and class, and its latency. */
-static void count_request(oq_consumer_t *c, const oq__job_t *j)
-{
-    atomic_fetch_add(&c->n_requests, 1);
-    if (!c->tools || j->tool < c->tools->tools || j->tool >= c->tools->tools + c->tools->n) return;
-    tool_metrics_t *tm = &c->tmetrics[j->tool - c->tools->tools];
-    if (j->cls >= OQ__HTTP_SUCCESS && j->cls <= OQ__HTTP_UNDECIDED) {
-        oq_counter_add(tm->by_class[j->cls], 1);
-        atomic_fetch_add(&tm->n_class[j->cls], 1);
-    }
-    oq_histogram_observe(tm->latency, (double)j->elapsed_us / 1e6);
-    ring_add(&tm->ring, (double)j->elapsed_us / 1000.0);
-}
-
-/* Takes the done jobs for the next transaction (they stay registered until it commits). */
-static void take_outcomes(oq_consumer_t *c)
-{
-    oq__job_t *j = oq__dispatch_take(c->disp), *tail = c->outcomes;
-    if (!j) return;
-    while (tail && tail->done_next)
-        tail = tail->done_next;
-    if (tail)
-        tail->done_next = j;
-    else
-        c->outcomes = j;
-    for (; j; j = j->done_next) {
-        count_request(c, j);
-        c->noutcomes++;
-    }
-}
-
-/* The outcomes are committed (or cannot be): forget the jobs, their leases are not needed. */
-static void forget_outcomes(oq_consumer_t *c)
-{
-    for (oq__job_t *j = c->outcomes, *next; j; j = next) {
-        next = j->done_next;
-        oq__dispatch_forget(c->disp, j);
-    }
-    c->outcomes = NULL;
-    c->noutcomes = 0;
-}
-
-/* The result object of an answer: the downstream's object id, the status, the answer body. */
-static json_t *answer_result(const oq__job_t *j, const char *found_by)
-{
-    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", j->object_id[0] ? j->object_id : NULL,
-                     "http_status", (json_int_t)j->status, "found_by", found_by, "response",
-                     j->answer);
-}
-
-/* A refusal's message: the status and what the downstream said, if it said it in JSON. */
-static void refusal_message(const oq__job_t *j, char *out, size_t n)
-{
-    const json_t *m = oq__http_json_path(j->answer, "/error/message");
-    if (!json_is_string(m)) m = oq__http_json_path(j->answer, "/message");
-    if (json_is_string(m))
-        snprintf(out, n, "%.60s: %.180s", j->message, json_string_value(m));
-    else
-        snprintf(out, n, "%s", j->message);
-}
-
-/* In tx: the outcome of the finished job \p j. A write refused by the fence (the lease was
- * lost: another worker reconciled the call) is counted and absorbed. */
-static int apply_outcome(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_error_t *err)
-{
-    int state = -1, enew = 0, rc;
-    char why[320];
-    if (j->kind == OQ__JOB_LOOKUP) {
-        int verdict = j->cls == OQ__HTTP_FOUND    ? OQ__LOOKUP_FOUND
-                      : j->cls == OQ__HTTP_ABSENT ? OQ__LOOKUP_ABSENT
-                                                  : OQ__LOOKUP_UNDECIDED;
-        json_t *res = verdict == OQ__LOOKUP_FOUND ? answer_result(j, "lookup") : NULL;
-        snprintf(why, sizeof(why), "%s: %s", j->code, j->message);
-        rc = oq__exec_lookup_done(c->store, &j->row, verdict, j->object_id, res, why, &c->policy,
-                                  now, &state, err);
-        json_decref(res);
-        if (rc == 0 && oq__xstate_terminal(state)) c->results_emitted = 1;
-        return note_finish(c, rc, &j->row, state, verdict == OQ__LOOKUP_FOUND);
-    }
-    oq__outcome_t o;
-    memset(&o, 0, sizeof(o));
-    o.retry_after_ms = j->retry_after_ms;
-    snprintf(o.out.code, sizeof(o.out.code), "%s", j->code);
-    switch (j->cls) {
-    case OQ__HTTP_SUCCESS:
-        o.cls = OQ__OUTCOME_SUCCESS;
-        o.out.result = answer_result(j, NULL);
-        o.out.has_effect = 1;
-        snprintf(o.downstream_id, sizeof(o.downstream_id), "%s", j->object_id);
-        break;
-    case OQ__HTTP_FINAL:
-        o.cls = OQ__OUTCOME_FINAL;
-        refusal_message(j, o.out.message, sizeof(o.out.message));
-        break;
-    case OQ__HTTP_RETRYABLE:
-        /* not sent because the worker stopped: nothing happened, the run does not count */
-        o.cls = !j->sent && strcmp(j->code, "abandoned") == 0 ? OQ__OUTCOME_NOT_RUN
-                                                              : OQ__OUTCOME_RETRYABLE;
-        o.out.retryable = 1;
-        refusal_message(j, o.out.message, sizeof(o.out.message));
-        break;
-    default:
-        o.cls = OQ__OUTCOME_UNKNOWN;
-        snprintf(o.out.message, sizeof(o.out.message), "%s", j->message);
-        break;
-    }
-    rc = oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, &o, &c->policy, now, &state, &enew,
-                         err);
-    oq__outcome_clear(&o);
-    if ((rc = note_finish(c, rc, &j->row, state, enew))) return rc;
-    if (state == OQ_X_UNKNOWN) {
-        atomic_fetch_add(&c->n_unknown, 1);
-        oq_counter_add(c->m_unknown, 1);
-        atomic_store(&c->recover_now, 1); /* reconcile it soon, not at the next period */
-    }
-    if (oq__xstate_terminal(state)) c->results_emitted = 1;
-    return 0;
 }
 
 /* --- dead letters ---------------------------------------------------------------------------- */
@@ -896,7 +308,7 @@ static void dlq_msg(oq_consumer_t *c, const rd_kafka_message_t *m, const oq__msg
                  src->partition, src->offset, code, row.redrive ? " redriven_from=" : "",
                  row.redrive ? row.redrive : "", reason);
     atomic_fetch_add(&c->n_dlq, 1);
-    oq_counter_add(c->m_dlq[dlq_reason_index(code)], 1);
+    oq_counter_add(c->m_dlq[oq__dlq_reason_index(code)], 1);
     c->dlq_added = 1;
 }
 
@@ -946,18 +358,18 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
     switch (decision) {
     case OQ__INTAKE_NEW:
         if (remote) {
-            rc = start_remote(c, &env, remote, now, err);
+            rc = oq__outside_start(c, &env, remote, now, err);
         } else if (fast) {
-            rc = run_inline(c, &env, NULL, env.args, now, err);
+            rc = oq__run_inline(c, &env, NULL, env.args, now, err);
         } else if ((rc = oq__exec_plan(c->store, &env, now, err)) == 0) {
             hand_off(c, env.call_id);
         }
         break;
     case OQ__INTAKE_REPLANNED:
         if (remote)
-            rc = claim_remote(c, env.call_id, remote, now, err);
+            rc = oq__outside_claim(c, env.call_id, remote, now, err);
         else if (fast)
-            rc = run_inline(c, NULL, env.call_id, env.args, now, err);
+            rc = oq__run_inline(c, NULL, env.call_id, env.args, now, err);
         else
             hand_off(c, env.call_id);
         break;
@@ -996,8 +408,6 @@ out:
     return rc;
 }
 
-static void queue_push(oq_consumer_t *c, const char *call_id);
-
 /* Commit the stored offsets (rd_kafka_offsets_store after each database commit: nothing else
  * is ever stored) asynchronously, at most once per OQ_KAFKA_COMMIT_INTERVAL_MS:
  * an OffsetCommit per batch is a replicated write on the group coordinator, which under load
@@ -1025,18 +435,18 @@ static int process_batch(oq_consumer_t *c)
 {
     oq_error_t err = {0};
     int rc = 0;
-    take_outcomes(c);
+    oq__outside_take(c);
     if (c->nbatch == 0 && !c->outcomes) return 0;
     for (int tries = 0;; tries++) {
         c->nhandoff = 0;
         c->results_emitted = 0;
-        drop_sends(c);
+        oq__outside_drop(c);
         int64_t now = lease_now(c);
         if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
                 rc = handle_message(c, c->batch[i], now, &err);
             for (oq__job_t *j = c->outcomes; j && rc == 0; j = j->done_next)
-                rc = apply_outcome(c, j, now, &err);
+                rc = oq__outside_apply(c, j, now, &err);
             if (rc == 0) {
                 OQ_CRASH_POINT("consumer.after_intake_before_commit");
                 OQ_CRASH_POINT("consumer.after_effect_before_commit");
@@ -1055,15 +465,15 @@ static int process_batch(oq_consumer_t *c)
             for (int i = 0; i < c->nbatch; i++)
                 rd_kafka_message_destroy(c->batch[i]);
             c->nbatch = 0;
-            drop_sends(c);
-            forget_outcomes(c);
+            oq__outside_drop(c);
+            oq__outside_forget(c);
             return rc;
         }
         oq_sleep_ms(tries < 20 ? 50 * (tries + 1) : 1000, &c->stop);
     }
     if (c->outcomes) OQ_CRASH_POINT("consumer.after_outcome_commit_before_offset");
-    forget_outcomes(c);
-    flush_sends(c);
+    oq__outside_forget(c);
+    oq__outside_flush(c);
     if (c->nbatch == 0) {
         if (c->results_emitted) oq_relay_notify(c->relay);
         return 0;
@@ -1094,7 +504,7 @@ static int process_batch(oq_consumer_t *c)
     c->nbatch = 0;
     if (c->results_emitted) oq_relay_notify(c->relay);
     for (int i = 0; i < c->nhandoff; i++)
-        queue_push(c, c->handoff[i]);
+        oq__runner_push(c, c->handoff[i]);
     c->nhandoff = 0;
     if (c->dlq_added) dlq_publish(c);
     return 0;
@@ -1145,199 +555,6 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         OQ_LOG_DEBUG(OQ__COMP, "offset commit failed: %s (tolerated)", rd_kafka_err2str(err));
 }
 
-/* --- runners and heartbeat ------------------------------------------------------------------- */
-
-/* Queues \p call_id for a runner unless it is queued or running already, or the queue is full
- * (the scheduler offers it again later). */
-static void queue_push(oq_consumer_t *c, const char *call_id)
-{
-    pthread_mutex_lock(&c->mu);
-    int dup = 0;
-    for (int i = 0; i < c->qlen && !dup; i++)
-        dup = strcmp(c->queue[i], call_id) == 0;
-    for (int i = 0; i < c->nrunners && !dup; i++)
-        dup = c->slots[i].used && strcmp(c->slots[i].call_id, call_id) == 0;
-    if (!dup && c->qlen < c->qcap) {
-        snprintf(c->queue[c->qlen++], OQ_CALL_ID_LEN + 1, "%s", call_id);
-        pthread_cond_signal(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static int runners_idle(oq_consumer_t *c)
-{
-    pthread_mutex_lock(&c->mu);
-    int busy = c->qlen;
-    for (int i = 0; i < c->nrunners; i++)
-        busy += c->slots[i].used;
-    pthread_mutex_unlock(&c->mu);
-    return busy == 0;
-}
-
-/* A runner's execution: claim (committed: STARTED is durable before the tool runs), run the
- * tool with no transaction open while the heartbeat renews the lease, finish (fenced). */
-static void runner_exec(runner_t *r, const char *call_id)
-{
-    oq_consumer_t *c = r->c;
-    oq_error_t err = {0};
-    oq__exec_row_t x;
-    oq__outcome_t o;
-    json_t *args = NULL;
-    int rc, state = -1, enew = 0;
-    memset(&x, 0, sizeof(x));
-    memset(&o, 0, sizeof(o));
-
-    if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-        rc = oq__exec_claim(r->store, call_id, c->o.lease_ms, lease_now(c), &x, &err);
-        if (rc == 0) rc = oq__consumer_store_commit(r->store, &err);
-        if (rc) oq__consumer_store_rollback(r->store);
-    }
-    if (rc == OQ_ESTATE) return; /* taken by another worker or not due */
-    if (rc) {
-        OQ_LOGC_WARN(OQ__COMP, call_id, "claim failed: %s", err.msg);
-        oq__exec_row_clear(&x);
-        return;
-    }
-    /* The lease is ours and durable: register it with the heartbeat before the tool runs. */
-    pthread_mutex_lock(&c->mu);
-    snprintf(c->slots[r->index].call_id, sizeof(c->slots[r->index].call_id), "%s", x.call_id);
-    c->slots[r->index].fence = x.fence;
-    c->slots[r->index].lost = 0;
-    c->slots[r->index].used = 1;
-    pthread_mutex_unlock(&c->mu);
-    OQ_CRASH_POINT("consumer.after_claim");
-    OQ_LOGC_DEBUG(OQ__COMP, x.call_id, "running tool=%s fence=%" PRId64, x.tool, x.fence);
-
-    args = json_loads(x.args ? x.args : "{}", 0, NULL);
-    run_tool(&x, args, &c->stop, &o);
-
-    pthread_mutex_lock(&c->mu);
-    int lost = c->slots[r->index].lost;
-    pthread_mutex_unlock(&c->mu);
-    if (lost) OQ_LOGC_WARN(OQ__COMP, x.call_id, "heartbeat lost the lease during the tool run");
-
-    /* The finishing write is fenced: a stale worker (lease lost) writes nothing but the audit
-     * row that says so. A busy database is retried (x is unchanged by a rolled-back finish). */
-    for (int tries = 0; tries < 20; tries++) {
-        if ((rc = oq__consumer_store_begin(r->store, &err)) == 0) {
-            rc = oq__exec_finish(r->store, &x, OQ__RUN_CLAIMED, &o, &c->policy, lease_now(c),
-                                 &state, &enew, &err);
-            if (rc == 0 || rc == OQ_EFENCED) {
-                int frc = rc;
-                OQ_CRASH_POINT("consumer.after_effect_before_commit");
-                rc = oq__consumer_store_commit(r->store, &err);
-                if (rc == 0) rc = frc;
-            }
-            if (rc && rc != OQ_EFENCED) oq__consumer_store_rollback(r->store);
-        }
-        if (rc != OQ_EBUSY) break;
-    }
-    pthread_mutex_lock(&c->mu);
-    c->slots[r->index].used = 0;
-    pthread_mutex_unlock(&c->mu);
-    if ((rc = note_finish(c, rc, &x, state, enew)))
-        OQ_LOGC_ERROR(OQ__COMP, x.call_id, "finish failed: %s (the lease will lapse)", err.msg);
-    else if (oq__xstate_terminal(state))
-        oq_relay_notify(c->relay);
-    json_decref(args);
-    oq__outcome_clear(&o);
-    oq__exec_row_clear(&x);
-}
-
-static void *runner_main(void *arg)
-{
-    runner_t *r = arg;
-    oq_consumer_t *c = r->c;
-    char call_id[OQ_CALL_ID_LEN + 1];
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        while (!c->stop && c->qlen == 0)
-            pthread_cond_wait(&c->cv, &c->mu);
-        if (c->stop) {
-            pthread_mutex_unlock(&c->mu);
-            break;
-        }
-        snprintf(call_id, sizeof(call_id), "%s", c->queue[0]);
-        memmove(c->queue[0], c->queue[1], (size_t)(c->qlen - 1) * sizeof(c->queue[0]));
-        c->qlen--;
-        pthread_mutex_unlock(&c->mu);
-        runner_exec(r, call_id);
-    }
-    return NULL;
-}
-
-/*
- * The leases of outside requests in flight (and of those answered but not yet written): renewed
- * in one transaction, so a thousand requests cost one commit per beat. A lease found lost is
- * only logged: the outcome write is fenced and will be refused.
- * @locality the heartbeat thread.
- */
-static void renew_remote(oq_consumer_t *c)
-{
-    int n = oq__dispatch_count(c->disp), lost = 0;
-    oq_error_t err = {0};
-    if (n <= 0) return;
-    oq__lease_t *ls = malloc((size_t)n * sizeof(*ls));
-    if (!ls) return;
-    n = oq__dispatch_leases(c->disp, ls, n);
-    int64_t until = lease_now(c) + c->o.lease_ms;
-    int rc = oq__consumer_store_begin(c->hb_store, &err);
-    for (int i = 0; i < n && rc == 0; i++) {
-        rc = oq__consumer_store_lease_renew(c->hb_store, ls[i].call_id, ls[i].fence, until, &err);
-        if (rc == OQ_EFENCED) {
-            OQ_LOGC_DEBUG(OQ__COMP, ls[i].call_id, "heartbeat: lease lost (fence %" PRId64 ")",
-                          ls[i].fence);
-            lost++;
-            rc = 0;
-        }
-    }
-    if (rc == 0) rc = oq__consumer_store_commit(c->hb_store, &err);
-    if (rc) {
-        oq__consumer_store_rollback(c->hb_store);
-        OQ_LOG_WARN(OQ__COMP, "heartbeat of %d outside request(s): %s", n, err.msg);
-    }
-    if (lost) OQ_LOG_WARN(OQ__COMP, "heartbeat: %d outside request(s) lost their lease", lost);
-    free(ls);
-}
-
-static void *heartbeat_main(void *arg)
-{
-    oq_consumer_t *c = arg;
-    int64_t every = c->o.lease_ms / 3;
-    if (every < 50) every = 50;
-    if (every > 1000) every = 1000;
-    while (!c->hb_stop) {
-        oq_sleep_ms(every, &c->hb_stop);
-        for (int i = 0; i < c->nrunners; i++) {
-            char call_id[OQ_CALL_ID_LEN + 1];
-            int64_t fence;
-            pthread_mutex_lock(&c->mu);
-            int live = c->slots[i].used && !c->slots[i].lost;
-            snprintf(call_id, sizeof(call_id), "%s", c->slots[i].call_id);
-            fence = c->slots[i].fence;
-            pthread_mutex_unlock(&c->mu);
-            if (!live) continue;
-            oq_error_t err = {0};
-            int rc = oq__consumer_store_lease_renew(c->hb_store, call_id, fence,
-                                                    lease_now(c) + c->o.lease_ms, &err);
-            if (rc == OQ_EFENCED) {
-                OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat: %s", err.msg);
-                pthread_mutex_lock(&c->mu);
-                /* Only if the slot still holds that lease: the runner may have finished this
-                 * call and claimed another one (with a fence that can be equal) meanwhile. */
-                if (c->slots[i].used && c->slots[i].fence == fence &&
-                    strcmp(c->slots[i].call_id, call_id) == 0)
-                    c->slots[i].lost = 1;
-                pthread_mutex_unlock(&c->mu);
-            } else if (rc) {
-                OQ_LOGC_WARN(OQ__COMP, call_id, "heartbeat renew failed: %s", err.msg);
-            }
-        }
-        renew_remote(c);
-    }
-    return NULL;
-}
-
 /* --- periodic work --------------------------------------------------------------------------- */
 
 /*
@@ -1363,17 +580,7 @@ static void recover_lapsed(oq_consumer_t *c)
         OQ_LOG_WARN(OQ__COMP, "recovery: %s", err.msg);
         return;
     }
-    for (int i = 0; i < nl; i++) {
-        const oq__http_tool_t *tool = oq__http_tools_find(c->tools, c->lookups[i].tool);
-        oq__job_t *j = tool ? oq__job_new(OQ__JOB_LOOKUP, tool) : NULL;
-        if (!j) { /* the RECONCILING lease lapses and another step asks again */
-            oq__exec_row_clear(&c->lookups[i]);
-            continue;
-        }
-        j->row = c->lookups[i];
-        memset(&c->lookups[i], 0, sizeof(c->lookups[i]));
-        oq__dispatch_send(c->disp, j);
-    }
+    oq__outside_send_lookups(c, nl);
     if (n > 0) {
         OQ_LOG_INFO(OQ__COMP, "recovery moved %d execution(s), %d lookup(s) sent", n, nl);
         oq_counter_add(c->m_recovered, (uint64_t)n);
@@ -1445,29 +652,29 @@ static int schedule_due(oq_consumer_t *c)
     n = list.n;
     for (int i = 0; i < n; i++) {
         if (due[i].blocks_ms > 0)
-            queue_push(c, due[i].call_id);
+            oq__runner_push(c, due[i].call_id);
         else
             nhere++;
     }
     if (nhere == 0) return n;
     c->results_emitted = 0;
-    drop_sends(c);
+    oq__outside_drop(c);
     if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
         for (int i = 0; i < n && rc == 0; i++) {
             if (due[i].remote)
-                rc = claim_remote(c, due[i].call_id, due[i].remote, lease_now(c), &err);
+                rc = oq__outside_claim(c, due[i].call_id, due[i].remote, lease_now(c), &err);
             else if (due[i].blocks_ms == 0)
-                rc = run_inline(c, NULL, due[i].call_id, NULL, lease_now(c), &err);
+                rc = oq__run_inline(c, NULL, due[i].call_id, NULL, lease_now(c), &err);
         }
         if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
         if (rc) oq__consumer_store_rollback(c->store);
     }
     if (rc) {
-        drop_sends(c);
+        oq__outside_drop(c);
         OQ_LOG_WARN(OQ__COMP, "scheduler batch rolled back: %s", err.msg);
         return n;
     }
-    flush_sends(c);
+    oq__outside_flush(c);
     if (c->results_emitted) oq_relay_notify(c->relay);
     return n;
 }
@@ -1488,75 +695,6 @@ static void purge_retention(oq_consumer_t *c)
                     "purged past retention inbox=%" PRId64 " executions=%" PRId64
                     " effects=%" PRId64 " audit=%" PRId64,
                     st.inbox, st.executions, st.effects, st.audit);
-}
-
-/* The lag gauge of one partition, registered the first time it is assigned here. */
-static oq_metric_t *lag_gauge(oq_consumer_t *c, const char *topic, int32_t partition)
-{
-    for (int i = 0; i < c->n_lag; i++)
-        if (c->m_lag[i].partition == partition) return c->m_lag[i].g;
-    if (c->n_lag >= OQ__LAG_MAX) return NULL;
-    char labels[320];
-    snprintf(labels, sizeof labels, "topic=\"%s\",partition=\"%d\"", topic, (int)partition);
-    oq_metric_t *g = oq_metrics_gauge(
-        c->metrics, "onceq_consumer_lag",
-        "messages behind the high watermark, per partition assigned to this worker", labels);
-    if (g) {
-        c->m_lag[c->n_lag].partition = partition;
-        c->m_lag[c->n_lag++].g = g;
-    }
-    return g;
-}
-
-static void refresh_gauges(oq_consumer_t *c)
-{
-    int64_t counts[OQ_X__COUNT];
-    oq__unsettled_t un;
-    /* Gauges read from effects.db describe the database, which the workers of one host share:
-     * one of them exports them, the holder of the results relay lease (or every worker when it
-     * runs without a relay), so a sum over workers does not count a row N times. */
-    int exporter = 1;
-    if (c->relay) {
-        oq_relay_stats_t rs;
-        oq_relay_stats(c->relay, &rs);
-        exporter = rs.lease_state == OQ_RELAY_HOLDER;
-    }
-    for (int i = 0; i < OQ_X__COUNT; i++)
-        oq_metric_set_absent(c->m_state[i], !exporter);
-    oq_metric_set_absent(c->m_review, !exporter);
-    oq_metric_set_absent(c->m_review_age, !exporter);
-    oq_metric_set_absent(c->m_unsettled_age, !exporter);
-    /* counts by state scan the table: only worth it when someone scrapes them */
-    if (exporter && c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
-        for (int i = 0; i < OQ_X__COUNT; i++)
-            oq_gauge_set(c->m_state[i], (double)counts[i]);
-    /* the unsettled rows come from a small partial index: cheap enough to read always */
-    if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
-        int64_t now = lease_now(c);
-        oq_gauge_set(c->m_review, (double)un.review);
-        oq_gauge_set(c->m_review_age, un.review ? (double)(now - un.review_oldest) / 1000.0 : 0);
-        oq_gauge_set(c->m_unsettled_age,
-                     un.unknown ? (double)(now - un.unknown_oldest) / 1000.0 : 0);
-    }
-    oq_gauge_set(c->m_inflight, (double)oq__dispatch_count(c->disp));
-    rd_kafka_topic_partition_list_t *parts = NULL;
-    if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR || !parts) return;
-    for (int i = 0; i < c->n_lag; i++) /* partitions no longer assigned here: no series */
-        oq_metric_set_absent(c->m_lag[i].g, 1);
-    if (parts->cnt > 0 && rd_kafka_position(c->rk, parts) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        for (int i = 0; i < parts->cnt; i++) {
-            int64_t lo = 0, hi = 0;
-            if (rd_kafka_get_watermark_offsets(c->rk, parts->elems[i].topic,
-                                               parts->elems[i].partition, &lo, &hi) != 0)
-                continue;
-            int64_t pos = parts->elems[i].offset;
-            if (pos < 0) pos = lo;
-            oq_metric_t *g = lag_gauge(c, parts->elems[i].topic, parts->elems[i].partition);
-            oq_gauge_set(g, hi > pos ? (double)(hi - pos) : 0);
-            oq_metric_set_absent(g, 0);
-        }
-    }
-    rd_kafka_topic_partition_list_destroy(parts);
 }
 
 /* Readiness: this worker is a member of the group with an assignment (it may be empty when the
@@ -1623,7 +761,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->policy.lease_ms = c->o.lease_ms;
     c->policy.traits = tool_traits;
     c->policy.traits_ctx = c;
-    c->policy.on_reconciled = on_reconciled;
+    c->policy.on_reconciled = oq__consumer_on_reconciled;
     c->policy.on_ctx = c;
     pthread_mutex_init(&c->resolve_ring.mu, NULL);
     pthread_mutex_init(&c->stats_mu, NULL);
@@ -1675,7 +813,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         if (c->o.drain_ms > OQ__DRAIN_DEFAULT_MAX_MS) c->o.drain_ms = OQ__DRAIN_DEFAULT_MAX_MS;
     }
     if (c->o.drain_ms < 0) c->o.drain_ms = 0;
-    metrics_init(c);
+    oq__consumer_metrics_init(c);
 
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
     if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
@@ -1751,7 +889,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     }
     if (c->metrics_listen &&
         !(c->msrv = oq__admin_start(c->metrics_listen, c->o.token_file, c->metrics, c->db_path,
-                                    stats_cb, c, err))) {
+                                    oq__consumer_stats_cb, c, err))) {
         rc = err ? err->code : OQ_EIO;
         goto fail;
     }
@@ -1776,25 +914,12 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     }
     if (c->tools) {
         oq__http_exec_opts_t xo = {.max_inflight = c->o.http_inflight};
-        if (!(c->disp = oq__dispatch_new(&xo, wake_batch, c, err))) {
+        if (!(c->disp = oq__dispatch_new(&xo, oq__outside_wake, c, err))) {
             rc = err ? err->code : OQ_EIO;
             goto fail;
         }
     }
-    for (int i = 0; i < c->nrunners; i++) {
-        if (pthread_create(&c->runners[i].th, NULL, runner_main, &c->runners[i]) != 0) {
-            rc = oq_error_set(err, OQ_EIO, 0, "runner thread");
-            c->nrunners = i;
-            goto fail;
-        }
-        pthread_setname_np(c->runners[i].th, "oq-runner"); /* top -H, perf; failure harmless */
-    }
-    if (pthread_create(&c->hb_th, NULL, heartbeat_main, c) != 0) {
-        rc = oq_error_set(err, OQ_EIO, 0, "heartbeat thread");
-        goto fail;
-    }
-    c->hb_started = 1;
-    pthread_setname_np(c->hb_th, "oq-heartbeat");
+    if ((rc = oq__runners_start(c, err))) goto fail;
     OQ_LOG_INFO(OQ__COMP,
                 "worker started worker_id=%s db=%s group=%s topic=%s lease=%" PRId64
                 "ms runners=%d http_tools=%zu inbox_retention_ms=%" PRId64 " retention_ms=%" PRId64,
@@ -1811,25 +936,6 @@ fail:
 void oq_consumer_stop(oq_consumer_t *c)
 {
     if (c) c->stop = 1;
-}
-
-static void shutdown_threads(oq_consumer_t *c)
-{
-    pthread_mutex_lock(&c->mu);
-    c->stop = 1;
-    c->qlen = 0;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < c->nrunners; i++) {
-        if (c->runners[i].th) pthread_join(c->runners[i].th, NULL);
-        c->runners[i].th = 0;
-    }
-    c->nrunners = 0;
-    if (c->hb_started) {
-        c->hb_stop = 1;
-        pthread_join(c->hb_th, NULL);
-        c->hb_started = 0;
-    }
 }
 
 /*
@@ -1979,7 +1085,7 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             c->t_sched_us += oq_mono_us() - ts;
             last_sched = now;
         }
-        if (!runners_idle(c)) last_busy = now;
+        if (!oq__runners_idle(c)) last_busy = now;
         commit_stored(c);
         if (c->dlq_added && now - last_dlq >= 1000000) {
             dlq_publish(c);
@@ -1990,7 +1096,7 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             last_purge = now;
         }
         if (now - last_gauges >= 2000000) {
-            refresh_gauges(c);
+            oq__consumer_refresh_gauges(c);
             last_gauges = now;
         }
         if (max_idle_ms > 0 && atomic_load(&c->first_poll_us) != 0 &&
@@ -2030,32 +1136,10 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         OQ_LOG_INFO(OQ__COMP, "final commit: %s", rd_kafka_err2str(e));
     rd_kafka_consumer_close(c->rk);
     c->subscribed = 0;
-    shutdown_threads(c);
+    oq__runners_stop(c);
     if (c->dlq_added) dlq_publish(c);
-    refresh_gauges(c);
+    oq__consumer_refresh_gauges(c);
     return 0;
-}
-
-void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out)
-{
-    out->consumed = atomic_load(&c->n_consumed);
-    out->duplicates = atomic_load(&c->n_dup);
-    out->effects = atomic_load(&c->n_effects);
-    out->dlq = atomic_load(&c->n_dlq);
-    out->terminal = atomic_load(&c->n_terminal);
-    out->first_poll_us = atomic_load(&c->first_poll_us);
-    out->requests = atomic_load(&c->n_requests);
-    out->unknown = atomic_load(&c->n_unknown);
-    out->lease_lost = atomic_load(&c->n_lease_lost);
-    for (int i = 0; i < 4; i++)
-        out->reconciled[i] = atomic_load(&c->n_recon[i]);
-    out->to_review = atomic_load(&c->n_review);
-    out->inflight = oq__dispatch_count(c->disp);
-}
-
-static json_t *stats_cb(void *ctx)
-{
-    return oq_consumer_stats_json(ctx);
 }
 
 /* A declared HTTP tool whose name is also compiled in would be ambiguous. */
@@ -2079,69 +1163,10 @@ int oq_consumer_check_tools(const char *path, oq_error_t *err)
     return rc;
 }
 
-json_t *oq_consumer_stats_json(oq_consumer_t *c)
-{
-    static const char *const verdicts[4] = {"found", "absent", "undecided", "none"};
-    oq_consumer_stats_t st;
-    oq__unsettled_t un;
-    double q[3];
-    oq_consumer_get_stats(c, &st);
-    json_t *o = json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "worker", c->worker_id,
-        "consumed", (json_int_t)st.consumed, "duplicates", (json_int_t)st.duplicates, "effects",
-        (json_int_t)st.effects, "dlq", (json_int_t)st.dlq, "terminal", (json_int_t)st.terminal,
-        "requests", (json_int_t)st.requests, "unknown", (json_int_t)st.unknown, "lease_lost",
-        (json_int_t)st.lease_lost, "to_review", (json_int_t)st.to_review, "inflight", st.inflight);
-    if (!o) return NULL;
-    json_t *rec = json_object();
-    uint64_t def = st.reconciled[0] + st.reconciled[1], all = def + st.reconciled[2];
-    for (int i = 0; i < 4; i++)
-        json_object_set_new(rec, verdicts[i], json_integer((json_int_t)st.reconciled[i]));
-    json_object_set_new(rec, "success_rate",
-                        all ? json_real((double)def / (double)all) : json_null());
-    int n = ring_quantiles(&c->resolve_ring, q);
-    json_object_set_new(
-        rec, "unknown_to_resolved_ms",
-        json_pack("{s:i, s:f, s:f, s:f}", "n", n, "p50", q[0], "p95", q[1], "p99", q[2]));
-    json_object_set_new(o, "reconciliation", rec);
-    pthread_mutex_lock(&c->stats_mu); /* (the stats connection: any thread may ask) */
-    if (oq__consumer_store_unsettled(c->stats_store, &un, NULL) == 0) {
-        int64_t now = lease_now(c);
-        json_object_set_new(
-            o, "review",
-            json_pack("{s:I, s:f, s:I, s:f}", "queue", (json_int_t)un.review, "oldest_s",
-                      un.review ? (double)(now - un.review_oldest) / 1000.0 : 0.0, "unknown",
-                      (json_int_t)un.unknown, "unknown_oldest_s",
-                      un.unknown ? (double)(now - un.unknown_oldest) / 1000.0 : 0.0));
-    }
-    int64_t counts[OQ_X__COUNT];
-    if (oq__consumer_store_state_counts(c->stats_store, counts, NULL) == 0) {
-        json_t *by = json_object();
-        for (int i = 0; i < OQ_X__COUNT; i++)
-            json_object_set_new(by, oq__xstate_name(i), json_integer(counts[i]));
-        json_object_set_new(o, "executions", by);
-    }
-    pthread_mutex_unlock(&c->stats_mu);
-    json_t *tools = json_object();
-    for (size_t t = 0; c->tools && t < c->tools->n; t++) {
-        tool_metrics_t *tm = &c->tmetrics[t];
-        json_t *cls = json_object();
-        for (int k = OQ__HTTP_SUCCESS; k <= OQ__HTTP_UNDECIDED; k++)
-            json_object_set_new(cls, oq__http_class_name((oq__http_class_t)k),
-                                json_integer((json_int_t)atomic_load(&tm->n_class[k])));
-        n = ring_quantiles(&tm->ring, q);
-        json_object_set_new(tools, c->tools->tools[t].name,
-                            json_pack("{s:o, s:{s:i, s:f, s:f, s:f}}", "by_class", cls,
-                                      "latency_ms", "n", n, "p50", q[0], "p95", q[1], "p99", q[2]));
-    }
-    json_object_set_new(o, "downstream", tools);
-    return o;
-}
-
 void oq_consumer_destroy(oq_consumer_t *c)
 {
     if (!c) return;
-    shutdown_threads(c);
+    oq__runners_stop(c);
     if (c->relay) oq_relay_destroy(c->relay);
     oq__admin_stop(c->msrv);
     oq_metrics_serve_stop(c->mosrv);
@@ -2153,7 +1178,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
     retention_check_done(c);
     oq__dispatch_destroy(c->disp);
     c->disp = NULL;
-    drop_sends(c);
+    oq__outside_drop(c);
     free(c->sends);
     if (c->lookups)
         for (int i = 0; i < OQ__RECOVER_CAP; i++)

@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * outside.c: the worker's side of outside calls (the HTTP tools of the --tools file): jobs
+ * handed to the dispatcher (consumer/dispatch.c) and their outcomes brought back to the batch
+ * transaction.
+ *
+ * A new call's execution is STARTED in the batch transaction (oq__outside_start), a due one
+ * claimed in the scheduler's (oq__outside_claim); either queues a job in c->sends, and the jobs
+ * go to the dispatcher only after that transaction commits (oq__outside_flush; a rollback drops
+ * them: oq__outside_drop), so STARTED is durable before a request leaves. Recovery's lookups of
+ * RECONCILING rows go the same way (oq__outside_send_lookups). Answers come back as done jobs:
+ * the next batch transaction takes them (oq__outside_take), writes their outcomes with the
+ * same finish path as every run (oq__outside_apply), and only after it commits are the jobs
+ * forgotten (oq__outside_forget), so the heartbeat renews a job's lease until its outcome is
+ * durable (oq__outside_renew: all of them in one transaction per beat).
+ *
+ * Threads: everything here runs on the main (batch) thread, except oq__outside_wake (the
+ * dispatcher thread) and oq__outside_renew (the heartbeat thread, on c->hb_store). c->sends
+ * and c->outcomes belong to the main thread; the dispatcher's lists have their own mutex.
+ */
+#include "worker_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_log.h"
+#include "oq_util.h"
+
+/* The dispatcher has a done job: cut the batch thread's Kafka wait short. */
+void oq__outside_wake(void *ctx)
+{
+    oq_consumer_t *c = ctx;
+    if (c->cq) rd_kafka_queue_yield(c->cq);
+}
+
+/* --- outside calls -----------------------------------------------------------------------------
+ */
+
+/* Queues a job for the claimed row \p x (its strings move to the job), to be sent once the
+ * open transaction commits: STARTED (or RECONCILING) is durable before the request leaves. */
+static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool_t *tool,
+                      oq__exec_row_t *x, oq_error_t *err)
+{
+    if (c->nsends == c->csends) {
+        int cap = c->csends ? c->csends * 2 : 64;
+        oq__job_t **ns = realloc(c->sends, (size_t)cap * sizeof(*ns));
+        if (!ns) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        c->sends = ns;
+        c->csends = cap;
+    }
+    oq__job_t *j = oq__job_new(kind, tool);
+    if (!j) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    j->row = *x;
+    memset(x, 0, sizeof(*x));
+    c->sends[c->nsends++] = j;
+    return 0;
+}
+
+/* The transaction rolled back: nothing was claimed, nothing is sent. */
+void oq__outside_drop(oq_consumer_t *c)
+{
+    for (int i = 0; i < c->nsends; i++)
+        oq__job_free(c->sends[i]);
+    c->nsends = 0;
+}
+
+/* The transaction committed: the requests may leave. */
+void oq__outside_flush(oq_consumer_t *c)
+{
+    for (int i = 0; i < c->nsends; i++)
+        oq__dispatch_send(c->disp, c->sends[i]);
+    c->nsends = 0;
+}
+
+/* In tx: the first run of a NEW call of the HTTP tool \p tool: STARTED now, sent after commit. */
+int oq__outside_start(oq_consumer_t *c, const oq_envelope_t *env, const oq__http_tool_t *tool,
+                      int64_t now, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    memset(&x, 0, sizeof(x));
+    int rc = oq__exec_start(c->store, env, c->o.lease_ms, now, &x, err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
+/* In tx: claim the due (or re-planned) \p call_id of the HTTP tool \p tool; sent after commit.
+ * Not due or taken by another worker: nothing to do. */
+int oq__outside_claim(oq_consumer_t *c, const char *call_id, const oq__http_tool_t *tool,
+                      int64_t now, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    memset(&x, 0, sizeof(x));
+    int rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
+    if (rc == OQ_ESTATE) return 0;
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
+/* Counts a finished request: per tool and class, and its latency. */
+static void count_request(oq_consumer_t *c, const oq__job_t *j)
+{
+    atomic_fetch_add(&c->n_requests, 1);
+    if (!c->tools || j->tool < c->tools->tools || j->tool >= c->tools->tools + c->tools->n) return;
+    tool_metrics_t *tm = &c->tmetrics[j->tool - c->tools->tools];
+    if (j->cls >= OQ__HTTP_SUCCESS && j->cls <= OQ__HTTP_UNDECIDED) {
+        oq_counter_add(tm->by_class[j->cls], 1);
+        atomic_fetch_add(&tm->n_class[j->cls], 1);
+    }
+    oq_histogram_observe(tm->latency, (double)j->elapsed_us / 1e6);
+    oq__lat_ring_add(&tm->ring, (double)j->elapsed_us / 1000.0);
+}
+
+/* Takes the done jobs for the next transaction (they stay registered until it commits). */
+void oq__outside_take(oq_consumer_t *c)
+{
+    oq__job_t *j = oq__dispatch_take(c->disp), *tail = c->outcomes;
+    if (!j) return;
+    while (tail && tail->done_next)
+        tail = tail->done_next;
+    if (tail)
+        tail->done_next = j;
+    else
+        c->outcomes = j;
+    for (; j; j = j->done_next) {
+        count_request(c, j);
+        c->noutcomes++;
+    }
+}
+
+/* The outcomes are committed (or cannot be): forget the jobs, their leases are not needed. */
+void oq__outside_forget(oq_consumer_t *c)
+{
+    for (oq__job_t *j = c->outcomes, *next; j; j = next) {
+        next = j->done_next;
+        oq__dispatch_forget(c->disp, j);
+    }
+    c->outcomes = NULL;
+    c->noutcomes = 0;
+}
+
+/* The result object of an answer: the downstream's object id, the status, the answer body. */
+static json_t *answer_result(const oq__job_t *j, const char *found_by)
+{
+    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", j->object_id[0] ? j->object_id : NULL,
+                     "http_status", (json_int_t)j->status, "found_by", found_by, "response",
+                     j->answer);
+}
+
+/* A refusal's message: the status and what the downstream said, if it said it in JSON. */
+static void refusal_message(const oq__job_t *j, char *out, size_t n)
+{
+    const json_t *m = oq__http_json_path(j->answer, "/error/message");
+    if (!json_is_string(m)) m = oq__http_json_path(j->answer, "/message");
+    if (json_is_string(m))
+        snprintf(out, n, "%.60s: %.180s", j->message, json_string_value(m));
+    else
+        snprintf(out, n, "%s", j->message);
+}
+
+/* In tx: the outcome of the finished job \p j. A write refused by the fence (the lease was
+ * lost: another worker reconciled the call) is counted and absorbed. */
+int oq__outside_apply(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_error_t *err)
+{
+    int state = -1, enew = 0, rc;
+    char why[320];
+    if (j->kind == OQ__JOB_LOOKUP) {
+        int verdict = j->cls == OQ__HTTP_FOUND    ? OQ__LOOKUP_FOUND
+                      : j->cls == OQ__HTTP_ABSENT ? OQ__LOOKUP_ABSENT
+                                                  : OQ__LOOKUP_UNDECIDED;
+        json_t *res = verdict == OQ__LOOKUP_FOUND ? answer_result(j, "lookup") : NULL;
+        snprintf(why, sizeof(why), "%s: %s", j->code, j->message);
+        rc = oq__exec_lookup_done(c->store, &j->row, verdict, j->object_id, res, why, &c->policy,
+                                  now, &state, err);
+        json_decref(res);
+        if (rc == 0 && oq__xstate_terminal(state)) c->results_emitted = 1;
+        return oq__consumer_note_finish(c, rc, &j->row, state, verdict == OQ__LOOKUP_FOUND);
+    }
+    oq__outcome_t o;
+    memset(&o, 0, sizeof(o));
+    o.retry_after_ms = j->retry_after_ms;
+    snprintf(o.out.code, sizeof(o.out.code), "%s", j->code);
+    switch (j->cls) {
+    case OQ__HTTP_SUCCESS:
+        o.cls = OQ__OUTCOME_SUCCESS;
+        o.out.result = answer_result(j, NULL);
+        o.out.has_effect = 1;
+        snprintf(o.downstream_id, sizeof(o.downstream_id), "%s", j->object_id);
+        break;
+    case OQ__HTTP_FINAL:
+        o.cls = OQ__OUTCOME_FINAL;
+        refusal_message(j, o.out.message, sizeof(o.out.message));
+        break;
+    case OQ__HTTP_RETRYABLE:
+        /* not sent because the worker stopped: nothing happened, the run does not count */
+        o.cls = !j->sent && strcmp(j->code, "abandoned") == 0 ? OQ__OUTCOME_NOT_RUN
+                                                              : OQ__OUTCOME_RETRYABLE;
+        o.out.retryable = 1;
+        refusal_message(j, o.out.message, sizeof(o.out.message));
+        break;
+    default:
+        o.cls = OQ__OUTCOME_UNKNOWN;
+        snprintf(o.out.message, sizeof(o.out.message), "%s", j->message);
+        break;
+    }
+    rc = oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, &o, &c->policy, now, &state, &enew,
+                         err);
+    oq__outcome_clear(&o);
+    if ((rc = oq__consumer_note_finish(c, rc, &j->row, state, enew))) return rc;
+    if (state == OQ_X_UNKNOWN) {
+        atomic_fetch_add(&c->n_unknown, 1);
+        oq_counter_add(c->m_unknown, 1);
+        atomic_store(&c->recover_now, 1); /* reconcile it soon, not at the next period */
+    }
+    if (oq__xstate_terminal(state)) c->results_emitted = 1;
+    return 0;
+}
+
+/*
+ * The leases of outside requests in flight (and of those answered but not yet written): renewed
+ * in one transaction, so a thousand requests cost one commit per beat. A lease found lost is
+ * only logged: the outcome write is fenced and will be refused.
+ * @locality the heartbeat thread.
+ */
+void oq__outside_renew(oq_consumer_t *c)
+{
+    int n = oq__dispatch_count(c->disp), lost = 0;
+    oq_error_t err = {0};
+    if (n <= 0) return;
+    oq__lease_t *ls = malloc((size_t)n * sizeof(*ls));
+    if (!ls) return;
+    n = oq__dispatch_leases(c->disp, ls, n);
+    int64_t until = lease_now(c) + c->o.lease_ms;
+    int rc = oq__consumer_store_begin(c->hb_store, &err);
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = oq__consumer_store_lease_renew(c->hb_store, ls[i].call_id, ls[i].fence, until, &err);
+        if (rc == OQ_EFENCED) {
+            OQ_LOGC_DEBUG(OQ__COMP, ls[i].call_id, "heartbeat: lease lost (fence %" PRId64 ")",
+                          ls[i].fence);
+            lost++;
+            rc = 0;
+        }
+    }
+    if (rc == 0) rc = oq__consumer_store_commit(c->hb_store, &err);
+    if (rc) {
+        oq__consumer_store_rollback(c->hb_store);
+        OQ_LOG_WARN(OQ__COMP, "heartbeat of %d outside request(s): %s", n, err.msg);
+    }
+    if (lost) OQ_LOG_WARN(OQ__COMP, "heartbeat: %d outside request(s) lost their lease", lost);
+    free(ls);
+}
+
+void oq__outside_send_lookups(oq_consumer_t *c, int nl)
+{
+    for (int i = 0; i < nl; i++) {
+        const oq__http_tool_t *tool = oq__http_tools_find(c->tools, c->lookups[i].tool);
+        oq__job_t *j = tool ? oq__job_new(OQ__JOB_LOOKUP, tool) : NULL;
+        if (!j) { /* the RECONCILING lease lapses and another step asks again */
+            oq__exec_row_clear(&c->lookups[i]);
+            continue;
+        }
+        j->row = c->lookups[i];
+        memset(&c->lookups[i], 0, sizeof(c->lookups[i]));
+        oq__dispatch_send(c->disp, j);
+    }
+}
