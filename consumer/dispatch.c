@@ -13,8 +13,9 @@
  *     submit is thread-safe, but submitting on the polling thread keeps every executor call
  *     on one thread and lets a failed submit become an ordinary "done" job);
  *   - done: finished jobs waiting for the batch thread.
- * The executor's callback copies what the outcome says into the job (the outcome's pointers
- * die with the callback), parses a JSON answer of at most 64 KiB, fires the crash point
+ * The executor's callback has execution.c say what the answer means (oq__outcome_from_http:
+ * the one mapping of a class to an outcome; the report's pointers die with the callback, the
+ * job keeps the oq__outcome_t the commit writes as it is), fires the crash point
  * consumer.after_request_sent_before_outcome for a call whose request left, queues the job as
  * done and wakes the batch thread.
  *
@@ -37,7 +38,6 @@
 #include "oq_util.h"
 
 #define COMP "consumer"
-#define MAX_ANSWER (64 * 1024)
 
 struct oq__dispatch {
     oq__http_exec_t *x;
@@ -61,7 +61,6 @@ oq__job_t *oq__job_new(oq__job_kind_t kind, const oq__http_tool_t *tool)
     if (!j) return NULL;
     j->kind = kind;
     j->tool = tool;
-    j->retry_after_ms = -1;
     return j;
 }
 
@@ -69,7 +68,8 @@ void oq__job_free(oq__job_t *j)
 {
     if (!j) return;
     oq__exec_row_clear(&j->row);
-    json_decref(j->answer);
+    json_decref(j->args);
+    oq__outcome_clear(&j->out);
     free(j);
 }
 
@@ -94,25 +94,13 @@ static void push_done(oq__dispatch_t *d, oq__job_t *j)
     if (d->wake) d->wake(d->wake_ctx);
 }
 
-/* The executor's callback: copy the outcome into the job, hand it back. */
+/* The executor's callback: what the answer means (execution.c) goes into the job. */
 static void on_outcome(const oq__http_outcome_t *o, void *ctx)
 {
     oq__job_t *j = ctx;
     j->cls = o->cls;
-    snprintf(j->code, sizeof(j->code), "%s", o->code ? o->code : "");
-    snprintf(j->message, sizeof(j->message), "%s", o->message ? o->message : "");
-    j->status = o->status;
-    j->sent = o->sent;
-    j->retry_after_ms = o->retry_after_ms;
-    snprintf(j->object_id, sizeof(j->object_id), "%s", o->object_id ? o->object_id : "");
     j->elapsed_us = o->elapsed_us;
-    if (o->body && o->body_len > 0 && o->body_len <= MAX_ANSWER) {
-        json_t *a = json_loadb(o->body, o->body_len, JSON_REJECT_DUPLICATES, NULL);
-        if (json_is_object(a) || json_is_array(a))
-            j->answer = a;
-        else
-            json_decref(a);
-    }
+    oq__outcome_from_http(o, j->kind == OQ__JOB_LOOKUP, &j->out);
     if (j->kind == OQ__JOB_CALL && o->sent)
         OQ_CRASH_POINT("consumer.after_request_sent_before_outcome");
 }
@@ -131,14 +119,21 @@ static void on_done(const oq__http_outcome_t *o, void *ctx)
     free(c);
 }
 
-/* A job that never left: answered here, as the executor would for an unsent request ("abandoned"
- * when the worker is stopping: the run does not count). */
-static void fail_local(oq__dispatch_t *d, oq__job_t *j, const char *code, const char *why)
+/* A job that never left: answered here, as the executor would answer an unsent request
+ * (\p abandoned: the worker is stopping, the run does not count; else "local_error"). */
+static void fail_local(oq__dispatch_t *d, oq__job_t *j, int abandoned, const char *why)
 {
-    j->cls = j->kind == OQ__JOB_LOOKUP ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE;
-    snprintf(j->code, sizeof(j->code), "%s", code);
-    snprintf(j->message, sizeof(j->message), "%s", why);
-    j->sent = 0;
+    oq__http_outcome_t o;
+    memset(&o, 0, sizeof(o));
+    o.cls = j->kind == OQ__JOB_LOOKUP ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE;
+    o.code = abandoned ? "abandoned" : "local_error";
+    o.message = why;
+    o.abandoned = abandoned;
+    o.retry_after_ms = -1;
+    o.tool = j->tool;
+    j->cls = o.cls;
+    j->elapsed_us = 0;
+    oq__outcome_from_http(&o, j->kind == OQ__JOB_LOOKUP, &j->out);
     push_done(d, j);
 }
 
@@ -160,29 +155,27 @@ static void submit_queued(oq__dispatch_t *d)
     while (j) {
         oq__job_t *next = j->done_next;
         if (atomic_load(&d->stopping)) {
-            fail_local(d, j, "abandoned", "the worker is stopping: not sent");
+            fail_local(d, j, 1, "the worker is stopping: not sent");
             j = next;
             continue;
         }
         oq_error_t err = {0};
-        json_t *args = json_loads(j->row.args ? j->row.args : "{}", 0, NULL);
         cbctx_t *c = calloc(1, sizeof(*c));
         char eid[OQ_CALL_ID_LEN + 1];
         snprintf(eid, sizeof(eid), "%s", j->row.effect_id ? j->row.effect_id : "");
         int rc = OQ_ENOMEM;
-        if (c && args && eid[0]) {
+        if (c && j->args && eid[0]) {
             c->d = d;
             c->j = j;
             rc = j->kind == OQ__JOB_LOOKUP
-                     ? oq__http_exec_lookup(d->x, j->tool, args, eid, on_done, c, &err)
-                     : oq__http_exec_submit(d->x, j->tool, args, eid, on_done, c, &err);
+                     ? oq__http_exec_lookup(d->x, j->tool, j->args, eid, on_done, c, &err)
+                     : oq__http_exec_submit(d->x, j->tool, j->args, eid, on_done, c, &err);
         }
-        json_decref(args);
         if (rc) {
             free(c);
             OQ_LOGC_WARN(COMP, j->row.call_id, "request not submitted: %s",
                          err.msg[0] ? err.msg : "bad row");
-            fail_local(d, j, rc == OQ_ESHUTDOWN ? "abandoned" : "local_error",
+            fail_local(d, j, rc == OQ_ESHUTDOWN,
                        err.msg[0] ? err.msg : "request could not be built");
         }
         j = next;
@@ -247,7 +240,7 @@ void oq__dispatch_send(oq__dispatch_t *d, oq__job_t *j)
     if (!closed) list_append(&d->out_head, &d->out_tail, j);
     pthread_mutex_unlock(&d->mu);
     if (closed)
-        fail_local(d, j, "abandoned", "the worker is stopping: not sent");
+        fail_local(d, j, 1, "the worker is stopping: not sent");
     else
         oq__http_exec_wakeup(d->x);
 }
@@ -327,7 +320,7 @@ void oq__dispatch_stop(oq__dispatch_t *d, int64_t drain_ms)
     oq__job_t *j = take_queued(d);
     while (j) {
         oq__job_t *next = j->done_next;
-        fail_local(d, j, "abandoned", "the worker stopped before the request was sent");
+        fail_local(d, j, 1, "the worker stopped before the request was sent");
         j = next;
     }
 }

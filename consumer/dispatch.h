@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "consumer_store.h"
+#include "execution.h"
 #include "http_tools.h"
 #include "oq_error.h"
 
@@ -31,22 +32,20 @@ typedef enum { OQ__JOB_CALL = 0, OQ__JOB_LOOKUP } oq__job_kind_t;
 typedef struct oq__job {
     oq__job_kind_t kind;
     oq__exec_row_t row;          /**< as claimed (STARTED / RECONCILING); owned */
+    json_t *args;                /**< the call's arguments, parsed once (from the envelope, or
+                                      the row's text at a claim) and sent as they are; owned.
+                                      NULL: unreadable, answered "local_error", never sent */
     const oq__http_tool_t *tool; /**< borrowed from the tools set, which outlives the job */
     /* the answer, set by the dispatcher thread before the job is handed back */
-    oq__http_class_t cls;
-    char code[48];
-    char message[256];
-    long status;
-    int sent;
-    int64_t retry_after_ms; /**< -1: none */
-    char object_id[256];    /**< "" when the answer named none */
-    json_t *answer;         /**< the answer's body when it is JSON (<= 64 KiB), else NULL */
+    oq__http_class_t cls; /**< the executor's class (metrics by class) */
     int64_t elapsed_us;
+    oq__outcome_t out; /**< what the answer means (oq__outcome_from_http); written as it is */
     /* internal */
     struct oq__job *next, *prev, *done_next;
 } oq__job_t;
 
-/** @brief A new job of \p kind for \p tool; the caller fills row. NULL when out of memory. */
+/** @brief A new job of \p kind for \p tool; the caller fills row and args. NULL when out of
+ *         memory. */
 oq__job_t *oq__job_new(oq__job_kind_t kind, const oq__http_tool_t *tool);
 /** @brief Free a job that was never sent; accepts NULL. */
 void oq__job_free(oq__job_t *j);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The consumer's rules, top to bottom: the states and the one table of legal transitions, the
- * retry policy, what a tool's outcome means, the intake decision for each message, the claim,
- * the one finish path of every run, recovery and reconciliation of unknown outcomes, and the
- * operator's review decisions. Every row is read and written through consumer_store.h;
- * nothing here knows SQL, Kafka, HTTP or threads (consumer/worker.c, consumer/dispatch.c).
+ * retry policy, what a tool's outcome means (a compiled tool's return code, and the class of an
+ * outside answer: http_tools.c classifies a transfer, the table http_meaning here says what
+ * each class means), the intake decision for each message, the claim, the one finish path of
+ * every run, recovery and reconciliation of unknown outcomes, and the operator's review
+ * decisions. Every row is read and written through consumer_store.h; nothing here knows SQL,
+ * Kafka, sockets or threads (consumer/worker.c, consumer/dispatch.c).
  *
  * An execution is one call's progress in effects.db. It is PLANNED when its first message
  * arrives, STARTED when a worker claims it (a lease with a fencing token), and its run ends in
@@ -56,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http_tools.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_util.h"
@@ -186,6 +189,95 @@ void oq__outcome_classify(int tool_rc, oq__outcome_t *o)
     if (!o->out.code[0])
         snprintf(o->out.code, sizeof(o->out.code), "%s",
                  tool_rc == OQ_TOOL_BADARGS ? "bad_args" : "tool_failed");
+}
+
+/* What each class of an outside answer means (http_tools.h classifies, this decides): for a
+ * call, the outcome class; for a lookup, the verdict. Indexed by class; a class not listed
+ * (0, or one added later) means UNKNOWN / UNDECIDED: never a blind resend. The one exception,
+ * a call abandoned unsent by a stopping worker (NOT_RUN), is in oq__outcome_from_http. */
+static const struct {
+    oq__outcome_class_t call;
+    oq__lookup_t lookup;
+} http_meaning[] = {
+    [OQ__HTTP_SUCCESS] = {OQ__OUTCOME_SUCCESS, OQ__LOOKUP_UNDECIDED},
+    [OQ__HTTP_FINAL] = {OQ__OUTCOME_FINAL, OQ__LOOKUP_UNDECIDED},
+    [OQ__HTTP_RETRYABLE] = {OQ__OUTCOME_RETRYABLE, OQ__LOOKUP_UNDECIDED},
+    [OQ__HTTP_UNKNOWN] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_UNDECIDED},
+    [OQ__HTTP_FOUND] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_FOUND},
+    [OQ__HTTP_ABSENT] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_ABSENT},
+    [OQ__HTTP_UNDECIDED] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_UNDECIDED},
+};
+
+#define OQ__MAX_ANSWER (64 * 1024) /* a JSON answer larger than this is not kept */
+
+/* The result object of an answer: the downstream's object id, the status, the answer body. */
+static json_t *answer_result(const oq__http_outcome_t *h, const json_t *answer,
+                             const char *found_by)
+{
+    const char *id = h->object_id && h->object_id[0] ? h->object_id : NULL;
+    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", id, "http_status",
+                     (json_int_t)h->status, "found_by", found_by, "response", answer);
+}
+
+/* A refusal's message: the status and what the downstream said, if it said it in JSON. */
+static void refusal_message(const oq__http_outcome_t *h, const json_t *answer, char *out, size_t n)
+{
+    const char *msg = h->message ? h->message : "";
+    const json_t *m = oq__http_json_path(answer, "/error/message");
+    if (!json_is_string(m)) m = oq__http_json_path(answer, "/message");
+    if (json_is_string(m))
+        snprintf(out, n, "%.60s: %.180s", msg, json_string_value(m));
+    else
+        snprintf(out, n, "%s", msg);
+}
+
+void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outcome_t *o)
+{
+    /* (index 0 is no class: its zeroed row would read as SUCCESS / FOUND) */
+    int known = h->cls > 0 && (size_t)h->cls < sizeof(http_meaning) / sizeof(http_meaning[0]);
+    json_t *answer = NULL;
+    memset(o, 0, sizeof(*o));
+    o->retry_after_ms = h->retry_after_ms;
+    snprintf(o->out.code, sizeof(o->out.code), "%s", h->code ? h->code : "");
+    if (h->body && h->body_len > 0 && h->body_len <= OQ__MAX_ANSWER) {
+        answer = json_loadb(h->body, h->body_len, JSON_REJECT_DUPLICATES, NULL);
+        if (!json_is_object(answer) && !json_is_array(answer)) {
+            json_decref(answer);
+            answer = NULL;
+        }
+    }
+    if (is_lookup) {
+        o->cls = OQ__OUTCOME_UNKNOWN; /* (not a run) */
+        o->verdict = known ? http_meaning[h->cls].lookup : OQ__LOOKUP_UNDECIDED;
+        snprintf(o->downstream_id, sizeof(o->downstream_id), "%s",
+                 h->object_id ? h->object_id : "");
+        snprintf(o->out.message, sizeof(o->out.message), "%s", h->message ? h->message : "");
+        if (o->verdict == OQ__LOOKUP_FOUND) o->out.result = answer_result(h, answer, "lookup");
+        json_decref(answer);
+        return;
+    }
+    o->cls = known ? http_meaning[h->cls].call : OQ__OUTCOME_UNKNOWN;
+    if (o->cls == OQ__OUTCOME_RETRYABLE && !h->sent && h->abandoned) o->cls = OQ__OUTCOME_NOT_RUN;
+    switch (o->cls) {
+    case OQ__OUTCOME_SUCCESS:
+        o->out.result = answer_result(h, answer, NULL);
+        o->out.has_effect = 1;
+        snprintf(o->downstream_id, sizeof(o->downstream_id), "%s",
+                 h->object_id ? h->object_id : "");
+        break;
+    case OQ__OUTCOME_FINAL:
+        refusal_message(h, answer, o->out.message, sizeof(o->out.message));
+        break;
+    case OQ__OUTCOME_RETRYABLE:
+    case OQ__OUTCOME_NOT_RUN:
+        o->out.retryable = 1;
+        refusal_message(h, answer, o->out.message, sizeof(o->out.message));
+        break;
+    default:
+        snprintf(o->out.message, sizeof(o->out.message), "%s", h->message ? h->message : "");
+        break;
+    }
+    json_decref(answer);
 }
 
 void oq__outcome_clear(oq__outcome_t *o)

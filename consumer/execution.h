@@ -119,12 +119,18 @@ typedef enum {
                                   never resent blind. Only a claimed run can report it. */
 } oq__outcome_class_t;
 
-/** A classified run. out.code / out.message describe a failure or why it is unknown. */
+/**
+ * A classified run, or a lookup's answer: the one struct an outcome travels in, from the tool
+ * or the executor's callback to the commit. out.code / out.message describe a failure, why it
+ * is unknown, or (a lookup) what was answered.
+ */
 typedef struct oq__outcome {
     oq__outcome_class_t cls;
     oq_tool_out_t out;       /**< what the tool reported (owns out.result) */
-    char downstream_id[256]; /**< SUCCESS of a remote tool: the downstream's object id ("" none) */
+    char downstream_id[256]; /**< SUCCESS of a remote tool, or a lookup: the downstream's object
+                                  id ("" none) */
     int64_t retry_after_ms;  /**< RETRYABLE: the downstream's Retry-After (<= 0: none) */
+    oq__lookup_t verdict;    /**< a lookup's answer (oq__outcome_from_http); unused for a run */
 } oq__outcome_t;
 
 /**
@@ -132,6 +138,23 @@ typedef struct oq__outcome {
  *        code ("bad_args", "tool_failed") when the tool gave none. \p o->out is the tool's.
  */
 void oq__outcome_classify(int tool_rc, oq__outcome_t *o);
+
+struct oq__http_outcome; /* http_tools.h: what the executor reports of one request */
+
+/**
+ * @brief What an outside answer means: the one mapping from the class the HTTP executor gave
+ *        a call's or a lookup's answer (http_tools.h) to an outcome, beside the compiled
+ *        tools' (oq__outcome_classify). For a call, \p o->cls: SUCCESS -> SUCCESS (result
+ *        {object_id, http_status, response}, an effect, downstream_id); FINAL -> FINAL;
+ *        RETRYABLE -> RETRYABLE, or NOT_RUN when the executor abandoned it before sending
+ *        (the worker is stopping: the run does not count); UNKNOWN and any other class ->
+ *        UNKNOWN. For a lookup (\p is_lookup), \p o->verdict: FOUND -> FOUND (result with
+ *        found_by "lookup"), ABSENT -> ABSENT, any other class -> UNDECIDED. A refusal's
+ *        message quotes the answer's /error/message or /message when it is JSON.
+ * @param h the executor's report; its pointers are read during this call only.
+ * @param o zeroed and filled; clear it with oq__outcome_clear().
+ */
+void oq__outcome_from_http(const struct oq__http_outcome *h, int is_lookup, oq__outcome_t *o);
 
 /** @brief Release what \p o owns. */
 void oq__outcome_clear(oq__outcome_t *o);

@@ -1152,6 +1152,7 @@ struct xfer {
     void *ctx;
     /* set when the request failed before it could be built (bad arguments) */
     int prefail;
+    int abandoned; /* given up by a draining or closing executor (deliver_abandoned) */
     char prefail_msg[256];
     xfer_t *next, *prev;
 };
@@ -1344,6 +1345,7 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     o.status = status;
     o.curl_code = curl_code;
     o.sent = t->sent;
+    o.abandoned = t->abandoned;
     o.retry_after_ms = t->has_retry_after ? t->retry_after_ms : -1;
     o.body = t->resp;
     o.body_len = t->resp_len;
@@ -1384,6 +1386,13 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     atomic_fetch_sub(&x->pending, 1);
     t->cb(&o, t->ctx);
     json_decref(doc);
+}
+
+/* The executor gives up on \p t (draining or closing): "abandoned", flagged as such. */
+static void deliver_abandoned(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const char *msg)
+{
+    t->abandoned = 1;
+    deliver(x, t, cls, "abandoned", msg, 0, 0);
 }
 
 static void finish(oq__http_exec_t *x, xfer_t *t, CURLcode cc)
@@ -1621,8 +1630,8 @@ static int admit(oq__http_exec_t *x)
         x->wait_head = t->next;
         if (!x->wait_head) x->wait_tail = NULL;
         t->next = NULL;
-        deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE, "abandoned",
-                "the worker is stopping: not sent", 0, 0);
+        deliver_abandoned(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE,
+                          "the worker is stopping: not sent");
         xfer_free(t);
         delivered++;
     }
@@ -1713,10 +1722,9 @@ void oq__http_exec_destroy(oq__http_exec_t *x)
         oq__http_class_t cls = t->is_lookup ? OQ__HTTP_UNDECIDED
                                : t->sent    ? OQ__HTTP_UNKNOWN
                                             : OQ__HTTP_RETRYABLE;
-        deliver(x, t, cls, "abandoned",
-                t->sent ? "executor closed after the request was sent"
-                        : "executor closed before the request was sent",
-                0, 0);
+        deliver_abandoned(x, t, cls,
+                          t->sent ? "executor closed after the request was sent"
+                                  : "executor closed before the request was sent");
         retire(x, t);
         xfer_free(t);
     }
@@ -1734,8 +1742,8 @@ void oq__http_exec_destroy(oq__http_exec_t *x)
             deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_FINAL, "bad_args",
                     t->prefail_msg, 0, 0);
         else
-            deliver(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE, "abandoned",
-                    "executor closed before the request was sent", 0, 0);
+            deliver_abandoned(x, t, t->is_lookup ? OQ__HTTP_UNDECIDED : OQ__HTTP_RETRYABLE,
+                              "executor closed before the request was sent");
         xfer_free(t);
     }
     for (int i = 0; i < x->nidle; i++)

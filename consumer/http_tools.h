@@ -208,6 +208,8 @@ typedef struct oq__http_outcome {
     long status;         /**< HTTP status, 0 when none */
     int curl_code;
     int sent;
+    int abandoned;          /**< not an answer: given up because the executor was draining or
+                                 closing (code "abandoned"; RETRYABLE / UNKNOWN / UNDECIDED) */
     int64_t retry_after_ms; /**< -1 when the answer gave none */
     const char *object_id;  /**< SUCCESS / FOUND: the downstream's id, or NULL if unreadable */
     const char *body;       /**< the answer's body (at most max_response bytes), or NULL */

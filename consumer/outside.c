@@ -37,20 +37,37 @@ void oq__outside_wake(void *ctx)
 /* --- outside calls -----------------------------------------------------------------------------
  */
 
-/* Queues a job for the claimed row \p x (its strings move to the job), to be sent once the
- * open transaction commits: STARTED (or RECONCILING) is durable before the request leaves. */
+/* The arguments a job carries to its request: \p parsed (the envelope's tree: a reference is
+ * taken) or, for a row claimed from the database, its text parsed once, here. NULL when
+ * unreadable (the dispatcher answers "local_error", nothing is sent). */
+static json_t *job_args(const oq__exec_row_t *x, const json_t *parsed)
+{
+    if (parsed) return json_incref((json_t *)parsed);
+    return json_loads(x->args ? x->args : "{}", 0, NULL);
+}
+
+/* Queues a job for the claimed row \p x (its strings move to the job) with its arguments
+ * \p args (owned; moved to the job), to be sent once the open transaction commits: STARTED
+ * (or RECONCILING) is durable before the request leaves. */
 static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool_t *tool,
-                      oq__exec_row_t *x, oq_error_t *err)
+                      oq__exec_row_t *x, json_t *args, oq_error_t *err)
 {
     if (c->nsends == c->csends) {
         int cap = c->csends ? c->csends * 2 : 64;
         oq__job_t **ns = realloc(c->sends, (size_t)cap * sizeof(*ns));
-        if (!ns) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        if (!ns) {
+            json_decref(args);
+            return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        }
         c->sends = ns;
         c->csends = cap;
     }
     oq__job_t *j = oq__job_new(kind, tool);
-    if (!j) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (!j) {
+        json_decref(args);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    j->args = args;
     j->row = *x;
     memset(x, 0, sizeof(*x));
     c->sends[c->nsends++] = j;
@@ -80,7 +97,7 @@ int oq__outside_start(oq_consumer_t *c, const oq_envelope_t *env, const oq__http
     oq__exec_row_t x;
     memset(&x, 0, sizeof(x));
     int rc = oq__exec_start(c->store, env, c->o.lease_ms, now, &x, err);
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, env->args), err);
     oq__exec_row_clear(&x);
     return rc;
 }
@@ -94,7 +111,7 @@ int oq__outside_claim(oq_consumer_t *c, const char *call_id, const oq__http_tool
     memset(&x, 0, sizeof(x));
     int rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
     if (rc == OQ_ESTATE) return 0;
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, NULL), err);
     oq__exec_row_clear(&x);
     return rc;
 }
@@ -141,73 +158,23 @@ void oq__outside_forget(oq_consumer_t *c)
     c->noutcomes = 0;
 }
 
-/* The result object of an answer: the downstream's object id, the status, the answer body. */
-static json_t *answer_result(const oq__job_t *j, const char *found_by)
-{
-    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", j->object_id[0] ? j->object_id : NULL,
-                     "http_status", (json_int_t)j->status, "found_by", found_by, "response",
-                     j->answer);
-}
-
-/* A refusal's message: the status and what the downstream said, if it said it in JSON. */
-static void refusal_message(const oq__job_t *j, char *out, size_t n)
-{
-    const json_t *m = oq__http_json_path(j->answer, "/error/message");
-    if (!json_is_string(m)) m = oq__http_json_path(j->answer, "/message");
-    if (json_is_string(m))
-        snprintf(out, n, "%.60s: %.180s", j->message, json_string_value(m));
-    else
-        snprintf(out, n, "%s", j->message);
-}
-
-/* In tx: the outcome of the finished job \p j. A write refused by the fence (the lease was
- * lost: another worker reconciled the call) is counted and absorbed. */
+/* In tx: the outcome of the finished job \p j, as oq__outcome_from_http (execution.c) read
+ * it from the answer, written as it is. A write refused by the fence (the lease was lost:
+ * another worker reconciled the call) is counted and absorbed. */
 int oq__outside_apply(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_error_t *err)
 {
+    const oq__outcome_t *o = &j->out;
     int state = -1, enew = 0, rc;
     char why[320];
     if (j->kind == OQ__JOB_LOOKUP) {
-        int verdict = j->cls == OQ__HTTP_FOUND    ? OQ__LOOKUP_FOUND
-                      : j->cls == OQ__HTTP_ABSENT ? OQ__LOOKUP_ABSENT
-                                                  : OQ__LOOKUP_UNDECIDED;
-        json_t *res = verdict == OQ__LOOKUP_FOUND ? answer_result(j, "lookup") : NULL;
-        snprintf(why, sizeof(why), "%s: %s", j->code, j->message);
-        rc = oq__exec_lookup_done(c->store, &j->row, verdict, j->object_id, res, why, &c->policy,
-                                  now, &state, err);
-        json_decref(res);
+        snprintf(why, sizeof(why), "%s: %s", o->out.code, o->out.message);
+        rc = oq__exec_lookup_done(c->store, &j->row, o->verdict, o->downstream_id, o->out.result,
+                                  why, &c->policy, now, &state, err);
         if (rc == 0 && oq__xstate_terminal(state)) c->results_emitted = 1;
-        return oq__consumer_note_finish(c, rc, &j->row, state, verdict == OQ__LOOKUP_FOUND);
+        return oq__consumer_note_finish(c, rc, &j->row, state, o->verdict == OQ__LOOKUP_FOUND);
     }
-    oq__outcome_t o;
-    memset(&o, 0, sizeof(o));
-    o.retry_after_ms = j->retry_after_ms;
-    snprintf(o.out.code, sizeof(o.out.code), "%s", j->code);
-    switch (j->cls) {
-    case OQ__HTTP_SUCCESS:
-        o.cls = OQ__OUTCOME_SUCCESS;
-        o.out.result = answer_result(j, NULL);
-        o.out.has_effect = 1;
-        snprintf(o.downstream_id, sizeof(o.downstream_id), "%s", j->object_id);
-        break;
-    case OQ__HTTP_FINAL:
-        o.cls = OQ__OUTCOME_FINAL;
-        refusal_message(j, o.out.message, sizeof(o.out.message));
-        break;
-    case OQ__HTTP_RETRYABLE:
-        /* not sent because the worker stopped: nothing happened, the run does not count */
-        o.cls = !j->sent && strcmp(j->code, "abandoned") == 0 ? OQ__OUTCOME_NOT_RUN
-                                                              : OQ__OUTCOME_RETRYABLE;
-        o.out.retryable = 1;
-        refusal_message(j, o.out.message, sizeof(o.out.message));
-        break;
-    default:
-        o.cls = OQ__OUTCOME_UNKNOWN;
-        snprintf(o.out.message, sizeof(o.out.message), "%s", j->message);
-        break;
-    }
-    rc = oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, &o, &c->policy, now, &state, &enew,
-                         err);
-    oq__outcome_clear(&o);
+    rc =
+        oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, o, &c->policy, now, &state, &enew, err);
     if ((rc = oq__consumer_note_finish(c, rc, &j->row, state, enew))) return rc;
     if (state == OQ_X_UNKNOWN) {
         atomic_fetch_add(&c->n_unknown, 1);
@@ -261,6 +228,7 @@ void oq__outside_send_lookups(oq_consumer_t *c, int nl)
             oq__exec_row_clear(&c->lookups[i]);
             continue;
         }
+        j->args = job_args(&c->lookups[i], NULL);
         j->row = c->lookups[i];
         memset(&c->lookups[i], 0, sizeof(c->lookups[i]));
         oq__dispatch_send(c->disp, j);
