@@ -18,12 +18,12 @@
  *
  * oq_metrics_serve() runs libmicrohttpd with its own polling thread bound to one address
  * (127.0.0.1 unless the user asks otherwise): GET /metrics, GET /healthz and GET /readyz (from
- * an oq_ready_t prober when one is set), 404 for anything else.
+ * the renderer set with oq_metrics_server_set_readyz, an oq_ready_t prober's in practice: this
+ * file does not know the prober, which registers its gauge here), 404 for anything else.
  */
 #include "oq_metrics.h"
 #include "oq_mhd.h"
 #include "oq_log.h"
-#include "oq_ready.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -517,13 +517,22 @@ struct oq_metrics_server {
     struct MHD_Daemon *d;
     oq_metrics_t *m;
     int port;
-    struct oq_ready *_Atomic ready;
+    /* /readyz: set ctx before fn, unset fn before ctx (a reader takes fn, then ctx) */
+    oq_readyz_fn *_Atomic readyz;
+    void *_Atomic readyz_ctx;
     oq_mhd_guard_t *guard; /* slots, request deadline, probe slots (common/mhd.c) */
 };
 
-void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r)
+void oq_metrics_server_set_readyz(oq_metrics_server_t *s, oq_readyz_fn *fn, void *ctx)
 {
-    if (s) atomic_store(&s->ready, r);
+    if (!s) return;
+    if (fn && ctx) {
+        atomic_store(&s->readyz_ctx, ctx);
+        atomic_store(&s->readyz, fn);
+    } else {
+        atomic_store(&s->readyz, NULL);
+        atomic_store(&s->readyz_ctx, NULL);
+    }
 }
 
 int oq_parse_listen(const char *listen, char host[64], int *port, oq_error_t *err)
@@ -601,13 +610,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
             return reply(conn, MHD_HTTP_OK, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT,
                          "text/plain");
         if (url[1] == 'r') {
-            struct oq_ready *r = atomic_load(&s->ready);
-            if (!r)
+            oq_readyz_fn *fn = atomic_load(&s->readyz);
+            void *rctx = fn ? atomic_load(&s->readyz_ctx) : NULL;
+            if (!fn || !rctx)
                 return reply(conn, MHD_HTTP_OK, ready_ok, sizeof(ready_ok) - 1,
                              MHD_RESPMEM_PERSISTENT, "application/json");
             char *body = NULL;
             size_t blen = 0;
-            int rdy = oq_ready_render(r, &body, &blen);
+            int rdy = fn(rctx, &body, &blen);
             if (rdy < 0) return MHD_NO;
             return reply(conn, rdy ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, blen,
                          MHD_RESPMEM_MUST_FREE, "application/json");
@@ -627,11 +637,11 @@ static const oq_mhd_log_ctx_t mhd_log_ctx = {"metrics", OQ_LOG_WARN};
 
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err)
 {
-    return oq_metrics_serve_ready(m, listen, NULL, err);
+    return oq_metrics_serve_readyz(m, listen, NULL, NULL, err);
 }
 
-oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
-                                            struct oq_ready *ready, oq_error_t *err)
+oq_metrics_server_t *oq_metrics_serve_readyz(oq_metrics_t *m, const char *listen, oq_readyz_fn *fn,
+                                             void *ctx, oq_error_t *err)
 {
     char host[64];
     int port;
@@ -646,7 +656,7 @@ oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
         return NULL;
     }
     s->m = m;
-    atomic_store(&s->ready, ready);
+    oq_metrics_server_set_readyz(s, fn, ctx);
     struct sockaddr_in sin;
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;

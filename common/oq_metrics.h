@@ -80,21 +80,24 @@ int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len);
 
 /**
  * @brief Serve GET /metrics, GET /healthz (200 "ok" while the process serves) and GET /readyz
- *        (see oq_metrics_server_set_ready) for \p m on \p listen ("127.0.0.1:9100") with
+ *        (see oq_metrics_server_set_readyz) for \p m on \p listen ("127.0.0.1:9100") with
  *        libmicrohttpd in its own thread. @returns a handle for oq_metrics_serve_stop(), or
  *        NULL (\p err filled).
  */
 typedef struct oq_metrics_server oq_metrics_server_t;
 oq_metrics_server_t *oq_metrics_serve(oq_metrics_t *m, const char *listen, oq_error_t *err);
-struct oq_ready;
+/** A /readyz answer: \p body a malloc()ed JSON object (the caller frees it). @returns 1 ready
+ *  (200), 0 unready (503), a negative OQ_E* code on failure. oq_ready.h's prober renders one
+ *  (oq_metrics_server_set_ready there); the metrics server knows only this shape. */
+typedef int oq_readyz_fn(void *ctx, char **body, size_t *len);
 /**
- * @brief Answer GET /readyz from \p r (oq_ready.h; borrowed, must outlive the server or be
+ * @brief Answer GET /readyz with \p fn (\p ctx borrowed: it must outlive the server or be
  *        unset with NULL first). Without one, /readyz is 200 {"status":"ready"} once serving.
  */
-void oq_metrics_server_set_ready(oq_metrics_server_t *s, struct oq_ready *r);
-/** @brief oq_metrics_serve() with \p ready answering /readyz from the first request on. */
-oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen,
-                                            struct oq_ready *ready, oq_error_t *err);
+void oq_metrics_server_set_readyz(oq_metrics_server_t *s, oq_readyz_fn *fn, void *ctx);
+/** @brief oq_metrics_serve() with \p fn answering /readyz from the first request on. */
+oq_metrics_server_t *oq_metrics_serve_readyz(oq_metrics_t *m, const char *listen, oq_readyz_fn *fn,
+                                             void *ctx, oq_error_t *err);
 /** @brief Stop the server and free it; accepts NULL. The registry stays with the caller. */
 void oq_metrics_serve_stop(oq_metrics_server_t *s);
 /** @brief The bound TCP port (useful after listening on port 0), or -1 for NULL. */

@@ -57,6 +57,22 @@ int oq_ready_start(oq_ready_t *r, oq_error_t *err);
  */
 int oq_ready_render(oq_ready_t *r, char **body, size_t *len);
 
+/** @brief As oq_ready_new, with the gauge named \p gauge instead of `onceq_ready` (the
+ *         producer's is `onceq_http_ready`). */
+oq_ready_t *oq_ready_new_gauge(const char *component, oq_metrics_t *m, const char *gauge);
+
+/** @brief Run the checks now rather than at the next second (a caller saw a fault happen).
+ *         Thread-safe; accepts NULL. */
+void oq_ready_probe_now(oq_ready_t *r);
+
+/** @brief Answer GET /readyz of the metrics server \p s from \p r (borrowed; unset with NULL
+ *         before freeing it). */
+void oq_metrics_server_set_ready(oq_metrics_server_t *s, oq_ready_t *r);
+
+/** @brief oq_metrics_serve() with \p ready answering /readyz from the first request on. */
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen, oq_ready_t *ready,
+                                            oq_error_t *err);
+
 /** @brief Stop the prober and free everything; accepts NULL. */
 void oq_ready_destroy(oq_ready_t *r);
 

@@ -51,6 +51,11 @@ struct oq_ready {
 
 oq_ready_t *oq_ready_new(const char *component, oq_metrics_t *m)
 {
+    return oq_ready_new_gauge(component, m, "onceq_ready");
+}
+
+oq_ready_t *oq_ready_new_gauge(const char *component, oq_metrics_t *m, const char *gauge)
+{
     oq_ready_t *r = calloc(1, sizeof(*r));
     if (!r) return NULL;
     snprintf(r->component, sizeof r->component, "%s", component ? component : "onceq");
@@ -63,7 +68,7 @@ oq_ready_t *oq_ready_new(const char *component, oq_metrics_t *m)
     pthread_condattr_destroy(&ca);
     r->was_ready = -1;
     if (m) {
-        r->m_ready = oq_metrics_gauge(m, "onceq_ready",
+        r->m_ready = oq_metrics_gauge(m, gauge ? gauge : "onceq_ready",
                                       "1 while GET /readyz answers 200 (every check passed)", NULL);
         if (!r->m_ready) {
             oq_ready_destroy(r);
@@ -260,6 +265,31 @@ int oq_ready_render(oq_ready_t *r, char **body, size_t *len)
     *body = b;
     if (len) *len = n;
     return ready;
+}
+
+void oq_ready_probe_now(oq_ready_t *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The metrics server's /readyz renderer (oq_metrics.h knows only its shape). */
+static int render_cb(void *ctx, char **body, size_t *len)
+{
+    return oq_ready_render(ctx, body, len);
+}
+
+void oq_metrics_server_set_ready(oq_metrics_server_t *s, oq_ready_t *r)
+{
+    oq_metrics_server_set_readyz(s, r ? render_cb : NULL, r);
+}
+
+oq_metrics_server_t *oq_metrics_serve_ready(oq_metrics_t *m, const char *listen, oq_ready_t *ready,
+                                            oq_error_t *err)
+{
+    return oq_metrics_serve_readyz(m, listen, ready ? render_cb : NULL, ready, err);
 }
 
 void oq_ready_destroy(oq_ready_t *r)

@@ -60,11 +60,13 @@
  * keeps the old set. /metrics and /stats have their own access rule (loopback, open, or
  * their own tokens); /healthz and /readyz are always open.
  *
- * Readiness. /healthz says the process serves HTTP. /readyz says a submit can succeed: a
- * thread probes once a second, off the epoll threads, that calls.db opens read-write and
- * takes the write lock (BEGIN IMMEDIATE, then ROLLBACK, bounded by a 1 s busy wait), and that
- * the results ingest's brokers answer; a submit whose commit failed also makes the producer
- * unready until a later commit succeeds or 10 s pass.
+ * Readiness. /healthz says the process serves HTTP. /readyz says a submit can succeed: the
+ * prober of common/ready.c (the relay's and the consumer's) runs two checks of this file once
+ * a second, off the epoll threads: "database", calls.db opens read-write and takes the write
+ * lock (BEGIN IMMEDIATE, then ROLLBACK, bounded by a 1 s busy wait; PostgreSQL: the server
+ * takes writes), and "kafka", the results ingest's brokers answer ("off" without an ingest).
+ * A submit whose commit failed makes the producer unready at once (the prober is woken) until
+ * a later commit succeeds or 10 s pass.
  *
  * Shutdown (oq_http_stop): quiesce (stop accepting), wake every long poll (answered with the
  * call as it stands: libmicrohttpd must not be stopped with a connection suspended), wait for
@@ -94,12 +96,12 @@
 #include "oq_pg.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_ready.h"
 #include "oq_json.h"
 #include "oq_tokens.h"
 #include "oq_waiters.h"
 
-#define READY_PERIOD_MS 1000   /* probe interval */
-#define READY_STALE_US 5000000 /* a probe older than this: the prober is stuck */
+#define READY_PERIOD_MS 1000 /* the probes' own bounds (common/ready.c probes once a second) */
 #define COMMIT_FAIL_WINDOW_US 10000000
 #define DEFAULT_MAX_CONNS 1000
 #define DEFAULT_MAX_CONNS_PER_IP 256
@@ -137,16 +139,15 @@ struct oq_http {
     oq_http_metrics_access_t metrics_access;
     oq_metric_t *m_auth_fail;
 
-    /* readiness (ready_lock guards the strings and the flag) */
-    pthread_t ready_th;
-    int ready_started;
+    /* readiness: common/ready.c's prober runs the checks below (ready_lock guards
+     * commit_error; the probe connections belong to the prober thread) */
+    oq_ready_t *ready;
     pthread_mutex_t ready_lock;
-    pthread_cond_t ready_cond;
-    int ready_stop;
-    int64_t ready_probed_us; /**< 0 until the first probe finished */
-    char ready_db[192], ready_kafka[192], commit_error[192];
+    char commit_error[192];
     atomic_llong last_commit_ok_us, last_commit_fail_us;
-    oq_metric_t *m_ready;
+    sqlite3 *probe_sqlite;
+    PGconn *probe_pg;
+    int busy_streak;
 
     /* tool catalogue (borrowed), or NULL: no check, GET /v1/tools is 404 */
     const oq_catalog_t *catalog;
@@ -411,52 +412,41 @@ static void probe_pg(oq_http_t *h, PGconn **c, char *out, size_t cap)
     snprintf(out, cap, standby ? "read-only: the server is a standby" : "ok");
 }
 
-static void *ready_main(void *arg)
+/* The "database" check (on common/ready.c's prober thread): calls.db (or the PostgreSQL server)
+ * takes writes, and no submit's commit failed in the last COMMIT_FAIL_WINDOW_US (unless a
+ * later one succeeded). */
+static int check_database(void *arg, char *out, size_t cap)
 {
     oq_http_t *h = arg;
-    sqlite3 *db = NULL;
-    PGconn *pg = NULL;
-    int is_pg = oq_backend_of(oq_producer_path(h->p)) == OQ_BACKEND_POSTGRES;
-    int busy_streak = 0;
+    if (oq_backend_of(oq_producer_path(h->p)) == OQ_BACKEND_POSTGRES)
+        probe_pg(h, &h->probe_pg, out, cap);
+    else
+        probe_db(h, &h->probe_sqlite, &h->busy_streak, out, cap);
+    if (strcmp(out, "ok") != 0) return OQ_EDB; /* the probe's finding is the more precise */
+    int64_t now = oq_mono_us();
+    int64_t fail = atomic_load(&h->last_commit_fail_us), ok = atomic_load(&h->last_commit_ok_us);
+    if (fail <= ok || now - fail >= COMMIT_FAIL_WINDOW_US) return 0;
     pthread_mutex_lock(&h->ready_lock);
-    while (!h->ready_stop) {
-        pthread_mutex_unlock(&h->ready_lock);
-        char dbs[192], ks[192] = "off";
-        if (is_pg)
-            probe_pg(h, &pg, dbs, sizeof dbs);
-        else
-            probe_db(h, &db, &busy_streak, dbs, sizeof dbs);
-        if (h->ingest) {
-            oq_error_t err = {0};
-            if (oq_ingest_probe(h->ingest, READY_PERIOD_MS, &err) == 0)
-                snprintf(ks, sizeof ks, "ok");
-            else
-                snprintf(ks, sizeof ks, "unreachable: %.160s", err.msg);
-        }
-        pthread_mutex_lock(&h->ready_lock);
-        int was_ready = h->ready_probed_us && strcmp(h->ready_db, "ok") == 0 &&
-                        (strcmp(h->ready_kafka, "ok") == 0 || strcmp(h->ready_kafka, "off") == 0);
-        int ready = strcmp(dbs, "ok") == 0 && (strcmp(ks, "ok") == 0 || strcmp(ks, "off") == 0);
-        if (ready != was_ready || !h->ready_probed_us) {
-            if (ready)
-                OQ_LOG_INFO("http", "ready: database=%s kafka=%s", dbs, ks);
-            else
-                OQ_LOG_WARN("http", "not ready: database=%s kafka=%s", dbs, ks);
-        }
-        memcpy(h->ready_db, dbs, sizeof dbs);
-        memcpy(h->ready_kafka, ks, sizeof ks);
-        h->ready_probed_us = oq_mono_us();
-        oq_gauge_set(h->m_ready, ready ? 1 : 0);
-        if (h->ready_stop) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += READY_PERIOD_MS / 1000;
-        pthread_cond_timedwait(&h->ready_cond, &h->ready_lock, &ts);
-    }
+    snprintf(out, cap, "the last commit failed: %s", h->commit_error);
     pthread_mutex_unlock(&h->ready_lock);
-    if (db) sqlite3_close_v2(db);
-    if (pg) PQfinish(pg);
-    return NULL;
+    return OQ_EDB;
+}
+
+/* The "kafka" check: the results ingest's brokers answer ("off" without an ingest). */
+static int check_kafka(void *arg, char *out, size_t cap)
+{
+    oq_http_t *h = arg;
+    oq_error_t err = {0};
+    if (!h->ingest) {
+        snprintf(out, cap, "off");
+        return 0;
+    }
+    if (oq_ingest_probe(h->ingest, READY_PERIOD_MS, &err) == 0) {
+        snprintf(out, cap, "ok");
+        return 0;
+    }
+    snprintf(out, cap, "unreachable: %.160s", err.msg);
+    return OQ_EKAFKA;
 }
 
 /* Submits report their commit's outcome: a failed commit makes the producer unready until a
@@ -472,31 +462,17 @@ static void note_commit(oq_http_t *h, int ok, const char *msg)
     snprintf(h->commit_error, sizeof h->commit_error, "%.180s", msg ? msg : "");
     pthread_mutex_unlock(&h->ready_lock);
     atomic_store(&h->last_commit_fail_us, now);
+    oq_ready_probe_now(h->ready); /* unready now, not at the next probe */
 }
 
 static enum MHD_Result get_readyz(oq_http_t *h, struct MHD_Connection *c)
 {
-    int64_t now = oq_mono_us();
-    int64_t fail = atomic_load(&h->last_commit_fail_us), ok = atomic_load(&h->last_commit_ok_us);
-    pthread_mutex_lock(&h->ready_lock);
-    char db[256];
-    int ready;
-    if (!h->ready_probed_us)
-        snprintf(db, sizeof db, "not probed yet");
-    else if (now - h->ready_probed_us > READY_STALE_US)
-        snprintf(db, sizeof db, "the readiness probe has not finished for %lld s",
-                 (long long)((now - h->ready_probed_us) / 1000000));
-    else if (strcmp(h->ready_db, "ok") != 0 || fail <= ok || now - fail >= COMMIT_FAIL_WINDOW_US)
-        snprintf(db, sizeof db, "%s", h->ready_db); /* the probe's finding is the more precise */
-    else
-        snprintf(db, sizeof db, "the last commit failed: %s", h->commit_error);
-    ready = strcmp(db, "ok") == 0 &&
-            (strcmp(h->ready_kafka, "ok") == 0 || strcmp(h->ready_kafka, "off") == 0);
-    json_t *b = json_pack("{s:s,s:s,s:s}", "status", ready ? "ready" : "unready", "database", db,
-                          "kafka", h->ready_kafka);
-    pthread_mutex_unlock(&h->ready_lock);
-    if (!b) return MHD_NO;
-    return send_json(h, c, ready ? 200 : 503, b, NULL, 0);
+    char *body = NULL;
+    size_t len = 0;
+    int ready = oq_ready_render(h->ready, &body, &len);
+    if (ready < 0) return MHD_NO;
+    return send_text(h, c, ready ? 200 : 503, body, len, "application/json", NULL, 0, 0, NULL,
+                     NULL);
 }
 
 /* --- POST /v1/tool-calls ---------------------------------------------------------------------*/
@@ -1104,8 +1080,10 @@ static void http_free(oq_http_t *h)
     free(h->tools_json);
     oq_mcp_destroy(h->mcp);
     pthread_rwlock_destroy(&h->tok_lock);
+    oq_ready_destroy(h->ready); /* joins the prober: then its connections are free */
+    if (h->probe_sqlite) sqlite3_close_v2(h->probe_sqlite);
+    if (h->probe_pg) PQfinish(h->probe_pg);
     pthread_mutex_destroy(&h->ready_lock);
-    pthread_cond_destroy(&h->ready_cond);
     free(h);
 }
 
@@ -1125,7 +1103,6 @@ static void register_metrics(oq_http_t *h)
                                          "reason=\"max_connections_per_ip\"");
     h->m_auth_fail = oq_metrics_counter(m, "onceq_http_auth_failures_total",
                                         "requests refused with 401 (no or an unknown token)", NULL);
-    h->m_ready = oq_metrics_gauge(m, "onceq_http_ready", "1 when GET /readyz answers 200", NULL);
     h->m_waiting =
         oq_metrics_gauge(m, "onceq_http_waiting_requests",
                          "GET ...?wait= requests waiting for their call to settle", NULL);
@@ -1151,10 +1128,6 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     if (!h) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     pthread_rwlock_init(&h->tok_lock, NULL);
     pthread_mutex_init(&h->ready_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_cond_init(&h->ready_cond, &ca);
-    pthread_condattr_destroy(&ca);
     h->p = p;
     h->waiters = oq_producer_waiters(p);
     h->ingest = opts->ingest;
@@ -1211,6 +1184,15 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         ret = err ? err->code : OQ_EIO;
         goto fail;
     }
+    /* GET /readyz: common/ready.c probes the checks above once a second (started before the
+     * daemon answers its first /readyz); the gauge keeps the producer's name, onceq_http_ready */
+    if (!(h->ready = oq_ready_new_gauge("http", h->metrics, "onceq_http_ready")) ||
+        oq_ready_add(h->ready, "database", check_database, h) != 0 ||
+        oq_ready_add(h->ready, "kafka", check_kafka, h) != 0) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto fail;
+    }
+    if ((ret = oq_ready_start(h->ready, err)) != 0) goto fail;
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG,
@@ -1230,12 +1212,6 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
         ret = oq_error_set(err, OQ_EIO, 0, "cannot listen on %s:%d", host, port);
         goto fail;
     }
-    if (pthread_create(&h->ready_th, NULL, ready_main, h) != 0) {
-        MHD_stop_daemon(h->d);
-        ret = oq_error_set(err, OQ_EIO, errno, "cannot start the readiness thread");
-        goto fail;
-    }
-    h->ready_started = 1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? info->port : port;
     static const char *const access_names[] = {"loopback", "open", "token"};
@@ -1262,13 +1238,6 @@ int oq_http_port(const oq_http_t *h)
 void oq_http_stop(oq_http_t *h, int drain_ms)
 {
     if (!h) return;
-    if (h->ready_started) {
-        pthread_mutex_lock(&h->ready_lock);
-        h->ready_stop = 1;
-        pthread_cond_signal(&h->ready_cond);
-        pthread_mutex_unlock(&h->ready_lock);
-        pthread_join(h->ready_th, NULL);
-    }
     MHD_socket ls = MHD_quiesce_daemon(h->d);
     /* long polls: answered now with the call as it stands, and no new ones */
     atomic_store(&h->stopping, 1);

@@ -137,7 +137,7 @@ oq_log "/readyz read-only: $R"
 [[ "$(jq -r .status <<<"$R")" == unready && "$(jq -r .database <<<"$R")" == *read-only* ]] ||
     oq_fail "/readyz does not name the cause: $R"
 curl -sf "$URL/healthz" >/dev/null || oq_fail "/healthz must stay 200 (liveness)"
-grep -q 'not ready: database=read-only' "$T/producer_ro.log" || oq_fail "no log line for unready"
+grep -qE 'msg="not ready( yet)?" database="read-only' "$T/producer_ro.log" || oq_fail "no log line for unready"
 oq_kill producer_ro
 
 # The results ingest's brokers do not answer: unready; a broker that answers: ready.
