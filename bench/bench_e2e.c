@@ -3,7 +3,7 @@
  * `onceq-bench e2e`: end-to-end calls/s and latency of the whole pipeline on this host.
  *
  * With --http-tools the same calls then run a second time to an HTTP tool ("pay") against
- * `onceq downstream` (its own durable ledger, keys honoured, lookup on), and both runs' calls/s
+ * `onceq-downstream` (its own durable ledger, keys honoured, lookup on), and both runs' calls/s
  * and p99 are printed side by side; verify then also reads the downstream's ledger.
  *
  * It runs the real thing as separate processes of the `onceq` binary (the one next to this
@@ -259,10 +259,9 @@ static int e2e_find_onceq(const char *given)
     return 0;
 }
 
-/* fork + execv of the onceq binary with \p args (argv[1..]), output appended to \p log. */
-static pid_t e2e_spawn(char *const args[], const char *log)
+/* fork + execv of \p exe with \p args (argv[1..]), output appended to \p log. */
+static pid_t e2e_spawn_exe(char *exe, char *const args[], const char *log)
 {
-    char *exe = e2e_onceq;
     char *argv[32];
     int k = 0;
     argv[k++] = exe;
@@ -281,6 +280,12 @@ static pid_t e2e_spawn(char *const args[], const char *log)
         _exit(127);
     }
     return pid;
+}
+
+/* The onceq binary with \p args. */
+static pid_t e2e_spawn(char *const args[], const char *log)
+{
+    return e2e_spawn_exe(e2e_onceq, args, log);
 }
 
 static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *tools)
@@ -643,7 +648,7 @@ out:
 }
 
 /*
- * The same measured pipeline with an HTTP tool: `onceq downstream` (durable ledger, keys
+ * The same measured pipeline with an HTTP tool: `onceq-downstream` (durable ledger, keys
  * honoured, lookup on) in \p dir, a tools file declaring "pay" against it, the load's charge
  * share sent to "pay", and verify over the ledger.
  */
@@ -668,13 +673,18 @@ static int e2e_http(const oq_config_t *cfg, const char *dir, const oq_load_opts_
             "\"http://%s/v1/payments?idempotency_key={effect_id}\"}}]}\n",
             listen, listen);
     fclose(f);
-    char *const dargs[] = {"downstream", "--listen", listen, "--db", ledger, NULL};
-    pid_t ds = e2e_spawn(dargs, log);
+    /* the test service is its own program, next to onceq */
+    char dexe[PATH_MAX + 32];
+    const char *slash = strrchr(e2e_onceq, '/');
+    snprintf(dexe, sizeof dexe, "%.*sonceq-downstream", slash ? (int)(slash - e2e_onceq + 1) : 0,
+             e2e_onceq);
+    char *const dargs[] = {"--listen", listen, "--db", ledger, NULL};
+    pid_t ds = access(dexe, X_OK) == 0 ? e2e_spawn_exe(dexe, dargs, log) : -1;
     if (ds <= 0 || !e2e_healthy(port, 150)) {
-        fprintf(stderr, "onceq-bench e2e: downstream did not start (see %s)\n", log);
+        fprintf(stderr, "onceq-bench e2e: %s did not start (see %s)\n", dexe, log);
         goto out;
     }
-    printf("onceq downstream pid=%d on %s, ledger %s (synchronous=FULL)\n", (int)ds, listen,
+    printf("onceq-downstream pid=%d on %s, ledger %s (synchronous=FULL)\n", (int)ds, listen,
            ledger);
     rc = e2e_pipeline(cfg, dir, lo, tools, ledger, NULL, fig);
 out:
@@ -759,13 +769,13 @@ int oq__bench_e2e(int argc, char **argv)
             rc = OQ_EXIT_FAIL;
             goto out;
         }
-        printf("\n== HTTP tool (pay: onceq downstream, keys honoured + lookup, durable ledger) "
+        printf("\n== HTTP tool (pay: onceq-downstream, keys honoured + lookup, durable ledger) "
                "==\n");
         lo.charge_tool = "pay";
         rc = e2e_http(cfg, hdir, &lo, &http);
         if (rc == OQ_EXIT_OK)
             printf("\nsame run: in-process charge %.0f calls/s, p50 %.0f ms, p99 %.0f ms | HTTP "
-                   "pay via onceq downstream %.0f calls/s, p50 %.0f ms, p99 %.0f ms (%.2fx the "
+                   "pay via onceq-downstream %.0f calls/s, p50 %.0f ms, p99 %.0f ms (%.2fx the "
                    "calls/s), downstream DSR %.6f\n",
                    inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms, http.calls_per_s, http.p50_ms,
                    http.p99_ms, inproc.calls_per_s > 0 ? http.calls_per_s / inproc.calls_per_s : 0,

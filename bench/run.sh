@@ -14,7 +14,7 @@
 # 5. consumer: consumer from a pre-filled topic vs raw consume + batched SQLite inserts
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
 # 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
-# 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq downstream
+# 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq-downstream
 # 9. keys:     distinct keys vs one hot key hammered by 64 connections (calls=1, effects=1)
 # 10. kafka:   e2e closed loop on the embedded broker and on a real 3-node Kafka cluster, same
 #              run, with the brokers' CPU per call and at idle (scripts/kafka-bench.sh
@@ -65,7 +65,7 @@ echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --c
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
 echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline (closed loop: capacity)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline
-echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq downstream, side by side)"
+echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools
 
 # 9. The classic pair: the same closed-loop HTTP load once with a distinct key per call and once

@@ -14,7 +14,7 @@
  *      effect;
  *   5. a terminal state is never left or re-executed (from the consumer's executions and
  *      ordered audit, and the producer's audit).
- * With the downstream's ledger as a third input (`onceq downstream`'s database, optional), it
+ * With the downstream's ledger as a third input (`onceq-downstream`'s database, optional), it
  * also reports the duplicate side-effect rate where a user's customer sees it, from that
  * ledger (oq_downstream_ledger_stats), and checks:
  *   6. at most one downstream effect per call (per idempotency key, else reference);
@@ -61,7 +61,7 @@ typedef struct oq_verify_opts {
     int max_examples;          /**< examples kept per kind (0: default 10; negative: none) */
     const char *accepted_file; /**< optional: call ids a client saw accepted (2xx), one per
                                     line; each missing from calls.db is OQ_V_ACCEPTED_MISSING */
-    const char *downstream_db; /**< optional: the ledger of `onceq downstream` (read-only) */
+    const char *downstream_db; /**< optional: the ledger of `onceq-downstream` (read-only) */
 } oq_verify_opts_t;
 
 /** One example of a violation. */

@@ -894,7 +894,7 @@ def sc_busy_storm(run):
     run.finish()
 
 
-# --- outside calls: HTTP tools against `onceq downstream` (rows 8, 10) -------------------------
+# --- outside calls: HTTP tools against `onceq-downstream` (rows 8, 10) -------------------------
 def http_json(port, method, path, body=None, timeout=5.0, headers=None):
     """One request with a JSON body (or none); returns (status, json or None). Raises
     OSError/HTTPException on transport."""
@@ -914,10 +914,11 @@ def http_json(port, method, path, body=None, timeout=5.0, headers=None):
 
 
 def start_downstream(run, args=()):
-    """`onceq downstream` as "ds" on a free port, its ledger in the run folder (self.ddb)."""
+    """`onceq-downstream` as "ds" on a free port, its ledger in the run folder (self.ddb)."""
     run.dport = free_port()
     run.ddb = os.path.join(run.dir, "ds.db")
-    run.spawn("ds", [run.bin, "downstream", "--listen", f"127.0.0.1:{run.dport}", "--db",
+    ds_bin = os.path.join(os.path.dirname(run.bin), "onceq-downstream")
+    run.spawn("ds", [ds_bin, "--listen", f"127.0.0.1:{run.dport}", "--db",
                      run.ddb, "--seed", str(run.rng.randrange(1, 1 << 40)), *args])
 
     def up():
@@ -1008,7 +1009,7 @@ DS_TIMEOUT_MS = 1000  # every HTTP tool's timeout here: the slow and late faults
 
 
 def sc_downstream_faults(run):
-    """HTTP tools against `onceq downstream` with faults drawn from the seed: reply dropped
+    """HTTP tools against `onceq-downstream` with faults drawn from the seed: reply dropped
     after commit, answered late after commit and slow before commit (both past the tool's 1 s
     timeout), 500 before commit, 503 and 429 with Retry-After, and the service down (refusing
     connections) for 0.5-2 s, 1-3 times. Four tools: keys honoured + lookup (`pay`), keys

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ledger.c: every SQL statement of the test downstream (`onceq downstream`), in one file.
+ * ledger.c: every SQL statement of the test downstream (`onceq-downstream`), in one file.
  *
  * The ledger is the downstream's own record of the side effects it performed: one row per
  * payment it committed, with the idempotency key and the reference it was given, whether it
@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "ledger.h"
+#include "oq_downstream.h"
 #include "oq_log.h"
 
 static const char *const ledger_schema[] = {
@@ -334,4 +335,15 @@ out:
     }
     *out = o;
     return 0;
+}
+
+/* (here, not in server.c: `onceq verify --downstream-db` reads a ledger without linking the
+ * service into the product binary) */
+int oq_downstream_ledger_stats(const char *db, int top, json_t **out, oq_error_t *err)
+{
+    oq__ledger_t *l = NULL;
+    int rc = oq__ledger_open(db, NULL, 1, &l, err);
+    if (rc == 0) rc = oq__ledger_stats(l, top, out, err);
+    oq__ledger_close(l);
+    return rc;
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_downstream.h
- * @brief `onceq downstream`: a small payment service with its own SQLite ledger and
+ * @brief `onceq-downstream`: a small payment service with its own SQLite ledger and
  *        switchable faults, to test what onceq promises against a real network peer.
  *
  * HTTP API (JSON; errors are {"error":{"code":...,"message":...}}):

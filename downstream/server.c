@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * server.c: the rules and the HTTP front of `onceq downstream`, a payment service to test
+ * server.c: the rules and the HTTP front of `onceq-downstream`, a payment service to test
  * onceq against (its API is in oq_downstream.h; its SQL in ledger.c).
  * (About 1,200 lines, over the usual 800: a test service whose routes, faults and group commit
  * share one request state machine; it is not part of the pipeline.)
@@ -1219,13 +1219,4 @@ void oq_downstream_stop(oq_downstream_t *s, int drain_ms)
     pthread_mutex_destroy(&s->smu);
     pthread_cond_destroy(&s->scv);
     free(s);
-}
-
-int oq_downstream_ledger_stats(const char *db, int top, json_t **out, oq_error_t *err)
-{
-    oq__ledger_t *l = NULL;
-    int rc = oq__ledger_open(db, NULL, 1, &l, err);
-    if (rc == 0) rc = oq__ledger_stats(l, top, out, err);
-    oq__ledger_close(l);
-    return rc;
 }

@@ -24,7 +24,7 @@ static const oq_setting_t verify_settings[] = {
      "file of call ids a client saw accepted (one per line): each must be in calls.db"},
     {"examples", OQ_SET_INT, "10", 0, 100000, NULL, "examples printed per kind of violation"},
     {"downstream-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "the ledger of `onceq downstream` (optional): DSR and duplicates where the effects land"},
+     "the ledger of `onceq-downstream` (optional): DSR and duplicates where the effects land"},
 };
 
 int oq__cmd_verify(int argc, char **argv)

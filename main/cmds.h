@@ -6,7 +6,8 @@
  *        returns a process exit code (OQ_EXIT_* of oq_cli.h). Only main() calls exit().
  *
  * The list holds what a deployment runs and operates; benchmarks and the load generator are
- * the separate `onceq-bench` program (bench/).
+ * the separate `onceq-bench` program (bench/), the test payment service the `onceq-downstream`
+ * program (downstream/cmd/).
  */
 #ifndef OQ_CMDS_H
 #define OQ_CMDS_H
@@ -33,7 +34,6 @@
     X(verify, "check the invariants across the producer and consumer databases")                   \
     X(review, "list, show and resolve the calls no machine could decide (NEEDS_REVIEW)")           \
     X(console, "the operators' web console: calls, timelines, review, dead letters, charts")       \
-    X(downstream, "run the test payment service (own ledger, switchable faults); stats")           \
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
     X(fingerprint, "print the call fingerprint of the args JSON on stdin")                         \
     X(completion, "print a bash completion script (onceq completion bash)")

@@ -17,9 +17,10 @@ static const oq_cli_cmd_t cmds[] = {OQ_CMDS(OQ_CMD_ENTRY){NULL, NULL, NULL}};
 
 /* Subcommands that live in another program now. */
 static const struct {
-    const char *name, *program;
+    const char *name, *program, *run;
 } moved[] = {
-    {"bench", "onceq-bench"},
+    {"bench", "onceq-bench", NULL},
+    {"downstream", "onceq-downstream", "onceq-downstream [stats] --db ... (see --help)"},
 };
 
 static void usage(FILE *out)
@@ -33,7 +34,8 @@ static void usage(FILE *out)
     for (const oq_cli_cmd_t *c = cmds; c->name; c++)
         fprintf(out, "  %-12s %s\n", c->name, c->doc);
     fprintf(out,
-            "\nbenchmarks and the HTTP load generator: the onceq-bench program\n"
+            "\nbenchmarks and the HTTP load generator: the onceq-bench program;\n"
+            "the test payment service: the onceq-downstream program\n"
             "exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input,\n"
             "            3 invariant violation (verify), 4 not found, 5 idempotency conflict,\n"
             "            6 call failed, 7 call needs review, 8 gave up (call)\n"
@@ -47,6 +49,11 @@ int main(int argc, char **argv)
     if (rc >= 0) return rc;
     for (size_t i = 0; i < sizeof moved / sizeof moved[0]; i++) {
         if (strcmp(moved[i].name, argv[1]) != 0) continue;
+        if (moved[i].run) {
+            fprintf(stderr, "onceq %s: moved to the %s program, built next to onceq: run `%s`\n",
+                    argv[1], moved[i].program, moved[i].run);
+            return OQ_EXIT_USAGE;
+        }
         fprintf(stderr,
                 "onceq %s: moved to the %s program, built next to onceq: run `%s %s ...` "
                 "(%s --help lists them)\n",

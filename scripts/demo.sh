@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The quick-start demo (what `./quickstart` runs): onceq against a real HTTP service that loses
-# answers. It starts `onceq downstream` (a payment service with its own ledger that drops some
+# answers. It starts `onceq-downstream` (a payment service with its own ledger that drops some
 # answers after committing the payment: --fault drop-after-commit:RATE, seeded) and `onceq up`
 # with examples/tools.json, then tells the story in about 40 lines:
 #   1. payments through the tools that honour keys (pay) or can be looked up (pay_by_reference):
@@ -27,6 +27,7 @@
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${1:-${ONCEQ_BIN:-$SRC/build/onceq}}
+DS_BIN=${ONCEQ_DOWNSTREAM_BIN:-$(dirname "$BIN")/onceq-downstream} # the test service, built beside onceq
 PORT=${ONCEQ_DEMO_PORT:-8081}
 DSPORT=${ONCEQ_DEMO_DOWNSTREAM_PORT:-8090}
 SEED=${ONCEQ_DEMO_SEED:-25}
@@ -61,7 +62,7 @@ cleanup() {
     ((HOLDING)) && rc=0
     [[ -n "$CONSOLE_PID" ]] && { stop_pid "onceq console" "$CONSOLE_PID"; stopped+=" onceq console (pid $CONSOLE_PID),"; }
     [[ -n "$UP_PID" ]] && { stop_pid "onceq up" "$UP_PID"; stopped+=" onceq up and its children (pid $UP_PID),"; }
-    [[ -n "$DS_PID" ]] && { stop_pid "onceq downstream" "$DS_PID"; stopped+=" onceq downstream (pid $DS_PID),"; }
+    [[ -n "$DS_PID" ]] && { stop_pid "onceq-downstream" "$DS_PID"; stopped+=" onceq-downstream (pid $DS_PID),"; }
     [[ -n "$stopped" ]] && echo "== stopped${stopped%,}"
     if [[ -z "${ONCEQ_DEMO_DIR:-}" && "${ONCEQ_DEMO_KEEP:-0}" != 1 ]]; then rm -rf "$DIR"; else echo "   data kept in $DIR"; fi
     exit "$rc"
@@ -79,9 +80,9 @@ if [[ $DSPORT != 8090 ]]; then
 fi
 
 PCT=$(awk -v r="$RATE" 'BEGIN { printf "%g", r * 100 }')
-echo "== onceq downstream: a payment service that commits, then drops $PCT% of its answers"
-echo "   onceq downstream --listen 127.0.0.1:$DSPORT --fault drop-after-commit:$RATE --seed $SEED"
-"$BIN" downstream --listen "127.0.0.1:$DSPORT" --db "$DDB" --fault "drop-after-commit:$RATE" \
+echo "== onceq-downstream: a payment service that commits, then drops $PCT% of its answers"
+echo "   onceq-downstream --listen 127.0.0.1:$DSPORT --fault drop-after-commit:$RATE --seed $SEED"
+"$DS_BIN" --listen "127.0.0.1:$DSPORT" --db "$DDB" --fault "drop-after-commit:$RATE" \
     --seed "$SEED" >"$DIR/downstream.log" 2>&1 &
 DS_PID=$!
 pidnote downstream "$DS_PID"
@@ -91,7 +92,7 @@ UP_PID=$!
 pidnote up "$UP_PID"
 for ((i = 0; i < 300; i++)); do
     curl -s -o /dev/null --max-time 1 "$URL/healthz" && curl -s -o /dev/null --max-time 1 "$DSURL/healthz" && break
-    kill -0 "$DS_PID" 2>/dev/null || { cat "$DIR/downstream.log" >&2; die "onceq downstream exited"; }
+    kill -0 "$DS_PID" 2>/dev/null || { cat "$DIR/downstream.log" >&2; die "onceq-downstream exited"; }
     kill -0 "$UP_PID" 2>/dev/null || { cat "$DIR/up.out" >&2; die "onceq up exited"; }
     sleep 0.1
 done

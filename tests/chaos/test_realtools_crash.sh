@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 40
 # kill -9 of a consumer at the two crash points of outside calls, under load (calls keep
-# arriving while it dies and while its successor recovers), against `onceq downstream`:
+# arriving while it dies and while its successor recovers), against `onceq-downstream`:
 #   consumer.after_request_sent_before_outcome  the request left (the downstream may have done
 #       it), nothing recorded: the STARTED row's lease lapses -> UNKNOWN -> lookup
 #   consumer.after_outcome_commit_before_offset the outcome is durable, the Kafka offsets are

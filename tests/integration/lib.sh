@@ -12,6 +12,8 @@
 #
 # Environment (CTest sets these; defaults suit a manual run from the source tree):
 #   ONCEQ_BIN       path of the onceq binary
+#   ONCEQ_DOWNSTREAM_BIN  path of onceq-downstream, the test payment service (default: next to
+#                   ONCEQ_BIN)
 #   ONCEQ_BUILD     build dir (tools such as oq_kclient live there)
 #   ONCEQ_SRC       source dir
 #   ONCEQ_TESTDATA  tests/data
@@ -52,8 +54,9 @@
 : "${ONCEQ_SRC:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 : "${ONCEQ_BUILD:=$ONCEQ_SRC/build}"
 : "${ONCEQ_BIN:=$ONCEQ_BUILD/onceq}"
+: "${ONCEQ_DOWNSTREAM_BIN:=$(dirname "$ONCEQ_BIN")/onceq-downstream}"
 : "${ONCEQ_TESTDATA:=$ONCEQ_SRC/tests/data}"
-export ONCEQ_SRC ONCEQ_BUILD ONCEQ_BIN ONCEQ_TESTDATA
+export ONCEQ_SRC ONCEQ_BUILD ONCEQ_BIN ONCEQ_DOWNSTREAM_BIN ONCEQ_TESTDATA
 
 declare -gA OQ_PIDS=()        # name -> pid
 declare -ga OQ_PID_ORDER=()   # names in spawn order

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Helpers for the tests of HTTP tools against `onceq downstream` (test_realtools_*.sh and the
+# Helpers for the tests of HTTP tools against `onceq-downstream` (test_realtools_*.sh and the
 # chaos tests of outside calls). Source lib.sh and chaos/pipeline.sh first, then this file.
 #
-#   rt_start_downstream [ARGS]  spawn `onceq downstream` as "ds" on $DPORT (ledger $DDB)
+#   rt_start_downstream [ARGS]  spawn `onceq-downstream` as "ds" on $DPORT (ledger $DDB)
 #   rt_tools FILE [JQ]          write the tools file: examples/tools.json aimed at $DPORT, plus
 #                               the variants of RT_VARIANTS (a jq array of tool objects, may use
 #                               $base = the example "pay" tool), then JQ applied
@@ -25,7 +25,7 @@ oq_tmpdir
 DDB=$T/ds.db
 
 rt_start_downstream() {
-    oq_spawn ds "$ONCEQ_BIN" downstream --listen "127.0.0.1:$DPORT" --db "$DDB" "$@"
+    oq_spawn ds "$ONCEQ_DOWNSTREAM_BIN" --listen "127.0.0.1:$DPORT" --db "$DDB" "$@"
     oq_wait_for 15 curl -sf "$DURL/healthz" || oq_fail "downstream did not come up"
 }
 

@@ -28,7 +28,7 @@ grep -q "^submit: 600 calls offered at 2000/s, 600 accepted" "$T/e2e.out" || oq_
 grep -q "^verify: .* clean$" "$T/e2e.out" || oq_fail "verify not clean"
 grep -qE "^  load +x1 " "$T/e2e.out" || oq_fail "no CPU line for the load generator"
 
-# --http-tools: the same calls to an HTTP tool against onceq downstream, side by side
+# --http-tools: the same calls to an HTTP tool against onceq-downstream, side by side
 ONCEQ_LOG_LEVEL=error timeout 150 "$BENCH" e2e --calls 300 --rate 0 --conns 16 --warmup 20 \
     --no-baseline --http-tools --dir "$T/e2e-http" >"$T/http.out" 2>&1
 rc=$?
@@ -36,6 +36,6 @@ grep -v '^ts=' "$T/http.out" | tail -4
 [[ $rc == 0 ]] || oq_fail "onceq-bench e2e --http-tools exit $rc: $(tail -20 "$T/http.out")"
 grep -q "^verify, downstream ledger: 320 effects for 320 calls, 0 duplicates" "$T/http.out" ||
     oq_fail "no clean downstream verify"
-grep -qE "^same run: in-process charge [0-9]+ calls/s.* HTTP pay via onceq downstream [0-9]+ calls/s" \
+grep -qE "^same run: in-process charge [0-9]+ calls/s.* HTTP pay via onceq-downstream [0-9]+ calls/s" \
     "$T/http.out" || oq_fail "no side-by-side figures"
 oq_pass "onceq bench points at onceq-bench; onceq-bench e2e runs onceq end to end, also with HTTP tools"

@@ -3,7 +3,7 @@
 # The command line around the commands: `onceq help CMD` prints CMD's help for every command;
 # `CMD --help` writes nothing on stderr (no daemon start/stop log lines, e.g. the producer's
 # "stopped"); kcat's `-b` is --brokers wherever --brokers is (and unknown elsewhere); the bash
-# completion completes the actions of `review`, `dlq`, `topics` and `downstream`, and the
+# completion completes the actions of `review`, `dlq` and `topics`, and the
 # command after `help`.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
@@ -64,11 +64,10 @@ want "list resolve show " onceq review ''
 want "redrive " onceq dlq re
 want "list redrive show " onceq dlq ''
 want "create delete describe " onceq topics ''
-want "stats " onceq downstream s
 want "call canon " onceq help ca
 want "completion " onceq comp
 out=$(complete_words onceq review list --j)
 [[ $out == "--json " ]] || oq_fail "onceq review list --j<TAB>: $out"
 out=$(complete_words onceq relay -)
 grep -qw -- -b <<<"$out" || oq_fail "onceq relay -<TAB> lacks -b: $out"
-oq_pass "completion: actions of review, dlq, topics, downstream; help CMD; -b"
+oq_pass "completion: actions of review, dlq, topics; help CMD; -b"

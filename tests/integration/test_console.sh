@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # ctest-cost: 90
-# `onceq console` against a live pipeline (embedded broker, onceq downstream, HTTP tools).
+# `onceq console` against a live pipeline (embedded broker, onceq-downstream, HTTP tools).
 #   - Safe by default: with --token-file every /api request needs a token (401 without), a
 #     non-loopback --listen without a token file is refused at start; without tokens a request
 #     whose Host is not a loopback name is refused.

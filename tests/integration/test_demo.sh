@@ -8,7 +8,7 @@
 #     the calls; about 40 lines;
 #   - the call it shows really lost its answer (its audit has `unknown`), and the ledger holds
 #     one payment per call (checked here on the kept databases, not trusted from the output);
-#   - every process it started (onceq downstream, onceq up and up's children: it writes their
+#   - every process it started (onceq-downstream, onceq up and up's children: it writes their
 #     pids to ONCEQ_DEMO_PIDFILE) is gone when it returns;
 #   - a Ctrl-C (SIGINT to its process group) in the middle stops everything too (exit 130).
 # ctest-cost: 40
@@ -61,7 +61,7 @@ expect=(
     "calls  .*succeeded [0-9]*, failed 0, needs_review 0"
     "downstream  .* \([0-9][0-9]*\) effects for \1 calls, 0 duplicates"
     "result           CLEAN"
-    "== stopped onceq up and its children (pid [0-9]*), onceq downstream (pid [0-9]*)"
+    "== stopped onceq up and its children (pid [0-9]*), onceq-downstream (pid [0-9]*)"
 )
 line=0
 for e in "${expect[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# `onceq downstream` (the test payment service) driven by the HTTP tool executor
-# (consumer/http_tools.c through tests/tools/oq_http_exec_cli): keys honoured -> one effect for
+# `onceq-downstream` (the test payment service, a program of its own) driven by the HTTP tool
+# executor (consumer/http_tools.c through tests/tools/oq_http_exec_cli): keys honoured -> one effect for
 # two calls with the same key; keys ignored -> two effects, and the ledger's duplicate counter
 # sees them; drop-after-commit -> UNKNOWN while the ledger has the effect, and the lookup by key
 # finds it; a late answer past the client's timeout -> UNKNOWN, effect present; 429 / 503 with
@@ -9,7 +9,8 @@
 # final 4xx -> FINAL; connection refused (admin down, SIGUSR1/2) -> RETRYABLE_BEFORE_SEND;
 # curl's silent resend on a dead kept-alive connection never happens (requests == calls);
 # 256 calls in flight from one thread; seeded faults repeat; the ledger survives kill -9; the
-# offline `stats` agrees with /ledger/stats; bad flags exit 2.
+# offline `stats` agrees with /ledger/stats; bad flags exit 2; `onceq downstream` (the old
+# command) prints where the service went and exits 2.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
@@ -31,7 +32,7 @@ jq --arg u "127.0.0.1:$PORT" '
 "$CLI" --tools "$TOOLS" --check >/dev/null || oq_fail "tools file does not load"
 
 start_ds() {
-    oq_spawn ds "$ONCEQ_BIN" downstream --listen "127.0.0.1:$PORT" --db "$DB" --seed 1 "$@"
+    oq_spawn ds "$ONCEQ_DOWNSTREAM_BIN" --listen "127.0.0.1:$PORT" --db "$DB" --seed 1 "$@"
     oq_wait_for 15 curl -sf "$URL/healthz" || oq_fail "downstream did not come up"
 }
 mode() { curl -sf -X POST "$URL/admin/mode" -d "$1" >/dev/null || oq_fail "admin mode $1"; }
@@ -208,23 +209,32 @@ oq_pass "seeded faults repeat: $p1"
 # --- durability and the offline stats -----------------------------------------------------------
 online=$(curl -sf "$URL/ledger/stats" | jq -c '.ledger | {effects, logical_calls, duplicate_effects}')
 oq_kill ds KILL
-offline=$("$ONCEQ_BIN" downstream stats --db "$DB" | jq -c '{effects, logical_calls, duplicate_effects}') ||
+offline=$("$ONCEQ_DOWNSTREAM_BIN" stats --db "$DB" | jq -c '{effects, logical_calls, duplicate_effects}') ||
     oq_fail "offline stats failed"
 [[ "$online" == "$offline" ]] || oq_fail "stats after kill -9 differ: online $online offline $offline"
-jq -e '.dsr > 0' <<<"$("$ONCEQ_BIN" downstream stats --db "$DB")" >/dev/null || oq_fail "no DSR"
+jq -e '.dsr > 0' <<<"$("$ONCEQ_DOWNSTREAM_BIN" stats --db "$DB")" >/dev/null || oq_fail "no DSR"
 oq_pass "ledger survives kill -9; offline stats = online stats: $offline"
 
 # --- bad usage ----------------------------------------------------------------------------------
-"$ONCEQ_BIN" downstream --fault bogus:1 --db "$T/x.db" 2>"$T/err"
+"$ONCEQ_DOWNSTREAM_BIN" --fault bogus:1 --db "$T/x.db" 2>"$T/err"
 [[ $? == 2 ]] && grep -q "unknown fault 'bogus'" "$T/err" || oq_fail "--fault bogus: $(cat "$T/err")"
-"$ONCEQ_BIN" downstream --fault 429:0.7,503:0.7 --db "$T/x.db" 2>"$T/err"
+"$ONCEQ_DOWNSTREAM_BIN" --fault 429:0.7,503:0.7 --db "$T/x.db" 2>"$T/err"
 [[ $? == 2 ]] && grep -q "sum to" "$T/err" || oq_fail "--fault sum: $(cat "$T/err")"
-"$ONCEQ_BIN" downstream --keys maybe 2>/dev/null
+"$ONCEQ_DOWNSTREAM_BIN" --keys maybe 2>/dev/null
 [[ $? == 2 ]] || oq_fail "--keys maybe accepted"
 sqlite3 "$T/other.db" 'CREATE TABLE t(x)'
-"$ONCEQ_BIN" downstream stats --db "$T/other.db" 2>"$T/err"
+"$ONCEQ_DOWNSTREAM_BIN" stats --db "$T/other.db" 2>"$T/err"
 [[ $? == 2 ]] && grep -q "not a downstream ledger" "$T/err" || oq_fail "stats on a non-ledger: $(cat "$T/err")"
-"$ONCEQ_BIN" downstream stats --db "$T/missing.db" 2>/dev/null
+"$ONCEQ_DOWNSTREAM_BIN" stats --db "$T/missing.db" 2>/dev/null
 [[ $? == 1 ]] || oq_fail "stats on a missing file did not fail"
 [[ ! -e "$T/x.db" ]] || oq_fail "a refused start created its ledger"
 oq_pass "bad flags and bad files exit with clear errors"
+
+# --- the old command points at the program ------------------------------------------------------
+"$ONCEQ_BIN" downstream stats --db "$DB" >"$T/out" 2>"$T/err"
+rc=$?
+[[ $rc == 2 && ! -s "$T/out" && $(wc -l <"$T/err") == 1 ]] &&
+    grep -q "moved to the onceq-downstream program" "$T/err" ||
+    oq_fail "onceq downstream: exit $rc, stdout '$(cat "$T/out")', stderr '$(cat "$T/err")'"
+"$ONCEQ_BIN" --help | grep -qE '^  downstream ' && oq_fail "onceq --help still lists downstream"
+oq_pass "onceq downstream: one line pointing at onceq-downstream, exit 2"

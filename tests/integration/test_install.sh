@@ -20,7 +20,7 @@ CC=${CC:-cc}
 cmake --install "$ONCEQ_BUILD" --prefix "$P" >"$T/install.log" 2>&1 ||
     { cat "$T/install.log" >&2; oq_fail "cmake --install failed"; }
 HEADERS="oq_error.h oq_logger.h oq_client.h"
-for f in bin/onceq bin/onceq-bench lib/libonceq.a lib/pkgconfig/libonceq.pc \
+for f in bin/onceq bin/onceq-bench bin/onceq-downstream lib/libonceq.a lib/pkgconfig/libonceq.pc \
     share/bash-completion/completions/onceq share/doc/onceq/onceq-producer.txt; do
     [ -e "$P/$f" ] || oq_fail "not installed: $f"
 done

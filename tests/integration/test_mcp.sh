@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The MCP gateway (issue 20, items 2-4): POST /mcp on the producer, raw JSON-RPC from
 # tests/integration/mcp_client.py against a live pipeline (broker, producer, relay, consumer,
-# `onceq downstream` behind the HTTP tool "pay"; the compiled "charge").
+# `onceq-downstream` behind the HTTP tool "pay"; the compiled "charge").
 #  - transport: initialize (version negotiation, Mcp-Session-Id), notifications 202, session
 #    required (400) and known (404), MCP-Protocol-Version checked, a foreign Origin 403,
 #    -32700/-32600 (batches)/-32601, GET 405, SSE framing, DELETE ends a session;

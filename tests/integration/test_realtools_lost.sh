@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# HTTP tools through the whole pipeline (producer, relay, consumer --tools, onceq downstream):
+# HTTP tools through the whole pipeline (producer, relay, consumer --tools, onceq-downstream):
 #   - response lost (the downstream commits, then drops the connection) for a downstream that
 #     honours keys and has a lookup (pay) and for one without keys but with a lookup by
 #     reference (pay_by_reference): every call ends `succeeded` with the downstream's object

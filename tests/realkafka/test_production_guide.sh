@@ -5,7 +5,7 @@
 # /etc/onceq (shared settings with the brokers for every unit, the producer's listen address,
 # the tools file), `onceq topics create`, then the installed units in their start order,
 # and a readiness check. Then one call goes through to the end: an HTTP tool `pay` at
-# `onceq downstream` (the tools file reaches the consumers as a credential), submitted with
+# `onceq-downstream` (the tools file reaches the consumers as a credential), submitted with
 # `onceq call`, `succeeded`, one payment in the downstream's ledger, `onceq verify` clean.
 #
 # systemd is not PID 1 here: `systemctl` is tests/integration/unitrun.py, which starts each
@@ -67,7 +67,7 @@ stop_units() {
 oq_on_exit stop_units
 
 DPORT=$(oq_free_port)
-oq_spawn downstream "$ONCEQ_BIN" downstream --listen "127.0.0.1:$DPORT" --db "$T/downstream.db"
+oq_spawn downstream "$ONCEQ_DOWNSTREAM_BIN" --listen "127.0.0.1:$DPORT" --db "$T/downstream.db"
 oq_wait_for 20 curl -sf "http://127.0.0.1:$DPORT/healthz" -o /dev/null ||
     oq_fail "downstream did not start"
 # The tools file: examples/tools.json's `pay` (keys honoured, lookup by key) at this port.

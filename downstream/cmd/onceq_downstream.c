@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * `onceq downstream`: run the test payment service (downstream/oq_downstream.h), or with the
- * positional word `stats`, print the statistics of a ledger file as JSON and exit.
+ * `onceq-downstream`: run the test payment service (downstream/oq_downstream.h), or with the
+ * positional word `stats`, print the statistics of a ledger file as JSON and exit. A program of
+ * its own, built beside onceq and onceq-bench, so that a test service is not part of what a
+ * deployment runs (`onceq downstream` only points here, exit 2).
  *
  * The main thread only waits: SIGTERM/SIGINT stop (answer requests in flight, up to --drain),
  * SIGUSR1 stops listening (connections refused) until SIGUSR2, and every 20 ms it applies the
@@ -12,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmds.h"
+#include "oq_cli.h"
 #include "oq_config.h"
 #include "oq_downstream.h"
 #include "oq_log.h"
@@ -49,9 +51,9 @@ static const oq_setting_t downstream_settings[] = {
 };
 
 static const char downstream_usage[] =
-    "usage: onceq downstream --listen 127.0.0.1:8090 --db downstream.db [--keys honour|ignore]\n"
+    "usage: onceq-downstream --listen 127.0.0.1:8090 --db downstream.db [--keys honour|ignore]\n"
     "                        [--lookup on|off] [--fault KIND:P,...] [--seed N]\n"
-    "       onceq downstream stats --db downstream.db [--top 20]\n"
+    "       onceq-downstream stats --db downstream.db [--top 20]\n"
     "\n"
     "A payment service with its own SQLite ledger and switchable faults, to test against.\n"
     "POST /v1/payments (Idempotency-Key; body {\"amount\":int,\"currency\":\"EUR\",\n"
@@ -82,7 +84,7 @@ static int run_stats(oq_config_t *cfg)
     json_t *s = NULL;
     const char *db = oq_config_str(cfg, "db");
     if (oq_downstream_ledger_stats(db, (int)oq_config_int(cfg, "top"), &s, &err) != 0) {
-        fprintf(stderr, "onceq downstream stats: %s: %s\n", db, err.msg);
+        fprintf(stderr, "onceq-downstream stats: %s: %s\n", db, err.msg);
         return err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
     }
     char *text = oq_json_dumps(s, JSON_INDENT(2));
@@ -93,26 +95,38 @@ static int run_stats(oq_config_t *cfg)
     return OQ_EXIT_OK;
 }
 
-int oq__cmd_downstream(int argc, char **argv)
+int main(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
     oq_downstream_t *d = NULL;
+    oq_log_init(OQ_LOG_INFO, OQ_LOG_FMT_LOGFMT, 1);
     oq_config_t *cfg = oq_config_new(downstream_settings,
                                      sizeof downstream_settings / sizeof downstream_settings[0]);
     if (!cfg) {
-        fprintf(stderr, "onceq downstream: out of memory\n");
+        fprintf(stderr, "onceq-downstream: out of memory\n");
         return OQ_EXIT_FAIL;
     }
-    if ((prc = oq_cli_parse(cfg, "onceq", downstream_usage, argc, argv)) >= 0) {
-        ret = prc;
+    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+        printf("onceq-downstream %s\n", ONCEQ_VERSION);
+        ret = OQ_EXIT_OK;
+        goto out;
+    }
+    oq_config_use_env(cfg, OQ_CLI_ENV_PREFIX);
+    if ((prc = oq_config_parse_args(cfg, downstream_usage, argc, argv, 1, &err)) != 0) {
+        if (prc == OQ_EHELP) {
+            ret = OQ_EXIT_OK;
+        } else {
+            fprintf(stderr, "onceq-downstream: %s\n(see: onceq-downstream --help)\n", err.msg);
+            ret = OQ_EXIT_USAGE;
+        }
         goto out;
     }
     if (oq_config_npositional(cfg) > 0) {
         if (oq_config_npositional(cfg) == 1 && strcmp(oq_config_positional(cfg, 0), "stats") == 0) {
             ret = run_stats(cfg);
         } else {
-            fprintf(stderr, "onceq downstream: unexpected argument '%s' (only 'stats')\n",
+            fprintf(stderr, "onceq-downstream: unexpected argument '%s' (only 'stats')\n",
                     oq_config_positional(cfg, oq_config_npositional(cfg) > 1 ? 1 : 0));
             ret = OQ_EXIT_USAGE;
         }
@@ -120,7 +134,7 @@ int oq__cmd_downstream(int argc, char **argv)
     }
     const char *faults = oq_config_str(cfg, "fault");
     if (oq_downstream_check_faults(faults, &err) != 0) {
-        fprintf(stderr, "onceq downstream: --fault: %s\n", err.msg);
+        fprintf(stderr, "onceq-downstream: --fault: %s\n", err.msg);
         ret = OQ_EXIT_USAGE;
         goto out;
     }
@@ -154,7 +168,7 @@ int oq__cmd_downstream(int argc, char **argv)
         .max_body = oq_config_int(cfg, "max-body"),
     };
     if (oq_downstream_start(&o, &d, &err) != 0) {
-        fprintf(stderr, "onceq downstream: %s\n", err.msg);
+        fprintf(stderr, "onceq-downstream: %s\n", err.msg);
         ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
     }
