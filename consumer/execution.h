@@ -7,8 +7,8 @@
  *        review decisions and the retry policy. Not part of the public API.
  *
  * Everything here works on a consumer store (consumer_store.h) inside the caller's open write
- * transaction ("in tx") and commits nothing; the caller (consumer/worker.c) owns transactions,
- * Kafka, threads and the tool call itself.
+ * transaction ("in tx") and commits nothing; the callers (consumer/worker.c, runner.c,
+ * outside.c) own transactions, Kafka, threads and the tool call itself.
  *
  * @locality any thread, one store per thread.
  */

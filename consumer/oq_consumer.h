@@ -29,7 +29,9 @@
  * honours keys nor offers a lookup. Result events are published to onceq.tool-results by the
  * relay library embedded in the worker (one publisher per database at a time, by its lease).
  *
- * Where the code is: consumer/worker.c (Kafka, threads, batches, the tool call),
+ * Where the code is (consumer/README.md has the map): consumer/worker.c (Kafka poll loop, the
+ * batch transaction), consumer/runner.c (compiled tools: inline, runner threads, heartbeat),
+ * consumer/outside.c (jobs to the dispatcher, outcomes back), consumer/consumer_metrics.c,
  * consumer/execution.c (the rules: intake, state machine, finish, recovery, reconciliation,
  * review), consumer/store.c behind consumer/consumer_store.h (every SQL statement),
  * consumer/tools.c (the registry and the built-in tools), consumer/http_tools.c (tools file,
