@@ -26,6 +26,7 @@
  * and the worker writes its outcome, and a sent request whose answer never came is reconciled.
  */
 #include "dispatch.h"
+#include "mcp_tools.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -113,6 +114,7 @@ static void on_outcome(const oq__http_outcome_t *o, void *ctx)
         else
             json_decref(a);
     }
+    if (j->tool && j->tool->mcp) oq__mcp_answer(j, o);
     if (j->kind == OQ__JOB_CALL && o->sent)
         OQ_CRASH_POINT("consumer.after_request_sent_before_outcome");
 }
@@ -170,6 +172,7 @@ static void submit_queued(oq__dispatch_t *d)
         char eid[OQ_CALL_ID_LEN + 1];
         snprintf(eid, sizeof(eid), "%s", j->row.effect_id ? j->row.effect_id : "");
         int rc = OQ_ENOMEM;
+        if (j->tool && j->tool->mcp) oq__mcp_before_send(j->tool);
         if (c && args && eid[0]) {
             c->d = d;
             c->j = j;
