@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "oq_log.h"
 #include "oq_mcpc.h"
@@ -263,7 +264,10 @@ void oq__mcp_before_send(const oq__http_tool_t *t)
     const char *lines[OQ__HTTP_MAX_RULES + 1];
     size_t n = 0;
     for (size_t i = 0; i < t->call.nheaders && n < OQ__HTTP_MAX_RULES; i++)
-        if (i != m->sid_call && !strchr(t->call.headers[i], '{')) lines[n++] = t->call.headers[i];
+        if (i != m->sid_call && !strchr(t->call.headers[i], '{') &&
+            strncasecmp(t->call.headers[i], "Accept:", 7) != 0 && /* initialize sends its own */
+            strncasecmp(t->call.headers[i], "MCP-Protocol-Version:", 21) != 0)
+            lines[n++] = t->call.headers[i];
     lines[n] = NULL;
     char sid[OQ_MCPC_SID_MAX];
     oq_error_t err = {0};
