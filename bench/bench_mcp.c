@@ -12,7 +12,10 @@
  * wait for the same thing (the call's result back at the producer), so the ratio of their
  * rates is the gateway's cost, and the difference of their percentiles its added latency.
  * Paths alternate per tool (HTTP, /mcp, HTTP, /mcp) so that drift on a shared machine hits
- * both; the figures printed are per round and the mean of the two rounds.
+ * both; the figures printed are per round and the mean of the two rounds. Then both paths
+ * run once more paced at half of the lower closed-loop rate (call i due at i / rate, latency
+ * from its send), where the difference of the percentiles is the gateway's own latency
+ * rather than queueing.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -182,7 +185,9 @@ static json_t *req(conn_t *c, const char *url, const char *body, const char *key
 typedef struct run {
     int port, mcp, calls, conns;
     const char *tool, *tag;
-    int next; /* next call index (under mu) */
+    double rate;   /* offered calls/s (0: closed loop) */
+    int64_t t0_us; /* start of the run: call i is due at t0 + i / rate */
+    int next;      /* next call index (under mu) */
     pthread_mutex_t mu;
     double *lat_ms; /* per call */
     int ok, bad;
@@ -225,6 +230,10 @@ static void *worker(void *arg)
         if (i < 0) break;
         char key[128];
         snprintf(key, sizeof key, "%s-%d", r->tag, i);
+        if (r->rate > 0) { /* paced: wait for the call's turn (latency counts from the send) */
+            int64_t due = r->t0_us + (int64_t)((double)i * 1e6 / r->rate), now = oq_mono_us();
+            if (due > now) oq_sleep_ms((due - now + 999) / 1000, NULL);
+        }
         int64_t t0 = oq_mono_us();
         int ok = 0;
         if (r->mcp) {
@@ -274,7 +283,7 @@ typedef struct fig {
 } fig_t;
 
 static void loop(int port, int mcp, const char *tool, const char *tag, int calls, int conns,
-                 fig_t *f)
+                 double rate, fig_t *f)
 {
     run_t r;
     memset(&r, 0, sizeof r);
@@ -284,10 +293,11 @@ static void loop(int port, int mcp, const char *tool, const char *tag, int calls
     r.tag = tag;
     r.calls = calls;
     r.conns = conns;
+    r.rate = rate;
     pthread_mutex_init(&r.mu, NULL);
     r.lat_ms = calloc((size_t)calls, sizeof *r.lat_ms);
     pthread_t *th = calloc((size_t)conns, sizeof *th);
-    int64_t t0 = oq_mono_us();
+    int64_t t0 = r.t0_us = oq_mono_us();
     for (int i = 0; i < conns; i++)
         pthread_create(&th[i], NULL, worker, &r);
     for (int i = 0; i < conns; i++)
@@ -299,8 +309,10 @@ static void loop(int port, int mcp, const char *tool, const char *tag, int calls
     f->p99 = r.lat_ms[(int)((calls - 1) * 0.99)];
     f->ok = r.ok;
     f->bad = r.bad;
-    printf("  %-4s %-6s %6d calls in %6.2f s = %7.0f calls/s, p50 %6.2f ms, p99 %7.2f ms%s\n",
-           mcp ? "/mcp" : "HTTP", tool, calls, s, f->cps, f->p50, f->p99,
+    char offered[48] = "";
+    if (rate > 0) snprintf(offered, sizeof offered, " (offered %.0f/s)", rate);
+    printf("  %-4s %-6s %6d calls in %6.2f s = %7.0f calls/s%s, p50 %6.2f ms, p99 %7.2f ms%s\n",
+           mcp ? "/mcp" : "HTTP", tool, calls, s, f->cps, offered, f->p50, f->p99,
            r.bad ? " (some not succeeded!)" : "");
     fflush(stdout);
     free(th);
@@ -421,8 +433,8 @@ int oq__bench_mcp(int argc, char **argv)
            "closed loop, %d calls per path, tool and round; %ld cores, load %s\n",
            cons, listen, dlisten, conns, calls, sysconf(_SC_NPROCESSORS_ONLN), load);
     fig_t w;
-    loop(port, 0, "charge", "warm-h", 200 < calls ? 200 : calls, conns, &w); /* group, caches */
-    loop(port, 1, "pay", "warm-m", 200 < calls ? 200 : calls, conns, &w);
+    loop(port, 0, "charge", "warm-h", 200 < calls ? 200 : calls, conns, 0, &w); /* group, caches */
+    loop(port, 1, "pay", "warm-m", 200 < calls ? 200 : calls, conns, 0, &w);
     const char *tl[2] = {"charge", "pay"};
     for (int t = 0; t < 2; t++) {
         printf("\n== %s (%s) ==\n", tl[t],
@@ -431,9 +443,9 @@ int oq__bench_mcp(int argc, char **argv)
         for (int round = 0; round < 2; round++) {
             char tag[64];
             snprintf(tag, sizeof tag, "h-%s-%d", tl[t], round);
-            loop(port, 0, tl[t], tag, calls, conns, &h[round]);
+            loop(port, 0, tl[t], tag, calls, conns, 0, &h[round]);
             snprintf(tag, sizeof tag, "m-%s-%d", tl[t], round);
-            loop(port, 1, tl[t], tag, calls, conns, &m[round]);
+            loop(port, 1, tl[t], tag, calls, conns, 0, &m[round]);
         }
         double hc = (h[0].cps + h[1].cps) / 2, mc = (m[0].cps + m[1].cps) / 2;
         double d50 = (m[0].p50 + m[1].p50 - h[0].p50 - h[1].p50) / 2;
@@ -441,6 +453,18 @@ int oq__bench_mcp(int argc, char **argv)
         printf("%s: /mcp %.0f calls/s vs HTTP submit + wait %.0f calls/s: ratio %.2f; the "
                "gateway's added latency p50 %+.2f ms, p99 %+.2f ms\n",
                tl[t], mc, hc, hc > 0 ? mc / hc : 0, d50, d99);
+        /* the same at half of the lower closed-loop rate, paced: latency without queueing */
+        double half = (mc < hc ? mc : hc) / 2;
+        fig_t hh, mh;
+        char tag[64];
+        snprintf(tag, sizeof tag, "hh-%s", tl[t]);
+        loop(port, 0, tl[t], tag, calls, conns, half, &hh);
+        snprintf(tag, sizeof tag, "mh-%s", tl[t]);
+        loop(port, 1, tl[t], tag, calls, conns, half, &mh);
+        printf("%s at half of capacity (%.0f calls/s offered): /mcp p50 %.2f ms p99 %.2f ms vs "
+               "HTTP p50 %.2f ms p99 %.2f ms: the gateway's added latency p50 %+.2f ms, p99 "
+               "%+.2f ms\n",
+               tl[t], half, mh.p50, mh.p99, hh.p50, hh.p99, mh.p50 - hh.p50, mh.p99 - hh.p99);
     }
     rc = OQ_EXIT_OK;
 out:
