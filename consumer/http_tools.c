@@ -566,29 +566,27 @@ static int parse_tls(pctx_t *p, const json_t *o, oq__http_tool_t *t)
     return 0;
 }
 
-/* The HTTP part of a tool; name, description, input_schema, annotations and the field names
- * were checked by the catalogue (common/catalog.c), which parsed the file. */
 static void tool_clear(oq__http_tool_t *t);
+static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t);
 
 /* kind "mcp": the tool's request(s) written by consumer/mcp_tools.c, parsed as HTTP tools. */
-static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t);
 static int parse_mcp_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
 {
     json_t *call = NULL, *lookup = NULL;
     const char *field = NULL;
-    char why[200];
+    char why[200], idx[sizeof p->where];
     oq__http_tool_t lt;
     memset(&lt, 0, sizeof lt);
-    snprintf(p->where, sizeof p->where, "tool \"%s\"",
-             json_string_value(json_object_get(o, "name")));
+    snprintf(idx, sizeof idx, "%s", p->where);
+    snprintf(p->where, sizeof p->where, "tool \"%s\" (%.40s)",
+             json_string_value(json_object_get(o, "name")), idx);
     int rc = oq__mcp_tool_translate(o, &call, &lookup, &field, why, sizeof why);
     if (rc)
         return rc == OQ_ENOMEM ? oq_error_set(p->err, rc, 0, "out of memory")
                                : perr(p, field, "%s", why);
-    char where[sizeof p->where];
-    snprintf(where, sizeof where, "%s", p->where);
+    snprintf(p->where, sizeof p->where, "%s", idx);
     if ((rc = parse_tool(p, call, t)) == 0 && lookup) {
-        snprintf(p->where, sizeof p->where, "%.110s lookup", where);
+        snprintf(p->where, sizeof p->where, "%.100s, its lookup", idx);
         rc = parse_tool(p, lookup, &lt);
     }
     if (rc == 0) rc = oq__mcp_tool_bind(t, o, lookup ? &lt.call : NULL, p->err);
@@ -598,6 +596,8 @@ static int parse_mcp_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
     return rc;
 }
 
+/* The HTTP part of a tool; name, description, input_schema, annotations and the field names
+ * were checked by the catalogue (common/catalog.c), which parsed the file. */
 static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
 {
     static const char *const success_def[] = {"2xx", NULL};
