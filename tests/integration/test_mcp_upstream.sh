@@ -10,7 +10,8 @@
 #    upstream with neither -> needs_review, one effect, never resent;
 #  - a tool error (isError) -> failed "tool_error", not retried;
 #  - "import": {"mcp": URL} puts the upstream's tools (schemas, annotations) in the catalogue
-#    (GET /v1/tools, schema checked at submit) and they run; the upstream's sessions lost
+#    (GET /v1/tools, schema checked at submit) and they run, also for an agent on onceq's own
+#    /mcp (retried key: one payment upstream); the upstream's sessions lost
 #    (a restart): a 404, a new session, the call goes through;
 #  - an import whose upstream is down: the tools file does not load (clear error, exit != 0).
 set -u
@@ -85,6 +86,33 @@ rt_wait_status err-1 failed 60 || oq_fail "err-1: $(rt_call err-1)"
 [[ $(rt_call err-1 | jq -r .error.code) == tool_error ]] || oq_fail "err-1: $(rt_call err-1)"
 rt_wait_status imp-1 succeeded 60 || oq_fail "imp-1: $(rt_call imp-1)"
 oq_pass "a tool error is failed (tool_error); an imported tool runs"
+
+# an agent through onceq's own /mcp to the imported tool: the upstream's schema in tools/list,
+# the upstream's answer in structuredContent.response
+MCP=http://127.0.0.1:$PORT/mcp
+curl -s -X POST "$MCP" -H 'Content-Type: application/json' -H 'Accept: application/json' \
+    -d '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}' \
+    -D "$T/h" -o /dev/null || oq_fail "initialize"
+SID=$(tr -d '\r' <"$T/h" | awk -F': ' 'tolower($1)=="mcp-session-id"{print $2}')
+mcp() {
+    curl -s -X POST "$MCP" -H 'Content-Type: application/json' -H 'Accept: application/json' \
+        -H "Mcp-Session-Id: $SID" -d "$1"
+}
+mcp '{"jsonrpc":"2.0","id":1,"method":"tools/list"}' | jq -e '.result.tools[] |
+    select(.name == "imp_pay") | .inputSchema.required == ["amount"]' >/dev/null ||
+    oq_fail "imp_pay not in /mcp tools/list"
+out=$(mcp '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"imp_pay",
+    "arguments":{"amount":11},"idempotencyKey":"agent-imp-1"}}')
+[[ $(jq -r '.result.isError' <<<"$out") == false &&
+    $(jq -r '.result.structuredContent.response.structuredContent.amount' <<<"$out") == 11 ]] ||
+    oq_fail "agent -> onceq /mcp -> upstream: $out"
+again=$(mcp '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"imp_pay",
+    "arguments":{"amount":11},"idempotencyKey":"agent-imp-1"}}')
+[[ $(jq -cS .result.structuredContent <<<"$again") == "$(jq -cS .result.structuredContent <<<"$out")" ]] ||
+    oq_fail "retry: $again, first: $out"
+[[ $(led keys '[.effects[] | select(.amount == 11)] | length') == 1 ]] ||
+    oq_fail "the retried key made more than one payment upstream: $(curl -s "$U/ledger/keys")"
+oq_pass "an agent through onceq's /mcp to an imported upstream tool: its schema listed, one call for a retried key"
 
 # the upstream forgets its sessions (a restart): 404, a new session, then the call
 curl -sf -X POST "$U/admin/forget-sessions" >/dev/null || oq_fail "forget sessions"
