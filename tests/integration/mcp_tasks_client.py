@@ -25,7 +25,7 @@ def init_tasks(url):
     return cl
 
 
-def result_of(cl, tid, tries=60):
+def result_of(cl, tid, tries=180):  # each try waits up to --mcp-wait
     for i in range(tries):
         st, _, m, _ = cl.rpc("tasks/result", {"taskId": tid}, id=500 + i)
         if "error" in m and m["error"]["data"].get("code") == "running":

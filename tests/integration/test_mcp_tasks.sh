@@ -16,7 +16,8 @@ PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3) || oq_fail "no python3"
 CLI="$ONCEQ_SRC/tests/integration/mcp_tasks_client.py"
 
-PL_PRODUCER_X+=(--tools "$ONCEQ_SRC/examples/tools.json" --mcp-wait 1s)
+# consumer.session.timeout.ms: the restarted producer rejoins its results group in seconds
+PL_PRODUCER_X+=(--tools "$ONCEQ_SRC/examples/tools.json" --mcp-wait 1s -X consumer.session.timeout.ms=6000)
 pl_start 1
 MCP=http://127.0.0.1:$PORT/mcp
 $PY "$CLI" before "$MCP" "$T/state.json" || oq_fail "tasks before the restart"
