@@ -90,9 +90,9 @@ enum { MODE_CALL = 0, MODE_TASK_CREATE, MODE_TASK_GET, MODE_TASK_RESULT };
 struct oq_mcp_call {
     json_t *id; /* the JSON-RPC request id */
     int sse;
-    oq_submit_job_t *job;             /* tools/call; NULL for tasks/get and tasks/result */
-    int mode;                         /* MODE_* */
-    int tasks;                        /* the session's client declared tasks */
+    oq_submit_job_t *job; /* tools/call; NULL for tasks/get and tasks/result */
+    int mode;             /* MODE_* */
+    int tasks;            /* 1: the client declared tasks; 0: not; -1: not a 2025-11-25 session */
     char task[OQ_CALL_ID_LEN + 1];    /* tasks/get, tasks/result: the call id */
     char tenant[OQ_MAX_NAME_LEN + 1]; /* "" without authentication */
 };
