@@ -14,7 +14,8 @@
     X(submit, "durable submits/s: group commit vs one-fsync-per-call SQLite loop")                 \
     X(relay, "outbox -> broker rate vs raw librdkafka produce; idle latency")                      \
     X(consumer, "consumer from a pre-filled topic vs raw consume + batched insert")                \
-    X(e2e, "end-to-end calls/s and latency at a fixed offered load (runs the onceq binary)")
+    X(e2e, "end-to-end calls/s and latency at a fixed offered load (runs the onceq binary)")       \
+    X(mcp, "tools/call round trips/s through /mcp vs HTTP submit + wait, same run")
 
 #define OQ_BENCH_DECL(name, doc) int oq__bench_##name(int argc, char **argv);
 OQ_BENCHES(OQ_BENCH_DECL)

@@ -19,6 +19,8 @@
 # 10. kafka:   e2e closed loop on the embedded broker and on a real 3-node Kafka cluster, same
 #              run, with the brokers' CPU per call and at idle (scripts/kafka-bench.sh
 #              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
+# 11. mcp:     tools/call round trips through /mcp vs POST /v1/tool-calls + wait, same run,
+#              compiled and HTTP tools: the ratio and the gateway's added latency p50/p99
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -112,3 +114,9 @@ else
     env -u T bash "$ROOT/scripts/kafka-bench.sh" --build "$(dirname "$BIN")" --no-relay \
         --calls "$K_CALLS" 2>&1 | grep -v 'spawned' || true
 fi
+
+# 11. MCP: tools/call round trips through POST /mcp vs the HTTP API's submit + wait, same run,
+# compiled charge and an HTTP tool against onceq-downstream (bench/bench_mcp.c).
+MCP_CALLS=$(((quick)) && echo 1000 || echo 3000)
+echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
+"$BENCH" mcp --onceq "$BIN" --calls "$MCP_CALLS" --conns 16

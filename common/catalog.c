@@ -21,6 +21,8 @@
 
 #include "oq_catalog.h"
 #include "oq_json.h"
+#include "oq_log.h"
+#include "oq_mcpc.h"
 
 #define MAX_FILE (16 * 1024 * 1024)
 
@@ -92,6 +94,8 @@ static const char *const tool_fields[] = {"name",
                                           "ca_file",
                                           "client_cert",
                                           "client_key",
+                                          "kind",
+                                          "tool",
                                           NULL};
 
 typedef struct pctx {
@@ -199,6 +203,10 @@ static int parse_tool(pctx_t *p, const json_t *o, int builtin, cat_tool_t *t)
         t->honours_keys = 1;
         return 0;
     }
+    if ((v = json_object_get(o, "kind")) &&
+        !(json_is_string(v) &&
+          (strcmp(json_string_value(v), "http") == 0 || strcmp(json_string_value(v), "mcp") == 0)))
+        return perr(p, "kind", "expected \"http\" (the default) or \"mcp\"");
     if ((v = json_object_get(o, "idempotent"))) {
         if (!json_is_boolean(v)) return perr(p, "idempotent", "expected true or false");
         t->honours_keys = json_is_true(v);
@@ -207,6 +215,114 @@ static int parse_tool(pctx_t *p, const json_t *o, int builtin, cat_tool_t *t)
     t->has_lookup = v && !json_is_null(v);
     t->src = o;
     return 0;
+}
+
+/* The tools of an entry {"import": {"mcp": URL, "prefix": P}, ...}: the upstream's tools/list,
+ * each as a tool of kind "mcp" named P + its name, with its description, inputSchema (dropped,
+ * with a warning, when onceq cannot enforce it) and annotations, and the entry's other fields
+ * (idempotent, timeouts). Appended to \p out. */
+static int import_mcp(pctx_t *p, const json_t *e, json_t *out)
+{
+    static const char *const entry_fields[] = {"import", "idempotent", "timeout_ms",
+                                               "connect_timeout_ms", NULL};
+    static const char *const import_fields[] = {"mcp", "prefix", NULL};
+    static const char *const ann_keys[] = {"title",          "readOnlyHint",  "destructiveHint",
+                                           "idempotentHint", "openWorldHint", NULL};
+    int rc;
+    const json_t *im = json_object_get(e, "import");
+    if ((rc = check_fields(p, e, entry_fields))) return rc;
+    if (!json_is_object(im)) return perr(p, "import", "expected {\"mcp\": URL}");
+    if ((rc = check_fields(p, im, import_fields))) return rc;
+    const char *url = json_string_value(json_object_get(im, "mcp"));
+    const json_t *pv = json_object_get(im, "prefix");
+    const char *prefix = pv ? json_string_value(pv) : "";
+    if (!url || (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))
+        return perr(p, "import.mcp", "expected the http(s) URL of an MCP server");
+    if (!prefix) return perr(p, "import.prefix", "expected a string");
+    json_t *list = NULL;
+    oq_error_t lerr = {0};
+    if ((rc = oq__mcpc_list_tools(url, 10000, &list, &lerr)))
+        return oq_error_set(p->err, rc, 0,
+                            "%s: %s: import: cannot list the tools of %.200s (%.200s): the "
+                            "tools file is not loaded while its upstream is down",
+                            p->origin, p->where, url, lerr.msg);
+    size_t i;
+    json_t *u;
+    json_array_foreach(list, i, u)
+    {
+        const char *name = json_string_value(json_object_get(u, "name"));
+        if (!name) continue;
+        char full[160];
+        snprintf(full, sizeof full, "%s%s", prefix, name);
+        json_t *t =
+            json_pack("{s:s,s:s,s:s,s:s}", "name", full, "kind", "mcp", "url", url, "tool", name);
+        if (!t) goto nomem;
+        const json_t *d = json_object_get(u, "description");
+        if (json_is_string(d)) json_object_set(t, "description", (json_t *)d);
+        json_t *schema = json_object_get(u, "inputSchema");
+        oq_jschema_t *compiled = NULL;
+        oq_error_t serr = {0};
+        if (json_is_object(schema) && oq_jschema_compile(schema, &compiled, &serr) == 0)
+            json_object_set(t, "input_schema", schema);
+        else if (schema)
+            OQ_LOG_WARN("tools", "%s: import %s: tool %s: inputSchema not enforced (%s)", p->origin,
+                        url, name, serr.msg);
+        oq_jschema_destroy(compiled);
+        const json_t *ann = json_object_get(u, "annotations");
+        if (json_is_object(ann)) {
+            json_t *a = json_object();
+            for (const char *const *k = ann_keys; a && *k; k++) {
+                json_t *v = json_object_get(ann, *k);
+                if (v && (strcmp(*k, "title") == 0 ? json_is_string(v) : json_is_boolean(v)))
+                    json_object_set(a, *k, v);
+            }
+            if (a) json_object_set_new(t, "annotations", a);
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)e, k, v)
+        {
+            if (strcmp(k, "import") != 0) json_object_set(t, k, v);
+        }
+        if (json_array_append_new(out, t) != 0) goto nomem;
+    }
+    OQ_LOG_INFO("tools", "%s: imported %zu tools from the MCP server %s", p->origin,
+                json_array_size(list), url);
+    json_decref(list);
+    return 0;
+nomem:
+    json_decref(list);
+    return oq_error_set(p->err, OQ_ENOMEM, 0, "out of memory");
+}
+
+/* The tools array with its import entries replaced by the tools they import (\p root's
+ * "tools" is replaced when there is any). */
+static int expand_imports(pctx_t *p, json_t *root)
+{
+    json_t *tools = json_object_get(root, "tools");
+    size_t i;
+    json_t *e;
+    int any = 0;
+    json_array_foreach(tools, i, e) any |= json_is_object(e) && json_object_get(e, "import");
+    if (!any) return 0;
+    json_t *out = json_array();
+    if (!out) return oq_error_set(p->err, OQ_ENOMEM, 0, "out of memory");
+    json_array_foreach(tools, i, e)
+    {
+        int rc;
+        snprintf(p->where, sizeof p->where, "tools[%zu]", i);
+        if (json_is_object(e) && json_object_get(e, "import"))
+            rc = import_mcp(p, e, out);
+        else
+            rc =
+                json_array_append(out, e) ? oq_error_set(p->err, OQ_ENOMEM, 0, "out of memory") : 0;
+        if (rc) {
+            json_decref(out);
+            return rc;
+        }
+    }
+    snprintf(p->where, sizeof p->where, "top level");
+    return json_object_set_new(root, "tools", out) ? oq_error_set(p->err, OQ_ENOMEM, 0, "oom") : 0;
 }
 
 void oq_catalog_destroy(oq_catalog_t *c)
@@ -244,11 +360,12 @@ int oq_catalog_parse(const char *text, size_t len, const char *origin, oq_catalo
         rc = perr(&p, "version", "only version 1 is known");
         goto out;
     }
-    const json_t *tools = json_object_get(c->root, "tools");
-    if (!json_is_array(tools)) {
+    if (!json_is_array(json_object_get(c->root, "tools"))) {
         rc = perr(&p, "tools", "expected an array of tools");
         goto out;
     }
+    if ((rc = expand_imports(&p, c->root))) goto out;
+    const json_t *tools = json_object_get(c->root, "tools");
     json_error_t je;
     if (!(c->builtins = json_loads(builtin_json, 0, &je))) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "compiled tools: %s", je.text);

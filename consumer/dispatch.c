@@ -27,6 +27,7 @@
  * and the worker writes its outcome, and a sent request whose answer never came is reconciled.
  */
 #include "dispatch.h"
+#include "mcp_tools.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -100,7 +101,10 @@ static void on_outcome(const oq__http_outcome_t *o, void *ctx)
     oq__job_t *j = ctx;
     j->cls = o->cls;
     j->elapsed_us = o->elapsed_us;
-    oq__outcome_from_http(o, j->kind == OQ__JOB_LOOKUP, &j->out);
+    oq__mcp_answer_t m; /* an "mcp" tool's answer, as its JSON-RPC response says it */
+    oq__mcp_refine(j->tool, j->kind == OQ__JOB_LOOKUP, o, &m);
+    oq__outcome_from_http(&m.h, j->kind == OQ__JOB_LOOKUP, &j->out);
+    oq__mcp_answer_clear(&m);
     if (j->kind == OQ__JOB_CALL && o->sent)
         OQ_CRASH_POINT("consumer.after_request_sent_before_outcome");
 }
@@ -164,6 +168,7 @@ static void submit_queued(oq__dispatch_t *d)
         char eid[OQ_CALL_ID_LEN + 1];
         snprintf(eid, sizeof(eid), "%s", j->row.effect_id ? j->row.effect_id : "");
         int rc = OQ_ENOMEM;
+        if (j->tool && j->tool->mcp) oq__mcp_before_send(j->tool);
         if (c && j->args && eid[0]) {
             c->d = d;
             c->j = j;

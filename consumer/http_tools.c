@@ -57,6 +57,7 @@
 #include <time.h>
 
 #include "http_tools.h"
+#include "mcp_tools.h"
 #include "oq_catalog.h"
 #include "oq_json.h"
 #include "oq_log.h"
@@ -565,6 +566,36 @@ static int parse_tls(pctx_t *p, const json_t *o, oq__http_tool_t *t)
     return 0;
 }
 
+static void tool_clear(oq__http_tool_t *t);
+static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t);
+
+/* kind "mcp": the tool's request(s) written by consumer/mcp_tools.c, parsed as HTTP tools. */
+static int parse_mcp_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
+{
+    json_t *call = NULL, *lookup = NULL;
+    const char *field = NULL;
+    char why[200], idx[sizeof p->where];
+    oq__http_tool_t lt;
+    memset(&lt, 0, sizeof lt);
+    snprintf(idx, sizeof idx, "%s", p->where);
+    snprintf(p->where, sizeof p->where, "tool \"%s\" (%.40s)",
+             json_string_value(json_object_get(o, "name")), idx);
+    int rc = oq__mcp_tool_translate(o, &call, &lookup, &field, why, sizeof why);
+    if (rc)
+        return rc == OQ_ENOMEM ? oq_error_set(p->err, rc, 0, "out of memory")
+                               : perr(p, field, "%s", why);
+    snprintf(p->where, sizeof p->where, "%s", idx);
+    if ((rc = parse_tool(p, call, t)) == 0 && lookup) {
+        snprintf(p->where, sizeof p->where, "%.100s, its lookup", idx);
+        rc = parse_tool(p, lookup, &lt);
+    }
+    if (rc == 0) rc = oq__mcp_tool_bind(t, o, lookup ? &lt.call : NULL, p->err);
+    tool_clear(&lt);
+    json_decref(call);
+    json_decref(lookup);
+    return rc;
+}
+
 /* The HTTP part of a tool; name, description, input_schema, annotations and the field names
  * were checked by the catalogue (common/catalog.c), which parsed the file. */
 static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
@@ -575,6 +606,9 @@ static int parse_tool(pctx_t *p, const json_t *o, oq__http_tool_t *t)
     oq__http_request_t *r = &t->call;
     int rc, given;
     const json_t *v;
+    if ((v = json_object_get(o, "kind")) && json_is_string(v) &&
+        strcmp(json_string_value(v), "mcp") == 0)
+        return parse_mcp_tool(p, o, t);
     if ((rc = get_string(p, o, "name", "name", &t->name, 1))) return rc;
     char idx[sizeof p->where];
     snprintf(idx, sizeof idx, "%s", p->where);
@@ -652,6 +686,7 @@ static void tool_clear(oq__http_tool_t *t)
     free(t->client_key);
     request_clear(&t->call);
     request_clear(&t->lookup);
+    oq__mcp_tool_free(t->mcp);
 }
 
 void oq__http_tools_destroy(oq__http_tools_t *t)
@@ -1533,7 +1568,8 @@ static int submit(oq__http_exec_t *x, const oq__http_tool_t *tool, int is_lookup
             h = n;
         else if (t->body)
             ok = 0;
-        if (ok && (n = curl_slist_append(h, "Accept: application/json"))) h = n;
+        if (ok && !tool->mcp && (n = curl_slist_append(h, "Accept: application/json")))
+            h = n;                                              /* an "mcp" tool sends its own */
         if (ok && (n = curl_slist_append(h, "Expect:"))) h = n; /* no 100-continue round trip */
         if (ok && !is_lookup && tool->idem_header) {
             snprintf(line, sizeof line, "%s: %s", tool->idem_header, effect_id);

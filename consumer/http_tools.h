@@ -120,6 +120,7 @@ typedef struct oq__http_tool {
     char *ca_file;     /**< https: CA bundle (PEM) verifying the downstream, or NULL (system) */
     char *client_cert; /**< https: client certificate (PEM) for mutual TLS, or NULL */
     char *client_key;  /**< https: its private key (PEM), or NULL (in client_cert) */
+    struct oq__mcp_tool *mcp; /**< kind "mcp" (consumer/mcp_tools.h), or NULL */
 } oq__http_tool_t;
 
 /** A loaded tools file. */

@@ -849,8 +849,18 @@ static enum MHD_Result mcp_post(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
     oq_mcp_in_t in;
     mcp_in(h, ctx, c, &in);
     ctx->mcp_deadline_us = oq_mono_us() + oq_mcp_wait_ms(h->mcp) * 1000;
-    if (oq_mcp_post(h->mcp, &in, ctx->body, ctx->len, h->max_depth, &ctx->mcp, &o) == 0)
-        return mcp_send(h, c, &o);
+    int r = oq_mcp_post(h->mcp, &in, ctx->body, ctx->len, h->max_depth, &ctx->mcp, &o);
+    if (r == 0) return mcp_send(h, c, &o);
+    if (r == 2) { /* tasks/get, tasks/result: the call is read as after a tools/call's wait */
+        int wait;
+        snprintf(ctx->mcp_call_id, sizeof ctx->mcp_call_id, "%s",
+                 oq_mcp_call_task(ctx->mcp, &wait));
+        ctx->mcp_phase = 1;
+        ctx->state = RS_DONE;
+        if (wait && !atomic_load(&h->stopping))
+            return wait_call(h, ctx, c, ctx->mcp_call_id, ctx->mcp_deadline_us);
+        return mcp_post(h, ctx, c);
+    }
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     if (oq_producer_submit_async(h->p, oq_mcp_call_job(ctx->mcp), job_done, ctx) != 0) {

@@ -26,6 +26,19 @@
  * initialize needs a session (400 without, 404 unknown); an MCP-Protocol-Version header
  * naming an unsupported version is 400; a client whose Accept allows text/event-stream but
  * not application/json gets its one response as an SSE event.
+ *
+ * Tasks (protocol 2025-11-25). The server declares tasks.requests.tools.call and every tool
+ * taskSupport "optional". A task IS the call: its taskId is the call id, so it lives in
+ * calls.db and survives a producer restart (any later session of the same tenant may poll
+ * it). A task-augmented tools/call (params.task) is answered as soon as the submit is durable
+ * with a CreateTaskResult; a plain tools/call of a client that declared the tasks capability
+ * and is still running at --mcp-wait names its task in
+ * _meta["io.modelcontextprotocol/related-task"] beside the usual isError "running" answer.
+ * tasks/get reads the call (pending/running/needs_review: "working", the review said in
+ * statusMessage, since an operator may still settle it; succeeded: "completed"; failed:
+ * "failed"); tasks/result waits like a tools/call, up to --mcp-wait (the spec's "block until
+ * terminal", bounded: then a -32000 error "still running", and the client asks again).
+ * tasks/list and tasks/cancel are not offered (a call cannot be cancelled once durable).
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -59,22 +72,33 @@ typedef struct session {
     char id[OQ_MCP_SID_LEN + 1]; /* "" free */
     char version[16];
     char tenant[OQ_MAX_NAME_LEN + 1]; /* "" without authentication */
+    int tasks;                        /* 2025-11-25 and the client declared tasks */
     int64_t last_us;
 } session_t;
 
 struct oq_mcp {
     const oq_catalog_t *catalog;
     int64_t wait_ms;
-    json_t *tools; /* the tools/list result's array */
+    json_t *tools;       /* the tools/list result's array */
+    json_t *tools_tasks; /* the same for 2025-11-25 sessions: with execution.taskSupport */
     pthread_mutex_t lock;
     session_t *sessions;
 };
 
+enum { MODE_CALL = 0, MODE_TASK_CREATE, MODE_TASK_GET, MODE_TASK_RESULT };
+
 struct oq_mcp_call {
     json_t *id; /* the JSON-RPC request id */
     int sse;
-    oq_submit_job_t *job;
+    oq_submit_job_t *job; /* tools/call; NULL for tasks/get and tasks/result */
+    int mode;             /* MODE_* */
+    int tasks;            /* 1: the client declared tasks; 0: not; -1: not a 2025-11-25 session */
+    char task[OQ_CALL_ID_LEN + 1];    /* tasks/get, tasks/result: the call id */
+    char tenant[OQ_MAX_NAME_LEN + 1]; /* "" without authentication */
 };
+
+#define RELATED_TASK "io.modelcontextprotocol/related-task"
+#define TASK_POLL_MS 1000
 
 /* --- answers ---------------------------------------------------------------------------------*/
 
@@ -138,7 +162,7 @@ static session_t *session_find(oq_mcp_t *m, const char *id, int64_t now)
     return NULL;
 }
 
-static void session_new(oq_mcp_t *m, const char *version, const char *tenant,
+static void session_new(oq_mcp_t *m, const char *version, const char *tenant, int tasks,
                         char id[OQ_MCP_SID_LEN + 1])
 {
     unsigned char r[OQ_MCP_SID_LEN / 2];
@@ -158,6 +182,7 @@ static void session_new(oq_mcp_t *m, const char *version, const char *tenant,
     memcpy(slot->id, id, OQ_MCP_SID_LEN + 1);
     snprintf(slot->version, sizeof slot->version, "%s", version);
     snprintf(slot->tenant, sizeof slot->tenant, "%s", tenant ? tenant : "");
+    slot->tasks = tasks;
     slot->last_us = now;
     pthread_mutex_unlock(&m->lock);
 }
@@ -216,7 +241,7 @@ static const char *version_supported(const char *v)
 
 /* --- tools/list --------------------------------------------------------------------------------*/
 
-static json_t *build_tools(const oq_catalog_t *cat)
+static json_t *build_tools(const oq_catalog_t *cat, int tasks)
 {
     json_t *tools = json_array();
     if (!tools || !cat) return tools;
@@ -242,6 +267,8 @@ static json_t *build_tools(const oq_catalog_t *cat)
                               json_is_object(schema) ? json_incref(schema)
                                                      : json_pack("{s:s}", "type", "object"),
                               "annotations", ann);
+        if (e && tasks)
+            json_object_set_new(e, "execution", json_pack("{s:s}", "taskSupport", "optional"));
         if (!e || json_array_append_new(tools, e) != 0) {
             json_decref(list);
             json_decref(tools);
@@ -293,7 +320,8 @@ static int call_key(const json_t *params, const char *sid, const json_t *id, cha
 }
 
 static int tools_call(oq_mcp_t *m, const json_t *id, const json_t *params, const char *sid,
-                      const char *tenant, int sse, oq_mcp_call_t **callp, oq_mcp_out_t *out)
+                      const char *tenant, int sse, int tasks, oq_mcp_call_t **callp,
+                      oq_mcp_out_t *out)
 {
     const char *name = json_string_value(json_object_get(params, "name"));
     const json_t *args = json_object_get(params, "arguments");
@@ -353,12 +381,40 @@ static int tools_call(oq_mcp_t *m, const json_t *id, const json_t *params, const
     }
     c->id = json_deep_copy(id);
     c->sse = sse;
+    c->tasks = tasks;
+    /* task-augmented (2025-11-25 sessions only; others process it normally, as the spec says) */
+    if (tasks >= 0 && json_is_object(json_object_get(params, "task"))) c->mode = MODE_TASK_CREATE;
     *callp = c;
     json_decref(empty);
     return 1;
 done:
     json_decref(empty);
     return 0;
+}
+
+/* tasks/get, tasks/result: 2 with \p callp set (read or wait for the call), or 0 with \p out. */
+static int task_request(const json_t *id, const json_t *params, const char *tenant, int sse,
+                        int get, oq_mcp_call_t **callp, oq_mcp_out_t *out)
+{
+    const char *tid = json_string_value(json_object_get(params, "taskId"));
+    if (!tid || strlen(tid) != OQ_CALL_ID_LEN || strncmp(tid, "c_", 2) != 0) {
+        rpc_error(out, 200, id, RPC_INVALID_PARAMS, "unknown taskId",
+                  json_pack("{s:s}", "code", "unknown_task"), sse);
+        return 0;
+    }
+    oq_mcp_call_t *c = calloc(1, sizeof *c);
+    if (!c || !(c->id = json_deep_copy(id))) {
+        free(c);
+        rpc_error(out, 200, id, RPC_INTERNAL, "out of memory", NULL, sse);
+        return 0;
+    }
+    c->sse = sse;
+    c->tasks = 1;
+    c->mode = get ? MODE_TASK_GET : MODE_TASK_RESULT;
+    memcpy(c->task, tid, OQ_CALL_ID_LEN + 1);
+    snprintf(c->tenant, sizeof c->tenant, "%s", tenant ? tenant : "");
+    *callp = c;
+    return 2;
 }
 
 /* --- the POST --------------------------------------------------------------------------------*/
@@ -421,11 +477,17 @@ int oq_mcp_post(oq_mcp_t *m, const oq_mcp_in_t *in, const char *body, size_t len
         }
         const char *v = version_supported(want);
         if (!v) v = versions[0];
-        session_new(m, v, in->tenant, out->session);
+        int v2511 = strcmp(v, "2025-11-25") == 0;
+        const json_t *ccap = json_object_get(json_object_get(params, "capabilities"), "tasks");
+        session_new(m, v, in->tenant, v2511 && json_is_object(ccap), out->session);
+        json_t *caps = json_pack("{s:{s:b}}", "tools", "listChanged", 0);
+        if (caps && v2511)
+            json_object_set_new(caps, "tasks",
+                                json_pack("{s:{s:{s:{}}}}", "requests", "tools", "call"));
         rpc_result(out, id,
-                   json_pack("{s:s,s:{s:{s:b}},s:{s:s,s:s},s:s}", "protocolVersion", v,
-                             "capabilities", "tools", "listChanged", 0, "serverInfo", "name",
-                             "onceq", "version", ONCEQ_VERSION, "instructions",
+                   json_pack("{s:s,s:o,s:{s:s,s:s},s:s}", "protocolVersion", v, "capabilities",
+                             caps, "serverInfo", "name", "onceq", "version", ONCEQ_VERSION,
+                             "instructions",
                              "Every tools/call is an effectively-once onceq call: retry with the "
                              "same idempotencyKey (or _meta \"" META_KEY
                              "\") to get the same result, never a second effect."),
@@ -439,12 +501,15 @@ int oq_mcp_post(oq_mcp_t *m, const oq_mcp_in_t *in, const char *body, size_t len
         goto out;
     }
     char sid[OQ_MCP_SID_LEN + 1];
+    int tasks = 0, v2511 = 0;
     pthread_mutex_lock(&m->lock);
     session_t *s = session_find(m, in->session, oq_mono_us());
     if (s && strcmp(s->tenant, in->tenant ? in->tenant : "") != 0) s = NULL;
     if (s) {
         s->last_us = oq_mono_us();
         memcpy(sid, s->id, sizeof sid);
+        tasks = s->tasks;
+        v2511 = strcmp(s->version, "2025-11-25") == 0;
     }
     pthread_mutex_unlock(&m->lock);
     if (!s) {
@@ -463,9 +528,12 @@ int oq_mcp_post(oq_mcp_t *m, const oq_mcp_in_t *in, const char *body, size_t len
     if (strcmp(method, "ping") == 0) {
         rpc_result(out, id, json_object(), sse);
     } else if (strcmp(method, "tools/list") == 0) {
-        rpc_result(out, id, json_pack("{s:O}", "tools", m->tools), sse);
+        rpc_result(out, id, json_pack("{s:O}", "tools", v2511 ? m->tools_tasks : m->tools), sse);
     } else if (strcmp(method, "tools/call") == 0) {
-        ret = tools_call(m, id, params, sid, in->tenant, sse, call, out);
+        ret = tools_call(m, id, params, sid, in->tenant, sse, v2511 ? tasks : -1, call, out);
+    } else if (v2511 && (strcmp(method, "tasks/get") == 0 || strcmp(method, "tasks/result") == 0)) {
+        ret =
+            task_request(id, params, in->tenant, sse, strcmp(method, "tasks/get") == 0, call, out);
     } else {
         char text[200];
         snprintf(text, sizeof text, "method not found: %.120s", method);
@@ -551,6 +619,45 @@ static json_t *call_result(const oq_call_t *call)
                      "isError", 1, "_meta", meta);
 }
 
+/* The Task of \p call (its id is the call id). */
+static json_t *task_of(const oq_call_t *call)
+{
+    const char *st = call->state, *status = "working", *msg = "the call is pending";
+    if (strcmp(st, "succeeded") == 0) {
+        status = "completed";
+        msg = "the call succeeded";
+    } else if (strcmp(st, "failed") == 0) {
+        status = "failed";
+        msg = "the call failed";
+    } else if (strcmp(st, "needs_review") == 0) {
+        msg = "the call needs review: whether it took effect is not known; an operator decides "
+              "(onceq review)";
+    } else if (strcmp(st, "running") == 0) {
+        msg = "the call is running";
+    }
+    char created[32], updated[32];
+    oq_time_format(call->created_at, created);
+    oq_time_format(call->updated_at, updated);
+    json_t *t = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i}", "taskId", call->call_id, "status", status,
+                          "statusMessage", msg, "createdAt", created, "lastUpdatedAt", updated,
+                          "pollInterval", TASK_POLL_MS);
+    if (t)
+        json_object_set_new(t, "ttl",
+                            call->expires_at > call->created_at
+                                ? json_integer((json_int_t)(call->expires_at - call->created_at))
+                                : json_null());
+    return t;
+}
+
+/* \p result (a CallToolResult) with its _meta naming the task \p call_id. */
+static json_t *with_related_task(json_t *result, const char *call_id)
+{
+    json_t *meta = json_object_get(result, "_meta");
+    if (json_is_object(meta))
+        json_object_set_new(meta, RELATED_TASK, json_pack("{s:s}", "taskId", call_id));
+    return result;
+}
+
 int oq_mcp_call_submitted(oq_mcp_call_t *c, int refused, oq_mcp_out_t *out,
                           char call_id[OQ_CALL_ID_LEN + 1])
 {
@@ -581,6 +688,10 @@ int oq_mcp_call_submitted(oq_mcp_call_t *c, int refused, oq_mcp_out_t *out,
                   json_pack("{s:s}", "code", "unavailable"), c->sse);
         return 0;
     }
+    if (c->mode == MODE_TASK_CREATE) { /* durable: the task exists, answer at once */
+        rpc_result(out, c->id, json_pack("{s:o}", "task", task_of(call)), c->sse);
+        return 0;
+    }
     if (!oq_call_state_terminal(call->state)) {
         memcpy(call_id, call->call_id, OQ_CALL_ID_LEN + 1);
         return 1;
@@ -589,15 +700,47 @@ int oq_mcp_call_submitted(oq_mcp_call_t *c, int refused, oq_mcp_out_t *out,
     return 0;
 }
 
+const char *oq_mcp_call_task(const oq_mcp_call_t *c, int *wait)
+{
+    *wait = c->mode == MODE_TASK_RESULT;
+    return c->task;
+}
+
 void oq_mcp_call_answer(oq_mcp_call_t *c, int rc, const oq_call_t *call, oq_mcp_out_t *out)
 {
     memset(out, 0, sizeof *out);
+    if (c->mode == MODE_TASK_GET || c->mode == MODE_TASK_RESULT) {
+        /* another tenant's call is as unknown as a missing one */
+        if (rc == OQ_ENOTFOUND ||
+            (rc == 0 && c->tenant[0] && strcmp(call->tenant ? call->tenant : "", c->tenant))) {
+            rpc_error(out, 200, c->id, RPC_INVALID_PARAMS, "unknown taskId",
+                      json_pack("{s:s}", "code", "unknown_task"), c->sse);
+            return;
+        }
+        if (rc == 0 && c->mode == MODE_TASK_GET) {
+            rpc_result(out, c->id, task_of(call), c->sse);
+            return;
+        }
+        if (rc == 0 && !oq_call_state_terminal(call->state)) {
+            rpc_error(out, 200, c->id, RPC_UNAVAILABLE,
+                      "the task is still working: ask tasks/result again",
+                      json_pack("{s:s,s:s}", "code", "running", "taskId", c->task), c->sse);
+            return;
+        }
+        if (rc == 0) {
+            rpc_result(out, c->id, with_related_task(call_result(call), call->call_id), c->sse);
+            return;
+        }
+    }
     if (rc) {
         rpc_error(out, 200, c->id, RPC_UNAVAILABLE, "cannot read the call: retry with the same key",
                   json_pack("{s:s}", "code", "unavailable"), c->sse);
         return;
     }
-    rpc_result(out, c->id, call_result(call), c->sse);
+    json_t *r = call_result(call);
+    if (c->tasks > 0 && !oq_call_state_terminal(call->state)) /* a task it can poll */
+        r = with_related_task(r, call->call_id);
+    rpc_result(out, c->id, r, c->sse);
 }
 
 void oq_mcp_call_free(oq_mcp_call_t *c)
@@ -617,10 +760,12 @@ int oq_mcp_new(const oq_catalog_t *catalog, int64_t wait_ms, oq_mcp_t **out, oq_
     m->catalog = catalog;
     m->wait_ms = wait_ms > 0 ? wait_ms : OQ_MCP_WAIT_DEFAULT_MS;
     m->sessions = calloc(SESSIONS_MAX, sizeof *m->sessions);
-    m->tools = build_tools(catalog);
-    if (!m->sessions || !m->tools) {
+    m->tools = build_tools(catalog, 0);
+    m->tools_tasks = build_tools(catalog, 1);
+    if (!m->sessions || !m->tools || !m->tools_tasks) {
         free(m->sessions);
         json_decref(m->tools);
+        json_decref(m->tools_tasks);
         free(m);
         return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     }
@@ -634,6 +779,7 @@ void oq_mcp_destroy(oq_mcp_t *m)
     if (!m) return;
     pthread_mutex_destroy(&m->lock);
     json_decref(m->tools);
+    json_decref(m->tools_tasks);
     free(m->sessions);
     free(m);
 }

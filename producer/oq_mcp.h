@@ -56,8 +56,10 @@ int64_t oq_mcp_wait_ms(const oq_mcp_t *m);
 
 /**
  * @brief A POST /mcp with body \p body.
- * @returns 0 with \p out filled (send it), or 1 with \p call set: queue its submit job
- *          (oq_mcp_call_job), then oq_mcp_call_submitted().
+ * @returns 0 with \p out filled (send it); 1 with \p call set: queue its submit job
+ *          (oq_mcp_call_job), then oq_mcp_call_submitted(); 2 with \p call set (tasks/get,
+ *          tasks/result): read the call oq_mcp_call_task() names (after waiting for it to
+ *          settle, up to --mcp-wait, when it says so), then oq_mcp_call_answer().
  */
 int oq_mcp_post(oq_mcp_t *m, const oq_mcp_in_t *in, const char *body, size_t len, size_t max_depth,
                 oq_mcp_call_t **call, oq_mcp_out_t *out);
@@ -75,6 +77,10 @@ oq_submit_job_t *oq_mcp_call_job(oq_mcp_call_t *c);
  */
 int oq_mcp_call_submitted(oq_mcp_call_t *c, int refused, oq_mcp_out_t *out,
                           char call_id[OQ_CALL_ID_LEN + 1]);
+
+/** @brief The call a tasks/get or tasks/result asks about; \p wait: 1 to wait for it to
+ *         settle first (tasks/result). */
+const char *oq_mcp_call_task(const oq_mcp_call_t *c, int *wait);
 
 /** @brief The answer for \p call as read after the wait (\p rc: the read's return code). */
 void oq_mcp_call_answer(oq_mcp_call_t *c, int rc, const oq_call_t *call, oq_mcp_out_t *out);
