@@ -10,10 +10,11 @@
  *    clock (oq__consumer_store_now) is the server's: read with clock_timestamp() at open and
  *    carried by this host's boot clock (a constant offset, so a host whose wall clock is wrong,
  *    or stepped, still writes leases and due times on the server's scale). The lease lapse that
- *    lets another worker take an execution over is decided in SQL, against clock_timestamp()
- *    itself (exec_lapsed, recovery_pending): a consumer whose clock runs ahead cannot see a
- *    live lease as lapsed, and one whose clock runs behind cannot write a lease that outlives
- *    its term on the server's scale. Fences work as on SQLite: every conditional update names
+ *    lets another worker take an execution over is also checked in SQL against
+ *    clock_timestamp() itself (exec_lapsed, recovery_pending: lapsed on the worker's clock
+ *    AND on the server's): a consumer whose clock runs ahead cannot see a live lease as
+ *    lapsed, and one whose clock runs behind cannot write a lease that outlives its term on
+ *    the server's scale. Fences work as on SQLite: every conditional update names
  *    the state and fence it read, and READ COMMITTED re-checks that WHERE on the row's newest
  *    version after a concurrent writer committed, so a stale worker matches nothing.
  *  - A failed statement aborts a PostgreSQL transaction (SQLite aborts only the statement).
@@ -368,15 +369,17 @@ static int read_execs(oq__consumer_pg_t *p, const char *sql, int np, const char 
     return rc;
 }
 
-int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, oq__exec_row_t *rows, int cap, int *n,
-                                oq_error_t *err)
+int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, int64_t now, oq__exec_row_t *rows, int cap,
+                                int *n, oq_error_t *err)
 {
-    num_t c;
-    const char *pr[] = {num(&c, cap)};
+    num_t c, t;
+    const char *pr[] = {num(&c, cap), num(&t, now)};
+    /* lapsed on the worker's clock (the server's, carried) AND on the server's own */
     return read_execs(p,
                       "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state IN "
-                      "('STARTED', 'RECONCILING') AND lease_until < " SRV_NOW " LIMIT $1",
-                      1, pr, rows, cap, n, err);
+                      "('STARTED', 'RECONCILING') AND lease_until < LEAST($2::bigint, " SRV_NOW
+                      ") LIMIT $1",
+                      2, pr, rows, cap, n, err);
 }
 
 int oq__consumer_pg_exec_in_state(oq__consumer_pg_t *p, int state, oq__exec_row_t *rows, int cap,
@@ -444,7 +447,8 @@ int oq__consumer_pg_recovery_pending(oq__consumer_pg_t *p, int64_t now)
     PGresult *r = NULL;
     if (q(p,
           "SELECT EXISTS (SELECT 1 FROM onceq.consumer_executions WHERE state IN ('STARTED', "
-          "'RECONCILING') AND lease_until < " SRV_NOW ") OR EXISTS (SELECT 1 FROM "
+          "'RECONCILING') AND lease_until < LEAST($1::bigint, " SRV_NOW
+          ")) OR EXISTS (SELECT 1 FROM "
           "onceq.consumer_executions WHERE state = 'UNKNOWN' AND coalesce(next_attempt_at, 0) "
           "<= $1)",
           1, pr, &r, NULL))
