@@ -53,6 +53,7 @@
 
 struct oq__consumer_pg {
     PGconn *c;
+    int tx; /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
     char worker[128];
 };
 
@@ -120,28 +121,32 @@ static int ready(oq__consumer_pg_t *p, oq_error_t *err)
 
 static int in_tx(oq__consumer_pg_t *p)
 {
-    PGTransactionStatusType t = PQtransactionStatus(p->c);
-    return t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
+    return p->tx;
+}
+
+/* Before a statement: outside a transaction a lost connection is re-established; inside one
+ * it is not (what the transaction wrote is gone with it: the statement must fail, and the
+ * caller rolls back and retries the whole transaction, never continues in autocommit). */
+static int usable(oq__consumer_pg_t *p, oq_error_t *err)
+{
+    if (!p->tx) return ready(p, err);
+    if (PQstatus(p->c) != CONNECTION_OK)
+        return oq_pg_error(p->c, NULL, err, "connection lost inside a transaction");
+    return 0;
 }
 
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
-    if (!in_tx(p)) {
-        int rc = ready(p, err);
-        if (rc) return rc;
-    }
-    return oq_pg_query(p->c, sql, n, pr, r, err);
+    int rc = usable(p, err);
+    return rc ? rc : oq_pg_query(p->c, sql, n, pr, r, err);
 }
 
 static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr,
                int64_t *affected, oq_error_t *err)
 {
-    if (!in_tx(p)) {
-        int rc = ready(p, err);
-        if (rc) return rc;
-    }
-    return oq_pg_cmd(p->c, sql, n, pr, affected, err);
+    int rc = usable(p, err);
+    return rc ? rc : oq_pg_cmd(p->c, sql, n, pr, affected, err);
 }
 
 /* --- connection ------------------------------------------------------------------------------ */
@@ -181,6 +186,7 @@ PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p)
 
 int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
 {
+    p->tx = 0;
     int rc = ready(p, err);
     if (rc) return rc;
     rc = oq_pg_exec(p->c, "BEGIN", err);
@@ -188,16 +194,34 @@ int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
         if ((rc = ready(p, err)) == 0) rc = oq_pg_exec(p->c, "BEGIN", err);
     }
+    p->tx = rc == 0;
     return rc;
 }
 
 int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
 {
-    return oq_pg_exec(p->c, "COMMIT", err);
+    if (!p->tx) return oq_error_set(err, OQ_ESTATE, 0, "commit without a transaction");
+    /* A transaction a statement aborted answers COMMIT with "ROLLBACK" and no error: refuse it,
+     * so that nothing is acknowledged to Kafka that did not commit. */
+    if (PQstatus(p->c) != CONNECTION_OK || PQtransactionStatus(p->c) != PQTRANS_INTRANS) {
+        int rc = PQstatus(p->c) != CONNECTION_OK
+                     ? oq_pg_error(p->c, NULL, err, "commit: connection lost")
+                     : oq_error_set(err, OQ_EDB, 0, "commit: the transaction was aborted");
+        oq__consumer_pg_rollback(p);
+        return rc;
+    }
+    PGresult *r = PQexec(p->c, "COMMIT");
+    int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    int rc = ok ? 0 : oq_pg_error(p->c, r, err, "commit");
+    if (!ok && rc == 0) rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
+    PQclear(r);
+    p->tx = 0;
+    return rc;
 }
 
 void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
 {
+    p->tx = 0;
     if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
         PQclear(PQexec(p->c, "ROLLBACK"));
 }
