@@ -22,7 +22,7 @@
 
 typedef struct {
     char dir[64];
-    char path[128];
+    char path[1024];             /* effects.db, or the connection string on PostgreSQL */
     oq__consumer_store_t *a, *b; /* two workers sharing one database file */
 } fx_t;
 
@@ -118,9 +118,9 @@ static inline void fx_exec(oq__consumer_store_t *s, const char *sql)
 static int setup(void **state)
 {
     fx_t *f = calloc(1, sizeof(*f));
-    static char conninfo[1024];
+    char *conninfo = f->path;
     pgfx_available(1);
-    pgfx_fresh_db(OQ_TEST_CONSUMER_PG, conninfo, sizeof conninfo);
+    pgfx_fresh_db(OQ_TEST_CONSUMER_PG, conninfo, sizeof f->path);
     oq_error_t err = {0};
     oq_db_opts_t o = {.synchronous = "OFF"};
     assert_int_equal(oq__consumer_store_open(conninfo, &o, "worker-a", &f->a, &err), 0);

@@ -844,6 +844,24 @@ static void test_purge(void **state)
     oq_envelope_clear(&e2);
 }
 
+#if FX_PG
+/* A schema onceq newer than this binary: the consumer store refuses to open, changing nothing. */
+static void test_pg_newer_schema_refused(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq__consumer_store_t *s = NULL;
+    oq_db_opts_t o = {.synchronous = "OFF"};
+    fx_exec(f->a, "UPDATE onceq.schema_version SET version = version + 1");
+    assert_int_equal(oq__consumer_store_open(f->path, &o, "worker-c", &s, &err), OQ_EVERSION);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, "newer"));
+    fx_exec(f->a, "UPDATE onceq.schema_version SET version = version - 1");
+    assert_int_equal(oq__consumer_store_open(f->path, &o, "worker-c", &s, &err), 0);
+    oq__consumer_store_close(s);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -864,6 +882,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_outbox_append_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_finish_after_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+#if FX_PG
+        cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
