@@ -50,6 +50,7 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_pg.h"
+#include "oq_util.h"
 
 struct oq__consumer_pg {
     PGconn *c;
@@ -135,18 +136,36 @@ static int usable(oq__consumer_pg_t *p, oq_error_t *err)
     return 0;
 }
 
+/* Outside a transaction a statement is retried once more when the connection was lost
+ * (reconnected first) or the server chose it as a deadlock or serialization victim: every
+ * single statement of this file may run twice (ids, fences and ON CONFLICT make it so). */
+static int again(oq__consumer_pg_t *p, int rc, const oq_error_t *err, int attempt)
+{
+    if (!rc || p->tx || attempt > 0) return 0;
+    if (PQstatus(p->c) == CONNECTION_BAD) return 1;
+    return rc == OQ_EBUSY && err && err->retriable;
+}
+
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
-    int rc = usable(p, err);
-    return rc ? rc : oq_pg_query(p->c, sql, n, pr, r, err);
+    int rc = 0;
+    for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
+        if (i) oq_sleep_ms(20, NULL);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_query(p->c, sql, n, pr, r, err);
+    }
+    return rc;
 }
 
 static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr,
                int64_t *affected, oq_error_t *err)
 {
-    int rc = usable(p, err);
-    return rc ? rc : oq_pg_cmd(p->c, sql, n, pr, affected, err);
+    int rc = 0;
+    for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
+        if (i) oq_sleep_ms(20, NULL);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_cmd(p->c, sql, n, pr, affected, err);
+    }
+    return rc;
 }
 
 /* --- connection ------------------------------------------------------------------------------ */
