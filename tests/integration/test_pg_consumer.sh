@@ -9,7 +9,7 @@
 # (pg_terminate_backend), twice, while calls flow. At the end `onceq verify` (reading the PostgreSQL store) is clean: every
 # accepted call terminal, one effect per call, the redelivery absorbed by the inbox, every
 # result delivered (the producer saw it). The connection string is in no log line.
-# ctest-cost: 90
+# ctest-cost: 30
 set -u
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
