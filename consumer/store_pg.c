@@ -213,8 +213,29 @@ static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *
 
 /* --- connection ------------------------------------------------------------------------------ */
 
-int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_pg_t **out,
-                         int64_t *server_ms, oq_error_t *err)
+/* Without migrating (a reader such as verify writes nothing): the schema must be this binary's
+ * consumer set or a newer one it refuses the same way as oq_pg_migrate. */
+static int check_version(PGconn *c, oq_error_t *err)
+{
+    int v = 0, n = 0, rc = oq_pg_schema_version(c, &v, err);
+    while (oq_migrations_postgres[n])
+        n++;
+    if (rc) return rc;
+    if (v > n)
+        return oq_error_set(err, OQ_EVERSION, 0,
+                            "database schema onceq version %d is newer than this binary (%d); "
+                            "upgrade onceq",
+                            v, n);
+    if (v < n)
+        return oq_error_set(err, OQ_EDB, 0,
+                            "database schema onceq version %d: not migrated to %d yet (onceq "
+                            "migrate --db URL, or start a consumer once)",
+                            v, n);
+    return 0;
+}
+
+int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
+                         oq__consumer_pg_t **out, int64_t *server_ms, oq_error_t *err)
 {
     *out = NULL;
     oq__consumer_pg_t *p = calloc(1, sizeof *p);
@@ -222,7 +243,7 @@ int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_
     snprintf(p->worker, sizeof p->worker, "%s", worker ? worker : "worker");
     PGresult *r = NULL;
     int rc = oq_pg_connect(conninfo, &p->c, err);
-    if (!rc) rc = oq_pg_migrate(p->c, err);
+    if (!rc) rc = migrate ? oq_pg_migrate(p->c, err) : check_version(p->c, err);
     if (!rc) rc = oq_pg_query(p->c, "SELECT " SRV_NOW, 0, NULL, &r, err);
     if (rc) {
         oq__consumer_pg_close(p);
