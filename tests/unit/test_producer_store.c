@@ -137,7 +137,7 @@ static int submit(fx_t *f, const char *key, int amount, oq_call_t *c, oq_submit_
 {
     oq_error_t err = {0};
     json_t *args = json_pack("{s:i, s:s}", "amount", amount, "note", "caf\xc3\xa9 \"x\"");
-    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
     int rc = oq__submit_in_store(&f->s, &req, 0, c, oc, &err);
     json_decref(args);
     return rc;
