@@ -15,6 +15,8 @@
  *   store.c     every SQL statement (producer_store.h)
  *   call.c      oq_call_t and its one JSON writer
  *   waiters.c   call waiters (oq_waiters.h), owned and notified by the writer after commits
+ *   webhooks.c  the webhook sender: reads due deliveries, POSTs them signed, records the tries
+ *               through the writer (oq__producer_webhook_marks) -> decide.c, store.c
  *   http.c, ingest.c  the HTTP API and the results consumer, on the public API
  */
 #ifndef OQ_PRODUCER_INT_H
