@@ -283,8 +283,8 @@ int oq__producer_store_delivery_list(oq__producer_store_t *s, const char *id, co
                                      int limit, oq__producer_delivery_t **rows, size_t *n,
                                      oq_error_t *err);
 
-/** A dead delivery back to `pending`, tries 0, due at \p now (\p changed: 1, or 0 when it is
- *  not dead). */
+/** A dead delivery back to `pending` with a fresh budget: tries 0, its age counted from \p now
+ *  (created_at), due at \p now (\p changed: 1, or 0 when it is not dead). */
 int oq__producer_store_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
                                         int *changed, oq_error_t *err);
 

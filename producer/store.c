@@ -664,7 +664,7 @@ int oq__producer_store_delivery_redrive(oq__producer_store_t *s, const char *id,
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(s->db,
                                 "UPDATE webhook_deliveries SET state='pending',tries=0,next_at=?2,"
-                                "updated_at=?2 WHERE delivery_id=?1 AND state='dead'",
+                                "updated_at=?2,created_at=?2 WHERE delivery_id=?1 AND state='dead'",
                                 -1, &st, NULL);
     if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "redrive webhook delivery");
     bind_text(st, 1, id);

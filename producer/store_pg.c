@@ -776,7 +776,7 @@ int oq__producer_pg_delivery_redrive(oq__producer_store_t *s, const char *id, in
     int64_t n = 0;
     int rc = cmd(s,
                  "UPDATE onceq.webhook_deliveries SET state='pending',tries=0,next_at=$2,"
-                 "updated_at=$2 WHERE delivery_id=$1 AND state='dead'",
+                 "updated_at=$2,created_at=$2 WHERE delivery_id=$1 AND state='dead'",
                  2, p, &n, err);
     if (!rc) *changed = n != 0;
     return rc;

@@ -18,6 +18,7 @@
 --   state        pending -> delivered | dead (tries or age ran out); dead -> pending again only
 --                by an operator (onceq dlq redrive ID --webhooks-db)
 --   next_at      pending: when the next try is due (unix ms)
+--   created_at   when it was queued (a redrive sets it again: the age budget counts from it)
 -- Purged with their call (retention of keys).
 ALTER TABLE calls ADD COLUMN callback_url TEXT;
 

@@ -473,7 +473,8 @@ static void test_webhook_rows(void **state)
         oq__producer_store_delivery_redrive(&f->s, d->delivery_id, 6000, &changed, &err), 0);
     assert_int_equal(changed, 0);
     commit(f);
-    assert_int_equal(count(f, "webhook_deliveries", "state='pending' AND tries=0"), 1);
+    assert_int_equal(
+        count(f, "webhook_deliveries", "state='pending' AND tries=0 AND created_at=6000"), 1);
     /* a 2xx: delivered; a mark of a delivery no longer pending changes nothing */
     oq__webhook_try_t ok = {204, -1, ""};
     d->tries = 0;
