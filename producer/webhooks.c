@@ -29,6 +29,7 @@
  * One sender per database is assumed (one producer process): a second one would send every
  * delivery twice, which the key absorbs but is a waste.
  */
+#include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -37,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "oq_db.h"
 #include "oq_httpc.h"
@@ -505,13 +507,16 @@ void oq_webhooks_stop(oq_webhooks_t *w)
 
 /* --- the operators' view (onceq dlq --webhooks-db) ------------------------------------------ */
 
-/* A connection of its own on the database setting \p db (a file or a PostgreSQL string). */
-static int open_store(const char *db, sqlite3 **sq, PGconn **pg, oq_error_t *err)
+/* A connection of its own on the database setting \p db (a file or a PostgreSQL string); an
+ * SQLite file is opened read-only unless \p rw (and never created). */
+static int open_store(const char *db, int rw, sqlite3 **sq, PGconn **pg, oq_error_t *err)
 {
     *sq = NULL;
     *pg = NULL;
     if (oq_backend_of(db) == OQ_BACKEND_POSTGRES) return oq_pg_connect(db, pg, err);
-    oq_db_opts_t o = {NULL, 5000, 0};
+    if (access(db, F_OK) != 0)
+        return oq_error_set(err, OQ_ENOTFOUND, errno, "no database file %s", db);
+    oq_db_opts_t o = {NULL, 5000, !rw};
     return oq_db_open(db, &o, sq, err);
 }
 
@@ -535,7 +540,7 @@ int oq_webhooks_list(const char *db, const char *id, int limit, json_t **out, oq
     PGconn *pg = NULL;
     oq__producer_delivery_t *rows = NULL;
     size_t n = 0;
-    int ret = open_store(db, &sq, &pg, err);
+    int ret = open_store(db, 0, &sq, &pg, err);
     if (ret) goto out;
     oq__producer_store_t s = {sq, NULL, pg};
     if ((ret = oq__producer_store_delivery_list(&s, id, "dead", limit, &rows, &n, err))) goto out;
@@ -563,7 +568,7 @@ int oq_webhooks_redrive(const char *db, const char *id, int *redriven, oq_error_
     oq__producer_delivery_t *rows = NULL;
     size_t n = 0;
     *redriven = 0;
-    int ret = open_store(db, &sq, &pg, err);
+    int ret = open_store(db, 1, &sq, &pg, err);
     if (ret) goto out;
     oq__producer_store_t s = {sq, NULL, pg};
     int all = strcmp(id, "all") == 0;
