@@ -152,7 +152,7 @@ static void *worker_main(void *arg)
     char key[64];
     while (oq_mono_us() < w->end_us) {
         snprintf(key, sizeof key, "bench-%d-%lld", w->id, (long long)w->n);
-        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         int64_t s = oq_mono_us();
         if (oq_producer_submit(w->p, &req, NULL, &oc, NULL) != 0 || oc != OQ_SUBMIT_NEW)

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define ENV_MAX_BYTES (1024 * 1024) /* a Kafka message.max.bytes default is 1 MB as well */
 
@@ -460,4 +461,37 @@ const char *oq_topic_name(const char *prefix, const char *logical, char *out, si
     else
         snprintf(out, cap, "%s%s", prefix, logical + bl);
     return out;
+}
+
+/* A webhook's URL: http or https, a host, at most OQ_MAX_CALLBACK_URL_LEN bytes of printable
+ * ASCII without spaces (RFC 3986's characters; anything else must be percent-encoded), no
+ * user:password@ (a secret in a URL ends up in logs and in the call's JSON). */
+int oq_callback_url_check(const char *url, oq_error_t *err)
+{
+    size_t n = strlen(url);
+    if (n == 0 || n > OQ_MAX_CALLBACK_URL_LEN)
+        return oq_error_set(err, OQ_EINVAL, 0, "callback_url must be 1-%d bytes",
+                            OQ_MAX_CALLBACK_URL_LEN);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)url[i] <= 0x20 || (unsigned char)url[i] >= 0x7f)
+            return oq_error_set(err, OQ_EINVAL, 0,
+                                "callback_url: byte %zu is a space, a control or a non-ASCII "
+                                "byte (percent-encode it)",
+                                i);
+    size_t scheme = strncasecmp(url, "http://", 7) == 0    ? 7
+                    : strncasecmp(url, "https://", 8) == 0 ? 8
+                                                           : 0;
+    if (!scheme)
+        return oq_error_set(err, OQ_EINVAL, 0, "callback_url must be an http or https URL");
+    const char *host = url + scheme;
+    size_t hlen = strcspn(host, "/?#");
+    if (hlen == 0 || host[0] == ':')
+        return oq_error_set(err, OQ_EINVAL, 0, "callback_url has no host");
+    if (memchr(host, '@', hlen))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "callback_url must not carry user:password@ (it would be stored and "
+                            "shown with the call)");
+    if (memchr(url, '#', n))
+        return oq_error_set(err, OQ_EINVAL, 0, "callback_url must not have a #fragment");
+    return 0;
 }

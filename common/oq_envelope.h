@@ -149,4 +149,15 @@ int oq_topic_prefix_check(const char *prefix, oq_error_t *err);
  */
 const char *oq_topic_name(const char *prefix, const char *logical, char *out, size_t cap);
 
+/** Longest callback_url (webhook URL) accepted, in bytes (repeated in oq_client.h). */
+#define OQ_MAX_CALLBACK_URL_LEN 2048
+
+/**
+ * @brief Is \p url a webhook URL onceq accepts (a submit's callback_url, a tenant's in the
+ *        token file)? http:// or https:// with a host, 1 to OQ_MAX_CALLBACK_URL_LEN bytes of
+ *        printable ASCII without spaces, no user:password@, no #fragment. The one rule.
+ * @returns 0 or OQ_EINVAL with \p err saying why.
+ */
+int oq_callback_url_check(const char *url, oq_error_t *err);
+
 #endif

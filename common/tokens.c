@@ -27,7 +27,64 @@ void oq_tokens_free(oq_token_table_t *t)
     if (!t) return;
     OPENSSL_cleanse(t->v, t->n * sizeof *t->v);
     free(t->v);
+    for (size_t i = 0; i < t->nhooks; i++) {
+        free(t->hooks[i].callback_url);
+        if (t->hooks[i].secret) OPENSSL_cleanse(t->hooks[i].secret, strlen(t->hooks[i].secret));
+        free(t->hooks[i].secret);
+    }
+    free(t->hooks);
     free(t);
+}
+
+int oq_webhook_secret_valid(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < OQ_WEBHOOK_SECRET_MIN_LEN || n > OQ_WEBHOOK_SECRET_MAX_LEN) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f) return 0;
+    return 1;
+}
+
+const oq_tenant_hook_t *oq_tokens_hook(const oq_token_table_t *t, const char *tenant)
+{
+    for (size_t i = 0; t && tenant && i < t->nhooks; i++)
+        if (strcmp(t->hooks[i].tenant, tenant) == 0) return &t->hooks[i];
+    return NULL;
+}
+
+/* The webhook settings of \p tenant (callback_url=, webhook_secret= on a line of it): a tenant
+ * may give them on any of its lines, once each; the same word with another value on another
+ * line of the tenant is refused (which one would hold?). */
+static int add_hook(oq_token_table_t *t, const char *tenant, const char *url, const char *secret,
+                    const char *path, int lineno, oq_error_t *err)
+{
+    oq_error_t uerr = {0};
+    if (url && oq_callback_url_check(url, &uerr) != 0)
+        return oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: %s", path, lineno, uerr.msg);
+    if (secret && !oq_webhook_secret_valid(secret))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "token file %s line %d: a webhook_secret is %d..%d printable ASCII "
+                            "bytes without spaces",
+                            path, lineno, OQ_WEBHOOK_SECRET_MIN_LEN, OQ_WEBHOOK_SECRET_MAX_LEN);
+    oq_tenant_hook_t *h = (oq_tenant_hook_t *)oq_tokens_hook(t, tenant);
+    if (!h) {
+        oq_tenant_hook_t *nv = realloc(t->hooks, (t->nhooks + 1) * sizeof *nv);
+        if (!nv) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        t->hooks = nv;
+        h = &t->hooks[t->nhooks++];
+        memset(h, 0, sizeof *h);
+        snprintf(h->tenant, sizeof h->tenant, "%s", tenant);
+    }
+    if ((url && h->callback_url && strcmp(url, h->callback_url) != 0) ||
+        (secret && h->secret && strcmp(secret, h->secret) != 0))
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "token file %s line %d: tenant %s has another %s on an earlier line",
+                            path, lineno, tenant, url ? "callback_url" : "webhook_secret");
+    if (url && !h->callback_url && !(h->callback_url = strdup(url)))
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (secret && !h->secret && !(h->secret = strdup(secret)))
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    return 0;
 }
 
 static int token_digest(const char *tok, size_t len, unsigned char out[32])
@@ -76,7 +133,8 @@ static int parse_token(const char *tok, size_t n, unsigned char digest[32])
 }
 
 /*
- * Read a token file: lines "TOKEN TENANT" (\p with_tenant) or "TOKEN", blank lines and lines
+ * Read a token file: lines "TOKEN TENANT [operator] [callback_url=URL] [webhook_secret=SECRET]"
+ * (\p with_tenant) or "TOKEN", blank lines and lines
  * starting with '#' ignored. TOKEN is an RFC 6750 b64token of 16..512 characters, or
  * "sha256:" + 64 lowercase hex digits (the digest of the token, so the file need not hold the
  * secret itself). Errors name the file and the line, never a token.
@@ -106,12 +164,27 @@ int oq_tokens_load(const char *path, int with_tenant, oq_token_table_t **out, oq
         char *tok = strtok_r(line, " \t\r\n", &save);
         if (!tok || tok[0] == '#') continue;
         char *tenant = strtok_r(NULL, " \t\r\n", &save);
-        char *role = strtok_r(NULL, " \t\r\n", &save);
-        char *extra = role ? strtok_r(NULL, " \t\r\n", &save) : NULL;
-        if ((with_tenant && (!tenant || extra || (role && strcmp(role, "operator") != 0))) ||
-            (!with_tenant && tenant)) {
-            ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: expected %s", path,
-                               lineno, with_tenant ? "TOKEN TENANT [operator]" : "TOKEN");
+        int is_operator = 0, bad_word = 0;
+        const char *url = NULL, *secret = NULL;
+        for (char *w; tenant && (w = strtok_r(NULL, " \t\r\n", &save));) {
+            if (!with_tenant || bad_word) {
+                bad_word = 1;
+            } else if (strcmp(w, "operator") == 0 && !is_operator) {
+                is_operator = 1;
+            } else if (strncmp(w, "callback_url=", 13) == 0 && !url) {
+                url = w + 13;
+            } else if (strncmp(w, "webhook_secret=", 15) == 0 && !secret) {
+                secret = w + 15;
+            } else {
+                bad_word = 1;
+            }
+        }
+        if ((with_tenant && (!tenant || bad_word)) || (!with_tenant && tenant)) {
+            ret =
+                oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: expected %s", path, lineno,
+                             with_tenant ? "TOKEN TENANT [operator] [callback_url=URL] "
+                                           "[webhook_secret=SECRET]"
+                                         : "TOKEN");
             goto out;
         }
         if (with_tenant && !oq_envelope_valid_name(tenant)) {
@@ -121,6 +194,8 @@ int oq_tokens_load(const char *path, int with_tenant, oq_token_table_t **out, oq
                                path, lineno, OQ_MAX_NAME_LEN);
             goto out;
         }
+        if ((url || secret) && (ret = add_hook(t, tenant, url, secret, path, lineno, err)))
+            goto out;
         oq_token_entry_t e;
         memset(&e, 0, sizeof e);
         size_t n = strlen(tok);
@@ -134,7 +209,7 @@ int oq_tokens_load(const char *path, int with_tenant, oq_token_table_t **out, oq
             goto out;
         }
         if (with_tenant) snprintf(e.tenant, sizeof e.tenant, "%s", tenant);
-        if (role) e.roles |= OQ_TOKEN_ROLE_OPERATOR;
+        if (is_operator) e.roles |= OQ_TOKEN_ROLE_OPERATOR;
         for (size_t i = 0; i < t->n; i++)
             if (memcmp(t->v[i].digest, e.digest, 32) == 0) {
                 ret = oq_error_set(err, OQ_EINVAL, 0, "token file %s line %d: a token listed twice",

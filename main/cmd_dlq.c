@@ -8,6 +8,9 @@
  *   onceq dlq redrive P:O --brokers B [--payload-file FIXED]    put it back where it was read
  *   onceq dlq list    --outbox-db calls.db [--json]      the relay's outbox_dead rows
  *   onceq dlq show    SEQ --outbox-db calls.db [--json | --payload]
+ *   onceq dlq list    --webhooks-db calls.db [--json]    webhook deliveries that ran out of tries
+ *   onceq dlq show    ID --webhooks-db calls.db [--json | --payload]
+ *   onceq dlq redrive ID|all --webhooks-db calls.db      a fresh budget: sent again, same id
  *
  * A consumer dead-letters a message it cannot execute (undecodable, not a tool_call, a
  * fingerprint that differs from the call's execution) with the headers of oq_envelope.h: the
@@ -39,6 +42,8 @@
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
+#include "oq_pg.h"
+#include "oq_producer.h"
 #include "oq_relay.h"
 #include "oq_util.h"
 #include "oq_json.h"
@@ -50,6 +55,9 @@ static const char dlq_usage[] =
     "                         [--origin-topic T]\n"
     "       onceq dlq list    --outbox-db calls.db [--limit N] [--json]   (relay: outbox_dead)\n"
     "       onceq dlq show    SEQ --outbox-db calls.db [--json | --payload]\n"
+    "       onceq dlq list    --webhooks-db calls.db [--limit N] [--json]  (dead webhooks)\n"
+    "       onceq dlq show    DELIVERY_ID --webhooks-db calls.db [--json | --payload]\n"
+    "       onceq dlq redrive DELIVERY_ID|all --webhooks-db calls.db\n"
     "       (all: [--topic-prefix onceq.] [--dlq-topic T] [--timeout 10s] [-X "
     "kafka.prop=value]...)\n"
     "\n"
@@ -67,6 +75,9 @@ static const oq_setting_t dlq_settings[] = {
     OQ_SETTING_KAFKA_PROFILE,
     {"outbox-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "list/show: the relay's dead outbox rows (outbox_dead) of this database instead"},
+    {"webhooks-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "the producer's dead webhook deliveries (a file or a PostgreSQL string): list, show, "
+     "redrive (the producer's sender sends them again, same Idempotency-Key)"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "list/show: print JSON"},
     {"payload", OQ_SET_BOOL, "false", 0, -1, NULL,
      "show: print only the message's bytes (to repair them for --payload-file)"},
@@ -795,6 +806,91 @@ out:
     return ret;
 }
 
+/* --- the producer's dead webhook deliveries ------------------------------------------------ */
+
+static int do_webhooks(const oq_config_t *cfg, const char *action, const char *ref)
+{
+    oq_error_t err = {0};
+    json_t *a = NULL;
+    const char *db = oq_config_str(cfg, "webhooks-db");
+    int on_pg = oq_backend_of(db) == OQ_BACKEND_POSTGRES;
+    const char *shown = on_pg ? "postgres" : db;
+    if (on_pg && oq_pg_conninfo_has_password(db)) {
+        fprintf(stderr, "onceq dlq %s: --webhooks-db holds a password: put it in a passfile\n",
+                action);
+        return OQ_EXIT_USAGE;
+    }
+    if (strcmp(action, "redrive") == 0) {
+        int n = 0;
+        if (oq_webhooks_redrive(db, ref, &n, &err) != 0) {
+            fprintf(stderr, "onceq dlq redrive: %s: %s\n", shown, err.msg);
+            return OQ_EXIT_FAIL;
+        }
+        if (n == 0 && strcmp(ref, "all") != 0) {
+            fprintf(stderr, "onceq dlq redrive: no dead webhook delivery %s in %s\n", ref, shown);
+            return OQ_EXIT_NOTFOUND;
+        }
+        printf("redriven %d webhook deliver%s: the producer sends %s again (same "
+               "Idempotency-Key, a fresh budget of tries)\n",
+               n, n == 1 ? "y" : "ies", n == 1 ? "it" : "them");
+        return OQ_EXIT_OK;
+    }
+    if (oq_webhooks_list(db, ref, (int)oq_config_int(cfg, "limit"), &a, &err) != 0) {
+        fprintf(stderr, "onceq dlq %s: %s: %s\n", action, shown, err.msg);
+        return OQ_EXIT_FAIL;
+    }
+    int ret = OQ_EXIT_OK;
+    json_t *row = json_array_get(a, 0);
+    if (ref && !row) {
+        fprintf(stderr, "onceq dlq show: no webhook delivery %s in %s\n", ref, shown);
+        ret = OQ_EXIT_NOTFOUND;
+    } else if (ref && oq_config_int(cfg, "payload")) {
+        const char *p = jstr(row, "body", "");
+        fwrite(p, 1, strlen(p), stdout);
+    } else if (oq_config_int(cfg, "json")) {
+        print_json(ref ? row : a);
+    } else if (!ref) {
+        size_t i;
+        json_array_foreach(a, i, row)
+        {
+            char ts[32];
+            if (i == 0)
+                printf("%-36s %-34s %-24s %-5s %-6s %s\n", "DELIVERY_ID", "CALL_ID", "DEAD_AT",
+                       "TRIES", "STATUS", "URL / LAST ERROR");
+            oq_time_format(json_integer_value(json_object_get(row, "updated_at")), ts);
+            json_t *st = json_object_get(row, "last_status");
+            char status[16] = "-";
+            if (json_is_integer(st))
+                snprintf(status, sizeof status, "%lld", (long long)json_integer_value(st));
+            printf("%-36s %-34s %-24s %-5lld %-6s %s\n    %s\n", jstr(row, "delivery_id", "?"),
+                   jstr(row, "call_id", "?"), ts,
+                   (long long)json_integer_value(json_object_get(row, "tries")), status,
+                   jstr(row, "url", "?"), jstr(row, "last_error", "-"));
+        }
+        if (json_array_size(a) == 0)
+            printf("no dead webhook deliveries in %s\n", shown);
+        else
+            printf("%zu dead webhook deliver%s in %s: fix the receiver, then onceq dlq redrive "
+                   "ID (or all) --webhooks-db\n",
+                   json_array_size(a), json_array_size(a) == 1 ? "y" : "ies", shown);
+    } else {
+        json_t *st = json_object_get(row, "last_status");
+        const char *body = jstr(row, "body", "");
+        printf("delivery    %s (%s)\ncall        %s attempt %lld tenant %s\nurl         %s\n"
+               "tries       %lld\nlast status %s%lld\nlast error  %s\nbody        %zu bytes\n  ",
+               jstr(row, "delivery_id", "?"), jstr(row, "state", "?"), jstr(row, "call_id", "?"),
+               (long long)json_integer_value(json_object_get(row, "attempt")),
+               jstr(row, "tenant", "?"), jstr(row, "url", "?"),
+               (long long)json_integer_value(json_object_get(row, "tries")),
+               json_is_integer(st) ? "" : "none ", (long long)json_integer_value(st),
+               jstr(row, "last_error", "-"), strlen(body));
+        print_escaped(body, strlen(body), 4096);
+        printf("\n");
+    }
+    json_decref(a);
+    return ret;
+}
+
 int oq__cmd_dlq(int argc, char **argv)
 {
     int ret = OQ_EXIT_USAGE;
@@ -830,6 +926,16 @@ int oq__cmd_dlq(int argc, char **argv)
     }
     if (oq_config_int(cfg, "payload") && !show) {
         fprintf(stderr, "onceq dlq %s: --payload goes with show\n", action);
+        goto out;
+    }
+    if (oq_config_str(cfg, "webhooks-db")) {
+        if (oq_config_str(cfg, "brokers") || oq_config_str(cfg, "outbox-db")) {
+            fprintf(stderr,
+                    "onceq dlq %s: --webhooks-db goes alone (not with --brokers or --outbox-db)\n",
+                    action);
+            goto out;
+        }
+        ret = do_webhooks(cfg, action, ref);
         goto out;
     }
     if (oq_config_str(cfg, "outbox-db")) {

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cmds.h"
 #include "oq_catalog.h"
@@ -29,6 +30,7 @@
 #include "oq_pg.h"
 #include "oq_producer.h"
 #include "oq_service.h"
+#include "oq_tokens.h"
 #include "oq_util.h"
 
 static const oq_setting_t producer_settings[] = {
@@ -98,9 +100,50 @@ static const oq_setting_t producer_settings[] = {
     {"mcp-wait", OQ_SET_DURATION, "30s", 1, 600000, NULL,
      "POST /mcp: how long a tools/call waits for its call to settle; still running then, it "
      "answers isError with {\"status\":\"running\",\"call_id\"} (retry with the same key)"},
+    {"webhook-secret-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "webhooks: a file whose first line is the secret that signs the deliveries of tenants "
+     "without a webhook_secret= of their own in --token-file (16..512 printable bytes)"},
+    {"webhook-concurrency", OQ_SET_INT, "8", 1, 256, NULL,
+     "webhooks: deliveries sent at once (threads of the sender)"},
+    {"webhook-timeout", OQ_SET_DURATION, "10s", 100, 600000, NULL,
+     "webhooks: one try, connect included; no 2xx within it is a failed try"},
+    {"webhook-max-tries", OQ_SET_INT, "20", 1, 1000, NULL,
+     "webhooks: a delivery is dead (onceq dlq --webhooks-db) after this many tries"},
+    {"webhook-max-age", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
+     "webhooks: ... or when its next try would come later than this after the call settled"},
+    {"webhook-retry-base", OQ_SET_DURATION, "1s", 10, 3600000, NULL,
+     "webhooks: the delay after the first failed try; it doubles after each (equal jitter)"},
+    {"webhook-retry-max", OQ_SET_DURATION, "1h", 10, 24LL * 3600 * 1000, NULL,
+     "webhooks: the longest delay between two tries"},
     OQ_SETTING_TOPIC_PREFIX,
     OQ_SETTING_KAFKA_PROFILE,
 };
+
+/* The first line of \p path (the webhook secret) into \p out; a file readable by others gets a
+ * warning, as a token file does. */
+static int read_secret_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "onceq producer: --webhook-secret-file %s: cannot read it\n", path);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
+        OQ_LOG_WARN("producer", "webhook secret file %s is readable by group or others (mode %03o)",
+                    path, (unsigned)(st.st_mode & 0777));
+    if (!fgets(out, (int)cap, f)) out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\r\n")] = '\0';
+    if (!oq_webhook_secret_valid(out)) {
+        fprintf(stderr,
+                "onceq producer: --webhook-secret-file %s: its first line must be %d..%d "
+                "printable ASCII bytes without spaces\n",
+                path, OQ_WEBHOOK_SECRET_MIN_LEN, OQ_WEBHOOK_SECRET_MAX_LEN);
+        return -1;
+    }
+    return 0;
+}
 
 static const char producer_usage[] =
     "usage: onceq producer --db calls.db --listen 127.0.0.1:8081 [--brokers B] [-X k=v]...\n"
@@ -132,6 +175,8 @@ int oq__cmd_producer(int argc, char **argv)
     oq_producer_t *p = NULL;
     oq_http_t *h = NULL;
     oq_ingest_t *in = NULL;
+    oq_webhooks_t *wh = NULL;
+    char wsecret[OQ_WEBHOOK_SECRET_MAX_LEN + 2] = "";
     oq_metrics_server_t *ms = NULL;
     sqlite3 *pdb = NULL;
     oq_catalog_t *catalog = NULL;
@@ -241,6 +286,28 @@ int oq__cmd_producer(int argc, char **argv)
         if (redrive_after > 0)
             OQ_LOG_INFO("producer", "no --brokers: redrive is off too (no call can finish here)");
     }
+    /* Webhooks: the sender of the deliveries decide.c queues (producer/webhooks.c). */
+    const char *wfile = oq_config_str(cfg, "webhook-secret-file");
+    if (wfile && read_secret_file(wfile, wsecret, sizeof wsecret) != 0) {
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    oq_webhooks_opts_t wo = {
+        .concurrency = (int)oq_config_int(cfg, "webhook-concurrency"),
+        .timeout_ms = oq_config_int(cfg, "webhook-timeout"),
+        .max_tries = (int)oq_config_int(cfg, "webhook-max-tries"),
+        .max_age_ms = oq_config_int(cfg, "webhook-max-age"),
+        .backoff_base_ms = oq_config_int(cfg, "webhook-retry-base"),
+        .backoff_max_ms = oq_config_int(cfg, "webhook-retry-max"),
+        .secret = wfile ? wsecret : NULL,
+        .token_file = oq_config_str(cfg, "token-file"),
+        .metrics = metrics,
+    };
+    if (oq_webhooks_start(p, &wo, &wh, &err) != 0) {
+        fprintf(stderr, "onceq producer: webhooks: %s\n", err.msg);
+        ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
+        goto out;
+    }
     /* Without results every call would look stuck: redrive only where they are ingested. */
     int redrive_on = in && redrive_after > 0;
     int64_t per_ip = oq_config_int(cfg, "max-connections-per-ip");
@@ -265,6 +332,7 @@ int oq__cmd_producer(int argc, char **argv)
         .metrics_token_file = mtokens,
         .catalog = catalog,
         .mcp_wait_ms = oq_config_int(cfg, "mcp-wait"),
+        .webhooks = wh,
     };
     if (oq_http_start(p, &ho, &h, &err) != 0) {
         fprintf(stderr, "onceq producer: %s\n", err.msg);
@@ -312,6 +380,9 @@ int oq__cmd_producer(int argc, char **argv)
             producer_hup = 0;
             if (oq_http_reload(h, &err) != 0)
                 OQ_LOG_ERROR("producer", "SIGHUP: %s; the tokens in use are kept", err.msg);
+            else if (oq_webhooks_reload(wh, &err) != 0)
+                OQ_LOG_ERROR("producer", "SIGHUP: webhooks: %s; the secrets in use are kept",
+                             err.msg);
         }
         if (purge_every > 0 && oq_mono_us() >= next_purge) {
             next_purge = oq_mono_us() + purge_every * 1000;
@@ -347,6 +418,7 @@ out:
     oq_http_stop(h, cfg ? (int)oq_config_int(cfg, "drain") : 0);
     if (ms) oq_metrics_serve_stop(ms);
     oq_ingest_stop(in);
+    oq_webhooks_stop(wh); /* before the writer it records its tries through */
     oq_producer_close(p);
     oq_catalog_destroy(catalog); /* after the HTTP server, which borrowed it */
     if (pdb) sqlite3_close_v2(pdb);

@@ -21,6 +21,9 @@ static const oq_setting_t submit_settings[] = {
     {"tenant", OQ_SET_STRING, "default", 1, 128, NULL, "tenant (key scope)"},
     {"client-id", OQ_SET_STRING, NULL, 0, 128, NULL, "optional client id"},
     {"seq", OQ_SET_INT, NULL, 0, INT64_MAX, NULL, "optional client sequence number"},
+    {"callback-url", OQ_SET_STRING, NULL, 1, 2048, NULL,
+     "webhook: POST the call here once it settles (http or https; the producer signs it with "
+     "the tenant's secret)"},
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
      "retention of the key"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off", "SQLite synchronous level"},
@@ -28,6 +31,7 @@ static const oq_setting_t submit_settings[] = {
 
 static const char submit_usage[] =
     "usage: onceq submit --db calls.db --key K --tool T [--args JSON] [--tenant X]\n"
+    "                    [--callback-url URL]\n"
     "Exit codes: 0 new/replay/retry_reset, 2 invalid input, 5 idempotency conflict.";
 
 int oq__cmd_submit(int argc, char **argv)
@@ -64,8 +68,12 @@ int oq__cmd_submit(int argc, char **argv)
         fprintf(stderr, "onceq submit: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
         goto out;
     }
-    oq_submit_req_t req = {oq_config_str(cfg, "tenant"),    key, tool, args,
-                           oq_config_str(cfg, "client-id"), 0,   0};
+    oq_submit_req_t req = {.tenant = oq_config_str(cfg, "tenant"),
+                           .idem_key = key,
+                           .tool = tool,
+                           .args = args,
+                           .client_id = oq_config_str(cfg, "client-id"),
+                           .callback_url = oq_config_str(cfg, "callback-url")};
     if (oq_config_is_set(cfg, "seq")) {
         req.seq = oq_config_int(cfg, "seq");
         req.has_seq = 1;

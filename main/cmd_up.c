@@ -82,6 +82,8 @@ static const oq_setting_t up_settings[] = {
      "producer: who may GET /metrics and /stats (default loopback)"},
     {"metrics-token-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
      "producer: tokens for /metrics and /stats (with --metrics-access token)"},
+    {"webhook-secret-file", OQ_SET_STRING, NULL, 1, PATH_MAX - 1, NULL,
+     "producer: the secret that signs webhook deliveries of tenants without their own"},
     {"redrive-after", OQ_SET_DURATION, "2m", 0, 365LL * 24 * 3600 * 1000, NULL,
      "producer: publish the message of a call with no state change for this long again (0 = "
      "off)"},
@@ -102,12 +104,13 @@ static const oq_setting_t up_settings[] = {
 
 /* The producer settings that onceq up passes through when the user gave them (numbers first,
  * durations passed as milliseconds, then strings). */
-#define UP_PASS_N 9
+#define UP_PASS_N 10
 #define UP_PASS_NUMBERS 6 /* the first six are numbers, the rest strings */
 static const char *const up_producer_pass[UP_PASS_N] = {
-    "max-connections", "max-connections-per-ip", "idle-timeout",
-    "request-timeout", "probe-connections",      "mcp-wait",
-    "token-file",      "metrics-access",         "metrics-token-file"};
+    "max-connections",    "max-connections-per-ip", "idle-timeout",
+    "request-timeout",    "probe-connections",      "mcp-wait",
+    "token-file",         "metrics-access",         "metrics-token-file",
+    "webhook-secret-file"};
 
 typedef enum { UP_BROKER = 0, UP_PRODUCER, UP_RELAY, UP_CONSUMER, UP_CONSOLE } up_kind_t;
 

@@ -61,6 +61,7 @@ void oq_call_clear(oq_call_t *c)
     free(c->error);
     free(c->effect_id);
     free(c->client_id);
+    free(c->callback_url);
     memset(c, 0, sizeof *c);
 }
 
@@ -155,6 +156,7 @@ int oq_call_render(const oq_call_t *c, char **out, size_t *out_len)
     kv_time(&b, ",\"created_at\":", c->created_at);
     kv_time(&b, ",\"updated_at\":", c->updated_at);
     kv_time(&b, ",\"expires_at\":", c->expires_at);
+    kv_str(&b, ",\"callback_url\":", c->callback_url);
     put_str(&b, ",\"query_url\":\"/v1/tool-calls/");
     put_str(&b, c->call_id);
     put_str(&b, "\"}");

@@ -42,6 +42,18 @@
  * terminal result ends the call's redrive schedule; a settling one (`succeeded`, `failed`)
  * also starts the key's retention: expires_at = now + key_ttl.
  *
+ * Webhooks (producer/webhooks.c sends; the rules are here):
+ *  1. A result that settles a call (`succeeded` or `failed`, applied as above) whose call has a
+ *     callback_url queues one delivery in the same transaction: a row with a fresh delivery id
+ *     (the receivers' Idempotency-Key) and the call JSON as it stands then, due at once. So a
+ *     crash never loses one, and an unapplied result (duplicate, stale, ignored) queues none.
+ *     `needs_review` queues none: it is not an answer yet; the operator's resolution settles
+ *     the call, and that is delivered. A retryable failure resubmitted (retry-reset) settles
+ *     again under a new attempt: a second delivery, with its own id.
+ *  2. A try answered 2xx -> delivered. Anything else -> tried again after an exponential
+ *     backoff with jitter (at least the answer's Retry-After), until max_tries or max_age;
+ *     then dead, for an operator (`onceq dlq`, redrive).
+ *
  * Redrive (anti-entropy), inside the writer's transaction, for each call due (looked at before
  * and next_redrive_at passed, or never looked at and unchanged for redrive_after):
  *  1. Terminal after all -> unscheduled.
@@ -90,7 +102,8 @@ static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now
                                        .expires_at = now_ms + ttl,
                                        .message_id = job->message_id,
                                        .payload = job->payload,
-                                       .payload_len = job->payload_len};
+                                       .payload_len = job->payload_len,
+                                       .callback_url = job->callback_url};
         oq__producer_insert_t res = 0;
         int ret = oq__producer_store_insert_call(s, &row, &res, err);
         if (ret) return ret;
@@ -324,9 +337,45 @@ static char *ignored_detail(const oq_envelope_t *env, const char *why)
     return oq_jcs_buf_finish(&b, rc, &out, NULL, NULL) ? NULL : out;
 }
 
-/* Record the change: the call's new state, result, error and effect id, and its audit row. */
+/* Webhooks, rule 1: the call \p call_id (its callback_url set) just settled: its delivery row,
+ * carrying the call JSON as it stands now in this transaction (GET's body, oq_call_render). */
+static int queue_delivery(oq__producer_store_t *s, const char *call_id, int64_t now_ms,
+                          oq_error_t *err)
+{
+    oq_call_t c;
+    memset(&c, 0, sizeof c);
+    char *body = NULL;
+    int ret = oq__producer_store_get(s, call_id, &c, err);
+    if (ret) return ret;
+    if (!c.callback_url) goto out; /* cannot happen: has_callback said so in this transaction */
+    if (oq_call_render(&c, &body, NULL) != 0) { /* only out of memory: args and results are
+                                                    checked UTF-8 on their way in */
+        OQ_LOGC_ERROR("producer", call_id, "webhook not queued: its body cannot be rendered");
+        goto out;
+    }
+    oq__producer_delivery_t d;
+    memset(&d, 0, sizeof d);
+    oq_id_uuid(d.delivery_id);
+    snprintf(d.call_id, sizeof d.call_id, "%s", c.call_id);
+    d.attempt = c.attempt;
+    d.tenant = c.tenant ? c.tenant : (char *)OQ_DEFAULT_TENANT;
+    d.url = c.callback_url;
+    d.body = body;
+    d.next_at = d.created_at = now_ms;
+    if ((ret = oq__producer_store_delivery_add(s, &d, err))) goto out;
+    char detail[96];
+    snprintf(detail, sizeof detail, "{\"delivery_id\":\"%s\"}", d.delivery_id);
+    ret = oq__producer_store_audit_add(s, now_ms, call_id, "webhook_queued", detail, err);
+out:
+    free(body);
+    oq_call_clear(&c);
+    return ret;
+}
+
+/* Record the change: the call's new state, result, error and effect id, and its audit row; a
+ * settling result of a call with a callback_url also queues its webhook delivery. */
 static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *from,
-                 int64_t now_ms, int64_t ttl, oq_error_t *err)
+                 int has_callback, int64_t now_ms, int64_t ttl, oq_error_t *err)
 {
     char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -345,6 +394,8 @@ static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *
     if ((ret = oq__producer_store_audit_add(s, now_ms, env->call_id, env->status, detail, err)))
         goto out;
     OQ_LOGC_DEBUG("producer", env->call_id, "result applied from=%s status=%s", from, env->status);
+    if (has_callback && call_settled(env->status))
+        ret = queue_delivery(s, env->call_id, now_ms, err);
 out:
     free(detail);
     free(result);
@@ -359,7 +410,7 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
         return oq_error_set(err, OQ_EINVAL, 0, "not a tool_result with a known status");
 
     /* Decide first (the write transaction makes read-then-claim atomic)... */
-    oq__producer_call_state_t call = {"", 0};
+    oq__producer_call_state_t call = {"", 0, 0};
     int found = 0;
     int ret = oq__producer_store_get_state(s, env->call_id, &call, &found, err);
     if (ret) return ret;
@@ -406,7 +457,7 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
         *outcome = oc;
         return 0;
     }
-    if ((ret = apply(s, env, call.state, now_ms, ttl, err))) return ret;
+    if ((ret = apply(s, env, call.state, call.has_callback, now_ms, ttl, err))) return ret;
     *outcome = OQ_RESULT_APPLIED;
     return 0;
 }
@@ -606,6 +657,69 @@ out:
         oq__producer_redrive_row_clear(&rows[i]);
     free(rows);
     return ret;
+}
+
+/* --- webhooks ------------------------------------------------------------------------------- */
+
+/* The delay before try number \p tries + 1 of a delivery that failed \p tries times: base *
+ * 2^(tries-1), at most max, with "equal jitter" (half of it fixed, half drawn at random), so
+ * the deliveries of an outage do not all come back at the same instant and the delay still
+ * grows with every failure. */
+static int64_t webhook_backoff(const oq__webhook_policy_t *pol, int64_t tries)
+{
+    int64_t d = pol->backoff_base_ms > 0 ? pol->backoff_base_ms : 1000;
+    int64_t cap = pol->backoff_max_ms > d ? pol->backoff_max_ms : d;
+    for (int64_t i = 1; i < tries && d < cap; i++)
+        d *= 2;
+    if (d > cap) d = cap;
+    uint64_t r = 0;
+    oq_random_bytes(&r, sizeof r);
+    return d / 2 + (int64_t)(r % (uint64_t)(d / 2 + 1));
+}
+
+void oq__decide_webhook_try(const oq__producer_delivery_t *d, const oq__webhook_try_t *t,
+                            const oq__webhook_policy_t *pol, int64_t now_ms,
+                            oq__producer_delivery_mark_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->delivery_id = d->delivery_id;
+    m->tries = d->tries + 1;
+    m->last_status = t->status > 0 ? t->status : -1;
+    m->last_error = t->error && *t->error ? t->error : NULL;
+    m->updated_at = now_ms;
+    /* 1. a 2xx answer: delivered, for good */
+    if (t->status >= 200 && t->status < 300) {
+        m->state = "delivered";
+        m->last_error = NULL;
+        return;
+    }
+    /* 2. anything else (no answer: refused, reset, timeout; a 429 or a 5xx; also a 3xx or
+     *    another 4xx, as Stripe retries every non-2xx: a receiver's 404 or 401 is usually a
+     *    deployment being fixed) is tried again after the backoff, at least the answer's
+     *    Retry-After (bounded by the policy's longest delay) ... */
+    int64_t delay = webhook_backoff(pol, m->tries);
+    if (t->retry_after_ms > delay)
+        delay = t->retry_after_ms < pol->backoff_max_ms ? t->retry_after_ms : pol->backoff_max_ms;
+    /* 3. ... unless the budget is spent: max_tries made, or the next try would come more than
+     *    max_age after the delivery was queued. Then it is dead: `onceq dlq` lists it, and
+     *    `onceq dlq redrive` gives it a fresh budget. */
+    if ((pol->max_tries > 0 && m->tries >= pol->max_tries) ||
+        (pol->max_age_ms > 0 && now_ms + delay - d->created_at > pol->max_age_ms)) {
+        m->state = "dead";
+        return;
+    }
+    m->state = "pending";
+    m->next_at = now_ms + delay;
+}
+
+int oq__decide_webhook_marks(oq__producer_store_t *s, const oq__producer_delivery_mark_t *marks,
+                             int n, oq_error_t *err)
+{
+    for (int i = 0; i < n; i++) {
+        int ret = oq__producer_store_delivery_mark(s, &marks[i], NULL, err);
+        if (ret) return ret;
+    }
+    return 0;
 }
 
 /* --- retention ------------------------------------------------------------------------------ */

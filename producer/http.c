@@ -17,7 +17,8 @@
  *
  * GETs read through the producer's read-connection pool (WAL readers: no waiting on the
  * writer). Error bodies are {"error":{"code":...,"message":...}} with stable codes:
- * missing_idempotency_key, invalid_idempotency_key, bad_request, unauthorized, forbidden,
+ * missing_idempotency_key, invalid_idempotency_key, bad_request, invalid_callback_url,
+ * webhook_secret_missing, unauthorized, forbidden,
  * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
  * unavailable, internal; with a tool catalogue (--tools) also unknown_tool and bad_args (whose
  * error object adds "pointer", the JSON pointer of the first violation inside args, and
@@ -154,6 +155,8 @@ struct oq_http {
     char *tools_json; /**< the GET /v1/tools body, rendered once at start */
 
     oq_mcp_t *mcp; /**< POST /mcp (mcp.c) */
+
+    oq_webhooks_t *webhooks; /**< borrowed, or NULL: callbacks are refused */
 };
 
 enum { RS_NEW = 0, RS_READING, RS_WAITING, RS_DONE };
@@ -583,6 +586,13 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
             }
             req.seq = json_integer_value(v);
             req.has_seq = 1;
+        } else if (strcmp(k, "callback_url") == 0) {
+            if (!json_is_string(v)) {
+                json_decref(root);
+                return send_error(h, c, 400, "invalid_callback_url",
+                                  "field callback_url: expected a string (an http or https URL)");
+            }
+            req.callback_url = json_string_value(v);
         } else {
             snprintf(msg, sizeof msg, "unknown field %.64s", k);
             goto bad;
@@ -608,6 +618,32 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
                               "field tenant differs from the tenant of the bearer token");
         }
         req.tenant = ctx->tenant;
+    }
+    /* Webhooks: the request's callback_url, else its tenant's default (callback_url= in the
+     * token file); it must be a URL we send to, and its tenant must have a secret to sign
+     * with. Refused here, nothing is written. */
+    char tenant_url[OQ_MAX_CALLBACK_URL_LEN + 1];
+    if (!req.callback_url && ctx->authed) {
+        pthread_rwlock_rdlock(&h->tok_lock);
+        const oq_tenant_hook_t *th = oq_tokens_hook(h->tokens, ctx->tenant);
+        if (th && th->callback_url) {
+            snprintf(tenant_url, sizeof tenant_url, "%s", th->callback_url);
+            req.callback_url = tenant_url;
+        }
+        pthread_rwlock_unlock(&h->tok_lock);
+    }
+    if (req.callback_url) {
+        if (oq_callback_url_check(req.callback_url, &err) != 0) {
+            json_decref(root);
+            return send_error(h, c, 400, "invalid_callback_url", err.msg);
+        }
+        if (!oq_webhooks_can_sign(h->webhooks, req.tenant)) {
+            json_decref(root);
+            return send_error(h, c, 400, "webhook_secret_missing",
+                              "callback_url given, but this tenant has no webhook secret to sign "
+                              "deliveries with (webhook_secret= in the token file, or the "
+                              "producer's --webhook-secret-file)");
+        }
     }
     if (oq_submit_job_new(&req, &ctx->job, &err) != 0) {
         snprintf(msg, sizeof msg, "%s", err.msg);
@@ -1141,6 +1177,7 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
     h->p = p;
     h->waiters = oq_producer_waiters(p);
     h->ingest = opts->ingest;
+    h->webhooks = opts->webhooks;
     h->max_body = opts->max_body > 0 ? opts->max_body : 1024 * 1024;
     h->max_depth = opts->max_depth > 0 ? opts->max_depth : 32;
     h->metrics = opts->metrics;

@@ -47,6 +47,8 @@
 /** librdkafka's default message.max.bytes: the largest message the relay publishes unless its
  *  `-X message.max.bytes` says otherwise. */
 #define OQ_DEFAULT_MAX_MESSAGE_BYTES 1000000
+/** Longest callback_url accepted (bytes; the same definition as oq_envelope.h). */
+#define OQ_MAX_CALLBACK_URL_LEN 2048
 
 typedef enum {
     OQ_SUBMIT_NEW = 1,
@@ -68,6 +70,10 @@ typedef struct oq_submit_req {
                                 (the rules: oq_envelope_valid_key / _name / _tool) */
     int64_t seq;           /**< optional client sequence number, used when has_seq */
     int has_seq;
+    const char *callback_url; /**< optional webhook: the settled call is POSTed here
+                                   (oq_callback_url_check: http or https, at most
+                                   OQ_MAX_CALLBACK_URL_LEN bytes); kept with the call, not
+                                   part of the fingerprint, a replay keeps the first one */
 } oq_submit_req_t;
 
 /** One call row. Strings are owned by the struct; release with oq_call_clear(). */
@@ -87,6 +93,7 @@ typedef struct oq_call {
     int64_t seq;
     int has_seq;
     int64_t created_at, updated_at, expires_at; /**< unix ms */
+    char *callback_url;                         /**< NULL when the call has no webhook */
 } oq_call_t;
 
 /** @brief Free the strings \p c owns and zero it; safe on a zeroed struct. */
@@ -98,8 +105,9 @@ int oq_call_state_terminal(const char *state);
 /**
  * @brief The call as the compact JSON text of the HTTP API and the CLI: call_id, tenant,
  *        idem_key, fingerprint, tool, args, status, attempt, result, error, effect_id,
- *        client_id, seq, created_at/updated_at/expires_at (RFC 3339), query_url. The one
- *        writer of a call's JSON (no intermediate jansson objects: the HTTP hot path).
+ *        client_id, seq, created_at/updated_at/expires_at (RFC 3339), callback_url, query_url.
+ *        The one writer of a call's JSON (no intermediate jansson objects: the HTTP hot
+ *        path).
  * @param out malloc()ed NUL-terminated text (caller free()s).
  * @returns 0, OQ_ENOMEM, or OQ_EUTF8 (a string of \p c that is not UTF-8).
  */

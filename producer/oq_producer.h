@@ -290,6 +290,69 @@ typedef struct oq_redrive_stats {
  */
 int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, oq_error_t *err);
 
+/* --- webhooks (completion without polling) ---------------------------------------------- */
+
+/** The sender of webhook deliveries (producer/webhooks.c; rules in decide.c). */
+typedef struct oq_webhooks oq_webhooks_t;
+
+/** Sender options. Zero-initialise, then set what you need (0 = the default said here). */
+typedef struct oq_webhooks_opts {
+    int concurrency;         /**< deliveries sent at once (worker threads); default 8 */
+    int64_t timeout_ms;      /**< one try, connect included; default 10 s */
+    int max_tries;           /**< a delivery is dead after this many tries; default 20 */
+    int64_t max_age_ms;      /**< ... or when its next try would come later than this after it
+                                  was queued; default 24 h */
+    int64_t backoff_base_ms; /**< the delay after the first failure; default 1 s (doubles) */
+    int64_t backoff_max_ms;  /**< the longest delay between tries; default 1 h */
+    int64_t poll_ms;         /**< how often due deliveries are looked for; default 200 ms */
+    const char *secret;      /**< the signing secret of tenants without their own (copied);
+                                  NULL: none (16..512 printable ASCII bytes) */
+    const char *token_file;  /**< the tenants' webhook_secret= (oq_tokens.h), read at start and
+                                  by oq_webhooks_reload; NULL: none */
+    const char *cacert;      /**< https: a CA bundle (NULL: the system's) */
+    oq_metrics_t *metrics;   /**< optional, borrowed */
+} oq_webhooks_opts_t;
+
+/**
+ * @brief Start sending the webhook deliveries of \p p's database: every delivery queued in
+ *        webhook_deliveries (a settled call with a callback_url) is POSTed to its URL with
+ *        `Idempotency-Key: <delivery id>` and `Onceq-Signature: t=<unix>,v1=<hex
+ *        HMAC-SHA256(secret, "<t>.<body>")>` until a 2xx; other outcomes are tried again with
+ *        exponential backoff and jitter until max_tries or max_age, then the delivery is dead
+ *        (oq_webhooks_list). Tries are recorded through \p p's writer. \p p (borrowed) must stay
+ *        open until oq_webhooks_stop() returned.
+ * @returns 0 with \p out set, or OQ_EINVAL (a bad secret or token file), OQ_EDB, OQ_EIO.
+ */
+int oq_webhooks_start(oq_producer_t *p, const oq_webhooks_opts_t *opts, oq_webhooks_t **out,
+                      oq_error_t *err);
+/** @brief Stop (tries under way end within their timeout; finished ones are recorded). Call it
+ *         before oq_producer_close(). NULL ok. */
+void oq_webhooks_stop(oq_webhooks_t *w);
+/** @brief Read the token file's secrets again (SIGHUP); on error the old ones are kept. */
+int oq_webhooks_reload(oq_webhooks_t *w, oq_error_t *err);
+/** @brief Non-zero when a delivery of \p tenant can be signed (it has a secret, or there is a
+ *         default one). 0 for \p w NULL. */
+int oq_webhooks_can_sign(oq_webhooks_t *w, const char *tenant);
+/**
+ * @brief The header value of Onceq-Signature for \p body at unix time \p t:
+ *        "t=<t>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>", into \p out (\p cap bytes, 96 are
+ *        enough). @returns 0, OQ_ENOMEM, OQ_ETOOBIG.
+ */
+int oq_webhook_sign(const char *secret, int64_t t, const char *body, size_t len, char *out,
+                    size_t cap);
+/**
+ * @brief For operators (onceq dlq --webhooks-db): the dead deliveries of database \p db (a file
+ *        or a PostgreSQL string), oldest death first, at most \p limit; with \p id, that one
+ *        delivery in any state, its body included. @returns 0 with \p out a new JSON array.
+ */
+int oq_webhooks_list(const char *db, const char *id, int limit, json_t **out, oq_error_t *err);
+/**
+ * @brief Give dead delivery \p id (or every dead one: "all") a fresh budget: pending, 0 tries,
+ *        due now; the producer's sender sends it again (same id, same body). A delivery that is
+ *        not dead is left alone. @param redriven receives how many were.
+ */
+int oq_webhooks_redrive(const char *db, const char *id, int *redriven, oq_error_t *err);
+
 /* --- HTTP --------------------------------------------------------------------------------- */
 
 typedef struct oq_http oq_http_t;
@@ -329,8 +392,11 @@ typedef struct oq_http_opts {
                                            tool it lacks is 400 unknown_tool, arguments its
                                            input_schema refuses are 400 bad_args (nothing is
                                            written), and GET /v1/tools lists it */
-    int64_t mcp_wait_ms; /**< POST /mcp: how long a tools/call waits for its call to settle
-                              before it answers "running" (oq_mcp.h); default 30 s */
+    int64_t mcp_wait_ms;     /**< POST /mcp: how long a tools/call waits for its call to settle
+                                  before it answers "running" (oq_mcp.h); default 30 s */
+    oq_webhooks_t *webhooks; /**< the sender (borrowed), or NULL: a submit with a callback_url is
+                                  then 400 webhook_secret_missing, as one whose tenant has no
+                                  secret */
 } oq_http_opts_t;
 
 /**

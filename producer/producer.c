@@ -283,6 +283,21 @@ int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, 
     return pass.work.rc;
 }
 
+int oq__producer_webhook_marks(oq_producer_t *p, const oq__producer_delivery_mark_t *marks, int n,
+                               oq_error_t *err)
+{
+    if (n <= 0) return 0;
+    oq__webhook_marks_t item;
+    memset(&item, 0, sizeof item);
+    item.work.kind = OQ__WORK_WEBHOOKS;
+    item.marks = marks;
+    item.n = n;
+    int ret = run_and_wait(p, &item.work);
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    if (item.work.rc && err) *err = item.work.err;
+    return item.work.rc;
+}
+
 /* --- reads -----------------------------------------------------------------------------------*/
 
 /* A PostgreSQL read connection lost (server restarted, backend terminated) is re-established

@@ -15,6 +15,8 @@
  *   store.c     every SQL statement (producer_store.h)
  *   call.c      oq_call_t and its one JSON writer
  *   waiters.c   call waiters (oq_waiters.h), owned and notified by the writer after commits
+ *   webhooks.c  the webhook sender: reads due deliveries, POSTs them signed, records the tries
+ *               through the writer (oq__producer_webhook_marks) -> decide.c, store.c
  *   http.c, ingest.c  the HTTP API and the results consumer, on the public API
  */
 #ifndef OQ_PRODUCER_INT_H
@@ -35,7 +37,8 @@
 typedef enum {
     OQ__WORK_SUBMIT = 1,  /**< an oq_submit_job_t */
     OQ__WORK_RESULTS = 2, /**< an oq__results_t */
-    OQ__WORK_REDRIVE = 3  /**< an oq__redrive_t */
+    OQ__WORK_REDRIVE = 3, /**< an oq__redrive_t */
+    OQ__WORK_WEBHOOKS = 4 /**< an oq__webhook_marks_t */
 } oq__work_kind_t;
 
 typedef struct oq__work oq__work_t;
@@ -68,6 +71,7 @@ struct oq_submit_job {
     char *client_id; /**< may be NULL */
     int64_t seq;
     int has_seq;
+    char *callback_url; /**< may be NULL: stored with a new call (not in the fingerprint) */
     char fingerprint[OQ_FINGERPRINT_LEN + 1];
     char call_id[OQ_CALL_ID_LEN + 1]; /**< used when the key is new */
     char message_id[OQ_UUID_LEN + 1]; /**< message id of that first outbox row */
@@ -96,6 +100,26 @@ typedef struct oq__redrive {
     int limit;
     oq_redrive_stats_t stats; /**< output */
 } oq__redrive_t;
+
+/** Outcomes of webhook tries (webhooks.c), written in the writer's transaction. */
+typedef struct oq__webhook_marks {
+    oq__work_t work; /**< first member */
+    const oq__producer_delivery_mark_t *marks;
+    int n;
+} oq__webhook_marks_t;
+
+/** How long and how often a webhook delivery is tried (oq_webhooks_opts_t, resolved). */
+typedef struct oq__webhook_policy {
+    int max_tries;
+    int64_t max_age_ms, backoff_base_ms, backoff_max_ms;
+} oq__webhook_policy_t;
+
+/** What one try of a delivery came to. */
+typedef struct oq__webhook_try {
+    long status;            /**< the HTTP status, 0 when no answer came */
+    int64_t retry_after_ms; /**< the answer's Retry-After, -1 when none */
+    const char *error;      /**< why it failed, "" or NULL when it did not */
+} oq__webhook_try_t;
 
 /* --- submit.c: the prepared request -------------------------------------------------------- */
 
@@ -162,6 +186,25 @@ int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n
  */
 int oq__decide_redrive(oq__producer_store_t *s, int64_t now_ms, int64_t redrive_after_ms, int limit,
                        oq_redrive_stats_t *stats, oq_error_t *err);
+
+/**
+ * @brief Webhooks, rule 2 (see the top of decide.c): the row change after try \p t of \p d at
+ *        \p now_ms, into \p m (its strings borrowed from \p d and \p t). Pure: no I/O.
+ */
+void oq__decide_webhook_try(const oq__producer_delivery_t *d, const oq__webhook_try_t *t,
+                            const oq__webhook_policy_t *pol, int64_t now_ms,
+                            oq__producer_delivery_mark_t *m);
+
+/** @brief Store \p n try outcomes inside an open write transaction (a delivery no longer
+ *  pending, e.g. redriven meanwhile, is left alone). @locality writer thread */
+int oq__decide_webhook_marks(oq__producer_store_t *s, const oq__producer_delivery_mark_t *marks,
+                             int n, oq_error_t *err);
+
+/** @brief Run \p n marks through \p p's writer (a work item of the next group commit) and wait.
+ *  @returns 0, OQ_EBUSY/OQ_EDB (nothing of it holds: the deliveries are sent again, which the
+ *  receivers dedupe), OQ_ESHUTDOWN. */
+int oq__producer_webhook_marks(oq_producer_t *p, const oq__producer_delivery_mark_t *marks, int n,
+                               oq_error_t *err);
 
 /* --- writer.c: the writer thread ----------------------------------------------------------- */
 

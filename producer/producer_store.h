@@ -69,6 +69,7 @@ typedef struct oq__producer_new_call {
                                  also kept in calls.message_id for a redrive */
     const char *payload;    /**< its tool_call envelope */
     size_t payload_len;
+    const char *callback_url; /**< NULL: no webhook */
 } oq__producer_new_call_t;
 
 /** What an insert did. */
@@ -122,6 +123,7 @@ int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id,
 typedef struct oq__producer_call_state {
     char state[sizeof(((oq_call_t *)0)->state)];
     int64_t attempt;
+    int has_callback; /**< calls.callback_url is set: a settling result writes a delivery */
 } oq__producer_call_state_t;
 
 /** The state and attempt of \p call_id; \p found = 0 (and \p out untouched) when none. */
@@ -235,6 +237,61 @@ int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id
                                  const char *call_id, const char *payload, size_t payload_len,
                                  int64_t now, oq_outbox_republish_t *what, oq_error_t *err);
 
+/* --- webhook deliveries (schema/producer/0005_webhooks.sql) --------------------------------- */
+
+/** One delivery row. Read: strings owned (oq__producer_delivery_clear); written: borrowed. */
+typedef struct oq__producer_delivery {
+    char delivery_id[OQ_UUID_LEN + 1];
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char state[12]; /**< pending | delivered | dead */
+    int64_t attempt;
+    char *tenant, *url, *body;
+    char *last_error;    /**< NULL when none */
+    int64_t last_status; /**< -1 when no answer */
+    int64_t tries, next_at, created_at, updated_at;
+} oq__producer_delivery_t;
+
+void oq__producer_delivery_clear(oq__producer_delivery_t *d);
+
+/** Insert \p d as `pending`, due at d->next_at, unless the call's attempt has one already. */
+int oq__producer_store_delivery_add(oq__producer_store_t *s, const oq__producer_delivery_t *d,
+                                    oq_error_t *err);
+
+/** Up to \p cap pending deliveries due at \p now (next_at <= now), earliest first, from the
+ *  partial index webhook_due (clear each). */
+int oq__producer_store_delivery_due(oq__producer_store_t *s, int64_t now, int cap,
+                                    oq__producer_delivery_t *rows, int *n, oq_error_t *err);
+
+/** The outcome of a try, as decide.c ruled it. Borrowed. */
+typedef struct oq__producer_delivery_mark {
+    const char *delivery_id;
+    const char *state;      /**< pending (another try at next_at) | delivered | dead */
+    int64_t tries;          /**< tries made so far */
+    int64_t next_at;        /**< pending: when; else 0 (NULL) */
+    int64_t last_status;    /**< -1: no answer (NULL) */
+    const char *last_error; /**< may be NULL */
+    int64_t updated_at;
+} oq__producer_delivery_mark_t;
+
+/** Store \p m on its delivery if that is still `pending` (\p changed: 1 or 0; may be NULL). */
+int oq__producer_store_delivery_mark(oq__producer_store_t *s, const oq__producer_delivery_mark_t *m,
+                                     int *changed, oq_error_t *err);
+
+/** Deliveries for the operator: \p id set: that one (any state); else up to \p limit in
+ *  \p state ("dead": oldest death first). */
+int oq__producer_store_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
+                                     int limit, oq__producer_delivery_t **rows, size_t *n,
+                                     oq_error_t *err);
+
+/** A dead delivery back to `pending` with a fresh budget: tries 0, its age counted from \p now
+ *  (created_at), due at \p now (\p changed: 1, or 0 when it is not dead). */
+int oq__producer_store_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
+                                        int *changed, oq_error_t *err);
+
+/** Pending deliveries, the creation time of the oldest (0: none), and dead ones. */
+int oq__producer_store_delivery_counts(oq__producer_store_t *s, int64_t *pending,
+                                       int64_t *oldest_created_at, int64_t *dead, oq_error_t *err);
+
 /* --- audit ----------------------------------------------------------------------------------- */
 
 /** Append an audit row (\p detail: JSON text or NULL). */
@@ -340,5 +397,18 @@ int oq__producer_pg_audit_list(oq__producer_store_t *s, const char *call_id, oq_
 int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl_ms, int batch,
                                 oq_purge_stats_t *stats, int *more, oq_error_t *err);
 int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
+int oq__producer_pg_delivery_add(oq__producer_store_t *s, const oq__producer_delivery_t *d,
+                                 oq_error_t *err);
+int oq__producer_pg_delivery_due(oq__producer_store_t *s, int64_t now, int cap,
+                                 oq__producer_delivery_t *rows, int *n, oq_error_t *err);
+int oq__producer_pg_delivery_mark(oq__producer_store_t *s, const oq__producer_delivery_mark_t *m,
+                                  int *changed, oq_error_t *err);
+int oq__producer_pg_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
+                                  int limit, oq__producer_delivery_t **rows, size_t *n,
+                                  oq_error_t *err);
+int oq__producer_pg_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
+                                     int *changed, oq_error_t *err);
+int oq__producer_pg_delivery_counts(oq__producer_store_t *s, int64_t *pending,
+                                    int64_t *oldest_created_at, int64_t *dead, oq_error_t *err);
 
 #endif

@@ -34,15 +34,15 @@
 
 #define CALL_COLS                                                                                  \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
-    "client_id,seq,created_at,updated_at,expires_at"
+    "client_id,seq,created_at,updated_at,expires_at,callback_url"
 
 static const char SQL_GET_BY_KEY[] =
     "SELECT " CALL_COLS " FROM calls WHERE tenant=?1 AND idem_key=?2";
 static const char SQL_GET_BY_ID[] = "SELECT " CALL_COLS " FROM calls WHERE call_id=?1";
 static const char SQL_INSERT_CALL[] =
     "INSERT INTO calls(call_id,tenant,idem_key,fingerprint,tool,args,state,attempt,client_id,"
-    "seq,created_at,updated_at,expires_at,message_id) "
-    "VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10,?11) "
+    "seq,created_at,updated_at,expires_at,message_id,callback_url) "
+    "VALUES(?1,?2,?3,?4,?5,?6,'pending',1,?7,?8,?9,?9,?10,?11,?12) "
     "ON CONFLICT(tenant,idem_key) DO NOTHING";
 static const char SQL_RESET_CALL[] =
     "UPDATE calls SET state='pending',attempt=?2,result=NULL,error=NULL,updated_at=?3,"
@@ -51,6 +51,7 @@ static const char SQL_RESET_CALL[] =
 static const char SQL_DELETE_CALL[] = "DELETE FROM calls WHERE call_id=?1";
 static const char SQL_DELETE_AUDIT[] = "DELETE FROM audit WHERE call_id=?1";
 static const char SQL_DELETE_INBOX[] = "DELETE FROM result_inbox WHERE call_id=?1";
+static const char SQL_DELETE_DELIVERIES[] = "DELETE FROM webhook_deliveries WHERE call_id=?1";
 static const char SQL_AUDIT_ADD[] =
     "INSERT INTO audit(ts,call_id,event,detail) VALUES(?1,?2,?3,?4)";
 static const char SQL_AUDIT_LIST[] =
@@ -58,7 +59,8 @@ static const char SQL_AUDIT_LIST[] =
 static const char SQL_INBOX_INSERT[] =
     "INSERT OR IGNORE INTO result_inbox(message_id,call_id,status,outcome,received_at) "
     "VALUES(?1,?2,?3,?4,?5)";
-static const char SQL_GET_STATE[] = "SELECT state,attempt FROM calls WHERE call_id=?1";
+static const char SQL_GET_STATE[] =
+    "SELECT state,attempt,callback_url IS NOT NULL FROM calls WHERE call_id=?1";
 static const char SQL_SET_RESULT[] =
     "UPDATE calls SET state=?2,result=?3,error=?4,effect_id=COALESCE(?5,effect_id),"
     "updated_at=?6,next_redrive_at=CASE WHEN ?7 THEN NULL ELSE next_redrive_at END,"
@@ -188,6 +190,7 @@ static int read_call(sqlite3_stmt *st, oq_call_t *c)
     c->created_at = sqlite3_column_int64(st, 13);
     c->updated_at = sqlite3_column_int64(st, 14);
     c->expires_at = sqlite3_column_int64(st, 15);
+    c->callback_url = col_strdup(st, 16);
     if (!c->tenant || !c->idem_key || !c->tool || !c->args) {
         oq_call_clear(c);
         return OQ_ENOMEM;
@@ -251,6 +254,7 @@ int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_n
     sqlite3_bind_int64(st, 9, c->created_at);
     sqlite3_bind_int64(st, 10, c->expires_at);
     bind_text(st, 11, c->message_id);
+    bind_text(st, 12, c->callback_url);
     int rc = sqlite3_step(st);
     int ret = 0;
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
@@ -332,7 +336,8 @@ int oq__producer_store_delete_call(oq__producer_store_t *s, const char *call_id,
     if (s->pg) return oq__producer_pg_delete_call(s, call_id, err);
     int ret;
     if ((ret = exec_id(s, SQL_DELETE_AUDIT, call_id, err, "delete audit")) ||
-        (ret = exec_id(s, SQL_DELETE_INBOX, call_id, err, "delete result_inbox")))
+        (ret = exec_id(s, SQL_DELETE_INBOX, call_id, err, "delete result_inbox")) ||
+        (ret = exec_id(s, SQL_DELETE_DELIVERIES, call_id, err, "delete webhook deliveries")))
         return ret;
     return exec_id(s, SQL_DELETE_CALL, call_id, err, "delete call");
 }
@@ -351,6 +356,7 @@ int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
     if (rc == SQLITE_ROW) {
         col_copy(st, 0, out->state, sizeof out->state);
         out->attempt = sqlite3_column_int64(st, 1);
+        out->has_callback = sqlite3_column_int(st, 2);
     } else if (rc != SQLITE_DONE) {
         ret = oq_db_error(s->db, rc, err, "get call state");
     }
@@ -483,6 +489,217 @@ int oq__producer_store_republish(oq__producer_store_t *s, const char *message_id
                                          err);
     oq_outbox_row_t row = {message_id, OQ_TOPIC_CALLS, call_id, payload, payload_len, now};
     return oq_outbox_republish(s->db, s->cache, &row, what, err);
+}
+
+/* --- webhook deliveries ---------------------------------------------------------------------- */
+
+#define DELIVERY_COLS                                                                              \
+    "delivery_id,call_id,attempt,tenant,url,body,state,tries,next_at,last_status,last_error,"      \
+    "created_at,updated_at"
+static const char SQL_DELIVERY_ADD[] =
+    "INSERT INTO webhook_deliveries(delivery_id,call_id,attempt,tenant,url,body,state,tries,"
+    "next_at,created_at,updated_at) VALUES(?1,?2,?3,?4,?5,?6,'pending',0,?7,?8,?8) "
+    "ON CONFLICT(call_id,attempt) DO NOTHING";
+/* Reads the partial index webhook_due: its WHERE repeats the index's condition. */
+static const char SQL_DELIVERY_DUE[] =
+    "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE state = 'pending' AND next_at<=?1 "
+    "ORDER BY next_at LIMIT ?2";
+static const char SQL_DELIVERY_MARK[] =
+    "UPDATE webhook_deliveries SET state=?2,tries=?3,next_at=?4,last_status=?5,last_error=?6,"
+    "updated_at=?7 WHERE delivery_id=?1 AND state='pending'";
+
+void oq__producer_delivery_clear(oq__producer_delivery_t *d)
+{
+    if (!d) return;
+    free(d->tenant);
+    free(d->url);
+    free(d->body);
+    free(d->last_error);
+    memset(d, 0, sizeof *d);
+}
+
+static int read_delivery(sqlite3_stmt *st, oq__producer_delivery_t *d)
+{
+    memset(d, 0, sizeof *d);
+    col_copy(st, 0, d->delivery_id, sizeof d->delivery_id);
+    col_copy(st, 1, d->call_id, sizeof d->call_id);
+    d->attempt = sqlite3_column_int64(st, 2);
+    d->tenant = col_strdup(st, 3);
+    d->url = col_strdup(st, 4);
+    d->body = col_strdup(st, 5);
+    col_copy(st, 6, d->state, sizeof d->state);
+    d->tries = sqlite3_column_int64(st, 7);
+    d->next_at = sqlite3_column_int64(st, 8);
+    d->last_status = sqlite3_column_type(st, 9) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 9);
+    d->last_error = col_strdup(st, 10);
+    d->created_at = sqlite3_column_int64(st, 11);
+    d->updated_at = sqlite3_column_int64(st, 12);
+    if (!d->tenant || !d->url || !d->body) {
+        oq__producer_delivery_clear(d);
+        return OQ_ENOMEM;
+    }
+    return 0;
+}
+
+int oq__producer_store_delivery_add(oq__producer_store_t *s, const oq__producer_delivery_t *d,
+                                    oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_add(s, d, err);
+    sqlite3_stmt *st = st_get(s, SQL_DELIVERY_ADD, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, d->delivery_id);
+    bind_text(st, 2, d->call_id);
+    sqlite3_bind_int64(st, 3, d->attempt);
+    bind_text(st, 4, d->tenant);
+    bind_text(st, 5, d->url);
+    bind_text(st, 6, d->body);
+    sqlite3_bind_int64(st, 7, d->next_at);
+    sqlite3_bind_int64(st, 8, d->created_at);
+    int ret = st_exec(s, st, err, "insert webhook delivery");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__producer_store_delivery_due(oq__producer_store_t *s, int64_t now, int cap,
+                                    oq__producer_delivery_t *rows, int *n, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_due(s, now, cap, rows, n, err);
+    *n = 0;
+    sqlite3_stmt *st = st_get(s, SQL_DELIVERY_DUE, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int(st, 2, cap);
+    int rc = SQLITE_DONE, ret = 0;
+    while (*n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if ((ret = read_delivery(st, &rows[*n]))) {
+            oq_error_set(err, ret, 0, "out of memory");
+            break;
+        }
+        (*n)++;
+    }
+    if (!ret && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        ret = oq_db_error(s->db, rc, err, "due webhook deliveries");
+    st_done(s, st);
+    if (ret) {
+        for (int i = 0; i < *n; i++)
+            oq__producer_delivery_clear(&rows[i]);
+        *n = 0;
+    }
+    return ret;
+}
+
+int oq__producer_store_delivery_mark(oq__producer_store_t *s, const oq__producer_delivery_mark_t *m,
+                                     int *changed, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_mark(s, m, changed, err);
+    sqlite3_stmt *st = st_get(s, SQL_DELIVERY_MARK, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, m->delivery_id);
+    bind_text(st, 2, m->state);
+    sqlite3_bind_int64(st, 3, m->tries);
+    bind_time(st, 4, m->next_at);
+    if (m->last_status >= 0)
+        sqlite3_bind_int64(st, 5, m->last_status);
+    else
+        sqlite3_bind_null(st, 5);
+    bind_text(st, 6, m->last_error);
+    sqlite3_bind_int64(st, 7, m->updated_at);
+    int ret = st_exec(s, st, err, "mark webhook delivery");
+    st_done(s, st);
+    if (!ret && changed) *changed = sqlite3_changes(s->db) != 0;
+    return ret;
+}
+
+int oq__producer_store_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
+                                     int limit, oq__producer_delivery_t **rows, size_t *n,
+                                     oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_list(s, id, state, limit, rows, n, err);
+    *rows = NULL;
+    *n = 0;
+    sqlite3_stmt *st = NULL;
+    const char *sql = id ? "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE delivery_id=?1"
+                         : "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE state=?1 "
+                           "ORDER BY updated_at, delivery_id LIMIT ?2";
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "list webhook deliveries");
+    bind_text(st, 1, id ? id : state);
+    if (!id) sqlite3_bind_int(st, 2, limit > 0 ? limit : 100);
+    int ret = 0;
+    size_t cap = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            oq__producer_delivery_t *nv = realloc(*rows, ncap * sizeof *nv);
+            if (!nv) {
+                ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+                break;
+            }
+            *rows = nv;
+            cap = ncap;
+        }
+        if ((ret = read_delivery(st, &(*rows)[*n]))) {
+            oq_error_set(err, ret, 0, "out of memory");
+            break;
+        }
+        (*n)++;
+    }
+    if (!ret && rc != SQLITE_DONE && rc != SQLITE_ROW)
+        ret = oq_db_error(s->db, rc, err, "list webhook deliveries");
+    sqlite3_finalize(st);
+    if (ret) {
+        for (size_t i = 0; i < *n; i++)
+            oq__producer_delivery_clear(&(*rows)[i]);
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+    }
+    return ret;
+}
+
+int oq__producer_store_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
+                                        int *changed, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_redrive(s, id, now, changed, err);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db,
+                                "UPDATE webhook_deliveries SET state='pending',tries=0,next_at=?2,"
+                                "updated_at=?2,created_at=?2 WHERE delivery_id=?1 AND state='dead'",
+                                -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "redrive webhook delivery");
+    bind_text(st, 1, id);
+    sqlite3_bind_int64(st, 2, now);
+    rc = sqlite3_step(st);
+    int ret = rc == SQLITE_DONE ? 0 : oq_db_error(s->db, rc, err, "redrive webhook delivery");
+    sqlite3_finalize(st);
+    if (!ret) *changed = sqlite3_changes(s->db) != 0;
+    return ret;
+}
+
+int oq__producer_store_delivery_counts(oq__producer_store_t *s, int64_t *pending,
+                                       int64_t *oldest_created_at, int64_t *dead, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_counts(s, pending, oldest_created_at, dead, err);
+    sqlite3_stmt *st = NULL;
+    /* both from the partial indexes (webhook_due, webhook_dead) */
+    int rc = sqlite3_prepare_v2(
+        s->db,
+        "SELECT (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'),"
+        "(SELECT COALESCE(min(created_at),0) FROM webhook_deliveries WHERE state = 'pending'),"
+        "(SELECT count(*) FROM webhook_deliveries WHERE state = 'dead')",
+        -1, &st, NULL);
+    if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "count webhook deliveries");
+    rc = sqlite3_step(st);
+    int ret = 0;
+    if (rc == SQLITE_ROW) {
+        *pending = sqlite3_column_int64(st, 0);
+        *oldest_created_at = sqlite3_column_int64(st, 1);
+        *dead = sqlite3_column_int64(st, 2);
+    } else {
+        ret = oq_db_error(s->db, rc, err, "count webhook deliveries");
+    }
+    sqlite3_finalize(st);
+    return ret;
 }
 
 /* --- audit ---------------------------------------------------------------------------------- */
@@ -684,6 +901,11 @@ int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int6
             goto fail;
         stats->result_inbox += sqlite3_changes(db);
         if ((ret = oq_db_exec(db,
+                              "DELETE FROM webhook_deliveries WHERE call_id IN (SELECT call_id "
+                              "FROM temp.purge_ids)",
+                              err)))
+            goto fail;
+        if ((ret = oq_db_exec(db,
                               "DELETE FROM calls WHERE call_id IN (SELECT call_id FROM "
                               "temp.purge_ids)",
                               err)))
@@ -833,7 +1055,7 @@ int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t
         return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     }
     while ((rc = sqlite3_step(st)) == SQLITE_ROW && k < (size_t)q->limit) {
-        v[k].pos = sqlite3_column_int64(st, 16);
+        v[k].pos = sqlite3_column_int64(st, 17);
         if ((ret = read_call(st, &v[k].call)) != 0) break;
         k++;
     }

@@ -41,7 +41,7 @@
 
 #define CALL_COLS                                                                                  \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
-    "client_id,seq,created_at,updated_at,expires_at"
+    "client_id,seq,created_at,updated_at,expires_at,callback_url"
 
 /* An int64 as a parameter. */
 typedef struct {
@@ -197,13 +197,15 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                        c->has_seq ? num(&seq, c->seq) : NULL,
                        num(&at, c->created_at),
                        num(&exp, c->expires_at),
-                       c->message_id};
+                       c->message_id,
+                       c->callback_url};
     int64_t n = 0;
     int rc = cmd(s,
                  "INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,state,"
-                 "attempt,client_id,seq,created_at,updated_at,expires_at,message_id) "
-                 "VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11) ON CONFLICT DO NOTHING",
-                 11, p, &n, err);
+                 "attempt,client_id,seq,created_at,updated_at,expires_at,message_id,callback_url) "
+                 "VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11,$12) "
+                 "ON CONFLICT DO NOTHING",
+                 12, p, &n, err);
     free(args);
     if (rc) return rc;
     if (n == 0) {
@@ -241,6 +243,7 @@ static int read_call(PGresult *r, oq_call_t *c)
     c->created_at = col_i64(r, 0, 13);
     c->updated_at = col_i64(r, 0, 14);
     c->expires_at = col_i64(r, 0, 15);
+    c->callback_url = col_dup(r, 0, 16);
     if (!c->tenant || !c->idem_key || !c->tool || !c->args) {
         oq_call_clear(c);
         return OQ_ENOMEM;
@@ -304,7 +307,8 @@ int oq__producer_pg_delete_call(oq__producer_store_t *s, const char *call_id, oq
     const char *p[] = {call_id};
     int rc;
     if ((rc = cmd(s, "DELETE FROM onceq.audit WHERE call_id=$1", 1, p, NULL, err)) ||
-        (rc = cmd(s, "DELETE FROM onceq.result_inbox WHERE call_id=$1", 1, p, NULL, err)))
+        (rc = cmd(s, "DELETE FROM onceq.result_inbox WHERE call_id=$1", 1, p, NULL, err)) ||
+        (rc = cmd(s, "DELETE FROM onceq.webhook_deliveries WHERE call_id=$1", 1, p, NULL, err)))
         return rc;
     return cmd(s, "DELETE FROM onceq.calls WHERE call_id=$1", 1, p, NULL, err);
 }
@@ -316,12 +320,16 @@ int oq__producer_pg_get_state(oq__producer_store_t *s, const char *call_id,
 {
     const char *p[] = {call_id};
     PGresult *r = NULL;
-    int rc = q(s, "SELECT state,attempt FROM onceq.calls WHERE call_id=$1", 1, p, &r, err);
+    int rc = q(s,
+               "SELECT state,attempt,(callback_url IS NOT NULL)::int FROM onceq.calls WHERE "
+               "call_id=$1",
+               1, p, &r, err);
     if (rc) return rc;
     *found = PQntuples(r) > 0;
     if (*found) {
         col_copy(r, 0, 0, out->state, sizeof out->state);
         out->attempt = col_i64(r, 0, 1);
+        out->has_callback = (int)col_i64(r, 0, 2);
     }
     PQclear(r);
     return 0;
@@ -569,6 +577,8 @@ int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t
            " a AS (DELETE FROM onceq.audit WHERE call_id IN (SELECT call_id FROM ids) RETURNING 1),"
            " i AS (DELETE FROM onceq.result_inbox WHERE call_id IN (SELECT call_id FROM ids) "
            "RETURNING 1),"
+           " w AS (DELETE FROM onceq.webhook_deliveries WHERE call_id IN (SELECT call_id FROM "
+           "ids)),"
            " c AS (DELETE FROM onceq.calls WHERE call_id IN (SELECT call_id FROM ids) RETURNING 1),"
            " o AS (DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
            "pub_seq <= " WATERMARK " AND created_at<=$3 ORDER BY pub_seq LIMIT $2) RETURNING 1),"
@@ -627,6 +637,165 @@ int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, 
     out->outbox_rows = col_i64(r, 0, 8);
     out->result_inbox = col_i64(r, 0, 9);
     out->oldest_pending_created_at = col_i64(r, 0, 10);
+    PQclear(r);
+    return 0;
+}
+
+/* --- webhook deliveries ---------------------------------------------------------------------- */
+
+#define DELIVERY_COLS                                                                              \
+    "delivery_id,call_id,attempt,tenant,url,body,state,tries,next_at,last_status,last_error,"      \
+    "created_at,updated_at"
+
+static int read_delivery(PGresult *r, int row, oq__producer_delivery_t *d)
+{
+    memset(d, 0, sizeof *d);
+    col_copy(r, row, 0, d->delivery_id, sizeof d->delivery_id);
+    col_copy(r, row, 1, d->call_id, sizeof d->call_id);
+    d->attempt = col_i64(r, row, 2);
+    d->tenant = col_dup(r, row, 3);
+    d->url = col_dup(r, row, 4);
+    d->body = col_dup(r, row, 5);
+    col_copy(r, row, 6, d->state, sizeof d->state);
+    d->tries = col_i64(r, row, 7);
+    d->next_at = col_i64(r, row, 8);
+    d->last_status = PQgetisnull(r, row, 9) ? -1 : col_i64(r, row, 9);
+    d->last_error = col_dup(r, row, 10);
+    d->created_at = col_i64(r, row, 11);
+    d->updated_at = col_i64(r, row, 12);
+    if (!d->tenant || !d->url || !d->body) {
+        oq__producer_delivery_clear(d);
+        return OQ_ENOMEM;
+    }
+    return 0;
+}
+
+int oq__producer_pg_delivery_add(oq__producer_store_t *s, const oq__producer_delivery_t *d,
+                                 oq_error_t *err)
+{
+    num_t att, next, at;
+    const char *p[] = {d->delivery_id, d->call_id, num(&att, d->attempt),  d->tenant,
+                       d->url,         d->body,    num(&next, d->next_at), num(&at, d->created_at)};
+    return cmd(s,
+               "INSERT INTO onceq.webhook_deliveries(delivery_id,call_id,attempt,tenant,url,body,"
+               "state,tries,next_at,created_at,updated_at) "
+               "VALUES($1,$2,$3,$4,$5,$6,'pending',0,$7,$8,$8) ON CONFLICT DO NOTHING",
+               8, p, NULL, err);
+}
+
+int oq__producer_pg_delivery_due(oq__producer_store_t *s, int64_t now, int cap,
+                                 oq__producer_delivery_t *rows, int *n, oq_error_t *err)
+{
+    num_t t, lim;
+    const char *p[] = {num(&t, now), num(&lim, cap)};
+    PGresult *r = NULL;
+    *n = 0;
+    int rc = q(s,
+               "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state = 'pending' AND "
+               "next_at<=$1 ORDER BY next_at LIMIT $2",
+               2, p, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++) {
+        if (read_delivery(r, i, &rows[*n])) {
+            rc = oom(err);
+            break;
+        }
+        (*n)++;
+    }
+    PQclear(r);
+    if (rc) {
+        for (int i = 0; i < *n; i++)
+            oq__producer_delivery_clear(&rows[i]);
+        *n = 0;
+    }
+    return rc;
+}
+
+int oq__producer_pg_delivery_mark(oq__producer_store_t *s, const oq__producer_delivery_mark_t *m,
+                                  int *changed, oq_error_t *err)
+{
+    num_t tries, next, st, up;
+    const char *p[] = {m->delivery_id,
+                       m->state,
+                       num(&tries, m->tries),
+                       m->next_at ? num(&next, m->next_at) : NULL,
+                       m->last_status >= 0 ? num(&st, m->last_status) : NULL,
+                       m->last_error,
+                       num(&up, m->updated_at)};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "UPDATE onceq.webhook_deliveries SET state=$2,tries=$3,next_at=$4,last_status=$5,"
+                 "last_error=$6,updated_at=$7 WHERE delivery_id=$1 AND state='pending'",
+                 7, p, &n, err);
+    if (!rc && changed) *changed = n != 0;
+    return rc;
+}
+
+int oq__producer_pg_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
+                                  int limit, oq__producer_delivery_t **rows, size_t *n,
+                                  oq_error_t *err)
+{
+    num_t lim;
+    const char *p[] = {id ? id : state, num(&lim, limit > 0 ? limit : 100)};
+    PGresult *r = NULL;
+    *rows = NULL;
+    *n = 0;
+    int rc =
+        id ? q(s, "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE delivery_id=$1", 1,
+               p, &r, err)
+           : q(s,
+               "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state=$1 "
+               "ORDER BY updated_at, delivery_id LIMIT $2",
+               2, p, &r, err);
+    if (rc) return rc;
+    int nt = PQntuples(r);
+    if (nt > 0 && !(*rows = calloc((size_t)nt, sizeof **rows))) rc = oom(err);
+    for (int i = 0; !rc && i < nt; i++) {
+        if (read_delivery(r, i, &(*rows)[*n])) {
+            rc = oom(err);
+            break;
+        }
+        (*n)++;
+    }
+    PQclear(r);
+    if (rc) {
+        for (size_t i = 0; i < *n; i++)
+            oq__producer_delivery_clear(&(*rows)[i]);
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int oq__producer_pg_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
+                                     int *changed, oq_error_t *err)
+{
+    num_t t;
+    const char *p[] = {id, num(&t, now)};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "UPDATE onceq.webhook_deliveries SET state='pending',tries=0,next_at=$2,"
+                 "updated_at=$2,created_at=$2 WHERE delivery_id=$1 AND state='dead'",
+                 2, p, &n, err);
+    if (!rc) *changed = n != 0;
+    return rc;
+}
+
+int oq__producer_pg_delivery_counts(oq__producer_store_t *s, int64_t *pending,
+                                    int64_t *oldest_created_at, int64_t *dead, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = q(s,
+               "SELECT (SELECT count(*) FROM onceq.webhook_deliveries WHERE state = 'pending'),"
+               "(SELECT COALESCE(min(created_at),0) FROM onceq.webhook_deliveries WHERE "
+               "state = 'pending'),"
+               "(SELECT count(*) FROM onceq.webhook_deliveries WHERE state = 'dead')",
+               0, NULL, &r, err);
+    if (rc) return rc;
+    *pending = col_i64(r, 0, 0);
+    *oldest_created_at = col_i64(r, 0, 1);
+    *dead = col_i64(r, 0, 2);
     PQclear(r);
     return 0;
 }

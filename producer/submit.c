@@ -65,6 +65,7 @@ void oq_submit_job_destroy(oq_submit_job_t *job)
     free(job->tool);
     free(job->args);
     free(job->client_id);
+    free(job->callback_url);
     free(job->payload);
     oq_call_clear(&job->call);
     free(job);
@@ -87,8 +88,9 @@ int oq_submit_job_new(const oq_submit_req_t *req, oq_submit_job_t **out, oq_erro
     if (req->client_id && !oq_envelope_valid_name(req->client_id))
         return oq_error_set(err, OQ_EINVAL, 0, "client_id must be 1-%d printable ASCII bytes",
                             OQ_MAX_NAME_LEN);
+    int ret = req->callback_url ? oq_callback_url_check(req->callback_url, err) : 0;
+    if (ret) return ret;
 
-    int ret = 0;
     oq_submit_job_t *job = calloc(1, sizeof *job);
     if (!job) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     job->work.kind = OQ__WORK_SUBMIT;
@@ -96,7 +98,9 @@ int oq_submit_job_new(const oq_submit_req_t *req, oq_submit_job_t **out, oq_erro
     job->idem_key = strdup(req->idem_key);
     job->tool = strdup(req->tool);
     job->client_id = req->client_id ? strdup(req->client_id) : NULL;
-    if (!job->tenant || !job->idem_key || !job->tool || (req->client_id && !job->client_id)) {
+    job->callback_url = req->callback_url ? strdup(req->callback_url) : NULL;
+    if (!job->tenant || !job->idem_key || !job->tool || (req->client_id && !job->client_id) ||
+        (req->callback_url && !job->callback_url)) {
         ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto out;
     }
@@ -139,9 +143,11 @@ void oq__job_finish_new(oq_submit_job_t *job)
     c->tool = job->tool;
     c->args = job->args;
     c->client_id = job->client_id;
+    c->callback_url = job->callback_url;
     c->seq = job->seq;
     c->has_seq = job->has_seq;
     job->tenant = job->idem_key = job->tool = job->args = job->client_id = NULL;
+    job->callback_url = NULL;
     job->call_from_job = 0;
 }
 

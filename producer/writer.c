@@ -112,6 +112,10 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
         oq__redrive_t *d = (oq__redrive_t *)it;
         return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);
     }
+    if (it->kind == OQ__WORK_WEBHOOKS) {
+        oq__webhook_marks_t *k = (oq__webhook_marks_t *)it;
+        return oq__decide_webhook_marks(s, k->marks, k->n, &it->err);
+    }
     oq__results_t *r = (oq__results_t *)it;
     return oq__decide_results(s, r->envs, r->n, r->outcomes, now, w->key_ttl_ms, &it->err);
 }

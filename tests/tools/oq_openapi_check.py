@@ -457,6 +457,13 @@ def scenario_tools(ck, F):
     if e and e["error"].get("pointer") != "/amount":
         ck.fail("bad_args pointer: %s" % e)
     ck.submit(F, "oa-t2", {"tool": "pay", "args": {"amount": 5}}, expect=202)
+    # webhooks: a callback_url that is not an http(s) URL; one this producer (no webhook
+    # secret) cannot sign
+    ck.submit(F, "oa-w1", {"tool": "pay", "args": {"amount": 5}, "callback_url": "ftp://x/y"},
+              expect=400, code="invalid_callback_url")
+    ck.submit(F, "oa-w2", {"tool": "pay", "args": {"amount": 5},
+                           "callback_url": "https://hooks.example.com/onceq"},
+              expect=400, code="webhook_secret_missing")
 
 
 def scenario_fault(ck, F, db):

@@ -106,7 +106,7 @@ static int submit(oq_producer_t *p, const char *tenant, const char *key, const c
 {
     json_t *args = json_loads(args_json, 0, NULL);
     assert_non_null(args);
-    oq_submit_req_t req = {tenant, key, tool, args, NULL, 0, 0};
+    oq_submit_req_t req = {tenant, key, tool, args, NULL, 0, 0, NULL};
     oq_error_t err = {0};
     int rc = oq_producer_submit(p, &req, call, oc, &err);
     json_decref(args);
@@ -227,7 +227,7 @@ static void *conc_main(void *arg)
 {
     conc_t *c = arg;
     json_t *args = json_pack("{s:i}", "amount", 7);
-    oq_submit_req_t req = {"default", "same-key", "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {"default", "same-key", "charge", args, NULL, 0, 0, NULL};
     oq_call_t call = {0};
     pthread_barrier_wait(c->bar);
     c->rc = oq_producer_submit(c->p, &req, &call, &c->oc, NULL);
@@ -597,7 +597,7 @@ static void test_in_tx(void **state)
     assert_int_equal(
         oq_db_exec(db, "CREATE TABLE orders(id INTEGER PRIMARY KEY, amount INT)", &err), 0);
     json_t *args = json_pack("{s:i}", "amount", 9);
-    oq_submit_req_t req = {NULL, "order-1", "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, "order-1", "charge", args, NULL, 0, 0, NULL};
     oq_call_t c = {0};
     oq_submit_outcome_t oc;
     /* without a transaction: refused */
@@ -780,7 +780,7 @@ static void *many_main(void *arg)
         char key[64];
         snprintf(key, sizeof key, "m-%d-%d", m->id, i);
         json_t *args = json_pack("{s:i}", "amount", i + 1);
-        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         if (oq_producer_submit(m->p, &req, NULL, &oc, NULL) != 0 || oc != OQ_SUBMIT_NEW) m->fails++;
         json_decref(args);
@@ -856,19 +856,20 @@ static void test_fingerprint_and_render(void **state)
     assert_non_null(r);
     /* the oracle, member by member */
     json_t *want = json_pack(
-        "{s:s,s:s,s:s,s:s,s:s,s:{s:i},s:s,s:i,s:n,s:{s:s,s:s,s:b},s:s,s:n,s:i,s:s,s:s,s:s,s:s}",
+        "{s:s,s:s,s:s,s:s,s:s,s:{s:i},s:s,s:i,s:n,s:{s:s,s:s,s:b},s:s,s:n,s:i,s:s,s:s,s:s,s:n,"
+        "s:s}",
         "call_id", "c_0123456789abcdef", "tenant", "t\"\\x", "idem_key", "key with \"quotes\"",
         "fingerprint", c.fingerprint, "tool", "charge", "args", "a", 1, "status", "failed",
         "attempt", 3, "result", "error", "code", "x", "message", "caf\xc3\xa9", "retryable", 1,
         "effect_id", "e\x01", "client_id", "seq", 42, "created_at", "2023-11-14T22:13:20.123Z",
         "updated_at", "2023-11-14T22:13:20.124Z", "expires_at", "2023-11-14T22:13:20.125Z",
-        "query_url", "/v1/tool-calls/c_0123456789abcdef");
+        "callback_url", "query_url", "/v1/tool-calls/c_0123456789abcdef");
     assert_non_null(want);
     if (!json_equal(r, want)) fail_msg("rendered %s", text);
     static const char *const order[] = {
-        "call_id", "tenant",     "idem_key",   "fingerprint", "tool",      "args",
-        "status",  "attempt",    "result",     "error",       "effect_id", "client_id",
-        "seq",     "created_at", "updated_at", "expires_at",  "query_url"};
+        "call_id", "tenant",     "idem_key",   "fingerprint", "tool",         "args",
+        "status",  "attempt",    "result",     "error",       "effect_id",    "client_id",
+        "seq",     "created_at", "updated_at", "expires_at",  "callback_url", "query_url"};
     const char *at = text;
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         char k[32];
@@ -905,7 +906,7 @@ static void test_job_envelope_and_ids(void **state)
     for (size_t i = 0; i < 3; i++) {
         json_t *args = json_loads(argss[i], 0, NULL);
         assert_non_null(args);
-        oq_submit_req_t req = {tenants[i], keys[i], "send_email", args, NULL, 0, 0};
+        oq_submit_req_t req = {tenants[i], keys[i], "send_email", args, NULL, 0, 0, NULL};
         oq_submit_job_t *job = NULL;
         assert_int_equal(oq_submit_job_new(&req, &job, NULL), 0);
         oq_envelope_t e;
@@ -946,7 +947,7 @@ static void test_job_envelope_and_ids(void **state)
     /* ids drawn later never sort before ids of an earlier millisecond */
     json_t *args = json_object();
     for (int i = 0; i < 200; i++) {
-        oq_submit_req_t req = {NULL, "k", "charge", args, NULL, 0, 0};
+        oq_submit_req_t req = {NULL, "k", "charge", args, NULL, 0, 0, NULL};
         oq_submit_job_t *job = NULL;
         assert_int_equal(oq_submit_job_new(&req, &job, NULL), 0);
         if (*prev && strncmp(prev, job->call_id, 2 + 10) > 0)
@@ -966,7 +967,7 @@ static void test_call_id_taken(void **state)
     fx_t *f = *state;
     oq_error_t err = {0};
     json_t *args = json_pack("{s:i}", "amount", 4);
-    oq_submit_req_t req = {NULL, "collide", "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, "collide", "charge", args, NULL, 0, 0, NULL};
     oq_submit_job_t *job = NULL;
     assert_int_equal(oq_submit_job_new(&req, &job, &err), 0);
     char taken[OQ_CALL_ID_LEN + 1];
@@ -1024,7 +1025,7 @@ static void *sub_main(void *arg)
         char key[32];
         snprintf(key, sizeof key, "w%d-%d", a->id, i);
         json_t *args = json_pack("{s:i}", "amount", i + 1);
-        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         if (oq_producer_submit(a->p, &req, NULL, &oc, NULL) != 0 || oc != OQ_SUBMIT_NEW) a->fails++;
         json_decref(args);

@@ -12,7 +12,9 @@
  * result inbox dedupes by message id; a retryable failure resets on the next submit (a second
  * outbox row); audit in order; republish of a pending row writes nothing, of a missing row
  * appends it; retention purges a settled expired call with its rows and never a pending one;
- * the counts.
+ * the counts; webhooks: a settling result of a call with a callback_url queues its delivery in
+ * the same transaction (a rollback leaves none), with GET's call JSON as body, and no other
+ * result does; due, mark, dead list, redrive and counts of the delivery rows.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,7 +66,7 @@ static int setup_pg(void **state)
     assert_int_equal(oq_pg_migrate(f->conn, &err), 0);
     assert_int_equal(oq_pg_exec(f->conn,
                                 "TRUNCATE onceq.calls, onceq.outbox, onceq.audit, "
-                                "onceq.result_inbox, onceq.outbox_dead",
+                                "onceq.result_inbox, onceq.outbox_dead, onceq.webhook_deliveries",
                                 &err),
                      0);
     f->s = (oq__producer_store_t){NULL, NULL, f->conn};
@@ -137,7 +139,7 @@ static int submit(fx_t *f, const char *key, int amount, oq_call_t *c, oq_submit_
 {
     oq_error_t err = {0};
     json_t *args = json_pack("{s:i, s:s}", "amount", amount, "note", "caf\xc3\xa9 \"x\"");
-    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
     int rc = oq__submit_in_store(&f->s, &req, 0, c, oc, &err);
     json_decref(args);
     return rc;
@@ -344,6 +346,154 @@ static void test_purge(void **state)
     oq_call_clear(&b);
 }
 
+/* One tool_result for \p call_id at attempt 1, applied by the rules (decide.c). */
+static oq_result_outcome_t result(fx_t *f, const char *mid, const char *call_id, const char *status,
+                                  int64_t now)
+{
+    oq_envelope_t env;
+    memset(&env, 0, sizeof env);
+    env.v = OQ_ENVELOPE_VERSION;
+    env.kind = OQ_KIND_TOOL_RESULT;
+    snprintf(env.message_id, sizeof env.message_id, "%s", mid);
+    snprintf(env.call_id, sizeof env.call_id, "%s", call_id);
+    env.attempt = 1;
+    env.created_at = now;
+    env.status = (char *)status;
+    env.result = json_pack("{s:s}", "charge_id", "ch_1");
+    oq_result_outcome_t oc = 0;
+    oq_error_t err = {0};
+    assert_int_equal(oq__decide_results(&f->s, &env, 1, &oc, now, 0, &err), 0);
+    json_decref(env.result);
+    return oc;
+}
+
+static void test_webhook_rows(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq_call_t a = {0}, b = {0}, c = {0};
+    oq_submit_outcome_t oc = 0;
+    json_t *args = json_pack("{s:i}", "amount", 7);
+    oq_submit_req_t req = {.idem_key = "k-hook",
+                           .tool = "charge",
+                           .args = args,
+                           .callback_url = "https://hooks.example.com/onceq?x=1"};
+    begin(f);
+    assert_int_equal(oq__submit_in_store(&f->s, &req, 0, &a, &oc, &err), 0);
+    assert_int_equal(submit(f, "k-plain", 1, &b, &oc), 0);
+    req.idem_key = "k-review";
+    assert_int_equal(oq__submit_in_store(&f->s, &req, 0, &c, &oc, &err), 0);
+    commit(f);
+    json_decref(args);
+    assert_string_equal(a.callback_url, "https://hooks.example.com/onceq?x=1");
+    assert_null(b.callback_url);
+    /* the delivery is written in the transaction that settles the call: a rollback, none */
+    begin(f);
+    assert_int_equal(result(f, "m-h-1", a.call_id, "succeeded", 100), OQ_RESULT_APPLIED);
+    assert_int_equal(count(f, "webhook_deliveries", NULL), 1);
+    rollback(f);
+    assert_int_equal(count(f, "webhook_deliveries", NULL), 0);
+    assert_int_equal(count(f, "calls", "state='pending'"), 3);
+    begin(f);
+    assert_int_equal(result(f, "m-h-1", a.call_id, "succeeded", 100), OQ_RESULT_APPLIED);
+    assert_int_equal(result(f, "m-h-1", a.call_id, "succeeded", 101), OQ_RESULT_DUPLICATE);
+    assert_int_equal(result(f, "m-h-2", b.call_id, "succeeded", 100), OQ_RESULT_APPLIED);
+    assert_int_equal(result(f, "m-h-3", c.call_id, "needs_review", 100), OQ_RESULT_APPLIED);
+    commit(f);
+    /* one delivery: the settled call with a callback; none for the call without one, none for
+     * needs_review (not settled) */
+    assert_int_equal(count(f, "webhook_deliveries", NULL), 1);
+    oq__producer_delivery_t due[4];
+    int n = 0;
+    assert_int_equal(oq__producer_store_delivery_due(&f->s, 99, 4, due, &n, &err), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(oq__producer_store_delivery_due(&f->s, 100, 4, due, &n, &err), 0);
+    assert_int_equal(n, 1);
+    oq__producer_delivery_t *d = &due[0];
+    assert_string_equal(d->call_id, a.call_id);
+    assert_string_equal(d->state, "pending");
+    assert_string_equal(d->url, "https://hooks.example.com/onceq?x=1");
+    assert_string_equal(d->tenant, "default");
+    assert_int_equal(d->attempt, 1);
+    assert_int_equal(d->tries, 0);
+    assert_int_equal(d->last_status, -1);
+    /* the body is GET's call JSON, as the call stands settled */
+    oq_call_t now = {0};
+    char *text = NULL;
+    assert_int_equal(oq__producer_store_get(&f->s, a.call_id, &now, &err), 0);
+    assert_int_equal(oq_call_render(&now, &text, NULL), 0);
+    assert_string_equal(d->body, text);
+    assert_non_null(strstr(text, "\"status\":\"succeeded\""));
+    free(text);
+    oq_call_clear(&now);
+    /* a failed try: pending again later; then dead */
+    oq__webhook_policy_t pol = {3, 3600000, 1000, 4000};
+    oq__webhook_try_t t = {500, -1, "HTTP 500"};
+    oq__producer_delivery_mark_t m;
+    oq__decide_webhook_try(d, &t, &pol, 200, &m);
+    assert_string_equal(m.state, "pending");
+    assert_int_equal(m.tries, 1);
+    assert_in_range(m.next_at, 200 + 500, 200 + 1000);
+    begin(f);
+    assert_int_equal(oq__decide_webhook_marks(&f->s, &m, 1, &err), 0);
+    commit(f);
+    int n2 = 0;
+    oq__producer_delivery_t due2[2];
+    assert_int_equal(oq__producer_store_delivery_due(&f->s, 200, 2, due2, &n2, &err), 0);
+    assert_int_equal(n2, 0);
+    d->tries = 2; /* as stored after a second failure: the third is the last */
+    oq__webhook_try_t none = {0, -1, "connection refused"};
+    oq__decide_webhook_try(d, &none, &pol, 5000, &m);
+    assert_string_equal(m.state, "dead");
+    assert_int_equal(m.tries, 3);
+    begin(f);
+    assert_int_equal(oq__decide_webhook_marks(&f->s, &m, 1, &err), 0);
+    commit(f);
+    oq__producer_delivery_t *rows = NULL;
+    size_t nr = 0;
+    assert_int_equal(oq__producer_store_delivery_list(&f->s, NULL, "dead", 10, &rows, &nr, &err),
+                     0);
+    assert_int_equal(nr, 1);
+    assert_string_equal(rows[0].delivery_id, d->delivery_id);
+    assert_string_equal(rows[0].last_error, "connection refused");
+    assert_int_equal(rows[0].last_status, -1);
+    oq__producer_delivery_clear(&rows[0]);
+    free(rows);
+    int64_t pending = -1, oldest = -1, dead = -1;
+    assert_int_equal(oq__producer_store_delivery_counts(&f->s, &pending, &oldest, &dead, &err), 0);
+    assert_int_equal(pending, 0);
+    assert_int_equal(dead, 1);
+    /* the operator's redrive: pending, a fresh budget, due now; once only */
+    int changed = -1;
+    begin(f);
+    assert_int_equal(
+        oq__producer_store_delivery_redrive(&f->s, d->delivery_id, 6000, &changed, &err), 0);
+    assert_int_equal(changed, 1);
+    assert_int_equal(
+        oq__producer_store_delivery_redrive(&f->s, d->delivery_id, 6000, &changed, &err), 0);
+    assert_int_equal(changed, 0);
+    commit(f);
+    assert_int_equal(
+        count(f, "webhook_deliveries", "state='pending' AND tries=0 AND created_at=6000"), 1);
+    /* a 2xx: delivered; a mark of a delivery no longer pending changes nothing */
+    oq__webhook_try_t ok = {204, -1, ""};
+    d->tries = 0;
+    oq__decide_webhook_try(d, &ok, &pol, 7000, &m);
+    assert_string_equal(m.state, "delivered");
+    begin(f);
+    assert_int_equal(oq__producer_store_delivery_mark(&f->s, &m, &changed, &err), 0);
+    assert_int_equal(changed, 1);
+    assert_int_equal(oq__producer_store_delivery_mark(&f->s, &m, &changed, &err), 0);
+    assert_int_equal(changed, 0);
+    commit(f);
+    assert_int_equal(oq__producer_store_delivery_counts(&f->s, &pending, &oldest, &dead, &err), 0);
+    assert_int_equal(pending + dead, 0);
+    oq__producer_delivery_clear(d);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+    oq_call_clear(&c);
+}
+
 #define BOTH(setup)                                                                                \
     {                                                                                              \
         cmocka_unit_test_setup_teardown(test_new_replay_conflict, setup, teardown),                \
@@ -352,6 +502,7 @@ static void test_purge(void **state)
             cmocka_unit_test_setup_teardown(test_results_and_retry, setup, teardown),              \
             cmocka_unit_test_setup_teardown(test_republish, setup, teardown),                      \
             cmocka_unit_test_setup_teardown(test_purge, setup, teardown),                          \
+            cmocka_unit_test_setup_teardown(test_webhook_rows, setup, teardown),                   \
     }
 
 int main(void)

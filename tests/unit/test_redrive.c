@@ -172,7 +172,7 @@ static void submit(sqlite3 *db, const char *key, oq_call_t *out)
 {
     oq_error_t err = {0};
     json_t *args = json_pack("{s:i}", "amount", 7);
-    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
     oq_submit_outcome_t oc;
     memset(out, 0, sizeof *out);
     assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
@@ -388,7 +388,7 @@ static void test_retry_reset_restarts(void **state)
     char *mid1 = q_text(f->db, "SELECT message_id FROM calls WHERE call_id='%s'", c.call_id);
     oq_error_t err = {0};
     json_t *args = json_pack("{s:i}", "amount", 7);
-    oq_submit_req_t req = {NULL, "rr", "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, "rr", "charge", args, NULL, 0, 0, NULL};
     oq_submit_outcome_t oc;
     memset(&again, 0, sizeof again);
     assert_int_equal(oq_db_begin_immediate(f->db, 1000, &err), 0);
@@ -469,7 +469,7 @@ static void test_producer_api(void **state)
     o.redrive_after_ms = 50;
     assert_int_equal(oq_producer_open(path, &o, &p, &err), 0);
     json_t *args = json_pack("{s:i}", "amount", 1);
-    oq_submit_req_t req = {NULL, "api", "charge", args, NULL, 0, 0};
+    oq_submit_req_t req = {NULL, "api", "charge", args, NULL, 0, 0, NULL};
     assert_int_equal(oq_producer_submit(p, &req, NULL, NULL, &err), 0);
     oq_redrive_stats_t st;
     assert_int_equal(oq_producer_redrive(p, 0, &st, &err), 0);

@@ -67,6 +67,45 @@ static void test_roles(void **st)
     oq_tokens_free(t);
 }
 
+/* Webhook settings of a tenant: callback_url= and webhook_secret=, in any order, after the
+ * role; on any one line of the tenant, or repeated with the same value. */
+static void test_webhook_settings(void **st)
+{
+    (void)st;
+    oq_error_t err = {0};
+    oq_token_table_t *t = NULL;
+    write_file("shop-token-0123456789 shop webhook_secret=whsec_shop_0123456789 "
+               "callback_url=https://shop.example.com/hooks\n"
+               "shop-token-9876543210 shop operator callback_url=https://shop.example.com/hooks\n"
+               "plain-token-0123456789 plain\n");
+    assert_int_equal(oq_tokens_load(path, 1, &t, &err), 0);
+    assert_int_equal(t->n, 3);
+    const oq_tenant_hook_t *h = oq_tokens_hook(t, "shop");
+    assert_non_null(h);
+    assert_string_equal(h->callback_url, "https://shop.example.com/hooks");
+    assert_string_equal(h->secret, "whsec_shop_0123456789");
+    assert_true(t->v[oq_tokens_find(t, "shop-token-9876543210", 21)].roles &
+                OQ_TOKEN_ROLE_OPERATOR);
+    assert_null(oq_tokens_hook(t, "plain"));
+    oq_tokens_free(t);
+    static const char *const bad[] = {
+        "a-token-0123456789 shop callback_url=ftp://x/y\n", /* not http(s) */
+        "a-token-0123456789 shop webhook_secret=short\n",   /* under 16 bytes */
+        "a-token-0123456789 shop webhook_secret=\n",        /* empty */
+        "a-token-0123456789 shop callback_url=http://a/ callback_url=http://b/\n", /* twice */
+        "a-token-0123456789 shop webhook_secret=whsec_one_0123456789\n"
+        "b-token-0123456789 shop webhook_secret=whsec_two_0123456789\n", /* two secrets */
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        oq_error_t e = {0};
+        oq_token_table_t *u = NULL;
+        write_file(bad[k]);
+        assert_int_equal(oq_tokens_load(path, 1, &u, &e), OQ_EINVAL);
+        assert_null(u);
+        assert_null(strstr(e.msg, "0123456789 ")); /* never the token */
+    }
+}
+
 static void test_refused(void **st)
 {
     (void)st;
@@ -119,6 +158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_webhook_settings),
         cmocka_unit_test(test_bearer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -24,6 +24,8 @@ export interface Call {
   created_at: string;
   updated_at: string;
   expires_at: string;
+  /** Where the settled call is delivered (a signed webhook), or null. */
+  callback_url?: string | null;
   query_url: string;
   replayed: boolean;
   terminal: boolean;
@@ -51,6 +53,8 @@ export interface SubmitOptions {
   /** The Idempotency-Key: the same on every retry of this request. */
   key: string;
   tenant?: string;
+  /** Webhook: the producer POSTs the settled call here, signed (verifyWebhook). */
+  callbackUrl?: string;
 }
 
 export declare class Client {

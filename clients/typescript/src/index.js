@@ -251,10 +251,11 @@ export class Client {
   }
 
   /** POST /v1/tool-calls under the Idempotency-Key: the accepted (or replayed) call. */
-  async submit(tool, args, { key, tenant } = {}) {
+  async submit(tool, args, { key, tenant, callbackUrl } = {}) {
     if (typeof key !== 'string' || key === '') throw new TypeError('key (the Idempotency-Key) must be a non-empty string');
     const req = { tool, args };
     if (tenant != null) req.tenant = tenant;
+    if (callbackUrl != null) req.callback_url = callbackUrl; // a signed webhook of the settled call
     canonicalize(req); // refuses what onceq would refuse (NaN, lone surrogates, big integers)
     const body = JSON.stringify(req);
     return Client.callOf(await this.request('POST', '/v1/tool-calls',
@@ -290,8 +291,8 @@ export class Client {
   }
 
   /** Submit, then wait until terminal (succeeded, failed, needs_review). */
-  async call(tool, args, { key, tenant, timeout = 300 } = {}) {
-    const c = await this.submit(tool, args, { key, tenant });
+  async call(tool, args, { key, tenant, callbackUrl, timeout = 300 } = {}) {
+    const c = await this.submit(tool, args, { key, tenant, callbackUrl });
     return c.terminal ? c : this.wait(c.call_id, { timeout });
   }
 }

@@ -46,6 +46,7 @@ class Call:
     created_at: str = ""
     updated_at: str = ""
     expires_at: str = ""
+    callback_url: Optional[str] = None
     query_url: str = ""
     replayed: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -156,12 +157,15 @@ class _Base:
 
     @staticmethod
     def _submit_request(tool: str, args: Mapping[str, Any], key: str,
-                        tenant: Optional[str]) -> Tuple[Dict[str, str], bytes]:
+                        tenant: Optional[str],
+                        callback_url: Optional[str] = None) -> Tuple[Dict[str, str], bytes]:
         if not isinstance(key, str) or not key:
             raise ValueError("key (the Idempotency-Key) must be a non-empty string")
         body: Dict[str, Any] = {"tool": tool, "args": dict(args)}
         if tenant is not None:
             body["tenant"] = tenant
+        if callback_url is not None:
+            body["callback_url"] = callback_url
         data = json.dumps(body, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode("utf-8")
         return {"Idempotency-Key": key, "Content-Type": "application/json"}, data
@@ -203,9 +207,12 @@ class Client(_Base):
                 attempt += 1
 
     def submit(self, tool: str, args: Mapping[str, Any], *, key: str,
-               tenant: Optional[str] = None) -> Call:
-        """POST /v1/tool-calls under the Idempotency-Key `key`; the accepted (or replayed) call."""
-        headers, data = self._submit_request(tool, args, key, tenant)
+               tenant: Optional[str] = None, callback_url: Optional[str] = None) -> Call:
+        """POST /v1/tool-calls under the Idempotency-Key `key`; the accepted (or replayed) call.
+
+        callback_url: the producer POSTs the settled call there (a signed webhook, see
+        verify_webhook); not part of the fingerprint."""
+        headers, data = self._submit_request(tool, args, key, tenant, callback_url)
         return self._call_of(self._request("POST", "/v1/tool-calls", headers, data))
 
     def get(self, call_id: str) -> Call:
@@ -265,8 +272,8 @@ class AsyncClient(_Base):
                 attempt += 1
 
     async def submit(self, tool: str, args: Mapping[str, Any], *, key: str,
-                     tenant: Optional[str] = None) -> Call:
-        headers, data = self._submit_request(tool, args, key, tenant)
+                     tenant: Optional[str] = None, callback_url: Optional[str] = None) -> Call:
+        headers, data = self._submit_request(tool, args, key, tenant, callback_url)
         return self._call_of(await self._request("POST", "/v1/tool-calls", headers, data))
 
     async def get(self, call_id: str) -> Call:
