@@ -14,6 +14,9 @@
 #include "oq_cli.h"
 #include "oq_config.h"
 #include "oq_error.h"
+#include "oq_pg.h"
+
+#include <stdio.h>
 
 #define OQ_CMDS(X)                                                                                 \
     X(broker, "run the embedded Kafka broker (librdkafka mock cluster)")                           \
@@ -41,5 +44,21 @@
 #define OQ_CMD_DECL(name, doc) int oq__cmd_##name(int argc, char **argv);
 OQ_CMDS(OQ_CMD_DECL)
 #undef OQ_CMD_DECL
+
+/**
+ * A consumer database (effects.db) given as a PostgreSQL connection string: the consumer's
+ * store runs on SQLite only in this build, so the operators' commands refuse it up front
+ * (exit 2, one line on stderr naming \p cmd) instead of taking it for a file name.
+ * @returns 0 when \p setting (may be NULL) is usable.
+ */
+static inline int oq__cmd_consumer_db_refused(const char *cmd, const char *setting)
+{
+    if (!setting || oq_backend_of(setting) != OQ_BACKEND_POSTGRES) return 0;
+    fprintf(stderr,
+            "%s: a consumer database on PostgreSQL is not supported by this build "
+            "(the consumer's store is SQLite: give its effects.db)\n",
+            cmd);
+    return OQ_EXIT_USAGE;
+}
 
 #endif
