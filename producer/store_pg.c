@@ -743,18 +743,24 @@ int oq__producer_pg_list(oq__producer_store_t *s, const oq__producer_list_q_t *l
     const char *lo_s = lo > 0 ? pos_bound(lb, lo) : "";
     oq__producer_listed_t *v = NULL;
     int k = 0, rc;
-    if ((rc = page_query(s, lq, hi_s, lo_s, lq->limit, filtered ? OQ__PG_LIST_SCAN : lq->limit, &v,
-                         &k, err)))
+    /* one row more than the page: does the last row's position go on below it? */
+    if ((rc = page_query(s, lq, hi_s, lo_s, lq->limit + 1,
+                         filtered ? OQ__PG_LIST_SCAN : lq->limit + 1, &v, &k, err)))
         return rc;
     *next = 0;
-    if (k > 0 && k >= lq->limit) {
-        /* full: the next page starts below the last row's position; that position's calls
-         * (two calls of one millisecond) go wholly to the next page, or, when they are the
-         * whole page, all of them come on this one */
-        int64_t last = v[k - 1].pos;
-        int keep = drop_tail(v, k, last);
-        if (keep > 0) {
-            k = keep;
+    if (k > lq->limit) {
+        /* full: the next page starts below the last row's position. When the row after the
+         * page has that position too (two calls of one millisecond), the position's calls go
+         * wholly to the next page, or, when they are the whole page, all come on this one. */
+        int64_t last = v[lq->limit - 1].pos, after = v[lq->limit].pos;
+        oq_call_clear(&v[--k].call);
+        int keep = k;
+        while (after == last && keep > 0 && v[keep - 1].pos == last)
+            keep--;
+        if (after != last) {
+            *next = last;
+        } else if (keep > 0) {
+            k = drop_tail(v, k, last);
             *next = last + 1;
         } else {
             oq__producer_listed_free(v, (size_t)k);
