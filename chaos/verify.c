@@ -27,11 +27,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "consumer_store.h"
 #include "oq_chaos.h"
 #include "oq_db.h"
 #include "oq_downstream.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_json.h"
 
 static const char *const vnames[OQ__V_COUNT] = {
@@ -375,8 +378,8 @@ static int load_accepted(sqlite3 *db, const char *path, oq_error_t *err)
     return 0;
 }
 
-int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
-                  oq_verify_report_t *rep, oq_error_t *err)
+static int verify_files(const char *producer_db, const char *consumer_db,
+                        const oq_verify_opts_t *opts, oq_verify_report_t *rep, oq_error_t *err)
 {
     oq_verify_opts_t defaults = {0};
     if (!opts) opts = &defaults;
@@ -618,4 +621,29 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
     if (fprintf(out, "result           %s\n", rep->violations ? "VIOLATIONS" : "CLEAN") < 0)
         return OQ_EIO;
     return 0;
+}
+
+/* A consumer on PostgreSQL: its rows are read from one snapshot into a temporary SQLite copy
+ * (through the consumer store, oq__consumer_store_export), and the checks run on that. */
+int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
+                  oq_verify_report_t *rep, oq_error_t *err)
+{
+    if (!consumer_db || oq_backend_of(consumer_db) != OQ_BACKEND_POSTGRES)
+        return verify_files(producer_db, consumer_db, opts, rep, err);
+    const char *tmp = getenv("TMPDIR");
+    char dir[512], path[600], f[640];
+    memset(rep, 0, sizeof *rep);
+    snprintf(dir, sizeof dir, "%s/onceq-verify-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir))
+        return oq_error_set(err, OQ_EIO, errno, "verify: mkdtemp: %s", strerror(errno));
+    snprintf(path, sizeof path, "%s/effects.db", dir);
+    int rc = oq__consumer_store_export(consumer_db, path, err);
+    if (rc == 0) rc = verify_files(producer_db, path, opts, rep, err);
+    static const char *const sfx[] = {"", "-wal", "-shm", "-journal"};
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        snprintf(f, sizeof f, "%s%s", path, sfx[i]);
+        unlink(f);
+    }
+    rmdir(dir);
+    return rc;
 }

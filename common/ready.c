@@ -10,6 +10,7 @@
 #include "oq_db.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 #include <jansson.h>
@@ -44,6 +45,7 @@ struct oq_ready {
     /* database check */
     char *db_path;
     sqlite3 *db;
+    PGconn *pg; /* the same check on PostgreSQL: the server answers a write-capable session */
     int busy_streak;
     /* kafka check */
     rd_kafka_t *rk;
@@ -86,10 +88,40 @@ int oq_ready_add(oq_ready_t *r, const char *name, oq_ready_check_fn *fn, void *a
 
 /* --- built-in checks ----------------------------------------------------------------------- */
 
+/* PostgreSQL: connected (again, after a restart) and not a read-only standby. */
+static int check_pg(oq_ready_t *r, char *out, size_t cap)
+{
+    oq_error_t err = {0};
+    PGresult *res = NULL;
+    if (r->pg && PQstatus(r->pg) != CONNECTION_OK) {
+        PQfinish(r->pg);
+        r->pg = NULL;
+    }
+    if (!r->pg && oq_pg_connect(r->db_path, &r->pg, &err) != 0) {
+        snprintf(out, cap, "cannot connect: %.200s", err.msg);
+        return OQ_EDB;
+    }
+    if (oq_pg_query(r->pg, "SELECT pg_is_in_recovery()", 0, NULL, &res, &err) != 0) {
+        snprintf(out, cap, "unreachable: %.200s", err.msg);
+        PQfinish(r->pg);
+        r->pg = NULL;
+        return OQ_EDB;
+    }
+    int standby = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (standby) {
+        snprintf(out, cap, "read-only: the server is a standby");
+        return OQ_EDB;
+    }
+    snprintf(out, cap, "ok");
+    return 0;
+}
+
 static int check_db(void *arg, char *out, size_t cap)
 {
     oq_ready_t *r = arg;
     oq_error_t err = {0};
+    if (oq_backend_of(r->db_path) == OQ_BACKEND_POSTGRES) return check_pg(r, out, cap);
     if (!r->db) {
         oq_db_opts_t o = {NULL, READY_PERIOD_MS, 0};
         if (oq_db_open(r->db_path, &o, &r->db, &err) != 0) {
@@ -273,6 +305,7 @@ void oq_ready_destroy(oq_ready_t *r)
         pthread_join(r->th, NULL);
     }
     if (r->db) sqlite3_close_v2(r->db);
+    if (r->pg) PQfinish(r->pg);
     if (r->rk) rd_kafka_destroy(r->rk);
     free(r->db_path);
     pthread_mutex_destroy(&r->mu);
