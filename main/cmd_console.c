@@ -25,7 +25,8 @@ static const oq_setting_t console_settings[] = {
     {"producer-db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
      "the producer's database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "the consumers' database (effects.db): timelines' consumer side and the review queue"},
+     "the consumers' database (effects.db, or a postgres:// URI / libpq keyword string): "
+     "timelines' consumer side and the review queue"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8089", 1, 128, NULL,
      "HOST:PORT (port 0: any free port); a non-loopback HOST needs --token-file"},
     {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
@@ -121,8 +122,9 @@ int oq__cmd_console(int argc, char **argv)
         }
         oq_dbh_close(&h);
     }
+    int cpg = o.consumer_db && oq_backend_of(o.consumer_db) == OQ_BACKEND_POSTGRES;
     if ((!pg && access(o.producer_db, R_OK) != 0) ||
-        (o.consumer_db && access(o.consumer_db, R_OK) != 0)) {
+        (o.consumer_db && !cpg && access(o.consumer_db, R_OK) != 0)) {
         fprintf(stderr, "onceq console: %s: cannot read\n",
                 !pg && access(o.producer_db, R_OK) != 0 ? o.producer_db : o.consumer_db);
         ret = OQ_EXIT_USAGE;

@@ -27,7 +27,8 @@ static const oq_setting_t inspect_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
      "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "consumer database (effects.db): join its execution, effect and audit"},
+     "consumer database (effects.db, or a postgres:// URI / libpq keyword string): join its "
+     "execution, effect and audit"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print one JSON document"},
 };
 
@@ -93,7 +94,7 @@ int oq__cmd_inspect(int argc, char **argv)
     if (c.error) printf("error     %s\n", c.error);
     oq_time_format(c.expires_at, ts);
     printf("expires   %s\n", ts);
-    if (cdb && !cons) printf("consumer  (no execution of this call in %s)\n", cdb);
+    if (cdb && !cons) printf("consumer  (no execution of this call in %s)\n", oq_dbh_label(cdb));
     if (cons) {
         json_t *x = json_object_get(cons, "execution"), *e = json_object_get(cons, "effect");
         const char *owner = json_string_value(json_object_get(x, "lease_owner"));

@@ -29,7 +29,8 @@ static const oq_setting_t purge_settings[] = {
      "retention: calls expire, and published outbox rows created longer ago are deleted"},
     {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per transaction"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "consumer database: purge it (the producer's only when --db is given too)"},
+     "consumer database (a file, or a postgres:// URI / libpq keyword string): purge it (the "
+     "producer's only when --db is given too)"},
     {"retention", OQ_SET_DURATION, "7d", 1000, 3650LL * 86400000, NULL,
      "--consumer-db: settled executions, effects, audit older than this (at least "
      "--inbox-retention) go"},
@@ -62,7 +63,7 @@ int oq__cmd_purge(int argc, char **argv)
         if (oq_consumer_purge(cdb, oq_config_int(cfg, "retention"),
                               oq_config_int(cfg, "inbox-retention"),
                               (int)oq_config_int(cfg, "batch"), &cs, &err) != 0) {
-            fprintf(stderr, "onceq purge: %s: %s\n", cdb, err.msg);
+            fprintf(stderr, "onceq purge: %s: %s\n", oq_dbh_label(cdb), err.msg);
             ret = oq_cli_exit_for(err.code);
             goto out;
         }

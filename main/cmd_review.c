@@ -29,7 +29,8 @@
 #include "oq_json.h"
 
 static const oq_setting_t review_settings[] = {
-    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "consumer database"},
+    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL,
+     "consumer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "show: the producer database (a file, or a postgres:// URI / libpq keyword string), to "
      "merge its timeline of the call"},

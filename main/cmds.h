@@ -46,17 +46,19 @@ OQ_CMDS(OQ_CMD_DECL)
 #undef OQ_CMD_DECL
 
 /**
- * A consumer database (effects.db) given as a PostgreSQL connection string: the consumer's
- * store runs on SQLite only in this build, so the operators' commands refuse it up front
- * (exit 2, one line on stderr naming \p cmd) instead of taking it for a file name.
- * @returns 0 when \p setting (may be NULL) is usable.
+ * A consumer database given as a PostgreSQL connection string that holds a password: refused
+ * (exit 2, one line on stderr naming \p cmd, the string never echoed), as oq_dbh_open() refuses
+ * a producer's: a command line is visible to every user of the host.
+ * @returns 0 when \p setting (may be NULL: none) is usable.
  */
 static inline int oq__cmd_consumer_db_refused(const char *cmd, const char *setting)
 {
-    if (!setting || oq_backend_of(setting) != OQ_BACKEND_POSTGRES) return 0;
+    if (!setting || oq_backend_of(setting) != OQ_BACKEND_POSTGRES ||
+        !oq_pg_conninfo_has_password(setting))
+        return 0;
     fprintf(stderr,
-            "%s: a consumer database on PostgreSQL is not supported by this build "
-            "(the consumer's store is SQLite: give its effects.db)\n",
+            "%s: the consumer database's connection string holds a password: put it in a "
+            "passfile (passfile=... in the string, or PGPASSFILE)\n",
             cmd);
     return OQ_EXIT_USAGE;
 }

@@ -20,6 +20,10 @@
 #     in review never does;
 #   - a password in the connection string is refused (exit 2) before anything connects, and no
 #     log line of the console carries the connection string.
+# With OQ_OPS_CONSUMER=pg (test_pg_operators_consumer.sh) the consumer runs on the same PostgreSQL
+# database (consumer_* tables) and every --consumer-db / review --db is the connection string:
+# the consumer's side (review list/show/resolve, inspect's join, purge --consumer-db) goes
+# through the consumer's store on PostgreSQL, the same code path as on SQLite.
 # Skipped (77) without ONCEQ_TEST_PG_URL.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
@@ -27,7 +31,8 @@ oq_require_pg
 . "$ONCEQ_SRC/chaos/pipeline.sh"
 . "$ONCEQ_SRC/tests/integration/realtools.sh"
 
-URL=$(oq_pg_fresh_db onceq_it_operators)
+CPG=${OQ_OPS_CONSUMER:-sqlite}
+URL=$(oq_pg_fresh_db "onceq_it_operators_$CPG")
 q() { psql -XAtq "$URL" -c "$1"; }
 "$ONCEQ_BIN" migrate --db "$URL" >/dev/null || oq_fail "migrate"
 
@@ -39,6 +44,12 @@ RT_VARIANTS='[
 ]'
 rt_tools "$T/tools.json"
 PDB=$URL CDB=$T/effects.db PORT=$(oq_free_port)
+XT=executions AT=audit
+cq() { rt_cq "$1"; }
+if [[ $CPG == pg ]]; then
+    CDB=$URL XT=onceq.consumer_executions AT=onceq.consumer_audit
+    cq() { q "$1"; }
+fi
 export PDB CDB PORT
 PL_PRODUCER_X=(--purge-interval 0)
 PL_CONSUMER_X+=(--tools "$T/tools.json" --lease 3s --recover-every 200ms)
@@ -88,7 +99,10 @@ grep -q ' producer  succeeded' "$T/inspect.txt" && grep -q '^consumer  COMMITTED
 oq_pass "inspect joins the producer's audit on PostgreSQL with the consumer's"
 
 # --- review: show with the producer's side, a stale fence refused -------------------------------
-F=$(rt_cq "SELECT fence FROM executions WHERE call_id='$c_rev'")
+F=$(cq "SELECT fence FROM $XT WHERE call_id='$c_rev'")
+"$ONCEQ_BIN" review list --db "$CDB" --json |
+    jq -e --arg c "$c_rev" --argjson f "$F" '.count == 1 and .review[0].call_id == $c and
+    .review[0].fence == $f' >/dev/null || oq_fail "review list --json: $("$ONCEQ_BIN" review list --db "$CDB" --json 2>&1)"
 "$ONCEQ_BIN" review show "$c_rev" --db "$CDB" --producer-db "$URL" >"$T/show.txt" ||
     oq_fail "review show --producer-db URL"
 grep -q '^producer  needs_review' "$T/show.txt" && grep -q -- "--fence $F" "$T/show.txt" ||
@@ -175,11 +189,11 @@ oq_wait_for 60 twice || oq_fail "the redriven copy did not come back: $(curl -s 
 oq_pass "dead letters: the relay's rows on PostgreSQL as onceq dlq lists them; a DLQ redrive from the console"
 
 # resolve from the console: a stale fence is 409 and writes nothing; the episode's fence settles
-audits=$(rt_cq "SELECT count(*) FROM audit WHERE call_id='$c_rev'")
+audits=$(cq "SELECT count(*) FROM $AT WHERE call_id='$c_rev'")
 code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "X-CSRF-Token: $csrf" \
     "$U/review/$c_rev/resolve" -d "{\"as\":\"committed\",\"ref\":\"pay_x\",\"note\":\"seen\",\"fence\":$((F + 7))}")
 [[ $code == 409 && $(jq -r .error "$T/r.json") == review_moved ]] || oq_fail "stale fence: $code $(cat "$T/r.json")"
-[[ $(rt_cq "SELECT count(*) FROM audit WHERE call_id='$c_rev'") == "$audits" ]] || oq_fail "a refused resolve wrote audit"
+[[ $(cq "SELECT count(*) FROM $AT WHERE call_id='$c_rev'") == "$audits" ]] || oq_fail "a refused resolve wrote audit"
 code=$(curl -s -o "$T/r.json" -w '%{http_code}' -X POST -H "X-CSRF-Token: $csrf" \
     "$U/review/$c_rev/resolve" -d "{\"as\":\"committed\",\"ref\":\"pay_x\",\"note\":\"seen in the ledger\",\"fence\":$F}")
 [[ $code == 200 ]] || oq_fail "resolve: $code $(cat "$T/r.json")"
@@ -204,12 +218,20 @@ jq -e '.calls == 1 and .audit >= 1' <<<"$P" >/dev/null || oq_fail "purge: $P"
 [[ $(q "SELECT count(*) FROM onceq.audit WHERE call_id='$c_ok'") == 0 ]] || oq_fail "its audit stayed"
 "$ONCEQ_BIN" get --db "$URL" "$c_new" | jq -e '.status == "needs_review"' >/dev/null ||
     oq_fail "a call in review was purged"
-oq_pass "purge on PostgreSQL: the expired settled call and its audit go, a call in review stays"
+P=$("$ONCEQ_BIN" purge --consumer-db "$CDB" --retention 1s --inbox-retention 1s) ||
+    oq_fail "purge --consumer-db"
+jq -e '.consumer_db == true and .executions >= 1' <<<"$P" >/dev/null || oq_fail "purge --consumer-db: $P"
+[[ $(cq "SELECT count(*) FROM $XT WHERE call_id='$c_two'") == 0 &&
+    $(cq "SELECT state FROM $XT WHERE call_id='$c_new'") == NEEDS_REVIEW ]] ||
+    oq_fail "consumer purge: settled execution kept or the one in review deleted"
+oq_pass "purge on PostgreSQL: the expired settled call and its audit go, a call in review stays (consumer: $CPG)"
 
 # --- bad settings ---------------------------------------------------------------------------------
 for cmd in "get --db postgresql://onceq:secret@127.0.0.1:1/x $c_two" \
     "stats --db postgresql://onceq:secret@127.0.0.1:1/x" \
-    "dlq list --outbox-db postgresql://onceq:secret@127.0.0.1:1/x"; do
+    "dlq list --outbox-db postgresql://onceq:secret@127.0.0.1:1/x" \
+    "inspect --db $URL --consumer-db postgresql://onceq:secret@127.0.0.1:1/x $c_two" \
+    "review list --db postgresql://onceq:secret@127.0.0.1:1/x"; do
     # shellcheck disable=SC2086
     "$ONCEQ_BIN" $cmd >/dev/null 2>"$T/pw.err"
     rc=$?
