@@ -860,6 +860,46 @@ static void test_pg_newer_schema_refused(void **state)
     assert_int_equal(oq__consumer_store_open(f->path, &o, "worker-c", &s, &err), 0);
     oq__consumer_store_close(s);
 }
+
+/* The server ends worker a's connection (restart, pg_terminate_backend). */
+static void pg_kill_a(fx_t *f)
+{
+    char sql[96];
+    snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d, 5000)",
+             PQbackendPID(oq__consumer_store_pgconn(f->a)));
+    fx_exec(f->b, sql);
+}
+
+/* A lost connection: a single statement outside a transaction is retried on a new connection;
+ * inside a transaction the statement fails and nothing of the transaction is written, even by
+ * the statements after it (never continued in autocommit on a new connection), and the next
+ * transaction runs on a new connection. */
+static void test_pg_connection_lost(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    int64_t counts[OQ_X__COUNT];
+    pg_kill_a(f);
+    assert_int_equal(oq__consumer_store_state_counts(f->a, counts, &err), 0);
+
+    pg_kill_a(f);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    oq__audit_row_t a = {.ts = 1, .call_id = "lost-1", .event = "probe", .attempt = 1};
+    assert_int_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    pg_kill_a(f);
+    a.call_id = "lost-2";
+    assert_int_not_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    a.call_id = "lost-3";
+    assert_int_not_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    assert_int_not_equal(oq__consumer_store_commit(f->a, &err), 0);
+    oq__consumer_store_rollback(f->a);
+    assert_int_equal(q_int(f->b, "SELECT count(*) FROM audit WHERE event = 'probe'"), 0);
+
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_int(f->b, "SELECT count(*) FROM audit WHERE event = 'probe'"), 1);
+}
 #endif
 
 int main(void)
@@ -884,6 +924,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
 #if FX_PG
         cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_connection_lost, setup, teardown),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
