@@ -9,7 +9,9 @@
  * calls whose ids share a position (one millisecond and the same 12 random bits: PostgreSQL's
  * positions are the ids' first 60 bits); filters by state, tool, tenant and creation time; a
  * key searched in every tenant; get, audit and stats on the handle; the relay's dead rows and
- * status (its lease) on the handle; purge through the handle keeps a call in review.
+ * status (its lease) on the handle; purge through the handle keeps a call in review. Opening a
+ * PostgreSQL handle: a password in the string is refused before anything connects, a database
+ * without schema onceq is "not found" (the tools never migrate it), a newer schema is refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -295,6 +297,36 @@ static void test_relay_views(void **state)
     assert_non_null(strstr(line, "dead=1"));
 }
 
+static char bare_conninfo[2048];
+
+static void test_dbh_open_pg(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_dbh_t h;
+    assert_int_equal(oq_dbh_open("postgresql://onceq:secret@127.0.0.1:1/x", NULL, &h, &err),
+                     OQ_EINVAL);
+    assert_null(strstr(err.msg, "secret"));
+    assert_non_null(strstr(err.msg, "passfile"));
+    assert_null(h.pg);
+    assert_int_equal(oq_dbh_open(bare_conninfo, NULL, &h, &err), OQ_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "onceq migrate"));
+    assert_null(h.pg);
+    PGconn *c = NULL;
+    assert_int_equal(oq_pg_connect(bare_conninfo, &c, &err), 0);
+    assert_int_equal(oq_pg_migrate(c, &err), 0);
+    assert_int_equal(oq_pg_exec(c, "UPDATE onceq.schema_version SET version = 99", &err), 0);
+    PQfinish(c);
+    assert_int_equal(oq_dbh_open(bare_conninfo, NULL, &h, &err), OQ_EVERSION);
+    assert_null(h.pg);
+    oq_db_opts_t ro = {.readonly = 1};
+    assert_int_equal(oq_dbh_open(pg_conninfo, &ro, &h, &err), 0);
+    assert_int_not_equal(oq_pg_exec(h.pg, "DELETE FROM onceq.calls", &err), 0); /* read-only */
+    oq_dbh_close(&h);
+    assert_string_equal(oq_dbh_label("postgresql://u@h/d?passfile=/p"), "PostgreSQL");
+    assert_string_equal(oq_dbh_label("calls.db"), "calls.db");
+}
+
 #define BOTH(setup)                                                                                \
     {                                                                                              \
         cmocka_unit_test_setup_teardown(test_paging, setup, teardown),                             \
@@ -312,5 +344,9 @@ int main(void)
     pgfx_available(1);
     pgfx_fresh_db("onceq_test_producer_ops", pg_conninfo, sizeof pg_conninfo);
     const struct CMUnitTest pg_tests[] = BOTH(setup_pg);
-    return cmocka_run_group_tests_name("producer_ops_postgres", pg_tests, NULL, NULL);
+    if ((rc = cmocka_run_group_tests_name("producer_ops_postgres", pg_tests, NULL, NULL)))
+        return rc;
+    pgfx_fresh_db("onceq_test_producer_ops_bare", bare_conninfo, sizeof bare_conninfo);
+    const struct CMUnitTest dbh_tests[] = {cmocka_unit_test(test_dbh_open_pg)};
+    return cmocka_run_group_tests_name("dbh_postgres", dbh_tests, NULL, NULL);
 }
