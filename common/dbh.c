@@ -40,12 +40,12 @@ int oq_dbh_open(const char *setting, const oq_db_opts_t *opts, oq_dbh_t *h, oq_e
     if ((rc = oq_pg_schema_version(h->pg, &version, err)) != 0) goto fail;
     if (version == 0) {
         rc = oq_error_set(err, OQ_ENOTFOUND, 0,
-                          "PostgreSQL: no schema onceq in this database (onceq migrate --db URL)");
+                          "no schema onceq in this database (onceq migrate --db URL)");
         goto fail;
     }
     if (version > known) {
         rc = oq_error_set(err, OQ_EVERSION, 0,
-                          "PostgreSQL: schema onceq version %d is newer than this binary (%d); "
+                          "schema onceq version %d is newer than this binary (%d); "
                           "upgrade onceq (nothing was changed)",
                           version, known);
         goto fail;
