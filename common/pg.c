@@ -256,11 +256,17 @@ int oq_pg_schema_version(PGconn *c, int *version, oq_error_t *err)
 {
     PGresult *r = NULL;
     *version = 0;
-    int rc = oq_pg_query(c,
-                         "SELECT CASE WHEN to_regclass('onceq.schema_version') IS NULL THEN 0 "
-                         "ELSE (SELECT COALESCE(max(version),0) FROM onceq.schema_version) END",
-                         0, NULL, &r, err);
+    /* two statements: a table named in a statement is resolved when it is parsed, whatever a
+     * CASE around it would decide, so one statement fails on a database never migrated */
+    int rc =
+        oq_pg_query(c, "SELECT to_regclass('onceq.schema_version') IS NOT NULL", 0, NULL, &r, err);
     if (rc) return rc;
+    int exists = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    if (!exists) return 0;
+    if ((rc = oq_pg_query(c, "SELECT COALESCE(max(version),0) FROM onceq.schema_version", 0, NULL,
+                          &r, err)))
+        return rc;
     if (PQntuples(r) == 1) *version = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
     return 0;

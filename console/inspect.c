@@ -2,10 +2,11 @@
 /*
  * inspect.c: one call's story as one JSON document (oq_inspect_doc), the single source of
  * `onceq inspect --json` and of the console's call page, so both show the same rows in the
- * same order. The producer side is oq_store_get and oq_store_audit (creation is not an audit
- * row: a "submitted" row is made from created_at); the consumer side is oq_review_show
- * (execution, effect with the downstream's id, audit rows with worker, attempt and fence).
- * The rows of both are merged by time; within one millisecond the producer's come first.
+ * same order. The producer side is oq_producer_db_get and oq_producer_db_audit, on either
+ * backend (creation is not an audit row: a "submitted" row is made from created_at); the consumer
+ * side is oq_review_show (execution, effect with the downstream's id, audit rows with worker,
+ * attempt and fence). The rows of both are merged by time; within one millisecond the producer's
+ * come first.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +40,21 @@ static json_t *int_or_null(int64_t v)
 int oq_inspect_doc(sqlite3 *db, const char *consumer_db, const char *call_id, json_t **out,
                    oq_error_t *err)
 {
+    oq_dbh_t h = oq_dbh_sqlite(db);
+    return oq_inspect_call(&h, consumer_db, call_id, out, err);
+}
+
+int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call_id, json_t **out,
+                    oq_error_t *err)
+{
     oq_call_t c = {0};
     oq_audit_row_t *rows = NULL;
     size_t n = 0, nt = 0;
     json_t *cons = NULL, *doc = NULL;
     tl_row_t *tl = NULL;
-    int rc = oq_store_get(db, call_id, &c, err);
+    int rc = oq_producer_db_get(h, call_id, &c, err);
     if (rc) return rc;
-    if ((rc = oq_store_audit(db, call_id, &rows, &n, err)) != 0) goto out;
+    if ((rc = oq_producer_db_audit(h, call_id, &rows, &n, err)) != 0) goto out;
     if (consumer_db && (rc = oq_review_show(consumer_db, call_id, &cons, err)) != 0) {
         if (rc != OQ_ENOTFOUND) goto out;
         rc = 0;

@@ -4,11 +4,12 @@
  * @brief `onceq console`: the operators' web console (console/server.c) and the one call's
  *        story it shares with `onceq inspect` (console/inspect.c).
  *
- * The console holds no rules and no SQL of its own: calls come from oq_store_list, a call's
- * timeline from oq_inspect_doc, the review queue and its decisions from oq_review_list and
- * oq_review_resolve, the relay's dead rows from oq_relay_dead_list, the DLQ topic's dead letters
- * and their redrive from `onceq dlq` itself (console/dlq.c), the charts from the
- * daemons' own /metrics. Its pages are embedded in the binary (console/assets/).
+ * The console holds no rules and no SQL of its own: calls come from oq_producer_db_list, a
+ * call's timeline from oq_inspect_call (both on SQLite or PostgreSQL), the review queue and its
+ * decisions from oq_review_list and oq_review_resolve, the relay's dead rows from
+ * oq_relay_db_dead_list, the DLQ topic's dead letters and their redrive from `onceq dlq` itself
+ * (console/dlq.c), the charts from the daemons' own /metrics. Its pages are embedded in the binary
+ * (console/assets/).
  */
 #ifndef OQ_CONSOLE_H
 #define OQ_CONSOLE_H
@@ -17,6 +18,7 @@
 #include <sqlite3.h>
 #include <stddef.h>
 
+#include "oq_dbh.h"
 #include "oq_error.h"
 
 /**
@@ -30,10 +32,15 @@
 int oq_inspect_doc(sqlite3 *db, const char *consumer_db, const char *call_id, json_t **out,
                    oq_error_t *err);
 
+/** @brief oq_inspect_doc() on an operator's handle (oq_dbh.h): the producer's database on
+ *         SQLite or PostgreSQL. oq_inspect_doc() calls this. */
+int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call_id, json_t **out,
+                    oq_error_t *err);
+
 typedef struct oq_console oq_console_t;
 
 typedef struct oq_console_opts {
-    const char *producer_db; /**< calls.db (required) */
+    const char *producer_db; /**< calls.db or a PostgreSQL connection string (required) */
     const char *consumer_db; /**< effects.db, or NULL: no consumer side, no review queue */
     const char *listen;      /**< HOST:PORT; without a token file HOST must be loopback */
     const char *token_file;  /**< NULL: no tokens (loopback only, the local user is operator) */

@@ -3,9 +3,10 @@
  * server.c: the console's HTTP server (libmicrohttpd, its own polling thread, one request at
  * a time). Pages are static files embedded at build time (console/assets/, cmake/embed_assets
  * .cmake); everything they show comes from the JSON routes below, and every route is a thin
- * call into the library function the CLI uses for the same thing (oq_store_list,
- * oq_inspect_doc, oq_review_list / oq_review_resolve, oq_relay_dead_list): no SQL here, no
- * second rule for what "resolve" means.
+ * call into the library function the CLI uses for the same thing (oq_producer_db_list,
+ * oq_inspect_call, oq_review_list / oq_review_resolve, oq_relay_db_dead_list): no SQL here, no
+ * second rule for what "resolve" means. The producer's database is an SQLite file or
+ * PostgreSQL (open_pdb); the functions run the statements of its backend.
  *
  * Safe by default. Without a token file the console listens on a loopback address only
  * (refused at start otherwise), answers only requests whose Host is a loopback name (a DNS
@@ -18,7 +19,7 @@
  * cross-site page cannot read it. Decisions are audited with the operator's name
  * ("console:NAME"): the token's name, or the local user's.
  *
- * Dead letters: the relay's dead outbox rows (oq_relay_dead_list: not redriven, by design), and
+ * Dead letters: the relay's dead outbox rows (oq_relay_db_dead_list: not redriven, by design), and
  * with --brokers the DLQ topic's, listed and redriven by `onceq dlq` run as a child
  * (console/dlq.c), the redrive being a POST with the CSRF token, logged with the operator.
  *
@@ -76,6 +77,7 @@ struct oq_console {
     struct MHD_Daemon *d;
     int port;
     char *pdb, *cdb, *local_op;
+    oq_dbh_t pg; /**< a PostgreSQL producer database: one connection, kept (server thread) */
     char *brokers, *prefix, *exe; /**< the DLQ topic (NULL: none) */
     char **murls;
     size_t n_murls;
@@ -315,16 +317,33 @@ static int64_t qint(struct MHD_Connection *conn, const char *k, int64_t dflt)
     return *end || x < 0 ? -1 : (int64_t)x;
 }
 
-static int open_pdb(oq_console_t *c, sqlite3 **db, oq_error_t *err)
+/* The producer's database for one request: an SQLite file is opened read-only per request (WAL:
+ * never in the daemons' way); a PostgreSQL one is a read-only session kept open, connected
+ * again after it was lost (the request that met the loss fails, the next one reconnects). */
+static int open_pdb(oq_console_t *c, oq_dbh_t *h, oq_error_t *err)
 {
     oq_db_opts_t o = {NULL, 2000, 1};
-    return oq_db_open(c->pdb, &o, db, err);
+    if (oq_backend_of(c->pdb) != OQ_BACKEND_POSTGRES) return oq_dbh_open(c->pdb, &o, h, err);
+    if (c->pg.pg && PQstatus(c->pg.pg) == CONNECTION_BAD) oq_dbh_close(&c->pg);
+    int rc = c->pg.pg ? 0 : oq_dbh_open(c->pdb, &o, &c->pg, err);
+    if (rc == 0) *h = c->pg;
+    return rc;
+}
+
+static void close_pdb(oq_console_t *c, oq_dbh_t *h)
+{
+    if (h->pg) {
+        if (PQstatus(c->pg.pg) == CONNECTION_BAD) oq_dbh_close(&c->pg);
+        memset(h, 0, sizeof *h);
+        return;
+    }
+    oq_dbh_close(h);
 }
 
 static enum MHD_Result api_calls(oq_console_t *c, struct MHD_Connection *conn, const principal_t *p)
 {
     oq_error_t err = {0};
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *out = NULL;
     oq_call_query_t q = {0};
     const char *s = qarg(conn, "q");
@@ -350,8 +369,8 @@ static enum MHD_Result api_calls(oq_console_t *c, struct MHD_Connection *conn, c
     if (q.since_ms < 0 || q.until_ms < 0 || q.before < 0 || q.limit < 1 || q.limit > 500)
         return send_error(conn, 400, "bad_request", "since, until, before: unix ms; limit: 1..500");
     int rc = open_pdb(c, &db, &err);
-    if (!rc) rc = oq_store_list(db, &q, &out, &err);
-    if (db) sqlite3_close_v2(db);
+    if (!rc) rc = oq_producer_db_list(&db, &q, &out, &err);
+    close_pdb(c, &db);
     if (rc) return send_error(conn, status_of(rc), "error", err.msg);
     return send_json(conn, 200, out);
 }
@@ -360,11 +379,11 @@ static enum MHD_Result api_call(oq_console_t *c, struct MHD_Connection *conn, co
                                 const char *id)
 {
     oq_error_t err = {0};
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *doc = NULL;
     int rc = open_pdb(c, &db, &err);
-    if (!rc) rc = oq_inspect_doc(db, c->cdb, id, &doc, &err);
-    if (db) sqlite3_close_v2(db);
+    if (!rc) rc = oq_inspect_call(&db, c->cdb, id, &doc, &err);
+    close_pdb(c, &db);
     if (rc)
         return send_error(conn, status_of(rc), rc == OQ_ENOTFOUND ? "not_found" : "error",
                           rc == OQ_ENOTFOUND ? "no such call" : err.msg);
@@ -433,11 +452,11 @@ static int run_dlq(oq_console_t *c, const char *action, const char *ref, char **
 static enum MHD_Result api_dlq(oq_console_t *c, struct MHD_Connection *conn)
 {
     oq_error_t err = {0};
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *a = NULL;
     int rc = open_pdb(c, &db, &err);
-    if (!rc) rc = oq_relay_dead_list(db, 0, 1000, &a, &err);
-    if (db) sqlite3_close_v2(db);
+    if (!rc) rc = oq_relay_db_dead_list(&db, 0, 1000, &a, &err);
+    close_pdb(c, &db);
     if (rc) return send_error(conn, status_of(rc), "error", err.msg);
     for (size_t i = 0; i < json_array_size(a); i++) /* the page shows sizes, not payloads */
         json_object_del(json_array_get(a, i), "payload");
@@ -634,6 +653,7 @@ static void done(void *cls, struct MHD_Connection *conn, void **state,
 static void console_free(oq_console_t *c)
 {
     if (!c) return;
+    oq_dbh_close(&c->pg);
     free(c->pdb);
     free(c->cdb);
     free(c->local_op);

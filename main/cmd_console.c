@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "oq_pg.h"
 #include "cmds.h"
+#include "oq_dbh.h"
 #include "oq_console.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
@@ -22,9 +22,11 @@
 
 static const oq_setting_t console_settings[] = {
     OQ_CLI_LOG_SETTINGS,
-    {"producer-db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "the producer's database"},
+    {"producer-db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "the producer's database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "the consumers' database (effects.db): timelines' consumer side and the review queue"},
+     "the consumers' database (effects.db, or a postgres:// URI / libpq keyword string): "
+     "timelines' consumer side and the review queue"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8089", 1, 128, NULL,
      "HOST:PORT (port 0: any free port); a non-loopback HOST needs --token-file"},
     {"token-file", OQ_SET_STRING, NULL, 1, 4096, NULL,
@@ -105,16 +107,26 @@ int oq__cmd_console(int argc, char **argv)
             oq_config_is_set(cfg, "topic-prefix") ? oq_config_str(cfg, "topic-prefix") : NULL,
         .self_exe = exe,
     };
-    if (oq_backend_of(o.producer_db) == OQ_BACKEND_POSTGRES ||
-        (o.consumer_db && oq_backend_of(o.consumer_db) == OQ_BACKEND_POSTGRES)) {
-        fprintf(stderr, "onceq console: a PostgreSQL database is not supported by the console yet "
-                        "(SQLite files only)\n");
-        ret = OQ_EXIT_USAGE;
-        goto out;
+    if ((ret = oq__cmd_consumer_db_refused("onceq console", o.consumer_db)) != 0) goto out;
+    ret = OQ_EXIT_FAIL;
+    int pg = oq_backend_of(o.producer_db) == OQ_BACKEND_POSTGRES;
+    if (pg) {
+        /* a PostgreSQL producer database: reachable, migrated, no password in the string;
+         * told now rather than at the first page */
+        oq_dbh_t h;
+        oq_db_opts_t ro = {NULL, 0, 1};
+        if (oq_dbh_open(o.producer_db, &ro, &h, &err) != 0) {
+            fprintf(stderr, "onceq console: --producer-db: %s\n", err.msg);
+            ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
+            goto out;
+        }
+        oq_dbh_close(&h);
     }
-    if (access(o.producer_db, R_OK) != 0 || (o.consumer_db && access(o.consumer_db, R_OK) != 0)) {
+    int cpg = o.consumer_db && oq_backend_of(o.consumer_db) == OQ_BACKEND_POSTGRES;
+    if ((!pg && access(o.producer_db, R_OK) != 0) ||
+        (o.consumer_db && !cpg && access(o.consumer_db, R_OK) != 0)) {
         fprintf(stderr, "onceq console: %s: cannot read\n",
-                access(o.producer_db, R_OK) != 0 ? o.producer_db : o.consumer_db);
+                !pg && access(o.producer_db, R_OK) != 0 ? o.producer_db : o.consumer_db);
         ret = OQ_EXIT_USAGE;
         goto out;
     }

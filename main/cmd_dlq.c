@@ -12,6 +12,9 @@
  *   onceq dlq show    ID --webhooks-db calls.db [--json | --payload]
  *   onceq dlq redrive ID|all --webhooks-db calls.db      a fresh budget: sent again, same id
  *
+ * --outbox-db is an SQLite file or PostgreSQL (a postgres:// URI or libpq keyword string,
+ * schema onceq); oq_relay_db_dead_list reads either.
+ *
  * A consumer dead-letters a message it cannot execute (undecodable, not a tool_call, a
  * fingerprint that differs from the call's execution) with the headers of oq_envelope.h: the
  * stable reason code, its detail, the origin topic, partition and offset, and the message id
@@ -39,7 +42,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "cmds.h"
-#include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
 #include "oq_pg.h"
@@ -74,7 +77,8 @@ static const oq_setting_t dlq_settings[] = {
     OQ_SETTING_TOPIC_PREFIX,
     OQ_SETTING_KAFKA_PROFILE,
     {"outbox-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "list/show: the relay's dead outbox rows (outbox_dead) of this database instead"},
+     "list/show: the relay's dead outbox rows (outbox_dead) of this database instead (a file, "
+     "or a postgres:// URI / libpq keyword string)"},
     {"webhooks-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "the producer's dead webhook deliveries (a file or a PostgreSQL string): list, show, "
      "redrive (the producer's sender sends them again, same Idempotency-Key)"},
@@ -737,11 +741,11 @@ out:
 static int do_dead_rows(const oq_config_t *cfg, const char *action, const char *ref)
 {
     oq_error_t err = {0};
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *a = NULL;
     int ret = OQ_EXIT_FAIL;
     int64_t seq = 0;
-    const char *path = oq_config_str(cfg, "outbox-db");
+    const char *setting = oq_config_str(cfg, "outbox-db"), *path = oq_dbh_label(setting);
     if (ref) {
         char *end = NULL;
         seq = strtoll(ref, &end, 10);
@@ -751,9 +755,11 @@ static int do_dead_rows(const oq_config_t *cfg, const char *action, const char *
         }
     }
     oq_db_opts_t o = {NULL, 0, 1};
-    if (oq_db_open(path, &o, &db, &err) != 0 ||
-        oq_relay_dead_list(db, ref ? seq : 0, (int)oq_config_int(cfg, "limit"), &a, &err) != 0) {
+    if (oq_dbh_open(setting, &o, &db, &err) != 0 ||
+        oq_relay_db_dead_list(&db, ref ? seq : 0, (int)oq_config_int(cfg, "limit"), &a, &err) !=
+            0) {
         fprintf(stderr, "onceq dlq %s: %s: %s\n", action, path, err.msg);
+        if (err.code == OQ_EINVAL) ret = OQ_EXIT_USAGE;
         goto out;
     }
     if (ref && json_array_size(a) == 0) {
@@ -802,7 +808,7 @@ static int do_dead_rows(const oq_config_t *cfg, const char *action, const char *
     ret = OQ_EXIT_OK;
 out:
     json_decref(a);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&db);
     return ret;
 }
 

@@ -8,6 +8,7 @@
  * with the worker and fence that wrote it. Both timelines are merged by time, each row marked
  * with where it comes from. --json prints {"call", "consumer" ({"execution", "effect"} or
  * null), "timeline": [{"ts", "from", "event", "detail", "worker", "attempt", "fence"}]}.
+ * --db is an SQLite file or PostgreSQL; the document is oq_inspect_call's on either.
  * Exit codes: 0 found, 4 not found in the producer's database, 1 a database unreadable.
  */
 #include <stdio.h>
@@ -17,15 +18,17 @@
 #include "cmds.h"
 #include "oq_console.h"
 #include "oq_consumer.h"
-#include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_util.h"
 #include "oq_json.h"
 
 static const oq_setting_t inspect_settings[] = {
-    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "consumer database (effects.db): join its execution, effect and audit"},
+     "consumer database (effects.db, or a postgres:// URI / libpq keyword string): join its "
+     "execution, effect and audit"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print one JSON document"},
 };
 
@@ -37,7 +40,7 @@ int oq__cmd_inspect(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     oq_call_t c = {0};
     json_t *doc = NULL;
     char ts[32];
@@ -54,18 +57,21 @@ int oq__cmd_inspect(int argc, char **argv)
         goto out;
     }
     const char *id = oq_config_positional(cfg, 0), *cdb = oq_config_str(cfg, "consumer-db");
+    if ((ret = oq__cmd_consumer_db_refused("onceq inspect", cdb)) != 0) goto out;
+    ret = OQ_EXIT_FAIL;
     oq_db_opts_t o = {NULL, 0, 1};
-    if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {
-        fprintf(stderr, "onceq inspect: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+    if (oq_dbh_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {
+        fprintf(stderr, "onceq inspect: %s: %s\n", oq_dbh_label(oq_config_str(cfg, "db")), err.msg);
+        ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
     }
-    int rc = oq_store_get(db, id, &c, &err);
+    int rc = oq_producer_db_get(&db, id, &c, &err);
     if (rc == OQ_ENOTFOUND) {
         fprintf(stderr, "onceq inspect: no call %s\n", id);
         ret = OQ_EXIT_NOTFOUND;
         goto out;
     }
-    if (rc || (rc = oq_inspect_doc(db, cdb, id, &doc, &err)) != 0) {
+    if (rc || (rc = oq_inspect_call(&db, cdb, id, &doc, &err)) != 0) {
         fprintf(stderr, "onceq inspect: %s\n", err.msg);
         goto out;
     }
@@ -88,7 +94,7 @@ int oq__cmd_inspect(int argc, char **argv)
     if (c.error) printf("error     %s\n", c.error);
     oq_time_format(c.expires_at, ts);
     printf("expires   %s\n", ts);
-    if (cdb && !cons) printf("consumer  (no execution of this call in %s)\n", cdb);
+    if (cdb && !cons) printf("consumer  (no execution of this call in %s)\n", oq_dbh_label(cdb));
     if (cons) {
         json_t *x = json_object_get(cons, "execution"), *e = json_object_get(cons, "effect");
         const char *owner = json_string_value(json_object_get(x, "lease_owner"));
@@ -130,7 +136,7 @@ int oq__cmd_inspect(int argc, char **argv)
 out:
     json_decref(doc);
     oq_call_clear(&c);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&db);
     oq_config_destroy(cfg);
     return ret;
 }

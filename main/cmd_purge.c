@@ -6,7 +6,7 @@
  * --key-ttl ago, in batches of --batch rows, each its own short transaction (the daemon's writer
  * waits at most one batch). Pending, running and needs_review calls are never deleted. A key
  * used again after its call was purged (or expired) is a new call. Prints what was deleted as
- * JSON.
+ * JSON. --db is an SQLite file or PostgreSQL (schema onceq, the same rule: settled calls only).
  *
  * With --consumer-db: retention on the consumer database instead (or as well, when --db is
  * given too): inbox rows and published dead letters older than --inbox-retention, settled
@@ -18,17 +18,19 @@
 
 #include "cmds.h"
 #include "oq_consumer.h"
-#include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_util.h"
 
 static const oq_setting_t purge_settings[] = {
-    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
      "retention: calls expire, and published outbox rows created longer ago are deleted"},
     {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "rows per transaction"},
     {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "consumer database: purge it (the producer's only when --db is given too)"},
+     "consumer database (a file, or a postgres:// URI / libpq keyword string): purge it (the "
+     "producer's only when --db is given too)"},
     {"retention", OQ_SET_DURATION, "7d", 1000, 3650LL * 86400000, NULL,
      "--consumer-db: settled executions, effects, audit older than this (at least "
      "--inbox-retention) go"},
@@ -45,7 +47,7 @@ int oq__cmd_purge(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     oq_config_t *cfg =
         oq_config_new(purge_settings, sizeof purge_settings / sizeof purge_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
@@ -54,12 +56,14 @@ int oq__cmd_purge(int argc, char **argv)
         goto out;
     }
     const char *cdb = oq_config_str(cfg, "consumer-db");
+    if ((ret = oq__cmd_consumer_db_refused("onceq purge", cdb)) != 0) goto out;
+    ret = OQ_EXIT_FAIL;
     if (cdb) {
         oq_consumer_purge_stats_t cs;
         if (oq_consumer_purge(cdb, oq_config_int(cfg, "retention"),
                               oq_config_int(cfg, "inbox-retention"),
                               (int)oq_config_int(cfg, "batch"), &cs, &err) != 0) {
-            fprintf(stderr, "onceq purge: %s: %s\n", cdb, err.msg);
+            fprintf(stderr, "onceq purge: %s: %s\n", oq_dbh_label(cdb), err.msg);
             ret = oq_cli_exit_for(err.code);
             goto out;
         }
@@ -73,11 +77,12 @@ int oq__cmd_purge(int argc, char **argv)
         }
     }
     oq_purge_stats_t ps = {0};
-    if (oq_db_open(oq_config_str(cfg, "db"), NULL, &db, &err) != 0 ||
-        oq_producer_migrate(db, &err) != 0 ||
-        oq_store_purge(db, oq_now_ms(), oq_config_int(cfg, "key-ttl"),
-                       (int)oq_config_int(cfg, "batch"), &ps, &err) != 0) {
-        fprintf(stderr, "onceq purge: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+    if (oq_dbh_open(oq_config_str(cfg, "db"), NULL, &db, &err) != 0 ||
+        (db.db && oq_producer_migrate(db.db, &err) != 0) ||
+        oq_producer_db_purge(&db, oq_now_ms(), oq_config_int(cfg, "key-ttl"),
+                             (int)oq_config_int(cfg, "batch"), &ps, &err) != 0) {
+        fprintf(stderr, "onceq purge: %s: %s\n", oq_dbh_label(oq_config_str(cfg, "db")), err.msg);
+        ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
     }
     printf("{\"calls\":%lld,\"audit\":%lld,\"result_inbox\":%lld,\"outbox\":%lld,\"batches\":%d}\n",
@@ -85,7 +90,7 @@ int oq__cmd_purge(int argc, char **argv)
            (long long)ps.outbox, ps.batches);
     ret = OQ_EXIT_OK;
 out:
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&db);
     oq_config_destroy(cfg);
     return ret;
 }

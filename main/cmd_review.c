@@ -23,15 +23,17 @@
 
 #include "cmds.h"
 #include "oq_consumer.h"
-#include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_util.h"
 #include "oq_json.h"
 
 static const oq_setting_t review_settings[] = {
-    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL, "consumer database"},
+    {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL,
+     "consumer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
-     "show: the producer database, to merge its timeline of the call"},
+     "show: the producer database (a file, or a postgres:// URI / libpq keyword string), to "
+     "merge its timeline of the call"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print JSON"},
     {"limit", OQ_SET_INT, "1000", 1, 10000, NULL, "list: at most this many"},
     {"as", OQ_SET_ENUM, NULL, 0, -1, "committed|failed|retry", "resolve: the decision"},
@@ -130,7 +132,7 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
 {
     oq_error_t err = {0};
     json_t *o = NULL;
-    sqlite3 *pdb = NULL;
+    oq_dbh_t pdb = {0};
     oq_call_t pc = {0};
     oq_audit_row_t *prow = NULL;
     size_t pn = 0;
@@ -144,14 +146,15 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
     const char *pdb_path = oq_config_str(cfg, "producer-db");
     if (pdb_path) {
         oq_db_opts_t po = {NULL, 0, 1};
-        if (oq_db_open(pdb_path, &po, &pdb, &err) != 0) {
-            fprintf(stderr, "onceq review show: %s: %s\n", pdb_path, err.msg);
+        if (oq_dbh_open(pdb_path, &po, &pdb, &err) != 0) {
+            fprintf(stderr, "onceq review show: %s: %s\n", oq_dbh_label(pdb_path), err.msg);
+            if (err.code == OQ_EINVAL) ret = OQ_EXIT_USAGE;
             goto out;
         }
-        rc = oq_store_get(pdb, call_id, &pc, &err);
+        rc = oq_producer_db_get(&pdb, call_id, &pc, &err);
         if (rc == 0) {
             have_call = 1;
-            if (oq_store_audit(pdb, call_id, &prow, &pn, &err) != 0) {
+            if (oq_producer_db_audit(&pdb, call_id, &prow, &pn, &err) != 0) {
                 fprintf(stderr, "onceq review show: %s\n", err.msg);
                 goto out;
             }
@@ -203,7 +206,7 @@ static int do_show(const oq_config_t *cfg, const char *call_id)
     if (have_call)
         printf("producer  %s (attempt %lld)\n", pc.state, (long long)pc.attempt);
     else if (pdb_path)
-        printf("producer  (no such call in %s)\n", pdb_path);
+        printf("producer  (no such call in %s)\n", oq_dbh_label(pdb_path));
     free(args);
     free(error);
 
@@ -234,7 +237,7 @@ out:
     free(rows);
     oq_audit_free(prow, pn);
     oq_call_clear(&pc);
-    if (pdb) sqlite3_close_v2(pdb);
+    oq_dbh_close(&pdb);
     json_decref(o);
     return ret;
 }
@@ -312,6 +315,8 @@ int oq__cmd_review(int argc, char **argv)
         ret = OQ_EXIT_USAGE;
         goto out;
     }
+    if ((ret = oq__cmd_consumer_db_refused("onceq review", oq_config_str(cfg, "db"))) != 0)
+        goto out;
     if (list)
         ret = do_list(cfg);
     else if (show)

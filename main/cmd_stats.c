@@ -2,20 +2,22 @@
 /*
  * `onceq stats`: counts by status, distinct effects reported back, outbox backlog, result
  * inbox size, as one JSON object read from --db (the same numbers as GET /stats), then the
- * relay's status line of the same database. With --json stdout is exactly one JSON document:
- * the same object with the relay's status under "relay" (oq_relay_status_json).
+ * relay's status line of the same database, an SQLite file or PostgreSQL. With --json stdout is
+ * exactly one JSON document: the same object with the relay's status under "relay"
+ * (oq_relay_status_json).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cmds.h"
-#include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_relay.h"
 #include "oq_json.h"
 
 static const oq_setting_t stats_settings[] = {
-    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL,
      "print one JSON document (the relay status under \"relay\") instead of JSON + a line"},
 };
@@ -26,7 +28,7 @@ int oq__cmd_stats(int argc, char **argv)
 {
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL, prc;
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *s = NULL;
     oq_config_t *cfg =
         oq_config_new(stats_settings, sizeof stats_settings / sizeof stats_settings[0]);
@@ -36,14 +38,15 @@ int oq__cmd_stats(int argc, char **argv)
         goto out;
     }
     oq_db_opts_t o = {NULL, 0, 1};
-    if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0 ||
-        oq_store_stats(db, &s, &err) != 0) {
-        fprintf(stderr, "onceq stats: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+    if (oq_dbh_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0 ||
+        oq_producer_db_stats(&db, &s, &err) != 0) {
+        fprintf(stderr, "onceq stats: %s: %s\n", oq_dbh_label(oq_config_str(cfg, "db")), err.msg);
+        ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
     }
     if (oq_config_int(cfg, "json")) {
         json_t *relay = NULL;
-        if (oq_relay_status_json(db, &relay, &err) != 0) {
+        if (oq_relay_db_status_json(&db, &relay, &err) != 0) {
             fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
             goto out;
         }
@@ -56,7 +59,7 @@ int oq__cmd_stats(int argc, char **argv)
     if (!oq_config_int(cfg, "json")) {
         /* The relay's view of the same database: pending rows, oldest age, lease holder. */
         char line[512];
-        if (oq_relay_status_line(db, line, sizeof line, &err) == 0)
+        if (oq_relay_db_status_line(&db, line, sizeof line, &err) == 0)
             printf("%s\n", line);
         else
             fprintf(stderr, "onceq stats: relay status: %s\n", err.msg);
@@ -64,7 +67,7 @@ int oq__cmd_stats(int argc, char **argv)
     ret = OQ_EXIT_OK;
 out:
     json_decref(s);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&db);
     oq_config_destroy(cfg);
     return ret;
 }

@@ -15,6 +15,9 @@
 #include "oq_cli.h"
 #include "oq_config.h"
 #include "oq_error.h"
+#include "oq_pg.h"
+
+#include <stdio.h>
 
 #define OQ_CMDS(X)                                                                                 \
     X(broker, "run the embedded Kafka broker (librdkafka mock cluster)")                           \
@@ -41,5 +44,23 @@
 #define OQ_CMD_DECL(name, doc) int oq__cmd_##name(int argc, char **argv);
 OQ_CMDS(OQ_CMD_DECL)
 #undef OQ_CMD_DECL
+
+/**
+ * A consumer database given as a PostgreSQL connection string that holds a password: refused
+ * (exit 2, one line on stderr naming \p cmd, the string never echoed), as oq_dbh_open() refuses
+ * a producer's: a command line is visible to every user of the host.
+ * @returns 0 when \p setting (may be NULL: none) is usable.
+ */
+static inline int oq__cmd_consumer_db_refused(const char *cmd, const char *setting)
+{
+    if (!setting || oq_backend_of(setting) != OQ_BACKEND_POSTGRES ||
+        !oq_pg_conninfo_has_password(setting))
+        return 0;
+    fprintf(stderr,
+            "%s: the consumer database's connection string holds a password: put it in a "
+            "passfile (passfile=... in the string, or PGPASSFILE)\n",
+            cmd);
+    return OQ_EXIT_USAGE;
+}
 
 #endif

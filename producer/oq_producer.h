@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_dbh.h"
 #include "oq_client.h"
 #include "oq_error.h"
 
@@ -203,6 +204,32 @@ int oq_store_purge(sqlite3 *db, int64_t now_ms, int64_t key_ttl_ms, int batch,
  *  OQ_EBUSY, OQ_EDB. */
 int oq_producer_purge(oq_producer_t *p, int64_t now_ms, int64_t key_ttl_ms, int batch,
                       oq_purge_stats_t *stats, oq_error_t *err);
+
+/* --- the operators' tools on either backend (oq_dbh.h) -------------------------------------- */
+
+/*
+ * What `onceq get/inspect/stats/purge` and `onceq console` do with a producer database, on a
+ * handle opened from the setting (oq_dbh_open: an SQLite file or PostgreSQL). Each goes to the
+ * store function of its action (producer/store.c, producer/store_pg.c), the same one the
+ * sqlite3-taking oq_store_* above reach: one code path per action on either backend.
+ */
+
+/** @brief oq_store_get() on \p h. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
+int oq_producer_db_get(const oq_dbh_t *h, const char *call_id, oq_call_t *out, oq_error_t *err);
+/** @brief oq_store_get_by_key() on \p h. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
+int oq_producer_db_get_by_key(const oq_dbh_t *h, const char *tenant, const char *idem_key,
+                              oq_call_t *out, oq_error_t *err);
+/** @brief oq_store_audit() on \p h. */
+int oq_producer_db_audit(const oq_dbh_t *h, const char *call_id, oq_audit_row_t **rows, size_t *n,
+                         oq_error_t *err);
+/** @brief oq_store_stats() on \p h (GET /stats's document). */
+int oq_producer_db_stats(const oq_dbh_t *h, json_t **out, oq_error_t *err);
+/** @brief oq_store_list() on \p h. `next` is a position of \p h's backend: pass it back as
+ *         `before`, never compare it across backends. */
+int oq_producer_db_list(const oq_dbh_t *h, const oq_call_query_t *q, json_t **out, oq_error_t *err);
+/** @brief oq_store_purge() on \p h (PostgreSQL: settled calls only, as on SQLite). */
+int oq_producer_db_purge(const oq_dbh_t *h, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                         oq_purge_stats_t *stats, oq_error_t *err);
 
 /* --- results ingest ----------------------------------------------------------------------- */
 

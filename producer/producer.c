@@ -361,6 +361,41 @@ int oq_store_stats(sqlite3 *db, json_t **out, oq_error_t *err)
     return stats_json(&s, out, err);
 }
 
+/* --- the operators' tools on either backend ------------------------------------------------ */
+
+int oq_producer_db_get(const oq_dbh_t *h, const char *call_id, oq_call_t *out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return oq__producer_store_get(&s, call_id, out, err);
+}
+
+int oq_producer_db_get_by_key(const oq_dbh_t *h, const char *tenant, const char *idem_key,
+                              oq_call_t *out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return oq__producer_store_get_by_key(&s, tenant, idem_key, out, err);
+}
+
+int oq_producer_db_audit(const oq_dbh_t *h, const char *call_id, oq_audit_row_t **rows, size_t *n,
+                         oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return oq__producer_store_audit_list(&s, call_id, rows, n, err);
+}
+
+int oq_producer_db_stats(const oq_dbh_t *h, json_t **out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return stats_json(&s, out, err);
+}
+
+int oq_producer_db_purge(const oq_dbh_t *h, int64_t now_ms, int64_t key_ttl_ms, int batch,
+                         oq_purge_stats_t *stats, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return oq__purge_in_store(&s, now_ms, key_ttl_ms, batch, stats, err);
+}
+
 static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err)
 {
     oq__producer_counts_t c;

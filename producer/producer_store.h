@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_envelope.h"
 #include "oq_error.h"
 #include "oq_producer.h"
@@ -37,6 +38,13 @@ typedef struct oq__producer_store {
     oq_stmt_cache_t *cache; /**< borrowed statement cache of db; NULL = prepare per call */
     struct pg_conn *pg;     /**< borrowed; set: every operation runs on PostgreSQL (store_pg.c) */
 } oq__producer_store_t;
+
+/** The store of an operator's handle (oq_dbh.h): its connection, borrowed, no statement cache. */
+static inline oq__producer_store_t oq__producer_store_of(const oq_dbh_t *h)
+{
+    oq__producer_store_t s = {h->db, NULL, (struct pg_conn *)h->pg};
+    return s;
+}
 
 /** Non-zero when the borrowed connection has a transaction open. */
 int oq__producer_store_in_tx(oq__producer_store_t *s);
@@ -343,7 +351,9 @@ typedef struct oq__producer_listed {
     oq_call_t call;
 } oq__producer_listed_t;
 
-/** Newest first, at most q->limit; \p next: the `before` of the next page (0: no more). */
+/** Newest first, at most q->limit; \p next: the `before` of the next page (0: no more).
+ *  Positions: SQLite's rowid; on PostgreSQL the call id's first 60 bits (its 48-bit creation
+ *  millisecond and 12 random bits, see store_pg.c), so a page walks the primary key. */
 int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t *q,
                             oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err);
 void oq__producer_listed_free(oq__producer_listed_t *v, size_t n);
@@ -410,5 +420,10 @@ int oq__producer_pg_delivery_redrive(oq__producer_store_t *s, const char *id, in
                                      int *changed, oq_error_t *err);
 int oq__producer_pg_delivery_counts(oq__producer_store_t *s, int64_t *pending,
                                     int64_t *oldest_created_at, int64_t *dead, oq_error_t *err);
+int oq__producer_pg_list(oq__producer_store_t *s, const oq__producer_list_q_t *q,
+                         oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err);
+int oq__producer_pg_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_error_t *err);
+int oq__producer_pg_next_tenant(oq__producer_store_t *s, const char *after,
+                                char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err);
 
 #endif

@@ -1014,6 +1014,7 @@ out:
 int oq__producer_store_list(oq__producer_store_t *s, const oq__producer_list_q_t *q,
                             oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_list(s, q, out, n, next, err);
     char sql[512];
     int indexed = q->state && strcmp(q->state, "pending") != 0;
     snprintf(sql, sizeof sql,
@@ -1083,6 +1084,7 @@ void oq__producer_listed_free(oq__producer_listed_t *v, size_t n)
  * max(rowid) + 1: a binary search of about 20 point reads. */
 int oq__producer_store_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_pos_at(s, t, pos, err);
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(
         s->db, "SELECT rowid,created_at FROM calls WHERE rowid >= ?1 ORDER BY rowid LIMIT 1", -1,
@@ -1112,6 +1114,7 @@ int oq__producer_store_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, 
 int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
                                    char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err)
 {
+    if (s->pg) return oq__producer_pg_next_tenant(s, after, out, err);
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(
         s->db, "SELECT tenant FROM calls WHERE tenant > ?1 ORDER BY tenant LIMIT 1", -1, &st, NULL);

@@ -20,6 +20,11 @@
  *  - Retention: a call is purged only once settled (succeeded or failed) and its key expired;
  *    pending, running and needs_review calls are never purged. settled_at records when a call
  *    became succeeded or failed.
+ *  - The operators' list of calls (onceq console) pages over the primary key: call ids are
+ *    time-ordered (48 bits of milliseconds, then random bits, in hex; the SQL submit draws them
+ *    alike), so a call's position is its id's first 60 bits, and a page is a backward range
+ *    scan of calls_pkey. There is no rowid and no created_at index (it would cost every submit
+ *    one more b-tree), as on SQLite.
  *  - Parameters go as text (PQexecParams); integers are printed with PRId64. No statement is
  *    prepared by name, so a caller's connection (oq_producer_submit_in_pgtx) is left as found.
  *
@@ -223,27 +228,27 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                          err);
 }
 
-static int read_call(PGresult *r, oq_call_t *c)
+static int read_call(PGresult *r, int row, oq_call_t *c)
 {
     memset(c, 0, sizeof *c);
-    col_copy(r, 0, 0, c->call_id, sizeof c->call_id);
-    c->tenant = col_dup(r, 0, 1);
-    c->idem_key = col_dup(r, 0, 2);
-    col_copy(r, 0, 3, c->fingerprint, sizeof c->fingerprint);
-    c->tool = col_dup(r, 0, 4);
-    c->args = col_dup(r, 0, 5);
-    col_copy(r, 0, 6, c->state, sizeof c->state);
-    c->result = col_dup(r, 0, 7);
-    c->error = col_dup(r, 0, 8);
-    c->attempt = col_i64(r, 0, 9);
-    c->effect_id = col_dup(r, 0, 10);
-    c->client_id = col_dup(r, 0, 11);
-    c->has_seq = !PQgetisnull(r, 0, 12);
-    c->seq = col_i64(r, 0, 12);
-    c->created_at = col_i64(r, 0, 13);
-    c->updated_at = col_i64(r, 0, 14);
-    c->expires_at = col_i64(r, 0, 15);
-    c->callback_url = col_dup(r, 0, 16);
+    col_copy(r, row, 0, c->call_id, sizeof c->call_id);
+    c->tenant = col_dup(r, row, 1);
+    c->idem_key = col_dup(r, row, 2);
+    col_copy(r, row, 3, c->fingerprint, sizeof c->fingerprint);
+    c->tool = col_dup(r, row, 4);
+    c->args = col_dup(r, row, 5);
+    col_copy(r, row, 6, c->state, sizeof c->state);
+    c->result = col_dup(r, row, 7);
+    c->error = col_dup(r, row, 8);
+    c->attempt = col_i64(r, row, 9);
+    c->effect_id = col_dup(r, row, 10);
+    c->client_id = col_dup(r, row, 11);
+    c->has_seq = !PQgetisnull(r, row, 12);
+    c->seq = col_i64(r, row, 12);
+    c->created_at = col_i64(r, row, 13);
+    c->updated_at = col_i64(r, row, 14);
+    c->expires_at = col_i64(r, row, 15);
+    c->callback_url = col_dup(r, row, 16);
     if (!c->tenant || !c->idem_key || !c->tool || !c->args) {
         oq_call_clear(c);
         return OQ_ENOMEM;
@@ -260,7 +265,7 @@ static int get_one(oq__producer_store_t *s, const char *sql, int n, const char *
     if (PQntuples(r) == 0)
         rc = call_id ? oq_error_set(err, OQ_ENOTFOUND, 0, "no call %s", call_id)
                      : oq_error_set(err, OQ_ENOTFOUND, 0, "no call for key");
-    else if ((rc = read_call(r, out)))
+    else if ((rc = read_call(r, 0, out)))
         oom(err);
     PQclear(r);
     return rc;
@@ -796,6 +801,179 @@ int oq__producer_pg_delivery_counts(oq__producer_store_t *s, int64_t *pending,
     *pending = col_i64(r, 0, 0);
     *oldest_created_at = col_i64(r, 0, 1);
     *dead = col_i64(r, 0, 2);
+    PQclear(r);
+    return 0;
+}
+
+/* --- the operators' list of calls (onceq console) --------------------------------------------- */
+
+/*
+ * A position is the first 15 hex digits of a call id (its creation millisecond << 12, plus 12
+ * random bits): "before P" is call_id < 'c_' || hex15(P), a range of the primary key in the
+ * order ids sort (hex digits and one prefix: the same in the C collation and the usual
+ * glibc/ICU ones). Two calls of one millisecond share a position once in 4096: a page never
+ * ends inside such a group (its tail is left to the next page, or, when the group is the whole
+ * page, the page holds all of it), so paging skips and repeats nothing. Filters no index answers
+ * read a window of OQ__PG_LIST_SCAN rows at most, as on SQLite, so a page is bounded work at any
+ * table size.
+ */
+#define OQ__PG_LIST_SCAN 200000
+#define POS_HEX 15
+
+static int64_t pos_of(const char *call_id)
+{
+    char h[POS_HEX + 1];
+    if (strncmp(call_id, "c_", 2) != 0) return 0;
+    snprintf(h, sizeof h, "%s", call_id + 2);
+    return strlen(h) == POS_HEX ? strtoll(h, NULL, 16) : 0;
+}
+
+static const char *pos_bound(char out[24], int64_t pos)
+{
+    snprintf(out, 24, "c_%015llx", (unsigned long long)pos & 0xfffffffffffffffULL);
+    return out;
+}
+
+int oq__producer_pg_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_error_t *err)
+{
+    (void)s;
+    (void)err;
+    *pos = t > 0 ? t << 12 : 0;
+    return 0;
+}
+
+/* One query of a page: the calls with hi > id >= lo (bounds as text) among the \p window
+ * newest of that range, filtered, newest first, at most \p limit, into a new array. */
+static int page_query(oq__producer_store_t *s, const oq__producer_list_q_t *lq, const char *hi,
+                      const char *lo, int limit, int window, oq__producer_listed_t **out, int *n,
+                      oq_error_t *err)
+{
+    char sql[1024];
+    num_t a, b, lim, win;
+    snprintf(sql, sizeof sql,
+             "SELECT " CALL_COLS " FROM (SELECT * FROM onceq.calls WHERE call_id < $1 AND "
+             "call_id >= $2 ORDER BY call_id DESC LIMIT $9) w WHERE true%s%s%s%s%s "
+             "ORDER BY call_id DESC LIMIT $8",
+             lq->state ? " AND state=$3" : " AND $3::text IS NULL",
+             lq->tool ? " AND tool=$4" : " AND $4::text IS NULL",
+             lq->tenant ? " AND tenant=$5" : " AND $5::text IS NULL",
+             lq->since_ms ? " AND created_at >= $6::bigint" : " AND $6::text IS NULL",
+             lq->until_ms ? " AND created_at <= $7::bigint" : " AND $7::text IS NULL");
+    const char *p[] = {hi,
+                       lo,
+                       lq->state,
+                       lq->tool,
+                       lq->tenant,
+                       lq->since_ms ? num(&a, lq->since_ms) : NULL,
+                       lq->until_ms ? num(&b, lq->until_ms) : NULL,
+                       num(&lim, limit),
+                       num(&win, window)};
+    PGresult *r = NULL;
+    int rc = q(s, sql, 9, p, &r, err);
+    if (rc) return rc;
+    int k = PQntuples(r);
+    oq__producer_listed_t *v = calloc((size_t)(k ? k : 1), sizeof *v);
+    if (!v) {
+        PQclear(r);
+        return oom(err);
+    }
+    for (int i = 0; i < k; i++) {
+        if (read_call(r, i, &v[i].call)) {
+            PQclear(r);
+            oq__producer_listed_free(v, (size_t)i);
+            return oom(err);
+        }
+        v[i].pos = pos_of(v[i].call.call_id);
+    }
+    PQclear(r);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+/* Leaves out the rows of position \p pos at the end of \p v (the next page shows them). */
+static int drop_tail(oq__producer_listed_t *v, int k, int64_t pos)
+{
+    while (k > 0 && v[k - 1].pos == pos)
+        oq_call_clear(&v[--k].call);
+    return k;
+}
+
+int oq__producer_pg_list(oq__producer_store_t *s, const oq__producer_list_q_t *lq,
+                         oq__producer_listed_t **out, size_t *n, int64_t *next, oq_error_t *err)
+{
+    char hb[24], lb[24], gb[24];
+    int64_t lo = lq->floor > 0 ? lq->floor : 0;
+    /* a call id may be drawn before its created_at (the submit's queue wait): a minute of slack */
+    if (lq->since_ms > 60000 && lo > ((lq->since_ms - 60000) << 12))
+        lo = (lq->since_ms - 60000) << 12;
+    int filtered = lq->state || lq->tool || lq->tenant || lq->since_ms || lq->until_ms;
+    const char *hi_s = lq->before > 0 ? pos_bound(hb, lq->before) : "c_g"; /* above every id */
+    const char *lo_s = lo > 0 ? pos_bound(lb, lo) : "";
+    oq__producer_listed_t *v = NULL;
+    int k = 0, rc;
+    /* one row more than the page: does the last row's position go on below it? */
+    if ((rc = page_query(s, lq, hi_s, lo_s, lq->limit + 1,
+                         filtered ? OQ__PG_LIST_SCAN : lq->limit + 1, &v, &k, err)))
+        return rc;
+    *next = 0;
+    if (k > lq->limit) {
+        /* full: the next page starts below the last row's position. When the row after the
+         * page has that position too (two calls of one millisecond), the position's calls go
+         * wholly to the next page, or, when they are the whole page, all come on this one. */
+        int64_t last = v[lq->limit - 1].pos, after = v[lq->limit].pos;
+        oq_call_clear(&v[--k].call);
+        int keep = k;
+        while (after == last && keep > 0 && v[keep - 1].pos == last)
+            keep--;
+        if (after != last) {
+            *next = last;
+        } else if (keep > 0) {
+            k = drop_tail(v, k, last);
+            *next = last + 1;
+        } else {
+            oq__producer_listed_free(v, (size_t)k);
+            v = NULL;
+            if ((rc = page_query(s, lq, pos_bound(gb, last + 1), pos_bound(hb, last), 1000, 1000,
+                                 &v, &k, err)))
+                return rc;
+            *next = last;
+        }
+    } else if (filtered) {
+        /* not full: was the window cut short of the range? then the next page goes on from
+         * the window's last position, whose calls this page leaves to it */
+        num_t win;
+        const char *pw[] = {hi_s, lo_s, num(&win, OQ__PG_LIST_SCAN - 1)};
+        PGresult *r = NULL;
+        if ((rc = q(s,
+                    "SELECT call_id FROM onceq.calls WHERE call_id < $1 AND call_id >= $2 "
+                    "ORDER BY call_id DESC OFFSET $3 LIMIT 1",
+                    3, pw, &r, err))) {
+            oq__producer_listed_free(v, (size_t)k);
+            return rc;
+        }
+        if (PQntuples(r) == 1) {
+            int64_t end = pos_of(PQgetvalue(r, 0, 0));
+            k = drop_tail(v, k, end);
+            *next = end + 1;
+        }
+        PQclear(r);
+    }
+    *out = v;
+    *n = (size_t)k;
+    return 0;
+}
+
+int oq__producer_pg_next_tenant(oq__producer_store_t *s, const char *after,
+                                char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err)
+{
+    const char *p[] = {after ? after : ""};
+    PGresult *r = NULL;
+    out[0] = 0;
+    int rc = q(s, "SELECT tenant FROM onceq.calls WHERE tenant > $1 ORDER BY tenant LIMIT 1", 1, p,
+               &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 1) col_copy(r, 0, 0, out, OQ_MAX_NAME_LEN + 1);
     PQclear(r);
     return 0;
 }

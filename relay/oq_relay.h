@@ -65,6 +65,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_dbh.h"
 #include "oq_config.h"
 #include "oq_error.h"
 #include "oq_metrics.h"
@@ -202,5 +203,13 @@ int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err);
  * @returns 0, or OQ_EDB when the table is missing or unreadable.
  */
 int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_error_t *err);
+
+/** @brief oq_relay_status_line(), oq_relay_status_json() and oq_relay_dead_list() on an
+ *         operator's handle (oq_dbh.h): an SQLite file or PostgreSQL (schema onceq; a lease's
+ *         expiry, on the server's clock there, is shown as what is left of it). The sqlite3
+ *         forms above call these. */
+int oq_relay_db_status_line(const oq_dbh_t *h, char *buf, size_t n, oq_error_t *err);
+int oq_relay_db_status_json(const oq_dbh_t *h, json_t **out, oq_error_t *err);
+int oq_relay_db_dead_list(const oq_dbh_t *h, int64_t seq, int limit, json_t **out, oq_error_t *err);
 
 #endif

@@ -1542,14 +1542,20 @@ static double age_s(int64_t at, int64_t now)
 
 int oq_relay_status_line(sqlite3 *db, char *buf, size_t n, oq_error_t *err)
 {
+    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
+    oq_dbh_t h = oq_dbh_sqlite(db);
+    return oq_relay_db_status_line(&h, buf, n, err);
+}
+
+int oq_relay_db_status_line(const oq_dbh_t *h, char *buf, size_t n, oq_error_t *err)
+{
     oq__relay_status_t st;
     int64_t now = oq_now_ms();
     size_t pos = 0;
     int rc;
     if (!buf || n == 0) return oq_error_set(err, OQ_EINVAL, 0, "status: no buffer");
     buf[0] = '\0';
-    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
-    if ((rc = oq__relay_store_status(db, &st, err)) != 0) return rc;
+    if ((rc = oq__relay_store_status_of(h, &st, err)) != 0) return rc;
     append(buf, n, &pos, "relay: pending=%" PRId64 " oldest_pending_age=%.2fs published=%" PRId64,
            st.pending, age_s(st.oldest_pending_at, now), st.published);
     for (int i = 0; i < st.nleases; i++) {
@@ -1584,9 +1590,16 @@ int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_err
 {
     *out = NULL;
     if (!db) return oq_error_set(err, OQ_EINVAL, 0, "outbox_dead: no database");
+    oq_dbh_t h = oq_dbh_sqlite(db);
+    return oq_relay_db_dead_list(&h, seq, limit, out, err);
+}
+
+int oq_relay_db_dead_list(const oq_dbh_t *h, int64_t seq, int limit, json_t **out, oq_error_t *err)
+{
+    *out = NULL;
     json_t *a = json_array();
     if (!a) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    int rc = oq__relay_store_dead_read(db, seq, limit > 0 ? limit : 100, dead_to_json, a, err);
+    int rc = oq__relay_store_dead_read_of(h, seq, limit > 0 ? limit : 100, dead_to_json, a, err);
     if (rc) {
         json_decref(a);
         return rc;
@@ -1597,12 +1610,19 @@ int oq_relay_dead_list(sqlite3 *db, int64_t seq, int limit, json_t **out, oq_err
 
 int oq_relay_status_json(sqlite3 *db, json_t **out, oq_error_t *err)
 {
+    *out = NULL;
+    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
+    oq_dbh_t h = oq_dbh_sqlite(db);
+    return oq_relay_db_status_json(&h, out, err);
+}
+
+int oq_relay_db_status_json(const oq_dbh_t *h, json_t **out, oq_error_t *err)
+{
     oq__relay_status_t st;
     int64_t now = oq_now_ms();
     int rc;
     *out = NULL;
-    if (!db) return oq_error_set(err, OQ_EINVAL, 0, "relay status: no database");
-    if ((rc = oq__relay_store_status(db, &st, err)) != 0) return rc;
+    if ((rc = oq__relay_store_status_of(h, &st, err)) != 0) return rc;
     json_t *o = json_pack("{s:I, s:f, s:I, s:I, s:[]}", "pending", (json_int_t)st.pending,
                           "oldest_pending_age_s", age_s(st.oldest_pending_at, now), "published",
                           (json_int_t)st.published, "dead", (json_int_t)st.dead, "leases");

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_dbh.h"
 #include "oq_error.h"
 
 typedef struct oq__relay_store oq__relay_store_t;
@@ -141,5 +142,12 @@ typedef struct oq__relay_dead_read {
 int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
                               void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
                               void *opaque, oq_error_t *err);
+
+/** oq__relay_store_status() and oq__relay_store_dead_read() on an operator's handle, on either
+ *  backend (PostgreSQL: relay/store_pg.c). */
+int oq__relay_store_status_of(const oq_dbh_t *h, oq__relay_status_t *out, oq_error_t *err);
+int oq__relay_store_dead_read_of(const oq_dbh_t *h, int64_t seq, int limit,
+                                 void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                                 void *opaque, oq_error_t *err);
 
 #endif

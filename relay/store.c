@@ -618,3 +618,17 @@ int oq__relay_store_dead_read(sqlite3 *db, int64_t seq, int limit,
     sqlite3_finalize(st);
     return rc;
 }
+
+int oq__relay_store_status_of(const oq_dbh_t *h, oq__relay_status_t *out, oq_error_t *err)
+{
+    if (h->pg) return oq__relay_pg_status(h->pg, out, err);
+    return oq__relay_store_status(h->db, out, err);
+}
+
+int oq__relay_store_dead_read_of(const oq_dbh_t *h, int64_t seq, int limit,
+                                 void (*cb)(const oq__relay_dead_read_t *row, void *opaque),
+                                 void *opaque, oq_error_t *err)
+{
+    if (h->pg) return oq__relay_pg_dead_read(h->pg, seq, limit, cb, opaque, err);
+    return oq__relay_store_dead_read(h->db, seq, limit, cb, opaque, err);
+}

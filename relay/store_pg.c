@@ -349,3 +349,77 @@ int oq__relay_pg_pending(oq__relay_pg_t *p, int64_t *count, int64_t *oldest_crea
     PQclear(r);
     return 0;
 }
+
+/* --- the operators' views (onceq stats, onceq dlq, the console) ------------------------------ */
+
+int oq__relay_pg_status(PGconn *c, oq__relay_status_t *out, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    memset(out, 0, sizeof *out);
+    /* one statement: one snapshot */
+    int rc = oq_pg_query(c,
+                         "SELECT (SELECT count(*) FROM onceq.outbox WHERE pub_seq IS NULL OR "
+                         "pub_seq > " WATERMARK "),"
+                         "(SELECT COALESCE(min(created_at), 0) FROM onceq.outbox WHERE pub_seq IS "
+                         "NULL OR pub_seq > " WATERMARK "),"
+                         "(SELECT count(*) FROM onceq.outbox WHERE pub_seq <= " WATERMARK "),"
+                         "(SELECT count(*) FROM onceq.outbox_dead)",
+                         0, NULL, &r, err);
+    if (rc) return rc;
+    out->pending = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    out->oldest_pending_at = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    out->published = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+    out->dead = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+    PQclear(r);
+    /* expires_at is on the server's clock: what is left of it, on this host's clock */
+    if ((rc = oq_pg_query(c,
+                          "SELECT name, owner, fence, (extract(epoch FROM (expires_at - "
+                          "clock_timestamp())) * 1000)::bigint, published_seq "
+                          "FROM onceq.relay_lease ORDER BY name",
+                          0, NULL, &r, err)))
+        return rc;
+    int64_t now = oq_now_ms();
+    for (int i = 0; i < PQntuples(r) && out->nleases < OQ__RELAY_STATUS_LEASES; i++) {
+        oq__relay_lease_status_t *l = &out->leases[out->nleases++];
+        snprintf(l->name, sizeof l->name, "%s", PQgetvalue(r, i, 0));
+        snprintf(l->owner, sizeof l->owner, "%s", PQgetvalue(r, i, 1));
+        l->fence = strtoll(PQgetvalue(r, i, 2), NULL, 10);
+        l->expires_at = now + strtoll(PQgetvalue(r, i, 3), NULL, 10);
+        l->published_seq = strtoll(PQgetvalue(r, i, 4), NULL, 10);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__relay_pg_dead_read(PGconn *c, int64_t seq, int limit,
+                           void (*cb)(const oq__relay_dead_read_t *row, void *opaque), void *opaque,
+                           oq_error_t *err)
+{
+    num_t s, l;
+    const char *p[] = {num(&s, seq), num(&l, limit)};
+    PGresult *r = NULL;
+    int rc = oq_pg_query(c,
+                         "SELECT seq, message_id, topic, key, payload, created_at, reason, detail, "
+                         "dead_at, COALESCE(handled_at, 0) FROM onceq.outbox_dead WHERE "
+                         "$1::bigint = 0 OR seq = $1::bigint ORDER BY seq LIMIT $2",
+                         2, p, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__relay_dead_read_t d = {
+            .seq = strtoll(PQgetvalue(r, i, 0), NULL, 10),
+            .message_id = PQgetvalue(r, i, 1),
+            .topic = PQgetvalue(r, i, 2),
+            .key = PQgetvalue(r, i, 3),
+            .payload = PQgetvalue(r, i, 4),
+            .len = (size_t)PQgetlength(r, i, 4),
+            .created_at = strtoll(PQgetvalue(r, i, 5), NULL, 10),
+            .reason = PQgetvalue(r, i, 6),
+            .detail = PQgetisnull(r, i, 7) ? NULL : PQgetvalue(r, i, 7),
+            .dead_at = strtoll(PQgetvalue(r, i, 8), NULL, 10),
+            .handled_at = strtoll(PQgetvalue(r, i, 9), NULL, 10),
+        };
+        cb(&d, opaque);
+    }
+    PQclear(r);
+    return 0;
+}

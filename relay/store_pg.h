@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <libpq-fe.h>
+
 #include "oq_error.h"
 #include "relay_store.h"
 
@@ -37,5 +39,11 @@ int oq__relay_pg_cleanup(oq__relay_pg_t *p, int64_t cutoff_ms, int limit, int64_
                          oq_error_t *err);
 int oq__relay_pg_pending(oq__relay_pg_t *p, int64_t *count, int64_t *oldest_created_at,
                          oq_error_t *err);
+
+/* The operators' views, on any connection (no lease, no relay object). */
+int oq__relay_pg_status(PGconn *c, oq__relay_status_t *out, oq_error_t *err);
+int oq__relay_pg_dead_read(PGconn *c, int64_t seq, int limit,
+                           void (*cb)(const oq__relay_dead_read_t *row, void *opaque), void *opaque,
+                           oq_error_t *err);
 
 #endif
