@@ -3,12 +3,15 @@
  * `onceq stats`: counts by status, distinct effects reported back, outbox backlog, result
  * inbox size, as one JSON object read from --db (the same numbers as GET /stats), then the
  * relay's status line of the same database. With --json stdout is exactly one JSON document:
- * the same object with the relay's status under "relay" (oq_relay_status_json).
+ * the same object with the relay's status under "relay" (oq_relay_status_json). With
+ * --consumer-db (a file or a PostgreSQL setting) the object also carries "calls": the per-call
+ * reconciliation figures read from the consumer's rows (oq_consumer_calls_stats).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cmds.h"
+#include "oq_consumer.h"
 #include "oq_db.h"
 #include "oq_producer.h"
 #include "oq_relay.h"
@@ -16,11 +19,15 @@
 
 static const oq_setting_t stats_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "consumer database (effects.db or a PostgreSQL setting): adds \"calls\", the per-call "
+     "reconciliation figures"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL,
      "print one JSON document (the relay status under \"relay\") instead of JSON + a line"},
 };
 
-static const char stats_usage[] = "usage: onceq stats [--db calls.db] [--json]";
+static const char stats_usage[] =
+    "usage: onceq stats [--db calls.db] [--consumer-db effects.db] [--json]";
 
 int oq__cmd_stats(int argc, char **argv)
 {
@@ -40,6 +47,15 @@ int oq__cmd_stats(int argc, char **argv)
         oq_store_stats(db, &s, &err) != 0) {
         fprintf(stderr, "onceq stats: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
         goto out;
+    }
+    const char *cdb = oq_config_str(cfg, "consumer-db");
+    if (cdb) {
+        json_t *calls = NULL;
+        if (oq_consumer_calls_stats(cdb, &calls, &err) != 0) {
+            fprintf(stderr, "onceq stats: %s: %s\n", cdb, err.msg);
+            goto out;
+        }
+        json_object_set_new(s, "calls", calls);
     }
     if (oq_config_int(cfg, "json")) {
         json_t *relay = NULL;
