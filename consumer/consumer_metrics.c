@@ -7,8 +7,11 @@
  * The per-call reconciliation figures (oq__consumer_call_stats: calls gone UNKNOWN, resolved by
  * machine, sent to review, UNKNOWN -> final time) are folded from the rows, not counted in
  * memory: a call's story spans runs, workers and hosts (its UNKNOWN written by one, its lookup
- * by another, its resend by a third after a restart), and only the audit sees all of it. /stats,
- * `onceq stats --consumer-db` and the onceq_consumer_calls_* gauges read the same function.
+ * by another, its resend by a third after a restart), and only the audit sees all of it.
+ * /stats, `onceq stats --consumer-db` and the onceq_consumer_calls_* gauges read the same
+ * function; the gauges are refreshed by the scrape (the registry's collect callback, on the
+ * listener's thread, on the stats connection under c->stats_mu), so the scan never stalls the
+ * main thread.
  *
  * Threads and locks: counters are atomics and the metric objects are thread-safe, so any
  * thread counts (main, runners, heartbeat, dispatcher callbacks through the main thread). Each
@@ -38,6 +41,8 @@ int oq__dlq_reason_index(const char *code)
         if (strcmp(code, dlq_reasons[i]) == 0) return i;
     return OQ__DLQ_NREASONS - 1;
 }
+
+static void collect_calls(oq_metrics_t *m, void *arg);
 
 void oq__consumer_metrics_init(oq_consumer_t *c)
 {
@@ -149,6 +154,7 @@ void oq__consumer_metrics_init(oq_consumer_t *c)
     /* read from the rows: exported like the state gauges, once the exporter is known */
     for (int i = 0; i < 8; i++)
         oq_metric_set_absent(i < 5 ? c->m_calls[i] : c->m_calls_q[i - 5], 1);
+    oq_metrics_set_collect_cb(m, collect_calls, c);
     c->m_inflight = oq_metrics_gauge(m, "onceq_consumer_downstream_inflight",
                                      "outside requests in flight (leases held)", NULL);
     for (size_t t = 0; c->tools && t < c->tools->n; t++) {
@@ -326,6 +332,30 @@ int oq_consumer_calls_stats(const char *db, json_t **out, oq_error_t *err)
     return rc;
 }
 
+/* The collect callback of the worker's registry, run by a scrape before it renders: the
+ * per-call gauges, read on the stats connection so the scan of the audit never stalls the
+ * main thread; by the exporting worker only, at most every 10 s. */
+static void collect_calls(oq_metrics_t *m, void *arg)
+{
+    oq_consumer_t *c = arg;
+    oq__call_stats_t cs;
+    int64_t now_us = oq_mono_us(), last = atomic_load(&c->calls_refreshed_us);
+    (void)m;
+    if (!atomic_load(&c->exporter) || (last && now_us - last < 10000000)) return;
+    pthread_mutex_lock(&c->stats_mu);
+    int rc = c->stats_store ? oq__consumer_call_stats(c->stats_store, &cs, NULL) : -1;
+    pthread_mutex_unlock(&c->stats_mu);
+    if (rc) return;
+    atomic_store(&c->calls_refreshed_us, now_us);
+    oq_gauge_set(c->m_calls[0], (double)cs.unknown);
+    oq_gauge_set(c->m_calls[1], (double)cs.resolved);
+    oq_gauge_set(c->m_calls[2], (double)cs.review);
+    oq_gauge_set(c->m_calls[3], cs.unknown ? (double)cs.resolved / (double)cs.unknown : 0);
+    oq_gauge_set(c->m_calls[4], cs.calls ? (double)cs.review / (double)cs.calls : 0);
+    for (int i = 0; i < 3; i++)
+        oq_gauge_set(c->m_calls_q[i], cs.q_ms[i] / 1000.0);
+}
+
 /* Metrics of every reconciliation decision (called by the rules, inside the transaction). */
 void oq__consumer_on_reconciled(void *ctx, int verdict, int to_state, int64_t unknown_ms)
 {
@@ -406,23 +436,10 @@ void oq__consumer_refresh_gauges(oq_consumer_t *c)
     if (exporter && c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
         for (int i = 0; i < OQ_X__COUNT; i++)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
-    /* the per-call figures scan the audit: only when scraped, at most every 10 s */
+    /* the per-call figures: refreshed by the scrape itself (collect_calls) */
+    atomic_store(&c->exporter, exporter);
     for (int i = 0; i < 8; i++)
         oq_metric_set_absent(i < 5 ? c->m_calls[i] : c->m_calls_q[i - 5], !exporter);
-    int64_t now_us = oq_mono_us();
-    oq__call_stats_t cs;
-    if (exporter && c->msrv &&
-        (!c->calls_refreshed_us || now_us - c->calls_refreshed_us >= 10000000) &&
-        oq__consumer_call_stats(c->store, &cs, NULL) == 0) {
-        c->calls_refreshed_us = now_us;
-        oq_gauge_set(c->m_calls[0], (double)cs.unknown);
-        oq_gauge_set(c->m_calls[1], (double)cs.resolved);
-        oq_gauge_set(c->m_calls[2], (double)cs.review);
-        oq_gauge_set(c->m_calls[3], cs.unknown ? (double)cs.resolved / (double)cs.unknown : 0);
-        oq_gauge_set(c->m_calls[4], cs.calls ? (double)cs.review / (double)cs.calls : 0);
-        for (int i = 0; i < 3; i++)
-            oq_gauge_set(c->m_calls_q[i], cs.q_ms[i] / 1000.0);
-    }
     /* the unsettled rows come from a small partial index: cheap enough to read always */
     if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
         int64_t now = lease_now(c);

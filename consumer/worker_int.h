@@ -153,7 +153,8 @@ struct oq_consumer {
     /* per-call reconciliation figures read from the rows (oq__consumer_call_stats): calls gone
      * UNKNOWN, resolved by machine, sent to review; the two rates; UNKNOWN -> final p50/95/99 */
     oq_metric_t *m_calls[5], *m_calls_q[3];
-    int64_t calls_refreshed_us; /* last refresh of m_calls (main thread) */
+    atomic_int exporter;                /* this worker exports the database's gauges */
+    _Atomic int64_t calls_refreshed_us; /* last refresh of m_calls (by a scrape) */
 };
 
 /* Every time the rules store or compare in effects.db comes from the store's lease clock (a
