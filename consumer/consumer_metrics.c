@@ -4,6 +4,15 @@
  * behind the quantiles of /stats, the gauges read from effects.db and Kafka, and the /stats
  * JSON (oq_consumer_stats_json).
  *
+ * The per-call reconciliation figures (oq__consumer_call_stats: calls gone UNKNOWN, resolved by
+ * machine, sent to review, UNKNOWN -> final time) are folded from the rows, not counted in
+ * memory: a call's story spans runs, workers and hosts (its UNKNOWN written by one, its lookup
+ * by another, its resend by a third after a restart), and only the audit sees all of it.
+ * /stats, `onceq stats --consumer-db` and the onceq_consumer_calls_* gauges read the same
+ * function; the gauges are refreshed by the scrape (the registry's collect callback, on the
+ * listener's thread, on the stats connection under c->stats_mu), so the scan never stalls the
+ * main thread.
+ *
  * Threads and locks: counters are atomics and the metric objects are thread-safe, so any
  * thread counts (main, runners, heartbeat, dispatcher callbacks through the main thread). Each
  * latency ring has its own mutex. The gauges are refreshed by the main thread on its store
@@ -11,12 +20,14 @@
  * connection under c->stats_mu.
  */
 #include "worker_int.h"
+#include "oq_pg.h"
 
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Dead-letter reasons as metric labels: the stable codes of oq_consumer.h (the detail text
  * goes with the message). */
@@ -30,6 +41,8 @@ int oq__dlq_reason_index(const char *code)
         if (strcmp(code, dlq_reasons[i]) == 0) return i;
     return OQ__DLQ_NREASONS - 1;
 }
+
+static void collect_calls(oq_metrics_t *m, void *arg);
 
 void oq__consumer_metrics_init(oq_consumer_t *c)
 {
@@ -115,6 +128,33 @@ void oq__consumer_metrics_init(oq_consumer_t *c)
     c->m_resolve = oq_metrics_histogram(m, "onceq_consumer_unknown_resolved_seconds",
                                         "time from UNKNOWN to a reconciliation decision", NULL,
                                         secs, sizeof(secs) / sizeof(secs[0]));
+    static const char *const calls_names[5][2] = {
+        {"onceq_consumer_calls_unknown",
+         "calls in the database whose outcome went UNKNOWN at least once (a call counts once)"},
+        {"onceq_consumer_calls_unknown_resolved",
+         "of those, calls a machine brought to COMMITTED or FAILED_FINAL (lookup, resend with "
+         "the key) without ever going to NEEDS_REVIEW"},
+        {"onceq_consumer_calls_review",
+         "calls in the database that went to NEEDS_REVIEW (needed an operator)"},
+        {"onceq_consumer_calls_reconciliation_success_ratio",
+         "calls_unknown_resolved / calls_unknown (per call, not per lookup)"},
+        {"onceq_consumer_calls_manual_recovery_ratio", "calls_review / all calls in the database"}};
+    for (int i = 0; i < 5; i++)
+        c->m_calls[i] = oq_metrics_gauge(m, calls_names[i][0], calls_names[i][1], NULL);
+    static const char *const qs[3] = {"0.5", "0.95", "0.99"};
+    for (int i = 0; i < 3; i++) {
+        char labels[32];
+        snprintf(labels, sizeof labels, "quantile=\"%s\"", qs[i]);
+        c->m_calls_q[i] = oq_metrics_gauge(
+            m, "onceq_consumer_calls_unknown_to_final_seconds",
+            "time from a call's first UNKNOWN to its first final state, over the calls resolved "
+            "by machine (calls that went to review are excluded)",
+            labels);
+    }
+    /* read from the rows: exported like the state gauges, once the exporter is known */
+    for (int i = 0; i < 8; i++)
+        oq_metric_set_absent(i < 5 ? c->m_calls[i] : c->m_calls_q[i - 5], 1);
+    oq_metrics_set_collect_cb(m, collect_calls, c);
     c->m_inflight = oq_metrics_gauge(m, "onceq_consumer_downstream_inflight",
                                      "outside requests in flight (leases held)", NULL);
     for (size_t t = 0; c->tools && t < c->tools->n; t++) {
@@ -172,6 +212,148 @@ static int ring_quantiles(lat_ring_t *r, double q[3])
     }
     free(copy);
     return n;
+}
+
+/* One call's unknown story, folded as its rows come (grouped by call, in id order). */
+typedef struct story {
+    oq__call_stats_t *st;
+    char call_id[OQ_CALL_ID_LEN + 1];
+    int64_t first_unknown, final_at;
+    int reviewed;
+    double *ms; /* resolve times of the calls resolved by machine */
+    size_t n, cap;
+    int oom;
+} story_t;
+
+/* The rule: a call that went to NEEDS_REVIEW needed an operator, whatever came after; one that
+ * reached a final state after its first UNKNOWN without review was resolved by machine (its
+ * time: first UNKNOWN to that final state); any other is still pending. */
+static void story_close(story_t *y)
+{
+    if (!y->call_id[0] || !y->first_unknown) return;
+    y->st->unknown++;
+    if (y->reviewed) {
+        y->st->review++;
+    } else if (y->final_at) {
+        y->st->resolved++;
+        if (y->n == y->cap) {
+            size_t cap = y->cap ? 2 * y->cap : 256;
+            double *m = realloc(y->ms, cap * sizeof(double));
+            if (!m) {
+                y->oom = 1;
+                return;
+            }
+            y->ms = m;
+            y->cap = cap;
+        }
+        y->ms[y->n++] = (double)(y->final_at - y->first_unknown);
+    } else {
+        y->st->pending++;
+    }
+}
+
+static void story_row(const oq__call_event_t *e, void *opaque)
+{
+    story_t *y = opaque;
+    if (!e->call_id || !e->event) return;
+    if (strcmp(e->call_id, y->call_id) != 0) {
+        story_close(y);
+        snprintf(y->call_id, sizeof y->call_id, "%s", e->call_id);
+        y->first_unknown = y->final_at = 0;
+        y->reviewed = 0;
+    }
+    if (strcmp(e->event, "unknown") == 0) {
+        if (!y->first_unknown) y->first_unknown = e->ts;
+    } else if (strcmp(e->event, "needs_review") == 0) {
+        y->reviewed = 1;
+    } else if (y->first_unknown && !y->final_at) { /* committed, failed_final */
+        y->final_at = e->ts;
+    }
+}
+
+int oq__consumer_call_stats(oq__consumer_store_t *s, oq__call_stats_t *out, oq_error_t *err)
+{
+    static const double at[3] = {0.50, 0.95, 0.99};
+    int64_t counts[OQ_X__COUNT];
+    story_t y;
+    int rc;
+    memset(out, 0, sizeof(*out));
+    memset(&y, 0, sizeof(y));
+    y.st = out;
+    if ((rc = oq__consumer_store_state_counts(s, counts, err))) return rc;
+    for (int i = 0; i < OQ_X__COUNT; i++)
+        out->calls += counts[i];
+    if ((rc = oq__consumer_store_unknown_story(s, story_row, &y, err))) goto out;
+    story_close(&y);
+    if (y.oom) {
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    if (y.n > 0) {
+        qsort(y.ms, y.n, sizeof(double), cmp_double);
+        for (int i = 0; i < 3; i++) {
+            size_t k = (size_t)(at[i] * (double)y.n);
+            out->q_ms[i] = y.ms[k < y.n ? k : y.n - 1];
+        }
+    }
+out:
+    free(y.ms);
+    return rc;
+}
+
+json_t *oq__call_stats_json(const oq__call_stats_t *st)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:{s:I, s:f, s:f, s:f}}", "calls",
+                     (json_int_t)st->calls, "unknown", (json_int_t)st->unknown, "unknown_resolved",
+                     (json_int_t)st->resolved, "unknown_pending", (json_int_t)st->pending, "review",
+                     (json_int_t)st->review, "reconciliation_success_rate",
+                     st->unknown ? json_real((double)st->resolved / (double)st->unknown)
+                                 : json_null(),
+                     "manual_recovery_rate",
+                     st->calls ? json_real((double)st->review / (double)st->calls) : json_null(),
+                     "unknown_to_final_ms", "n", (json_int_t)st->resolved, "p50", st->q_ms[0],
+                     "p95", st->q_ms[1], "p99", st->q_ms[2]);
+}
+
+int oq_consumer_calls_stats(const char *db, json_t **out, oq_error_t *err)
+{
+    oq__consumer_store_t *s = NULL;
+    oq__call_stats_t st;
+    struct stat sb;
+    int rc;
+    *out = NULL;
+    if (!db || (oq_backend_of(db) != OQ_BACKEND_POSTGRES && stat(db, &sb) != 0))
+        return oq_error_set(err, OQ_EIO, 0, "no consumer database at %s", db ? db : "(none)");
+    oq_db_opts_t o = {.busy_timeout_ms = 10000};
+    if ((rc = oq__consumer_store_open(db, &o, "stats", &s, err))) return rc;
+    if ((rc = oq__consumer_call_stats(s, &st, err)) == 0 && !(*out = oq__call_stats_json(&st)))
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    oq__consumer_store_close(s);
+    return rc;
+}
+
+/* The collect callback of the worker's registry, run by a scrape before it renders: the
+ * per-call gauges, read on the stats connection so the scan of the audit never stalls the
+ * main thread; by the exporting worker only, at most every 10 s. */
+static void collect_calls(oq_metrics_t *m, void *arg)
+{
+    oq_consumer_t *c = arg;
+    oq__call_stats_t cs;
+    int64_t now_us = oq_mono_us(), last = atomic_load(&c->calls_refreshed_us);
+    (void)m;
+    if (!atomic_load(&c->exporter) || (last && now_us - last < 10000000)) return;
+    pthread_mutex_lock(&c->stats_mu);
+    int rc = c->stats_store ? oq__consumer_call_stats(c->stats_store, &cs, NULL) : -1;
+    pthread_mutex_unlock(&c->stats_mu);
+    if (rc) return;
+    atomic_store(&c->calls_refreshed_us, now_us);
+    oq_gauge_set(c->m_calls[0], (double)cs.unknown);
+    oq_gauge_set(c->m_calls[1], (double)cs.resolved);
+    oq_gauge_set(c->m_calls[2], (double)cs.review);
+    oq_gauge_set(c->m_calls[3], cs.unknown ? (double)cs.resolved / (double)cs.unknown : 0);
+    oq_gauge_set(c->m_calls[4], cs.calls ? (double)cs.review / (double)cs.calls : 0);
+    for (int i = 0; i < 3; i++)
+        oq_gauge_set(c->m_calls_q[i], cs.q_ms[i] / 1000.0);
 }
 
 /* Metrics of every reconciliation decision (called by the rules, inside the transaction). */
@@ -254,6 +436,10 @@ void oq__consumer_refresh_gauges(oq_consumer_t *c)
     if (exporter && c->msrv && oq__consumer_store_state_counts(c->store, counts, NULL) == 0)
         for (int i = 0; i < OQ_X__COUNT; i++)
             oq_gauge_set(c->m_state[i], (double)counts[i]);
+    /* the per-call figures: refreshed by the scrape itself (collect_calls) */
+    atomic_store(&c->exporter, exporter);
+    for (int i = 0; i < 8; i++)
+        oq_metric_set_absent(i < 5 ? c->m_calls[i] : c->m_calls_q[i - 5], !exporter);
     /* the unsettled rows come from a small partial index: cheap enough to read always */
     if (oq__consumer_store_unsettled(c->store, &un, NULL) == 0) {
         int64_t now = lease_now(c);
@@ -347,6 +533,9 @@ json_t *oq_consumer_stats_json(oq_consumer_t *c)
             json_object_set_new(by, oq__xstate_name(i), json_integer(counts[i]));
         json_object_set_new(o, "executions", by);
     }
+    oq__call_stats_t cs;
+    if (oq__consumer_call_stats(c->stats_store, &cs, NULL) == 0)
+        json_object_set_new(o, "calls", oq__call_stats_json(&cs));
     pthread_mutex_unlock(&c->stats_mu);
     json_t *tools = json_object();
     for (size_t t = 0; c->tools && t < c->tools->n; t++) {

@@ -317,6 +317,23 @@ int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
                                   void (*cb)(const oq__audit_read_t *row, void *opaque),
                                   void *opaque, oq_error_t *err);
 
+/** One audit row of a call's unknown story; pointers valid only during the callback. */
+typedef struct oq__call_event {
+    const char *call_id, *event;
+    int64_t ts;
+} oq__call_event_t;
+
+/**
+ * @brief Call \p cb for the audit rows 'unknown', 'needs_review', 'committed' and
+ *        'failed_final' of every call whose execution went UNKNOWN at least once
+ *        (executions.unknown_at set: it is never cleared), grouped by call and in id order
+ *        within a call (autocommit; scans the audit). What the per-call reconciliation
+ *        figures are computed from (oq__consumer_call_stats).
+ */
+int oq__consumer_store_unknown_story(oq__consumer_store_t *s,
+                                     void (*cb)(const oq__call_event_t *row, void *opaque),
+                                     void *opaque, oq_error_t *err);
+
 /** @brief Number of effects of \p call_id (NULL: all effects), or a negative OQ_E* code. */
 int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *call_id);
 

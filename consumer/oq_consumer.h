@@ -251,6 +251,18 @@ void oq_consumer_get_stats(oq_consumer_t *c, oq_consumer_stats_t *out);
 json_t *oq_consumer_stats_json(oq_consumer_t *c);
 
 /**
+ * @brief The per-call reconciliation figures of the consumer database \p db (a file or a
+ *        PostgreSQL setting), read from its rows: the "calls" object of /stats,
+ *        {"calls", "unknown", "unknown_resolved", "unknown_pending", "review",
+ *        "reconciliation_success_rate", "manual_recovery_rate", "unknown_to_final_ms":
+ *        {"n", "p50", "p95", "p99"}} (README, "Metrics"). What `onceq stats --consumer-db`
+ *        prints under "calls".
+ * @param out a new object (caller decrefs).
+ * @returns 0, OQ_EIO (no database), OQ_EDB, OQ_ENOMEM.
+ */
+int oq_consumer_calls_stats(const char *db, json_t **out, oq_error_t *err);
+
+/**
  * @brief Load the tools file \p path as a worker would and check it: syntax, fields, and that
  *        no declared name is also a compiled tool. Nothing is started.
  * @returns 0, OQ_EIO (unreadable) or OQ_EINVAL (\p err names the file, the tool, the field).

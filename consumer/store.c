@@ -813,6 +813,29 @@ int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
     return rc;
 }
 
+int oq__consumer_store_unknown_story(oq__consumer_store_t *s,
+                                     void (*cb)(const oq__call_event_t *row, void *opaque),
+                                     void *opaque, oq_error_t *err)
+{
+    if (s->pg) return oq__consumer_pg_unknown_story(s->pg, cb, opaque, err);
+    static const char sql[] =
+        "SELECT call_id, event, ts FROM audit WHERE event IN ('unknown', 'needs_review', "
+        "'committed', 'failed_final') AND call_id IN (SELECT call_id FROM executions "
+        "WHERE unknown_at IS NOT NULL) ORDER BY call_id, id";
+    sqlite3_stmt *st = stmt(s, sql, err);
+    int rc;
+    if (!st) return stmt_error(err);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        oq__call_event_t e = {.call_id = (const char *)sqlite3_column_text(st, 0),
+                              .event = (const char *)sqlite3_column_text(st, 1),
+                              .ts = sqlite3_column_int64(st, 2)};
+        cb(&e, opaque);
+    }
+    rc = (rc == SQLITE_DONE) ? 0 : oq_db_error(s->db, rc, err, "unknown story");
+    sqlite3_reset(st);
+    return rc;
+}
+
 int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *call_id)
 {
     if (s->pg) return oq__consumer_pg_effect_count(s->pg, call_id);

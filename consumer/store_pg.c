@@ -784,6 +784,26 @@ int oq__consumer_pg_audit_list(oq__consumer_pg_t *p, const char *call_id,
     return 0;
 }
 
+int oq__consumer_pg_unknown_story(oq__consumer_pg_t *p,
+                                  void (*cb)(const oq__call_event_t *row, void *opaque),
+                                  void *opaque, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = q(p,
+               "SELECT call_id, event, ts FROM onceq.consumer_audit WHERE event IN ('unknown', "
+               "'needs_review', 'committed', 'failed_final') AND call_id IN (SELECT call_id FROM "
+               "onceq.consumer_executions WHERE unknown_at IS NOT NULL) ORDER BY call_id, id",
+               0, NULL, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__call_event_t e = {
+            .call_id = col_str(r, i, 0), .event = col_str(r, i, 1), .ts = col_i64(r, i, 2)};
+        cb(&e, opaque);
+    }
+    PQclear(r);
+    return 0;
+}
+
 /* --- outbox (onceq.outbox, published by relay/store_pg.c) ------------------------------------ */
 
 static char *dupn(const char *s, size_t n)

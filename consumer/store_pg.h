@@ -66,6 +66,9 @@ int oq__consumer_pg_effect_read(oq__consumer_pg_t *p, const char *call_id, int *
 int oq__consumer_pg_audit_list(oq__consumer_pg_t *p, const char *call_id,
                                void (*cb)(const oq__audit_read_t *row, void *opaque), void *opaque,
                                oq_error_t *err);
+int oq__consumer_pg_unknown_story(oq__consumer_pg_t *p,
+                                  void (*cb)(const oq__call_event_t *row, void *opaque),
+                                  void *opaque, oq_error_t *err);
 int64_t oq__consumer_pg_effect_count(oq__consumer_pg_t *p, const char *call_id);
 int oq__consumer_pg_audit_add(oq__consumer_pg_t *p, const oq__audit_row_t *a, oq_error_t *err);
 int oq__consumer_pg_outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row,

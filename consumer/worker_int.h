@@ -150,6 +150,11 @@ struct oq_consumer {
     _Atomic int assigned_n; /* partitions assigned; -1 before the first assignment */
     oq_metric_t *m_unknown, *m_recon[4], *m_recon_rate, *m_review, *m_review_age, *m_unsettled_age,
         *m_resolve, *m_inflight;
+    /* per-call reconciliation figures read from the rows (oq__consumer_call_stats): calls gone
+     * UNKNOWN, resolved by machine, sent to review; the two rates; UNKNOWN -> final p50/95/99 */
+    oq_metric_t *m_calls[5], *m_calls_q[3];
+    atomic_int exporter;                /* this worker exports the database's gauges */
+    _Atomic int64_t calls_refreshed_us; /* last refresh of m_calls (by a scrape) */
 };
 
 /* Every time the rules store or compare in effects.db comes from the store's lease clock (a
@@ -178,6 +183,26 @@ int oq__consumer_note_finish(oq_consumer_t *c, int rc, const oq__exec_row_t *x, 
                              int effect_new);
 /** @brief Refresh the gauges read from effects.db and Kafka. @locality main thread. */
 void oq__consumer_refresh_gauges(oq_consumer_t *c);
+/**
+ * Per-call reconciliation figures, read from the durable rows (executions + audit) of one
+ * consumer database, so they hold across restarts and for every worker and host sharing it.
+ * A call counts once however many UNKNOWN episodes, lookups or resends it went through.
+ */
+typedef struct oq__call_stats {
+    int64_t calls;    /**< executions in the database (each call has one) */
+    int64_t unknown;  /**< calls that went UNKNOWN at least once */
+    int64_t resolved; /**< of those: reached COMMITTED / FAILED_FINAL with no NEEDS_REVIEW */
+    int64_t review;   /**< calls that went to NEEDS_REVIEW (needed an operator) */
+    int64_t pending;  /**< went UNKNOWN, neither resolved nor ever in review yet */
+    double q_ms[3];   /**< first UNKNOWN -> first final state after it, p50/p95/p99, over the
+                           resolved calls only (0 when none) */
+} oq__call_stats_t;
+
+/** @brief Compute \p out from \p s's rows (autocommit reads; scans the audit). */
+int oq__consumer_call_stats(oq__consumer_store_t *s, oq__call_stats_t *out, oq_error_t *err);
+/** @brief \p st as the "calls" object of /stats and `onceq stats` (a new object or NULL). */
+json_t *oq__call_stats_json(const oq__call_stats_t *st);
+
 /** @brief The admin listener's /stats callback. @locality the admin thread. */
 json_t *oq__consumer_stats_cb(void *ctx);
 

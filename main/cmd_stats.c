@@ -4,12 +4,15 @@
  * inbox size, as one JSON object read from --db (the same numbers as GET /stats), then the
  * relay's status line of the same database, an SQLite file or PostgreSQL. With --json stdout is
  * exactly one JSON document: the same object with the relay's status under "relay"
- * (oq_relay_status_json).
+ * (oq_relay_status_json). With --consumer-db (a file or a PostgreSQL setting) the object also
+ * carries "calls": the per-call reconciliation figures read from the consumer's rows
+ * (oq_consumer_calls_stats).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cmds.h"
+#include "oq_consumer.h"
 #include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_relay.h"
@@ -18,11 +21,15 @@
 static const oq_setting_t stats_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
      "producer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
+    {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "consumer database (effects.db or a PostgreSQL setting): adds \"calls\", the per-call "
+     "reconciliation figures"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL,
      "print one JSON document (the relay status under \"relay\") instead of JSON + a line"},
 };
 
-static const char stats_usage[] = "usage: onceq stats [--db calls.db] [--json]";
+static const char stats_usage[] =
+    "usage: onceq stats [--db calls.db] [--consumer-db effects.db] [--json]";
 
 int oq__cmd_stats(int argc, char **argv)
 {
@@ -43,6 +50,15 @@ int oq__cmd_stats(int argc, char **argv)
         fprintf(stderr, "onceq stats: %s: %s\n", oq_dbh_label(oq_config_str(cfg, "db")), err.msg);
         ret = err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
         goto out;
+    }
+    const char *cdb = oq_config_str(cfg, "consumer-db");
+    if (cdb) {
+        json_t *calls = NULL;
+        if (oq_consumer_calls_stats(cdb, &calls, &err) != 0) {
+            fprintf(stderr, "onceq stats: %s: %s\n", oq_dbh_label(cdb), err.msg);
+            goto out;
+        }
+        json_object_set_new(s, "calls", calls);
     }
     if (oq_config_int(cfg, "json")) {
         json_t *relay = NULL;

@@ -6,7 +6,8 @@
  * reconcile, terminal rows left alone, stale writes refused, retries with backoff, new
  * attempts, dead letters, tool argument validation, the transition table (illegal moves are
  * refused and write nothing), the hand-back of an abandoned run, and a finish retried after a
- * rolled-back transaction. Time is passed explicitly, so lease expiry needs no sleeping.
+ * rolled-back transaction, and the per-call reconciliation figures read from the rows. Time is
+ * passed explicitly, so lease expiry needs no sleeping.
  * test_consumer_store_pg.c runs these same bodies on PostgreSQL.
  */
 #include <setjmp.h>
@@ -22,6 +23,7 @@
 
 #include "oq_consumer.h"
 #include "consumer_fixture.h"
+#include "worker_int.h" /* oq__consumer_call_stats */
 #include "oq_envelope.h"
 #include "oq_json.h"
 #include "oq_util.h"
@@ -844,6 +846,84 @@ static void test_purge(void **state)
     oq_envelope_clear(&e2);
 }
 
+/* Rows of one call for test_call_stats: its execution (unknown_at 0: never UNKNOWN) and its
+ * audit, events at the times given. */
+static void story(oq__consumer_store_t *s, const char *call_id, int state, int64_t unknown_at,
+                  const char *const *events, const int64_t *ts, int n)
+{
+    oq_error_t err = {0};
+    oq__exec_row_t x;
+    memset(&x, 0, sizeof(x));
+    snprintf(x.call_id, sizeof x.call_id, "%s", call_id);
+    snprintf(x.fingerprint, sizeof x.fingerprint, "%064d", 0);
+    snprintf(x.message_id, sizeof x.message_id, "m-%s", call_id);
+    x.tenant = "default";
+    x.idem_key = (char *)call_id;
+    x.tool = "pay";
+    x.args = "{}";
+    x.state = state;
+    x.attempt = 1;
+    x.unknown_at = unknown_at;
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    assert_int_equal(oq__consumer_store_exec_insert(s, &x, 1, &err), 0);
+    for (int i = 0; i < n; i++) {
+        oq__audit_row_t a = {.ts = ts[i], .call_id = call_id, .event = events[i], .attempt = 1};
+        assert_int_equal(oq__consumer_store_audit_add(s, &a, &err), 0);
+    }
+    assert_int_equal(oq__consumer_store_commit(s, &err), 0);
+}
+
+/* The per-call reconciliation figures (README, "Metrics"): a call counts once however many
+ * UNKNOWN episodes it had; resolved = a final state after the first UNKNOWN with no review,
+ * timed from the first UNKNOWN to the first final state; a call that saw review counts as
+ * manual even when a machine finished it later, and is left out of the times. */
+static void test_call_stats(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq__call_stats_t st;
+    assert_int_equal(oq__consumer_call_stats(f->a, &st, &err), 0);
+    assert_int_equal(st.calls, 0);
+    assert_int_equal(st.unknown, 0);
+    json_t *j = oq__call_stats_json(&st);
+    assert_true(json_is_null(json_object_get(j, "reconciliation_success_rate")));
+    assert_true(json_is_null(json_object_get(j, "manual_recovery_rate")));
+    json_decref(j);
+
+    /* never UNKNOWN */
+    story(f->a, "c_a", OQ_X_COMMITTED, 0, (const char *[]){"started", "committed"},
+          (int64_t[]){50, 100}, 2);
+    /* two episodes and an undecided lookup, then found: 1000 ms from the first UNKNOWN */
+    story(f->a, "c_b", OQ_X_COMMITTED, 1500,
+          (const char *[]){"started", "unknown", "reconciling", "unknown", "committed"},
+          (int64_t[]){900, 1000, 1100, 1500, 2000}, 5);
+    /* review, an operator's retry, UNKNOWN again, then a machine: still manual, not timed */
+    story(f->a, "c_c", OQ_X_COMMITTED, 3000,
+          (const char *[]){"unknown", "needs_review", "safe_retry", "unknown", "committed"},
+          (int64_t[]){1000, 1100, 2500, 3000, 9000}, 5);
+    /* lookup says absent, out of tries: FAILED_FINAL is final (300 ms); a later attempt's
+     * commit does not move the time */
+    story(f->a, "c_d", OQ_X_COMMITTED, 1000,
+          (const char *[]){"unknown", "failed_final", "planned", "committed"},
+          (int64_t[]){1000, 1300, 4000, 4100}, 4);
+    /* still UNKNOWN */
+    story(f->a, "c_e", OQ_X_UNKNOWN, 1000, (const char *[]){"unknown"}, (int64_t[]){1000}, 1);
+
+    assert_int_equal(oq__consumer_call_stats(f->b, &st, &err), 0);
+    assert_int_equal(st.calls, 5);
+    assert_int_equal(st.unknown, 4);
+    assert_int_equal(st.resolved, 2);
+    assert_int_equal(st.review, 1);
+    assert_int_equal(st.pending, 1);
+    assert_true(st.q_ms[0] == 1000 && st.q_ms[1] == 1000 && st.q_ms[2] == 1000);
+    j = oq__call_stats_json(&st);
+    assert_true(json_real_value(json_object_get(j, "reconciliation_success_rate")) == 0.5);
+    assert_true(json_real_value(json_object_get(j, "manual_recovery_rate")) == 0.2);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "unknown_to_final_ms"), "n")), 2);
+    json_decref(j);
+}
+
 #if FX_PG
 /* A schema onceq newer than this binary: the consumer store refuses to open, changing nothing. */
 static void test_pg_newer_schema_refused(void **state)
@@ -922,6 +1002,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_outbox_append_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_finish_after_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_call_stats, setup, teardown),
 #if FX_PG
         cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pg_connection_lost, setup, teardown),
