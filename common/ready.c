@@ -3,13 +3,16 @@
  * Readiness prober (oq_ready.h). One thread runs every check once a second and stores each
  * one's text under the lock; oq_ready_render() only reads them, so /readyz never waits for a
  * database lock or a broker. The database check keeps its own connection and reopens it after
- * a failure (the file may have become writable again); the Kafka check owns a producer handle
+ * a failure (the file may have become writable again); on PostgreSQL (a libpq string) it keeps
+ * a connection, reconnects after a failure and is unready while the server is away or a
+ * standby (the database decides, not this host); the Kafka check owns a producer handle
  * that sends nothing but metadata requests.
  */
 #include "oq_ready.h"
 #include "oq_db.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 #include <jansson.h>
@@ -44,6 +47,7 @@ struct oq_ready {
     /* database check */
     char *db_path;
     sqlite3 *db;
+    PGconn *pg; /* when db_path is a libpq string */
     int busy_streak;
     /* kafka check */
     rd_kafka_t *rk;
@@ -86,10 +90,31 @@ int oq_ready_add(oq_ready_t *r, const char *name, oq_ready_check_fn *fn, void *a
 
 /* --- built-in checks ----------------------------------------------------------------------- */
 
+static int check_pg(oq_ready_t *r, char *out, size_t cap)
+{
+    oq_error_t err = {0};
+    PGresult *res = NULL;
+    if (!r->pg && oq_pg_connect(r->db_path, &r->pg, &err) != 0) {
+        snprintf(out, cap, "unreachable: %.200s", err.msg);
+        return OQ_EDB;
+    }
+    if (oq_pg_query(r->pg, "SELECT pg_is_in_recovery()", 0, NULL, &res, &err) != 0) {
+        snprintf(out, cap, "no answer: %.200s", err.msg);
+        PQfinish(r->pg);
+        r->pg = NULL;
+        return OQ_EDB;
+    }
+    int standby = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    snprintf(out, cap, standby ? "read-only: the server is a standby" : "ok");
+    return standby ? OQ_EDB : 0;
+}
+
 static int check_db(void *arg, char *out, size_t cap)
 {
     oq_ready_t *r = arg;
     oq_error_t err = {0};
+    if (oq_backend_of(r->db_path) == OQ_BACKEND_POSTGRES) return check_pg(r, out, cap);
     if (!r->db) {
         oq_db_opts_t o = {NULL, READY_PERIOD_MS, 0};
         if (oq_db_open(r->db_path, &o, &r->db, &err) != 0) {
@@ -273,6 +298,7 @@ void oq_ready_destroy(oq_ready_t *r)
         pthread_join(r->th, NULL);
     }
     if (r->db) sqlite3_close_v2(r->db);
+    if (r->pg) PQfinish(r->pg);
     if (r->rk) rd_kafka_destroy(r->rk);
     free(r->db_path);
     pthread_mutex_destroy(&r->mu);
