@@ -27,8 +27,8 @@ run recreates the onceq topics. Without java, kcat or the Kafka jars it is repor
 
 PostgreSQL (--db pg): every run gets a fresh database on one server (--pg-url, else
 ONCEQ_TEST_PG_URL, else a private cluster started with scripts/pg.sh in <results>/pg and stopped
-at the end); the producer and relay (and the consumers, with --pg-stages ...,consumer) keep
-their state there instead of calls.db (effects.db), the checks read it with psql, and `onceq
+at the end); producer, relay and consumers (--pg-stages chooses) keep their state there instead
+of calls.db and effects.db, the checks read it with psql, and `onceq
 verify` reads it through its snapshots. Rows that exercise SQLite itself (its write lock, its
 files' disk, rows deleted under its relay) are reported as skipped on PostgreSQL.
 
@@ -78,7 +78,8 @@ class PgError(Exception):
 
 
 DB_ERRORS = (sqlite3.Error, PgError)
-PG_CONSUMER_AUDIT = "consumer_audit"  # the consumer's audit table in schema onceq
+# the consumer's tables in schema onceq are consumer_<its SQLite name> (schema/postgres/0003)
+PG_CONSUMER_TABLES = re.compile(r"\b(inbox|executions|effects|audit|dlq|retention)\b")
 PG_SKIP = {  # rows that exercise SQLite itself: skipped with --db pg
     "busy_storm": "holds SQLite's write lock on calls.db/effects.db",
     "lost_messages": "deletes rows of the SQLite outboxes under their relays",
@@ -94,7 +95,7 @@ def pg_query(url, sql, args=(), consumer=False):
     """Rows of one statement on PostgreSQL through psql (schema onceq first in search_path);
     '?' placeholders are replaced by quoted literals. Integers come back as int, NULL as None."""
     if consumer:
-        sql = re.sub(r"\baudit\b", PG_CONSUMER_AUDIT, sql)
+        sql = PG_CONSUMER_TABLES.sub(r"consumer_\1", sql)
     parts = sql.split("?")
     if len(parts) - 1 != len(args):
         raise PgError(f"{len(args)} arguments for {len(parts) - 1} placeholders: {sql}")
@@ -2733,7 +2734,7 @@ def main():
     ap.add_argument("--pg-url", default=None,
                     help="--db pg: the server (a URI whose password is in a passfile; default "
                          "ONCEQ_TEST_PG_URL, else a private cluster by scripts/pg.sh)")
-    ap.add_argument("--pg-stages", default="producer,relay",
+    ap.add_argument("--pg-stages", default="producer,relay,consumer",
                     help="--db pg: the stages on PostgreSQL (producer,relay[,consumer]); the "
                          "others keep SQLite files")
     ap.add_argument("--list", action="store_true")

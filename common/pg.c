@@ -36,6 +36,7 @@
 const char *const oq_migrations_postgres[] = {
     "postgres/0001_producer.sql",
     "postgres/0002_submit.sql",
+    "postgres/0003_consumer.sql",
     NULL,
 };
 

@@ -3,9 +3,7 @@
  * Readiness prober (oq_ready.h). One thread runs every check once a second and stores each
  * one's text under the lock; oq_ready_render() only reads them, so /readyz never waits for a
  * database lock or a broker. The database check keeps its own connection and reopens it after
- * a failure (the file may have become writable again); on PostgreSQL (a libpq string) it keeps
- * a connection, reconnects after a failure and is unready while the server is away or a
- * standby (the database decides, not this host); the Kafka check owns a producer handle
+ * a failure (the file may have become writable again); the Kafka check owns a producer handle
  * that sends nothing but metadata requests.
  */
 #include "oq_ready.h"
@@ -47,7 +45,7 @@ struct oq_ready {
     /* database check */
     char *db_path;
     sqlite3 *db;
-    PGconn *pg; /* when db_path is a libpq string */
+    PGconn *pg; /* the same check on PostgreSQL: the server answers a write-capable session */
     int busy_streak;
     /* kafka check */
     rd_kafka_t *rk;
@@ -90,24 +88,33 @@ int oq_ready_add(oq_ready_t *r, const char *name, oq_ready_check_fn *fn, void *a
 
 /* --- built-in checks ----------------------------------------------------------------------- */
 
+/* PostgreSQL: connected (again, after a restart) and not a read-only standby. */
 static int check_pg(oq_ready_t *r, char *out, size_t cap)
 {
     oq_error_t err = {0};
     PGresult *res = NULL;
+    if (r->pg && PQstatus(r->pg) != CONNECTION_OK) {
+        PQfinish(r->pg);
+        r->pg = NULL;
+    }
     if (!r->pg && oq_pg_connect(r->db_path, &r->pg, &err) != 0) {
-        snprintf(out, cap, "unreachable: %.200s", err.msg);
+        snprintf(out, cap, "cannot connect: %.200s", err.msg);
         return OQ_EDB;
     }
     if (oq_pg_query(r->pg, "SELECT pg_is_in_recovery()", 0, NULL, &res, &err) != 0) {
-        snprintf(out, cap, "no answer: %.200s", err.msg);
+        snprintf(out, cap, "unreachable: %.200s", err.msg);
         PQfinish(r->pg);
         r->pg = NULL;
         return OQ_EDB;
     }
     int standby = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
     PQclear(res);
-    snprintf(out, cap, standby ? "read-only: the server is a standby" : "ok");
-    return standby ? OQ_EDB : 0;
+    if (standby) {
+        snprintf(out, cap, "read-only: the server is a standby");
+        return OQ_EDB;
+    }
+    snprintf(out, cap, "ok");
+    return 0;
 }
 
 static int check_db(void *arg, char *out, size_t cap)

@@ -185,7 +185,8 @@ typedef struct oq__due_row {
 int64_t oq__consumer_store_now(const oq__consumer_store_t *s);
 
 /**
- * @brief Open \p path (WAL, synchronous per \p opts) and migrate it to the consumer set.
+ * @brief Open \p path (WAL, synchronous per \p opts) and migrate it to the consumer set; a
+ *        PostgreSQL URI or keyword string (oq_backend_of) opens consumer/store_pg.c instead.
  * @param worker_id written into audit.worker and effects.worker; copied.
  * @returns 0 with \p out set, or OQ_EDB / OQ_EIO / OQ_EVERSION / OQ_ENOMEM.
  */
@@ -193,8 +194,19 @@ int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const ch
                             oq__consumer_store_t **out, oq_error_t *err);
 /** @brief Close; accepts NULL. */
 void oq__consumer_store_close(oq__consumer_store_t *s);
-/** @brief The connection (tests read it directly); owned by the store. */
+
+/**
+ * @brief A consumer database read as an SQLite file: the inbox, executions, effects and audit
+ *        of the PostgreSQL store \p setting copied, from one snapshot, into a new SQLite
+ *        consumer database at \p sqlite_path (which must not exist). What `onceq verify` reads
+ *        when the consumer runs on PostgreSQL.
+ */
+int oq__consumer_store_export(const char *setting, const char *sqlite_path, oq_error_t *err);
+/** @brief The connection (tests read it directly); owned by the store. NULL on PostgreSQL. */
 sqlite3 *oq__consumer_store_db(oq__consumer_store_t *s);
+struct pg_conn; /* libpq's PGconn */
+/** @brief The PostgreSQL connection (tests read it directly), or NULL on SQLite. */
+struct pg_conn *oq__consumer_store_pgconn(oq__consumer_store_t *s);
 /** @brief The worker id given at open. */
 const char *oq__consumer_store_worker(const oq__consumer_store_t *s);
 

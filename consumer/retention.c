@@ -13,6 +13,7 @@
 #include "consumer_store.h"
 #include "execution.h"
 #include "oq_consumer.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 int oq_consumer_purge(const char *db_path, int64_t retention_ms, int64_t inbox_retention_ms,
@@ -25,7 +26,7 @@ int oq_consumer_purge(const char *db_path, int64_t retention_ms, int64_t inbox_r
     memset(stats, 0, sizeof(*stats));
     if (retention_ms <= 0 || inbox_retention_ms <= 0)
         return oq_error_set(err, OQ_EINVAL, 0, "retention and inbox retention must be > 0");
-    if (!db_path || stat(db_path, &sb) != 0)
+    if (!db_path || (oq_backend_of(db_path) != OQ_BACKEND_POSTGRES && stat(db_path, &sb) != 0))
         return oq_error_set(err, OQ_EIO, 0, "no consumer database at %s",
                             db_path ? db_path : "(none)");
     oq_db_opts_t o = {.busy_timeout_ms = 10000};

@@ -27,6 +27,7 @@
 #include "consumer_store.h"
 #include "execution.h"
 #include "oq_consumer.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 static int open_store(const char *db_path, const char *by, oq__consumer_store_t **s,
@@ -34,7 +35,7 @@ static int open_store(const char *db_path, const char *by, oq__consumer_store_t 
 {
     struct stat sb;
     char who[128];
-    if (!db_path || stat(db_path, &sb) != 0)
+    if (!db_path || (oq_backend_of(db_path) != OQ_BACKEND_POSTGRES && stat(db_path, &sb) != 0))
         return oq_error_set(err, OQ_EIO, 0, "no consumer database at %s",
                             db_path ? db_path : "(none)");
     snprintf(who, sizeof(who), "review:%.100s", by && by[0] ? by : "operator");

@@ -24,11 +24,16 @@
 #include "consumer_store.h"
 
 #include <inttypes.h>
+#include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_pg.h"
+#include "store_pg.h"
+
 struct oq__consumer_store {
+    oq__consumer_pg_t *pg; /* PostgreSQL instead of db: every operation goes to store_pg.c */
     sqlite3 *db;
     oq_stmt_cache_t *cache;
     char worker[128];
@@ -168,6 +173,14 @@ int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const ch
     *out = NULL;
     if (!s) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     snprintf(s->worker, sizeof(s->worker), "%s", worker_id ? worker_id : "worker");
+    if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
+        /* the server's clock, carried by this host's boot clock (store_pg.c) */
+        int64_t server_ms = 0;
+        if ((rc = oq__consumer_pg_open(path, s->worker, &s->pg, &server_ms, err)) != 0) goto fail;
+        s->clock_anchor = server_ms - oq_boot_ms();
+        *out = s;
+        return 0;
+    }
     if ((rc = oq_db_open(path, opts, &s->db, err)) != 0) goto fail;
     if ((rc = oq_db_migrate(s->db, oq_migrations_consumer, err)) != 0) goto fail;
     if ((rc = clock_anchor_load(s, err)) != 0) goto fail;
@@ -188,14 +201,34 @@ fail:
 void oq__consumer_store_close(oq__consumer_store_t *s)
 {
     if (!s) return;
+    oq__consumer_pg_close(s->pg);
     oq_stmt_cache_destroy(s->cache);
     if (s->db) sqlite3_close_v2(s->db);
     free(s);
 }
 
+int oq__consumer_store_export(const char *setting, const char *sqlite_path, oq_error_t *err)
+{
+    oq__consumer_store_t *src = NULL, *dst = NULL;
+    oq_db_opts_t o = {.synchronous = "OFF"};
+    if (oq_backend_of(setting) != OQ_BACKEND_POSTGRES)
+        return oq_error_set(err, OQ_EINVAL, 0, "export: not a PostgreSQL database setting");
+    int rc = oq__consumer_store_open(setting, &o, "export", &src, err);
+    if (!rc) rc = oq__consumer_store_open(sqlite_path, &o, "export", &dst, err);
+    if (!rc) rc = oq__consumer_pg_export(src->pg, dst->db, err);
+    oq__consumer_store_close(src);
+    oq__consumer_store_close(dst);
+    return rc;
+}
+
 sqlite3 *oq__consumer_store_db(oq__consumer_store_t *s)
 {
     return s->db;
+}
+
+struct pg_conn *oq__consumer_store_pgconn(oq__consumer_store_t *s)
+{
+    return s->pg ? oq__consumer_pg_conn(s->pg) : NULL;
 }
 
 const char *oq__consumer_store_worker(const oq__consumer_store_t *s)
@@ -205,16 +238,22 @@ const char *oq__consumer_store_worker(const oq__consumer_store_t *s)
 
 int oq__consumer_store_begin(oq__consumer_store_t *s, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_begin(s->pg, err);
     return oq_db_begin_immediate(s->db, 30000, err);
 }
 
 int oq__consumer_store_commit(oq__consumer_store_t *s, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_commit(s->pg, err);
     return oq_db_commit(s->db, err);
 }
 
 void oq__consumer_store_rollback(oq__consumer_store_t *s)
 {
+    if (s->pg) {
+        oq__consumer_pg_rollback(s->pg);
+        return;
+    }
     oq_db_rollback(s->db);
 }
 
@@ -312,6 +351,7 @@ static void read_exec(sqlite3_stmt *st, oq__exec_row_t *x)
 int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq__exec_row_t *out,
                                 oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_get(s->pg, call_id, out, err);
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE call_id = ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
@@ -332,6 +372,7 @@ int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq
 int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
                                    oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_insert(s->pg, x, now, err);
     static const char sql[] =
         "INSERT INTO executions(call_id, tenant, idem_key, fingerprint, tool, args, state, "
         "attempt, tries, fence, lease_owner, lease_until, result, error, effect_id, "
@@ -367,6 +408,7 @@ int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t
 int oq__consumer_store_exec_update(oq__consumer_store_t *s, const oq__exec_update_t *u,
                                    int *updated, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_update(s->pg, u, updated, err);
     static const char sql[] =
         "UPDATE executions SET state = ?5, attempt = ?6, tries = ?7, fence = ?8, "
         "lease_owner = ?9, lease_until = ?10, result = ?11, error = ?12, effect_id = ?13, "
@@ -403,6 +445,7 @@ int oq__consumer_store_exec_update(oq__consumer_store_t *s, const oq__exec_updat
 int oq__consumer_store_exec_set_result(oq__consumer_store_t *s, const char *call_id,
                                        const char *result, const char *effect_id, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_set_result(s->pg, call_id, result, effect_id, err);
     static const char sql[] =
         "UPDATE executions SET result = ?2, effect_id = ?3 WHERE call_id = ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -416,6 +459,7 @@ int oq__consumer_store_exec_set_result(oq__consumer_store_t *s, const char *call
 int oq__consumer_store_lease_renew(oq__consumer_store_t *s, const char *call_id, int64_t fence,
                                    int64_t lease_until, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_lease_renew(s->pg, call_id, fence, lease_until, err);
     static const char sql[] = "UPDATE executions SET lease_until = ?3 WHERE call_id = ?1 AND "
                               "(state = 'STARTED' OR state = 'RECONCILING') AND fence = ?2 AND "
                               "lease_owner = ?4";
@@ -451,6 +495,7 @@ static int read_execs(oq__consumer_store_t *s, sqlite3_stmt *st, oq__exec_row_t 
 int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
                                    int cap, int *n, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_lapsed(s->pg, rows, cap, n, err); /* server clock */
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE (state = 'STARTED' "
                               "OR state = 'RECONCILING') AND lease_until < ?1 LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -464,6 +509,7 @@ int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exe
 int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exec_row_t *rows,
                                      int cap, int *n, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_in_state(s->pg, state, rows, cap, n, err);
     static const char sql[] =
         "SELECT " EXEC_COLS " FROM executions WHERE state = ?1 ORDER BY updated_at LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -477,6 +523,7 @@ int oq__consumer_store_exec_in_state(oq__consumer_store_t *s, int state, oq__exe
 int oq__consumer_store_exec_held_by(oq__consumer_store_t *s, const char *owner,
                                     oq__exec_row_t *rows, int cap, int *n, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_held_by(s->pg, owner, rows, cap, n, err);
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE (state = 'STARTED' "
                               "OR state = 'RECONCILING') AND lease_owner = ?1 LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -490,6 +537,7 @@ int oq__consumer_store_exec_held_by(oq__consumer_store_t *s, const char *owner,
 int oq__consumer_store_exec_unknown_due(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
                                         int cap, int *n, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_exec_unknown_due(s->pg, now, rows, cap, n, err);
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE state = 'UNKNOWN' "
                               "AND ifnull(next_attempt_at, 0) <= ?1 ORDER BY updated_at LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -502,6 +550,7 @@ int oq__consumer_store_exec_unknown_due(oq__consumer_store_t *s, int64_t now, oq
 
 int oq__consumer_store_unsettled(oq__consumer_store_t *s, oq__unsettled_t *out, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_unsettled(s->pg, out, err);
     static const char sql[] =
         "SELECT state, count(*), min(ifnull(unknown_at, updated_at)) FROM executions "
         "WHERE state = 'UNKNOWN' OR state = 'RECONCILING' OR state = 'NEEDS_REVIEW' "
@@ -528,6 +577,7 @@ int oq__consumer_store_unsettled(oq__consumer_store_t *s, oq__unsettled_t *out, 
 
 int oq__consumer_store_recovery_pending(oq__consumer_store_t *s, int64_t now)
 {
+    if (s->pg) return oq__consumer_pg_recovery_pending(s->pg, now);
     static const char sql[] =
         "SELECT EXISTS (SELECT 1 FROM executions WHERE (state = 'STARTED' OR "
         "state = 'RECONCILING') AND lease_until < ?1) OR EXISTS (SELECT 1 FROM executions "
@@ -545,6 +595,7 @@ int oq__consumer_store_due(oq__consumer_store_t *s, int64_t now, int limit,
                            void (*cb)(const oq__due_row_t *row, void *opaque), void *opaque,
                            oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_due(s->pg, now, limit, cb, opaque, err);
     /* (an OR chain, not IN (...): see the schema's note on the state CHECK) */
     static const char sql[] =
         "SELECT call_id, tool, args FROM executions "
@@ -568,6 +619,7 @@ int oq__consumer_store_due(oq__consumer_store_t *s, int64_t now, int limit,
 
 int64_t oq__consumer_store_next_due(oq__consumer_store_t *s)
 {
+    if (s->pg) return oq__consumer_pg_next_due(s->pg);
     static const char sql[] =
         "SELECT min(next_attempt_at) FROM executions WHERE next_attempt_at IS NOT NULL";
     sqlite3_stmt *st = stmt(s, sql, NULL);
@@ -582,6 +634,7 @@ int64_t oq__consumer_store_next_due(oq__consumer_store_t *s)
 int oq__consumer_store_state_counts(oq__consumer_store_t *s, int64_t counts[OQ_X__COUNT],
                                     oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_state_counts(s->pg, counts, err);
     static const char sql[] = "SELECT state, count(*) FROM executions GROUP BY state";
     sqlite3_stmt *st = stmt(s, sql, err);
     int rc;
@@ -615,6 +668,7 @@ static void bind_inbox_row(sqlite3_stmt *st, const oq__inbox_row_t *row)
 int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row_t *row,
                                     int64_t *seen, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_inbox_upsert(s->pg, row, seen, err);
     static const char sql[] =
         "INSERT INTO inbox(message_id, call_id, topic, partition, offset, received_at, outcome)"
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(message_id) DO NOTHING";
@@ -643,6 +697,7 @@ int oq__consumer_store_inbox_upsert(oq__consumer_store_t *s, const oq__inbox_row
 int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_row_t *e,
                                      int *inserted, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_effect_insert(s->pg, e, inserted, err);
     static const char sql[] =
         "INSERT INTO effects(effect_id, call_id, tool, amount, recipient, detail, attempt, "
         "fence, worker, created_at, downstream_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
@@ -672,6 +727,7 @@ int oq__consumer_store_effect_insert(oq__consumer_store_t *s, const oq__effect_r
 int oq__consumer_store_effect_get(oq__consumer_store_t *s, const char *call_id, int *found,
                                   char **effect_id, char **detail, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_effect_get(s->pg, call_id, found, effect_id, detail, err);
     static const char sql[] = "SELECT effect_id, detail FROM effects WHERE call_id = ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
     *found = 0;
@@ -693,6 +749,7 @@ int oq__consumer_store_effect_get(oq__consumer_store_t *s, const char *call_id, 
 int oq__consumer_store_effect_read(oq__consumer_store_t *s, const char *call_id, int *found,
                                    oq__effect_read_t *out, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_effect_read(s->pg, call_id, found, out, err);
     static const char sql[] = "SELECT effect_id, detail, downstream_id, created_at, worker "
                               "FROM effects WHERE call_id = ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -730,6 +787,7 @@ int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
                                   void (*cb)(const oq__audit_read_t *row, void *opaque),
                                   void *opaque, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_audit_list(s->pg, call_id, cb, opaque, err);
     static const char sql[] = "SELECT id, ts, event, attempt, fence, worker, detail FROM audit "
                               "WHERE call_id = ?1 ORDER BY id";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -753,6 +811,7 @@ int oq__consumer_store_audit_list(oq__consumer_store_t *s, const char *call_id,
 
 int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *call_id)
 {
+    if (s->pg) return oq__consumer_pg_effect_count(s->pg, call_id);
     static const char sql_one[] = "SELECT count(*) FROM effects WHERE call_id = ?1";
     static const char sql_all[] = "SELECT count(*) FROM effects";
     sqlite3_stmt *st = stmt(s, call_id ? sql_one : sql_all, NULL);
@@ -766,6 +825,7 @@ int64_t oq__consumer_store_effect_count(oq__consumer_store_t *s, const char *cal
 
 int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t *a, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_audit_add(s->pg, a, err);
     static const char sql[] = "INSERT INTO audit(ts, call_id, event, attempt, fence, worker, "
                               "detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
     sqlite3_stmt *st = stmt(s, sql, err);
@@ -783,6 +843,7 @@ int oq__consumer_store_audit_add(oq__consumer_store_t *s, const oq__audit_row_t 
 int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_row_t *row,
                                      oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_outbox_append(s->pg, row, err);
     oq_error_t e = {0};
     int rc = oq_outbox_append(s->db, s->cache, row, &e);
     /* The message id is the outbox's unique key: say so in the backend's neutral words. */
@@ -796,12 +857,14 @@ int oq__consumer_store_outbox_append(oq__consumer_store_t *s, const oq_outbox_ro
 int oq__consumer_store_outbox_republish(oq__consumer_store_t *s, const oq_outbox_row_t *row,
                                         oq_outbox_republish_t *what, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_outbox_republish(s->pg, row, what, err);
     return oq_outbox_republish(s->db, s->cache, row, what, err);
 }
 
 int oq__consumer_store_inbox_retake(oq__consumer_store_t *s, const oq__inbox_row_t *row, int *taken,
                                     oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_inbox_retake(s->pg, row, taken, err);
     static const char sql[] = "UPDATE inbox SET call_id = ?2, topic = ?3, partition = ?4, "
                               "offset = ?5, received_at = ?6, outcome = ?7 "
                               "WHERE message_id = ?1 AND outcome = 'dlq'";
@@ -819,6 +882,7 @@ int oq__consumer_store_inbox_retake(oq__consumer_store_t *s, const oq__inbox_row
 
 int oq__consumer_store_dlq_insert(oq__consumer_store_t *s, const oq__dlq_row_t *r, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_dlq_insert(s->pg, r, err);
     static const char sql[] =
         "INSERT INTO dlq(message_id, topic, partition, offset, msg_key, payload, reason, "
         "created_at, code, redrive) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
@@ -847,6 +911,7 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
                                    void (*cb)(const oq__dlq_row_t *row, void *opaque), void *opaque,
                                    oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_dlq_pending(s->pg, limit, cb, opaque, err);
     static const char sql[] =
         "SELECT id, message_id, reason, msg_key, payload, code, topic, partition, offset, "
         "redrive FROM dlq WHERE published_at IS NULL ORDER BY id LIMIT ?1";
@@ -878,6 +943,7 @@ int oq__consumer_store_dlq_pending(oq__consumer_store_t *s, int limit,
 
 int oq__consumer_store_dlq_mark(oq__consumer_store_t *s, int64_t id, int64_t now, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_dlq_mark(s->pg, id, now, err);
     static const char sql[] = "UPDATE dlq SET published_at = ?2 WHERE id = ?1";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
@@ -891,6 +957,7 @@ int oq__consumer_store_dlq_mark(oq__consumer_store_t *s, int64_t id, int64_t now
 int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit, int64_t *n_deleted,
                              oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_purge(s->pg, before, limit, n_deleted, err);
     static const char sql_inbox[] =
         "DELETE FROM inbox WHERE message_id IN (SELECT message_id FROM inbox "
         "WHERE received_at < ?1 LIMIT ?2)";
@@ -918,11 +985,13 @@ int oq__consumer_store_purge(oq__consumer_store_t *s, int64_t before, int limit,
 int oq__consumer_store_purge_outbox(oq__consumer_store_t *s, int64_t before, int limit,
                                     int64_t *n_deleted, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_purge_outbox(s->pg, before, limit, n_deleted, err);
     return oq_outbox_purge_published(s->db, before, limit, n_deleted, err);
 }
 
 int oq__consumer_store_horizon(oq__consumer_store_t *s, int64_t *horizon, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_horizon(s->pg, horizon, err);
     static const char sql[] = "SELECT horizon FROM retention WHERE name = 'executions'";
     sqlite3_stmt *st = stmt(s, sql, err);
     if (!st) return stmt_error(err);
@@ -951,6 +1020,7 @@ static int scalar_at(oq__consumer_store_t *s, const char *sql, int64_t t, int64_
 int oq__consumer_store_purge_bounds(oq__consumer_store_t *s, int64_t before, int64_t *max_rowid,
                                     int64_t *max_audit_id, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_purge_bounds(s->pg, before, max_rowid, max_audit_id, err);
     /* Rows are appended in time order (rowid / id): the scan of a pass ends before the first
      * row written at or after \p before, so a pass never reads the recent part of the tables. */
     static const char sql_x[] =
@@ -967,6 +1037,7 @@ int oq__consumer_store_purge_settled(oq__consumer_store_t *s, const oq__purge_ba
                                      int64_t *last, int64_t *n_exec, int64_t *n_eff,
                                      oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_purge_settled(s->pg, b, last, n_exec, n_eff, err);
     static const char sql_horizon[] =
         "INSERT INTO retention(name, horizon) VALUES('executions', ?1) "
         "ON CONFLICT(name) DO UPDATE SET horizon = max(horizon, excluded.horizon)";
@@ -1018,6 +1089,7 @@ int oq__consumer_store_purge_settled(oq__consumer_store_t *s, const oq__purge_ba
 int oq__consumer_store_purge_audit(oq__consumer_store_t *s, const oq__purge_batch_t *b,
                                    int64_t *last, int64_t *n_deleted, oq_error_t *err)
 {
+    if (s->pg) return oq__consumer_pg_purge_audit(s->pg, b, last, n_deleted, err);
     /* Audit rows older than the cutoff whose execution is gone (or that name no call): the
      * rows of an execution that is kept (in review, or changed since) stay with it. */
     static const char sql_pick[] =

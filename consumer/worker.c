@@ -70,6 +70,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_ready.h"
+#include "oq_pg.h"
 #include "oq_relay.h"
 #include "oq_util.h"
 
@@ -1798,8 +1799,10 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     OQ_LOG_INFO(OQ__COMP,
                 "worker started worker_id=%s db=%s group=%s topic=%s lease=%" PRId64
                 "ms runners=%d http_tools=%zu inbox_retention_ms=%" PRId64 " retention_ms=%" PRId64,
-                c->worker_id, c->db_path, c->group, c->topic, c->o.lease_ms, c->nrunners,
-                c->tools ? c->tools->n : (size_t)0, c->o.inbox_retention_ms, c->o.retention_ms);
+                c->worker_id,
+                oq_backend_of(c->db_path) == OQ_BACKEND_POSTGRES ? "postgres" : c->db_path,
+                c->group, c->topic, c->o.lease_ms, c->nrunners, c->tools ? c->tools->n : (size_t)0,
+                c->o.inbox_retention_ms, c->o.retention_ms);
     *out = c;
     return 0;
 fail:

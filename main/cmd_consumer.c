@@ -14,6 +14,7 @@
 #include "oq_config.h"
 #include "oq_consumer.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_service.h"
 
 static oq_consumer_t *volatile cons_running;
@@ -48,6 +49,14 @@ int oq__cmd_consumer(int argc, char **argv)
     }
     oq_consumer_opts_t o;
     oq_consumer_opts_from_config(cfg, &o);
+    /* a command line is visible to every user of the host: no password in --db */
+    if (o.db_path && oq_backend_of(o.db_path) == OQ_BACKEND_POSTGRES &&
+        oq_pg_conninfo_has_password(o.db_path)) {
+        fprintf(stderr, "onceq consumer: --db holds a password: put it in a passfile "
+                        "(passfile=... in the string, or PGPASSFILE)\n");
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
     if (o.tools_path && oq_consumer_check_tools(o.tools_path, &err) != 0) {
         fprintf(stderr, "onceq consumer: %s\n", err.msg);
         rc = OQ_EXIT_USAGE;

@@ -73,6 +73,7 @@
 #include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the consumer reads */
 #include "oq_kafka.h"
 #include "oq_log.h"
+#include "oq_pg.h" /* oq_backend_of: a connection string is never logged */
 #include "oq_util.h"
 #include "relay_store.h"
 
@@ -1455,8 +1456,8 @@ int oq_relay_start(oq_relay_t *r, oq_error_t *err)
     OQ_LOG_INFO("relay",
                 "started db=%s lease=%s owner=%s batch_rows=%d max_inflight=%d "
                 "retention_ms=%" PRId64,
-                r->db_path, r->lease_name, r->owner, r->batch_rows, r->max_inflight,
-                r->retention_ms);
+                oq_backend_of(r->db_path) == OQ_BACKEND_POSTGRES ? "postgres" : r->db_path,
+                r->lease_name, r->owner, r->batch_rows, r->max_inflight, r->retention_ms);
     return 0;
 }
 

@@ -4,7 +4,8 @@
 # test server). PostgreSQL unreachable at start: a clear error, exit 1, no child started (no
 # crash loop); a URL holding a password: refused (exit 2) without echoing it. Running: the
 # children's command lines hold no database string (they read ONCEQ_DB), no log holds the
-# password, submitted calls are stored and published; the database taken away (connections
+# password, submitted calls are stored, published and executed (consumers on PostgreSQL too,
+# onceq verify clean over the one database); the database taken away (connections
 # refused and terminated): the producer's and the relay's /readyz say unready, and ready again
 # once it is back, with no restart of either.
 # ctest-cost: 40
@@ -59,6 +60,8 @@ published() { [[ "$(q "SELECT count(*) FROM onceq.outbox WHERE pub_seq IS NOT NU
 submit $(seq -f 'up-%g' 1 20)
 [[ "$(q 'SELECT count(*) FROM onceq.calls')" == 20 ]] || oq_fail "calls stored: $(q 'SELECT count(*) FROM onceq.calls')"
 oq_wait_for 60 published 20 || oq_fail "not published: $(q 'SELECT count(*) FROM onceq.outbox WHERE pub_seq IS NULL')"
+succeeded() { [[ "$(q "SELECT count(*) FROM onceq.calls WHERE state = 'succeeded'")" == "$1" ]]; }
+oq_wait_for 90 succeeded 20 || oq_fail "calls: $(q 'SELECT state, count(*) FROM onceq.calls GROUP BY state')"
 
 # no database string on any child's command line, no password in any log
 UPPID=$(oq_pid up)
@@ -89,6 +92,12 @@ oq_wait_for 30 ready "$PR" || oq_fail "producer not ready after: $(curl -s "$PR"
 oq_wait_for 30 ready "$RR" || oq_fail "relay not ready after: $(curl -s "$RR")"
 submit $(seq -f 'up-b%g' 1 5)
 oq_wait_for 60 published 25 || oq_fail "not published after the outage"
+oq_wait_for 90 succeeded 25 || oq_fail "after the outage: $(q 'SELECT state, count(*) FROM onceq.calls GROUP BY state')"
+# every stage in the one database: verify reads both from it
+"$ONCEQ_BIN" verify --producer-db "$URL" --consumer-db "$URL" --json >"$T/verify.json" ||
+    oq_fail "verify: $(cat "$T/verify.json")"
+[[ $(jq -r '.clean, .calls, .effects' "$T/verify.json" | tr '\n' ' ') == "true 25 25 " ]] ||
+    oq_fail "verify: $(cat "$T/verify.json")"
 ! grep -E "(producer|relay) pid=[0-9]+ (exited|killed)" "$T/up.log" || oq_fail "producer or relay restarted"
 oq_kill up TERM
 oq_pass "onceq up --db-url: refused when away (exit 1), no secret on argv or in logs, unready while the database is away"

@@ -1,0 +1,1022 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * store_pg.c: every SQL statement of the consumer on PostgreSQL (schema `onceq`,
+ * schema/postgres/0003_consumer.sql), the twin of store.c behind consumer_store.h; store.c hands
+ * an operation here when its database setting is a PostgreSQL URI or keyword string. No rules
+ * here: consumer/execution.c decides, on the same rows.
+ *
+ * What differs from SQLite, and why:
+ *  - Clock. Consumers on several hosts share these rows and do not share a clock. The store's
+ *    clock (oq__consumer_store_now) is the server's: read with clock_timestamp() at open and
+ *    carried by this host's boot clock (a constant offset, so a host whose wall clock is wrong,
+ *    or stepped, still writes leases and due times on the server's scale). The lease lapse that
+ *    lets another worker take an execution over is decided in SQL, against clock_timestamp()
+ *    itself (exec_lapsed, recovery_pending): a consumer whose clock runs ahead cannot see a
+ *    live lease as lapsed, and one whose clock runs behind cannot write a lease that outlives
+ *    its term on the server's scale. Fences work as on SQLite: every conditional update names
+ *    the state and fence it read, and READ COMMITTED re-checks that WHERE on the row's newest
+ *    version after a concurrent writer committed, so a stale worker matches nothing.
+ *  - A failed statement aborts a PostgreSQL transaction (SQLite aborts only the statement).
+ *    So nothing the rules expect to "fail softly" raises: the inbox upsert, the effect insert
+ *    and the outbox append are INSERT ... ON CONFLICT and report what happened; only a second
+ *    execution of one call raises (unique_violation, OQ_EEXIST: the batch is rolled back and
+ *    retried, and the retry reads the winner's row).
+ *  - Result events go into onceq.outbox, the outbox of the producer's schema (0001), not a
+ *    table of the consumer's: the relay's PostgreSQL publish scheme (relay/store_pg.c: pub_seq
+ *    numbers assigned only to committed rows under one fenced lease, LISTEN/NOTIFY) then
+ *    publishes them without skipping a late commit, with no second scheme. A delivered row is
+ *    one whose pub_seq is at or below the relay's watermark; republish clears pub_seq (the row
+ *    is numbered again, above the watermark).
+ *  - The retention horizon row exists from the migration on and intake reads it FOR SHARE: a
+ *    purge that raises it waits for the intakes that read the old value, and an intake that
+ *    comes later reads the new one; an old message can never find its execution purged and
+ *    the horizon still low.
+ *  - Parameters go as text (PQexecParams); integers are printed with PRId64; bytes (dead
+ *    letters) as hex.
+ *
+ * A connection the server closed (restart, pg_terminate_backend) is re-established before the
+ * next operation outside a transaction (begin included); the operation that met it failed
+ * retriably and the worker retries its whole batch: nothing is acknowledged to Kafka before
+ * the batch's transaction committed.
+ */
+#include "store_pg.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oq_envelope.h"
+#include "oq_log.h"
+#include "oq_pg.h"
+
+struct oq__consumer_pg {
+    PGconn *c;
+    char worker[128];
+};
+
+/* The server's clock, unix ms. */
+#define SRV_NOW "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+/* Outbox rows with pub_seq at or below it were delivered (relay/store_pg.c). */
+#define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
+
+#define EXEC_COLS                                                                                  \
+    "call_id, tenant, idem_key, fingerprint, tool, args, state, attempt, tries, lease_owner, "     \
+    "lease_until, fence, result, error, effect_id, next_attempt_at, message_id, started_at, "      \
+    "unknown_at, lookups, updated_at"
+
+typedef struct {
+    char s[24];
+} num_t;
+
+static const char *num(num_t *n, int64_t v)
+{
+    snprintf(n->s, sizeof n->s, "%" PRId64, v);
+    return n->s;
+}
+
+/* A time: 0 is NULL. */
+static const char *tnum(num_t *n, int64_t v)
+{
+    return v ? num(n, v) : NULL;
+}
+
+static int64_t col_i64(PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static char *col_dup(PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? NULL : strdup(PQgetvalue(r, row, col));
+}
+
+static const char *col_str(PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? NULL : PQgetvalue(r, row, col);
+}
+
+static void col_copy(PGresult *r, int row, int col, char *out, size_t n)
+{
+    snprintf(out, n, "%s", PQgetisnull(r, row, col) ? "" : PQgetvalue(r, row, col));
+}
+
+static int oom(oq_error_t *err)
+{
+    return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+/* Reconnects a connection the server closed, outside a transaction. */
+static int ready(oq__consumer_pg_t *p, oq_error_t *err)
+{
+    if (PQstatus(p->c) == CONNECTION_OK) return 0;
+    PQreset(p->c);
+    if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "consumer reconnect");
+    int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
+    if (!rc) OQ_LOG_INFO("consumer", "reconnected to PostgreSQL");
+    return rc;
+}
+
+static int in_tx(oq__consumer_pg_t *p)
+{
+    PGTransactionStatusType t = PQtransactionStatus(p->c);
+    return t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
+}
+
+static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
+             oq_error_t *err)
+{
+    if (!in_tx(p)) {
+        int rc = ready(p, err);
+        if (rc) return rc;
+    }
+    return oq_pg_query(p->c, sql, n, pr, r, err);
+}
+
+static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr,
+               int64_t *affected, oq_error_t *err)
+{
+    if (!in_tx(p)) {
+        int rc = ready(p, err);
+        if (rc) return rc;
+    }
+    return oq_pg_cmd(p->c, sql, n, pr, affected, err);
+}
+
+/* --- connection ------------------------------------------------------------------------------ */
+
+int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_pg_t **out,
+                         int64_t *server_ms, oq_error_t *err)
+{
+    *out = NULL;
+    oq__consumer_pg_t *p = calloc(1, sizeof *p);
+    if (!p) return oom(err);
+    snprintf(p->worker, sizeof p->worker, "%s", worker ? worker : "worker");
+    PGresult *r = NULL;
+    int rc = oq_pg_connect(conninfo, &p->c, err);
+    if (!rc) rc = oq_pg_migrate(p->c, err);
+    if (!rc) rc = oq_pg_query(p->c, "SELECT " SRV_NOW, 0, NULL, &r, err);
+    if (rc) {
+        oq__consumer_pg_close(p);
+        return rc;
+    }
+    *server_ms = col_i64(r, 0, 0);
+    PQclear(r);
+    *out = p;
+    return 0;
+}
+
+void oq__consumer_pg_close(oq__consumer_pg_t *p)
+{
+    if (!p) return;
+    if (p->c) PQfinish(p->c);
+    free(p);
+}
+
+PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p)
+{
+    return p->c;
+}
+
+int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
+{
+    int rc = ready(p, err);
+    if (rc) return rc;
+    rc = oq_pg_exec(p->c, "BEGIN", err);
+    if (rc && PQstatus(p->c) == CONNECTION_BAD) {
+        /* libpq learns of a closed connection only when it uses it: once more, reconnected */
+        if ((rc = ready(p, err)) == 0) rc = oq_pg_exec(p->c, "BEGIN", err);
+    }
+    return rc;
+}
+
+int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
+{
+    return oq_pg_exec(p->c, "COMMIT", err);
+}
+
+void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
+{
+    if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
+        PQclear(PQexec(p->c, "ROLLBACK"));
+}
+
+/* --- executions ------------------------------------------------------------------------------ */
+
+static int read_exec(PGresult *r, int i, oq__exec_row_t *x)
+{
+    memset(x, 0, sizeof *x);
+    col_copy(r, i, 0, x->call_id, sizeof x->call_id);
+    x->tenant = col_dup(r, i, 1);
+    x->idem_key = col_dup(r, i, 2);
+    col_copy(r, i, 3, x->fingerprint, sizeof x->fingerprint);
+    x->tool = col_dup(r, i, 4);
+    x->args = col_dup(r, i, 5);
+    x->state = oq__xstate_parse(col_str(r, i, 6));
+    x->attempt = col_i64(r, i, 7);
+    x->tries = col_i64(r, i, 8);
+    x->lease_owner = col_dup(r, i, 9);
+    x->lease_until = col_i64(r, i, 10);
+    x->fence = col_i64(r, i, 11);
+    x->result = col_dup(r, i, 12);
+    x->error = col_dup(r, i, 13);
+    x->effect_id = col_dup(r, i, 14);
+    x->next_attempt_at = col_i64(r, i, 15);
+    col_copy(r, i, 16, x->message_id, sizeof x->message_id);
+    x->started_at = col_i64(r, i, 17);
+    x->unknown_at = col_i64(r, i, 18);
+    x->lookups = col_i64(r, i, 19);
+    x->updated_at = col_i64(r, i, 20);
+    if (!x->tenant || !x->idem_key || !x->tool || !x->args) {
+        oq__exec_row_clear(x);
+        return OQ_ENOMEM;
+    }
+    return 0;
+}
+
+int oq__consumer_pg_exec_get(oq__consumer_pg_t *p, const char *call_id, oq__exec_row_t *out,
+                             oq_error_t *err)
+{
+    const char *pr[] = {call_id};
+    PGresult *r = NULL;
+    int rc = q(p, "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = $1", 1, pr,
+               &r, err);
+    if (rc) return rc;
+    oq__exec_row_clear(out);
+    if (PQntuples(r) == 0)
+        rc = oq_error_set(err, OQ_ENOTFOUND, 0, "no execution %s", call_id);
+    else if (read_exec(r, 0, out))
+        rc = oom(err);
+    PQclear(r);
+    return rc;
+}
+
+int oq__consumer_pg_exec_insert(oq__consumer_pg_t *p, const oq__exec_row_t *x, int64_t now,
+                                oq_error_t *err)
+{
+    num_t at, tr, fe, lu, na, nw, sa, ua, lk;
+    const char *pr[] = {x->call_id,
+                        x->tenant,
+                        x->idem_key,
+                        x->fingerprint,
+                        x->tool,
+                        x->args,
+                        oq__xstate_name(x->state),
+                        num(&at, x->attempt),
+                        num(&tr, x->tries),
+                        num(&fe, x->fence),
+                        x->lease_owner,
+                        tnum(&lu, x->lease_until),
+                        x->result,
+                        x->error,
+                        x->effect_id,
+                        tnum(&na, x->next_attempt_at),
+                        x->message_id,
+                        num(&nw, now),
+                        tnum(&sa, x->started_at),
+                        tnum(&ua, x->unknown_at),
+                        num(&lk, x->lookups)};
+    return cmd(p,
+               "INSERT INTO onceq.consumer_executions(call_id, tenant, idem_key, fingerprint, "
+               "tool, args, state, attempt, tries, fence, lease_owner, lease_until, result, "
+               "error, effect_id, next_attempt_at, message_id, created_at, updated_at, "
+               "started_at, unknown_at, lookups) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+               "$10, $11, $12, $13, $14, $15, $16, $17, $18, $18, $19, $20, $21)",
+               21, pr, NULL, err);
+}
+
+int oq__consumer_pg_exec_update(oq__consumer_pg_t *p, const oq__exec_update_t *u, int *updated,
+                                oq_error_t *err)
+{
+    num_t ff, at, tr, fe, lu, na, nw, sa, ua, lk;
+    const char *pr[] = {u->call_id,
+                        oq__xstate_name(u->from_state),
+                        num(&ff, u->from_fence),
+                        u->from_owner,
+                        oq__xstate_name(u->state),
+                        num(&at, u->attempt),
+                        num(&tr, u->tries),
+                        num(&fe, u->fence),
+                        u->lease_owner,
+                        tnum(&lu, u->lease_until),
+                        u->result,
+                        u->error,
+                        u->effect_id,
+                        tnum(&na, u->next_attempt_at),
+                        u->message_id,
+                        num(&nw, u->now),
+                        tnum(&sa, u->started_at),
+                        tnum(&ua, u->unknown_at),
+                        num(&lk, u->lookups)};
+    int64_t n = 0;
+    *updated = 0;
+    int rc = cmd(p,
+                 "UPDATE onceq.consumer_executions SET state = $5, attempt = $6, tries = $7, "
+                 "fence = $8, lease_owner = $9, lease_until = $10, result = $11, error = $12, "
+                 "effect_id = $13, next_attempt_at = $14, message_id = coalesce($15, message_id), "
+                 "updated_at = $16, started_at = $17, unknown_at = $18, lookups = $19 "
+                 "WHERE call_id = $1 AND state = $2 AND fence = $3 AND ($4::text IS NULL OR "
+                 "lease_owner = $4)",
+                 19, pr, &n, err);
+    *updated = rc == 0 && n == 1;
+    return rc;
+}
+
+int oq__consumer_pg_exec_set_result(oq__consumer_pg_t *p, const char *call_id, const char *result,
+                                    const char *effect_id, oq_error_t *err)
+{
+    const char *pr[] = {call_id, result, effect_id};
+    return cmd(
+        p, "UPDATE onceq.consumer_executions SET result = $2, effect_id = $3 WHERE call_id = $1", 3,
+        pr, NULL, err);
+}
+
+int oq__consumer_pg_lease_renew(oq__consumer_pg_t *p, const char *call_id, int64_t fence,
+                                int64_t lease_until, oq_error_t *err)
+{
+    num_t f, l;
+    const char *pr[] = {call_id, num(&f, fence), num(&l, lease_until), p->worker};
+    int64_t n = 0;
+    int rc = cmd(p,
+                 "UPDATE onceq.consumer_executions SET lease_until = $3 WHERE call_id = $1 AND "
+                 "state IN ('STARTED', 'RECONCILING') AND fence = $2 AND lease_owner = $4",
+                 4, pr, &n, err);
+    if (rc == 0 && n == 0)
+        rc = oq_error_set(err, OQ_EFENCED, 0, "lease on %s (fence %" PRId64 ") lost", call_id,
+                          fence);
+    return rc;
+}
+
+static int read_execs(oq__consumer_pg_t *p, const char *sql, int np, const char *const *pr,
+                      oq__exec_row_t *rows, int cap, int *n, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    *n = 0;
+    int rc = q(p, sql, np, pr, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++) {
+        if (read_exec(r, i, &rows[*n])) {
+            for (int k = 0; k < *n; k++)
+                oq__exec_row_clear(&rows[k]);
+            *n = 0;
+            rc = oom(err);
+            break;
+        }
+        (*n)++;
+    }
+    PQclear(r);
+    return rc;
+}
+
+int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, oq__exec_row_t *rows, int cap, int *n,
+                                oq_error_t *err)
+{
+    num_t c;
+    const char *pr[] = {num(&c, cap)};
+    return read_execs(p,
+                      "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state IN "
+                      "('STARTED', 'RECONCILING') AND lease_until < " SRV_NOW " LIMIT $1",
+                      1, pr, rows, cap, n, err);
+}
+
+int oq__consumer_pg_exec_in_state(oq__consumer_pg_t *p, int state, oq__exec_row_t *rows, int cap,
+                                  int *n, oq_error_t *err)
+{
+    num_t c;
+    const char *pr[] = {oq__xstate_name(state), num(&c, cap)};
+    return read_execs(p,
+                      "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state = $1 "
+                      "ORDER BY updated_at LIMIT $2",
+                      2, pr, rows, cap, n, err);
+}
+
+int oq__consumer_pg_exec_held_by(oq__consumer_pg_t *p, const char *owner, oq__exec_row_t *rows,
+                                 int cap, int *n, oq_error_t *err)
+{
+    num_t c;
+    const char *pr[] = {owner, num(&c, cap)};
+    return read_execs(p,
+                      "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state IN "
+                      "('STARTED', 'RECONCILING') AND lease_owner = $1 LIMIT $2",
+                      2, pr, rows, cap, n, err);
+}
+
+int oq__consumer_pg_exec_unknown_due(oq__consumer_pg_t *p, int64_t now, oq__exec_row_t *rows,
+                                     int cap, int *n, oq_error_t *err)
+{
+    num_t t, c;
+    const char *pr[] = {num(&t, now), num(&c, cap)};
+    return read_execs(p,
+                      "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state = 'UNKNOWN' "
+                      "AND coalesce(next_attempt_at, 0) <= $1 ORDER BY updated_at LIMIT $2",
+                      2, pr, rows, cap, n, err);
+}
+
+int oq__consumer_pg_unsettled(oq__consumer_pg_t *p, oq__unsettled_t *out, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    memset(out, 0, sizeof *out);
+    int rc = q(p,
+               "SELECT state, count(*), min(coalesce(unknown_at, updated_at)) FROM "
+               "onceq.consumer_executions WHERE state IN ('UNKNOWN', 'RECONCILING', "
+               "'NEEDS_REVIEW') GROUP BY state",
+               0, NULL, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        int k = oq__xstate_parse(col_str(r, i, 0));
+        int64_t count = col_i64(r, i, 1), oldest = col_i64(r, i, 2);
+        if (k == OQ_X_NEEDS_REVIEW) {
+            out->review = count;
+            out->review_oldest = oldest;
+        } else if (k == OQ_X_UNKNOWN || k == OQ_X_RECONCILING) {
+            out->unknown += count;
+            if (!out->unknown_oldest || oldest < out->unknown_oldest) out->unknown_oldest = oldest;
+        }
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_recovery_pending(oq__consumer_pg_t *p, int64_t now)
+{
+    num_t t;
+    const char *pr[] = {num(&t, now)};
+    PGresult *r = NULL;
+    if (q(p,
+          "SELECT EXISTS (SELECT 1 FROM onceq.consumer_executions WHERE state IN ('STARTED', "
+          "'RECONCILING') AND lease_until < " SRV_NOW ") OR EXISTS (SELECT 1 FROM "
+          "onceq.consumer_executions WHERE state = 'UNKNOWN' AND coalesce(next_attempt_at, 0) "
+          "<= $1)",
+          1, pr, &r, NULL))
+        return 1;
+    int v = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return v;
+}
+
+int oq__consumer_pg_due(oq__consumer_pg_t *p, int64_t now, int limit,
+                        void (*cb)(const oq__due_row_t *row, void *opaque), void *opaque,
+                        oq_error_t *err)
+{
+    num_t t, l;
+    const char *pr[] = {num(&t, now), num(&l, limit)};
+    PGresult *r = NULL;
+    int rc = q(p,
+               "SELECT call_id, tool, args FROM onceq.consumer_executions WHERE next_attempt_at "
+               "<= $1 AND state IN ('PLANNED', 'FAILED_RETRYABLE', 'SAFE_RETRY') ORDER BY "
+               "next_attempt_at LIMIT $2",
+               2, pr, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__due_row_t d = {
+            .call_id = col_str(r, i, 0), .tool = col_str(r, i, 1), .args = col_str(r, i, 2)};
+        cb(&d, opaque);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int64_t oq__consumer_pg_next_due(oq__consumer_pg_t *p)
+{
+    PGresult *r = NULL;
+    int64_t v = INT64_MAX;
+    if (q(p,
+          "SELECT min(next_attempt_at) FROM onceq.consumer_executions WHERE next_attempt_at "
+          "IS NOT NULL",
+          0, NULL, &r, NULL))
+        return v;
+    if (PQntuples(r) == 1 && !PQgetisnull(r, 0, 0)) v = col_i64(r, 0, 0);
+    PQclear(r);
+    return v;
+}
+
+int oq__consumer_pg_state_counts(oq__consumer_pg_t *p, int64_t counts[OQ_X__COUNT], oq_error_t *err)
+{
+    PGresult *r = NULL;
+    for (int i = 0; i < OQ_X__COUNT; i++)
+        counts[i] = 0;
+    int rc = q(p, "SELECT state, count(*) FROM onceq.consumer_executions GROUP BY state", 0, NULL,
+               &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        int k = oq__xstate_parse(col_str(r, i, 0));
+        if (k >= 0) counts[k] = col_i64(r, i, 1);
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* --- inbox ----------------------------------------------------------------------------------- */
+
+int oq__consumer_pg_inbox_upsert(oq__consumer_pg_t *p, const oq__inbox_row_t *row, int64_t *seen,
+                                 oq_error_t *err)
+{
+    num_t pa, of, at;
+    const char *pr[] = {row->message_id,
+                        row->call_id,
+                        row->src.topic ? row->src.topic : "",
+                        num(&pa, row->src.partition),
+                        num(&of, row->src.offset),
+                        num(&at, row->received_at),
+                        row->outcome};
+    PGresult *r = NULL;
+    /* one statement: a new id gets its row (seen 1), a known one is counted */
+    int rc = q(p,
+               "INSERT INTO onceq.consumer_inbox AS i (message_id, call_id, topic, partition, "
+               "\"offset\", received_at, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7) ON "
+               "CONFLICT (message_id) DO UPDATE SET seen = i.seen + 1 RETURNING seen",
+               7, pr, &r, err);
+    if (rc) return rc;
+    *seen = PQntuples(r) == 1 ? col_i64(r, 0, 0) : 2;
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_inbox_retake(oq__consumer_pg_t *p, const oq__inbox_row_t *row, int *taken,
+                                 oq_error_t *err)
+{
+    num_t pa, of, at;
+    const char *pr[] = {row->message_id,
+                        row->call_id,
+                        row->src.topic ? row->src.topic : "",
+                        num(&pa, row->src.partition),
+                        num(&of, row->src.offset),
+                        num(&at, row->received_at),
+                        row->outcome};
+    int64_t n = 0;
+    *taken = 0;
+    int rc = cmd(p,
+                 "UPDATE onceq.consumer_inbox SET call_id = $2, topic = $3, partition = $4, "
+                 "\"offset\" = $5, received_at = $6, outcome = $7 WHERE message_id = $1 AND "
+                 "outcome = 'dlq'",
+                 7, pr, &n, err);
+    if (rc == 0) *taken = n == 1;
+    return rc;
+}
+
+/* --- effects and audit ----------------------------------------------------------------------- */
+
+int oq__consumer_pg_effect_insert(oq__consumer_pg_t *p, const oq__effect_row_t *e, int *inserted,
+                                  oq_error_t *err)
+{
+    num_t am, at, fe, ca;
+    const char *pr[] = {e->effect_id,
+                        e->call_id,
+                        e->tool ? e->tool : "",
+                        e->amount ? num(&am, e->amount) : NULL,
+                        e->recipient && e->recipient[0] ? e->recipient : NULL,
+                        e->detail,
+                        num(&at, e->attempt),
+                        num(&fe, e->fence),
+                        p->worker,
+                        num(&ca, e->created_at),
+                        e->downstream_id && e->downstream_id[0] ? e->downstream_id : NULL};
+    int64_t n = 0;
+    *inserted = 0;
+    int rc = cmd(p,
+                 "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, recipient, "
+                 "detail, attempt, fence, worker, created_at, downstream_id) VALUES ($1, $2, $3, "
+                 "$4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+                 11, pr, &n, err);
+    *inserted = rc == 0 && n == 1;
+    return rc;
+}
+
+int oq__consumer_pg_effect_get(oq__consumer_pg_t *p, const char *call_id, int *found,
+                               char **effect_id, char **detail, oq_error_t *err)
+{
+    const char *pr[] = {call_id};
+    PGresult *r = NULL;
+    *found = 0;
+    int rc = q(p, "SELECT effect_id, detail FROM onceq.consumer_effects WHERE call_id = $1", 1, pr,
+               &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 1) {
+        *found = 1;
+        if (effect_id) *effect_id = col_dup(r, 0, 0);
+        if (detail) *detail = col_dup(r, 0, 1);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_effect_read(oq__consumer_pg_t *p, const char *call_id, int *found,
+                                oq__effect_read_t *out, oq_error_t *err)
+{
+    const char *pr[] = {call_id};
+    PGresult *r = NULL;
+    *found = 0;
+    memset(out, 0, sizeof *out);
+    int rc = q(p,
+               "SELECT effect_id, detail, downstream_id, created_at, worker FROM "
+               "onceq.consumer_effects WHERE call_id = $1",
+               1, pr, &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 1) {
+        *found = 1;
+        out->effect_id = col_dup(r, 0, 0);
+        out->detail = col_dup(r, 0, 1);
+        out->downstream_id = col_dup(r, 0, 2);
+        out->created_at = col_i64(r, 0, 3);
+        out->worker = col_dup(r, 0, 4);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int64_t oq__consumer_pg_effect_count(oq__consumer_pg_t *p, const char *call_id)
+{
+    const char *pr[] = {call_id};
+    PGresult *r = NULL;
+    int rc = call_id ? q(p, "SELECT count(*) FROM onceq.consumer_effects WHERE call_id = $1", 1, pr,
+                         &r, NULL)
+                     : q(p, "SELECT count(*) FROM onceq.consumer_effects", 0, NULL, &r, NULL);
+    if (rc) return OQ_EDB;
+    int64_t v = col_i64(r, 0, 0);
+    PQclear(r);
+    return v;
+}
+
+int oq__consumer_pg_audit_add(oq__consumer_pg_t *p, const oq__audit_row_t *a, oq_error_t *err)
+{
+    num_t ts, at, fe;
+    const char *pr[] = {num(&ts, a->ts),    a->call_id, a->event, num(&at, a->attempt),
+                        num(&fe, a->fence), p->worker,  a->detail};
+    return cmd(p,
+               "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, fence, worker, "
+               "detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+               7, pr, NULL, err);
+}
+
+int oq__consumer_pg_audit_list(oq__consumer_pg_t *p, const char *call_id,
+                               void (*cb)(const oq__audit_read_t *row, void *opaque), void *opaque,
+                               oq_error_t *err)
+{
+    const char *pr[] = {call_id};
+    PGresult *r = NULL;
+    int rc = q(p,
+               "SELECT id, ts, event, attempt, fence, worker, detail FROM onceq.consumer_audit "
+               "WHERE call_id = $1 ORDER BY id",
+               1, pr, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__audit_read_t a = {.id = col_i64(r, i, 0),
+                              .ts = col_i64(r, i, 1),
+                              .event = col_str(r, i, 2),
+                              .attempt = col_i64(r, i, 3),
+                              .fence = col_i64(r, i, 4),
+                              .worker = col_str(r, i, 5),
+                              .detail = col_str(r, i, 6)};
+        cb(&a, opaque);
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* --- outbox (onceq.outbox, published by relay/store_pg.c) ------------------------------------ */
+
+static char *dupn(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+int oq__consumer_pg_outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, oq_error_t *err)
+{
+    num_t at;
+    char *pl = dupn(row->payload, row->payload_len);
+    if (!pl) return oom(err);
+    const char *pr[] = {row->message_id, row->topic, row->key, pl, num(&at, row->created_at)};
+    int64_t n = 0;
+    /* ON CONFLICT: a taken message id must not abort the caller's transaction */
+    int rc = cmd(p,
+                 "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) VALUES "
+                 "($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING",
+                 5, pr, &n, err);
+    free(pl);
+    if (rc == 0 && n == 0)
+        return oq_error_set(err, OQ_EEXIST, 0, "outbox append: message id %.40s exists",
+                            row->message_id);
+    return rc;
+}
+
+int oq__consumer_pg_outbox_republish(oq__consumer_pg_t *p, const oq_outbox_row_t *row,
+                                     oq_outbox_republish_t *what, oq_error_t *err)
+{
+    const char *pr[] = {row->message_id};
+    int64_t n = 0;
+    /* delivered: numbered again by the relay's next assign, above its watermark */
+    int rc = cmd(
+        p, "UPDATE onceq.outbox SET pub_seq = NULL WHERE message_id = $1 AND pub_seq <= " WATERMARK,
+        1, pr, &n, err);
+    if (rc) return rc;
+    if (n > 0) {
+        *what = OQ_OUTBOX_REQUEUED;
+        return 0;
+    }
+    rc = oq__consumer_pg_outbox_append(p, row, err);
+    if (rc == 0) {
+        *what = OQ_OUTBOX_APPENDED;
+    } else if (rc == OQ_EEXIST) {
+        if (err) memset(err, 0, sizeof *err);
+        *what = OQ_OUTBOX_PENDING; /* not delivered yet: the relay will publish it */
+        rc = 0;
+    }
+    return rc;
+}
+
+int oq__consumer_pg_purge_outbox(oq__consumer_pg_t *p, int64_t before, int limit,
+                                 int64_t *n_deleted, oq_error_t *err)
+{
+    num_t b, l;
+    const char *pr[] = {num(&b, before), num(&l, limit), OQ_TOPIC_RESULTS};
+    int64_t n = 0;
+    /* the consumer's rows only (the producer purges its own) */
+    int rc = cmd(p,
+                 "DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
+                 "pub_seq <= " WATERMARK " AND topic = $3 AND created_at < $1 ORDER BY pub_seq "
+                 "LIMIT $2)",
+                 3, pr, &n, err);
+    if (n_deleted) *n_deleted = rc ? 0 : n;
+    return rc;
+}
+
+/* --- dead letters ---------------------------------------------------------------------------- */
+
+static char *hex(const void *b, size_t n)
+{
+    static const char d[] = "0123456789abcdef";
+    char *h = malloc(2 * n + 1);
+    if (!h) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        h[2 * i] = d[((const unsigned char *)b)[i] >> 4];
+        h[2 * i + 1] = d[((const unsigned char *)b)[i] & 15];
+    }
+    h[2 * n] = '\0';
+    return h;
+}
+
+static int unhex_in_place(char *h, size_t *n)
+{
+    size_t l = strlen(h);
+    for (size_t i = 0; 2 * i + 1 < l; i++) {
+        unsigned v = 0;
+        if (sscanf(h + 2 * i, "%2x", &v) != 1) return -1;
+        h[i] = (char)v;
+    }
+    *n = l / 2;
+    return 0;
+}
+
+int oq__consumer_pg_dlq_insert(oq__consumer_pg_t *p, const oq__dlq_row_t *r, oq_error_t *err)
+{
+    num_t pa, of, at;
+    char *k = r->key ? hex(r->key, r->key_len) : NULL;
+    char *v = hex(r->payload ? r->payload : "", r->payload ? r->len : 0);
+    if ((r->key && !k) || !v) {
+        free(k);
+        free(v);
+        return oom(err);
+    }
+    const char *pr[] = {r->message_id,
+                        r->src.topic ? r->src.topic : "",
+                        num(&pa, r->src.partition),
+                        num(&of, r->src.offset),
+                        k,
+                        v,
+                        r->reason,
+                        num(&at, r->created_at),
+                        r->code ? r->code : "invalid_envelope",
+                        r->redrive};
+    int rc = cmd(p,
+                 "INSERT INTO onceq.consumer_dlq(message_id, topic, partition, \"offset\", "
+                 "msg_key, payload, reason, created_at, code, redrive) VALUES ($1, $2, $3, $4, "
+                 "decode($5, 'hex'), decode($6, 'hex'), $7, $8, $9, $10)",
+                 10, pr, NULL, err);
+    free(k);
+    free(v);
+    return rc;
+}
+
+int oq__consumer_pg_dlq_pending(oq__consumer_pg_t *p, int limit,
+                                void (*cb)(const oq__dlq_row_t *row, void *opaque), void *opaque,
+                                oq_error_t *err)
+{
+    num_t l;
+    const char *pr[] = {num(&l, limit)};
+    PGresult *r = NULL;
+    int rc = q(p,
+               "SELECT id, message_id, reason, encode(msg_key, 'hex'), encode(payload, 'hex'), "
+               "code, topic, partition, \"offset\", redrive FROM onceq.consumer_dlq WHERE "
+               "published_at IS NULL ORDER BY id LIMIT $1",
+               1, pr, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        oq__dlq_row_t d;
+        memset(&d, 0, sizeof d);
+        d.id = col_i64(r, i, 0);
+        d.message_id = col_str(r, i, 1);
+        d.reason = col_str(r, i, 2);
+        char *k = PQgetisnull(r, i, 3) ? NULL : PQgetvalue(r, i, 3);
+        char *v = PQgetisnull(r, i, 4) ? NULL : PQgetvalue(r, i, 4);
+        /* decoded in place: the result's text is ours until PQclear */
+        if (k && unhex_in_place(k, &d.key_len) == 0) d.key = k;
+        if (v && unhex_in_place(v, &d.len) == 0) d.payload = v;
+        d.code = col_str(r, i, 5);
+        d.src.topic = col_str(r, i, 6);
+        d.src.partition = (int32_t)col_i64(r, i, 7);
+        d.src.offset = col_i64(r, i, 8);
+        d.redrive = col_str(r, i, 9);
+        cb(&d, opaque);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_dlq_mark(oq__consumer_pg_t *p, int64_t id, int64_t now, oq_error_t *err)
+{
+    num_t a, b;
+    const char *pr[] = {num(&a, id), num(&b, now)};
+    return cmd(p, "UPDATE onceq.consumer_dlq SET published_at = $2 WHERE id = $1", 2, pr, NULL,
+               err);
+}
+
+/* --- retention ------------------------------------------------------------------------------- */
+
+int oq__consumer_pg_purge(oq__consumer_pg_t *p, int64_t before, int limit, int64_t *n_deleted,
+                          oq_error_t *err)
+{
+    num_t b, l;
+    const char *pr[] = {num(&b, before), num(&l, limit)};
+    int64_t a = 0, d = 0;
+    if (n_deleted) *n_deleted = 0;
+    int rc = cmd(p,
+                 "DELETE FROM onceq.consumer_inbox WHERE message_id IN (SELECT message_id FROM "
+                 "onceq.consumer_inbox WHERE received_at < $1 LIMIT $2)",
+                 2, pr, &a, err);
+    if (rc) return rc;
+    rc = cmd(p,
+             "DELETE FROM onceq.consumer_dlq WHERE id IN (SELECT id FROM onceq.consumer_dlq "
+             "WHERE published_at IS NOT NULL AND created_at < $1 LIMIT $2)",
+             2, pr, &d, err);
+    if (rc) return rc;
+    if (n_deleted) *n_deleted = a + d;
+    return 0;
+}
+
+int oq__consumer_pg_horizon(oq__consumer_pg_t *p, int64_t *horizon, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    /* FOR SHARE inside a transaction: a purge raising it waits for this reader (file comment) */
+    int rc = q(p,
+               in_tx(p) ? "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions' "
+                          "FOR SHARE"
+                        : "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'",
+               0, NULL, &r, err);
+    if (rc) return rc;
+    *horizon = PQntuples(r) == 1 ? col_i64(r, 0, 0) : 0;
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_purge_bounds(oq__consumer_pg_t *p, int64_t before, int64_t *max_rowid,
+                                 int64_t *max_audit_id, oq_error_t *err)
+{
+    num_t b;
+    const char *pr[] = {num(&b, before)};
+    PGresult *r = NULL;
+    int rc = q(p,
+               "SELECT coalesce((SELECT id FROM onceq.consumer_executions WHERE created_at >= $1 "
+               "ORDER BY id LIMIT 1) - 1, (SELECT coalesce(max(id), 0) FROM "
+               "onceq.consumer_executions)), coalesce((SELECT id FROM onceq.consumer_audit WHERE "
+               "ts >= $1 ORDER BY id LIMIT 1) - 1, (SELECT coalesce(max(id), 0) FROM "
+               "onceq.consumer_audit))",
+               1, pr, &r, err);
+    if (rc) return rc;
+    *max_rowid = col_i64(r, 0, 0);
+    *max_audit_id = col_i64(r, 0, 1);
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_purge_settled(oq__consumer_pg_t *p, const oq__purge_batch_t *b, int64_t *last,
+                                  int64_t *n_exec, int64_t *n_eff, oq_error_t *err)
+{
+    num_t h, a, u, be, l;
+    const char *ph[] = {num(&h, b->horizon)};
+    *n_exec = *n_eff = 0;
+    *last = b->after;
+    /* the horizon first: nothing settled after it is deleted, no message older is executed */
+    int rc = cmd(p,
+                 "UPDATE onceq.consumer_retention SET horizon = GREATEST(horizon, $1) WHERE name "
+                 "= 'executions'",
+                 1, ph, NULL, err);
+    if (rc) return rc;
+    const char *pr[] = {num(&a, b->after), num(&u, b->upto), num(&be, b->before),
+                        num(&l, b->limit)};
+    PGresult *r = NULL;
+    rc = q(p,
+           "WITH x AS (SELECT id, call_id FROM onceq.consumer_executions WHERE id > $1 AND id <= "
+           "$2 AND state IN ('COMMITTED', 'FAILED_FINAL') AND updated_at < $3 ORDER BY id LIMIT "
+           "$4 FOR UPDATE), e AS (DELETE FROM onceq.consumer_effects WHERE call_id IN (SELECT "
+           "call_id FROM x) RETURNING 1), d AS (DELETE FROM onceq.consumer_executions WHERE id "
+           "IN (SELECT id FROM x) RETURNING id) SELECT (SELECT count(*) FROM d), (SELECT "
+           "coalesce(max(id), 0) FROM x), (SELECT count(*) FROM e)",
+           4, pr, &r, err);
+    if (rc) return rc;
+    *n_exec = col_i64(r, 0, 0);
+    if (*n_exec) *last = col_i64(r, 0, 1);
+    *n_eff = col_i64(r, 0, 2);
+    PQclear(r);
+    return 0;
+}
+
+int oq__consumer_pg_purge_audit(oq__consumer_pg_t *p, const oq__purge_batch_t *b, int64_t *last,
+                                int64_t *n_deleted, oq_error_t *err)
+{
+    num_t a, u, be, l;
+    const char *pr[] = {num(&a, b->after), num(&u, b->upto), num(&be, b->before),
+                        num(&l, b->limit)};
+    PGresult *r = NULL;
+    *n_deleted = 0;
+    *last = b->after;
+    int rc = q(p,
+               "WITH x AS (SELECT id FROM onceq.consumer_audit a WHERE id > $1 AND id <= $2 AND "
+               "ts < $3 AND (a.call_id IS NULL OR NOT EXISTS (SELECT 1 FROM "
+               "onceq.consumer_executions e WHERE e.call_id = a.call_id)) ORDER BY id LIMIT $4), "
+               "d AS (DELETE FROM onceq.consumer_audit WHERE id IN (SELECT id FROM x) RETURNING "
+               "id) SELECT count(*), coalesce(max(id), 0) FROM d",
+               4, pr, &r, err);
+    if (rc) return rc;
+    *n_deleted = col_i64(r, 0, 0);
+    if (*n_deleted) *last = col_i64(r, 0, 1);
+    PQclear(r);
+    return 0;
+}
+
+/* --- export (onceq verify) ------------------------------------------------------------------- */
+
+/* The tables `onceq verify` reads, with their columns in both schemas (dead letters are not
+ * read there, and their bytes stay here). */
+static const struct {
+    const char *pg, *lite, *cols;
+} export_tables[] = {
+    {"consumer_inbox", "inbox",
+     "message_id, call_id, topic, partition, \"offset\", received_at, outcome, seen"},
+    {"consumer_executions", "executions",
+     "call_id, tenant, idem_key, fingerprint, tool, args, state, attempt, tries, lease_owner, "
+     "lease_until, fence, result, error, effect_id, next_attempt_at, message_id, created_at, "
+     "updated_at, started_at, unknown_at, lookups"},
+    {"consumer_effects", "effects",
+     "call_id, effect_id, tool, amount, recipient, detail, attempt, fence, worker, created_at, "
+     "downstream_id"},
+    {"consumer_audit", "audit", "id, ts, call_id, event, attempt, fence, worker, detail"},
+};
+
+int oq__consumer_pg_export(oq__consumer_pg_t *p, sqlite3 *dst, oq_error_t *err)
+{
+    int rc = ready(p, err);
+    /* one snapshot of every table */
+    if (rc || (rc = oq_pg_exec(p->c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err)))
+        return rc;
+    if ((rc = oq_db_exec(dst, "BEGIN", err))) goto out;
+    for (size_t t = 0; t < sizeof export_tables / sizeof export_tables[0] && !rc; t++) {
+        char sql[1024], ins[1024], marks[200] = "";
+        PGresult *r = NULL;
+        snprintf(sql, sizeof sql, "SELECT %s FROM onceq.%s ORDER BY 1", export_tables[t].cols,
+                 export_tables[t].pg);
+        if ((rc = oq_pg_query(p->c, sql, 0, NULL, &r, err))) break;
+        int nf = PQnfields(r);
+        for (int i = 0; i < nf; i++)
+            snprintf(marks + strlen(marks), sizeof marks - strlen(marks), "%s?", i ? "," : "");
+        snprintf(ins, sizeof ins, "INSERT INTO %s(%s) VALUES(%s)", export_tables[t].lite,
+                 export_tables[t].cols, marks);
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(dst, ins, -1, &st, NULL) != SQLITE_OK) {
+            rc = oq_db_error(dst, SQLITE_ERROR, err, "export prepare");
+            PQclear(r);
+            break;
+        }
+        for (int i = 0; i < PQntuples(r) && !rc; i++) {
+            for (int f = 0; f < nf; f++) {
+                if (PQgetisnull(r, i, f))
+                    sqlite3_bind_null(st, f + 1);
+                else
+                    sqlite3_bind_text(st, f + 1, PQgetvalue(r, i, f), -1, SQLITE_STATIC);
+            }
+            int s = sqlite3_step(st);
+            if (s != SQLITE_DONE) rc = oq_db_error(dst, s, err, "export insert");
+            sqlite3_reset(st);
+        }
+        sqlite3_finalize(st);
+        PQclear(r);
+    }
+    if (!rc) rc = oq_db_commit(dst, err);
+    if (rc) oq_db_rollback(dst);
+out:
+    PQclear(PQexec(p->c, "ROLLBACK"));
+    return rc;
+}
