@@ -227,29 +227,32 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
 {
     int64_t deadline = oq_mono_us() + timeout_ms * 1000;
     char like[64];
+    PGconn *pg = NULL;
     snprintf(like, sizeof like, "%s-%%", prefix);
     while (oq_mono_us() < deadline) {
         int st;
         if (waitpid(up_pid, &st, WNOHANG) == up_pid) {
             fprintf(stderr, "bench e2e: onceq up exited during the run\n");
+            if (pg) PQfinish(pg);
             return -1;
         }
         sqlite3 *db = NULL;
         int64_t total = -1, open_ = -1;
-        if (e2e_db_url) {
-            PGconn *pg = NULL;
+        if (e2e_db_url) { /* one connection for the whole wait: its cost is the server's CPU */
             PGresult *res = NULL;
             const char *p[1] = {like};
-            if (oq_pg_connect(e2e_db_url, &pg, NULL) == 0 &&
-                oq_pg_query(pg,
-                            "SELECT count(*), count(*) FILTER (WHERE state IN "
-                            "('pending','running')) FROM onceq.calls WHERE idem_key LIKE $1",
-                            1, p, &res, NULL) == 0) {
+            if (!pg && oq_pg_connect(e2e_db_url, &pg, NULL) != 0) pg = NULL;
+            if (pg && oq_pg_query(pg,
+                                  "SELECT count(*), count(*) FILTER (WHERE state IN "
+                                  "('pending','running')) FROM onceq.calls WHERE idem_key LIKE $1",
+                                  1, p, &res, NULL) == 0) {
                 total = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
                 open_ = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+            } else if (pg) {
+                PQfinish(pg);
+                pg = NULL;
             }
             PQclear(res);
-            if (pg) PQfinish(pg);
         } else if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
             sqlite3_busy_timeout(db, 2000);
             e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1", like, &total);
@@ -259,9 +262,13 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
                       like, &open_);
         }
         sqlite3_close_v2(db);
-        if (total >= expect && open_ == 0) return 0;
+        if (total >= expect && open_ == 0) {
+            if (pg) PQfinish(pg);
+            return 0;
+        }
         oq_sleep_ms(50, NULL);
     }
+    if (pg) PQfinish(pg);
     fprintf(stderr, "bench e2e: calls of run '%s' not terminal within the drain timeout\n", prefix);
     return -1;
 }
