@@ -179,7 +179,8 @@ typedef struct oq__due_row {
  *        updated_at, audit and inbox times). SQLite: the boot's anchor (read or written at
  *        open, schema/consumer/0005_lease_clock.sql) + CLOCK_BOOTTIME: the same clock for every
  *        process of the host, never stepped, near the wall clock in value (docs/DESIGN.md,
- *        "Clocks"). A backend shared by several hosts answers the database server's clock here.
+ *        "Clocks"). PostgreSQL (shared by several hosts): the database server's clock, read at
+ *        open and carried by CLOCK_BOOTTIME (consumer/store_pg.c).
  * @locality any thread; reads nothing but the anchor.
  */
 int64_t oq__consumer_store_now(const oq__consumer_store_t *s);
@@ -239,7 +240,8 @@ int oq__consumer_store_exec_get(oq__consumer_store_t *s, const char *call_id, oq
                                 oq_error_t *err);
 
 /** @brief Insert the execution \p x (every column from \p x; created_at = updated_at = \p now).
- *  @returns 0, or OQ_EDB (a second row for the call violates UNIQUE(call_id)). */
+ *  @returns 0, or OQ_EDB on SQLite / OQ_EEXIST on PostgreSQL (a second row for the call violates
+ *  UNIQUE(call_id); on PostgreSQL the transaction is then aborted: roll back). */
 int oq__consumer_store_exec_insert(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
                                    oq_error_t *err);
 

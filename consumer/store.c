@@ -495,7 +495,7 @@ static int read_execs(oq__consumer_store_t *s, sqlite3_stmt *st, oq__exec_row_t 
 int oq__consumer_store_exec_lapsed(oq__consumer_store_t *s, int64_t now, oq__exec_row_t *rows,
                                    int cap, int *n, oq_error_t *err)
 {
-    if (s->pg) return oq__consumer_pg_exec_lapsed(s->pg, rows, cap, n, err); /* server clock */
+    if (s->pg) return oq__consumer_pg_exec_lapsed(s->pg, now, rows, cap, n, err);
     static const char sql[] = "SELECT " EXEC_COLS " FROM executions WHERE (state = 'STARTED' "
                               "OR state = 'RECONCILING') AND lease_until < ?1 LIMIT ?2";
     sqlite3_stmt *st = stmt(s, sql, err);

@@ -10,10 +10,11 @@
  *    clock (oq__consumer_store_now) is the server's: read with clock_timestamp() at open and
  *    carried by this host's boot clock (a constant offset, so a host whose wall clock is wrong,
  *    or stepped, still writes leases and due times on the server's scale). The lease lapse that
- *    lets another worker take an execution over is decided in SQL, against clock_timestamp()
- *    itself (exec_lapsed, recovery_pending): a consumer whose clock runs ahead cannot see a
- *    live lease as lapsed, and one whose clock runs behind cannot write a lease that outlives
- *    its term on the server's scale. Fences work as on SQLite: every conditional update names
+ *    lets another worker take an execution over is also checked in SQL against
+ *    clock_timestamp() itself (exec_lapsed, recovery_pending: lapsed on the worker's clock
+ *    AND on the server's): a consumer whose clock runs ahead cannot see a live lease as
+ *    lapsed, and one whose clock runs behind cannot write a lease that outlives its term on
+ *    the server's scale. Fences work as on SQLite: every conditional update names
  *    the state and fence it read, and READ COMMITTED re-checks that WHERE on the row's newest
  *    version after a concurrent writer committed, so a stale worker matches nothing.
  *  - A failed statement aborts a PostgreSQL transaction (SQLite aborts only the statement).
@@ -49,9 +50,11 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_pg.h"
+#include "oq_util.h"
 
 struct oq__consumer_pg {
     PGconn *c;
+    int tx; /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
     char worker[128];
 };
 
@@ -119,28 +122,50 @@ static int ready(oq__consumer_pg_t *p, oq_error_t *err)
 
 static int in_tx(oq__consumer_pg_t *p)
 {
-    PGTransactionStatusType t = PQtransactionStatus(p->c);
-    return t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
+    return p->tx;
+}
+
+/* Before a statement: outside a transaction a lost connection is re-established; inside one
+ * it is not (what the transaction wrote is gone with it: the statement must fail, and the
+ * caller rolls back and retries the whole transaction, never continues in autocommit). */
+static int usable(oq__consumer_pg_t *p, oq_error_t *err)
+{
+    if (!p->tx) return ready(p, err);
+    if (PQstatus(p->c) != CONNECTION_OK)
+        return oq_pg_error(p->c, NULL, err, "connection lost inside a transaction");
+    return 0;
+}
+
+/* Outside a transaction a statement is retried once more when the connection was lost
+ * (reconnected first) or the server chose it as a deadlock or serialization victim: every
+ * single statement of this file may run twice (ids, fences and ON CONFLICT make it so). */
+static int again(oq__consumer_pg_t *p, int rc, const oq_error_t *err, int attempt)
+{
+    if (!rc || p->tx || attempt > 0) return 0;
+    if (PQstatus(p->c) == CONNECTION_BAD) return 1;
+    return rc == OQ_EBUSY && err && err->retriable;
 }
 
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
-    if (!in_tx(p)) {
-        int rc = ready(p, err);
-        if (rc) return rc;
+    int rc = 0;
+    for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
+        if (i) oq_sleep_ms(20, NULL);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_query(p->c, sql, n, pr, r, err);
     }
-    return oq_pg_query(p->c, sql, n, pr, r, err);
+    return rc;
 }
 
 static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr,
                int64_t *affected, oq_error_t *err)
 {
-    if (!in_tx(p)) {
-        int rc = ready(p, err);
-        if (rc) return rc;
+    int rc = 0;
+    for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
+        if (i) oq_sleep_ms(20, NULL);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_cmd(p->c, sql, n, pr, affected, err);
     }
-    return oq_pg_cmd(p->c, sql, n, pr, affected, err);
+    return rc;
 }
 
 /* --- connection ------------------------------------------------------------------------------ */
@@ -180,6 +205,7 @@ PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p)
 
 int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
 {
+    p->tx = 0;
     int rc = ready(p, err);
     if (rc) return rc;
     rc = oq_pg_exec(p->c, "BEGIN", err);
@@ -187,16 +213,34 @@ int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
         if ((rc = ready(p, err)) == 0) rc = oq_pg_exec(p->c, "BEGIN", err);
     }
+    p->tx = rc == 0;
     return rc;
 }
 
 int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
 {
-    return oq_pg_exec(p->c, "COMMIT", err);
+    if (!p->tx) return oq_error_set(err, OQ_ESTATE, 0, "commit without a transaction");
+    /* A transaction a statement aborted answers COMMIT with "ROLLBACK" and no error: refuse it,
+     * so that nothing is acknowledged to Kafka that did not commit. */
+    if (PQstatus(p->c) != CONNECTION_OK || PQtransactionStatus(p->c) != PQTRANS_INTRANS) {
+        int rc = PQstatus(p->c) != CONNECTION_OK
+                     ? oq_pg_error(p->c, NULL, err, "commit: connection lost")
+                     : oq_error_set(err, OQ_EDB, 0, "commit: the transaction was aborted");
+        oq__consumer_pg_rollback(p);
+        return rc;
+    }
+    PGresult *r = PQexec(p->c, "COMMIT");
+    int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    int rc = ok ? 0 : oq_pg_error(p->c, r, err, "commit");
+    if (!ok && rc == 0) rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
+    PQclear(r);
+    p->tx = 0;
+    return rc;
 }
 
 void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
 {
+    p->tx = 0;
     if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
         PQclear(PQexec(p->c, "ROLLBACK"));
 }
@@ -368,15 +412,17 @@ static int read_execs(oq__consumer_pg_t *p, const char *sql, int np, const char 
     return rc;
 }
 
-int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, oq__exec_row_t *rows, int cap, int *n,
-                                oq_error_t *err)
+int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, int64_t now, oq__exec_row_t *rows, int cap,
+                                int *n, oq_error_t *err)
 {
-    num_t c;
-    const char *pr[] = {num(&c, cap)};
+    num_t c, t;
+    const char *pr[] = {num(&c, cap), num(&t, now)};
+    /* lapsed on the worker's clock (the server's, carried) AND on the server's own */
     return read_execs(p,
                       "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE state IN "
-                      "('STARTED', 'RECONCILING') AND lease_until < " SRV_NOW " LIMIT $1",
-                      1, pr, rows, cap, n, err);
+                      "('STARTED', 'RECONCILING') AND lease_until < LEAST($2::bigint, " SRV_NOW
+                      ") LIMIT $1",
+                      2, pr, rows, cap, n, err);
 }
 
 int oq__consumer_pg_exec_in_state(oq__consumer_pg_t *p, int state, oq__exec_row_t *rows, int cap,
@@ -444,7 +490,8 @@ int oq__consumer_pg_recovery_pending(oq__consumer_pg_t *p, int64_t now)
     PGresult *r = NULL;
     if (q(p,
           "SELECT EXISTS (SELECT 1 FROM onceq.consumer_executions WHERE state IN ('STARTED', "
-          "'RECONCILING') AND lease_until < " SRV_NOW ") OR EXISTS (SELECT 1 FROM "
+          "'RECONCILING') AND lease_until < LEAST($1::bigint, " SRV_NOW
+          ")) OR EXISTS (SELECT 1 FROM "
           "onceq.consumer_executions WHERE state = 'UNKNOWN' AND coalesce(next_attempt_at, 0) "
           "<= $1)",
           1, pr, &r, NULL))

@@ -42,8 +42,8 @@ int oq__consumer_pg_exec_set_result(oq__consumer_pg_t *p, const char *call_id, c
                                     const char *effect_id, oq_error_t *err);
 int oq__consumer_pg_lease_renew(oq__consumer_pg_t *p, const char *call_id, int64_t fence,
                                 int64_t lease_until, oq_error_t *err);
-int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, oq__exec_row_t *rows, int cap, int *n,
-                                oq_error_t *err);
+int oq__consumer_pg_exec_lapsed(oq__consumer_pg_t *p, int64_t now, oq__exec_row_t *rows, int cap,
+                                int *n, oq_error_t *err);
 int oq__consumer_pg_exec_in_state(oq__consumer_pg_t *p, int state, oq__exec_row_t *rows, int cap,
                                   int *n, oq_error_t *err);
 int oq__consumer_pg_exec_held_by(oq__consumer_pg_t *p, const char *owner, oq__exec_row_t *rows,

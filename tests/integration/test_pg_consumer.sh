@@ -5,7 +5,8 @@
 # embedded broker; their result events go to onceq.outbox and are published by their own
 # result relays (one lease holder). One consumer dies by SIGKILL mid-run with a batch committed
 # to PostgreSQL and not to Kafka (ONCEQ_CRASH_AT=consumer.after_commit_before_offset@3), then is
-# started again. At the end `onceq verify` (reading the PostgreSQL store) is clean: every
+# started again; then every connection of the consumers is terminated by the server
+# (pg_terminate_backend), twice, while calls flow. At the end `onceq verify` (reading the PostgreSQL store) is clean: every
 # accepted call terminal, one effect per call, the redelivery absorbed by the inbox, every
 # result delivered (the producer saw it). The connection string is in no log line.
 # ctest-cost: 90
@@ -35,7 +36,7 @@ oq_wait_for 60 victim_assigned || oq_fail "consumer-2 got no partitions within 6
     oq_fail "no consumer tables in schema onceq"
 
 oq_log "submitting $N calls"
-"$(oq_tool oq_e2e_load)" --port "$PORT" --calls "$N" --rate 100 --conns 4 --prefix pgc \
+"$(oq_tool oq_e2e_load)" --port "$PORT" --calls "$N" --rate 60 --conns 4 --prefix pgc \
     --accepted "$T/accepted" >"$T/load.out" 2>&1 &
 LOAD=$!
 oq_on_exit "kill $LOAD 2>/dev/null"
@@ -47,6 +48,14 @@ oq_wait_for 90 victim_dead || {
 }
 oq_log "consumer-2 died (SIGKILL) with a batch committed to PostgreSQL, not to Kafka"
 pl_spawn_consumer 2
+# every connection to the database terminated by the server, twice, while calls flow: the
+# consumers (and their result relays) reconnect; a batch that met it is rolled back and retried
+for k in 1 2; do
+    sleep 1
+    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'onceq_it_pg_consumer' AND pid <> pg_backend_pid()")
+    oq_log "pg_terminate_backend: $n connections of the consumers terminated"
+    ((n >= 2)) || oq_fail "expected the consumers' connections, found $n"
+done
 
 wait "$LOAD"
 lrc=$?

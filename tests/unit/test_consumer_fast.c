@@ -115,19 +115,19 @@ static void test_fast_commit_one_audit_row(void **state)
     /* once the result was delivered (and maybe lost on the way), the same message again
      * re-emits it: the same row moved to the tail, same result message id, nothing executed */
     relay_delivered_all(f->a);
-    int64_t seq0 = q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id);
+    int64_t seq0 = q_count(f->a, "SELECT " FX_POS " FROM outbox WHERE key=?1", e.call_id);
     assert_int_equal(fast(f->b, &e, now + 30, &is_new, &st, &enew), OQ__INTAKE_REEMITTED);
     assert_int_equal(q_count(f->a, "SELECT count(*) FROM outbox WHERE key=?1", e.call_id), 1);
-    assert_true(q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id) > seq0);
+    assert_true(q_count(f->a, "SELECT " FX_POS " FROM outbox WHERE key=?1", e.call_id) > seq0);
     char *rid2 = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1", e.call_id);
     assert_string_equal(rid2, rid);
     free(rid2);
     /* and so does a new message id of the call (done), once that copy was delivered too */
     relay_delivered_all(f->a);
-    seq0 = q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id);
+    seq0 = q_count(f->a, "SELECT " FX_POS " FROM outbox WHERE key=?1", e.call_id);
     oq_id_uuid(again.message_id);
     assert_int_equal(fast(f->a, &again, now + 40, &is_new, &st, &enew), OQ__INTAKE_DONE);
-    assert_true(q_count(f->a, "SELECT seq FROM outbox WHERE key=?1", e.call_id) > seq0);
+    assert_true(q_count(f->a, "SELECT " FX_POS " FROM outbox WHERE key=?1", e.call_id) > seq0);
     rid2 = q_text(f->a, "SELECT message_id FROM outbox WHERE key=?1", e.call_id);
     assert_string_equal(rid2, rid);
     free(rid2);
@@ -193,7 +193,7 @@ static void test_fast_effect_gate(void **state)
              "worker, created_at) VALUES ('%s', 'e_old', 'charge', 3, '{\"old\":true}', 1, 1, "
              "'w0', 1)",
              e.call_id);
-    assert_int_equal(sqlite3_exec(oq__consumer_store_db(f->a), sql, NULL, NULL, NULL), SQLITE_OK);
+    fx_exec(f->a, sql);
     int is_new = 0, st = -1, enew = 0;
     assert_int_equal(fast(f->a, &e, 7000000, &is_new, &st, &enew), OQ__INTAKE_NEW);
     assert_int_equal(st, OQ_X_COMMITTED);
@@ -240,7 +240,7 @@ static void test_fast_retry_then_claim(void **state)
     oq__exec_row_clear(&x);
     assert_int_equal(q_count(f->a,
                              "SELECT group_concat(event) = 'failed_retryable,started' "
-                             "FROM (SELECT event FROM audit WHERE call_id=?1 ORDER BY id)",
+                             "FROM (SELECT event FROM audit WHERE call_id=?1 ORDER BY id) o",
                              e.call_id),
                      1);
     /* no result event for a non-terminal failure */

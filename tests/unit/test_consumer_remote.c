@@ -61,14 +61,7 @@ static int64_t qi(oq__consumer_store_t *s, const char *sql, const char *call_id)
 
 static char *qs(oq__consumer_store_t *s, const char *sql, const char *call_id)
 {
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(s), sql, -1, &st, NULL), SQLITE_OK);
-    if (call_id) sqlite3_bind_text(st, 1, call_id, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-        v = strdup((const char *)sqlite3_column_text(st, 0));
-    sqlite3_finalize(st);
-    return v;
+    return q_text(s, sql, call_id);
 }
 
 static void state_is(oq__consumer_store_t *s, const char *call_id, const char *want)
@@ -394,7 +387,7 @@ static void test_declarations(void **state)
                      1);
     assert_int_equal(qi(f->b,
                         "SELECT group_concat(event) = 'started,unknown,needs_review' FROM "
-                        "(SELECT event FROM audit WHERE call_id = ?1 ORDER BY id)",
+                        "(SELECT event FROM audit WHERE call_id = ?1 ORDER BY id) o",
                         b.call_id),
                      1);
     /* NEEDS_REVIEW is terminal for the machines: nothing more happens */
@@ -541,6 +534,7 @@ static void test_release_held(void **state)
 static void test_unsettled_index(void **state)
 {
     fx_t *f = *state;
+#if !FX_PG /* (SQLite's plan; PostgreSQL's planner picks by statistics) */
     sqlite3_stmt *st = NULL;
     assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(f->a),
                                         "EXPLAIN QUERY PLAN SELECT count(*) FROM executions "
@@ -552,6 +546,7 @@ static void test_unsettled_index(void **state)
         uses |= strstr((const char *)sqlite3_column_text(st, 3), "executions_unsettled") != NULL;
     sqlite3_finalize(st);
     assert_true(uses);
+#endif
     oq__unsettled_t u;
     oq_error_t err = {0};
     assert_int_equal(oq__consumer_store_unsettled(f->a, &u, &err), 0);

@@ -7,6 +7,7 @@
  * attempts, dead letters, tool argument validation, the transition table (illegal moves are
  * refused and write nothing), the hand-back of an abandoned run, and a finish retried after a
  * rolled-back transaction. Time is passed explicitly, so lease expiry needs no sleeping.
+ * test_consumer_store_pg.c runs these same bodies on PostgreSQL.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,18 +28,12 @@
 
 static int64_t q_int(oq__consumer_store_t *s, const char *sql)
 {
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_prepare_v2(oq__consumer_store_db(s), sql, -1, &st, NULL), SQLITE_OK);
-    int64_t v = -1;
-    if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
+    return q_count(s, sql, NULL);
 }
 
-/* One integer from \p sql with ?1 bound to \p call_id. */
 static void exec_sql(oq__consumer_store_t *s, const char *sql)
 {
-    assert_int_equal(sqlite3_exec(oq__consumer_store_db(s), sql, NULL, NULL, NULL), SQLITE_OK);
+    fx_exec(s, sql);
 }
 
 /* Intake as the worker does it for a blocking tool: a NEW call is planned (PLANNED, due now). */
@@ -193,7 +188,7 @@ static void test_stale_worker_refused(void **state)
     assert_int_equal(q_count(f->a,
                              "SELECT group_concat(event) = 'planned,started,unknown,"
                              "safe_retry,started,lease_lost,committed' FROM (SELECT event "
-                             "FROM audit WHERE call_id=?1 ORDER BY id)",
+                             "FROM audit WHERE call_id=?1 ORDER BY id) o",
                              e.call_id),
                      1);
     oq__exec_row_clear(&xa);
@@ -227,7 +222,7 @@ static void test_effects_unique_last_gate(void **state)
     /* the existing effect wins: its id and result are what the execution reports */
     assert_int_equal(q_count(f->a,
                              "SELECT effect_id = 'e_other' AND "
-                             "json_extract(result,'$.first') FROM executions WHERE "
+                             "json_type(result,'$.first') = 'true' FROM executions WHERE "
                              "call_id=?1",
                              e.call_id),
                      1);
@@ -351,15 +346,16 @@ static void test_terminal_untouched(void **state)
                        "'$.status') <> 'running'",
                        e.call_id);
     relay_delivered_all(f->a);
-    int64_t seq0 = q_count(
-        f->a,
-        "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> 'running'",
-        e.call_id);
+    int64_t seq0 = q_count(f->a,
+                           "SELECT " FX_POS
+                           " FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') <> "
+                           "'running'",
+                           e.call_id);
     oq_id_uuid(e.message_id);
     assert_int_equal(intake(f->b, &e, now + 100003), OQ__INTAKE_DONE);
     assert_true(q_count(f->a,
-                        "SELECT seq FROM outbox WHERE key=?1 AND json_extract(payload, '$.status') "
-                        "<> 'running'",
+                        "SELECT " FX_POS " FROM outbox WHERE key=?1 AND json_extract(payload, "
+                        "'$.status') <> 'running'",
                         e.call_id) > seq0);
     assert_int_equal(q_count(f->a,
                              "SELECT count(*) FROM outbox WHERE key=?1 AND json_extract(payload, "
@@ -425,7 +421,7 @@ static void test_retry_backoff_and_exhaustion(void **state)
     assert_int_equal(q_count(f->a,
                              "SELECT count(*) FROM outbox WHERE key=?1 AND "
                              "json_extract(payload,'$.status')='failed' AND "
-                             "json_extract(payload,'$.error.retryable')=1 AND "
+                             "json_type(payload,'$.error.retryable')='true' AND "
                              "json_extract(payload,'$.error.code')='retries_exhausted'",
                              g.call_id),
                      1);
@@ -610,7 +606,7 @@ static void test_bad_args_fail_final(void **state)
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(q_count(f->a,
                              "SELECT json_extract(error,'$.code')='bad_args' AND "
-                             "json_extract(error,'$.retryable')=0 FROM executions WHERE "
+                             "json_type(error,'$.retryable')='false' FROM executions WHERE "
                              "call_id=?1",
                              e.call_id),
                      1);
@@ -752,7 +748,7 @@ static void test_hand_back(void **state)
     assert_int_equal(q_count(f->a,
                              "SELECT group_concat(event) = 'planned,started,unknown,"
                              "safe_retry' FROM (SELECT event FROM audit WHERE call_id=?1 "
-                             "ORDER BY id)",
+                             "ORDER BY id) o",
                              e.call_id),
                      1);
     /* the old holder's renewal is refused; the next claim is try 1 again */
@@ -848,6 +844,64 @@ static void test_purge(void **state)
     oq_envelope_clear(&e2);
 }
 
+#if FX_PG
+/* A schema onceq newer than this binary: the consumer store refuses to open, changing nothing. */
+static void test_pg_newer_schema_refused(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq__consumer_store_t *s = NULL;
+    oq_db_opts_t o = {.synchronous = "OFF"};
+    fx_exec(f->a, "UPDATE onceq.schema_version SET version = version + 1");
+    assert_int_equal(oq__consumer_store_open(f->path, &o, "worker-c", &s, &err), OQ_EVERSION);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, "newer"));
+    fx_exec(f->a, "UPDATE onceq.schema_version SET version = version - 1");
+    assert_int_equal(oq__consumer_store_open(f->path, &o, "worker-c", &s, &err), 0);
+    oq__consumer_store_close(s);
+}
+
+/* The server ends worker a's connection (restart, pg_terminate_backend). */
+static void pg_kill_a(fx_t *f)
+{
+    char sql[96];
+    snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d, 5000)",
+             PQbackendPID(oq__consumer_store_pgconn(f->a)));
+    fx_exec(f->b, sql);
+}
+
+/* A lost connection: a single statement outside a transaction is retried on a new connection;
+ * inside a transaction the statement fails and nothing of the transaction is written, even by
+ * the statements after it (never continued in autocommit on a new connection), and the next
+ * transaction runs on a new connection. */
+static void test_pg_connection_lost(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    int64_t counts[OQ_X__COUNT];
+    pg_kill_a(f);
+    assert_int_equal(oq__consumer_store_state_counts(f->a, counts, &err), 0);
+
+    pg_kill_a(f);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    oq__audit_row_t a = {.ts = 1, .call_id = "lost-1", .event = "probe", .attempt = 1};
+    assert_int_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    pg_kill_a(f);
+    a.call_id = "lost-2";
+    assert_int_not_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    a.call_id = "lost-3";
+    assert_int_not_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    assert_int_not_equal(oq__consumer_store_commit(f->a, &err), 0);
+    oq__consumer_store_rollback(f->a);
+    assert_int_equal(q_int(f->b, "SELECT count(*) FROM audit WHERE event = 'probe'"), 0);
+
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_audit_add(f->a, &a, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(q_int(f->b, "SELECT count(*) FROM audit WHERE event = 'probe'"), 1);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -868,6 +922,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_outbox_append_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_finish_after_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+#if FX_PG
+        cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_connection_lost, setup, teardown),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
