@@ -96,12 +96,16 @@ def pg_query(url, sql, args=(), consumer=False):
     '?' placeholders are replaced by quoted literals. Integers come back as int, NULL as None."""
     if consumer:
         sql = PG_CONSUMER_TABLES.sub(r"consumer_\1", sql)
-    parts = sql.split("?")
-    if len(parts) - 1 != len(args):
-        raise PgError(f"{len(args)} arguments for {len(parts) - 1} placeholders: {sql}")
     lit = lambda v: "NULL" if v is None else str(v) if isinstance(v, (int, float)) else \
         "'" + str(v).replace("'", "''") + "'"
-    sql = parts[0] + "".join(lit(a) + p for a, p in zip(args, parts[1:]))
+    pos = iter(range(len(args) + 1))  # '?' takes the next argument, '?N' the N-th
+
+    def arg(m):
+        i = int(m.group(1)) - 1 if m.group(1) else next(pos)
+        if i >= len(args):
+            raise PgError(f"{len(args)} arguments, placeholder {i + 1}: {sql}")
+        return lit(args[i])
+    sql = re.sub(r"\?(\d*)", arg, sql)
     env = dict(os.environ, PGOPTIONS="-c search_path=onceq,public", PGCONNECT_TIMEOUT="10")
     try:
         r = subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\x1f", "-d", url,
@@ -1092,7 +1096,8 @@ def ds_consumer_x(tools):
 
 def call_rows(run, tools):
     marks = ",".join("?" * len(tools))
-    return run.q(run.pdb, f"SELECT call_id, idem_key, tool, state, json_extract(error, '$.code') FROM calls "
+    code = "(error::jsonb)->>'code'" if is_pg(run.pdb) else "json_extract(error, '$.code')"
+    return run.q(run.pdb, f"SELECT call_id, idem_key, tool, state, {code} FROM calls "
                           f"WHERE tool IN ({marks})", tuple(tools))
 
 
@@ -2658,6 +2663,7 @@ def run_scenario(opts, name, t0):
               + ("" if not run.failures else
                  f"\n    failures: {run.failures}\n    reproduce: chaos/run.py --seed "
                  f"{opts.seed} --scenarios {name} --runs {i} --keep"
+                 + (" --db pg" if opts.db == "pg" else "")
                  + (" --real-kafka" if name in REAL_KAFKA else "")
                  + (f" --break {opts.brk}" if name in REAL_KAFKA and opts.brk else "")
                  + f"\n    folder: {run.dir}"),
