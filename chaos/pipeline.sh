@@ -52,7 +52,7 @@ pl_start() {
     local n=${1:-3} i
     oq_tmpdir
     PDB=$T/calls.db
-    CDB=$T/effects.db
+    CDB=${PL_CDB:-$T/effects.db} # PL_CDB: the consumers' database, e.g. a PostgreSQL URL
     PORT=$(oq_free_port)
     export PDB CDB PORT
     oq_start_broker "${PL_BROKER_X[@]}"
@@ -61,7 +61,12 @@ pl_start() {
     for ((i = 1; i <= n; i++)); do pl_spawn_consumer "$i"; done
     pl_wait_healthy 30
     # The consumer database is created by the first consumer; verify needs it.
-    oq_wait_for 30 test -s "$CDB" || oq_fail "no consumer database at $CDB"
+    if [[ "$CDB" == postgres* ]]; then
+        oq_wait_for 30 psql -XAtq "$CDB" -c "SELECT 1 FROM onceq.consumer_executions LIMIT 0" ||
+            oq_fail "no consumer schema in PostgreSQL"
+    else
+        oq_wait_for 30 test -s "$CDB" || oq_fail "no consumer database at $CDB"
+    fi
 }
 
 pl_load() {

@@ -176,7 +176,8 @@ int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const ch
     if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
         /* the server's clock, carried by this host's boot clock (store_pg.c) */
         int64_t server_ms = 0;
-        if ((rc = oq__consumer_pg_open(path, s->worker, &s->pg, &server_ms, err)) != 0) goto fail;
+        if ((rc = oq__consumer_pg_open(path, s->worker, 1, &s->pg, &server_ms, err)) != 0)
+            goto fail;
         s->clock_anchor = server_ms - oq_boot_ms();
         *out = s;
         return 0;
@@ -209,14 +210,17 @@ void oq__consumer_store_close(oq__consumer_store_t *s)
 
 int oq__consumer_store_export(const char *setting, const char *sqlite_path, oq_error_t *err)
 {
-    oq__consumer_store_t *src = NULL, *dst = NULL;
     oq_db_opts_t o = {.synchronous = "OFF"};
     if (oq_backend_of(setting) != OQ_BACKEND_POSTGRES)
         return oq_error_set(err, OQ_EINVAL, 0, "export: not a PostgreSQL database setting");
-    int rc = oq__consumer_store_open(setting, &o, "export", &src, err);
+    oq__consumer_pg_t *src = NULL;
+    oq__consumer_store_t *dst = NULL;
+    int64_t server_ms = 0;
+    /* read only: the source is not migrated (a newer schema is refused) */
+    int rc = oq__consumer_pg_open(setting, "export", 0, &src, &server_ms, err);
     if (!rc) rc = oq__consumer_store_open(sqlite_path, &o, "export", &dst, err);
-    if (!rc) rc = oq__consumer_pg_export(src->pg, dst->db, err);
-    oq__consumer_store_close(src);
+    if (!rc) rc = oq__consumer_pg_export(src, dst->db, err);
+    oq__consumer_pg_close(src);
     oq__consumer_store_close(dst);
     return rc;
 }

@@ -32,8 +32,10 @@
  *    purge that raises it waits for the intakes that read the old value, and an intake that
  *    comes later reads the new one; an old message can never find its execution purged and
  *    the horizon still low.
- *  - Parameters go as text (PQexecParams); integers are printed with PRId64; bytes (dead
- *    letters) as hex.
+ *  - Parameters go as text; integers are printed with PRId64; bytes (dead letters) as hex.
+ *    Every statement is prepared once per connection (named by its SQL literal's address,
+ *    prepared again after a reconnect): one consumer drained a backlog of 6,000 inline calls
+ *    at ~1,600 calls/s prepared against ~570/s parsed per execution (this 2-core host).
  *
  * A connection the server closed (restart, pg_terminate_backend) is re-established before the
  * next operation outside a transaction (begin included); the operation that met it failed
@@ -52,10 +54,14 @@
 #include "oq_pg.h"
 #include "oq_util.h"
 
+#define PREP_MAX 64
+
 struct oq__consumer_pg {
     PGconn *c;
     int tx; /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
     char worker[128];
+    const char *prep[PREP_MAX]; /* statements prepared on this connection (by SQL address) */
+    int nprep;
 };
 
 /* The server's clock, unix ms. */
@@ -114,6 +120,7 @@ static int ready(oq__consumer_pg_t *p, oq_error_t *err)
 {
     if (PQstatus(p->c) == CONNECTION_OK) return 0;
     PQreset(p->c);
+    p->nprep = 0; /* a new session: nothing prepared */
     if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "consumer reconnect");
     int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
     if (!rc) OQ_LOG_INFO("consumer", "reconnected to PostgreSQL");
@@ -146,13 +153,43 @@ static int again(oq__consumer_pg_t *p, int rc, const oq_error_t *err, int attemp
     return rc == OQ_EBUSY && err && err->retriable;
 }
 
+/* Runs \p sql as a statement prepared once per connection (the SQL texts of this file are
+ * literals: their address names them), so the server parses and plans it once per session. */
+static int run(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **out,
+               oq_error_t *err)
+{
+    char name[16] = "";
+    int k = 0;
+    *out = NULL;
+    while (k < p->nprep && p->prep[k] != sql)
+        k++;
+    if (k < PREP_MAX) snprintf(name, sizeof name, "oq_c%d", k);
+    if (k == p->nprep && k < PREP_MAX) {
+        PGresult *pr_res = PQprepare(p->c, name, sql, n, NULL);
+        int ok = pr_res && PQresultStatus(pr_res) == PGRES_COMMAND_OK;
+        int rc = ok ? 0 : oq_pg_error(p->c, pr_res, err, "prepare");
+        PQclear(pr_res);
+        if (rc) return rc;
+        p->prep[p->nprep++] = sql;
+    }
+    if (!name[0]) return oq_pg_query(p->c, sql, n, pr, out, err);
+    PGresult *r = PQexecPrepared(p->c, name, n, pr, NULL, NULL, 0);
+    if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK)) {
+        *out = r;
+        return 0;
+    }
+    int rc = oq_pg_error(p->c, r, err, "query");
+    PQclear(r);
+    return rc;
+}
+
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
     int rc = 0;
     for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
         if (i) oq_sleep_ms(20, NULL);
-        if ((rc = usable(p, err)) == 0) rc = oq_pg_query(p->c, sql, n, pr, r, err);
+        if ((rc = usable(p, err)) == 0) rc = run(p, sql, n, pr, r, err);
     }
     return rc;
 }
@@ -161,17 +198,44 @@ static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *
                int64_t *affected, oq_error_t *err)
 {
     int rc = 0;
+    PGresult *r = NULL;
     for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
         if (i) oq_sleep_ms(20, NULL);
-        if ((rc = usable(p, err)) == 0) rc = oq_pg_cmd(p->c, sql, n, pr, affected, err);
+        if ((rc = usable(p, err)) == 0) rc = run(p, sql, n, pr, &r, err);
     }
+    if (rc == 0 && affected) {
+        const char *t = PQcmdTuples(r);
+        *affected = t && *t ? strtoll(t, NULL, 10) : 0;
+    }
+    PQclear(r);
     return rc;
 }
 
 /* --- connection ------------------------------------------------------------------------------ */
 
-int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_pg_t **out,
-                         int64_t *server_ms, oq_error_t *err)
+/* Without migrating (a reader such as verify writes nothing): the schema must be this binary's
+ * consumer set or a newer one it refuses the same way as oq_pg_migrate. */
+static int check_version(PGconn *c, oq_error_t *err)
+{
+    int v = 0, n = 0, rc = oq_pg_schema_version(c, &v, err);
+    while (oq_migrations_postgres[n])
+        n++;
+    if (rc) return rc;
+    if (v > n)
+        return oq_error_set(err, OQ_EVERSION, 0,
+                            "database schema onceq version %d is newer than this binary (%d); "
+                            "upgrade onceq",
+                            v, n);
+    if (v < n)
+        return oq_error_set(err, OQ_EDB, 0,
+                            "database schema onceq version %d: not migrated to %d yet (onceq "
+                            "migrate --db URL, or start a consumer once)",
+                            v, n);
+    return 0;
+}
+
+int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
+                         oq__consumer_pg_t **out, int64_t *server_ms, oq_error_t *err)
 {
     *out = NULL;
     oq__consumer_pg_t *p = calloc(1, sizeof *p);
@@ -179,7 +243,7 @@ int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_
     snprintf(p->worker, sizeof p->worker, "%s", worker ? worker : "worker");
     PGresult *r = NULL;
     int rc = oq_pg_connect(conninfo, &p->c, err);
-    if (!rc) rc = oq_pg_migrate(p->c, err);
+    if (!rc) rc = migrate ? oq_pg_migrate(p->c, err) : check_version(p->c, err);
     if (!rc) rc = oq_pg_query(p->c, "SELECT " SRV_NOW, 0, NULL, &r, err);
     if (rc) {
         oq__consumer_pg_close(p);

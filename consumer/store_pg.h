@@ -18,10 +18,11 @@
 
 typedef struct oq__consumer_pg oq__consumer_pg_t;
 
-/** @brief Connect, migrate schema `onceq` (newer-schema guard: OQ_EVERSION), read the server's
- *  clock: *server_ms is its unix ms at open. */
-int oq__consumer_pg_open(const char *conninfo, const char *worker, oq__consumer_pg_t **out,
-                         int64_t *server_ms, oq_error_t *err);
+/** @brief Connect, migrate schema `onceq` (\p migrate; else only check its version: a reader),
+ *  refusing a newer schema (OQ_EVERSION), read the server's clock: *server_ms is its unix ms
+ *  at open. */
+int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
+                         oq__consumer_pg_t **out, int64_t *server_ms, oq_error_t *err);
 void oq__consumer_pg_close(oq__consumer_pg_t *p);
 PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p);
 int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err);

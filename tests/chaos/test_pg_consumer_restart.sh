@@ -6,7 +6,7 @@
 # while the server dies and comes back 3 s later. Then: every accepted call terminal, one
 # effect per call, nothing lost (`onceq verify` clean, reading the PostgreSQL store), every
 # result delivered, both consumers still running (they reconnected; no restart).
-# ctest-cost: 60
+# ctest-cost: 25
 set -u
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"

@@ -70,7 +70,23 @@ rt_ledger_by() {
 
 rt_dstat() { curl -sf "$DURL/ledger/stats" | jq -r "$1"; }
 
-rt_cq() { sqlite3 -cmd ".timeout 10000" "$CDB" "$1"; }
+# rt_cq's SQLite dialect on the PostgreSQL store (PL_CDB): table names, group_concat,
+# json_extract, aliases for subqueries in FROM, booleans as 1/0
+rt__pgsql() {
+    sed -zE 's/\b(executions|audit|effects|inbox|dlq)\b/onceq.consumer_\1/g
+        s/group_concat\(([^,)]*), *\x27([^\x27]*)\x27\)/string_agg(\1, \x27\2\x27)/g
+        s/group_concat\(([^,)]*)\)/string_agg(\1, \x27,\x27)/g
+        s/(FROM \(SELECT [^()]*\))/\1 _q/g
+        s/json_extract\(([a-z_]+), *\x27\$\.([a-z_]+)\x27\)/(\1::jsonb ->> \x27\2\x27)/g' <<<"$1" | tr -d '\0'
+}
+rt_cq() {
+    if [[ "$CDB" == postgres* ]]; then
+        psql -XAtq "$CDB" -c "$(rt__pgsql "$1")" |
+            sed -E 's/(^|[ |])(t|true)($|[ |])/\11\3/g; s/(^|[ |])(f|false)($|[ |])/\10\3/g'
+    else
+        sqlite3 -cmd ".timeout 10000" "$CDB" "$1"
+    fi
+}
 
 # onceq verify over the three databases (producer, consumer, the downstream's ledger)
 rt_verify() { pl_verify --downstream-db "$DDB" "$@"; }
