@@ -7,7 +7,7 @@
 # password, submitted calls are stored, published and executed (consumers on PostgreSQL too,
 # onceq verify clean over the one database); the database taken away (connections
 # refused and terminated): the producer's and the relay's /readyz say unready, and ready again
-# once it is back, with no restart of either.
+# once it is back, and no child of onceq up died meanwhile (no crash loop).
 # ctest-cost: 40
 set -euo pipefail
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
@@ -98,6 +98,6 @@ oq_wait_for 90 succeeded 25 || oq_fail "after the outage: $(q 'SELECT state, cou
     oq_fail "verify: $(cat "$T/verify.json")"
 [[ $(jq -r '.clean, .calls, .effects' "$T/verify.json" | tr '\n' ' ') == "true 25 25 " ]] ||
     oq_fail "verify: $(cat "$T/verify.json")"
-! grep -E "(producer|relay) pid=[0-9]+ (exited|killed)" "$T/up.log" || oq_fail "producer or relay restarted"
+! grep -E "pid=[0-9]+ (exited|killed)" "$T/up.log" || oq_fail "a child of onceq up died (crash loop?)"
 oq_kill up TERM
 oq_pass "onceq up --db-url: refused when away (exit 1), no secret on argv or in logs, unready while the database is away"
