@@ -29,12 +29,14 @@ fuzz:
 chaos: build
 	cd $(BUILD) && ctest --output-on-failure -L 'chaos|long'
 # The chaos matrix (docs/CHAOS.md): every scenario CHAOS_RUNS times from a printed seed;
-# results in results/<stamp>/ (report.md, report.json, recovery.svg).
+# results in results/<stamp>/ (report.md, report.json, recovery.svg). CHAOS_DB=pg runs it on
+# PostgreSQL (a fresh database per run on ONCEQ_TEST_PG_URL, else a private scripts/pg.sh cluster).
 CHAOS_RUNS ?= 3
 CHAOS_SCENARIOS ?= all
 chaos-matrix: build
 	python3 chaos/run.py --build $(BUILD) --runs $(CHAOS_RUNS) --scenarios $(CHAOS_SCENARIOS) \
-	  $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(if $(CHAOS_MINUTES),--minutes $(CHAOS_MINUTES))
+	  $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(if $(CHAOS_MINUTES),--minutes $(CHAOS_MINUTES)) \
+	  $(if $(CHAOS_DB),--db $(CHAOS_DB))
 # The real-Kafka row (7b, kafka_node_faults): node kill -9 / restart and SIGSTOP on one 3-node
 # KRaft cluster started for its runs (java 17+, kcat, the jars of scripts/kafka-fetch.sh);
 # without them the row is reported as skipped (exit 77), never as passed.
@@ -43,7 +45,8 @@ chaos-matrix-kafka: build
 	  --runs $(CHAOS_RUNS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
 	  $(if $(CHAOS_MINUTES),--minutes $(CHAOS_MINUTES))
 chaos-smoke: build
-	python3 chaos/run.py --build $(BUILD) --smoke --runs 1 --soak-minutes 0.5
+	python3 chaos/run.py --build $(BUILD) --smoke --runs 1 --soak-minutes 0.5 \
+	  $(if $(CHAOS_DB),--db $(CHAOS_DB))
 # The soak alone: SOAK_MINUTES of load with a kill -9 every 2-6 s, RSS and descriptors sampled.
 SOAK_MINUTES ?= 10
 chaos-soak: build

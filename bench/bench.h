@@ -8,6 +8,8 @@
 #ifndef OQ_BENCH_H
 #define OQ_BENCH_H
 
+#include <stdint.h>
+
 #include "oq_cli.h"
 
 #define OQ_BENCHES(X)                                                                              \
@@ -20,5 +22,18 @@
 #define OQ_BENCH_DECL(name, doc) int oq__bench_##name(int argc, char **argv);
 OQ_BENCHES(OQ_BENCH_DECL)
 #undef OQ_BENCH_DECL
+
+/** CPU seconds and bytes written to storage of a set of processes (bench/procstat.c). */
+typedef struct oq_bench_procs {
+    double cpu_s;
+    int64_t write_bytes;
+    int n; /**< processes found */
+} oq_bench_procs_t;
+
+/** @brief Sample process \p root, and every child of it when \p with_children. */
+void oq__bench_procs(long root, int with_children, oq_bench_procs_t *out);
+
+/** @brief The PostgreSQL postmaster to account for (ONCEQ_BENCH_PG_PID), or 0. */
+long oq__bench_pg_pid(void);
 
 #endif

@@ -21,6 +21,11 @@
  * The three runs are interleaved over --rounds rounds (the machine is shared and noisy) and the
  * medians reported. Target: onceq >= 0.5 x raw. Output: one line per round and one `result`
  * line (key=value) with the medians.
+ *
+ * --db URI runs the onceq side on PostgreSQL (synchronous_commit=on; the raw baselines stay on
+ * SQLite): every onceq table of that database is emptied before each round, so use a database
+ * of its own. The onceq side's CPU and bytes written per call (this process, and the server
+ * named by ONCEQ_BENCH_PG_PID) come from /proc (bench/procstat.c), summed over the rounds.
  */
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -38,11 +43,13 @@
 #include "oq_json.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 static const char bcons_usage[] =
     "usage: onceq-bench consumer --brokers HOST:PORT[,...] [--calls 20000] [--batch 500]\n"
     "                            [--synchronous full] [--dir /tmp] [--no-relay] [-X k=v]...\n"
+    "                            [--db postgresql://...]\n"
     "\n"
     "Consumer worker rate from a pre-filled topic vs raw librdkafka consume + batched plain\n"
     "SQLite inserts of the same messages, same run, as a ratio (target >= 0.5).";
@@ -53,6 +60,8 @@ static const oq_setting_t bcons_settings[] = {
     {"batch", OQ_SET_INT, "500", 1, 100000, NULL, "poll batch / transaction size (all runs)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, -1, "full|normal|off", "SQLite synchronous"},
     {"dir", OQ_SET_STRING, "/tmp", 1, 1024, NULL, "where the benchmark databases go"},
+    {"db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "the onceq side on PostgreSQL: a URI of a database of its own (emptied every round)"},
     {"no-relay", OQ_SET_BOOL, "false", 0, -1, NULL, "run the worker without its result relay"},
     {"rounds", OQ_SET_INT, "3", 1, 100, NULL,
      "rounds of raw, raw-same-rows, onceq (interleaved; medians reported)"},
@@ -61,6 +70,7 @@ static const oq_setting_t bcons_settings[] = {
 typedef struct {
     const oq_config_t *cfg;
     const char *brokers, *topic, *sync, *dir;
+    const char *db; /* PostgreSQL for the onceq side, or NULL */
     long n;
     int batch;
     int round;
@@ -295,9 +305,23 @@ static int bc_onceq(bc_t *b, int no_relay, double *rate, oq_consumer_stats_t *st
     int rc = -1;
     snprintf(path, sizeof(path), "%s/onceq-bench-%s-%d-onceq.db", b->dir, b->tag, b->round);
     snprintf(group, sizeof(group), "bench-onceq-%s-%d", b->tag, b->round);
+    if (b->db) { /* a fresh start on PostgreSQL: every onceq table emptied (the migrations kept) */
+        PGconn *pg = NULL;
+        if (oq_pg_connect(b->db, &pg, &err) || oq_pg_migrate(pg, &err) ||
+            oq_pg_exec(pg,
+                       "DO $$DECLARE t text; BEGIN FOR t IN SELECT tablename FROM pg_tables WHERE "
+                       "schemaname = 'onceq' AND tablename <> 'schema_version' LOOP EXECUTE "
+                       "format('TRUNCATE onceq.%I', t); END LOOP; END$$",
+                       &err)) {
+            fprintf(stderr, "consumer: postgres: %s\n", err.msg);
+            if (pg) PQfinish(pg);
+            return -1;
+        }
+        PQfinish(pg);
+    }
     oq_consumer_opts_t o;
     memset(&o, 0, sizeof(o));
-    o.db_path = path;
+    o.db_path = b->db ? b->db : path;
     o.brokers = b->brokers;
     o.group = group;
     o.topic = b->topic;
@@ -384,11 +408,13 @@ int oq__bench_consumer(int argc, char **argv)
     b.dir = oq_config_str(cfg, "dir");
     b.n = (long)oq_config_int(cfg, "calls");
     b.batch = (int)oq_config_int(cfg, "batch");
+    b.db = oq_config_str(cfg, "db");
     int no_relay = (int)oq_config_int(cfg, "no-relay");
     if (oq_log_threshold < OQ_LOG_WARN) oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 0);
 
-    printf("bench consumer: %ld calls (charge/send_email), batch %d, synchronous=%s, topic %s\n",
-           b.n, b.batch, b.sync, b.topic);
+    printf("bench consumer: %ld calls (charge/send_email), batch %d, synchronous=%s, topic %s, "
+           "onceq on %s\n",
+           b.n, b.batch, b.sync, b.topic, b.db ? "PostgreSQL" : "SQLite");
     fflush(stdout);
     int64_t f0 = oq_mono_us();
     if (bc_fill(&b)) {
@@ -404,12 +430,27 @@ int oq__bench_consumer(int argc, char **argv)
     rc = OQ_EXIT_OK;
     /* Interleaved rounds, each reading the same topic in fresh groups and fresh databases:
      * the machine is shared, so load changes hit all three alike. */
+    double cpu = 0, pg_cpu = 0, wb = 0, pg_wb = 0;
     for (int r = 0; r < rounds; r++) {
         b.round = r;
-        if (bc_raw(&b, 0, &raws[r]) || bc_raw(&b, 1, &sames[r]) ||
-            bc_onceq(&b, no_relay, &onceqs[r], &st)) {
+        if (bc_raw(&b, 0, &raws[r]) || bc_raw(&b, 1, &sames[r])) {
             rc = OQ_EXIT_FAIL;
             goto done;
+        }
+        oq_bench_procs_t me0, me1, pg0, pg1;
+        oq__bench_procs(getpid(), 0, &me0);
+        oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
+        if (bc_onceq(&b, no_relay, &onceqs[r], &st)) {
+            rc = OQ_EXIT_FAIL;
+            goto done;
+        }
+        oq__bench_procs(getpid(), 0, &me1);
+        oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
+        cpu += me1.cpu_s - me0.cpu_s;
+        wb += (double)(me1.write_bytes - me0.write_bytes);
+        if (pg1.n) {
+            pg_cpu += pg1.cpu_s - pg0.cpu_s;
+            pg_wb += (double)(pg1.write_bytes - pg0.write_bytes);
         }
         if (st.effects != (uint64_t)b.n) {
             fprintf(stderr, "bench consumer: effects %llu != calls %ld\n",
@@ -431,9 +472,16 @@ int oq__bench_consumer(int argc, char **argv)
            rounds, m_raw, m_same, m_onceq, no_relay ? "no" : "with");
     printf("ratio onceq/raw = %.2f; onceq/raw-same-rows = %.2f (target >= 0.5)\n", m_ratio,
            m_ratio_same);
-    printf("result calls=%ld batch=%d synchronous=%s relay=%d rounds=%d raw_rate=%.0f "
-           "raw_same_rows_rate=%.0f onceq_rate=%.0f ratio=%.3f ratio_same_rows=%.3f\n",
-           b.n, b.batch, b.sync, !no_relay, rounds, m_raw, m_same, m_onceq, m_ratio, m_ratio_same);
+    double calls = (double)b.n * rounds;
+    printf("per call (onceq side, all rounds): this process %.1f us CPU, %.0f bytes written; "
+           "PostgreSQL server %.1f us CPU, %.0f bytes written\n",
+           cpu * 1e6 / calls, wb / calls, pg_cpu * 1e6 / calls, pg_wb / calls);
+    printf("result bench=consumer backend=%s calls=%ld batch=%d synchronous=%s relay=%d rounds=%d "
+           "raw_rate=%.0f raw_same_rows_rate=%.0f onceq_rate=%.0f ratio=%.3f ratio_same_rows=%.3f "
+           "cpu_us=%.1f write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f\n",
+           b.db ? "pg" : "sqlite", b.n, b.batch, b.sync, !no_relay, rounds, m_raw, m_same, m_onceq,
+           m_ratio, m_ratio_same, cpu * 1e6 / calls, wb / calls, pg_cpu * 1e6 / calls,
+           pg_wb / calls);
 done:
     oq_config_destroy(cfg);
     return rc;

@@ -25,6 +25,13 @@
  * type burnt during the run (from /proc/<pid>/stat) say which one is the bottleneck. All
  * timestamps are unix milliseconds from different processes on one host: hop figures have
  * 1 ms resolution.
+ *
+ * --db-url URI runs the same pipeline with every stage on PostgreSQL (`onceq up --db-url`,
+ * synchronous_commit=on; use a fresh database: the keys warm-N and run-N must be new). The
+ * drain is watched there; afterwards the rows are copied from one snapshot into calls.db and
+ * effects.db of the scratch directory (oq_pg_snapshot, the consumer store's export), so the hop
+ * analysis and verify read them as they read SQLite. The pipeline's CPU and bytes written per
+ * call, and the PostgreSQL server's (ONCEQ_BENCH_PG_PID), come from /proc (bench/procstat.c).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -44,11 +51,13 @@
 #include <arpa/inet.h>
 
 #include "bench.h"
+#include "consumer_store.h"
 #include "oq_chaos.h"
 #include "oq_config.h"
 #include "oq_httpc.h"
 #include "oq_load.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 /* Paths here are the run directory (the --dir setting, at most 1024 bytes, or a mkdtemp name)
@@ -79,7 +88,13 @@ static const oq_setting_t e2e_settings[] = {
     {"http-tools", OQ_SET_BOOL, "false", 0, -1, NULL,
      "after the run with the compiled charge, the same calls to an HTTP tool against `onceq "
      "downstream` (durable ledger), figures side by side"},
+    {"db-url", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "every stage on PostgreSQL (onceq up --db-url): a URI of a fresh database, the password in "
+     "a passfile"},
 };
+
+/* --db-url, or NULL (SQLite files in the scratch directory). */
+static const char *e2e_db_url;
 
 /* The onceq binary the processes run: --onceq, else `onceq` in this program's directory. */
 static char e2e_onceq[PATH_MAX];
@@ -212,16 +227,33 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
 {
     int64_t deadline = oq_mono_us() + timeout_ms * 1000;
     char like[64];
+    PGconn *pg = NULL;
     snprintf(like, sizeof like, "%s-%%", prefix);
     while (oq_mono_us() < deadline) {
         int st;
         if (waitpid(up_pid, &st, WNOHANG) == up_pid) {
             fprintf(stderr, "bench e2e: onceq up exited during the run\n");
+            if (pg) PQfinish(pg);
             return -1;
         }
         sqlite3 *db = NULL;
         int64_t total = -1, open_ = -1;
-        if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        if (e2e_db_url) { /* one connection for the whole wait: its cost is the server's CPU */
+            PGresult *res = NULL;
+            const char *p[1] = {like};
+            if (!pg && oq_pg_connect(e2e_db_url, &pg, NULL) != 0) pg = NULL;
+            if (pg && oq_pg_query(pg,
+                                  "SELECT count(*), count(*) FILTER (WHERE state IN "
+                                  "('pending','running')) FROM onceq.calls WHERE idem_key LIKE $1",
+                                  1, p, &res, NULL) == 0) {
+                total = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+                open_ = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+            } else if (pg) {
+                PQfinish(pg);
+                pg = NULL;
+            }
+            PQclear(res);
+        } else if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
             sqlite3_busy_timeout(db, 2000);
             e2e_count(db, "SELECT count(*) FROM calls WHERE idem_key LIKE ?1", like, &total);
             e2e_count(db,
@@ -230,9 +262,13 @@ static int e2e_wait_drained(const char *calls_db, const char *prefix, int64_t ex
                       like, &open_);
         }
         sqlite3_close_v2(db);
-        if (total >= expect && open_ == 0) return 0;
+        if (total >= expect && open_ == 0) {
+            if (pg) PQfinish(pg);
+            return 0;
+        }
         oq_sleep_ms(50, NULL);
     }
+    if (pg) PQfinish(pg);
     fprintf(stderr, "bench e2e: calls of run '%s' not terminal within the drain timeout\n", prefix);
     return -1;
 }
@@ -299,18 +335,20 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *
      * session.timeout.ms - 1000 (librdkafka default 45 s). */
     char t[PATH_MAX];
     snprintf(t, sizeof t, "%s", tools ? tools : "");
-    char *const args[] = {"up",
-                          "--dir",
-                          d,
-                          "--consumers",
-                          cons,
-                          "--listen",
-                          listen,
-                          "-X",
-                          "session.timeout.ms=6000",
-                          tools ? "--tools" : NULL,
-                          t,
-                          NULL};
+    char url[4200];
+    snprintf(url, sizeof url, "%s", e2e_db_url ? e2e_db_url : "");
+    char *args[16] = {
+        "up", "--dir", d, "--consumers", cons, "--listen", listen, "-X", "session.timeout.ms=6000"};
+    int n = 9;
+    if (tools) {
+        args[n++] = "--tools";
+        args[n++] = t;
+    }
+    if (e2e_db_url) { /* no password in it: onceq up refuses one (a passfile holds it) */
+        args[n++] = "--db-url";
+        args[n++] = url;
+    }
+    args[n] = NULL;
     return e2e_spawn(args, log);
 }
 
@@ -520,7 +558,35 @@ static void e2e_rmdir(const char *dir)
 /* What one measured pipeline achieved. */
 struct e2e_figures {
     double calls_per_s, p50_ms, p99_ms, ds_dsr;
+    double cpu_us, write_bytes;       /* per call: the pipeline's processes */
+    double pg_cpu_us, pg_write_bytes; /* per call: the PostgreSQL server */
 };
+
+/* --db-url: the producer's and the consumer's rows from PostgreSQL into DIR/calls.db and
+ * DIR/effects.db, so the analysis and verify read them as SQLite files. */
+static int e2e_export(const char *dir, oq_error_t *err)
+{
+    char p[PATH_MAX + 16], c[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%s/calls.db", dir);
+    snprintf(c, sizeof c, "%s/effects.db", dir);
+    unlink(p);
+    unlink(c);
+    sqlite3 *db = NULL;
+    PGconn *pg = NULL;
+    static const char *const t[] = {"onceq.calls", "onceq.audit"}, *const n[] = {"calls", "audit"};
+    int rc = sqlite3_open_v2(p, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK
+                 ? oq_error_set(err, OQ_EIO, 0, "%s: cannot create", p)
+                 : 0;
+    if (!rc) sqlite3_exec(db, "PRAGMA journal_mode=OFF; BEGIN", NULL, NULL, NULL);
+    if (!rc) rc = oq_pg_connect(e2e_db_url, &pg, err);
+    if (!rc) rc = oq_pg_snapshot(pg, t, n, 2, db, err);
+    if (!rc && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        rc = oq_error_set(err, OQ_EIO, 0, "%s: %s", p, sqlite3_errmsg(db));
+    if (pg) PQfinish(pg);
+    if (db) sqlite3_close_v2(db);
+    if (!rc) rc = oq__consumer_store_export(e2e_db_url, c, err);
+    return rc;
+}
 
 static void e2e_figures_set(e2e_figures_t *fig, double cps, double p50, double p99)
 {
@@ -578,6 +644,9 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     }
     e2e_cpu_set_t cpu0, cpu1;
     e2e_cpu_sample(up, &cpu0);
+    oq_bench_procs_t pl0, pl1, pg0, pg1;
+    oq__bench_procs(up, 1, &pl0);
+    oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     lo.calls = oq_config_int(cfg, "calls");
@@ -598,6 +667,8 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     if (e2e_wait_drained(calls_db, "run", r.accepted, drain, up) != 0) goto out;
     double wall = (double)(oq_mono_us() - t0) / 1e6;
     e2e_cpu_sample(up, &cpu1);
+    oq__bench_procs(up, 1, &pl1);
+    oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
     getrusage(RUSAGE_SELF, &ru1);
     double self_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                       (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
@@ -614,8 +685,27 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     }
     printf("  %-10s x1  %6.2f s  (%.0f%% of one core; this process: HTTP client threads)\n", "load",
            self_cpu, 100.0 * self_cpu / wall);
+    double pg_cpu = pg1.n ? pg1.cpu_s - pg0.cpu_s : 0;
+    double pg_wb = pg1.n ? (double)(pg1.write_bytes - pg0.write_bytes) : 0;
+    if (pg1.n)
+        printf("  %-10s x%d  %6.2f s  (%.0f%% of one core; the PostgreSQL server)\n", "postgres",
+               pg1.n, pg_cpu, 100.0 * pg_cpu / wall);
+    double ncalls = r.accepted > 0 ? (double)r.accepted : 1;
+    double pl_cpu = pl1.cpu_s - pl0.cpu_s, pl_wb = (double)(pl1.write_bytes - pl0.write_bytes);
+    printf("per call: pipeline processes %.0f us CPU, %.0f bytes written; PostgreSQL server %.0f "
+           "us CPU, %.0f bytes written%s\n",
+           pl_cpu * 1e6 / ncalls, pl_wb / ncalls, pg_cpu * 1e6 / ncalls, pg_wb / ncalls,
+           pg1.n ? "" : " (not measured)");
+    fig->cpu_us = pl_cpu * 1e6 / ncalls;
+    fig->write_bytes = pl_wb / ncalls;
+    fig->pg_cpu_us = pg_cpu * 1e6 / ncalls;
+    fig->pg_write_bytes = pg_wb / ncalls;
     e2e_stop_up(up);
     up = -1;
+    if (e2e_db_url && e2e_export(dir, &err) != 0) {
+        fprintf(stderr, "onceq-bench e2e: copying the PostgreSQL rows: %s\n", err.msg);
+        goto out;
+    }
     if (e2e_analyse(dir, "run", r.accepted, fig) != 0) {
         fprintf(stderr, "onceq-bench e2e: analysis incomplete\n");
         goto out;
@@ -704,6 +794,7 @@ int oq__bench_e2e(int argc, char **argv)
         return rc;
     }
     rc = OQ_EXIT_FAIL;
+    e2e_db_url = oq_config_str(cfg, "db-url");
     if (e2e_find_onceq(oq_config_str(cfg, "onceq")) != 0) {
         oq_config_destroy(cfg);
         return OQ_EXIT_USAGE;
@@ -755,12 +846,22 @@ int oq__bench_e2e(int argc, char **argv)
     memset(&inproc, 0, sizeof inproc);
     memset(&http, 0, sizeof http);
     int with_http = (int)oq_config_int(cfg, "http-tools");
+    if (with_http && e2e_db_url) { /* the second run would meet the first one's keys */
+        fprintf(stderr, "onceq-bench e2e: --http-tools runs on SQLite only (not with --db-url)\n");
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
     if (with_http) { /* the same calls, once to a compiled tool, once to an HTTP one */
         memset(lo.mix, 0, sizeof lo.mix);
         lo.mix[OQ_LOAD_CHARGE] = 1;
     }
     printf("\n== %s ==\n", with_http ? "in-process tool (charge, compiled in)" : "pipeline");
     rc = e2e_pipeline(cfg, dir, &lo, NULL, NULL, have_base ? &base : NULL, &inproc);
+    if (rc == OQ_EXIT_OK)
+        printf("result bench=e2e backend=%s calls_per_s=%.0f p50_ms=%.1f p99_ms=%.1f cpu_us=%.0f "
+               "write_bytes=%.0f pg_cpu_us=%.0f pg_write_bytes=%.0f\n",
+               e2e_db_url ? "pg" : "sqlite", inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms,
+               inproc.cpu_us, inproc.write_bytes, inproc.pg_cpu_us, inproc.pg_write_bytes);
     if (rc == OQ_EXIT_OK && with_http) {
         char hdir[PATH_MAX];
         snprintf(hdir, sizeof hdir, "%s/http", dir);

@@ -6,6 +6,12 @@
  * fsync, per call. Both run in the same invocation on fresh databases in --dir, with the same
  * synchronous level, so the ratio is meaningful on a shared, noisy machine. Reports rate,
  * p50/p99/max latency of each, the average batch size, and the ratio.
+ *
+ * --db URI puts the onceq side on PostgreSQL (synchronous_commit=on, the same durability as
+ * SQLite's FULL; the baseline stays the SQLite loop), so bench/run.sh can set both backends
+ * side by side. Each run's keys carry the process id (a database may be reused). The onceq
+ * side's CPU and bytes written per submit are measured from /proc (bench/procstat.c): this
+ * process's, and the PostgreSQL server's (ONCEQ_BENCH_PG_PID) when it is there.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -29,10 +35,14 @@ static const oq_setting_t bench_settings[] = {
     {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
      "max wait to grow a group commit: 0 = adaptive, -1 = off"},
     {"keep", OQ_SET_BOOL, "false", 0, 0, NULL, "keep the scratch databases"},
+    {"db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "the onceq side's database: a PostgreSQL URI (password in a passfile) instead of a file "
+     "in --dir"},
 };
 
 static const char bench_usage[] =
-    "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full]";
+    "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full]\n"
+    "       [--db postgresql://...]";
 
 typedef struct lat {
     int64_t *v;
@@ -151,7 +161,7 @@ static void *worker_main(void *arg)
     json_t *args = json_loads(ARGS, 0, NULL);
     char key[64];
     while (oq_mono_us() < w->end_us) {
-        snprintf(key, sizeof key, "bench-%d-%lld", w->id, (long long)w->n);
+        snprintf(key, sizeof key, "bench-%d-%d-%lld", (int)getpid(), w->id, (long long)w->n);
         oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         int64_t s = oq_mono_us();
@@ -192,11 +202,15 @@ int oq__bench_submit(int argc, char **argv)
     oq_producer_opts_t opts = {.synchronous = sync,
                                .metrics = m,
                                .commit_delay_us = (int)oq_config_int(cfg, "commit-delay-us")};
-    if (oq_producer_open(po, &opts, &p, &err) != 0) {
+    const char *pgdb = oq_config_str(cfg, "db");
+    if (oq_producer_open(pgdb ? pgdb : po, &opts, &p, &err) != 0) {
         fprintf(stderr, "bench: %s\n", err.msg);
         goto out;
     }
     worker_t *w = calloc((size_t)nth, sizeof *w);
+    oq_bench_procs_t me0, me1, pg0, pg1;
+    oq__bench_procs(getpid(), 0, &me0);
+    oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
     struct timespec pc0, pc1;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc0);
     int64_t t0 = oq_mono_us(), end = t0 + dur * 1000;
@@ -217,6 +231,8 @@ int oq__bench_submit(int argc, char **argv)
         free(w[i].lat.v);
     }
     double orate = (double)total * 1e6 / (double)(oq_mono_us() - t0);
+    oq__bench_procs(getpid(), 0, &me1);
+    oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc1);
     double cpu_s = (double)(pc1.tv_sec - pc0.tv_sec) + (double)(pc1.tv_nsec - pc0.tv_nsec) / 1e9;
     oq_producer_close(p);
@@ -237,8 +253,9 @@ int oq__bench_submit(int argc, char **argv)
         if (s) commit_s = atof(s + strlen("onceq_producer_commit_seconds_sum "));
     }
     free(text);
-    printf("bench submit: synchronous=%s duration=%lldms (two rows per call: calls + outbox)\n",
-           sync, (long long)dur);
+    printf("bench submit: synchronous=%s duration=%lldms (two rows per call: calls + outbox), "
+           "onceq on %s\n",
+           sync, (long long)dur, pgdb ? "PostgreSQL (synchronous_commit=on)" : "SQLite");
     printf("baseline  1 thread, 1 tx/call : %9.0f calls/s  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms"
            "  (%zu calls)\n",
            brate, pct(&bl, 50), pct(&bl, 99), pct(&bl, 100), bl.n);
@@ -251,6 +268,20 @@ int oq__bench_submit(int argc, char **argv)
         printf("writer: %.1f us CPU per submit, COMMIT %.2f ms per batch (wall), whole process "
                "%.1f us CPU per submit\n",
                wcpu * 1e6 / (double)total, commit_s * 1e3 / batches, cpu_s * 1e6 / (double)total);
+    if (total > 0) {
+        double n = (double)total;
+        double pg_cpu = pg1.n ? pg1.cpu_s - pg0.cpu_s : 0;
+        int64_t pg_wb = pg1.n ? pg1.write_bytes - pg0.write_bytes : 0;
+        printf("per submit: this process %.1f us CPU, %.0f bytes written; PostgreSQL server "
+               "%.1f us CPU, %.0f bytes written%s\n",
+               (me1.cpu_s - me0.cpu_s) * 1e6 / n, (double)(me1.write_bytes - me0.write_bytes) / n,
+               pg_cpu * 1e6 / n, (double)pg_wb / n, pg1.n ? "" : " (not measured)");
+        printf("result bench=submit backend=%s rate=%.0f p50_ms=%.2f p99_ms=%.2f cpu_us=%.1f "
+               "write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f\n",
+               pgdb ? "pg" : "sqlite", orate, pct(&all, 50), pct(&all, 99),
+               (me1.cpu_s - me0.cpu_s) * 1e6 / n, (double)(me1.write_bytes - me0.write_bytes) / n,
+               pg_cpu * 1e6 / n, (double)pg_wb / n);
+    }
     free(bl.v);
     free(all.v);
     ret = errors ? OQ_EXIT_FAIL : OQ_EXIT_OK;

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # `make bench`: every onceq benchmark, each with its same-run baseline, on this machine.
 #
-#   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes)
+#   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes),
+#                                       BENCH_BACKENDS_ONLY=1 for section 12 alone
 #
 # The benchmarks are the onceq-bench program next to that onceq (or ONCEQ_BENCH_BIN); the
 # e2e benchmark runs that onceq.
@@ -21,6 +22,12 @@
 #              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
 # 11. mcp:     tools/call round trips through /mcp vs POST /v1/tool-calls + wait, same run,
 #              compiled and HTTP tools: the ratio and the gateway's added latency p50/p99
+# 12. backends: submit, consumer and e2e (closed loop) once on SQLite and once on PostgreSQL
+#              (a private cluster of scripts/pg.sh in the scratch folder, fsync on,
+#              synchronous_commit=on: the same durability as SQLite's FULL), side by side, with
+#              CPU and bytes written per call (this host's processes and the server's, from
+#              /proc) and the ratios PG/SQLite as a Markdown table; skipped with a note without
+#              Debian's postgresql package
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,6 +44,7 @@ quick=${BENCH_QUICK:-0}
 if ((quick)); then RELAY_ROWS=100000; CALLS=5000; E2E_CALLS=6000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; E2E_CALLS=30000; KC_N=200000; DUR=5s; fi
 
 echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [[ "${BENCH_BACKENDS_ONLY:-0}" != 1 ]]; then
 
 echo; echo "## 1. broker (oq_kclient over loopback)"
 env -u T bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
@@ -120,3 +128,69 @@ fi
 MCP_CALLS=$(((quick)) && echo 1000 || echo 3000)
 echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
 "$BENCH" mcp --onceq "$BIN" --calls "$MCP_CALLS" --conns 16
+fi # BENCH_BACKENDS_ONLY
+# 12. Both backends, side by side, same durability, same sizes, one run.
+B_SECS=$(((quick)) && echo 3s || echo 5s)
+B_CALLS=$(((quick)) && echo 2000 || echo 5000)
+echo; echo "## 12. backends side by side: submit --duration $B_SECS, consumer --calls $B_CALLS, e2e --calls $B_CALLS --rate 0 --conns 64 (SQLite synchronous=FULL vs PostgreSQL fsync=on synchronous_commit=on)"
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+    echo "skipped: needs Debian's postgresql package (apt-get install postgresql)"
+else
+    chmod 711 "$T" # the server's unprivileged owner must reach its folder
+    PGD=$T/pg
+    oq_on_exit "bash $ROOT/scripts/pg.sh stop --dir $PGD >/dev/null 2>&1"
+    bash "$ROOT/scripts/pg.sh" start --dir "$PGD" 2>/dev/null || oq_fail "scripts/pg.sh start"
+    PGURL=$(bash "$ROOT/scripts/pg.sh" url --dir "$PGD")
+    export ONCEQ_BENCH_PG_PID=$(bash "$ROOT/scripts/pg.sh" pid --dir "$PGD")
+    pgdb() { # a fresh database NAME; prints its URL
+        psql -XAtq "$PGURL" -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null 2>&1
+        sed -E "s|^(postgres(ql)?://[^/]*/)[^?]*|\1$1|" <<<"$PGURL"
+    }
+    res() { grep '^result ' "$1" | tail -n1; }
+    for be in sqlite pg; do
+        dbo=(); eo=()
+        if [[ $be == pg ]]; then
+            dbo=(--db "$(pgdb bench_submit)")
+        fi
+        echo; echo "### submit on $be"
+        "$BENCH" submit --threads 32 --duration "$B_SECS" "${dbo[@]}" | tee "$T/b-submit-$be.out"
+        [[ $be == pg ]] && dbo=(--db "$(pgdb bench_consumer)")
+        oq_start_broker --partitions 8
+        echo; echo "### consumer on $be"
+        "$BENCH" consumer --brokers "$BROKERS" --calls "$B_CALLS" --rounds 1 --dir "$T" "${dbo[@]}" |
+            tee "$T/b-consumer-$be.out"
+        oq_kill broker
+        [[ $be == pg ]] && eo=(--db-url "$(pgdb bench_e2e)")
+        echo; echo "### e2e on $be"
+        "$BENCH" e2e --onceq "$BIN" --calls "$B_CALLS" --rate 0 --conns 64 --consumers 2 \
+            --no-baseline "${eo[@]}" | tee "$T/b-e2e-$be.out"
+    done
+    echo
+    echo "### side by side ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
+    python3 - "$T" <<'PY'
+import sys
+t = sys.argv[1]
+def res(name):
+    try:
+        line = [l for l in open(f"{t}/{name}.out") if l.startswith("result ")][-1]
+    except (OSError, IndexError):
+        return {}
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+rows = [("submit", "rate", "submits/s"), ("consumer", "onceq_rate", "calls/s"),
+        ("e2e", "calls_per_s", "calls/s")]
+print("| benchmark | SQLite | PostgreSQL | PG/SQLite | CPU us/call SQLite | CPU us/call PG (host + server) | bytes written/call SQLite | bytes written/call PG (host + server) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for b, key, unit in rows:
+    s, p = res(f"b-{b}-sqlite"), res(f"b-{b}-pg")
+    if not s or not p:
+        print(f"| {b} | {s.get(key, 'failed')} | {p.get(key, 'failed')} | | | | | |")
+        continue
+    f = lambda d, k: float(d.get(k, 0) or 0)
+    ratio = f(p, key) / f(s, key) if f(s, key) else 0
+    cpu_s = f(s, "cpu_us") + f(s, "pg_cpu_us")
+    cpu_p = f"{f(p, 'cpu_us'):.0f} + {f(p, 'pg_cpu_us'):.0f}" if "pg_cpu_us" in p else f"{f(p, 'cpu_us'):.0f} (both)"
+    wb_p = f"{f(p, 'write_bytes'):.0f} + {f(p, 'pg_write_bytes'):.0f}" if "pg_write_bytes" in p else f"{f(p, 'write_bytes'):.0f} (both)"
+    lat = f" (p99 {s.get('p99_ms')} / {p.get('p99_ms')} ms)" if "p99_ms" in s else ""
+    print(f"| {b} {unit}{lat} | {f(s, key):.0f} | {f(p, key):.0f} | {ratio:.2f} | {cpu_s:.0f} | {cpu_p} | {f(s, 'write_bytes') + f(s, 'pg_write_bytes'):.0f} | {wb_p} |")
+PY
+fi

@@ -5,7 +5,7 @@ its choices (which process, which crash point, which broker, how long) drawn fro
 seed, each run checked end to end.
 
     chaos/run.py [--scenarios a,b|all] [--runs N] [--seed S] [--minutes M] [--out DIR]
-                 [--build DIR] [--smoke] [--real-kafka] [--list]
+                 [--build DIR] [--smoke] [--real-kafka] [--db sqlite|pg] [--list]
 
 Design. One run = one fresh directory, one embedded broker (`onceq broker`), a producer, a relay
 and consumers started as separate processes in sessions of their own (setsid), each killed by its
@@ -25,6 +25,13 @@ one 3-node KRaft cluster (scripts/kafka-cluster.sh) started for all its runs in
 run recreates the onceq topics. Without java, kcat or the Kafka jars it is reported as skipped
 (exit 77 when nothing failed), never as passed.
 
+PostgreSQL (--db pg): every run gets a fresh database on one server (--pg-url, else
+ONCEQ_TEST_PG_URL, else a private cluster started with scripts/pg.sh in <results>/pg and stopped
+at the end); producer, relay and consumers (--pg-stages chooses) keep their state there instead
+of calls.db and effects.db, the checks read it with psql, and `onceq
+verify` reads it through its snapshots. Rows that exercise SQLite itself (its write lock, its
+files' disk, rows deleted under its relay) are reported as skipped on PostgreSQL.
+
 Recovery time = the last fault injected (kill, stop, broker error, lock, proxy fault) to the
 moment every call in calls.db is terminal, after the load ended; sampled every 100 ms.
 
@@ -38,6 +45,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -63,6 +71,87 @@ FAST_TIMEOUT = ["-X", "socket.timeout.ms=1000", "-X", "request.timeout.ms=1000"]
 
 class RunFailed(Exception):
     pass
+
+
+class PgError(Exception):
+    pass
+
+
+DB_ERRORS = (sqlite3.Error, PgError)
+# the consumer's tables in schema onceq are consumer_<its SQLite name> (schema/postgres/0003)
+PG_CONSUMER_TABLES = re.compile(r"\b(inbox|executions|effects|audit|dlq|retention)\b")
+PG_SKIP = {  # rows that exercise SQLite itself: skipped with --db pg
+    "busy_storm": "holds SQLite's write lock on calls.db/effects.db",
+    "lost_messages": "deletes rows of the SQLite outboxes under their relays",
+    "disk_full": "fills a small filesystem under the SQLite files",
+}
+
+
+def is_pg(db):
+    return isinstance(db, str) and db.startswith(("postgres://", "postgresql://"))
+
+
+def pg_query(url, sql, args=(), consumer=False):
+    """Rows of one statement on PostgreSQL through psql (schema onceq first in search_path);
+    '?' placeholders are replaced by quoted literals. Integers come back as int, NULL as None."""
+    if consumer:
+        sql = PG_CONSUMER_TABLES.sub(r"consumer_\1", sql)
+    lit = lambda v: "NULL" if v is None else str(v) if isinstance(v, (int, float)) else \
+        "'" + str(v).replace("'", "''") + "'"
+    pos = iter(range(len(args) + 1))  # '?' takes the next argument, '?N' the N-th
+
+    def arg(m):
+        i = int(m.group(1)) - 1 if m.group(1) else next(pos)
+        if i >= len(args):
+            raise PgError(f"{len(args)} arguments, placeholder {i + 1}: {sql}")
+        return lit(args[i])
+    sql = re.sub(r"\?(\d*)", arg, sql)
+    env = dict(os.environ, PGOPTIONS="-c search_path=onceq,public", PGCONNECT_TIMEOUT="10")
+    try:
+        r = subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\x1f", "-d", url,
+                            "-c", sql], capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        raise PgError(f"psql timed out: {sql[:200]}")
+    if r.returncode != 0:
+        raise PgError(f"psql: {r.stderr.strip()[:300]} ({sql[:200]})")
+    conv = lambda v: None if v == "" else int(v) if re.fullmatch(r"-?\d+", v) else v
+    return [tuple(conv(v) for v in line.split("\x1f")) for line in r.stdout.splitlines()]
+
+
+class PgServer:
+    """The PostgreSQL server of --db pg: --pg-url, else ONCEQ_TEST_PG_URL, else a private cluster
+    (scripts/pg.sh) in <out>/pg, stopped by stop(). fresh(name) makes an empty database."""
+
+    def __init__(self, opts):
+        self.url = opts.pg_url or os.environ.get("ONCEQ_TEST_PG_URL")
+        self.dir = None
+        if not self.url:
+            self.dir = os.path.join(opts.out, "pg")
+            os.makedirs(self.dir, exist_ok=True)
+            os.chmod(opts.out, 0o711)  # the server's unprivileged owner must reach its folder
+            r = subprocess.run(["bash", os.path.join(SRC, "scripts/pg.sh"), "start", "--dir",
+                                self.dir], capture_output=True, text=True, timeout=180)
+            if r.returncode != 0:
+                raise RuntimeError(f"scripts/pg.sh start: {r.stderr.strip()[-400:]}")
+            self.url = subprocess.run(["bash", os.path.join(SRC, "scripts/pg.sh"), "url", "--dir",
+                                       self.dir], capture_output=True, text=True,
+                                      check=True).stdout.strip()
+
+    def fresh(self, name):
+        pg_query(self.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        pg_query(self.url, f"CREATE DATABASE {name}")
+        return re.sub(r"^(postgres(?:ql)?://[^/]*/)[^?]*", lambda m: m.group(1) + name, self.url)
+
+    def drop(self, name):
+        try:
+            pg_query(self.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except PgError:
+            pass
+
+    def stop(self):
+        if self.dir:
+            subprocess.run(["bash", os.path.join(SRC, "scripts/pg.sh"), "stop", "--dir", self.dir],
+                           capture_output=True, timeout=60)
 
 
 def now():
@@ -120,6 +209,16 @@ class Run:
         self.metrics = {}
         self.pdb = os.path.join(self.dir, "calls.db")
         self.cdb = os.path.join(self.dir, "effects.db")
+        self.pg_name = None
+        if opts.db == "pg":  # a fresh database per run; the consumers' string differs only by
+            # application_name, so q() knows which stage's audit table a query means
+            self.pg_name = re.sub(r"[^a-z0-9_]", "_", f"oqc_{scenario}_{idx}".lower())[:60]
+            url = opts.pg.fresh(self.pg_name)
+            subprocess.run([os.path.join(opts.build, "onceq"), "migrate", "--db", url],
+                           check=True, capture_output=True, timeout=60)
+            self.pdb = url
+            if "consumer" in opts.pg_stages:
+                self.cdb = url + ("&" if "?" in url else "?") + "application_name=onceq-consumer"
         self.accepted = os.path.join(self.dir, "accepted")
         open(self.accepted, "w").close()
         self.port = None
@@ -325,8 +424,7 @@ class Run:
         for i in range(1, consumers + 1):
             self.start_consumer(i, envs.get(f"consumer-{i}"), consumer_x)
         self.wait_healthy(30)
-        self.wait(30, lambda: os.path.exists(self.cdb) and os.path.getsize(self.cdb) > 0,
-                  "consumer database", supervise=True)
+        self.wait(30, lambda: self.db_exists(self.cdb), "consumer database", supervise=True)
 
     def healthy(self):
         try:
@@ -349,7 +447,7 @@ class Run:
             try:
                 if pred():
                     return
-            except (OSError, sqlite3.Error):
+            except (OSError,) + DB_ERRORS:
                 pass
             time.sleep(0.1)
         raise RunFailed(f"timed out after {timeout}s waiting for {what}")
@@ -380,7 +478,12 @@ class Run:
         return out
 
     # --- checks --------------------------------------------------------------------------------
+    def db_exists(self, db):
+        return is_pg(db) or (os.path.exists(db) and os.path.getsize(db) > 0)
+
     def q(self, db, sql, args=()):
+        if is_pg(db):
+            return pg_query(db, sql, args, consumer=(db == self.cdb))
         c = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
         try:
             return c.execute(sql, args).fetchall()
@@ -399,7 +502,7 @@ class Run:
             self.supervise()
             try:
                 n = self.pending()
-            except sqlite3.Error:
+            except DB_ERRORS:
                 n = -1
             if n == 0:
                 t = now()
@@ -433,7 +536,7 @@ class Run:
 
     def integrity(self):
         for db in (self.pdb, self.cdb, self.ddb):
-            if db is None:
+            if db is None or is_pg(db):  # PostgreSQL checks its own pages (and WAL)
                 continue
             if not os.path.exists(db):
                 continue
@@ -485,16 +588,14 @@ def http_post(port, key, body, timeout=5.0):
 
 
 def logical_effects(run, client_id):
-    """Effects per logical request (calls.seq) of one client: {seq: effects}."""
-    c = sqlite3.connect(f"file:{run.pdb}?mode=ro", uri=True, timeout=10)
-    try:
-        c.execute("ATTACH ? AS c", (f"file:{run.cdb}?mode=ro",))
-        rows = c.execute("SELECT p.seq, count(e.call_id) FROM main.calls p LEFT JOIN c.effects e"
-                         " ON e.call_id = p.call_id WHERE p.client_id = ? GROUP BY p.seq",
-                         (client_id,)).fetchall()
-    finally:
-        c.close()
-    return dict(rows)
+    """Effects per logical request (calls.seq) of one client: {seq: effects}. Joined here, not in
+    SQL: the two stages may live in two databases of two backends."""
+    calls = run.q(run.pdb, "SELECT seq, call_id FROM calls WHERE client_id = ?", (client_id,))
+    effects = {r[0] for r in run.q(run.cdb, "SELECT call_id FROM effects")}
+    per = {}
+    for seq, cid in calls:
+        per[seq] = per.get(seq, 0) + (1 if cid in effects else 0)
+    return per
 
 
 # --- scenarios -------------------------------------------------------------------------------
@@ -788,7 +889,7 @@ def sc_worker_stop(run):
 
     def started():
         return run.q(run.cdb, "SELECT call_id, lease_owner FROM executions WHERE state="
-                              "'STARTED'") if os.path.exists(run.cdb) else []
+                              "'STARTED'") if run.db_exists(run.cdb) else []
 
     run.wait(60, lambda: len(started()) > 0, "a slow charge STARTED")
     time.sleep(run.rng.uniform(0.1, 0.8))
@@ -996,7 +1097,8 @@ def ds_consumer_x(tools):
 
 def call_rows(run, tools):
     marks = ",".join("?" * len(tools))
-    return run.q(run.pdb, f"SELECT call_id, idem_key, tool, state, json_extract(error, '$.code') FROM calls "
+    code = "(error::jsonb)->>'code'" if is_pg(run.pdb) else "json_extract(error, '$.code')"
+    return run.q(run.pdb, f"SELECT call_id, idem_key, tool, state, {code} FROM calls "
                           f"WHERE tool IN ({marks})", tuple(tools))
 
 
@@ -1503,7 +1605,7 @@ def sc_lost_messages(run):
     for i in (1, 2):
         run.start_consumer(i)
     run.wait_healthy(30)
-    run.wait(30, lambda: os.path.exists(run.cdb) and os.path.getsize(run.cdb) > 0,
+    run.wait(30, lambda: run.db_exists(run.cdb),
              "consumer database", supervise=True)
     run.load(calls, rate, "lm")
     t_end = now() + calls / rate
@@ -2257,7 +2359,7 @@ def sc_kafka_node_faults(run):
         for i in range(1, ncons + 1):
             run.start_consumer(i)
         run.wait_healthy(30)
-        run.wait(30, lambda: os.path.exists(run.cdb) and os.path.getsize(run.cdb) > 0,
+        run.wait(30, lambda: run.db_exists(run.cdb),
                  "consumer database", supervise=True)
         chunks = [0]
 
@@ -2564,6 +2666,7 @@ def run_scenario(opts, name, t0):
               + ("" if not run.failures else
                  f"\n    failures: {run.failures}\n    reproduce: chaos/run.py --seed "
                  f"{opts.seed} --scenarios {name} --runs {i} --keep"
+                 + (" --db pg" if opts.db == "pg" else "")
                  + (" --real-kafka" if name in REAL_KAFKA else "")
                  + (f" --break {opts.brk}" if name in REAL_KAFKA and opts.brk else "")
                  + f"\n    folder: {run.dir}"),
@@ -2571,6 +2674,8 @@ def run_scenario(opts, name, t0):
         runs.append(run)
         if not run.failures and not opts.keep:
             subprocess.run(["rm", "-rf", run.dir])
+            if run.pg_name:
+                opts.pg.drop(run.pg_name)
         run.log.close()
     return runs, False
 
@@ -2631,8 +2736,19 @@ def main():
                          "cluster (scripts/kafka-cluster.sh) for all its runs; needs java 17+, "
                          "kcat and the jars of scripts/kafka-fetch.sh (fetched with mvn when "
                          "missing), else the row is reported as skipped (exit 77)")
+    ap.add_argument("--db", choices=("sqlite", "pg"), default="sqlite",
+                    help="where the stages keep their state: SQLite files (default) or "
+                         "PostgreSQL, a fresh database per run (rows that test SQLite itself "
+                         "are skipped)")
+    ap.add_argument("--pg-url", default=None,
+                    help="--db pg: the server (a URI whose password is in a passfile; default "
+                         "ONCEQ_TEST_PG_URL, else a private cluster by scripts/pg.sh)")
+    ap.add_argument("--pg-stages", default="producer,relay,consumer",
+                    help="--db pg: the stages on PostgreSQL (producer,relay[,consumer]); the "
+                         "others keep SQLite files")
     ap.add_argument("--list", action="store_true")
     opts = ap.parse_args()
+    opts.pg = None
     opts.kafka = None
     if opts.list:
         for n, f in SCENARIOS.items():
@@ -2662,10 +2778,28 @@ def main():
     if not os.access(os.path.join(opts.build, "onceq"), os.X_OK):
         print(f"no onceq binary in {opts.build} (build first)", file=sys.stderr)
         return 2
+    if opts.db == "pg":
+        try:
+            opts.pg = PgServer(opts)
+        except (RuntimeError, PgError, OSError, subprocess.SubprocessError) as ex:
+            print(f"--db pg: no PostgreSQL server: {ex}", file=sys.stderr)
+            return 2
+        print(f"PostgreSQL: stages {opts.pg_stages} on a fresh database per run", flush=True)
+    try:
+        return run_all(opts, names)
+    finally:
+        if opts.pg:
+            opts.pg.stop()
+
+
+def run_all(opts, names):
     t0 = now()
     rows = []
     stopped_early = False
     for name in names:
+        if opts.db == "pg" and name in PG_SKIP:  # not applicable: listed under "Not run here"
+            print(f"  {name}: not run on PostgreSQL: {PG_SKIP[name]}", flush=True)
+            continue
         if name in REAL_KAFKA:
             if opts.minutes and now() - t0 > opts.minutes * 60:
                 stopped_early = True  # no cluster start past the budget
@@ -2691,7 +2825,10 @@ def main():
     missing = dict(MISSING)
     if not any(n in REAL_KAFKA for n in names):
         missing.update(MISSING_WITHOUT_KAFKA)
+    if opts.db == "pg":
+        missing.update({f"{n} (--db pg)": why for n, why in PG_SKIP.items() if n in names})
     report = {"seed": opts.seed, "runs_per_scenario": opts.runs, "smoke": opts.smoke,
+              "db": opts.db, "pg_stages": opts.pg_stages if opts.db == "pg" else None,
               "elapsed_s": round(elapsed, 1), "cpus": os.cpu_count(),
               "passed": ok and not skipped, "verdict": verdict, "skipped": skipped,
               "stopped_by_time_budget": stopped_early, "rows": rows, "missing": missing}
@@ -2699,6 +2836,7 @@ def main():
         json.dump(report, f, indent=1)
     with open(os.path.join(opts.out, "report.md"), "w") as f:
         f.write(f"# onceq chaos matrix\n\nseed {opts.seed}, {opts.runs} run(s) per scenario"
+                f"{' on PostgreSQL (' + opts.pg_stages + ')' if opts.db == 'pg' else ''}"
                 f"{' (smoke sizes)' if opts.smoke else ''}, {elapsed / 60:.1f} min on "
                 f"{os.cpu_count()} CPUs; {verdict}\n\n{md}\n")
         for r in rows:

@@ -20,6 +20,13 @@
  * payment ids through a read-only ATTACH (made before the read transaction: ATTACH is refused
  * inside one), to check that every downstream id the consumer recorded exists. A ledger key or
  * reference is the effect id "e_<hex>" of call "c_<hex>".
+ *
+ * PostgreSQL: a stage whose database is a libpq string is read from one REPEATABLE READ
+ * snapshot into a temporary SQLite file (the producer's tables through oq_pg_snapshot(), the
+ * consumer's through its store, oq__consumer_store_export()), which the same queries then read;
+ * the files are removed before returning. So every invariant has one definition, in SQL over
+ * the SQLite tables, whatever the backend; the two snapshots are taken back to back, as the two
+ * SQLite files are read (both may be one database, as under `onceq up --db-url`).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -623,27 +630,62 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
     return 0;
 }
 
-/* A consumer on PostgreSQL: its rows are read from one snapshot into a temporary SQLite copy
- * (through the consumer store, oq__consumer_store_export), and the checks run on that. */
+/* The producer's tables the checks read, by their PostgreSQL names (schema onceq). */
+static const char *const pg_producer_tables[] = {"onceq.calls", "onceq.audit"};
+static const char *const pg_producer_names[] = {"calls", "audit"};
+
+/* A producer on PostgreSQL: its tables copied from one snapshot into \p path (a new file). */
+static int producer_export(const char *conninfo, const char *path, oq_error_t *err)
+{
+    sqlite3 *db = NULL;
+    PGconn *c = NULL;
+    int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (rc != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EIO, rc, "verify: %s: %s", path,
+                          db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        goto out;
+    }
+    sqlite3_exec(db, "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; BEGIN", NULL, NULL, NULL);
+    if ((rc = oq_pg_connect(conninfo, &c, err)) ||
+        (rc = oq_pg_snapshot(c, pg_producer_tables, pg_producer_names,
+                             (int)(sizeof pg_producer_tables / sizeof *pg_producer_tables), db,
+                             err)))
+        goto out;
+    if (sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        rc = oq_error_set(err, OQ_EIO, 0, "verify: %s: %s", path, sqlite3_errmsg(db));
+out:
+    if (c) PQfinish(c);
+    if (db) sqlite3_close_v2(db);
+    return rc;
+}
+
+/* A stage on PostgreSQL: its rows are read from one snapshot into a temporary SQLite copy
+ * (calls.db / effects.db in a private folder), and the checks run on the copies. */
 int oq_verify_run(const char *producer_db, const char *consumer_db, const oq_verify_opts_t *opts,
                   oq_verify_report_t *rep, oq_error_t *err)
 {
-    if (!consumer_db || oq_backend_of(consumer_db) != OQ_BACKEND_POSTGRES)
-        return verify_files(producer_db, consumer_db, opts, rep, err);
+    int ppg = producer_db && oq_backend_of(producer_db) == OQ_BACKEND_POSTGRES;
+    int cpg = consumer_db && oq_backend_of(consumer_db) == OQ_BACKEND_POSTGRES;
+    if (!ppg && !cpg) return verify_files(producer_db, consumer_db, opts, rep, err);
     const char *tmp = getenv("TMPDIR");
-    char dir[512], path[600], f[640];
+    char dir[512], ppath[600], cpath[600], f[640];
     memset(rep, 0, sizeof *rep);
     snprintf(dir, sizeof dir, "%s/onceq-verify-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir))
         return oq_error_set(err, OQ_EIO, errno, "verify: mkdtemp: %s", strerror(errno));
-    snprintf(path, sizeof path, "%s/effects.db", dir);
-    int rc = oq__consumer_store_export(consumer_db, path, err);
-    if (rc == 0) rc = verify_files(producer_db, path, opts, rep, err);
+    snprintf(ppath, sizeof ppath, "%s/calls.db", dir);
+    snprintf(cpath, sizeof cpath, "%s/effects.db", dir);
+    int rc = 0;
+    if (ppg) rc = producer_export(producer_db, ppath, err);
+    if (rc == 0 && cpg) rc = oq__consumer_store_export(consumer_db, cpath, err);
+    if (rc == 0)
+        rc = verify_files(ppg ? ppath : producer_db, cpg ? cpath : consumer_db, opts, rep, err);
     static const char *const sfx[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
-        snprintf(f, sizeof f, "%s%s", path, sfx[i]);
-        unlink(f);
-    }
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+            snprintf(f, sizeof f, "%s%s", k ? cpath : ppath, sfx[i]);
+            unlink(f);
+        }
     rmdir(dir);
     return rc;
 }

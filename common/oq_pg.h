@@ -118,4 +118,18 @@ int oq_pg_migrate(PGconn *c, oq_error_t *err);
 /** @brief The applied version (0 when schema `onceq` has none) into *version. */
 int oq_pg_schema_version(PGconn *c, int *version, oq_error_t *err);
 
+struct sqlite3;
+
+/**
+ * @brief Copy PostgreSQL tables into an SQLite database, for readers written over SQLite
+ *        (onceq verify): table \p tables[i] (such as "onceq.calls") becomes table \p names[i]
+ *        of \p dst with the same column names (integers and booleans as INTEGER, floating and
+ *        numeric as REAL, the rest as TEXT the way PostgreSQL prints it). Every table is read
+ *        in one REPEATABLE READ READ ONLY transaction: one snapshot. A table that does not
+ *        exist is left out (the reader then finds it missing). The caller owns \p dst and its
+ *        transaction.
+ */
+int oq_pg_snapshot(PGconn *c, const char *const *tables, const char *const *names, int n,
+                   struct sqlite3 *dst, oq_error_t *err);
+
 #endif

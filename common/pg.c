@@ -321,3 +321,102 @@ fail:
     PQclear(PQexec(c, "ROLLBACK"));
     return rc;
 }
+
+/* --- snapshot into SQLite (readers written over SQLite: onceq verify) ------------------------ */
+
+/* The SQLite column type of a PostgreSQL type oid (pg_type.h): integers and booleans INTEGER,
+ * floating and numeric REAL, everything else TEXT as PostgreSQL prints it. */
+static const char *snap_type(Oid t)
+{
+    switch (t) {
+    case 16: /* bool */
+    case 20: /* int8 */
+    case 21: /* int2 */
+    case 23: /* int4 */
+        return "INTEGER";
+    case 700:  /* float4 */
+    case 701:  /* float8 */
+    case 1700: /* numeric */
+        return "REAL";
+    default:
+        return "TEXT";
+    }
+}
+
+static int snap_table(PGconn *c, const char *table, const char *name, sqlite3 *dst, oq_error_t *err)
+{
+    const char *p[1] = {table};
+    PGresult *r = NULL;
+    sqlite3_stmt *st = NULL;
+    char *sql = NULL;
+    int rc = oq_pg_query(c, "SELECT to_regclass($1) IS NOT NULL", 1, p, &r, err);
+    if (rc) return rc;
+    int exists = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    r = NULL;
+    if (!exists) return 0;
+    char q[160];
+    snprintf(q, sizeof q, "SELECT * FROM %s", table);
+    if ((rc = oq_pg_query(c, q, 0, NULL, &r, err))) return rc;
+    int nf = PQnfields(r);
+    size_t cap = 64 + (size_t)nf * 96;
+    sql = malloc(cap);
+    if (!sql || nf == 0) {
+        rc = oq_error_set(err, sql ? OQ_EDB : OQ_ENOMEM, 0, "snapshot %s: no columns", table);
+        goto out;
+    }
+    size_t o = (size_t)snprintf(sql, cap, "CREATE TABLE \"%s\" (", name);
+    for (int i = 0; i < nf && o < cap; i++)
+        o += (size_t)snprintf(sql + o, cap - o, "%s\"%.60s\" %s", i ? ", " : "", PQfname(r, i),
+                              snap_type(PQftype(r, i)));
+    if (o < cap) o += (size_t)snprintf(sql + o, cap - o, ")");
+    if (o >= cap || sqlite3_exec(dst, sql, NULL, NULL, NULL) != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EDB, 0, "snapshot %s: %s", table, sqlite3_errmsg(dst));
+        goto out;
+    }
+    o = (size_t)snprintf(sql, cap, "INSERT INTO \"%s\" VALUES (", name);
+    for (int i = 0; i < nf && o < cap; i++)
+        o += (size_t)snprintf(sql + o, cap - o, "%s?", i ? ", " : "");
+    if (o < cap) o += (size_t)snprintf(sql + o, cap - o, ")");
+    if (o >= cap || sqlite3_prepare_v2(dst, sql, -1, &st, NULL) != SQLITE_OK) {
+        rc = oq_error_set(err, OQ_EDB, 0, "snapshot %s: %s", table, sqlite3_errmsg(dst));
+        goto out;
+    }
+    for (int row = 0; row < PQntuples(r); row++) {
+        sqlite3_reset(st);
+        for (int i = 0; i < nf; i++) {
+            const char *v = PQgetvalue(r, row, i);
+            if (PQgetisnull(r, row, i))
+                sqlite3_bind_null(st, i + 1);
+            else if (PQftype(r, i) == 16)
+                sqlite3_bind_int(st, i + 1, v[0] == 't');
+            else if (strcmp(snap_type(PQftype(r, i)), "INTEGER") == 0)
+                sqlite3_bind_int64(st, i + 1, strtoll(v, NULL, 10));
+            else if (strcmp(snap_type(PQftype(r, i)), "REAL") == 0)
+                sqlite3_bind_double(st, i + 1, strtod(v, NULL));
+            else
+                sqlite3_bind_text(st, i + 1, v, PQgetlength(r, row, i), SQLITE_STATIC);
+        }
+        if (sqlite3_step(st) != SQLITE_DONE) {
+            rc = oq_error_set(err, OQ_EDB, 0, "snapshot %s: %s", table, sqlite3_errmsg(dst));
+            goto out;
+        }
+    }
+out:
+    sqlite3_finalize(st);
+    free(sql);
+    PQclear(r);
+    return rc;
+}
+
+int oq_pg_snapshot(PGconn *c, const char *const *tables, const char *const *names, int n,
+                   sqlite3 *dst, oq_error_t *err)
+{
+    int rc = oq_pg_exec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err);
+    if (rc) return rc;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = snap_table(c, tables[i], names[i], dst, err);
+    oq_error_t ignore = {0};
+    oq_pg_exec(c, "ROLLBACK", &ignore);
+    return rc;
+}

@@ -17,6 +17,14 @@
  * their inbox), but committed offsets are, so messages already consumed may be redelivered and
  * absorbed as duplicates.
  *
+ * With --db-url every stage runs on one PostgreSQL database (schema onceq) instead of the two
+ * SQLite files. The string reaches the children through their environment (ONCEQ_DB), never
+ * their argv, and is never printed: a string holding a password is refused (it belongs in a
+ * passfile: `passfile=` in the URI or PGPASSFILE, which the children inherit). The server is
+ * probed and migrated before any child starts, so a database that is away at start is one
+ * clear error and exit 1, not children dying and restarting in a loop; once running, the
+ * children ride out an outage on their own and their /readyz say unready meanwhile.
+ *
  * SIGHUP is passed to the producer (it reloads its token files). SIGTERM / SIGINT stop the
  * pipeline in dependency order: consumers, relay and producer first
  * (TERM, wait up to --stop-timeout, then KILL), the broker last. Signal handlers only set flags;
@@ -41,6 +49,7 @@
 #include "oq_consumer.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_pg.h"
 #include "oq_util.h"
 
 #define UP_MAX_CHILDREN 40
@@ -50,6 +59,10 @@ static const oq_setting_t up_settings[] = {
     OQ_CLI_LOG_SETTINGS,
     {"dir", OQ_SET_STRING, "./onceq-data", 1, PATH_MAX - 64, NULL,
      "data directory: calls.db, effects.db, bootstrap file and one log per child"},
+    {"db-url", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "PostgreSQL for every stage (postgres:// URI or libpq keyword string, schema onceq) "
+     "instead of DIR/calls.db and DIR/effects.db; the password in a passfile (passfile= or "
+     "PGPASSFILE), never in the string; reaches the children as ONCEQ_DB, never on argv"},
     {"consumers", OQ_SET_INT, "2", 1, 32, NULL, "number of consumer-group workers"},
     {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "producer HTTP listen address"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL,
@@ -136,6 +149,7 @@ typedef struct {
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     char drain[32];                               /* "<ms>ms" for the consumers' argv, or "" */
     int embedded;
+    int on_pg; /* --db-url: the children read ONCEQ_DB, the console is off */
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
     char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
@@ -173,8 +187,10 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         break;
     case UP_PRODUCER:
         argv[n++] = "producer";
-        argv[n++] = "--db";
-        argv[n++] = up->calls_db;
+        if (!up->on_pg) {
+            argv[n++] = "--db";
+            argv[n++] = up->calls_db;
+        }
         argv[n++] = "--listen";
         argv[n++] = (char *)oq_config_str(up->cfg, "listen");
         argv[n++] = "--brokers";
@@ -216,15 +232,19 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         break;
     case UP_RELAY:
         argv[n++] = "relay";
-        argv[n++] = "--db";
-        argv[n++] = up->calls_db;
+        if (!up->on_pg) {
+            argv[n++] = "--db";
+            argv[n++] = up->calls_db;
+        }
         argv[n++] = "--brokers";
         argv[n++] = up->brokers;
         break;
     case UP_CONSUMER:
         argv[n++] = "consumer";
-        argv[n++] = "--db";
-        argv[n++] = up->effects_db;
+        if (!up->on_pg) {
+            argv[n++] = "--db";
+            argv[n++] = up->effects_db;
+        }
         argv[n++] = "--group";
         argv[n++] = (char *)oq_config_str(up->cfg, "group");
         argv[n++] = "--brokers";
@@ -462,14 +482,18 @@ static void up_print_where(const up_t *up)
            oq_config_str(up->cfg, "listen"));
     printf("  brokers   %s%s\n", up->brokers, up->embedded ? " (embedded, in memory)" : "");
     if (up->embedded) printf("  bootstrap %s\n", up->bootstrap_file);
-    printf("  calls db  %s\n", up->calls_db);
-    printf("  effects   %s\n", up->effects_db);
+    if (up->on_pg) { /* never the string itself: it names hosts and a passfile */
+        printf("  database  postgres (schema onceq; every stage; the children read ONCEQ_DB)\n");
+    } else {
+        printf("  calls db  %s\n", up->calls_db);
+        printf("  effects   %s\n", up->effects_db);
+    }
     printf("  logs      %s/<name>.log\n", up->dir);
     for (int i = 0; i < up->nkids; i++)
         if (up->metrics_listen[i][0])
             printf("  metrics   http://%s/metrics  %s (/healthz, /readyz)\n", up->metrics_listen[i],
                    up->kids[i].name);
-    const char *cl = oq_config_str(up->cfg, "console");
+    const char *cl = up->on_pg ? NULL : oq_config_str(up->cfg, "console");
     if (cl && cl[0])
         printf("  console   http://%s/  (onceq console: calls, timelines, review, charts)\n", cl);
     for (int i = 0; i < up->nkids; i++)
@@ -512,17 +536,51 @@ static int up_restart_all(up_t *up)
     return 0;
 }
 
+/* --db-url: refuse a password in the string, then connect once and apply the migrations, so
+ * a server that is away (or a schema newer than this binary) stops `onceq up` before any child
+ * starts. The string is never printed; libpq's messages name host and port, not the password.
+ * Returns an OQ_EXIT_* code. */
+static int up_check_db(const char *url)
+{
+    if (oq_backend_of(url) != OQ_BACKEND_POSTGRES) {
+        fprintf(stderr, "onceq up: --db-url must be a postgres:// or postgresql:// URI or a libpq "
+                        "keyword string (SQLite is the default: DIR/calls.db, DIR/effects.db)\n");
+        return OQ_EXIT_USAGE;
+    }
+    if (oq_pg_conninfo_has_password(url)) {
+        fprintf(stderr, "onceq up: --db-url holds a password: put it in a passfile (passfile=... "
+                        "in the string, or PGPASSFILE)\n");
+        return OQ_EXIT_USAGE;
+    }
+    PGconn *c = NULL;
+    oq_error_t err = {0};
+    int version = 0;
+    int rc = oq_pg_connect(url, &c, &err);
+    if (rc != 0) {
+        fprintf(stderr, "onceq up: %s\n", err.msg);
+    } else if ((rc = oq_pg_migrate(c, &err)) != 0 ||
+               (rc = oq_pg_schema_version(c, &version, &err)) != 0) {
+        fprintf(stderr, "onceq up: PostgreSQL schema onceq: %s\n", err.msg);
+    } else {
+        OQ_LOG_INFO("up", "db=postgres schema=onceq version=%d", version);
+    }
+    if (c) PQfinish(c);
+    return rc == 0 ? OQ_EXIT_OK : OQ_EXIT_FAIL;
+}
+
 int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
         "onceq up [--dir DIR] [--consumers N] [--listen HOST:PORT] [--brokers B] [-X k=v]...\n"
-        "         [--tools tools.json]\n"
+        "         [--tools tools.json] [--db-url postgresql://USER@HOST/DB?passfile=F]\n"
         "\n"
         "Runs the whole pipeline on this host as child processes: the embedded broker (unless\n"
         "--brokers), the producer (HTTP on --listen, DIR/calls.db), its relay, and N consumers\n"
         "(group --group, DIR/effects.db). Each child logs to DIR/<name>.log. A child that dies\n"
         "is restarted with backoff (250 ms doubling to 30 s); if the embedded broker dies, all\n"
         "topics and offsets are gone, so every child is restarted against a new broker.\n"
+        "--db-url puts every stage on one PostgreSQL database (schema onceq, migrated here first;\n"
+        "unreachable at start: exit 1); the password belongs in a passfile, never the string.\n"
         "-X properties go to every Kafka client, in DIR/kafka.conf (mode 0600; passed with -F,\n"
         "never on a command line). --metrics-base-port P serves the relay's /metrics, /healthz\n"
         "and /readyz on 127.0.0.1:P and consumer-K's on P+K. The producer's HTTP limits and\n"
@@ -591,6 +649,14 @@ int oq__cmd_up(int argc, char **argv)
     up->embedded = ext == NULL || !ext[0];
     if (!up->embedded) snprintf(up->brokers, sizeof up->brokers, "%s", ext);
     if (up_write_kafka_conf(up) != 0) goto out;
+    const char *db_url = oq_config_str(cfg, "db-url");
+    if (db_url && db_url[0]) {
+        if ((rc = up_check_db(db_url)) != OQ_EXIT_OK) goto out;
+        rc = OQ_EXIT_FAIL;
+        /* inherited by every child; only the producer, relay and consumers have --db */
+        if (setenv("ONCEQ_DB", db_url, 1) != 0) goto out;
+        up->on_pg = 1;
+    }
 
     /* The child table: broker (slot 0, maybe unused), producer, relay, consumers. */
     up->kids[0] = (up_child_t){.kind = UP_BROKER, .name = "broker"};
@@ -604,6 +670,10 @@ int oq__cmd_up(int argc, char **argv)
         snprintf(k->name, sizeof k->name, "consumer-%d", i + 1);
     }
     const char *console_listen = oq_config_str(cfg, "console");
+    if (up->on_pg && console_listen && console_listen[0]) {
+        OQ_LOG_INFO("up", "no console: onceq console reads SQLite files only (--db-url)");
+        console_listen = NULL;
+    }
     if (console_listen && console_listen[0] && up->nkids < UP_MAX_CHILDREN) {
         /* the daemons' /metrics for its charts: the producer's, then those of --metrics-base-port
          */

@@ -6,17 +6,21 @@
  * (every database is opened read-only), prints the report on stdout, and maps the outcome to
  * the exit code:
  * 0 clean, 3 (OQ_EXIT_VIOLATION) on any violation, 2 on bad usage, 1 when a database cannot
- * be read or is not the kind of database it should be.
+ * be read or is not the kind of database it should be. Either database may be PostgreSQL (a
+ * libpq string): it is read from one snapshot (chaos/verify.c).
  */
 #include <stdio.h>
 
 #include "cmds.h"
 #include "oq_chaos.h"
 #include "oq_config.h"
+#include "oq_pg.h"
 
 static const oq_setting_t verify_settings[] = {
-    {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL, "producer database (calls.db)"},
-    {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL, "consumer database (effects.db)"},
+    {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "producer database (calls.db, or a PostgreSQL URI)"},
+    {"consumer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "consumer database (effects.db, or a PostgreSQL URI)"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print the report as one JSON object"},
     {"allow-pending", OQ_SET_BOOL, "false", 0, -1, NULL,
      "report non-terminal calls without counting them as violations (live pipeline)"},
@@ -59,7 +63,11 @@ int oq__cmd_verify(int argc, char **argv)
         goto out;
     }
     int json = (int)oq_config_int(cfg, "json");
-    if (!json) printf("onceq verify: producer=%s consumer=%s\n", pdb, cdb);
+    /* a PostgreSQL string is never printed (it names hosts and a passfile) */
+    if (!json)
+        printf("onceq verify: producer=%s consumer=%s\n",
+               oq_backend_of(pdb) == OQ_BACKEND_POSTGRES ? "postgres" : pdb,
+               oq_backend_of(cdb) == OQ_BACKEND_POSTGRES ? "postgres" : cdb);
     if (oq_verify_print(&rep, stdout, json) != 0)
         rc = OQ_EXIT_FAIL;
     else

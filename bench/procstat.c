@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * CPU and I/O of processes, from /proc, for the benchmarks' "per call" figures. A figure is the
+ * difference of two samples around a measured run: CPU seconds (utime + stime of
+ * /proc/PID/stat) and bytes the process caused to be written to storage (write_bytes of
+ * /proc/PID/io: what reached the block layer or the page cache to be flushed, fsyncs
+ * included, the figure that wears a disk). The PostgreSQL server is its postmaster and every
+ * child of it (backends, WAL writer, checkpointer...), found by the postmaster's pid in
+ * ONCEQ_BENCH_PG_PID (bench/run.sh sets it from scripts/pg.sh pid): other clusters on the
+ * same machine are not counted. A process that ends between two samples is lost from the
+ * second one, so runs sample processes that live through them (the daemons, the server).
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+/* utime + stime (seconds) and ppid of \p pid; -1 when it is gone. */
+static int proc_stat(long pid, double *cpu, long *ppid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t r = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[r] = '\0';
+    char *rp = strrchr(buf, ')');
+    unsigned long ut, st;
+    int pp;
+    if (!rp ||
+        sscanf(rp + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &pp, &ut, &st) != 3)
+        return -1;
+    *cpu = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    *ppid = pp;
+    return 0;
+}
+
+static int64_t proc_write_bytes(long pid)
+{
+    char path[64], line[128];
+    snprintf(path, sizeof path, "/proc/%ld/io", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int64_t v = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "write_bytes: ", 13) == 0) v = strtoll(line + 13, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+void oq__bench_procs(long root, int with_children, oq_bench_procs_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (root <= 0) return;
+    double cpu;
+    long ppid;
+    if (proc_stat(root, &cpu, &ppid) == 0) {
+        out->cpu_s += cpu;
+        out->write_bytes += proc_write_bytes(root);
+        out->n++;
+    }
+    if (!with_children) return;
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == root) continue;
+        if (proc_stat(pid, &cpu, &ppid) != 0 || ppid != root) continue;
+        out->cpu_s += cpu;
+        out->write_bytes += proc_write_bytes(pid);
+        out->n++;
+    }
+    closedir(d);
+}
+
+long oq__bench_pg_pid(void)
+{
+    const char *s = getenv("ONCEQ_BENCH_PG_PID");
+    return s && *s ? strtol(s, NULL, 10) : 0;
+}
