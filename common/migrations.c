@@ -17,6 +17,7 @@ const char *const oq_migrations_producer[] = {
     "common/0003_outbox_dead.sql",
     "producer/0003_redrive.sql",
     "producer/0004_settled_expiry.sql",
+    "producer/0006_tasks.sql", /* tasks (producer/tasks.c) */
     NULL,
 };
 

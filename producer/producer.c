@@ -17,6 +17,7 @@
 
 #include "oq_pg.h"
 #include "producer_int.h"
+#include "tasks.h"
 
 typedef struct rconn {
     pthread_mutex_t mu;
@@ -281,6 +282,36 @@ int oq_producer_redrive(oq_producer_t *p, int limit, oq_redrive_stats_t *stats, 
     if (pass.work.rc && err) *err = pass.work.err;
     if (stats) *stats = pass.work.rc ? (oq_redrive_stats_t){0, 0, 0} : pass.stats;
     return pass.work.rc;
+}
+
+/* --- tasks (producer/tasks.c) ----------------------------------------------------------------*/
+
+int oq_producer_task_submit_async(oq_producer_t *p, oq_task_job_t *job, oq_task_done_cb cb,
+                                  void *opaque)
+{
+    if (p->reads[0].pg) return OQ_ESTATE; /* tasks need the SQLite store (for now) */
+    return oq__writer_enqueue(p->writer, oq__task_job_prepare(job, cb, opaque));
+}
+
+int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *err)
+{
+    if (p->reads[0].pg)
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "tasks are not supported on a PostgreSQL producer store yet");
+    int ret = run_and_wait(p, oq__task_job_prepare(job, NULL, NULL));
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    return oq_task_job_result(job, NULL, NULL, err);
+}
+
+int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
+                         const char *idem_key, json_t **out, oq_error_t *err)
+{
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {r->db, r->cache, r->pg};
+    int ret = r->pg ? oq_error_set(err, OQ_ENOTFOUND, 0, "no tasks on PostgreSQL")
+                    : oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
 }
 
 /* --- reads -----------------------------------------------------------------------------------*/
