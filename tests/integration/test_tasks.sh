@@ -160,3 +160,40 @@ out=$(task_submit bad-2 '{"steps":[{"name":"a","tool":"pay","args":{},"irreversi
 [[ $(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/tasks/t_00000000000000000000000000000000") == 404 ]] ||
     oq_fail "unknown task not 404"
 oq_pass "conflict 422, bad_reference and bad_task 400 with nothing written, unknown task 404"
+
+# --- the CLI: onceq call --task (waits for the end), submit --task, tasks list|show, inspect -----
+printf '%s\n' "$D" >"$T/task-ok.json"
+printf '%s\n' "$B" >"$T/task-undo.json"
+"$ONCEQ_BIN" call --url "$URL" --key cli-1 --task "$T/task-ok.json" --timeout 60s \
+    >"$T/cli1.out" 2>"$T/cli1.err"
+rc=$?
+[[ $rc == 0 ]] && jq -e '.status == "succeeded"' "$T/cli1.out" >/dev/null ||
+    oq_fail "onceq call --task: exit $rc $(cat "$T/cli1.out" "$T/cli1.err")"
+"$ONCEQ_BIN" call --url "$URL" --key cli-2 --task "$T/task-undo.json" --timeout 60s \
+    >"$T/cli2.out" 2>"$T/cli2.err"
+rc=$?
+[[ $rc == 6 ]] && jq -e '.status == "compensated"' "$T/cli2.out" >/dev/null ||
+    oq_fail "onceq call --task (compensated): exit $rc $(cat "$T/cli2.out" "$T/cli2.err")"
+"$ONCEQ_BIN" submit --db "$PDB" --key cli-3 --task "$T/task-ok.json" >"$T/cli3.out" 2>"$T/cli3.err" ||
+    oq_fail "onceq submit --task: $(cat "$T/cli3.err")"
+grep -q 'outcome=new task_id=t_' "$T/cli3.err" || oq_fail "submit --task: $(cat "$T/cli3.err")"
+task_wait cli-3 succeeded 60 || oq_fail "cli-3: $(task cli-3)"
+"$ONCEQ_BIN" tasks list --db "$PDB" >"$T/list.out" || oq_fail "tasks list"
+grep -E '^t_[0-9a-f]{32} +succeeded +2/2 +cli-1 ' "$T/list.out" >/dev/null ||
+    oq_fail "tasks list: $(cat "$T/list.out")"
+[[ $("$ONCEQ_BIN" tasks list --db "$PDB" --status needs_review --json | jq -r '.[].idem_key') == order-3 ]] ||
+    oq_fail "tasks list --status needs_review"
+"$ONCEQ_BIN" tasks show --db "$PDB" --key cli-2 | jq -e '.status == "compensated"' >/dev/null ||
+    oq_fail "tasks show --key"
+"$ONCEQ_BIN" tasks show --db "$PDB" t_00000000000000000000000000000000 2>/dev/null
+[[ $? == 4 ]] || oq_fail "tasks show of an unknown task: not exit 4"
+tid=$(jq -r .task_id "$T/cli2.out")
+"$ONCEQ_BIN" inspect --db "$PDB" --consumer-db "$CDB" --json "$tid" >"$T/insp.json" ||
+    oq_fail "inspect $tid"
+jq -e '[.timeline[] | select(.role == "compensate" and .from == "consumer")] | length > 0' \
+    "$T/insp.json" >/dev/null || oq_fail "inspect: no consumer rows of the compensation"
+jq -e '[.timeline[] | .step] | unique == ["boom", "charge"]' "$T/insp.json" >/dev/null ||
+    oq_fail "inspect: steps $(jq -c '[.timeline[].step] | unique' "$T/insp.json")"
+"$ONCEQ_BIN" inspect --db "$PDB" "$tid" | grep -q 'task_compensation_retry' ||
+    oq_fail "inspect (text): no compensation retry in the timeline"
+oq_pass "CLI: call --task waits (0 succeeded, 6 compensated), submit --task, tasks list|show, inspect on a task"
