@@ -197,3 +197,11 @@ jq -e '[.timeline[] | .step] | unique == ["boom", "charge"]' "$T/insp.json" >/de
 "$ONCEQ_BIN" inspect --db "$PDB" "$tid" | grep -q 'task_compensation_retry' ||
     oq_fail "inspect (text): no compensation retry in the timeline"
 oq_pass "CLI: call --task waits (0 succeeded, 6 compensated), submit --task, tasks list|show, inspect on a task"
+
+# --- onceq verify: the task invariants hold on everything above ---------------------------------
+pl_verify >"$T/verify.json"
+jq -e '.by_kind | (.task_step_rerun + .task_comp_twice + .task_false_end + .task_not_terminal) == 0' \
+    "$T/verify.json" >/dev/null || oq_fail "verify: $(cat "$T/verify.json")"
+jq -e '.by_kind | (.dup_effect + .reexecuted + .terminal_left + .not_terminal) == 0' \
+    "$T/verify.json" >/dev/null || oq_fail "verify: $(cat "$T/verify.json")"
+oq_pass "onceq verify: no task invariant broken, every task terminal"

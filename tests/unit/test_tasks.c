@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "oq_chaos.h"
 #include "oq_db.h"
 #include "oq_envelope.h"
 #include "oq_producer.h"
@@ -602,6 +603,57 @@ static void test_db_bad_reference_at_run(void **state)
     expect(db, "SELECT status FROM tasks WHERE task_id='%s'", id, "succeeded");
 }
 
+/* onceq verify's task invariants: clean on an honest run, each kind caught on a tampered one. */
+static void test_db_verify(void **state)
+{
+    fx_t *f = *state;
+    sqlite3 *db = f->db;
+    char cpath[160], id[OQ_TASK_ID_LEN + 1] = "", id2[OQ_TASK_ID_LEN + 1] = "";
+    snprintf(cpath, sizeof cpath, "%s/effects.db", f->dir);
+    sqlite3 *cdb = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(cpath, NULL, &cdb, &err), 0);
+    assert_int_equal(oq_db_migrate(cdb, oq_migrations_consumer, &err), 0);
+    sqlite3_close_v2(cdb);
+    oq_task_outcome_t oc = 0;
+    assert_int_equal(submit(db, "v1", SPEC3, &oc, id), 0);
+    result(db, "v1/charge", "succeeded", "{\"object_id\":\"p\",\"amount\":1}", NULL);
+    result(db, "v1/ticket", "succeeded", "{\"object_id\":\"t\"}", NULL);
+    result(db, "v1/email", "failed", NULL, NULL);
+    result(db, "v1/ticket/compensate", "succeeded", "{}", NULL);
+    result(db, "v1/charge/compensate", "succeeded", "{}", NULL);
+    assert_int_equal(submit(db, "v2", SPEC3, &oc, id2), 0); /* left running */
+    oq_verify_report_t rep;
+    oq_verify_opts_t o = {0};
+    o.allow_pending = 1;
+    assert_int_equal(oq_verify_run(f->path, cpath, &o, &rep, &err), 0);
+    for (int k = OQ_V_TASK_STEP_RERUN; k <= OQ_V_TASK_NOT_TERMINAL; k++)
+        if (rep.count[k])
+            fail_msg("clean run: %s=%lld", oq_violation_name(k), (long long)rep.count[k]);
+    oq_verify_report_clear(&rep);
+    o.allow_pending = 0; /* drained: a running task is a violation */
+    assert_int_equal(oq_verify_run(f->path, cpath, &o, &rep, &err), 0);
+    assert_int_equal(rep.count[OQ_V_TASK_NOT_TERMINAL], 1);
+    oq_verify_report_clear(&rep);
+    /* tamper: a compensation that did not succeed under a compensated task; a second call for
+     * one step; a compensation of a step that never succeeded */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "UPDATE calls SET state='failed' WHERE idem_key='v1/charge/compensate';"
+             "INSERT INTO task_calls VALUES('c_x','%s',0,'step');"
+             "UPDATE task_steps SET comp_call_id=(SELECT call_id FROM calls WHERE "
+             "idem_key='v1/ticket/compensate') WHERE task_id='%s' AND idx=2",
+             id, id);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    o.allow_pending = 1;
+    assert_int_equal(oq_verify_run(f->path, cpath, &o, &rep, &err), 0);
+    assert_int_equal(rep.count[OQ_V_TASK_FALSE_END], 1); /* charge's compensation failed */
+    assert_int_equal(rep.count[OQ_V_TASK_STEP_RERUN], 1);
+    assert_int_equal(rep.count[OQ_V_TASK_COMP_TWICE], 1);
+    assert_string_equal(oq_violation_name(OQ_V_TASK_FALSE_END), "task_false_end");
+    oq_verify_report_clear(&rep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -613,6 +665,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_db_compensation_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_compensation_retry_succeeds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_bad_reference_at_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_verify, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
