@@ -782,6 +782,12 @@ static int start(oq__producer_store_t *s, oq__task_t *t, size_t i, int comp, int
              t->row.task_id, st->row.name, comp ? "compensate" : "step");
     if ((ret = oq__producer_store_audit_add(s, now_ms, call_id, "task_step", detail, err)))
         goto out;
+    /* crash points (ONCEQ_CRASH_AT), inside the transaction: a kill here must leave neither
+     * the call nor the checkpoint that wrote it */
+    if (comp)
+        OQ_CRASH_POINT("producer.task_after_compensation_written");
+    else
+        OQ_CRASH_POINT("producer.task_after_step_written");
     if (comp) {
         snprintf(st->row.comp_call_id, sizeof st->row.comp_call_id, "%s", call_id);
         st->row.comp_attempts = 1;
@@ -837,6 +843,7 @@ int oq__task_on_result(oq__producer_store_t *s, const char *call_id, const char 
         oq__task_on_step(&t, (size_t)idx, status, NULL);
     ret = advance(s, &t, now_ms, ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
     if (!ret) ret = save(s, &t, now_ms, err);
+    OQ_CRASH_POINT("producer.task_after_checkpoint");
     oq__task_clear(&t);
     return ret;
 }
