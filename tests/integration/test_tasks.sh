@@ -28,10 +28,11 @@ RT_VARIANTS='[
   {"base": true, "name": "pay_decline", "headers": {"X-Downstream-Fault": "decline"}},
   {"base": true, "name": "refund"},
   {"base": true, "name": "refund_never", "headers": {"X-Downstream-Fault": "decline"}},
-  {"name": "refund_flaky", "url": "http://127.0.0.1:'$FPORT'/refunds", "body": "args"}
+  {"name": "refund_flaky", "url": "http://127.0.0.1:'$FPORT'/refunds", "body": "args"},
+  {"base": true, "name": "pay_drop", "headers": {"X-Downstream-Fault": "drop-after-commit"}}
 ]'
 rt_tools "$T/tools.json"
-PL_CONSUMER_X+=(--tools "$T/tools.json" --retry-base 100ms)
+PL_CONSUMER_X+=(--tools "$T/tools.json" --retry-base 100ms --lease 3s --recover-every 200ms)
 pl_start 1
 
 URL=http://127.0.0.1:$PORT
@@ -160,6 +161,26 @@ out=$(task_submit bad-2 '{"steps":[{"name":"a","tool":"pay","args":{},"irreversi
 [[ $(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/tasks/t_00000000000000000000000000000000") == 404 ]] ||
     oq_fail "unknown task not 404"
 oq_pass "conflict 422, bad_reference and bad_task 400 with nothing written, unknown task 404"
+
+# --- UNKNOWN in the middle step: reconciled before step 3 starts -----------------------------
+E='{"steps":[
+  {"name":"a","tool":"pay","args":{"amount":21}},
+  {"name":"b","tool":"pay_drop","args":{"amount":22}},
+  {"name":"c","tool":"pay","args":{"amount":"{steps.b.result.response.amount}"}}]}'
+task_submit unk-1 "$E" >/dev/null
+task_wait unk-1 succeeded 60 || oq_fail "unknown middle step: $(task unk-1)"
+t=$(task unk-1)
+cb=$(jq -r .steps[1].call_id <<<"$t")
+cc=$(jq -r .steps[2].call_id <<<"$t")
+path=$(rt_cq "SELECT group_concat(event, ',') FROM (SELECT event FROM audit WHERE call_id='$cb' ORDER BY id)")
+[[ $path == started,unknown,reconciling,committed ]] || oq_fail "step b's consumer path: $path"
+[[ $(effects_of "$cb") == 1 && $(effects_of "$cc") == 1 ]] || oq_fail "unknown: effects"
+pq() { sqlite3 -cmd ".timeout 10000" "$PDB" "$1"; }
+b_done=$(pq "SELECT ts FROM audit WHERE call_id='$cb' AND event='succeeded'")
+c_made=$(pq "SELECT created_at FROM calls WHERE call_id='$cc'")
+((c_made >= b_done)) || oq_fail "step c written ($c_made) before b settled ($b_done)"
+[[ $(jq -r .steps[2].result.response.amount <<<"$t") == 22 ]] || oq_fail "step c amount"
+oq_pass "UNKNOWN middle step (answer dropped): reconciled by lookup, step c written only after"
 
 # --- the CLI: onceq call --task (waits for the end), submit --task, tasks list|show, inspect -----
 printf '%s\n' "$D" >"$T/task-ok.json"
