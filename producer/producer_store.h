@@ -401,6 +401,11 @@ int oq__task_store_of_call(oq__producer_store_t *s, const char *call_id,
 /** Up to \p cap (task_id, idx) whose compensation retry is due at \p now (comp_next_at). */
 int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
                        char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err);
+/** Tasks by status (\p by: running, succeeded, compensating, compensated, failed,
+ *  needs_review), and the steps whose compensation ended well (\p comp_ok: `compensated`) or
+ *  not (\p comp_review: `needs_review` with a compensation written). Its own read snapshot. */
+int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
+                          int64_t *comp_review, oq_error_t *err);
 /** Task ids newest first, \p status NULL = any, at most \p limit (*ids owned: free each). */
 int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
                         size_t *n, oq_error_t *err);

@@ -1196,3 +1196,37 @@ int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, 
     *ids = v;
     return 0;
 }
+
+int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
+                          int64_t *comp_review, oq_error_t *err)
+{
+    static const char *const st[6] = {"running",     "succeeded", "compensating",
+                                      "compensated", "failed",    "needs_review"};
+    memset(by, 0, 6 * sizeof *by);
+    *comp_ok = *comp_review = 0;
+    if (s->pg) return 0; /* no task rows there */
+    sqlite3_stmt *st1 = st_get(s, "SELECT status, count(*) FROM tasks GROUP BY status", err);
+    if (!st1) return st_failed(err);
+    int rc, ret = 0;
+    while ((rc = sqlite3_step(st1)) == SQLITE_ROW) {
+        const char *k = (const char *)sqlite3_column_text(st1, 0);
+        for (int i = 0; k && i < 6; i++)
+            if (strcmp(k, st[i]) == 0) by[i] = sqlite3_column_int64(st1, 1);
+    }
+    if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task counts");
+    st_done(s, st1);
+    if (ret) return ret;
+    sqlite3_stmt *st2 = st_get(s,
+                               "SELECT status, count(*) FROM task_steps WHERE comp_call_id IS NOT "
+                               "NULL GROUP BY status",
+                               err);
+    if (!st2) return st_failed(err);
+    while ((rc = sqlite3_step(st2)) == SQLITE_ROW) {
+        const char *k = (const char *)sqlite3_column_text(st2, 0);
+        if (k && strcmp(k, "compensated") == 0) *comp_ok = sqlite3_column_int64(st2, 1);
+        if (k && strcmp(k, "needs_review") == 0) *comp_review = sqlite3_column_int64(st2, 1);
+    }
+    if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "compensation counts");
+    st_done(s, st2);
+    return ret;
+}

@@ -48,3 +48,6 @@ CREATE TABLE task_calls (
 ) WITHOUT ROWID;
 
 CREATE INDEX tasks_created ON tasks(created_at);
+-- the metrics: tasks by status, and how the compensations ended (a count over an index each)
+CREATE INDEX tasks_status ON tasks(status);
+CREATE INDEX task_steps_comp ON task_steps(status) WHERE comp_call_id IS NOT NULL;

@@ -226,3 +226,13 @@ jq -e '.by_kind | (.task_step_rerun + .task_comp_twice + .task_false_end + .task
 jq -e '.by_kind | (.dup_effect + .reexecuted + .terminal_left + .not_terminal) == 0' \
     "$T/verify.json" >/dev/null || oq_fail "verify: $(cat "$T/verify.json")"
 oq_pass "onceq verify: no task invariant broken, every task terminal"
+
+# --- metrics: tasks by status, compensations by how they ended ---------------------------------
+curl -sf "$URL/metrics" >"$T/metrics.txt" || oq_fail "no /metrics"
+mv_() { awk -v k="$1" '$1 == k {print $2}' "$T/metrics.txt"; }
+[[ $(mv_ 'onceq_producer_tasks{status="needs_review"}') == 1 &&
+    $(mv_ 'onceq_producer_tasks{status="running"}') == 0 &&
+    $(mv_ 'onceq_producer_tasks{status="compensated"}') == $(sqlite3 "$PDB" "SELECT count(*) FROM tasks WHERE status='compensated'") &&
+    $(mv_ 'onceq_producer_task_compensations{outcome="needs_review"}') == 1 ]] ||
+    oq_fail "task metrics: $(grep -E 'onceq_producer_task' "$T/metrics.txt")"
+oq_pass "metrics: onceq_producer_tasks{status}, onceq_producer_task_compensations{outcome}"
