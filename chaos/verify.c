@@ -174,7 +174,8 @@ static const check_t checks[] = {
 /* Tasks (issue 19, producer/tasks.c), when the producer database has them: a step is one call
  * with the derived key, run once; a compensation is one call, run once, and only for a step
  * that succeeded; the end a task reports is the truth of its steps; and after a drain every
- * task is terminal. */
+ * task is terminal. A call that retention purged is not held against its task (tasks are kept
+ * longer than their calls). */
 static const check_t task_checks[] = {
     {OQ_V_TASK_STEP_RERUN,
      "SELECT min(call_id), 'task ' || task_id || ' step #' || idx || ' (' || role || ') has '"
@@ -193,23 +194,24 @@ static const check_t task_checks[] = {
      "SELECT s.comp_call_id, 'task ' || s.task_id || ' step ' || s.name || ' compensated but its"
      " call is ' || ifnull(p.state, 'missing') FROM main.task_steps s"
      " LEFT JOIN main.calls p ON p.call_id = s.call_id"
-     " WHERE s.comp_call_id IS NOT NULL AND ifnull(p.state, '') <> 'succeeded'"},
+     " WHERE s.comp_call_id IS NOT NULL AND (s.call_id IS NULL OR (p.state IS NOT NULL"
+     " AND p.state <> 'succeeded'))"},
     {OQ_V_TASK_FALSE_END,
      "SELECT t.task_id, 'task compensated but step ' || s.name || ': ' || CASE WHEN"
      " s.comp_call_id IS NULL THEN 'no compensation written' ELSE 'compensation ' ||"
      " ifnull(k.state, 'missing') END FROM main.tasks t JOIN main.task_steps s"
      " ON s.task_id = t.task_id LEFT JOIN main.calls p ON p.call_id = s.call_id"
      " LEFT JOIN main.calls k ON k.call_id = s.comp_call_id WHERE t.status = 'compensated'"
-     " AND (s.comp_call_id IS NOT NULL OR (p.state = 'succeeded' AND json_extract(t.spec,"
-     " '$.steps[' || s.idx || '].compensate') IS NOT NULL))"
-     " AND ifnull(k.state, '') <> 'succeeded'"
+     " AND ((s.comp_call_id IS NULL AND p.state = 'succeeded' AND json_extract(t.spec,"
+     " '$.steps[' || s.idx || '].compensate') IS NOT NULL)"
+     " OR (k.state IS NOT NULL AND k.state <> 'succeeded'))"
      " UNION ALL "
      "SELECT t.task_id, 'task succeeded but step ' || s.name || ' is ' || s.status"
      " || ' (call ' || ifnull(p.state, 'missing') || ')' FROM main.tasks t"
      " JOIN main.task_steps s ON s.task_id = t.task_id"
      " LEFT JOIN main.calls p ON p.call_id = s.call_id"
-     " WHERE t.status = 'succeeded' AND (s.status <> 'succeeded' OR ifnull(p.state, '') <>"
-     " 'succeeded')"},
+     " WHERE t.status = 'succeeded' AND (s.status <> 'succeeded' OR (p.state IS NOT NULL"
+     " AND p.state <> 'succeeded'))"},
     {OQ_V_TASK_NOT_TERMINAL,
      "SELECT task_id, 'task ' || status || ' key=' || idem_key FROM main.tasks"
      " WHERE status IN ('running','compensating')"},
