@@ -49,6 +49,14 @@ typedef enum {
     OQ_V_DOWNSTREAM_MISSING,   /**< an effect's downstream id is not in the ledger */
     OQ_V_KEY_REEXECUTED,       /**< one (tenant, idem_key) owns two calls with an effect, the
                                     second created before the first settled */
+    OQ_V_TASK_STEP_RERUN,      /**< a task's step (or compensation) has more than one call, or
+                                    a call that is not its derived key's */
+    OQ_V_TASK_COMP_TWICE,      /**< a compensation with more than one effect, or one written
+                                    for a step that never succeeded */
+    OQ_V_TASK_FALSE_END,       /**< a task `compensated` with a compensation that did not
+                                    succeed (or is missing), or `succeeded` with a step that
+                                    did not */
+    OQ_V_TASK_NOT_TERMINAL,    /**< a task still running or compensating (once drained) */
     OQ__V_COUNT
 } oq_violation_kind_t;
 

@@ -2484,6 +2484,191 @@ def sc_kafka_node_faults(run):
                 run.note(f"heal after the run: {ex}")
 
 
+# --- tasks (issue 19): runs of steps ----------------------------------------------------------
+TASK_CRASH_POINTS = {
+    "producer": ["producer.task_after_step_written", "producer.task_after_compensation_written",
+                 "producer.task_after_checkpoint", "producer.after_commit_before_reply"],
+    "consumer": ["consumer.after_request_sent_before_outcome",
+                 "consumer.after_outcome_commit_before_offset"],
+}
+
+
+def task_post(run, key, body, tries=200):
+    """One task submit, resent with the same key on transport errors, 429 and 5xx."""
+    for _ in range(tries):
+        try:
+            st, j = http_json(run.port, "POST", "/v1/tasks", body, 5.0,
+                              headers={"Idempotency-Key": key})
+        except (OSError, http.client.HTTPException):
+            run.supervise()  # a producer that died at its crash point is restarted here
+            time.sleep(0.05)
+            continue
+        if st == 429 or st >= 500:
+            time.sleep(0.1)
+            continue
+        return st, j
+    raise RunFailed(f"task {key}: no definite answer after {tries} tries")
+
+
+def task_body(run, i, decline):
+    """3 steps, each payment with a reference of its own (t<run>.<i>-s<k>, compensations
+    -u<k>), step 2 citing step 1's result; step 3 declined when \p decline."""
+    r = f"t{run.idx}.{i}"
+    return {"steps": [
+        {"name": "s1", "tool": "step", "args": {"amount": 100 + i, "reference": f"{r}-s1"},
+         "compensate": {"tool": "undo", "args": {
+             "amount": "{steps.s1.result.response.amount}", "reference": f"{r}-u1"}}},
+        {"name": "s2", "tool": "step",
+         "args": {"amount": 2, "reference": f"{r}-s2 {{steps.s1.object_id}}"},
+         "compensate": {"tool": "undo", "args": {"amount": 2, "reference": f"{r}-u2"}}},
+        {"name": "s3", "tool": "step_decline" if decline else "step",
+         "args": {"amount": 3, "reference": f"{r}-s3"}}]}
+
+
+def task_tools(run, step_headers):
+    return write_tools(run, [
+        {"base": True, "name": "step", "body": "args",
+         **({"headers": step_headers} if step_headers else {})},
+        {"base": True, "name": "step_decline", "body": "args",
+         "headers": {"X-Downstream-Fault": "decline"}},
+        {"base": True, "name": "undo", "body": "args"}])
+
+
+def tasks_open(run):
+    return run.q(run.pdb, "SELECT count(*) FROM tasks WHERE status IN "
+                          "('running','compensating')")[0][0]
+
+
+def ledger_ref_dups(run):
+    return run.q(run.ddb, "SELECT count(*) FROM (SELECT reference FROM payments "
+                          "GROUP BY reference HAVING count(*) > 1)")[0][0]
+
+
+def submit_tasks(run, n, decline_every, prefix, kills=None):
+    """n tasks one after the other; kills: {i: process} killed -9 before task i."""
+    errors = []
+    for i in range(1, n + 1):
+        if kills and i in kills:
+            run.kill9(kills[i])
+            run.supervise()
+        st, j = task_post(run, f"{prefix}-{run.idx}-{i}",
+                          task_body(run, i, decline_every and i % decline_every == 0))
+        if st not in (200, 202):
+            errors.append((i, st, j))
+        run.supervise()
+    if errors:
+        run.fail(f"task submits refused: {errors[:3]}")
+
+
+def drain_tasks(run, timeout):
+    deadline = now() + timeout
+    while now() < deadline:
+        run.supervise()
+        if tasks_open(run) == 0:
+            return
+        time.sleep(0.1)
+    raise RunFailed(f"tasks not terminal within {timeout}s: {tasks_open(run)} open")
+
+
+def check_task_ledger(run, n, decline_every):
+    """Every task ended as expected; in the ledger every step and compensation once."""
+    ends = dict(run.q(run.pdb, "SELECT status, count(*) FROM tasks GROUP BY status"))
+    run.metrics["tasks"] = ends
+    dups = ledger_ref_dups(run)
+    run.metrics["task_ledger_dups"] = dups
+    if dups:
+        run.fail(f"{dups} step(s) or compensation(s) twice in the ledger")
+    return ends
+
+
+def sc_task_crash(run):
+    """Row task_crash (issue 19): 3-step tasks (every 4th declined at step 3: steps 2 and 1
+    compensated) while the producer and the consumer are armed at random task crash points
+    (inside a step's or compensation's transaction, after a checkpoint, between steps, inside
+    a step at the consumer) and killed at random moments; restarted unarmed. Every task
+    terminal with the expected end; every step and compensation once in the ledger; verify's
+    task invariants hold."""
+    n = 40 if run.opts.smoke else 150
+    start_downstream(run)
+    tools = task_tools(run, None)
+    pp = run.rng.choice(TASK_CRASH_POINTS["producer"])
+    cp = run.rng.choice(TASK_CRASH_POINTS["consumer"])
+    envs = {"producer": {"ONCEQ_CRASH_AT": f"{pp}@{run.rng.randint(2, 30)}"},
+            "consumer-1": {"ONCEQ_CRASH_AT": f"{cp}@{run.rng.randint(2, 30)}"}}
+    run.say(f"armed {envs}")
+    run.start_pipeline(consumers=1, consumer_x=ds_consumer_x(tools), envs=envs)
+    kills = {run.rng.randint(n // 4, n - 1): run.rng.choice(["producer", "consumer-1"])
+             for _ in range(2)}
+    submit_tasks(run, n, 4, "tc", kills)
+    if run.brk == "task_restart":  # a resume from step 1 with new keys: must be caught
+        for i in range(1, 6):
+            submit_until_answer(run, f"naive-{run.idx}-{i}", {"tool": "step", "args": {
+                "amount": 100 + i, "reference": f"t{run.idx}.{i}-s1"}})
+    drain_tasks(run, 240)
+    run.drain(120)
+    ends = check_task_ledger(run, n, 4)
+    want = {"succeeded": n - n // 4, "compensated": n // 4}
+    if ends != want:
+        run.fail(f"task ends {ends}, want {want}")
+    run.finish()
+
+
+def sc_task_crash_negative(run):
+    """Negative control of task_crash: what a resume that restarts from step 1 (new keys, as an
+    orchestrator without derived keys does) leaves: the same ledger check must see duplicates."""
+    n = 10 if run.opts.smoke else 20
+    start_downstream(run)
+    tools = task_tools(run, None)
+    run.start_pipeline(consumers=1, consumer_x=ds_consumer_x(tools))
+    submit_tasks(run, n, 0, "tn")
+    drain_tasks(run, 120)
+    run.fault("resume from step 1 with new keys")
+    for i in range(1, n + 1):
+        submit_until_answer(run, f"naive-{run.idx}-{i}", {"tool": "step", "args": {
+            "amount": 100 + i, "reference": f"t{run.idx}.{i}-s1"}})
+    run.drain(120)
+    dups = ledger_ref_dups(run)
+    run.metrics["logical_dup_effects"] = dups
+    run.say(f"ledger: {dups} steps twice after the naive resume")
+    if dups < n:
+        run.fail(f"negative control: the naive resume left {dups} duplicates for {n} tasks: "
+                 f"the check is blind")
+    run.finish()
+
+
+def sc_compensation_failure(run):
+    """Row compensation_failure (issue 19): tasks whose third step is declined, while the
+    downstream declines 40-60 % of the compensations' requests (the steps carry
+    X-Downstream-Fault: none): each compensation is retried as a new attempt of the same call
+    with backoff, up to 4 attempts. Every task ends `compensated` (each compensation once in
+    the ledger) or `needs_review` with the budget in its reason; none `compensated` with a
+    compensation that did not succeed (verify's task_false_end)."""
+    n = 20 if run.opts.smoke else 60
+    start_downstream(run)
+    tools = task_tools(run, {"X-Downstream-Fault": "none"})
+    run.start_pipeline(consumers=1, consumer_x=ds_consumer_x(tools))
+    rate = round(run.rng.uniform(0.4, 0.6), 2)
+    ds_mode(run, {"faults": f"decline:{rate}"})
+    run.fault(f"compensations declined at {rate}")
+    submit_tasks(run, n, 1, "cf")
+    drain_tasks(run, 240)
+    run.drain(120)
+    ends = check_task_ledger(run, n, 1)
+    if set(ends) - {"compensated", "needs_review"} or sum(ends.values()) != n:
+        run.fail(f"task ends {ends}")
+    bad = run.q(run.pdb, "SELECT count(*) FROM tasks WHERE status = 'needs_review' AND reason "
+                         "NOT LIKE '%retry budget%'")[0][0]
+    if bad:
+        run.fail(f"{bad} task(s) in review without the budget as reason")
+    retries = run.q(run.pdb, "SELECT count(*) FROM audit WHERE event = "
+                             "'task_compensation_retry'")[0][0]
+    run.metrics["compensation_retries"] = retries
+    if retries == 0:
+        run.fail("no compensation was retried (the fault did not bite)")
+    run.say(f"tasks {ends}, {retries} compensation retries")
+    run.finish()
+
+
 SCENARIOS = {
     "same_key": sc_same_key,
     "http_proxy": sc_http_proxy,
@@ -2503,6 +2688,9 @@ SCENARIOS = {
     "offset_rewind": sc_offset_rewind,
     "review_expiry": sc_review_expiry,
     "review_fence": sc_review_fence,
+    "task_crash": sc_task_crash,
+    "task_crash_negative": sc_task_crash_negative,
+    "compensation_failure": sc_compensation_failure,
     "soak": sc_soak,  # only with --soak-minutes or when named
     "kafka_node_faults": sc_kafka_node_faults,  # only with --real-kafka (a 3-node cluster)
 }
@@ -2515,6 +2703,8 @@ BREAKS = {  # --break NAME: a protection broken on purpose, so that a row's chec
                       "the wall clock, so the consumers' lease clock steps too: leases lapse "
                       "at once (review, or a resend while the first request lands)",
     "new_key": "retry_payload: the client resubmits with a new key: a second call and effect",
+    "task_restart": "task_crash: after the kills, step 1 of five tasks is run again with new "
+                    "keys (a resume that restarts from step 1): duplicates in the ledger",
     "redrive_off": "lost_messages: --redrive-after 0: lost messages are never repaired",
     "no_space_return": "disk_full: the space never returns: the calls cannot be accepted",
     "rewind_session": "offset_rewind: the rewinding tool keeps librdkafka's 45 s session "
@@ -2553,7 +2743,7 @@ def row_of(name, runs):
         "seeds": [r.seed_str for r in runs],
         "details": [dict(r.metrics, run=r.idx) for r in runs],
     }
-    if name in ("http_proxy_negative", "downstream_negative"):
+    if name in ("http_proxy_negative", "downstream_negative", "task_crash_negative"):
         row["control_duplicates"] = s("logical_dup_effects")
     if any("downstream_dups" in r.metrics for r in runs):
         row["downstream_duplicates"] = s("downstream_dups")

@@ -60,6 +60,10 @@ static const char *const vnames[OQ__V_COUNT] = {
     "downstream_dup",
     "downstream_missing",
     "key_reexecuted",
+    "task_step_rerun",
+    "task_comp_twice",
+    "task_false_end",
+    "task_not_terminal",
 };
 
 const char *oq_violation_name(int kind)
@@ -175,6 +179,52 @@ static const check_t checks[] = {
      "      OR (b.created_at = a.created_at AND b.call_id > a.call_id))"
      " WHERE a.state NOT IN ('COMMITTED','FAILED_FINAL') OR a.updated_at >= b.created_at"
      " GROUP BY b.call_id"},
+};
+
+/* Tasks (issue 19, producer/tasks.c), when the producer database has them: a step is one call
+ * with the derived key, run once; a compensation is one call, run once, and only for a step
+ * that succeeded; the end a task reports is the truth of its steps; and after a drain every
+ * task is terminal. A call that retention purged is not held against its task (tasks are kept
+ * longer than their calls). */
+static const check_t task_checks[] = {
+    {OQ_V_TASK_STEP_RERUN,
+     "SELECT min(call_id), 'task ' || task_id || ' step #' || idx || ' (' || role || ') has '"
+     " || count(*) || ' calls' FROM main.task_calls GROUP BY task_id, idx, role"
+     " HAVING count(*) > 1"
+     " UNION ALL "
+     "SELECT s.call_id, 'task ' || t.task_id || ' step ' || s.name || ' ran as call key '"
+     " || p.idem_key FROM main.task_steps s JOIN main.tasks t ON t.task_id = s.task_id"
+     " JOIN main.calls p ON p.call_id = s.call_id"
+     " WHERE p.idem_key <> t.idem_key || '/' || s.name OR p.tenant <> t.tenant"},
+    {OQ_V_TASK_COMP_TWICE,
+     "SELECT s.comp_call_id, 'task ' || s.task_id || ' step ' || s.name || ': compensation has '"
+     " || count(*) || ' effects' FROM main.task_steps s JOIN c.effects e"
+     " ON e.call_id = s.comp_call_id GROUP BY s.comp_call_id HAVING count(*) > 1"
+     " UNION ALL "
+     "SELECT s.comp_call_id, 'task ' || s.task_id || ' step ' || s.name || ' compensated but its"
+     " call is ' || ifnull(p.state, 'missing') FROM main.task_steps s"
+     " LEFT JOIN main.calls p ON p.call_id = s.call_id"
+     " WHERE s.comp_call_id IS NOT NULL AND (s.call_id IS NULL OR (p.state IS NOT NULL"
+     " AND p.state <> 'succeeded'))"},
+    {OQ_V_TASK_FALSE_END,
+     "SELECT t.task_id, 'task compensated but step ' || s.name || ': ' || CASE WHEN"
+     " s.comp_call_id IS NULL THEN 'no compensation written' ELSE 'compensation ' ||"
+     " ifnull(k.state, 'missing') END FROM main.tasks t JOIN main.task_steps s"
+     " ON s.task_id = t.task_id LEFT JOIN main.calls p ON p.call_id = s.call_id"
+     " LEFT JOIN main.calls k ON k.call_id = s.comp_call_id WHERE t.status = 'compensated'"
+     " AND ((s.comp_call_id IS NULL AND p.state = 'succeeded' AND json_extract(t.spec,"
+     " '$.steps[' || s.idx || '].compensate') IS NOT NULL)"
+     " OR (k.state IS NOT NULL AND k.state <> 'succeeded'))"
+     " UNION ALL "
+     "SELECT t.task_id, 'task succeeded but step ' || s.name || ' is ' || s.status"
+     " || ' (call ' || ifnull(p.state, 'missing') || ')' FROM main.tasks t"
+     " JOIN main.task_steps s ON s.task_id = t.task_id"
+     " LEFT JOIN main.calls p ON p.call_id = s.call_id"
+     " WHERE t.status = 'succeeded' AND (s.status <> 'succeeded' OR (p.state IS NOT NULL"
+     " AND p.state <> 'succeeded'))"},
+    {OQ_V_TASK_NOT_TERMINAL,
+     "SELECT task_id, 'task ' || status || ' key=' || idem_key FROM main.tasks"
+     " WHERE status IN ('running','compensating')"},
 };
 
 void oq_verify_report_clear(oq_verify_report_t *rep)
@@ -505,6 +555,9 @@ static int verify_files(const char *producer_db, const char *consumer_db,
 
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if ((rc = run_check(db, &checks[i], max_examples, rep, err))) goto out;
+    if (has_table(db, "main", "tasks"))
+        for (size_t i = 0; i < sizeof task_checks / sizeof task_checks[0]; i++)
+            if ((rc = run_check(db, &task_checks[i], max_examples, rep, err))) goto out;
     if (opts->accepted_file) {
         if ((rc = load_accepted(db, opts->accepted_file, err))) goto out;
         static const check_t acc = {
@@ -522,9 +575,12 @@ static int verify_files(const char *producer_db, const char *consumer_db,
     if (opts->allow_pending) {
         /* Reported, not violations: drop them from the totals and the examples. */
         rep->count[OQ_V_NOT_TERMINAL] = 0;
+        rep->count[OQ_V_TASK_NOT_TERMINAL] = 0;
         int w = 0;
         for (int i = 0; i < rep->nexamples; i++)
-            if (rep->examples[i].kind != OQ_V_NOT_TERMINAL) rep->examples[w++] = rep->examples[i];
+            if (rep->examples[i].kind != OQ_V_NOT_TERMINAL &&
+                rep->examples[i].kind != OQ_V_TASK_NOT_TERMINAL)
+                rep->examples[w++] = rep->examples[i];
         rep->nexamples = w;
     }
     for (int k = 0; k < OQ__V_COUNT; k++)

@@ -18,6 +18,7 @@ const char *const oq_migrations_producer[] = {
     "producer/0003_redrive.sql",
     "producer/0004_settled_expiry.sql",
     "producer/0005_webhooks.sql",
+    "producer/0006_tasks.sql", /* tasks (producer/tasks.c) */
     NULL,
 };
 

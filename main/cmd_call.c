@@ -58,10 +58,14 @@ static const oq_setting_t call_settings[] = {
     {"timeout", OQ_SET_DURATION, "60s", 100, 86400000, NULL,
      "budget of the whole command (submit retries and polling); the call goes on after it"},
     {"wait", OQ_SET_BOOL, "true", 0, 0, NULL, "wait until terminal (--no-wait: submit only)"},
+    {"task", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "submit the task in this file ({\"steps\": [...]}, POST /v1/tasks) instead of one call, "
+     "then wait for the task's end (exit 0 succeeded, 6 failed or compensated, 7 needs review)"},
 };
 
 static const char call_usage[] =
     "usage: onceq call --url http://127.0.0.1:8081 --key K --tool T --args JSON [--tenant X]\n"
+    "       onceq call --url http://127.0.0.1:8081 --key K --task FILE [--tenant X]\n"
     "                  [--token-file F]   (or the token in the environment: ONCEQ_TOKEN)\n"
     "Exit codes: 0 succeeded (or accepted with --no-wait), 1 runtime failure (e.g. an\n"
     "            untrusted certificate), 2 bad usage or a 4xx answer (401: no valid token),\n"
@@ -136,6 +140,16 @@ static const char *jstr(json_t *o, const char *k)
 
 /* The next wait: \p want ms, at least the server's Retry-After. -1 when it would end past
  * \p deadline_us (the budget): give up instead of waiting. */
+/* A final state: of a call, or with --task of a task. */
+static int terminal(int task, const char *st)
+{
+    if (task)
+        return strcmp(st, "succeeded") == 0 || strcmp(st, "compensated") == 0 ||
+               strcmp(st, "failed") == 0 || strcmp(st, "needs_review") == 0;
+    return strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 ||
+           strcmp(st, "needs_review") == 0;
+}
+
 static int64_t next_wait_ms(int64_t want, const oq_httpc_resp_t *r, int64_t deadline_us)
 {
     if (r && r->retry_after_ms > want) want = r->retry_after_ms;
@@ -160,11 +174,13 @@ int oq__cmd_call(int argc, char **argv)
     int64_t deadline = oq_mono_us() + oq_config_int(cfg, "timeout") * 1000;
     const char *key = oq_config_str(cfg, "key"), *tool = oq_config_str(cfg, "tool");
     const char *a = oq_config_str(cfg, "args"), *tenant = oq_config_str(cfg, "tenant");
-    const char *base = oq_config_str(cfg, "url");
+    const char *base = oq_config_str(cfg, "url"), *task_file = oq_config_str(cfg, "task");
+    const int task = task_file != NULL;
     size_t blen = strlen(base);
     while (blen > 0 && base[blen - 1] == '/')
         blen--;
-    if (!key || !tool || (strncmp(base, "http://", 7) != 0 && strncmp(base, "https://", 8) != 0)) {
+    if (!key || (!tool && !task) ||
+        (strncmp(base, "http://", 7) != 0 && strncmp(base, "https://", 8) != 0)) {
         fprintf(stderr,
                 "%s\n(--key and --tool are required; --url must be http://host:port or "
                 "https://host:port)\n",
@@ -179,12 +195,21 @@ int oq__cmd_call(int argc, char **argv)
             goto out;
         }
     }
-    if (oq_json_parse(a, strlen(a), 0, &args, &err) != 0) {
+    if (task) { /* the task file is the body; --tenant, when given, is set in it */
+        json_error_t je;
+        if (!(body = json_load_file(task_file, JSON_REJECT_DUPLICATES, &je)) ||
+            !json_is_object(body)) {
+            fprintf(stderr, "onceq call: --task %s: %s\n", task_file,
+                    body ? "not a JSON object" : je.text);
+            ret = OQ_EXIT_USAGE;
+            goto out;
+        }
+    } else if (oq_json_parse(a, strlen(a), 0, &args, &err) != 0) {
         fprintf(stderr, "onceq call: --args: %s\n", err.msg);
         ret = OQ_EXIT_USAGE;
         goto out;
     }
-    body = json_pack("{s:s,s:O}", "tool", tool, "args", args);
+    if (!task) body = json_pack("{s:s,s:O}", "tool", tool, "args", args);
     if (body && tenant) json_object_set_new(body, "tenant", json_string(tenant));
     body_text = body ? oq_json_dumps(body, JSON_COMPACT) : NULL;
     size_t ucap = blen + 64 + 128;
@@ -209,7 +234,7 @@ int oq__cmd_call(int argc, char **argv)
     snprintf(key_hdr, sizeof key_hdr, "Idempotency-Key: %s", key);
     const char *const hdrs[] = {key_hdr, have_token ? auth_hdr : NULL, NULL};
     const char *const poll_hdrs[] = {have_token ? auth_hdr : NULL, NULL};
-    snprintf(url, ucap, "%.*s/v1/tool-calls", (int)blen, base);
+    snprintf(url, ucap, "%.*s/v1/%s", (int)blen, base, task ? "tasks" : "tool-calls");
 
     /* Submit, retrying with the same key. */
     for (int attempt = 0;; attempt++) {
@@ -271,13 +296,13 @@ int oq__cmd_call(int argc, char **argv)
         goto out;
     }
     char id[64];
-    snprintf(id, sizeof id, "%s", jstr(call, "call_id"));
+    snprintf(id, sizeof id, "%s", jstr(call, task ? "task_id" : "call_id"));
     char last[32];
     snprintf(last, sizeof last, "%s", jstr(call, "status"));
     char replayed[8] = "";
     oq_httpc_header(http, "Idempotent-Replayed", replayed, sizeof replayed);
-    fprintf(stderr, "%s call_id=%s status=%s\n",
-            strcmp(replayed, "true") == 0 ? "replayed" : "accepted", id, last);
+    fprintf(stderr, "%s %s=%s status=%s\n", strcmp(replayed, "true") == 0 ? "replayed" : "accepted",
+            task ? "task_id" : "call_id", id, last);
 
     /* Wait for a terminal state: long polls, each answered by the producer as soon as the call
      * is terminal or after ?wait= with the call as it stands. */
@@ -292,23 +317,25 @@ int oq__cmd_call(int argc, char **argv)
         }
         int have = 0;         /* r holds the answer to a status request */
         int64_t last_get = 0; /* when the last one started (oq_mono_us) */
-        while (strcmp(last, "succeeded") != 0 && strcmp(last, "failed") != 0 &&
-               strcmp(last, "needs_review") != 0) {
+        while (!terminal(task, last)) {
             int64_t since_ms = last_get ? (oq_mono_us() - last_get) / 1000 : poll;
             int64_t pause =
                 next_wait_ms(since_ms < poll ? poll - since_ms : 0, have ? &r : NULL, deadline);
             int64_t left_ms = pause < 0 ? 0 : (deadline - oq_mono_us()) / 1000 - pause;
             if (pause < 0 || left_ms < 10) {
                 fprintf(stderr,
-                        "onceq call: still %s after --timeout; the call goes on (query "
-                        "with onceq get %s)\n",
-                        last, id);
+                        "onceq call: still %s after --timeout; it goes on (query with onceq "
+                        "%s %s)\n",
+                        last, task ? "tasks show" : "get", id);
                 ret = OQ_EXIT_GAVE_UP;
                 goto print;
             }
             if (pause > 0) oq_sleep_ms(pause, NULL);
-            snprintf(url, ucap, "%.*s/v1/tool-calls/%s?wait=%lldms", (int)blen, base, id,
-                     (long long)(left_ms < long_poll ? left_ms : long_poll));
+            if (task) /* no long poll on a task: polled every --poll-interval */
+                snprintf(url, ucap, "%.*s/v1/tasks/%s", (int)blen, base, id);
+            else
+                snprintf(url, ucap, "%.*s/v1/tool-calls/%s?wait=%lldms", (int)blen, base, id,
+                         (long long)(left_ms < long_poll ? left_ms : long_poll));
             oq_httpc_resp_clear(&r);
             last_get = oq_mono_us();
             have = oq_httpc_request(waitc, "GET", url, poll_hdrs, NULL, &r, NULL) == 0;
@@ -319,13 +346,16 @@ int oq__cmd_call(int argc, char **argv)
             call = c;
             if (strcmp(jstr(call, "status"), last) != 0) {
                 snprintf(last, sizeof last, "%s", jstr(call, "status"));
-                fprintf(stderr, "status=%s attempt=%lld\n", last,
-                        (long long)json_integer_value(json_object_get(call, "attempt")));
+                if (task)
+                    fprintf(stderr, "status=%s\n", last);
+                else
+                    fprintf(stderr, "status=%s attempt=%lld\n", last,
+                            (long long)json_integer_value(json_object_get(call, "attempt")));
             }
         }
-        ret = strcmp(last, "succeeded") == 0 ? OQ_EXIT_OK
-              : strcmp(last, "failed") == 0  ? OQ_EXIT_CALL_FAILED
-                                             : OQ_EXIT_CALL_REVIEW;
+        ret = strcmp(last, "succeeded") == 0      ? OQ_EXIT_OK
+              : strcmp(last, "needs_review") == 0 ? OQ_EXIT_CALL_REVIEW
+                                                  : OQ_EXIT_CALL_FAILED;
     } else {
         ret = OQ_EXIT_OK;
     }

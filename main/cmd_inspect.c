@@ -33,7 +33,7 @@ static const oq_setting_t inspect_settings[] = {
 };
 
 static const char inspect_usage[] =
-    "usage: onceq inspect [--db calls.db] [--consumer-db effects.db] [--json] <call_id>\n"
+    "usage: onceq inspect [--db calls.db] [--consumer-db effects.db] [--json] <call_id|task_id>\n"
     "Exit codes: 0 found, 4 not found.";
 
 int oq__cmd_inspect(int argc, char **argv)
@@ -58,6 +58,10 @@ int oq__cmd_inspect(int argc, char **argv)
     }
     const char *id = oq_config_positional(cfg, 0), *cdb = oq_config_str(cfg, "consumer-db");
     if ((ret = oq__cmd_consumer_db_refused("onceq inspect", cdb)) != 0) goto out;
+    if (strncmp(id, "t_", 2) == 0) { /* a task: every step and compensation (cmd_tasks.c) */
+        ret = oq__tasks_inspect(oq_config_str(cfg, "db"), cdb, id, (int)oq_config_int(cfg, "json"));
+        goto out;
+    }
     ret = OQ_EXIT_FAIL;
     oq_db_opts_t o = {NULL, 0, 1};
     if (oq_dbh_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {

@@ -12,6 +12,7 @@
 #include "cmds.h"
 #include "oq_json.h"
 #include "oq_producer.h"
+#include "oq_tasks.h"
 
 static const oq_setting_t submit_settings[] = {
     {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
@@ -27,11 +28,56 @@ static const oq_setting_t submit_settings[] = {
     {"key-ttl", OQ_SET_DURATION, "24h", 1000, 365LL * 24 * 3600 * 1000, NULL,
      "retention of the key"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off", "SQLite synchronous level"},
+    {"task", OQ_SET_STRING, NULL, 1, 4096, NULL,
+     "submit the task in this file ({\"steps\": [...]}) under --key instead of one call; "
+     "prints the task JSON"},
 };
+
+/* --task: the task file under --key, through the producer's writer (the daemon's rules). */
+static int submit_task(oq_producer_t *p, const char *file, const char *key, const char *tenant)
+{
+    json_error_t je;
+    oq_error_t err = {0};
+    json_t *body = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
+    if (!body) {
+        fprintf(stderr, "onceq submit: --task %s: %s\n", file, je.text);
+        return OQ_EXIT_USAGE;
+    }
+    if (tenant && json_is_object(body)) json_object_set_new(body, "tenant", json_string(tenant));
+    oq_task_job_t *job = NULL;
+    const char *code = NULL;
+    int ret = OQ_EXIT_FAIL;
+    int rc = oq_task_job_new(NULL, key, body, &job, &code, &err);
+    json_decref(body);
+    if (rc) {
+        fprintf(stderr, "onceq submit: %s: %s\n", code ? code : "error", err.msg);
+        return rc == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
+    }
+    rc = oq_producer_task_submit(p, job, &err);
+    oq_task_outcome_t oc = 0;
+    const json_t *t = NULL;
+    oq_task_job_result(job, &oc, &t, NULL);
+    if (rc == OQ_ECONFLICT) {
+        fprintf(stderr, "onceq submit: idempotency_conflict: %s\n", err.msg);
+        ret = OQ_EXIT_CONFLICT;
+    } else if (rc) {
+        fprintf(stderr, "onceq submit: %s\n", err.msg);
+    } else {
+        char *text = oq_json_dumps(t, JSON_INDENT(2));
+        if (text) printf("%s\n", text);
+        free(text);
+        fprintf(stderr, "outcome=%s task_id=%s\n", oc == OQ_TASK_NEW ? "new" : "replay",
+                json_string_value(json_object_get(t, "task_id")));
+        ret = text ? OQ_EXIT_OK : OQ_EXIT_FAIL;
+    }
+    oq_task_job_destroy(job);
+    return ret;
+}
 
 static const char submit_usage[] =
     "usage: onceq submit --db calls.db --key K --tool T [--args JSON] [--tenant X]\n"
     "                    [--callback-url URL]\n"
+    "       onceq submit --db calls.db --key K --task FILE [--tenant X]\n"
     "Exit codes: 0 new/replay/retry_reset, 2 invalid input, 5 idempotency conflict.";
 
 int oq__cmd_submit(int argc, char **argv)
@@ -49,8 +95,8 @@ int oq__cmd_submit(int argc, char **argv)
         goto out;
     }
     const char *key = oq_config_str(cfg, "key"), *tool = oq_config_str(cfg, "tool");
-    const char *a = oq_config_str(cfg, "args");
-    if (!key || !tool) {
+    const char *a = oq_config_str(cfg, "args"), *task = oq_config_str(cfg, "task");
+    if (!key || (!tool && !task)) {
         fprintf(stderr, "onceq submit: --key and --tool are required\n");
         ret = OQ_EXIT_USAGE;
         goto out;
@@ -66,6 +112,11 @@ int oq__cmd_submit(int argc, char **argv)
                              .checkpoint_pages = -1};
     if (oq_producer_open(oq_config_str(cfg, "db"), &po, &p, &err) != 0) {
         fprintf(stderr, "onceq submit: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+        goto out;
+    }
+    if (task) {
+        ret = submit_task(p, task, key,
+                          oq_config_is_set(cfg, "tenant") ? oq_config_str(cfg, "tenant") : NULL);
         goto out;
     }
     oq_submit_req_t req = {.tenant = oq_config_str(cfg, "tenant"),

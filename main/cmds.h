@@ -28,6 +28,7 @@
     X(up, "supervise broker + producer + relay + consumers on this host")                          \
     X(submit, "submit one tool call (prints the call JSON)")                                       \
     X(call, "submit over HTTP(S), retry with the same key, poll to a terminal state")              \
+    X(tasks, "list and show tasks, runs of steps (POST /v1/tasks)")                                \
     X(get, "show a call by id or by key")                                                          \
     X(stats, "counts by status, effects, relay status")                                            \
     X(inspect, "audit timeline of one call")                                                       \
@@ -40,6 +41,11 @@
     X(canon, "print the RFC 8785 canonical form of the JSON on stdin")                             \
     X(fingerprint, "print the call fingerprint of the args JSON on stdin")                         \
     X(completion, "print a bash completion script (onceq completion bash)")
+
+/** `onceq inspect` on a task id (main/cmd_tasks.c): every step's and compensation's timeline,
+ *  merged. @returns an exit code. */
+int oq__tasks_inspect(const char *db_path, const char *consumer_db, const char *task_id,
+                      int as_json);
 
 #define OQ_CMD_DECL(name, doc) int oq__cmd_##name(int argc, char **argv);
 OQ_CMDS(OQ_CMD_DECL)

@@ -73,6 +73,7 @@
 
 #include "oq_log.h"
 #include "producer_int.h"
+#include "tasks.h"
 
 /* --- submit --------------------------------------------------------------------------------- */
 
@@ -458,6 +459,8 @@ static int decide_result(oq__producer_store_t *s, const oq_envelope_t *env, int6
         return 0;
     }
     if ((ret = apply(s, env, call.state, call.has_callback, now_ms, ttl, err))) return ret;
+    /* a task's step: its checkpoint and what comes next, in this transaction (tasks.c) */
+    if ((ret = oq__task_on_result(s, env->call_id, env->status, now_ms, ttl, err))) return ret;
     *outcome = OQ_RESULT_APPLIED;
     return 0;
 }

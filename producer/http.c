@@ -93,6 +93,7 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_mcp.h"
+#include "oq_tasks.h"
 #include "oq_mhd.h"
 #include "oq_pg.h"
 #include "oq_metrics.h"
@@ -181,6 +182,8 @@ typedef struct req_ctx {
     int64_t mcp_deadline_us;          /**< when a tools/call stops waiting */
     char mcp_call_id[OQ_CALL_ID_LEN + 1]; /**< the call a tools/call waits for */
     oq_mcp_call_t *mcp;                   /**< a tools/call under way */
+    int is_task;                          /**< POST /v1/tasks */
+    oq_task_job_t *task_job;              /**< its job, queued while suspended */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -709,6 +712,121 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     return send_call(h, c, 202, call, 0);
 }
 
+/* --- tasks: POST /v1/tasks, GET /v1/tasks/{id}, GET /v1/tasks/by-key/{key} --------------------*/
+
+/* The rules are producer/tasks.c's; this is the HTTP part: the key header as a submit reads it,
+ * the body validated on the epoll thread (oq_task_job_new), the job queued for the writer with
+ * the connection suspended, the answer built when it is resumed. Same status codes as a call:
+ * 202 new or in flight, 200 replayed and finished (both replays with Idempotent-Replayed), 422
+ * idempotency_conflict; 400 bad_request / bad_task / bad_reference; 501
+ * tasks_unsupported_backend on a PostgreSQL store. */
+
+static void task_done(oq_task_job_t *job, void *opaque)
+{
+    req_ctx_t *ctx = opaque;
+    (void)job;
+    ctx->state = RS_DONE;
+    MHD_resume_connection(ctx->conn);
+}
+
+static enum MHD_Result task_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    const char *raw = NULL;
+    size_t raw_len = 0;
+    if (ctx->n_key == 0 ||
+        MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Idempotency-Key",
+                                      strlen("Idempotency-Key"), &raw, &raw_len) != MHD_YES ||
+        !raw || !*raw)
+        return send_error(h, c, 400, "missing_idempotency_key",
+                          "the Idempotency-Key header is required");
+    char kbuf[OQ_MAX_KEY_LEN + 3];
+    const char *key = unquote_key(raw, kbuf);
+    if (ctx->n_key > 1 || strlen(raw) != raw_len || !oq_envelope_valid_key(key) || key[0] == ' ' ||
+        key[strlen(key) - 1] == ' ')
+        return send_error(h, c, 400, "invalid_idempotency_key",
+                          "send one Idempotency-Key header of 1-255 printable ASCII bytes, "
+                          "without spaces at either end");
+    if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
+    oq_error_t err = {0};
+    json_t *root = NULL;
+    if (oq_json_parse(ctx->body ? ctx->body : "", ctx->len, h->max_depth, &root, &err) != 0)
+        return send_error(h, c, 400, "bad_request", err.msg);
+    const char *code = "bad_request";
+    int rc =
+        oq_task_job_new(ctx->authed ? ctx->tenant : NULL, key, root, &ctx->task_job, &code, &err);
+    json_decref(root);
+    if (rc)
+        return send_error(h, c, strcmp(code, "tenant_mismatch") == 0 ? 403 : 400, code, err.msg);
+    ctx->state = RS_WAITING;
+    MHD_suspend_connection(c);
+    rc = oq_producer_task_submit_async(h->p, ctx->task_job, task_done, ctx);
+    if (rc) {
+        ctx->state = RS_DONE;
+        MHD_resume_connection(c);
+        if (rc == OQ_ESTATE)
+            return send_error(h, c, 501, "tasks_unsupported_backend",
+                              "tasks need the SQLite producer store; this producer runs on "
+                              "PostgreSQL");
+        return send_error(h, c, 503, "unavailable", "shutting down");
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result send_task(oq_http_t *h, struct MHD_Connection *c, unsigned status,
+                                 const json_t *task, int replayed)
+{
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/tasks/%s", json_string_value(json_object_get(task, "task_id")));
+    return send_json(h, c, status, json_incref((json_t *)task), status == 202 ? loc : NULL,
+                     replayed);
+}
+
+static enum MHD_Result task_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    oq_task_outcome_t oc = 0;
+    const json_t *task = NULL;
+    oq_error_t err = {0};
+    int rc = oq_task_job_result(ctx->task_job, &oc, &task, &err);
+    if (rc == OQ_ECONFLICT)
+        return send_error(h, c, 422, "idempotency_conflict",
+                          "this Idempotency-Key was used with a different task");
+    if (rc == OQ_ESTATE) return send_error(h, c, 501, "tasks_unsupported_backend", err.msg);
+    if (rc || !task) {
+        OQ_LOG_ERROR("http", "task submit failed: %s", err.msg);
+        return send_error(h, c, 503, "unavailable", "task not durable, retry with the same key");
+    }
+    note_commit(h, 1, NULL);
+    const char *st = json_string_value(json_object_get(task, "status"));
+    if (oc == OQ_TASK_REPLAY)
+        return send_task(h, c, oq_task_status_terminal(st) ? 200 : 202, task, 1);
+    return send_task(h, c, 202, task, 0);
+}
+
+static enum MHD_Result get_task(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
+                                const char *id, const char *key)
+{
+    const char *tenant = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "tenant");
+    if (tenant && !oq_envelope_valid_name(tenant))
+        return send_error(h, c, 400, "bad_request", "query tenant: 1-128 printable ASCII bytes");
+    if (ctx->authed) {
+        if (tenant && strcmp(tenant, ctx->tenant) != 0)
+            return send_error(h, c, 403, "tenant_mismatch",
+                              "query tenant differs from the tenant of the bearer token");
+        tenant = ctx->tenant;
+    }
+    json_t *t = NULL;
+    oq_error_t err = {0};
+    int rc = oq_producer_task_get(h->p, id, tenant, key, &t, &err);
+    if (rc == 0 && ctx->authed &&
+        strcmp(json_string_value(json_object_get(t, "tenant")), ctx->tenant) != 0) {
+        json_decref(t);
+        rc = OQ_ENOTFOUND;
+    }
+    if (rc == OQ_ENOTFOUND) return send_error(h, c, 404, "not_found", "no such task");
+    if (rc) return send_error(h, c, 503, "unavailable", err.msg);
+    return send_json(h, c, 200, t, NULL, 0);
+}
+
 /* --- GET handlers ----------------------------------------------------------------------------*/
 
 /* A waiter fired (the call settled, the deadline, shutdown): answer what a read says now. */
@@ -930,6 +1048,8 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
 
 #define CALLS_PREFIX "/v1/tool-calls"
 #define BYKEY_PREFIX "/v1/tool-calls/by-key/"
+#define TASKS_PREFIX "/v1/tasks"
+#define TASKS_BYKEY_PREFIX "/v1/tasks/by-key/"
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload,
@@ -947,7 +1067,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         ctx->conn = c;
         ctx->state = RS_READING;
         ctx->is_mcp = is_post && strcmp(url, "/mcp") == 0;
-        ctx->is_submit = is_post && (strcmp(url, CALLS_PREFIX) == 0 || ctx->is_mcp);
+        ctx->is_task = is_post && strcmp(url, TASKS_PREFIX) == 0;
+        ctx->is_submit = is_post && (strcmp(url, CALLS_PREFIX) == 0 || ctx->is_mcp || ctx->is_task);
         *con_cls = ctx;
         atomic_fetch_add(&h->inflight, 1);
         /* a POST answered before its body was read closes the connection */
@@ -1016,6 +1137,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return MHD_YES;
         }
         if (ctx->is_mcp) return mcp_post(h, ctx, c);
+        if (ctx->is_task) {
+            if (ctx->state == RS_DONE) return task_finish(h, ctx, c);
+            if (ctx->state == RS_WAITING) return MHD_YES;
+            return task_begin(h, ctx, c);
+        }
         if (ctx->state == RS_DONE) return submit_finish(h, ctx, c);
         if (ctx->state == RS_WAITING) return MHD_YES; /* spurious call while suspended */
         return submit_begin(h, ctx, c);
@@ -1044,6 +1170,20 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return get_metrics(h, c);
     }
     if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
+    if (strcmp(url, TASKS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
+    if (strncmp(url, TASKS_PREFIX "/", strlen(TASKS_PREFIX) + 1) == 0) {
+        if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
+        if (strncmp(url, TASKS_BYKEY_PREFIX, strlen(TASKS_BYKEY_PREFIX)) == 0) {
+            const char *key = url + strlen(TASKS_BYKEY_PREFIX);
+            if (!oq_envelope_valid_key(key))
+                return send_error(h, c, 400, "invalid_idempotency_key", "bad key in path");
+            return get_task(h, ctx, c, NULL, key);
+        }
+        const char *id = url + strlen(TASKS_PREFIX) + 1;
+        if (strlen(id) != OQ_CALL_ID_LEN || strncmp(id, "t_", 2) != 0)
+            return send_error(h, c, 404, "not_found", "no such task");
+        return get_task(h, ctx, c, id, NULL);
+    }
     if (strcmp(url, "/mcp") == 0) { /* no SSE stream of server messages: GET is 405 */
         if (strcmp(method, MHD_HTTP_METHOD_DELETE) != 0)
             return method_not_allowed(h, c, "POST, DELETE");
@@ -1091,6 +1231,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (ctx->waited && oq_waiters_cancel(h->waiters, &ctx->waiter)) oq_gauge_add(h->m_waiting, -1);
     oq_submit_job_destroy(ctx->job);
     oq_mcp_call_free(ctx->mcp);
+    oq_task_job_destroy(ctx->task_job);
     free(ctx->body);
     free(ctx);
     *con_cls = NULL;

@@ -17,6 +17,7 @@
 
 #include "oq_pg.h"
 #include "producer_int.h"
+#include "tasks.h"
 
 typedef struct rconn {
     pthread_mutex_t mu;
@@ -35,6 +36,7 @@ struct oq_producer {
     oq_metrics_t *metrics;
     char *topic_prefix; /* NULL: the default */
     oq_metric_t *m_calls[5], *m_outbox_pending, *m_oldest_pending;
+    oq_metric_t *m_tasks[6], *m_comp[2]; /* tasks by status; compensations ended ok / review */
 };
 
 static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
@@ -58,6 +60,17 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     for (int i = 0; i < 5; i++)
         oq_gauge_set(p->m_calls[i], (double)by[i]);
     oq_gauge_set(p->m_outbox_pending, (double)c.outbox_pending);
+    int64_t tb[6], ok = 0, review = 0;
+    r = rconn_acquire(p);
+    s = (oq__producer_store_t){r->db, NULL, r->pg};
+    rc = oq__task_store_counts(&s, tb, &ok, &review, NULL);
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; rc == 0 && i < 6; i++)
+        oq_gauge_set(p->m_tasks[i], (double)tb[i]);
+    if (rc == 0) {
+        oq_gauge_set(p->m_comp[0], (double)ok);
+        oq_gauge_set(p->m_comp[1], (double)review);
+    }
     oq_gauge_set(p->m_oldest_pending,
                  c.oldest_pending_created_at
                      ? (double)(oq_now_ms() - c.oldest_pending_created_at) / 1000.0
@@ -74,6 +87,24 @@ static void metrics_init(oq_producer_t *p)
                                          "an operator)",
                                          labels);
     }
+    static const char *const task_states[6] = {"running",     "succeeded", "compensating",
+                                               "compensated", "failed",    "needs_review"};
+    for (int i = 0; i < 6; i++) {
+        char labels[48];
+        snprintf(labels, sizeof labels, "status=\"%s\"", task_states[i]);
+        p->m_tasks[i] = oq_metrics_gauge(p->metrics, "onceq_producer_tasks",
+                                         "tasks in calls.db by status", labels);
+    }
+    p->m_comp[0] = oq_metrics_gauge(p->metrics, "onceq_producer_task_compensations",
+                                    "task compensations by how they ended (compensated: "
+                                    "succeeded; needs_review: failed past the retry budget or "
+                                    "in review)",
+                                    "outcome=\"compensated\"");
+    p->m_comp[1] = oq_metrics_gauge(p->metrics, "onceq_producer_task_compensations",
+                                    "task compensations by how they ended (compensated: "
+                                    "succeeded; needs_review: failed past the retry budget or "
+                                    "in review)",
+                                    "outcome=\"needs_review\"");
     p->m_outbox_pending = oq_metrics_gauge(p->metrics, "onceq_producer_outbox_pending",
                                            "outbox rows the relay has not published yet", NULL);
     p->m_oldest_pending = oq_metrics_gauge(p->metrics, "onceq_producer_oldest_pending_seconds",
@@ -296,6 +327,36 @@ int oq__producer_webhook_marks(oq_producer_t *p, const oq__producer_delivery_mar
     if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
     if (item.work.rc && err) *err = item.work.err;
     return item.work.rc;
+}
+
+/* --- tasks (producer/tasks.c) ----------------------------------------------------------------*/
+
+int oq_producer_task_submit_async(oq_producer_t *p, oq_task_job_t *job, oq_task_done_cb cb,
+                                  void *opaque)
+{
+    if (p->reads[0].pg) return OQ_ESTATE; /* tasks need the SQLite store (for now) */
+    return oq__writer_enqueue(p->writer, oq__task_job_prepare(job, cb, opaque));
+}
+
+int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *err)
+{
+    if (p->reads[0].pg)
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "tasks are not supported on a PostgreSQL producer store yet");
+    int ret = run_and_wait(p, oq__task_job_prepare(job, NULL, NULL));
+    if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
+    return oq_task_job_result(job, NULL, NULL, err);
+}
+
+int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
+                         const char *idem_key, json_t **out, oq_error_t *err)
+{
+    rconn_t *r = rconn_acquire(p);
+    oq__producer_store_t s = {r->db, r->cache, r->pg};
+    int ret = r->pg ? oq_error_set(err, OQ_ENOTFOUND, 0, "no tasks on PostgreSQL")
+                    : oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ret;
 }
 
 /* --- reads -----------------------------------------------------------------------------------*/

@@ -426,4 +426,73 @@ int oq__producer_pg_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_
 int oq__producer_pg_next_tenant(oq__producer_store_t *s, const char *after,
                                 char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err);
 
+/* --- tasks (producer/tasks.c decides; SQLite only: a PostgreSQL store refuses them) ---------- */
+
+#define OQ_TASK_ID_LEN 34 /**< "t_" + 32 lowercase hex */
+
+/** A task row. Strings owned (oq__task_row_clear). */
+typedef struct oq__task_row {
+    char task_id[OQ_TASK_ID_LEN + 1];
+    char *tenant, *idem_key;
+    char fingerprint[OQ_FINGERPRINT_LEN + 1];
+    char *spec; /**< the canonical request */
+    char status[16];
+    char *reason; /**< NULL when none */
+    int64_t created_at, updated_at;
+} oq__task_row_t;
+
+void oq__task_row_clear(oq__task_row_t *t);
+
+/** A task_steps row and, read with it, the durable state of its two calls. Strings owned
+ *  (oq__task_steps_free). The call fields are "" / NULL when the call is not written. */
+typedef struct oq__task_step_row {
+    int idx;
+    char *name;
+    char status[16];
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char comp_call_id[OQ_CALL_ID_LEN + 1];
+    int64_t comp_attempts;
+    int64_t comp_next_at; /**< 0 = none */
+    /* read only: calls.state / result / error of the step's call and the compensation's */
+    char call_state[16], comp_state[16];
+    char *result, *error, *comp_result, *comp_error;
+    int64_t call_attempt, comp_attempt;
+} oq__task_step_row_t;
+
+void oq__task_steps_free(oq__task_step_row_t *v, size_t n);
+
+/** Insert \p t (its steps go with oq__task_store_step_put); \p exists = 1 and nothing written
+ *  when (tenant, idem_key) has a task already. */
+int oq__task_store_insert(oq__producer_store_t *s, const oq__task_row_t *t, int *exists,
+                          oq_error_t *err);
+/** The task \p task_id, or of (\p tenant, \p idem_key) when \p task_id is NULL. OQ_ENOTFOUND. */
+int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char *tenant,
+                       const char *idem_key, oq__task_row_t *out, oq_error_t *err);
+/** Set status, reason and updated_at of \p t->task_id. */
+int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_error_t *err);
+/** Insert or replace the progress columns of one step (the read-only fields are ignored). */
+int oq__task_store_step_put(oq__producer_store_t *s, const char *task_id,
+                            const oq__task_step_row_t *r, oq_error_t *err);
+/** The steps of \p task_id in order, with their calls' state (*v owned, *n of them). */
+int oq__task_store_steps(oq__producer_store_t *s, const char *task_id, oq__task_step_row_t **v,
+                         size_t *n, oq_error_t *err);
+/** Map \p call_id to (\p task_id, \p idx, \p role: "step" or "compensate"). */
+int oq__task_store_link(oq__producer_store_t *s, const char *call_id, const char *task_id, int idx,
+                        const char *role, oq_error_t *err);
+/** The task step of \p call_id; \p found = 0 when the call belongs to no task. */
+int oq__task_store_of_call(oq__producer_store_t *s, const char *call_id,
+                           char task_id[OQ_TASK_ID_LEN + 1], int *idx, int *is_comp, int *found,
+                           oq_error_t *err);
+/** Up to \p cap (task_id, idx) whose compensation retry is due at \p now (comp_next_at). */
+int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
+                       char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err);
+/** Tasks by status (\p by: running, succeeded, compensating, compensated, failed,
+ *  needs_review), and the steps whose compensation ended well (\p comp_ok: `compensated`) or
+ *  not (\p comp_review: `needs_review` with a compensation written). Its own read snapshot. */
+int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
+                          int64_t *comp_review, oq_error_t *err);
+/** Task ids newest first, \p status NULL = any, at most \p limit (*ids owned: free each). */
+int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
+                        size_t *n, oq_error_t *err);
+
 #endif

@@ -1127,3 +1127,331 @@ int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return oq_db_error(s->db, rc, err, "list");
     return 0;
 }
+
+/* --- tasks ------------------------------------------------------------------------------------ */
+
+/* Task rows (schema/producer/0006_tasks.sql). SQLite only: a PostgreSQL store answers
+ * OQ_ESTATE, and the submit refuses a task before it reaches here (producer/tasks.c). */
+
+static const char SQL_TASK_INSERT[] =
+    "INSERT INTO tasks(task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,"
+    "updated_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?8) ON CONFLICT(tenant,idem_key) DO NOTHING";
+#define TASK_COLS "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at"
+static const char SQL_TASK_GET[] = "SELECT " TASK_COLS " FROM tasks WHERE task_id=?1";
+static const char SQL_TASK_GET_KEY[] =
+    "SELECT " TASK_COLS " FROM tasks WHERE tenant=?1 AND idem_key=?2";
+static const char SQL_TASK_UPDATE[] =
+    "UPDATE tasks SET status=?2,reason=?3,updated_at=?4 WHERE task_id=?1";
+static const char SQL_STEP_PUT[] =
+    "INSERT INTO task_steps(task_id,idx,name,status,call_id,comp_call_id,comp_attempts,"
+    "comp_next_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8) ON CONFLICT(task_id,idx) DO UPDATE SET "
+    "status=excluded.status,call_id=excluded.call_id,comp_call_id=excluded.comp_call_id,"
+    "comp_attempts=excluded.comp_attempts,comp_next_at=excluded.comp_next_at";
+static const char SQL_STEPS[] =
+    "SELECT s.idx,s.name,s.status,s.call_id,s.comp_call_id,s.comp_attempts,s.comp_next_at,"
+    "c.state,c.result,c.error,c.attempt,k.state,k.result,k.error,k.attempt FROM task_steps s "
+    "LEFT JOIN calls c ON c.call_id=s.call_id LEFT JOIN calls k ON k.call_id=s.comp_call_id "
+    "WHERE s.task_id=?1 ORDER BY s.idx";
+static const char SQL_TASK_LINK[] =
+    "INSERT INTO task_calls(call_id,task_id,idx,role) VALUES(?1,?2,?3,?4) "
+    "ON CONFLICT(call_id) DO NOTHING";
+static const char SQL_TASK_OF_CALL[] = "SELECT task_id,idx,role FROM task_calls WHERE call_id=?1";
+static const char SQL_TASK_DUE[] =
+    "SELECT task_id,idx FROM task_steps WHERE comp_next_at IS NOT NULL AND comp_next_at<=?1 "
+    "ORDER BY comp_next_at LIMIT ?2";
+static const char SQL_TASK_LIST[] =
+    "SELECT task_id FROM tasks WHERE ?1 IS NULL OR status=?1 ORDER BY created_at DESC, task_id "
+    "DESC LIMIT ?2";
+
+static int no_pg_tasks(oq_error_t *err)
+{
+    return oq_error_set(err, OQ_ESTATE, 0,
+                        "tasks are not supported on a PostgreSQL producer store yet");
+}
+
+void oq__task_row_clear(oq__task_row_t *t)
+{
+    if (!t) return;
+    free(t->tenant);
+    free(t->idem_key);
+    free(t->spec);
+    free(t->reason);
+    memset(t, 0, sizeof *t);
+}
+
+void oq__task_steps_free(oq__task_step_row_t *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++) {
+        free(v[i].name);
+        free(v[i].result);
+        free(v[i].error);
+        free(v[i].comp_result);
+        free(v[i].comp_error);
+    }
+    free(v);
+}
+
+int oq__task_store_insert(oq__producer_store_t *s, const oq__task_row_t *t, int *exists,
+                          oq_error_t *err)
+{
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, SQL_TASK_INSERT, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, t->task_id);
+    bind_text(st, 2, t->tenant);
+    bind_text(st, 3, t->idem_key);
+    bind_text(st, 4, t->fingerprint);
+    bind_text(st, 5, t->spec);
+    bind_text(st, 6, t->status);
+    bind_text(st, 7, t->reason);
+    sqlite3_bind_int64(st, 8, t->created_at);
+    int ret = st_exec(s, st, err, "insert task");
+    if (!ret) *exists = sqlite3_changes(s->db) == 0;
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char *tenant,
+                       const char *idem_key, oq__task_row_t *out, oq_error_t *err)
+{
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, task_id ? SQL_TASK_GET : SQL_TASK_GET_KEY, err);
+    if (!st) return st_failed(err);
+    if (task_id) {
+        bind_text(st, 1, task_id);
+    } else {
+        bind_text(st, 1, tenant && *tenant ? tenant : OQ_DEFAULT_TENANT);
+        bind_text(st, 2, idem_key);
+    }
+    memset(out, 0, sizeof *out);
+    int rc = sqlite3_step(st), ret = 0;
+    if (rc == SQLITE_ROW) {
+        col_copy(st, 0, out->task_id, sizeof out->task_id);
+        out->tenant = col_strdup(st, 1);
+        out->idem_key = col_strdup(st, 2);
+        col_copy(st, 3, out->fingerprint, sizeof out->fingerprint);
+        out->spec = col_strdup(st, 4);
+        col_copy(st, 5, out->status, sizeof out->status);
+        out->reason = col_strdup(st, 6);
+        out->created_at = sqlite3_column_int64(st, 7);
+        out->updated_at = sqlite3_column_int64(st, 8);
+        if (!out->tenant || !out->idem_key || !out->spec) {
+            oq__task_row_clear(out);
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        }
+    } else if (rc == SQLITE_DONE) {
+        ret = oq_error_set(err, OQ_ENOTFOUND, 0, "no such task");
+    } else {
+        ret = oq_db_error(s->db, rc, err, "get task");
+    }
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_error_t *err)
+{
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, SQL_TASK_UPDATE, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, t->task_id);
+    bind_text(st, 2, t->status);
+    bind_text(st, 3, t->reason);
+    sqlite3_bind_int64(st, 4, t->updated_at);
+    int ret = st_exec(s, st, err, "update task");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_step_put(oq__producer_store_t *s, const char *task_id,
+                            const oq__task_step_row_t *r, oq_error_t *err)
+{
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, SQL_STEP_PUT, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, task_id);
+    sqlite3_bind_int(st, 2, r->idx);
+    bind_text(st, 3, r->name);
+    bind_text(st, 4, r->status);
+    bind_text(st, 5, r->call_id[0] ? r->call_id : NULL);
+    bind_text(st, 6, r->comp_call_id[0] ? r->comp_call_id : NULL);
+    sqlite3_bind_int64(st, 7, r->comp_attempts);
+    bind_time(st, 8, r->comp_next_at);
+    int ret = st_exec(s, st, err, "put task step");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_steps(oq__producer_store_t *s, const char *task_id, oq__task_step_row_t **v,
+                         size_t *n, oq_error_t *err)
+{
+    *v = NULL;
+    *n = 0;
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, SQL_STEPS, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, task_id);
+    size_t cap = 0;
+    int rc, ret = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            oq__task_step_row_t *nv = realloc(*v, nc * sizeof *nv);
+            if (!nv) {
+                ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+                break;
+            }
+            *v = nv;
+            cap = nc;
+        }
+        oq__task_step_row_t *r = &(*v)[(*n)++];
+        memset(r, 0, sizeof *r);
+        r->idx = sqlite3_column_int(st, 0);
+        r->name = col_strdup(st, 1);
+        col_copy(st, 2, r->status, sizeof r->status);
+        col_copy(st, 3, r->call_id, sizeof r->call_id);
+        col_copy(st, 4, r->comp_call_id, sizeof r->comp_call_id);
+        r->comp_attempts = sqlite3_column_int64(st, 5);
+        r->comp_next_at = sqlite3_column_int64(st, 6);
+        col_copy(st, 7, r->call_state, sizeof r->call_state);
+        r->result = col_strdup(st, 8);
+        r->error = col_strdup(st, 9);
+        r->call_attempt = sqlite3_column_int64(st, 10);
+        col_copy(st, 11, r->comp_state, sizeof r->comp_state);
+        r->comp_result = col_strdup(st, 12);
+        r->comp_error = col_strdup(st, 13);
+        r->comp_attempt = sqlite3_column_int64(st, 14);
+        if (!r->name) {
+            ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+            break;
+        }
+    }
+    if (!ret && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task steps");
+    st_done(s, st);
+    if (ret) {
+        oq__task_steps_free(*v, *n);
+        *v = NULL;
+        *n = 0;
+    }
+    return ret;
+}
+
+int oq__task_store_link(oq__producer_store_t *s, const char *call_id, const char *task_id, int idx,
+                        const char *role, oq_error_t *err)
+{
+    if (s->pg) return no_pg_tasks(err);
+    sqlite3_stmt *st = st_get(s, SQL_TASK_LINK, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, call_id);
+    bind_text(st, 2, task_id);
+    sqlite3_bind_int(st, 3, idx);
+    bind_text(st, 4, role);
+    int ret = st_exec(s, st, err, "link task call");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_of_call(oq__producer_store_t *s, const char *call_id,
+                           char task_id[OQ_TASK_ID_LEN + 1], int *idx, int *is_comp, int *found,
+                           oq_error_t *err)
+{
+    *found = 0;
+    if (s->pg) return 0; /* no task rows there: no call belongs to one */
+    sqlite3_stmt *st = st_get(s, SQL_TASK_OF_CALL, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, call_id);
+    int rc = sqlite3_step(st), ret = 0;
+    if (rc == SQLITE_ROW) {
+        col_copy(st, 0, task_id, OQ_TASK_ID_LEN + 1);
+        *idx = sqlite3_column_int(st, 1);
+        const char *role = (const char *)sqlite3_column_text(st, 2);
+        *is_comp = role && strcmp(role, "compensate") == 0;
+        *found = 1;
+    } else if (rc != SQLITE_DONE) {
+        ret = oq_db_error(s->db, rc, err, "task of call");
+    }
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
+                       char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err)
+{
+    *n = 0;
+    if (s->pg) return 0;
+    sqlite3_stmt *st = st_get(s, SQL_TASK_DUE, err);
+    if (!st) return st_failed(err);
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int(st, 2, cap);
+    int rc, ret = 0;
+    while (*n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        col_copy(st, 0, task_ids[*n], OQ_TASK_ID_LEN + 1);
+        idx[*n] = sqlite3_column_int(st, 1);
+        (*n)++;
+    }
+    if (*n < cap && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task retries due");
+    st_done(s, st);
+    return ret;
+}
+
+int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
+                        size_t *n, oq_error_t *err)
+{
+    *ids = NULL;
+    *n = 0;
+    if (s->pg) return no_pg_tasks(err);
+    if (limit <= 0) limit = 100;
+    sqlite3_stmt *st = st_get(s, SQL_TASK_LIST, err);
+    if (!st) return st_failed(err);
+    bind_text(st, 1, status);
+    sqlite3_bind_int(st, 2, limit);
+    char **v = calloc((size_t)limit, sizeof *v);
+    int rc = SQLITE_DONE, ret = 0;
+    if (!v) ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    while (!ret && (rc = sqlite3_step(st)) == SQLITE_ROW && *n < (size_t)limit)
+        if (!(v[(*n)++] = col_strdup(st, 0))) ret = oq_error_set(err, OQ_ENOMEM, 0, "oom");
+    if (!ret && rc != SQLITE_DONE && rc != SQLITE_ROW) ret = oq_db_error(s->db, rc, err, "tasks");
+    st_done(s, st);
+    if (ret) {
+        for (size_t i = 0; i < *n; i++)
+            free(v[i]);
+        free(v);
+        *n = 0;
+        return ret;
+    }
+    *ids = v;
+    return 0;
+}
+
+int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
+                          int64_t *comp_review, oq_error_t *err)
+{
+    static const char *const st[6] = {"running",     "succeeded", "compensating",
+                                      "compensated", "failed",    "needs_review"};
+    memset(by, 0, 6 * sizeof *by);
+    *comp_ok = *comp_review = 0;
+    if (s->pg) return 0; /* no task rows there */
+    sqlite3_stmt *st1 = st_get(s, "SELECT status, count(*) FROM tasks GROUP BY status", err);
+    if (!st1) return st_failed(err);
+    int rc, ret = 0;
+    while ((rc = sqlite3_step(st1)) == SQLITE_ROW) {
+        const char *k = (const char *)sqlite3_column_text(st1, 0);
+        for (int i = 0; k && i < 6; i++)
+            if (strcmp(k, st[i]) == 0) by[i] = sqlite3_column_int64(st1, 1);
+    }
+    if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task counts");
+    st_done(s, st1);
+    if (ret) return ret;
+    sqlite3_stmt *st2 = st_get(s,
+                               "SELECT status, count(*) FROM task_steps WHERE comp_call_id IS NOT "
+                               "NULL GROUP BY status",
+                               err);
+    if (!st2) return st_failed(err);
+    while ((rc = sqlite3_step(st2)) == SQLITE_ROW) {
+        const char *k = (const char *)sqlite3_column_text(st2, 0);
+        if (k && strcmp(k, "compensated") == 0) *comp_ok = sqlite3_column_int64(st2, 1);
+        if (k && strcmp(k, "needs_review") == 0) *comp_review = sqlite3_column_int64(st2, 1);
+    }
+    if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "compensation counts");
+    st_done(s, st2);
+    return ret;
+}

@@ -59,6 +59,7 @@
 #include "oq_log.h"
 #include "oq_pg.h"
 #include "producer_int.h"
+#include "tasks.h"
 
 struct oq__writer {
     int64_t key_ttl_ms;
@@ -108,6 +109,9 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
     if (it->kind == OQ__WORK_SUBMIT)
         return oq__decide_submit(s, (oq_submit_job_t *)it, now, w->key_ttl_ms, w->max_message_bytes,
                                  &it->err);
+    if (it->kind == OQ__WORK_TASK)
+        return oq__task_decide_submit(s, (oq_task_job_t *)it, now, w->key_ttl_ms,
+                                      w->max_message_bytes, &it->err);
     if (it->kind == OQ__WORK_REDRIVE) {
         oq__redrive_t *d = (oq__redrive_t *)it;
         return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);
@@ -366,6 +370,23 @@ static void dead_letters(oq__writer_t *w)
     if (handled >= DEAD_BATCH) w->next_dead_us = oq_mono_us() + 10000;
 }
 
+/* --- task compensation retries --------------------------------------------------------------*/
+
+/** New attempts of failed task compensations whose backoff ran out (tasks.c), looked at with
+ *  the dead letters, once a second. @locality writer */
+static void task_retries(oq__writer_t *w)
+{
+    oq_error_t err = {0};
+    oq__producer_store_t s = {w->wdb, w->wcache, w->wpg};
+    int n = 0;
+    if (w->wpg) return; /* no tasks on PostgreSQL */
+    int ret = oq__producer_store_begin(&s, 1000, &err);
+    if (!ret) ret = oq__task_retry_due(&s, oq_now_ms(), w->key_ttl_ms, &n, &err);
+    if (!ret && n) ret = oq__producer_store_commit(&s, &err);
+    if (ret || !n) oq__producer_store_rollback(&s);
+    if (ret) OQ_LOG_WARN("producer", "task compensation retries (will retry): %s", err.msg);
+}
+
 /* --- the writer thread -----------------------------------------------------------------------*/
 
 /** After the commit of \p r (never before: a woken waiter reads the committed state), and
@@ -401,6 +422,7 @@ static void *writer_main(void *arg)
             pthread_mutex_unlock(&w->mu);
             if (stopping) break;
             dead_letters(w);
+            task_retries(w);
             continue;
         }
         gather(w, last_n, last_commit_us);
@@ -449,7 +471,10 @@ static void *writer_main(void *arg)
             it->done(it, it->opaque);
         }
         if (w->finish_due) finish_checkpoint(w);
-        if (oq_mono_us() >= w->next_dead_us) dead_letters(w);
+        if (oq_mono_us() >= w->next_dead_us) {
+            dead_letters(w);
+            task_retries(w);
+        }
     }
     free(items);
     return NULL;

@@ -25,12 +25,13 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 rows = {x["scenario"]: x for x in r["rows"]}
 assert r["passed"], "report says failed"
-for ctl in ("http_proxy_negative", "downstream_negative"):
+for ctl in ("http_proxy_negative", "downstream_negative", "task_crash_negative"):
     assert rows[ctl]["control_duplicates"] > 0, f"{ctl}: the negative control saw no duplicates"
 want = {"same_key", "http_proxy", "http_proxy_negative", "crash_points", "duplicate_delivery",
         "rebalance_storm", "worker_stop", "broker_faults", "busy_storm", "downstream_faults",
         "downstream_negative", "retry_payload", "lost_messages", "clock_step", "disk_full",
-        "offset_rewind", "review_expiry", "review_fence", "soak"}
+        "offset_rewind", "review_expiry", "review_fence", "soak", "task_crash",
+        "task_crash_negative", "compensation_failure"}
 assert want <= set(rows), f"rows missing: {want - set(rows)}"
 for name, x in rows.items():
     assert x["duplicate_effects"] == 0 and x["lost"] == 0, name

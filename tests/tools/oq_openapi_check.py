@@ -398,6 +398,7 @@ def scenario_main(ck, M, src):
     if s is not None and "results" not in s:
         ck.fail("/stats of a producer with --brokers has no results: %s" % s)
     ck.request(M, "GET", "/metrics", expect=200)
+    tid = scenario_tasks(ck, M)
     # any request
     ck.request(M, "GET", "/nope", expect=404, code="not_found")
     ck.request(M, "GET", "/healthz", expect=400, code="bad_request", host=False)
@@ -406,6 +407,8 @@ def scenario_main(ck, M, src):
                          "/v1/tool-calls/{call_id}": "/v1/tool-calls/" + cid,
                          "/v1/tool-calls/by-key/{idem_key}": "/v1/tool-calls/by-key/oa-1",
                          "/v1/tools": "/v1/tools",
+                         "/v1/tasks": "/v1/tasks", "/v1/tasks/{task_id}": "/v1/tasks/" + tid,
+                         "/v1/tasks/by-key/{idem_key}": "/v1/tasks/by-key/oa-t1",
                          "/healthz": "/healthz", "/readyz": "/readyz", "/stats": "/stats",
                          "/metrics": "/metrics"})
     if src:
@@ -413,10 +416,60 @@ def scenario_main(ck, M, src):
         ck.request(M, "GET", "/metrics", expect=403, code="forbidden", source=src)
 
 
+def scenario_tasks(ck, M):
+    """POST /v1/tasks and its reads on the pipeline producer; returns the task id."""
+    def post(key, body, **kw):
+        h = [("Idempotency-Key", key)] if key is not None else []
+        return ck.request(M, "POST", "/v1/tasks", h,
+                          body if isinstance(body, str) else json.dumps(body), **kw)
+    task = {"steps": [{"name": "a", "tool": "charge", "args": {"amount": 5}},
+                      {"name": "b", "tool": "charge",
+                       "args": {"amount": "{steps.a.result.charged}"}}]}
+    st, h, _, t = post("oa-t1", task, expect=202)
+    tid = t["task_id"] if t else "t_00000000000000000000000000000000"
+    if h.get("location") != "/v1/tasks/" + tid or "idempotent-replayed" in h:
+        ck.fail("new task: headers %s" % h)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        st, _, _, t = ck.request(M, "GET", "/v1/tasks/" + tid, expect=200)
+        if t and t.get("status") not in ("running", "compensating"):
+            break
+        time.sleep(0.2)
+    st, h, _, t2 = post("oa-t1", task, expect=200)
+    if h.get("idempotent-replayed") != "true" or not t2 or t2["task_id"] != tid:
+        ck.fail("terminal task replay: %s %s" % (h, t2))
+    st, h, _, t3 = post("oa-t2", {"steps": [{"name": "s", "tool": "sleep",
+                                             "args": {"ms": 3000}}]}, expect=202)
+    st, h, _, t4 = post("oa-t2", {"steps": [{"name": "s", "tool": "sleep",
+                                             "args": {"ms": 3000}}]}, expect=202)
+    if h.get("idempotent-replayed") != "true":
+        ck.fail("in-flight task replay: %s" % h)
+    post("oa-t1", {"steps": [{"name": "x", "tool": "charge", "args": {}}]}, expect=422,
+         code="idempotency_conflict")
+    post(None, task, expect=400, code="missing_idempotency_key")
+    post("x" * 256, task, expect=400, code="invalid_idempotency_key")
+    post("oa-tb", '{"steps":', expect=400, code="bad_request")
+    post("oa-tb", {"steps": [{"name": "a", "tool": "t", "args": {}},
+                             {"name": "a", "tool": "t", "args": {}}]}, expect=400,
+         code="bad_task")
+    post("oa-tb", {"steps": [{"name": "a", "tool": "t", "args": {"x": "{steps.b.result}"}}]},
+         expect=400, code="bad_reference")
+    ck.request(M, "GET", "/v1/tasks/by-key/oa-t1", expect=200)
+    ck.request(M, "GET", "/v1/tasks/by-key/" + "k" * 256, expect=400,
+               code="invalid_idempotency_key")
+    ck.request(M, "GET", "/v1/tasks/by-key/oa-none", expect=404, code="not_found")
+    ck.request(M, "GET", "/v1/tasks/t_00000000000000000000000000000000", expect=404,
+               code="not_found")
+    return tid
+
+
 def scenario_auth(ck, A, tok, mtok):
     bearer = [("Authorization", "Bearer " + tok)]
     body = {"tool": "charge", "args": {"amount": 3}}
     ck.submit(A, "oa-a1", body, expect=401, code="unauthorized")
+    ck.request(A, "POST", "/v1/tasks", [("Idempotency-Key", "oa-at")],
+               json.dumps({"steps": [{"name": "a", "tool": "t", "args": {}}]}), expect=401,
+               code="unauthorized")
     st, h, _, _ = ck.submit(A, "oa-a1", body, expect=401, code="unauthorized",
                             extra=[("Authorization", "Bearer not-a-known-token-000")])
     if 'error="invalid_token"' not in h.get("www-authenticate", ""):

@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * `onceq tasks list|show`: the tasks of a producer database (issue 19), read on a connection
+ * of their own (safe while the daemon runs). list: newest first, one line each (task id,
+ * status, steps done / all, key, reason), or --json the array of task objects. show: the task
+ * JSON of GET /v1/tasks/{id} (by id, or --key K [--tenant X]).
+ *
+ * oq__tasks_inspect is `onceq inspect` on a task id: one timeline of every step and every
+ * compensation across both databases, each call's story (oq_inspect_doc, the one the console
+ * shows) tagged with its step and role and merged by time.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "oq_console.h"
+#include "oq_db.h"
+#include "oq_json.h"
+#include "oq_tasks.h"
+#include "oq_util.h"
+
+static const oq_setting_t tasks_settings[] = {
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"status", OQ_SET_STRING, NULL, 1, 32, NULL, "list: only tasks in this status"},
+    {"limit", OQ_SET_INT, "50", 1, 10000, NULL, "list: at most this many (newest first)"},
+    {"key", OQ_SET_STRING, NULL, 1, 255, NULL, "show: the task of this idempotency key"},
+    {"tenant", OQ_SET_STRING, NULL, 1, 128, NULL, "show --key: its tenant (default: default)"},
+    {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "list: print the JSON array"},
+};
+
+static const char tasks_usage[] =
+    "usage: onceq tasks list [--db calls.db] [--status S] [--limit N] [--json]\n"
+    "       onceq tasks show [--db calls.db] <task_id> | --key K [--tenant X]\n"
+    "Exit codes: 0 ok, 2 bad usage, 4 no such task.";
+
+static int print_json(const json_t *v)
+{
+    char *text = oq_json_dumps(v, JSON_INDENT(2));
+    if (!text) return OQ_EXIT_FAIL;
+    printf("%s\n", text);
+    free(text);
+    return OQ_EXIT_OK;
+}
+
+static const char *jstr(const json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+int oq__cmd_tasks(int argc, char **argv)
+{
+    int ret = OQ_EXIT_FAIL;
+    const char *action = argc >= 2 ? argv[1] : "";
+    int list = strcmp(action, "list") == 0, show = strcmp(action, "show") == 0;
+    oq_config_t *cfg =
+        oq_config_new(tasks_settings, sizeof tasks_settings / sizeof tasks_settings[0]);
+    if (!cfg) return OQ_EXIT_FAIL;
+    if (!list && !show) {
+        int help = strcmp(action, "--help") == 0 || strcmp(action, "-h") == 0;
+        if (help) {
+            char *hargv[] = {argv[0], argv[1], NULL};
+            int prc = oq_cli_parse(cfg, "onceq", tasks_usage, 2, hargv);
+            oq_config_destroy(cfg);
+            return prc < 0 ? OQ_EXIT_OK : prc;
+        }
+        fprintf(stderr, "%s\n", tasks_usage);
+        oq_config_destroy(cfg);
+        return OQ_EXIT_USAGE;
+    }
+    sqlite3 *db = NULL;
+    json_t *doc = NULL;
+    oq_error_t err = {0};
+    int prc = oq_cli_parse(cfg, "onceq tasks", tasks_usage, argc - 1, argv + 1);
+    if (prc >= 0) {
+        ret = prc;
+        goto out;
+    }
+    int npos = oq_config_npositional(cfg);
+    const char *key = oq_config_str(cfg, "key");
+    if ((list && npos != 0) || (show && npos + (key ? 1 : 0) != 1)) {
+        fprintf(stderr, "%s\n", tasks_usage);
+        ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    oq_db_opts_t o = {NULL, 0, 1};
+    if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {
+        fprintf(stderr, "onceq tasks: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+        goto out;
+    }
+    int rc = list ? oq_store_task_list(db, oq_config_str(cfg, "status"),
+                                       (int)oq_config_int(cfg, "limit"), &doc, &err)
+                  : oq_store_task_get(db, key ? NULL : oq_config_positional(cfg, 0),
+                                      oq_config_str(cfg, "tenant"), key, &doc, &err);
+    if (rc == OQ_ENOTFOUND) {
+        fprintf(stderr, "onceq tasks show: no such task\n");
+        ret = OQ_EXIT_NOTFOUND;
+        goto out;
+    }
+    if (rc) {
+        fprintf(stderr, "onceq tasks: %s\n", err.msg);
+        goto out;
+    }
+    if (show || oq_config_int(cfg, "json")) {
+        ret = print_json(doc);
+        goto out;
+    }
+    printf("%-34s  %-13s  %-5s  %-24s  %s\n", "TASK", "STATUS", "STEPS", "KEY", "REASON");
+    for (size_t i = 0; i < json_array_size(doc); i++) {
+        json_t *t = json_array_get(doc, i), *steps = json_object_get(t, "steps");
+        size_t done = 0;
+        for (size_t k = 0; k < json_array_size(steps); k++)
+            done += strcmp(jstr(json_array_get(steps, k), "status"), "succeeded") == 0;
+        printf("%-34s  %-13s  %2zu/%-2zu  %-24s  %s\n", jstr(t, "task_id"), jstr(t, "status"), done,
+               json_array_size(steps), jstr(t, "idem_key"), jstr(t, "reason"));
+    }
+    ret = OQ_EXIT_OK;
+out:
+    json_decref(doc);
+    if (db) sqlite3_close_v2(db);
+    oq_config_destroy(cfg);
+    return ret;
+}
+
+/* One call's timeline rows, tagged with the step and role, appended to \p tl. */
+static int add_call(sqlite3 *db, const char *cdb, const char *call_id, const char *step,
+                    const char *role, json_t *tl, oq_error_t *err)
+{
+    json_t *doc = NULL;
+    int rc = oq_inspect_doc(db, cdb, call_id, &doc, err);
+    if (rc) return rc;
+    json_t *rows = json_object_get(doc, "timeline");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *r = json_array_get(rows, i);
+        json_object_set_new(r, "step", json_string(step));
+        json_object_set_new(r, "role", json_string(role));
+        json_object_set_new(r, "call_id", json_string(call_id));
+        json_array_append(tl, r);
+    }
+    json_decref(doc);
+    return 0;
+}
+
+static int by_ts(const void *a, const void *b)
+{
+    json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "ts"));
+    json_int_t y = json_integer_value(json_object_get(*(json_t *const *)b, "ts"));
+    return x < y ? -1 : x > y;
+}
+
+int oq__tasks_inspect(const char *db_path, const char *cdb, const char *task_id, int as_json)
+{
+    sqlite3 *db = NULL;
+    json_t *task = NULL, *tl = json_array(), *doc = NULL;
+    oq_error_t err = {0};
+    int ret = OQ_EXIT_FAIL;
+    oq_db_opts_t o = {NULL, 0, 1};
+    if (!tl) return OQ_EXIT_FAIL;
+    if (oq_db_open(db_path, &o, &db, &err) != 0) {
+        fprintf(stderr, "onceq inspect: %s: %s\n", db_path, err.msg);
+        goto out;
+    }
+    int rc = oq_store_task_get(db, task_id, NULL, NULL, &task, &err);
+    if (rc == OQ_ENOTFOUND) {
+        fprintf(stderr, "onceq inspect: no task %s\n", task_id);
+        ret = OQ_EXIT_NOTFOUND;
+        goto out;
+    }
+    json_t *steps = json_object_get(task, "steps");
+    for (size_t i = 0; !rc && i < json_array_size(steps); i++) {
+        json_t *s = json_array_get(steps, i), *c = json_object_get(s, "compensation");
+        const char *name = jstr(s, "name");
+        if (json_is_string(json_object_get(s, "call_id")))
+            rc = add_call(db, cdb, jstr(s, "call_id"), name, "step", tl, &err);
+        if (!rc && json_is_string(json_object_get(c, "call_id")))
+            rc = add_call(db, cdb, jstr(c, "call_id"), name, "compensate", tl, &err);
+    }
+    if (rc) {
+        fprintf(stderr, "onceq inspect: %s\n", err.msg);
+        goto out;
+    }
+    size_t n = json_array_size(tl);
+    json_t **v = calloc(n ? n : 1, sizeof *v);
+    if (!v) goto out;
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(tl, i));
+    qsort(v, n, sizeof *v, by_ts);
+    json_array_clear(tl);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(tl, v[i]);
+    free(v);
+    if (as_json) {
+        doc = json_pack("{s:O,s:O}", "task", task, "timeline", tl);
+        ret = doc ? print_json(doc) : OQ_EXIT_FAIL;
+        goto out;
+    }
+    printf("task      %s\ntenant    %s\nkey       %s\nstatus    %s\n", jstr(task, "task_id"),
+           jstr(task, "tenant"), jstr(task, "idem_key"), jstr(task, "status"));
+    if (*jstr(task, "reason")) printf("reason    %s\n", jstr(task, "reason"));
+    for (size_t i = 0; i < json_array_size(steps); i++) {
+        json_t *s = json_array_get(steps, i), *c = json_object_get(s, "compensation");
+        printf("step %-4zu %-16s %-13s %s", i + 1, jstr(s, "name"), jstr(s, "status"),
+               jstr(s, "call_id"));
+        if (json_is_object(c))
+            printf("  compensation %s (%lld attempts) %s", jstr(c, "status"),
+                   (long long)json_integer_value(json_object_get(c, "attempts")),
+                   jstr(c, "call_id"));
+        printf("\n");
+    }
+    printf("\ntimeline\n");
+    for (size_t i = 0; i < json_array_size(tl); i++) {
+        json_t *r = json_array_get(tl, i);
+        char ts[32];
+        oq_time_format(json_integer_value(json_object_get(r, "ts")), ts);
+        const char *detail = jstr(r, "detail");
+        printf("  %s  %-12s %-10s %-8s  %-18s %s\n", ts, jstr(r, "step"), jstr(r, "role"),
+               jstr(r, "from"), jstr(r, "event"), detail);
+    }
+    ret = OQ_EXIT_OK;
+out:
+    json_decref(doc);
+    json_decref(task);
+    json_decref(tl);
+    if (db) sqlite3_close_v2(db);
+    return ret;
+}

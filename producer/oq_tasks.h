@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file oq_tasks.h
+ * @brief Tasks: an agent's run of steps, each step an ordinary onceq call with a derived key,
+ *        checkpointed in the transaction that applies each result, compensated in reverse
+ *        order when a step fails for good (producer/tasks.c has the rules).
+ *
+ * A task request is `{"tenant"?: "...", "steps": [{"name", "tool", "args", "compensate"?:
+ * {"tool", "args"}, "irreversible"?: bool}, ...]}` under an idempotency key. Submitting it
+ * writes the task, its steps and the first step's call (and outbox row) in one transaction;
+ * every later call is written by the results ingest when the previous result is applied.
+ *
+ * Thread-safety: a job belongs to one thread at a time; the producer functions are safe from
+ * any thread. Tasks need the SQLite producer store: on PostgreSQL a submit is refused with
+ * OQ_ESTATE (HTTP 501 tasks_unsupported_backend).
+ */
+#ifndef OQ_TASKS_H
+#define OQ_TASKS_H
+
+#include <jansson.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "oq_error.h"
+#include "oq_producer.h"
+
+/** A task submit prepared off the writer (validated, canonicalised, fingerprinted). */
+typedef struct oq_task_job oq_task_job_t;
+
+/** What a task submit did. */
+typedef enum {
+    OQ_TASK_NEW = 1,     /**< written: the task, its steps, the first step's call */
+    OQ_TASK_REPLAY = 2,  /**< the key had this very task: nothing written */
+    OQ_TASK_CONFLICT = 3 /**< the key had another request: nothing written (OQ_ECONFLICT) */
+} oq_task_outcome_t;
+
+/**
+ * @brief Validate \p body (the request object) under \p idem_key and prepare its job.
+ * @param tenant overrides the body's tenant when not NULL (a bearer token's tenant).
+ * @param code set on OQ_EINVAL to the stable error code: "bad_request" (shape, types, unknown
+ *        members), "bad_task" (duplicate step names, an irreversible step before a compensated
+ *        one, derived keys too long) or "bad_reference" (a reference to an unknown, later or
+ *        malformed step result). May be NULL.
+ * @returns 0 with \p out set (oq_task_job_destroy), OQ_EINVAL or OQ_ENOMEM. Borrows nothing.
+ */
+int oq_task_job_new(const char *tenant, const char *idem_key, const json_t *body,
+                    oq_task_job_t **out, const char **code, oq_error_t *err);
+
+/** @brief Free a job (NULL ok). */
+void oq_task_job_destroy(oq_task_job_t *job);
+
+/** Completion of oq_producer_task_submit_async(), on the writer thread after the commit. */
+typedef void (*oq_task_done_cb)(oq_task_job_t *job, void *opaque);
+
+/** @brief Queue \p job for the writer; \p cb runs once after its commit (or failure).
+ *  @returns 0, OQ_ESHUTDOWN (cb will not run), or OQ_ESTATE on a PostgreSQL producer. */
+int oq_producer_task_submit_async(oq_producer_t *p, oq_task_job_t *job, oq_task_done_cb cb,
+                                  void *opaque);
+
+/** @brief Submit \p job and wait for its commit. @returns as oq_task_job_result(). */
+int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *err);
+
+/**
+ * @brief The outcome of a job that completed.
+ * @param task set to the task's JSON as it stood at the commit (borrowed from the job).
+ * @returns 0 (new / replay), OQ_ECONFLICT, or the error that failed it.
+ */
+int oq_task_job_result(oq_task_job_t *job, oq_task_outcome_t *outcome, const json_t **task,
+                       oq_error_t *err);
+
+/**
+ * @brief The task \p task_id, or of (\p tenant, \p idem_key) when \p task_id is NULL, as JSON
+ *        (*out owned: json_decref). @returns 0, OQ_ENOTFOUND, or a database error.
+ */
+int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
+                         const char *idem_key, json_t **out, oq_error_t *err);
+
+/** @brief The same read on a caller's connection to calls.db (the CLI). */
+int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, const char *idem_key,
+                      json_t **out, oq_error_t *err);
+
+/** @brief Task ids newest first (\p status NULL = any), as a JSON array of task objects. */
+int oq_store_task_list(sqlite3 *db, const char *status, int limit, json_t **out, oq_error_t *err);
+
+/** @brief Non-zero for a terminal task status (succeeded, compensated, failed, needs_review). */
+int oq_task_status_terminal(const char *status);
+
+#endif
