@@ -736,22 +736,43 @@ int oq__producer_pg_delivery_mark(oq__producer_store_t *s, const oq__producer_de
     return rc;
 }
 
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err);
+
+int oq__producer_pg_delivery_of_call(oq__producer_store_t *s, const char *call_id,
+                                     oq__producer_delivery_t **rows, size_t *n, oq_error_t *err)
+{
+    return delivery_select(s, NULL, call_id, NULL, 0, rows, n, err);
+}
+
 int oq__producer_pg_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
                                   int limit, oq__producer_delivery_t **rows, size_t *n,
                                   oq_error_t *err)
 {
+    return delivery_select(s, id, NULL, state, limit, rows, n, err);
+}
+
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err)
+{
     num_t lim;
-    const char *p[] = {id ? id : state, num(&lim, limit > 0 ? limit : 100)};
+    const char *p[] = {id ? id : call_id ? call_id : state, num(&lim, limit > 0 ? limit : 100)};
     PGresult *r = NULL;
     *rows = NULL;
     *n = 0;
     int rc =
         id ? q(s, "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE delivery_id=$1", 1,
                p, &r, err)
-           : q(s,
-               "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state=$1 "
-               "ORDER BY updated_at, delivery_id LIMIT $2",
-               2, p, &r, err);
+        : call_id ? q(s, /* a call's: the UNIQUE(call_id, attempt) index */
+                      "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE call_id=$1 "
+                      "ORDER BY attempt",
+                      1, p, &r, err)
+                  : q(s,
+                      "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state=$1 "
+                      "ORDER BY updated_at, delivery_id LIMIT $2",
+                      2, p, &r, err);
     if (rc) return rc;
     int nt = PQntuples(r);
     if (nt > 0 && !(*rows = calloc((size_t)nt, sizeof **rows))) rc = oom(err);
