@@ -7,7 +7,7 @@
 # token, or by a tenant, is refused and changes nothing; with it, by an operator, it goes
 # through oq_webhooks_redrive (the function of `onceq dlq redrive --webhooks-db`), is audited on
 # the call with the operator's name, and the delivery is delivered once the receiver is fixed.
-# ctest-cost: 40
+# ctest-cost: 60
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
@@ -115,3 +115,16 @@ code=$(R "$OPT" -H "X-CSRF-Token: $csrf")
 [[ $code == 404 ]] || oq_fail "a second redrive of a delivered delivery: HTTP $code"
 grep -q "delivery_id=$ID by=console:ops" "$T/console.log" || oq_fail "redrive not logged with the operator"
 oq_pass "redrive from the console: refused without CSRF or by a tenant; done by oq_webhooks_redrive, audited with the operator, delivered"
+
+# --- the page, in headless Chromium --------------------------------------------------------------
+ID2=$(jq -r --arg id "$ID" '.dead[] | select(.tenant == "acme" and .delivery_id != $id) |
+    .delivery_id' "$T/w.json")
+ART=$ONCEQ_BUILD/console-webhooks-artefacts # test_console empties console-artefacts
+mkdir -p "$ART"
+timeout 180 "$PY" "$ONCEQ_SRC/tests/integration/console_webhooks_browser.py" \
+    "http://127.0.0.1:$CPORT/" "$ART" "$OPT" "$AT" "$ID2" "$OID" || oq_fail "browser checks failed"
+oq_wait_for 30 ok_for "$ID2" || oq_fail "$ID2 not delivered after its redrive from the page"
+for p in dlq-webhooks dlq-webhooks-redriven tenant-dlq-webhooks; do
+    [[ -s $ART/$p.png ]] || oq_fail "no screenshot $p.png"
+done
+oq_pass "browser: a tenant sees its own dead deliveries; the operator redrives one from the page (delivered); screenshots in $ART"
