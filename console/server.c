@@ -383,13 +383,10 @@ static enum MHD_Result api_call(oq_console_t *c, struct MHD_Connection *conn, co
 {
     oq_error_t err = {0};
     oq_dbh_t db = {0};
-    json_t *doc = NULL, *hooks = NULL;
+    json_t *doc = NULL;
     int rc = open_pdb(c, &db, &err);
     if (!rc) rc = oq_inspect_call(&db, c->cdb, id, &doc, &err);
-    if (!rc && (rc = oq_producer_db_webhooks(&db, id, &hooks, &err)) == 0)
-        json_object_set_new(doc, "webhooks", hooks); /* its deliveries, every attempt */
     close_pdb(c, &db);
-    if (rc) json_decref(doc);
     if (rc)
         return send_error(conn, status_of(rc), rc == OQ_ENOTFOUND ? "not_found" : "error",
                           rc == OQ_ENOTFOUND ? "no such call" : err.msg);
