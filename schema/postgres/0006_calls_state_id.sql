@@ -4,5 +4,6 @@
 -- backwards from the page's upper bound. Without it a rare status (needs_review, pending) meant
 -- reading the newest rows of every status until a page was full, and a page that was not full
 -- counted a window of 200,000 rows to tell whether older ones remained. SQLite needs no such
--- index: calls_state / calls_settled on (state) carry the rowid the page is keyed on.
+-- index: calls_settled on (state) (every status but pending) is (state, rowid) underneath, the
+-- rowid its pages are keyed on.
 CREATE INDEX calls_state_id ON onceq.calls (state, call_id);
