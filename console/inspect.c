@@ -6,7 +6,7 @@
  * backend (creation is not an audit row: a "submitted" row is made from created_at); the consumer
  * side is oq_review_show (execution, effect with the downstream's id, audit rows with worker,
  * attempt and fence). The rows of both are merged by time; within one millisecond the producer's
- * come first.
+ * come first. Beside them, the call's webhook deliveries (oq_producer_db_webhooks).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +50,7 @@ int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call
     oq_call_t c = {0};
     oq_audit_row_t *rows = NULL;
     size_t n = 0, nt = 0;
-    json_t *cons = NULL, *doc = NULL;
+    json_t *cons = NULL, *doc = NULL, *hooks = NULL;
     tl_row_t *tl = NULL;
     int rc = oq_producer_db_get(h, call_id, &c, err);
     if (rc) return rc;
@@ -59,6 +59,7 @@ int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call
         if (rc != OQ_ENOTFOUND) goto out;
         rc = 0;
     }
+    if ((rc = oq_producer_db_webhooks(h, call_id, &hooks, err)) != 0) goto out;
     json_t *ctl = json_object_get(cons, "timeline");
     if (!(tl = calloc(n + json_array_size(ctl) + 1, sizeof *tl))) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -80,11 +81,11 @@ int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call
                               json_integer_value(json_object_get(r, "fence"))};
     }
     qsort(tl, nt, sizeof *tl, tl_cmp);
-    doc = json_pack("{s:o, s:o, s:[]}", "call", oq_call_to_json(&c), "consumer",
+    doc = json_pack("{s:o, s:o, s:[], s:O}", "call", oq_call_to_json(&c), "consumer",
                     cons ? json_pack("{s:O, s:O}", "execution", json_object_get(cons, "execution"),
                                      "effect", json_object_get(cons, "effect"))
                          : json_null(),
-                    "timeline");
+                    "timeline", "webhooks", hooks);
     json_t *a = json_object_get(doc, "timeline");
     for (size_t i = 0; a && i < nt; i++)
         if (json_array_append_new(
@@ -102,6 +103,7 @@ int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call
     *out = doc;
 out:
     free(tl);
+    json_decref(hooks);
     json_decref(cons);
     oq_audit_free(rows, n);
     oq_call_clear(&c);

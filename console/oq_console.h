@@ -24,8 +24,9 @@
 /**
  * @brief One call's story, the document `onceq inspect --json` prints: {"call": the call's
  *        JSON, "consumer": {"execution", "effect"} or null, "timeline": [{"ts", "from"
- *        ("producer"|"consumer"), "event", "detail", "worker", "attempt", "fence"}]}, both
- *        databases' rows merged by time.
+ *        ("producer"|"consumer"), "event", "detail", "worker", "attempt", "fence"}], "webhooks":
+ *        the call's webhook deliveries (oq_producer_db_webhooks)}, both databases' rows merged
+ *        by time.
  * @param consumer_db effects.db, or NULL for the producer's side only.
  * @returns 0 with \p out a new reference, OQ_ENOTFOUND (not in \p db), OQ_EDB, OQ_ENOMEM.
  */

@@ -22,6 +22,9 @@
  * Dead letters: the relay's dead outbox rows (oq_relay_db_dead_list: not redriven, by design), and
  * with --brokers the DLQ topic's, listed and redriven by `onceq dlq` run as a child
  * (console/dlq.c), the redrive being a POST with the CSRF token, logged with the operator.
+ * The producer's dead webhook deliveries are listed and redriven by the functions of `onceq dlq
+ * --webhooks-db` (oq_webhooks_list, oq_webhooks_redrive: the redrive is audited on the call with
+ * the operator's name); a tenant sees its own, only an operator redrives.
  *
  * Sessions live in memory (a fixed table, the oldest replaced when full); a restart logs
  * everyone out. The charts' /api/metrics/N fetches the Nth --metrics-url server-side, so the
@@ -531,6 +534,63 @@ static enum MHD_Result api_redrive(oq_console_t *c, struct MHD_Connection *conn,
     return send_json(conn, code == 0 ? 200 : code == 4 ? 404 : code == 2 ? 400 : 502, r);
 }
 
+/* The producer's dead webhook deliveries, as `onceq dlq list --webhooks-db --json` lists them
+ * (oq_webhooks_list): a tenant sees its own only; the counts of pending and dead ones beside. */
+static enum MHD_Result api_webhooks(oq_console_t *c, struct MHD_Connection *conn,
+                                    const principal_t *p)
+{
+    oq_error_t err = {0};
+    oq_dbh_t db = {0};
+    json_t *a = NULL;
+    int64_t pending = 0, dead = 0;
+    int rc = oq_webhooks_list(c->pdb, NULL, 1000, &a, &err);
+    if (!rc && p->admin) {
+        rc = open_pdb(c, &db, &err);
+        if (!rc) rc = oq_producer_db_webhook_counts(&db, &pending, &dead, &err);
+        close_pdb(c, &db);
+    }
+    if (rc) {
+        json_decref(a);
+        return send_error(conn, status_of(rc), "error", err.msg);
+    }
+    if (!p->admin) /* another tenant's delivery: as if it did not exist */
+        for (size_t i = json_array_size(a); i-- > 0;) {
+            const char *t = json_string_value(json_object_get(json_array_get(a, i), "tenant"));
+            if (!t || strcmp(t, p->name) != 0) json_array_remove(a, i);
+        }
+    return send_json(conn, 200,
+                     json_pack("{s:o, s:o, s:I}", "dead", a, "pending",
+                               p->admin ? json_integer(pending) : json_null(), "dead_count",
+                               (json_int_t)(p->admin ? dead : (int64_t)json_array_size(a))));
+}
+
+/* `onceq dlq redrive ID --webhooks-db` (oq_webhooks_redrive, the same function), by an
+ * operator, with the CSRF token; audited on the call as "webhook_redriven" by console:NAME. */
+static enum MHD_Result api_webhook_redrive(oq_console_t *c, struct MHD_Connection *conn,
+                                           const principal_t *p, const body_t *b)
+{
+    oq_error_t err = {0};
+    if (!csrf_ok(conn, p))
+        return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing written");
+    if (!p->admin) return send_error(conn, 403, "forbidden", "only an operator may redrive");
+    json_t *in = b->buf ? json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    const char *id = json_string_value(json_object_get(in, "delivery_id"));
+    if (!id || strlen(id) != OQ_UUID_LEN || strspn(id, "0123456789abcdef-") != OQ_UUID_LEN) {
+        json_decref(in);
+        return send_error(conn, 400, "bad_request", "a JSON body {\"delivery_id\": \"UUID\"}");
+    }
+    char did[OQ_UUID_LEN + 1], by[OQ_MAX_NAME_LEN + 16];
+    snprintf(did, sizeof did, "%s", id);
+    json_decref(in);
+    snprintf(by, sizeof by, "console:%s", p->name);
+    int n = 0;
+    int rc = oq_webhooks_redrive(c->pdb, did, by, &n, &err);
+    OQ_LOG_INFO(COMP, "webhook redrive delivery_id=%s by=%s redriven=%d", did, by, rc ? -1 : n);
+    if (rc) return send_error(conn, status_of(rc), "error", err.msg);
+    if (!n) return send_error(conn, 404, "not_found", "no dead webhook delivery with this id");
+    return send_json(conn, 200, json_pack("{s:b, s:s}", "redriven", 1, "delivery_id", did));
+}
+
 static enum MHD_Result api_metrics(oq_console_t *c, struct MHD_Connection *conn, const char *which)
 {
     char *end = NULL;
@@ -629,6 +689,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return api_dlq(c, conn);
     }
     if (post && strcmp(r, "dlq/redrive") == 0) return api_redrive(c, conn, &p, b);
+    if (get && strcmp(r, "webhooks") == 0) return api_webhooks(c, conn, &p);
+    if (post && strcmp(r, "webhooks/redrive") == 0) return api_webhook_redrive(c, conn, &p, b);
     if (get && strncmp(r, "metrics/", 8) == 0) {
         if (!p.admin) return send_error(conn, 403, "forbidden", "operators only");
         return api_metrics(c, conn, r + 8);

@@ -828,7 +828,7 @@ static int do_webhooks(const oq_config_t *cfg, const char *action, const char *r
     }
     if (strcmp(action, "redrive") == 0) {
         int n = 0;
-        if (oq_webhooks_redrive(db, ref, &n, &err) != 0) {
+        if (oq_webhooks_redrive(db, ref, getenv("USER"), &n, &err) != 0) {
             fprintf(stderr, "onceq dlq redrive: %s: %s\n", shown, err.msg);
             return OQ_EXIT_FAIL;
         }

@@ -174,6 +174,16 @@ static int up_path(char *out, size_t n, const char *dir, const char *file)
     return (w < 0 || (size_t)w >= n) ? -1 : 0;
 }
 
+/* The PostgreSQL database of every stage, which `onceq up --db-url` hands to its children in
+ * their environment as ONCEQ_DB; NULL on SQLite. The console reads its two databases from
+ * ONCEQ_PRODUCER_DB and ONCEQ_CONSUMER_DB (set to it in up_spawn): never a password, nor even
+ * the string, in argv, where ps shows it. */
+static const char *up_pg_url(void)
+{
+    const char *u = getenv("ONCEQ_DB");
+    return u && oq_backend_of(u) == OQ_BACKEND_POSTGRES ? u : NULL;
+}
+
 /* Build the argv of one child. Strings in \p argv point into \p up or are literals. */
 static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
 {
@@ -260,10 +270,12 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         break;
     case UP_CONSOLE: /* no Kafka client of its own (onceq dlq is): none of the options below */
         argv[n++] = "console";
-        argv[n++] = "--producer-db";
-        argv[n++] = up->calls_db;
-        argv[n++] = "--consumer-db";
-        argv[n++] = up->effects_db;
+        if (!up_pg_url()) { /* on PostgreSQL: ONCEQ_PRODUCER_DB / ONCEQ_CONSUMER_DB (up_spawn) */
+            argv[n++] = "--producer-db";
+            argv[n++] = up->calls_db;
+            argv[n++] = "--consumer-db";
+            argv[n++] = up->effects_db;
+        }
         argv[n++] = "--listen";
         argv[n++] = (char *)oq_config_str(up->cfg, "console");
         if (oq_config_str(up->cfg, "token-file")) {
@@ -325,6 +337,12 @@ static int up_spawn(up_t *up, up_child_t *k)
     int logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (logfd < 0) {
         OQ_LOG_ERROR("up", "open %s: %s", logpath, strerror(errno));
+        return -1;
+    }
+    if (k->kind == UP_CONSOLE && up_pg_url() &&
+        (setenv("ONCEQ_PRODUCER_DB", up_pg_url(), 1) ||
+         setenv("ONCEQ_CONSUMER_DB", up_pg_url(), 1))) {
+        close(logfd);
         return -1;
     }
     pid_t parent = getpid();

@@ -214,6 +214,12 @@ int oq_producer_purge(oq_producer_t *p, int64_t now_ms, int64_t key_ttl_ms, int 
  * sqlite3-taking oq_store_* above reach: one code path per action on either backend.
  */
 
+/** @brief The webhook deliveries of \p call_id on \p h (every attempt, any state, by attempt;
+ *         the objects oq_webhooks_list() prints, without body): a new JSON array in \p out. */
+int oq_producer_db_webhooks(const oq_dbh_t *h, const char *call_id, json_t **out, oq_error_t *err);
+/** @brief Webhook deliveries pending and dead on \p h (the partial indexes). */
+int oq_producer_db_webhook_counts(const oq_dbh_t *h, int64_t *pending, int64_t *dead,
+                                  oq_error_t *err);
 /** @brief oq_store_get() on \p h. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
 int oq_producer_db_get(const oq_dbh_t *h, const char *call_id, oq_call_t *out, oq_error_t *err);
 /** @brief oq_store_get_by_key() on \p h. @returns 0, OQ_ENOTFOUND, OQ_EDB. */
@@ -376,9 +382,13 @@ int oq_webhooks_list(const char *db, const char *id, int limit, json_t **out, oq
 /**
  * @brief Give dead delivery \p id (or every dead one: "all") a fresh budget: pending, 0 tries,
  *        due now; the producer's sender sends it again (same id, same body). A delivery that is
- *        not dead is left alone. @param redriven receives how many were.
+ *        not dead is left alone. Each one redriven gets an audit row on its call, event
+ *        "webhook_redriven", detail {"delivery_id", "by": \p by}, in the same transaction.
+ *        `onceq dlq redrive --webhooks-db` and the console both call this.
+ * @param redriven receives how many were.
  */
-int oq_webhooks_redrive(const char *db, const char *id, int *redriven, oq_error_t *err);
+int oq_webhooks_redrive(const char *db, const char *id, const char *by, int *redriven,
+                        oq_error_t *err);
 
 /* --- HTTP --------------------------------------------------------------------------------- */
 

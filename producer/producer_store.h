@@ -291,6 +291,10 @@ int oq__producer_store_delivery_list(oq__producer_store_t *s, const char *id, co
                                      int limit, oq__producer_delivery_t **rows, size_t *n,
                                      oq_error_t *err);
 
+/** The deliveries of \p call_id (every attempt, any state), by attempt. */
+int oq__producer_store_delivery_of_call(oq__producer_store_t *s, const char *call_id,
+                                        oq__producer_delivery_t **rows, size_t *n, oq_error_t *err);
+
 /** A dead delivery back to `pending` with a fresh budget: tries 0, its age counted from \p now
  *  (created_at), due at \p now (\p changed: 1, or 0 when it is not dead). */
 int oq__producer_store_delivery_redrive(oq__producer_store_t *s, const char *id, int64_t now,
@@ -413,6 +417,8 @@ int oq__producer_pg_delivery_due(oq__producer_store_t *s, int64_t now, int cap,
                                  oq__producer_delivery_t *rows, int *n, oq_error_t *err);
 int oq__producer_pg_delivery_mark(oq__producer_store_t *s, const oq__producer_delivery_mark_t *m,
                                   int *changed, oq_error_t *err);
+int oq__producer_pg_delivery_of_call(oq__producer_store_t *s, const char *call_id,
+                                     oq__producer_delivery_t **rows, size_t *n, oq_error_t *err);
 int oq__producer_pg_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
                                   int limit, oq__producer_delivery_t **rows, size_t *n,
                                   oq_error_t *err);

@@ -610,21 +610,44 @@ int oq__producer_store_delivery_mark(oq__producer_store_t *s, const oq__producer
     return ret;
 }
 
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err);
+
 int oq__producer_store_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
                                      int limit, oq__producer_delivery_t **rows, size_t *n,
                                      oq_error_t *err)
 {
     if (s->pg) return oq__producer_pg_delivery_list(s, id, state, limit, rows, n, err);
+    return delivery_select(s, id, NULL, state, limit, rows, n, err);
+}
+
+int oq__producer_store_delivery_of_call(oq__producer_store_t *s, const char *call_id,
+                                        oq__producer_delivery_t **rows, size_t *n, oq_error_t *err)
+{
+    if (s->pg) return oq__producer_pg_delivery_of_call(s, call_id, rows, n, err);
+    return delivery_select(s, NULL, call_id, NULL, 0, rows, n, err);
+}
+
+/* One delivery (\p id), a call's (\p call_id: the UNIQUE(call_id, attempt) index), or up to
+ * \p limit in \p state. */
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err)
+{
     *rows = NULL;
     *n = 0;
     sqlite3_stmt *st = NULL;
     const char *sql = id ? "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE delivery_id=?1"
-                         : "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE state=?1 "
-                           "ORDER BY updated_at, delivery_id LIMIT ?2";
+                      : call_id ? "SELECT " DELIVERY_COLS
+                                  " FROM webhook_deliveries WHERE call_id=?1 "
+                                  "ORDER BY attempt"
+                                : "SELECT " DELIVERY_COLS " FROM webhook_deliveries WHERE state=?1 "
+                                  "ORDER BY updated_at, delivery_id LIMIT ?2";
     int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
     if (rc != SQLITE_OK) return oq_db_error(s->db, rc, err, "list webhook deliveries");
-    bind_text(st, 1, id ? id : state);
-    if (!id) sqlite3_bind_int(st, 2, limit > 0 ? limit : 100);
+    bind_text(st, 1, id ? id : call_id ? call_id : state);
+    if (!id && !call_id) sqlite3_bind_int(st, 2, limit > 0 ? limit : 100);
     int ret = 0;
     size_t cap = 0;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {

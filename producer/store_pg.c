@@ -736,22 +736,43 @@ int oq__producer_pg_delivery_mark(oq__producer_store_t *s, const oq__producer_de
     return rc;
 }
 
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err);
+
+int oq__producer_pg_delivery_of_call(oq__producer_store_t *s, const char *call_id,
+                                     oq__producer_delivery_t **rows, size_t *n, oq_error_t *err)
+{
+    return delivery_select(s, NULL, call_id, NULL, 0, rows, n, err);
+}
+
 int oq__producer_pg_delivery_list(oq__producer_store_t *s, const char *id, const char *state,
                                   int limit, oq__producer_delivery_t **rows, size_t *n,
                                   oq_error_t *err)
 {
+    return delivery_select(s, id, NULL, state, limit, rows, n, err);
+}
+
+static int delivery_select(oq__producer_store_t *s, const char *id, const char *call_id,
+                           const char *state, int limit, oq__producer_delivery_t **rows, size_t *n,
+                           oq_error_t *err)
+{
     num_t lim;
-    const char *p[] = {id ? id : state, num(&lim, limit > 0 ? limit : 100)};
+    const char *p[] = {id ? id : call_id ? call_id : state, num(&lim, limit > 0 ? limit : 100)};
     PGresult *r = NULL;
     *rows = NULL;
     *n = 0;
     int rc =
         id ? q(s, "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE delivery_id=$1", 1,
                p, &r, err)
-           : q(s,
-               "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state=$1 "
-               "ORDER BY updated_at, delivery_id LIMIT $2",
-               2, p, &r, err);
+        : call_id ? q(s, /* a call's: the UNIQUE(call_id, attempt) index */
+                      "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE call_id=$1 "
+                      "ORDER BY attempt",
+                      1, p, &r, err)
+                  : q(s,
+                      "SELECT " DELIVERY_COLS " FROM onceq.webhook_deliveries WHERE state=$1 "
+                      "ORDER BY updated_at, delivery_id LIMIT $2",
+                      2, p, &r, err);
     if (rc) return rc;
     int nt = PQntuples(r);
     if (nt > 0 && !(*rows = calloc((size_t)nt, sizeof **rows))) rc = oom(err);
@@ -852,8 +873,10 @@ static int page_query(oq__producer_store_t *s, const oq__producer_list_q_t *lq, 
     num_t a, b, lim, win;
     snprintf(sql, sizeof sql,
              "SELECT " CALL_COLS " FROM (SELECT * FROM onceq.calls WHERE call_id < $1 AND "
-             "call_id >= $2 ORDER BY call_id DESC LIMIT $9) w WHERE true%s%s%s%s%s "
+             "call_id >= $2%s ORDER BY call_id DESC LIMIT $9) w WHERE true%s%s%s%s "
              "ORDER BY call_id DESC LIMIT $8",
+             /* a status inside the window: the calls_state_id index (0006) walks that status's
+              * calls alone, so a rare one costs its page, not a window of every status */
              lq->state ? " AND state=$3" : " AND $3::text IS NULL",
              lq->tool ? " AND tool=$4" : " AND $4::text IS NULL",
              lq->tenant ? " AND tenant=$5" : " AND $5::text IS NULL",
@@ -943,12 +966,15 @@ int oq__producer_pg_list(oq__producer_store_t *s, const oq__producer_list_q_t *l
         /* not full: was the window cut short of the range? then the next page goes on from
          * the window's last position, whose calls this page leaves to it */
         num_t win;
-        const char *pw[] = {hi_s, lo_s, num(&win, OQ__PG_LIST_SCAN - 1)};
+        const char *pw[] = {hi_s, lo_s, num(&win, OQ__PG_LIST_SCAN - 1), lq->state};
         PGresult *r = NULL;
-        if ((rc = q(s,
-                    "SELECT call_id FROM onceq.calls WHERE call_id < $1 AND call_id >= $2 "
-                    "ORDER BY call_id DESC OFFSET $3 LIMIT 1",
-                    3, pw, &r, err))) {
+        if ((rc =
+                 q(s,
+                   lq->state ? "SELECT call_id FROM onceq.calls WHERE call_id < $1 AND call_id "
+                               ">= $2 AND state=$4 ORDER BY call_id DESC OFFSET $3 LIMIT 1"
+                             : "SELECT call_id FROM onceq.calls WHERE call_id < $1 AND call_id "
+                               ">= $2 AND $4::text IS NULL ORDER BY call_id DESC OFFSET $3 LIMIT 1",
+                   4, pw, &r, err))) {
             oq__producer_listed_free(v, (size_t)k);
             return rc;
         }

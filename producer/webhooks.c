@@ -561,7 +561,8 @@ out:
     return ret;
 }
 
-int oq_webhooks_redrive(const char *db, const char *id, int *redriven, oq_error_t *err)
+int oq_webhooks_redrive(const char *db, const char *id, const char *by, int *redriven,
+                        oq_error_t *err)
 {
     sqlite3 *sq = NULL;
     PGconn *pg = NULL;
@@ -572,16 +573,27 @@ int oq_webhooks_redrive(const char *db, const char *id, int *redriven, oq_error_
     if (ret) goto out;
     oq__producer_store_t s = {sq, NULL, pg};
     int all = strcmp(id, "all") == 0;
-    if (all && (ret = oq__producer_store_delivery_list(&s, NULL, "dead", 1000000, &rows, &n, err)))
+    /* the rows first: each redrive is audited on its call */
+    if ((ret = oq__producer_store_delivery_list(&s, all ? NULL : id, "dead", 1000000, &rows, &n,
+                                                err)))
         goto out;
     if ((ret = oq__producer_store_begin(&s, 10000, err))) goto out;
     int64_t now = oq_now_ms();
-    for (size_t i = 0; i < (all ? n : 1); i++) {
+    for (size_t i = 0; i < n; i++) {
         int changed = 0;
-        if ((ret = oq__producer_store_delivery_redrive(&s, all ? rows[i].delivery_id : id, now,
-                                                       &changed, err)))
+        if ((ret =
+                 oq__producer_store_delivery_redrive(&s, rows[i].delivery_id, now, &changed, err)))
             break;
+        if (!changed) continue;
         *redriven += changed;
+        json_t *d = json_pack("{s:s, s:s}", "delivery_id", rows[i].delivery_id, "by",
+                              by && by[0] ? by : "unknown");
+        char *t = d ? json_dumps(d, JSON_COMPACT) : NULL;
+        json_decref(d);
+        ret = t ? oq__producer_store_audit_add(&s, now, rows[i].call_id, "webhook_redriven", t, err)
+                : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        free(t);
+        if (ret) break;
     }
     if (!ret) ret = oq__producer_store_commit(&s, err);
     if (ret) oq__producer_store_rollback(&s);
@@ -592,4 +604,34 @@ out:
     if (sq) sqlite3_close_v2(sq);
     if (pg) PQfinish(pg);
     return ret;
+}
+
+/* --- a call's deliveries and the counts, on an operator's handle (the console) -------------- */
+
+int oq_producer_db_webhooks(const oq_dbh_t *h, const char *call_id, json_t **out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    oq__producer_delivery_t *rows = NULL;
+    size_t n = 0;
+    int ret = oq__producer_store_delivery_of_call(&s, call_id, &rows, &n, err);
+    json_t *a = ret ? NULL : json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, delivery_json(&rows[i], 0)) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    if (!ret && !a) ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (!ret) *out = a;
+    for (size_t i = 0; i < n; i++)
+        oq__producer_delivery_clear(&rows[i]);
+    free(rows);
+    return ret;
+}
+
+int oq_producer_db_webhook_counts(const oq_dbh_t *h, int64_t *pending, int64_t *dead,
+                                  oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    int64_t oldest = 0;
+    return oq__producer_store_delivery_counts(&s, pending, &oldest, dead, err);
 }

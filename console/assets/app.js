@@ -142,11 +142,21 @@ async function viewCall(id) {
       h('td', {class: 'event', text: r.event}),
       h('td', {class: 'mono', text: r.detail || ''}),
       h('td', {class: 'mono', text: r.worker ? r.worker + ' attempt=' + r.attempt + ' fence=' + r.fence : ''})));
+  const hooks = h('tbody');
+  for (const w of d.webhooks || [])
+    hooks.appendChild(h('tr', {'data-delivery-id': w.delivery_id},
+      h('td', {class: 'mono', text: w.delivery_id}), h('td', {text: String(w.attempt)}),
+      h('td', {class: 'wh-state', text: w.state}), h('td', {text: String(w.tries)}),
+      h('td', {text: w.last_status === null ? '-' : String(w.last_status)}),
+      h('td', {class: 'mono', text: w.last_error || ''}), h('td', {class: 'mono', text: w.url})));
   const extra = c.status === 'needs_review' ? h('p', {}, 'In review: ',
       h('a', {href: '#/review', text: 'decide it on the review page'})) : null;
   page().replaceChildren(h('h1', {text: 'Call ' + c.call_id}), kv, extra, h('h2', {text: 'Timeline'}),
     h('table', {id: 'timeline'}, h('thead', {}, h('tr', {}, ['time', 'from', 'event', 'detail',
-                                                            'worker'].map(t => h('th', {text: t})))), tbody));
+                                                            'worker'].map(t => h('th', {text: t})))), tbody),
+    (d.webhooks || []).length ? h('h2', {text: 'Webhook deliveries'}) : null,
+    (d.webhooks || []).length ? h('table', {id: 'webhooks'}, h('thead', {}, h('tr', {}, ['delivery', 'attempt',
+      'state', 'tries', 'last status', 'last error', 'url'].map(t => h('th', {text: t})))), hooks) : null);
 }
 
 // --- review --------------------------------------------------------------------------------
@@ -208,7 +218,44 @@ async function redrive(ref) {
   await viewDlq(true);
 }
 
+async function redriveWebhook(id) {
+  try {
+    await api('webhooks/redrive', {method: 'POST', headers: {'Content-Type': 'application/json',
+                                                              'X-CSRF-Token': me.csrf},
+                                   body: JSON.stringify({delivery_id: id})});
+    say('redriven webhook delivery ' + id + ': the producer sends it again (same id)', 'ok');
+  } catch (e) { say('redrive refused: ' + e.message, 'error'); }
+  await viewDlq(true);
+}
+
+// The producer's dead webhook deliveries (as onceq dlq list --webhooks-db shows them).
+function webhooksSection(w) {
+  const tb = h('tbody');
+  for (const r of w.dead)
+    tb.appendChild(h('tr', {'data-delivery-id': r.delivery_id},
+      h('td', {class: 'mono'}, h('a', {href: '#/call/' + r.call_id, text: r.call_id})),
+      h('td', {class: 'mono', text: r.url}), h('td', {text: String(r.tries)}),
+      h('td', {text: r.last_status === null ? '-' : String(r.last_status)}),
+      h('td', {class: 'mono', text: r.last_error || ''}),
+      h('td', {text: Math.round((Date.now() - r.created_at) / 1000) + 's'}),
+      h('td', {}, me.admin ? h('button', {class: 'wh-redrive-btn', onclick: () => redriveWebhook(r.delivery_id)},
+                               'Redrive') : null)));
+  if (!w.dead.length) tb.appendChild(h('tr', {}, h('td', {colspan: 7, class: 'muted', text: 'no dead webhook deliveries'})));
+  return h('div', {}, h('h2', {text: 'Webhook deliveries'}),
+    h('p', {class: 'muted', id: 'webhook-counts', text: (w.pending === null ? '' : w.pending + ' pending, ') +
+      w.dead_count + ' dead. Deliveries that ran out of tries; fix the receiver, then redrive ' +
+      '(onceq dlq redrive ID --webhooks-db): sent again with the same id and body.'}),
+    h('table', {id: 'dlq-webhooks'}, h('thead', {}, h('tr', {}, ['call', 'url', 'tries', 'last status',
+      'last error', 'age', ''].map(t => h('th', {text: t})))), tb));
+}
+
 async function viewDlq(keepMsg) {
+  const w = await api('webhooks');
+  if (!me.admin) { /* a tenant: its own webhook deliveries only */
+    if (!keepMsg) say('');
+    page().replaceChildren(h('h1', {text: 'Dead letters'}), webhooksSection(w));
+    return;
+  }
   const d = await api('dlq');
   if (!keepMsg) say('');
   const topic = h('tbody');
@@ -227,7 +274,7 @@ async function viewDlq(keepMsg) {
       h('td', {text: r.reason}), h('td', {class: 'mono', text: r.key}), h('td', {text: r.payload_bytes}),
       h('td', {text: r.handled_at === null ? 'no' : 'yes'})));
   if (!d.outbox_dead.length) tbody.appendChild(h('tr', {}, h('td', {colspan: 6, class: 'muted', text: 'no dead outbox rows'})));
-  page().replaceChildren(h('h1', {text: 'Dead letters'}),
+  page().replaceChildren(h('h1', {text: 'Dead letters'}), webhooksSection(w),
     h('h2', {text: 'DLQ topic'}),
     d.topic === null ? h('p', {class: 'muted', text: 'The console was started without --brokers: the DLQ topic is not shown.'})
       : !Array.isArray(d.topic) ? h('p', {class: 'muted', text: 'onceq dlq list: ' + d.topic.error})
@@ -275,6 +322,9 @@ const CHARTS = [
    series: [['relay pending rows', ms => sum(ms, 'onceq_relay_pending_rows')],
             ['outbox pending', ms => sum(ms, 'onceq_producer_outbox_pending')],
             ['consumer lag', ms => sum(ms, 'onceq_consumer_lag')]]},
+  {id: 'chart-webhooks', title: 'webhook deliveries: pending and dead',
+   series: [['pending', ms => sum(ms, 'onceq_webhook_pending')],
+            ['dead', ms => sum(ms, 'onceq_webhook_dead')]]},
   {id: 'chart-recovery', title: 'recovery time: UNKNOWN to decided (mean s over 2 s)',
    series: [['mean s', ms => [sum(ms, 'onceq_consumer_unknown_resolved_seconds_sum'),
                               sum(ms, 'onceq_consumer_unknown_resolved_seconds_count')], 'ratio']]},
@@ -362,7 +412,7 @@ async function route() {
   me = await api('me');
   document.getElementById('who').textContent =
       (me.admin ? 'operator ' : 'tenant ') + me.name + (me.tokens ? '' : ' (loopback, no tokens)');
-  if (!me.admin) for (const id of ['nav-dlq', 'nav-charts']) document.getElementById(id).remove();
+  if (!me.admin) for (const id of ['nav-charts']) document.getElementById(id).remove();
   window.addEventListener('hashchange', route);
   route();
   try { const r = await api('review'); document.getElementById('review-count').textContent = r.count || ''; } catch (e) {}

@@ -488,6 +488,17 @@ static void test_webhook_rows(void **state)
     commit(f);
     assert_int_equal(oq__producer_store_delivery_counts(&f->s, &pending, &oldest, &dead, &err), 0);
     assert_int_equal(pending + dead, 0);
+    /* a call's deliveries, any state (the console's call page); none for a call without one */
+    assert_int_equal(oq__producer_store_delivery_of_call(&f->s, a.call_id, &rows, &nr, &err), 0);
+    assert_int_equal(nr, 1);
+    assert_string_equal(rows[0].delivery_id, d->delivery_id);
+    assert_string_equal(rows[0].state, "delivered");
+    assert_int_equal(rows[0].last_status, 204);
+    oq__producer_delivery_clear(&rows[0]);
+    free(rows);
+    assert_int_equal(oq__producer_store_delivery_of_call(&f->s, b.call_id, &rows, &nr, &err), 0);
+    assert_int_equal(nr, 0);
+    free(rows);
     oq__producer_delivery_clear(d);
     oq_call_clear(&a);
     oq_call_clear(&b);
