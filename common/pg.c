@@ -35,7 +35,7 @@
 
 const char *const oq_migrations_postgres[] = {
     "postgres/0001_producer.sql", "postgres/0002_submit.sql",         "postgres/0003_consumer.sql",
-    "postgres/0004_webhooks.sql", "postgres/0006_calls_state_id.sql", NULL,
+    "postgres/0004_webhooks.sql", "postgres/0005_calls_state_id.sql", NULL,
 };
 
 /* The advisory lock key of the migrations: any constant of our own ("onceq" in ASCII). */

@@ -149,7 +149,7 @@ typedef struct {
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     char drain[32];                               /* "<ms>ms" for the consumers' argv, or "" */
     int embedded;
-    int on_pg; /* --db-url: the children read ONCEQ_DB, the console is off */
+    int on_pg; /* --db-url: the children read ONCEQ_DB (the console ONCEQ_PRODUCER_DB/CONSUMER_DB) */
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
     char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
@@ -511,7 +511,7 @@ static void up_print_where(const up_t *up)
         if (up->metrics_listen[i][0])
             printf("  metrics   http://%s/metrics  %s (/healthz, /readyz)\n", up->metrics_listen[i],
                    up->kids[i].name);
-    const char *cl = up->on_pg ? NULL : oq_config_str(up->cfg, "console");
+    const char *cl = oq_config_str(up->cfg, "console");
     if (cl && cl[0])
         printf("  console   http://%s/  (onceq console: calls, timelines, review, charts)\n", cl);
     for (int i = 0; i < up->nkids; i++)
@@ -688,10 +688,6 @@ int oq__cmd_up(int argc, char **argv)
         snprintf(k->name, sizeof k->name, "consumer-%d", i + 1);
     }
     const char *console_listen = oq_config_str(cfg, "console");
-    if (up->on_pg && console_listen && console_listen[0]) {
-        OQ_LOG_INFO("up", "no console: onceq console reads SQLite files only (--db-url)");
-        console_listen = NULL;
-    }
     if (console_listen && console_listen[0] && up->nkids < UP_MAX_CHILDREN) {
         /* the daemons' /metrics for its charts: the producer's, then those of --metrics-base-port
          */
