@@ -21,6 +21,8 @@
 #              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
 # 11. mcp:     tools/call round trips through /mcp vs POST /v1/tool-calls + wait, same run,
 #              compiled and HTTP tools: the ratio and the gateway's added latency p50/p99
+# 12. dbos:    a DBOS workflow (SQLite system database, one step POSTing to onceq-downstream)
+#              vs onceq submit + wait, 1 and 32 client threads, same run (bench/dbos_baseline.sh)
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -120,3 +122,11 @@ fi
 MCP_CALLS=$(((quick)) && echo 1000 || echo 3000)
 echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
 "$BENCH" mcp --onceq "$BIN" --calls "$MCP_CALLS" --conns 16
+
+# 12. The durable-execution baseline: a DBOS workflow (Python's dbos from PyPI, in a venv under
+# the build directory; SQLite system database) with one step that POSTs the payment to the same
+# onceq-downstream, vs onceq's submit + wait, closed loop with 1 and 32 client threads, same run
+# (bench/dbos_baseline.sh); skipped with a note without python3-venv or PyPI.
+DBOS_N=$(((quick)) && echo 500 || echo 2000)
+echo; echo "## 12. durable-execution baseline: DBOS workflow vs onceq submit + wait, 1 and 32 threads (bench/dbos_baseline.sh)"
+DBOS_CALLS_N=$DBOS_N bash "$ROOT/bench/dbos_baseline.sh" "$BIN"
