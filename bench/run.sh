@@ -3,7 +3,7 @@
 # `make bench`: every onceq benchmark, each with its same-run baseline, on this machine.
 #
 #   bench/run.sh [path/to/onceq]        env: BENCH_QUICK=1 for a short run (smaller sizes),
-#                                       BENCH_BACKENDS_ONLY=1 for section 12 alone
+#                                       BENCH_BACKENDS_ONLY=1 for section 13 alone
 #
 # The benchmarks are the onceq-bench program next to that onceq (or ONCEQ_BENCH_BIN); the
 # e2e benchmark runs that onceq.
@@ -22,7 +22,9 @@
 #              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
 # 11. mcp:     tools/call round trips through /mcp vs POST /v1/tool-calls + wait, same run,
 #              compiled and HTTP tools: the ratio and the gateway's added latency p50/p99
-# 12. backends: submit, consumer and e2e (closed loop) once on SQLite and once on PostgreSQL
+# 12. dbos:    a DBOS workflow (SQLite system database, one step POSTing to onceq-downstream)
+#              vs onceq submit + wait, 1 and 32 client threads, same run (bench/dbos_baseline.sh)
+# 13. backends: submit, consumer and e2e (closed loop) once on SQLite and once on PostgreSQL
 #              (a private cluster of scripts/pg.sh in the scratch folder, fsync on,
 #              synchronous_commit=on: the same durability as SQLite's FULL), side by side, with
 #              CPU and bytes written per call (this host's processes and the server's, from
@@ -128,11 +130,19 @@ fi
 MCP_CALLS=$(((quick)) && echo 1000 || echo 3000)
 echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
 "$BENCH" mcp --onceq "$BIN" --calls "$MCP_CALLS" --conns 16
+
+# 12. The durable-execution baseline: a DBOS workflow (Python's dbos from PyPI, in a venv under
+# the build directory; SQLite system database) with one step that POSTs the payment to the same
+# onceq-downstream, vs onceq's submit + wait, closed loop with 1 and 32 client threads, same run
+# (bench/dbos_baseline.sh); skipped with a note without python3-venv or PyPI.
+DBOS_N=$(((quick)) && echo 500 || echo 2000)
+echo; echo "## 12. durable-execution baseline: DBOS workflow vs onceq submit + wait, 1 and 32 threads (bench/dbos_baseline.sh)"
+DBOS_CALLS_N=$DBOS_N bash "$ROOT/bench/dbos_baseline.sh" "$BIN"
 fi # BENCH_BACKENDS_ONLY
-# 12. Both backends, side by side, same durability, same sizes, one run.
+# 13. Both backends, side by side, same durability, same sizes, one run.
 B_SECS=$(((quick)) && echo 3s || echo 5s)
 B_CALLS=$(((quick)) && echo 2000 || echo 5000)
-echo; echo "## 12. backends side by side: submit --duration $B_SECS, consumer --calls $B_CALLS, e2e --calls $B_CALLS --rate 0 --conns 64 (SQLite synchronous=FULL vs PostgreSQL fsync=on synchronous_commit=on)"
+echo; echo "## 13. backends side by side: submit --duration $B_SECS, consumer --calls $B_CALLS, e2e --calls $B_CALLS --rate 0 --conns 64 (SQLite synchronous=FULL vs PostgreSQL fsync=on synchronous_commit=on)"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     echo "skipped: needs Debian's postgresql package (apt-get install postgresql)"
 else

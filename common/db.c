@@ -37,6 +37,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -350,12 +351,23 @@ int oq_db_exec(sqlite3 *db, const char *sql, oq_error_t *err)
     return oq_db_error(db, rc, err, what);
 }
 
+/* Time this process spent taking SQLite's write lock (BEGIN IMMEDIATE, busy waits included). */
+static _Atomic int64_t lock_wait_us;
+
+int64_t oq_db_lock_wait_us(void)
+{
+    return atomic_load(&lock_wait_us);
+}
+
 int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
 {
-    int64_t deadline = oq_mono_us() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000;
+    int64_t t0 = oq_mono_us();
+    int64_t deadline = t0 + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000;
     int64_t sleep_ms = 1;
     for (;;) {
         int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        atomic_fetch_add(&lock_wait_us, oq_mono_us() - t0);
+        t0 = oq_mono_us();
         if (rc == SQLITE_OK) return 0;
         int primary = rc & 0xff;
         if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || oq_mono_us() >= deadline)

@@ -90,6 +90,9 @@ int oq_db_exec(sqlite3 *db, const char *sql, oq_error_t *err);
  *        handler) elapses. @returns 0, OQ_EBUSY or OQ_EDB.
  */
 int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err);
+/** @brief Microseconds this process spent in oq_db_begin_immediate() (taking the write lock,
+ *        busy waits included), over all connections: SQLite's busy time. */
+int64_t oq_db_lock_wait_us(void);
 int oq_db_commit(sqlite3 *db, oq_error_t *err);
 /** @brief ROLLBACK if a transaction is open; never fails loudly. */
 void oq_db_rollback(sqlite3 *db);

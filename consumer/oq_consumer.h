@@ -182,8 +182,9 @@ typedef struct oq_consumer_opts {
                                         >= the producer's key_ttl and the topic's retention */
     const char *tools_path;        /**< tools file of HTTP tools (NULL: compiled tools only); a
                                         name declared there and compiled in is an error */
-    int http_inflight;             /**< outside requests running at once (default 1024); more
-                                        wait in the dispatcher's queue, their leases renewed */
+    int http_inflight;             /**< outside requests running at once (default 256); as many
+                                        more wait in the dispatcher's queue, their leases
+                                        renewed; the rest stays in Kafka */
     int lookup_budget;             /**< undecided lookups per unknown outcome before it goes to
                                         review (or, for a tool that honours keys, is resent);
                                         default 5 */

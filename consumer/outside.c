@@ -130,6 +130,38 @@ static void count_request(oq_consumer_t *c, const oq__job_t *j)
     oq__lat_ring_add(&tm->ring, (double)j->elapsed_us / 1000.0);
 }
 
+/*
+ * Admission. Every job the worker holds has its execution STARTED and leased: the call is the
+ * worker's until its outcome is written. So it takes no more than it can finish inside its
+ * lease: at most twice --http-inflight (one window of requests running, one queued behind it,
+ * so the executor never idles between batches), and, once the rate at which outcomes come back
+ * is known, at most what that rate finishes in half a lease (never under --http-inflight, so a
+ * slow start cannot shut the door). The rest stays in Kafka, where another worker of the group
+ * can take it, instead of queueing here with its lease ticking: before this, a worker took up
+ * to four times --http-inflight (4,096) and the queue it built was the backlog the results
+ * waited behind.
+ */
+int oq__outside_admit_limit(oq_consumer_t *c, int64_t now_us)
+{
+    uint64_t n = atomic_load(&c->n_requests);
+    if (c->rate_t0_us == 0) {
+        c->rate_t0_us = now_us;
+        c->rate_n0 = n;
+    } else if (now_us - c->rate_t0_us >= 1000000) {
+        double r = (double)(n - c->rate_n0) * 1e6 / (double)(now_us - c->rate_t0_us);
+        c->out_rate = c->out_rate > 0 ? 0.5 * c->out_rate + 0.5 * r : r;
+        c->rate_t0_us = now_us;
+        c->rate_n0 = n;
+    }
+    int64_t limit = 2 * (int64_t)c->o.http_inflight;
+    if (c->out_rate > 0) {
+        int64_t in_lease = (int64_t)(c->out_rate * (double)c->o.lease_ms / 2000.0);
+        if (in_lease < c->o.http_inflight) in_lease = c->o.http_inflight;
+        if (in_lease < limit) limit = in_lease;
+    }
+    return (int)limit;
+}
+
 /* Takes the done jobs for the next transaction (they stay registered until it commits). */
 void oq__outside_take(oq_consumer_t *c)
 {

@@ -57,6 +57,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "oq_cli.h"
+#include "oq_db.h"
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_pg.h"
@@ -106,8 +107,9 @@ const oq_setting_t oq_consumer_settings[] = {
      "do not publish results (another process relays effects.db)"},
     {"tools", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "tools file declaring HTTP tools (JSON; see examples/tools.json)"},
-    {"http-inflight", OQ_SET_INT, "1024", 1, 65536, NULL,
-     "outside requests running at once (more wait in a queue, leases renewed)"},
+    {"http-inflight", OQ_SET_INT, "256", 1, 65536, NULL,
+     "outside requests running at once (as many more may wait in a queue, leases renewed; the "
+     "rest stays in Kafka)"},
     {"lookup-attempts", OQ_SET_INT, "5", 1, 1000, NULL,
      "undecided lookups of an unknown outcome before it goes to review"},
     {"drain", OQ_SET_DURATION, NULL, 0, 600000, NULL,
@@ -754,7 +756,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     if (c->o.retention_ms == 0) c->o.retention_ms = 7LL * 86400000;
     if (c->o.retention_ms > 0 && c->o.retention_ms < c->o.inbox_retention_ms)
         c->o.retention_ms = c->o.inbox_retention_ms; /* an execution outlives its inbox row */
-    if (c->o.http_inflight <= 0) c->o.http_inflight = 1024;
+    if (c->o.http_inflight <= 0) c->o.http_inflight = 256;
     c->policy.max_attempts = c->o.max_attempts;
     c->policy.base_ms = c->o.retry_base_ms > 0 ? c->o.retry_base_ms : 200;
     c->policy.max_ms = c->o.retry_max_ms > 0 ? c->o.retry_max_ms : 30000;
@@ -1043,10 +1045,12 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
     while (!c->stop) {
         retention_check_poll(c);
         /* collect a batch: wait briefly for the first message (an answered outside request
-         * cuts the wait short), then take what is there; with too many outside requests in
-         * flight, take no new message until some are answered */
+         * cuts the wait short), then take what is there; holding as many outside jobs as it
+         * may (oq__outside_admit_limit), take no new message until some are answered */
         int64_t t0 = oq_mono_us();
-        int full = c->disp && oq__dispatch_count(c->disp) >= 4 * c->o.http_inflight;
+        int held = c->disp ? oq__dispatch_count(c->disp) : 0;
+        int admit = c->disp ? oq__outside_admit_limit(c, t0) : INT32_MAX;
+        int full = held >= admit;
         rd_kafka_message_t *m = NULL;
         if (full)
             oq_sleep_ms(oq__dispatch_has_done(c->disp) ? 0 : 5, &c->stop);
@@ -1063,7 +1067,7 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
                 c->batch_t0[c->nbatch] = t0;
                 c->batch[c->nbatch++] = m;
             }
-            if (c->nbatch >= c->o.batch) break;
+            if (c->nbatch >= c->o.batch || held + c->nbatch >= admit) break;
             m = rd_kafka_consumer_poll(c->rk, 0);
         }
         int64_t now = oq_mono_us();
@@ -1110,9 +1114,11 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
     OQ_LOG_INFO(
         OQ__COMP,
         "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64 " (commit=%" PRId64
-        ") poll-collect=%" PRId64 " schedule=%" PRId64 " recover=%" PRId64,
+        ") poll-collect=%" PRId64 " schedule=%" PRId64 " recover=%" PRId64
+        "; write-lock wait ms (all threads)=%" PRId64 " outside requests=%llu",
         c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
-        c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000);
+        c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000,
+        oq_db_lock_wait_us() / 1000, (unsigned long long)atomic_load(&c->n_requests));
     process_batch(c);
     /* outside requests: the drain. Nothing new starts; the running ones may answer for up to
      * --drain and their outcomes commit as they come (leases renewed meanwhile); the ones still

@@ -126,6 +126,11 @@ struct oq_consumer {
     int nsends, csends;
     oq__job_t *outcomes; /* done jobs taken, written by the next batch transaction */
     int noutcomes;
+    /* admission of outside calls (main thread): outcomes per second, measured over ~1 s
+     * windows (EWMA), and the window's start; oq__outside_admit_limit() */
+    double out_rate;
+    int64_t rate_t0_us;
+    uint64_t rate_n0;
     atomic_int recover_now;
     oq__exec_row_t *lookups; /* recovery's RECONCILING rows (OQ__RECOVER_CAP) */
 
@@ -239,6 +244,9 @@ void oq__outside_flush(oq_consumer_t *c);
 void oq__outside_send_lookups(oq_consumer_t *c, int n);
 /** @brief Take the done jobs for the next transaction. @locality main thread. */
 void oq__outside_take(oq_consumer_t *c);
+/** How many outside jobs (started, leased, not yet written) the worker may hold at \p now_us:
+ *  it takes no new message from Kafka at or above it. Main thread. */
+int oq__outside_admit_limit(oq_consumer_t *c, int64_t now_us);
 /** @brief Forget the taken jobs (their outcomes are committed). @locality main thread. */
 void oq__outside_forget(oq_consumer_t *c);
 /** @brief In tx: write the outcome of the done job \p j. @locality main thread. */

@@ -82,6 +82,10 @@ struct oq__writer {
     oq_metric_t *m_new, *m_replay, *m_conflict, *m_reset, *m_failed, *m_too_large;
     oq_metric_t *m_batch, *m_commit, *m_wait, *m_queue, *m_batches, *m_wcpu, *m_redrives;
     double cpu_s; /* writer thread CPU in batches, the value of m_wcpu */
+    /* the writer's time split (writer thread; counters, and logged at close): running the
+     * submits, applying the results, the commits; and how many of each */
+    int64_t t_submit_us, t_results_us, t_commit_us, n_submits, n_results, n_batches;
+    oq_metric_t *m_tsplit[3];
     /* background checkpointer (see the file comment) */
     int ckpt_pages;
     sqlite3 *cdb;
@@ -124,6 +128,20 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
     return oq__decide_results(s, r->envs, r->n, r->outcomes, now, w->key_ttl_ms, &it->err);
 }
 
+/** The writer's time split: \p us spent running the item \p it (before the commit). */
+static void note_item(oq__writer_t *w, const oq__work_t *it, int64_t us)
+{
+    if (it->kind == OQ__WORK_SUBMIT) {
+        w->t_submit_us += us;
+        w->n_submits++;
+        oq_counter_set(w->m_tsplit[0], (double)w->t_submit_us / 1e6);
+    } else if (it->kind == OQ__WORK_RESULTS) {
+        w->t_results_us += us;
+        w->n_results += ((const oq__results_t *)it)->n;
+        oq_counter_set(w->m_tsplit[1], (double)w->t_results_us / 1e6);
+    }
+}
+
 /** Run \p n items in one transaction. @returns 0, or the batch-level error (all items
  *  failed); \p item_failed is set when one item's database error caused it. */
 static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_failed)
@@ -136,7 +154,9 @@ static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_faile
     if (ret) goto fail;
     for (int i = 0; i < n; i++) {
         oq__work_t *it = items[i];
+        int64_t ti = oq_mono_us();
         it->rc = run_item(w, &s, it, now);
+        note_item(w, it, oq_mono_us() - ti);
         if (is_db_error(it->rc)) {
             *item_failed = 1;
             err = it->err;
@@ -147,7 +167,11 @@ static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_faile
     }
     int64_t t0 = oq_mono_us();
     ret = oq__producer_store_commit(&s, &err);
-    oq_histogram_observe(w->m_commit, (double)(oq_mono_us() - t0) / 1e6);
+    int64_t tc = oq_mono_us() - t0;
+    oq_histogram_observe(w->m_commit, (double)tc / 1e6);
+    w->t_commit_us += tc;
+    w->n_batches++;
+    oq_counter_set(w->m_tsplit[2], (double)w->t_commit_us / 1e6);
     if (ret) {
         oq__producer_store_rollback(&s);
         goto fail;
@@ -527,6 +551,11 @@ static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
                                          lat, sizeof lat / sizeof lat[0]);
     w->m_queue =
         oq_metrics_gauge(m, "onceq_producer_queue_depth", "Submits waiting for the writer", NULL);
+    static const char *const split[3] = {"work=\"submits\"", "work=\"results\"", "work=\"commit\""};
+    for (int i = 0; i < 3; i++)
+        w->m_tsplit[i] = oq_metrics_counter(
+            m, "onceq_producer_writer_seconds_total",
+            "Writer thread time: running submits, applying results, committing", split[i]);
     w->m_wcpu = oq_metrics_counter(m, "onceq_producer_writer_cpu_seconds_total",
                                    "CPU time of the writer thread in batches (SQL + commit)", NULL);
 }
@@ -606,7 +635,15 @@ void oq__writer_close(oq__writer_t *w)
     w->stopping = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    if (w->started) pthread_join(w->th, NULL);
+    if (w->started) {
+        pthread_join(w->th, NULL);
+        OQ_LOG_INFO("producer",
+                    "writer stopped: batches=%lld submits=%lld results=%lld ms: submits=%lld "
+                    "results=%lld commit=%lld",
+                    (long long)w->n_batches, (long long)w->n_submits, (long long)w->n_results,
+                    (long long)(w->t_submit_us / 1000), (long long)(w->t_results_us / 1000),
+                    (long long)(w->t_commit_us / 1000));
+    }
     pthread_mutex_lock(&w->cmu);
     w->ckpt_stop = 1;
     pthread_cond_signal(&w->ccv);

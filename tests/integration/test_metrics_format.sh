@@ -70,6 +70,7 @@ scrape b
 
 "$PY" "$CHECK" producer "$T/producer.a.prom" "$T/producer.b.prom" \
     'onceq_producer_calls{status}' onceq_producer_submits_total onceq_producer_writer_cpu_seconds_total \
+    'onceq_producer_writer_seconds_total{work}' onceq_producer_results_lag_seconds_count \
     onceq_producer_outbox_pending onceq_http_responses_total ||
     oq_fail "producer metrics"
 "$PY" "$CHECK" relay "$T/relay.a.prom" "$T/relay.b.prom" onceq_relay_published_total \
