@@ -29,10 +29,13 @@ static const oq_setting_t bench_settings[] = {
     {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
      "max wait to grow a group commit: 0 = adaptive, -1 = off"},
     {"keep", OQ_SET_BOOL, "false", 0, 0, NULL, "keep the scratch databases"},
+    {"pg", OQ_SET_STRING, "", 0, 4096, NULL,
+     "also run the onceq side on this PostgreSQL database (libpq URI), right after SQLite"},
 };
 
 static const char bench_usage[] =
-    "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full]";
+    "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full] "
+    "[--pg URL]";
 
 typedef struct lat {
     int64_t *v;
@@ -138,6 +141,7 @@ static int baseline(const char *path, const char *sync, int64_t dur_ms, double *
 
 typedef struct worker {
     oq_producer_t *p;
+    const char *tag; /* key prefix: unique per run (a PostgreSQL database is not fresh) */
     int id;
     int64_t end_us;
     int64_t n, errors;
@@ -151,7 +155,7 @@ static void *worker_main(void *arg)
     json_t *args = json_loads(ARGS, 0, NULL);
     char key[64];
     while (oq_mono_us() < w->end_us) {
-        snprintf(key, sizeof key, "bench-%d-%lld", w->id, (long long)w->n);
+        snprintf(key, sizeof key, "%s-%d-%lld", w->tag, w->id, (long long)w->n);
         oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         int64_t s = oq_mono_us();
@@ -164,13 +168,95 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* One measured run of the onceq side on \p db (an SQLite path or a PostgreSQL URI). */
+typedef struct orun {
+    double rate, cpu_s, batches, items, wcpu, commit_s;
+    int64_t total, errors;
+    lat_t all;
+} orun_t;
+
+static int run_onceq(const char *db, const char *tag, int nth, int64_t dur, const char *sync,
+                     int commit_delay_us, orun_t *o)
+{
+    memset(o, 0, sizeof *o);
+    oq_metrics_t *m = oq_metrics_new();
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t opts = {
+        .synchronous = sync, .metrics = m, .commit_delay_us = commit_delay_us};
+    if (!m || oq_producer_open(db, &opts, &p, &err) != 0) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        oq_metrics_destroy(m);
+        return -1;
+    }
+    worker_t *w = calloc((size_t)nth, sizeof *w);
+    struct timespec pc0, pc1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc0);
+    int64_t t0 = oq_mono_us(), end = t0 + dur * 1000;
+    for (int i = 0; i < nth; i++) {
+        w[i].p = p;
+        w[i].tag = tag;
+        w[i].id = i;
+        w[i].end_us = end;
+        pthread_create(&w[i].th, NULL, worker_main, &w[i]);
+    }
+    for (int i = 0; i < nth; i++) {
+        pthread_join(w[i].th, NULL);
+        o->total += w[i].n;
+        o->errors += w[i].errors;
+        for (size_t k = 0; k < w[i].lat.n; k++)
+            lat_add(&o->all, w[i].lat.v[k]);
+        free(w[i].lat.v);
+    }
+    o->rate = (double)o->total * 1e6 / (double)(oq_mono_us() - t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc1);
+    o->cpu_s = (double)(pc1.tv_sec - pc0.tv_sec) + (double)(pc1.tv_nsec - pc0.tv_nsec) / 1e9;
+    oq_producer_close(p);
+    free(w);
+    qsort(o->all.v, o->all.n, sizeof *o->all.v, cmp64);
+
+    char *text = NULL;
+    size_t tl = 0;
+    if (oq_metrics_render(m, &text, &tl) == 0 && text) {
+        char *s = strstr(text, "onceq_producer_batch_size_sum ");
+        if (s) o->items = atof(s + strlen("onceq_producer_batch_size_sum "));
+        s = strstr(text, "onceq_producer_batch_size_count ");
+        if (s) o->batches = atof(s + strlen("onceq_producer_batch_size_count "));
+        s = strstr(text, "\nonceq_producer_writer_cpu_seconds_total ");
+        if (s) o->wcpu = atof(s + strlen("\nonceq_producer_writer_cpu_seconds_total "));
+        s = strstr(text, "onceq_producer_commit_seconds_sum ");
+        if (s) o->commit_s = atof(s + strlen("onceq_producer_commit_seconds_sum "));
+    }
+    free(text);
+    oq_metrics_destroy(m);
+    return 0;
+}
+
+static void print_onceq(const char *what, int nth, const orun_t *o)
+{
+    printf("%-6s  %3d threads, group    : %9.0f calls/s  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms"
+           "  (%lld calls, %lld errors, avg batch %.1f)\n",
+           what, nth, o->rate, pct(&o->all, 50), pct(&o->all, 99), pct(&o->all, 100),
+           (long long)o->total, (long long)o->errors, o->batches > 0 ? o->items / o->batches : 0.0);
+}
+
+static void print_cpu(const char *what, const orun_t *o)
+{
+    if (o->total > 0 && o->batches > 0)
+        printf("%s writer: %.1f us CPU per submit, COMMIT %.2f ms per batch (wall), whole process "
+               "%.1f us CPU per submit\n",
+               what, o->wcpu * 1e6 / (double)o->total, o->commit_s * 1e3 / o->batches,
+               o->cpu_s * 1e6 / (double)o->total);
+}
+
 int oq__bench_submit(int argc, char **argv)
 {
     int ret = OQ_EXIT_FAIL, prc;
-    oq_metrics_t *m = oq_metrics_new();
     oq_config_t *cfg =
         oq_config_new(bench_settings, sizeof bench_settings / sizeof bench_settings[0]);
-    if (!cfg || !m) return OQ_EXIT_FAIL;
+    char pb[4200], po[4200];
+    pb[0] = po[0] = '\0';
+    if (!cfg) return OQ_EXIT_FAIL;
     if ((prc = oq_cli_parse(cfg, "onceq-bench", bench_usage, argc, argv)) >= 0) {
         ret = prc;
         goto out;
@@ -178,7 +264,8 @@ int oq__bench_submit(int argc, char **argv)
     int nth = (int)oq_config_int(cfg, "threads");
     int64_t dur = oq_config_int(cfg, "duration");
     const char *sync = oq_config_str(cfg, "synchronous");
-    char pb[4200], po[4200];
+    const char *pg = oq_config_str(cfg, "pg");
+    int delay = (int)oq_config_int(cfg, "commit-delay-us");
     snprintf(pb, sizeof pb, "%s/onceq-bench-baseline-%d.db", oq_config_str(cfg, "dir"), getpid());
     snprintf(po, sizeof po, "%s/onceq-bench-submit-%d.db", oq_config_str(cfg, "dir"), getpid());
 
@@ -187,75 +274,34 @@ int oq__bench_submit(int argc, char **argv)
     if (baseline(pb, sync, dur, &brate, &bl) != 0) goto out;
     qsort(bl.v, bl.n, sizeof *bl.v, cmp64);
 
-    oq_error_t err = {0};
-    oq_producer_t *p = NULL;
-    oq_producer_opts_t opts = {.synchronous = sync,
-                               .metrics = m,
-                               .commit_delay_us = (int)oq_config_int(cfg, "commit-delay-us")};
-    if (oq_producer_open(po, &opts, &p, &err) != 0) {
-        fprintf(stderr, "bench: %s\n", err.msg);
+    orun_t os, op;
+    memset(&op, 0, sizeof op);
+    char tag[48];
+    snprintf(tag, sizeof tag, "bench-%d-%lld", getpid(), (long long)oq_now_ms());
+    if (run_onceq(po, tag, nth, dur, sync, delay, &os) != 0) goto out;
+    if (pg && *pg && run_onceq(pg, tag, nth, dur, sync, delay, &op) != 0) {
+        free(os.all.v);
         goto out;
     }
-    worker_t *w = calloc((size_t)nth, sizeof *w);
-    struct timespec pc0, pc1;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc0);
-    int64_t t0 = oq_mono_us(), end = t0 + dur * 1000;
-    for (int i = 0; i < nth; i++) {
-        w[i].p = p;
-        w[i].id = i;
-        w[i].end_us = end;
-        pthread_create(&w[i].th, NULL, worker_main, &w[i]);
-    }
-    lat_t all = {0};
-    int64_t total = 0, errors = 0;
-    for (int i = 0; i < nth; i++) {
-        pthread_join(w[i].th, NULL);
-        total += w[i].n;
-        errors += w[i].errors;
-        for (size_t k = 0; k < w[i].lat.n; k++)
-            lat_add(&all, w[i].lat.v[k]);
-        free(w[i].lat.v);
-    }
-    double orate = (double)total * 1e6 / (double)(oq_mono_us() - t0);
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc1);
-    double cpu_s = (double)(pc1.tv_sec - pc0.tv_sec) + (double)(pc1.tv_nsec - pc0.tv_nsec) / 1e9;
-    oq_producer_close(p);
-    free(w);
-    qsort(all.v, all.n, sizeof *all.v, cmp64);
-
-    char *text = NULL;
-    size_t tl = 0;
-    double batches = 0, items = 0, wcpu = 0, commit_s = 0;
-    if (oq_metrics_render(m, &text, &tl) == 0 && text) {
-        char *s = strstr(text, "onceq_producer_batch_size_sum ");
-        if (s) items = atof(s + strlen("onceq_producer_batch_size_sum "));
-        s = strstr(text, "onceq_producer_batch_size_count ");
-        if (s) batches = atof(s + strlen("onceq_producer_batch_size_count "));
-        s = strstr(text, "\nonceq_producer_writer_cpu_seconds_total ");
-        if (s) wcpu = atof(s + strlen("\nonceq_producer_writer_cpu_seconds_total "));
-        s = strstr(text, "onceq_producer_commit_seconds_sum ");
-        if (s) commit_s = atof(s + strlen("onceq_producer_commit_seconds_sum "));
-    }
-    free(text);
     printf("bench submit: synchronous=%s duration=%lldms (two rows per call: calls + outbox)\n",
            sync, (long long)dur);
     printf("baseline  1 thread, 1 tx/call : %9.0f calls/s  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms"
            "  (%zu calls)\n",
            brate, pct(&bl, 50), pct(&bl, 99), pct(&bl, 100), bl.n);
-    printf("onceq   %3d threads, group    : %9.0f calls/s  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms"
-           "  (%lld calls, %lld errors, avg batch %.1f)\n",
-           nth, orate, pct(&all, 50), pct(&all, 99), pct(&all, 100), (long long)total,
-           (long long)errors, batches > 0 ? items / batches : 0.0);
-    printf("ratio onceq/baseline: %.1fx\n", brate > 0 ? orate / brate : 0.0);
-    if (total > 0 && batches > 0)
-        printf("writer: %.1f us CPU per submit, COMMIT %.2f ms per batch (wall), whole process "
-               "%.1f us CPU per submit\n",
-               wcpu * 1e6 / (double)total, commit_s * 1e3 / batches, cpu_s * 1e6 / (double)total);
+    print_onceq("onceq", nth, &os);
+    if (pg && *pg) print_onceq("pg", nth, &op);
+    printf("ratio onceq/baseline: %.1fx\n", brate > 0 ? os.rate / brate : 0.0);
+    if (pg && *pg)
+        printf("ratio PostgreSQL/SQLite (onceq, synchronous_commit=on): %.2f\n",
+               os.rate > 0 ? op.rate / os.rate : 0.0);
+    print_cpu("sqlite", &os);
+    if (pg && *pg) print_cpu("pg", &op);
     free(bl.v);
-    free(all.v);
-    ret = errors ? OQ_EXIT_FAIL : OQ_EXIT_OK;
+    free(os.all.v);
+    free(op.all.v);
+    ret = os.errors || op.errors ? OQ_EXIT_FAIL : OQ_EXIT_OK;
 out:
-    if (cfg && !oq_config_int(cfg, "keep")) {
+    if (cfg && pb[0] && !oq_config_int(cfg, "keep")) {
         for (int i = 0; i < 2; i++) {
             const char *b = i ? po : pb;
             char f[4300];
@@ -266,7 +312,6 @@ out:
             }
         }
     }
-    oq_metrics_destroy(m);
     oq_config_destroy(cfg);
     return ret;
 }
