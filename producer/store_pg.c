@@ -20,8 +20,12 @@
  *  - Retention: a call is purged only once settled (succeeded or failed) and its key expired;
  *    pending, running and needs_review calls are never purged. settled_at records when a call
  *    became succeeded or failed.
- *  - Parameters go as text (PQexecParams); integers are printed with PRId64. No statement is
- *    prepared by name, so a caller's connection (oq_producer_submit_in_pgtx) is left as found.
+ *  - Parameters go as text; integers are printed with PRId64. On the producer's own
+ *    connections (opted in by oq_pg_prepared()) every statement is prepared once per session
+ *    (oq_pg_run()); nothing is prepared on a caller's connection (oq_producer_submit_in_pgtx),
+ *    so it is left as found.
+ *  - A new call is one statement: the calls row and its outbox row in one INSERT (a CTE), so a
+ *    submit costs one round trip and a batch of them one COMMIT (group commit, writer.c).
  *
  * Write operations run in the caller's open transaction; purge and counts open their own.
  */
@@ -67,13 +71,13 @@ static char *dupn(const char *p, size_t len)
 static int q(oq__producer_store_t *s, const char *sql, int n, const char *const *p, PGresult **r,
              oq_error_t *err)
 {
-    return oq_pg_query(s->pg, sql, n, p, r, err);
+    return oq_pg_run(s->pg, sql, n, p, r, err);
 }
 
 static int cmd(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
                int64_t *affected, oq_error_t *err)
 {
-    return oq_pg_cmd(s->pg, sql, n, p, affected, err);
+    return oq_pg_run_cmd(s->pg, sql, n, p, affected, err);
 }
 
 static char *col_dup(PGresult *r, int row, int col)
@@ -185,8 +189,12 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                                 oq__producer_insert_t *result, oq_error_t *err)
 {
     num_t seq, at, exp;
-    char *args = dupn(c->args, c->args_len);
-    if (!args) return oom(err);
+    char *args = dupn(c->args, c->args_len), *pl = dupn(c->payload, c->payload_len);
+    if (!args || !pl) {
+        free(args);
+        free(pl);
+        return oom(err);
+    }
     const char *p[] = {c->call_id,
                        c->tenant,
                        c->idem_key,
@@ -198,15 +206,21 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                        num(&at, c->created_at),
                        num(&exp, c->expires_at),
                        c->message_id,
-                       c->callback_url};
+                       c->callback_url,
+                       OQ_TOPIC_CALLS,
+                       pl};
     int64_t n = 0;
+    /* The call and, when it was inserted, its outbox row: one statement, one round trip. */
     int rc = cmd(s,
-                 "INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,state,"
-                 "attempt,client_id,seq,created_at,updated_at,expires_at,message_id,callback_url) "
-                 "VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11,$12) "
-                 "ON CONFLICT DO NOTHING",
-                 12, p, &n, err);
+                 "WITH c AS (INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,"
+                 "state,attempt,client_id,seq,created_at,updated_at,expires_at,message_id,"
+                 "callback_url) VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11,$12) "
+                 "ON CONFLICT DO NOTHING RETURNING 1) "
+                 "INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
+                 "SELECT $11,$13,$1,$14,$9 FROM c",
+                 14, p, &n, err);
     free(args);
+    free(pl);
     if (rc) return rc;
     if (n == 0) {
         /* The key, or only the call id (then the key is free: draw another id)? */
@@ -219,8 +233,7 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
         return 0;
     }
     *result = OQ__INSERT_NEW;
-    return outbox_append(s, c->message_id, c->call_id, c->payload, c->payload_len, c->created_at,
-                         err);
+    return 0;
 }
 
 static int read_call(PGresult *r, oq_call_t *c)

@@ -532,7 +532,8 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
         /* PostgreSQL: the same queue and group commit on one connection; durability is the
          * server's (synchronous_commit=on), and it has no WAL file of ours to checkpoint. */
-        if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)))
+        if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)) ||
+            (ret = oq_pg_prepared(w->wpg, err)))
             goto out;
         register_metrics(w, o->metrics);
         w->ckpt_pages = 0;
