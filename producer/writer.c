@@ -130,6 +130,14 @@ static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_faile
     *item_failed = 0;
     int ret = oq__producer_store_begin(&s, 10000, &err);
     if (ret) goto fail;
+    /* PostgreSQL: the batch's new calls in one round trip (nothing on SQLite) */
+    if (w->wpg && n > 1 &&
+        (ret = oq__decide_submit_ahead(&s, items, n, now, w->key_ttl_ms, w->max_message_bytes,
+                                       &err))) {
+        *item_failed = is_db_error(ret);
+        oq__producer_store_rollback(&s);
+        goto fail;
+    }
     for (int i = 0; i < n; i++) {
         oq__work_t *it = items[i];
         it->rc = run_item(w, &s, it, now);
