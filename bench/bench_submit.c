@@ -29,13 +29,16 @@ static const oq_setting_t bench_settings[] = {
     {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
      "max wait to grow a group commit: 0 = adaptive, -1 = off"},
     {"keep", OQ_SET_BOOL, "false", 0, 0, NULL, "keep the scratch databases"},
+    {"rate", OQ_SET_INT, "0", 0, 10000000, NULL,
+     "offered calls/s over all threads, latency from each call's scheduled time (0 = as fast as "
+     "they go)"},
     {"pg", OQ_SET_STRING, "", 0, 4096, NULL,
      "also run the onceq side on this PostgreSQL database (libpq URI), right after SQLite"},
 };
 
 static const char bench_usage[] =
     "usage: onceq-bench submit [--threads 32] [--duration 5s] [--dir /tmp] [--synchronous full] "
-    "[--pg URL]";
+    "[--rate N] [--pg URL]";
 
 typedef struct lat {
     int64_t *v;
@@ -144,6 +147,8 @@ typedef struct worker {
     const char *tag; /* key prefix: unique per run (a PostgreSQL database is not fresh) */
     int id;
     int64_t end_us;
+    int64_t every_us; /* --rate: one submit per every_us from start_us (0: back to back) */
+    int64_t start_us;
     int64_t n, errors;
     lat_t lat;
     pthread_t th;
@@ -159,6 +164,16 @@ static void *worker_main(void *arg)
         oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
         oq_submit_outcome_t oc;
         int64_t s = oq_mono_us();
+        if (w->every_us > 0) { /* open loop: the call's slot, waited for when ahead */
+            int64_t due = w->start_us + w->n * w->every_us;
+            if (due >= w->end_us) break;
+            if (due > s) {
+                struct timespec ts = {(time_t)((due - s) / 1000000),
+                                      (long)((due - s) % 1000000) * 1000};
+                nanosleep(&ts, NULL);
+            }
+            s = due;
+        }
         if (oq_producer_submit(w->p, &req, NULL, &oc, NULL) != 0 || oc != OQ_SUBMIT_NEW)
             w->errors++;
         lat_add(&w->lat, oq_mono_us() - s);
@@ -175,8 +190,8 @@ typedef struct orun {
     lat_t all;
 } orun_t;
 
-static int run_onceq(const char *db, const char *tag, int nth, int64_t dur, const char *sync,
-                     int commit_delay_us, orun_t *o)
+static int run_onceq(const char *db, const char *tag, int nth, int64_t dur, int64_t rate,
+                     const char *sync, int commit_delay_us, orun_t *o)
 {
     memset(o, 0, sizeof *o);
     oq_metrics_t *m = oq_metrics_new();
@@ -198,6 +213,8 @@ static int run_onceq(const char *db, const char *tag, int nth, int64_t dur, cons
         w[i].tag = tag;
         w[i].id = i;
         w[i].end_us = end;
+        w[i].every_us = rate > 0 ? (int64_t)nth * 1000000 / rate : 0;
+        w[i].start_us = t0 + (rate > 0 ? (int64_t)i * 1000000 / rate : 0);
         pthread_create(&w[i].th, NULL, worker_main, &w[i]);
     }
     for (int i = 0; i < nth; i++) {
@@ -266,6 +283,7 @@ int oq__bench_submit(int argc, char **argv)
     const char *sync = oq_config_str(cfg, "synchronous");
     const char *pg = oq_config_str(cfg, "pg");
     int delay = (int)oq_config_int(cfg, "commit-delay-us");
+    int64_t rate = oq_config_int(cfg, "rate");
     snprintf(pb, sizeof pb, "%s/onceq-bench-baseline-%d.db", oq_config_str(cfg, "dir"), getpid());
     snprintf(po, sizeof po, "%s/onceq-bench-submit-%d.db", oq_config_str(cfg, "dir"), getpid());
 
@@ -278,13 +296,15 @@ int oq__bench_submit(int argc, char **argv)
     memset(&op, 0, sizeof op);
     char tag[48];
     snprintf(tag, sizeof tag, "bench-%d-%lld", getpid(), (long long)oq_now_ms());
-    if (run_onceq(po, tag, nth, dur, sync, delay, &os) != 0) goto out;
-    if (pg && *pg && run_onceq(pg, tag, nth, dur, sync, delay, &op) != 0) {
+    if (run_onceq(po, tag, nth, dur, rate, sync, delay, &os) != 0) goto out;
+    if (pg && *pg && run_onceq(pg, tag, nth, dur, rate, sync, delay, &op) != 0) {
         free(os.all.v);
         goto out;
     }
-    printf("bench submit: synchronous=%s duration=%lldms (two rows per call: calls + outbox)\n",
-           sync, (long long)dur);
+    printf("bench submit: synchronous=%s duration=%lldms (two rows per call: calls + outbox)%s\n",
+           sync, (long long)dur, rate > 0 ? " offered rate below" : "");
+    if (rate > 0)
+        printf("offered %lld calls/s (latency from each call's scheduled time)\n", (long long)rate);
     printf("baseline  1 thread, 1 tx/call : %9.0f calls/s  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms"
            "  (%zu calls)\n",
            brate, pct(&bl, 50), pct(&bl, 99), pct(&bl, 100), bl.n);
