@@ -227,11 +227,14 @@ int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, c
 /* Columns of one row of oq__producer_pg_insert_calls(). */
 #define AHEAD_COLS 13
 
-int oq__producer_pg_insert_calls(oq__producer_store_t *s, const oq__producer_new_call_t *rows,
-                                 int n, oq_error_t *err)
+/* Rows per statement: 13 parameters each, and a statement takes at most 65,535. */
+#define AHEAD_CHUNK 1000
+
+/* One statement of oq__producer_pg_insert_calls(): \p n <= AHEAD_CHUNK rows, the calls it
+ * wrote appended to what is remembered. */
+static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *rows, int n,
+                        oq_error_t *err)
 {
-    ahead_forget();
-    if (n <= 0) return 0;
     size_t np = (size_t)n * AHEAD_COLS + 1;
     const char **p = calloc(np, sizeof *p);
     char **own = calloc((size_t)n * 2, sizeof *own); /* args and payload, NUL-terminated */
@@ -292,17 +295,18 @@ int oq__producer_pg_insert_calls(oq__producer_store_t *s, const oq__producer_new
     /* parsed, not prepared: its text depends on n */
     if ((rc = oq_pg_query(s->pg, sql, (int)np, p, &r, err))) goto out;
     int got = PQntuples(r);
-    ahead = calloc(got > 0 ? (size_t)got : 1, sizeof *ahead);
-    if (!ahead) {
+    ahead_t *a = realloc(ahead, (size_t)(nahead + got + 1) * sizeof *ahead);
+    if (!a) {
         PQclear(r);
         rc = oom(err);
         goto out;
     }
+    ahead = a;
     for (int i = 0; i < got; i++) {
-        col_copy(r, i, 0, ahead[i].call_id, sizeof ahead[i].call_id);
-        col_copy(r, i, 1, ahead[i].message_id, sizeof ahead[i].message_id);
+        col_copy(r, i, 0, ahead[nahead + i].call_id, sizeof ahead->call_id);
+        col_copy(r, i, 1, ahead[nahead + i].message_id, sizeof ahead->message_id);
     }
-    nahead = got;
+    nahead += got;
     ahead_conn = s->pg;
     PQclear(r);
 out:
@@ -313,6 +317,17 @@ out:
     free(p);
     free(nums);
     free(sql);
+    return rc;
+}
+
+int oq__producer_pg_insert_calls(oq__producer_store_t *s, const oq__producer_new_call_t *rows,
+                                 int n, oq_error_t *err)
+{
+    ahead_forget();
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i += AHEAD_CHUNK)
+        rc = insert_chunk(s, rows + i, n - i < AHEAD_CHUNK ? n - i : AHEAD_CHUNK, err);
+    if (rc) ahead_forget(); /* the transaction is aborted: nothing of it holds */
     return rc;
 }
 
