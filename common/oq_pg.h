@@ -81,6 +81,29 @@ int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PG
 int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
               oq_error_t *err);
 
+/**
+ * @brief Opt connection \p c in to prepared statements: from now on oq_pg_run() prepares each
+ *        statement once per session on it (named oq_s0.. by the address of its SQL literal) and
+ *        then only executes it. The set is attached to \p c (libpq instance data): PQreset()
+ *        empties it (a new session has nothing prepared), PQfinish() frees it; a statement the
+ *        server no longer knows (SQLSTATE 26000) outside a transaction is prepared again. Only
+ *        for onceq's own connections: a caller's connection is never opted in (its session
+ *        is left as found). Calling it twice is harmless.
+ */
+int oq_pg_prepared(PGconn *c, oq_error_t *err);
+
+/**
+ * @brief As oq_pg_query(); on a connection opted in by oq_pg_prepared() it runs \p sql as a
+ *        statement prepared once per session (\p sql must then be a string literal: its
+ *        address names it). At most 64 statements per connection are prepared, the rest parsed.
+ */
+int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
+              oq_error_t *err);
+
+/** @brief As oq_pg_cmd() through oq_pg_run(). */
+int oq_pg_run_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
+                  oq_error_t *err);
+
 /** A connection that reconnects: the string is kept (owned) to connect again. */
 typedef struct oq_pg {
     PGconn *conn;   /**< NULL while disconnected */

@@ -25,6 +25,7 @@
 #include "oq_pg.h"
 
 #include <ctype.h>
+#include <libpq-events.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +189,106 @@ int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int6
 {
     PGresult *r = NULL;
     int rc = oq_pg_query(c, sql, n, params, &r, err);
+    if (rc) return rc;
+    if (affected) {
+        const char *t = PQcmdTuples(r);
+        *affected = t && *t ? strtoll(t, NULL, 10) : 0;
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* --- prepared statements -------------------------------------------------------------------- */
+
+#define PREP_MAX 64
+
+/* The statements prepared in one connection's session, by the address of their SQL literal;
+ * the i-th is named oq_s<i>. Attached to the PGconn as libpq instance data of prep_event. */
+typedef struct prep {
+    const char *sql[PREP_MAX];
+    int n;
+    int pid; /* PQbackendPID() of the session they live in */
+} prep_t;
+
+static int prep_event(PGEventId id, void *info, void *pass)
+{
+    (void)pass;
+    if (id == PGEVT_CONNRESET) { /* a new session: nothing prepared in it */
+        prep_t *p = PQinstanceData(((PGEventConnReset *)info)->conn, prep_event);
+        if (p) p->n = 0;
+    } else if (id == PGEVT_CONNDESTROY) {
+        free(PQinstanceData(((PGEventConnDestroy *)info)->conn, prep_event));
+    }
+    return 1;
+}
+
+int oq_pg_prepared(PGconn *c, oq_error_t *err)
+{
+    if (!c) return oq_error_set(err, OQ_EINVAL, 0, "no PostgreSQL connection");
+    if (PQinstanceData(c, prep_event)) return 0;
+    prep_t *p = calloc(1, sizeof *p);
+    if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (!PQregisterEventProc(c, prep_event, "onceq prepared statements", NULL)) {
+        free(p);
+        return oq_error_set(err, OQ_EDB, 0, "cannot register a libpq event procedure");
+    }
+    p->pid = PQbackendPID(c);
+    PQsetInstanceData(c, prep_event, p);
+    return 0;
+}
+
+static int prepare(PGconn *c, prep_t *p, int k, const char *name, const char *sql, int n,
+                   oq_error_t *err)
+{
+    PGresult *r = PQprepare(c, name, sql, n, NULL);
+    int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+    int rc = ok ? 0 : oq_pg_error(c, r, err, "prepare");
+    PQclear(r);
+    if (!rc && k == p->n) p->sql[p->n++] = sql;
+    return rc;
+}
+
+int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
+              oq_error_t *err)
+{
+    *out = NULL;
+    prep_t *p = c ? PQinstanceData(c, prep_event) : NULL;
+    if (!p) return oq_pg_query(c, sql, n, params, out, err);
+    if (p->pid != PQbackendPID(c)) { /* another session (reconnected): nothing prepared */
+        p->n = 0;
+        p->pid = PQbackendPID(c);
+    }
+    int k = 0;
+    while (k < p->n && p->sql[k] != sql)
+        k++;
+    if (k >= PREP_MAX) return oq_pg_query(c, sql, n, params, out, err);
+    char name[16];
+    snprintf(name, sizeof name, "oq_s%d", k);
+    int rc = 0;
+    if (k == p->n && (rc = prepare(c, p, k, name, sql, n, err))) return rc;
+    for (int again = 0;; again++) {
+        PGresult *r = PQexecPrepared(c, name, n, params, NULL, NULL, 0);
+        ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+        if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+            *out = r;
+            return 0;
+        }
+        const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+        /* Unknown to the session (DEALLOCATE, or a session libpq did not report as new):
+         * prepared again, once, when no transaction was aborted by the failure. */
+        int unknown =
+            state && strcmp(state, "26000") == 0 && PQtransactionStatus(c) == PQTRANS_IDLE;
+        rc = oq_pg_error(c, r, err, "query");
+        PQclear(r);
+        if (!unknown || again || (rc = prepare(c, p, k, name, sql, n, err))) return rc;
+    }
+}
+
+int oq_pg_run_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
+                  oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc = oq_pg_run(c, sql, n, params, &r, err);
     if (rc) return rc;
     if (affected) {
         const char *t = PQcmdTuples(r);

@@ -33,9 +33,10 @@
  *    comes later reads the new one; an old message can never find its execution purged and
  *    the horizon still low.
  *  - Parameters go as text; integers are printed with PRId64; bytes (dead letters) as hex.
- *    Every statement is prepared once per connection (named by its SQL literal's address,
- *    prepared again after a reconnect): one consumer drained a backlog of 6,000 inline calls
- *    at ~1,600 calls/s prepared against ~570/s parsed per execution (this 2-core host).
+ *    Every statement is prepared once per connection (oq_pg_prepared() and oq_pg_run() in
+ *    common/pg.c: named by its SQL literal's address, prepared again after a reconnect): one
+ *    consumer drained a backlog of 6,000 inline calls at ~1,600 calls/s prepared against
+ *    ~570/s parsed per execution (this 2-core host).
  *
  * A connection the server closed (restart, pg_terminate_backend) is re-established before the
  * next operation outside a transaction (begin included); the operation that met it failed
@@ -54,14 +55,10 @@
 #include "oq_pg.h"
 #include "oq_util.h"
 
-#define PREP_MAX 64
-
 struct oq__consumer_pg {
     PGconn *c;
     int tx; /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
     char worker[128];
-    const char *prep[PREP_MAX]; /* statements prepared on this connection (by SQL address) */
-    int nprep;
 };
 
 /* The server's clock, unix ms. */
@@ -120,7 +117,6 @@ static int ready(oq__consumer_pg_t *p, oq_error_t *err)
 {
     if (PQstatus(p->c) == CONNECTION_OK) return 0;
     PQreset(p->c);
-    p->nprep = 0; /* a new session: nothing prepared */
     if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "consumer reconnect");
     int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
     if (!rc) OQ_LOG_INFO("consumer", "reconnected to PostgreSQL");
@@ -153,43 +149,13 @@ static int again(oq__consumer_pg_t *p, int rc, const oq_error_t *err, int attemp
     return rc == OQ_EBUSY && err && err->retriable;
 }
 
-/* Runs \p sql as a statement prepared once per connection (the SQL texts of this file are
- * literals: their address names them), so the server parses and plans it once per session. */
-static int run(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **out,
-               oq_error_t *err)
-{
-    char name[16] = "";
-    int k = 0;
-    *out = NULL;
-    while (k < p->nprep && p->prep[k] != sql)
-        k++;
-    if (k < PREP_MAX) snprintf(name, sizeof name, "oq_c%d", k);
-    if (k == p->nprep && k < PREP_MAX) {
-        PGresult *pr_res = PQprepare(p->c, name, sql, n, NULL);
-        int ok = pr_res && PQresultStatus(pr_res) == PGRES_COMMAND_OK;
-        int rc = ok ? 0 : oq_pg_error(p->c, pr_res, err, "prepare");
-        PQclear(pr_res);
-        if (rc) return rc;
-        p->prep[p->nprep++] = sql;
-    }
-    if (!name[0]) return oq_pg_query(p->c, sql, n, pr, out, err);
-    PGresult *r = PQexecPrepared(p->c, name, n, pr, NULL, NULL, 0);
-    if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK)) {
-        *out = r;
-        return 0;
-    }
-    int rc = oq_pg_error(p->c, r, err, "query");
-    PQclear(r);
-    return rc;
-}
-
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
     int rc = 0;
     for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
         if (i) oq_sleep_ms(20, NULL);
-        if ((rc = usable(p, err)) == 0) rc = run(p, sql, n, pr, r, err);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_run(p->c, sql, n, pr, r, err);
     }
     return rc;
 }
@@ -201,7 +167,7 @@ static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *
     PGresult *r = NULL;
     for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
         if (i) oq_sleep_ms(20, NULL);
-        if ((rc = usable(p, err)) == 0) rc = run(p, sql, n, pr, &r, err);
+        if ((rc = usable(p, err)) == 0) rc = oq_pg_run(p->c, sql, n, pr, &r, err);
     }
     if (rc == 0 && affected) {
         const char *t = PQcmdTuples(r);
@@ -243,6 +209,7 @@ int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
     snprintf(p->worker, sizeof p->worker, "%s", worker ? worker : "worker");
     PGresult *r = NULL;
     int rc = oq_pg_connect(conninfo, &p->c, err);
+    if (!rc) rc = oq_pg_prepared(p->c, err);
     if (!rc) rc = migrate ? oq_pg_migrate(p->c, err) : check_version(p->c, err);
     if (!rc) rc = oq_pg_query(p->c, "SELECT " SRV_NOW, 0, NULL, &r, err);
     if (rc) {

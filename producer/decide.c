@@ -84,27 +84,34 @@ static int call_settled(const char *state)
     return strcmp(state, "succeeded") == 0 || strcmp(state, "failed") == 0;
 }
 
+/* The new call row of \p job at \p now_ms. */
+static oq__producer_new_call_t new_row(const oq_submit_job_t *job, int64_t now_ms, int64_t ttl)
+{
+    oq__producer_new_call_t row = {.call_id = job->call_id,
+                                   .tenant = job->tenant,
+                                   .idem_key = job->idem_key,
+                                   .fingerprint = job->fingerprint,
+                                   .tool = job->tool,
+                                   .args = job->args,
+                                   .args_len = job->args_len,
+                                   .client_id = job->client_id,
+                                   .seq = job->seq,
+                                   .has_seq = job->has_seq,
+                                   .created_at = now_ms,
+                                   .expires_at = now_ms + ttl,
+                                   .message_id = job->message_id,
+                                   .payload = job->payload,
+                                   .payload_len = job->payload_len,
+                                   .callback_url = job->callback_url};
+    return row;
+}
+
 /* Step 1: insert the job's call; *exists when the key already has one (nothing written). */
 static int insert_new(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,
                       int *exists, oq_error_t *err)
 {
     for (int tries = 0;; tries++) {
-        oq__producer_new_call_t row = {.call_id = job->call_id,
-                                       .tenant = job->tenant,
-                                       .idem_key = job->idem_key,
-                                       .fingerprint = job->fingerprint,
-                                       .tool = job->tool,
-                                       .args = job->args,
-                                       .args_len = job->args_len,
-                                       .client_id = job->client_id,
-                                       .seq = job->seq,
-                                       .has_seq = job->has_seq,
-                                       .created_at = now_ms,
-                                       .expires_at = now_ms + ttl,
-                                       .message_id = job->message_id,
-                                       .payload = job->payload,
-                                       .payload_len = job->payload_len,
-                                       .callback_url = job->callback_url};
+        oq__producer_new_call_t row = new_row(job, now_ms, ttl);
         oq__producer_insert_t res = 0;
         int ret = oq__producer_store_insert_call(s, &row, &res, err);
         if (ret) return ret;
@@ -197,6 +204,24 @@ static int retry_reset(oq__producer_store_t *s, oq_call_t *c, int64_t now_ms, in
     OQ_LOGC_INFO("producer", c->call_id, "retryable failure resubmitted attempt=%lld",
                  (long long)attempt);
     return 0;
+}
+
+int oq__decide_submit_ahead(oq__producer_store_t *s, oq__work_t **items, int n, int64_t now_ms,
+                            int64_t ttl, int64_t max_bytes, oq_error_t *err)
+{
+    /* exactly the rows step 1 of oq__decide_submit() inserts first (a message too large for
+     * the relay inserts nothing) */
+    oq__producer_new_call_t *rows = calloc(n > 0 ? (size_t)n : 1, sizeof *rows);
+    if (!rows) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        oq_submit_job_t *job = (oq_submit_job_t *)items[i];
+        if (items[i]->kind == OQ__WORK_SUBMIT && fits(job->payload_len, max_bytes))
+            rows[m++] = new_row(job, now_ms, ttl);
+    }
+    int ret = m > 1 ? oq__producer_store_insert_calls(s, rows, m, err) : 0;
+    free(rows);
+    return ret;
 }
 
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms, int64_t ttl,

@@ -155,7 +155,7 @@ int oq_producer_open(const char *path, const oq_producer_opts_t *opts, oq_produc
         rconn_t *r = &p->reads[p->nreads];
         pthread_mutex_init(&r->mu, NULL);
         if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
-            if ((ret = oq_pg_connect(path, &r->pg, err))) {
+            if ((ret = oq_pg_connect(path, &r->pg, err)) || (ret = oq_pg_prepared(r->pg, err))) {
                 p->nreads++;
                 goto out;
             }

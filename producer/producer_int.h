@@ -153,6 +153,11 @@ int oq__purge_in_store(oq__producer_store_t *s, int64_t now_ms, int64_t key_ttl_
                        oq_purge_stats_t *stats, oq_error_t *err);
 int oq__decide_submit(oq__producer_store_t *s, oq_submit_job_t *job, int64_t now_ms,
                       int64_t key_ttl_ms, int64_t max_message_bytes, oq_error_t *err);
+/** Before the decisions of a batch: the new calls its submits would insert, in one store
+ *  operation (oq__producer_store_insert_calls); each oq__decide_submit() then decides as
+ *  usual. */
+int oq__decide_submit_ahead(oq__producer_store_t *s, oq__work_t **items, int n, int64_t now_ms,
+                            int64_t key_ttl_ms, int64_t max_message_bytes, oq_error_t *err);
 
 /** Told the id of each call a decision made terminal, inside the transaction (so: remember
  *  it, act after the commit). */

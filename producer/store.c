@@ -234,6 +234,12 @@ void oq__producer_store_rollback(oq__producer_store_t *s)
     oq_db_rollback(s->db);
 }
 
+int oq__producer_store_insert_calls(oq__producer_store_t *s, const oq__producer_new_call_t *rows,
+                                    int n, oq_error_t *err)
+{
+    return s->pg ? oq__producer_pg_insert_calls(s, rows, n, err) : 0;
+}
+
 int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                    oq__producer_insert_t *result, oq_error_t *err)
 {

@@ -25,8 +25,15 @@
  *    alike), so a call's position is its id's first 60 bits, and a page is a backward range
  *    scan of calls_pkey. There is no rowid and no created_at index (it would cost every submit
  *    one more b-tree), as on SQLite.
- *  - Parameters go as text (PQexecParams); integers are printed with PRId64. No statement is
- *    prepared by name, so a caller's connection (oq_producer_submit_in_pgtx) is left as found.
+ *  - Parameters go as text; integers are printed with PRId64. On the producer's own
+ *    connections (opted in by oq_pg_prepared()) every statement is prepared once per session
+ *    (oq_pg_run()); nothing is prepared on a caller's connection (oq_producer_submit_in_pgtx),
+ *    so it is left as found.
+ *  - A new call is one statement: the calls row and its outbox row in one INSERT (a CTE). The
+ *    writer's batches go further (oq__producer_pg_insert_calls): the new calls of a whole
+ *    batch in one multi-row INSERT, one round trip, then one COMMIT (group commit, writer.c).
+ *    The calls it wrote are remembered (per thread, for this connection, until the transaction
+ *    ends), and the decision's own insert of such a row answers "new" without a statement.
  *
  * Write operations run in the caller's open transaction; purge and counts open their own.
  */
@@ -40,6 +47,7 @@
 
 #include "oq_envelope.h"
 #include "oq_pg.h"
+#include "oq_util.h"
 
 /* Rows with pub_seq at or below it were delivered (relay/store_pg.c). */
 #define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
@@ -72,13 +80,13 @@ static char *dupn(const char *p, size_t len)
 static int q(oq__producer_store_t *s, const char *sql, int n, const char *const *p, PGresult **r,
              oq_error_t *err)
 {
-    return oq_pg_query(s->pg, sql, n, p, r, err);
+    return oq_pg_run(s->pg, sql, n, p, r, err);
 }
 
 static int cmd(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
                int64_t *affected, oq_error_t *err)
 {
-    return oq_pg_cmd(s->pg, sql, n, p, affected, err);
+    return oq_pg_run_cmd(s->pg, sql, n, p, affected, err);
 }
 
 static char *col_dup(PGresult *r, int row, int col)
@@ -101,6 +109,38 @@ static int oom(oq_error_t *err)
     return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
 }
 
+/* The calls oq__producer_pg_insert_calls() wrote in the open transaction of connection
+ * ahead_conn (the writer's thread only ever has one open). Forgotten at begin, commit and
+ * rollback, so never consulted outside that transaction. */
+typedef struct {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char message_id[OQ_UUID_LEN + 1];
+} ahead_t;
+static _Thread_local PGconn *ahead_conn;
+static _Thread_local ahead_t *ahead;
+static _Thread_local int nahead;
+
+static void ahead_forget(void)
+{
+    free(ahead);
+    ahead = NULL;
+    nahead = 0;
+    ahead_conn = NULL;
+}
+
+/* Was \p c written ahead in this transaction? Then it is taken (answered once). */
+static int ahead_take(oq__producer_store_t *s, const oq__producer_new_call_t *c)
+{
+    if (ahead_conn != s->pg || !c->message_id) return 0;
+    for (int i = 0; i < nahead; i++)
+        if (strcmp(ahead[i].call_id, c->call_id) == 0 &&
+            strcmp(ahead[i].message_id, c->message_id) == 0) {
+            ahead[i].call_id[0] = '\0';
+            return 1;
+        }
+    return 0;
+}
+
 int oq__producer_pg_in_tx(oq__producer_store_t *s)
 {
     PGTransactionStatusType t = PQtransactionStatus(s->pg);
@@ -117,6 +157,7 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
         int rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err);
         if (rc) return rc;
     }
+    ahead_forget();
     int rc = oq_pg_exec(s->pg, "BEGIN", err);
     if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
@@ -130,11 +171,13 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
 
 int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
 {
+    ahead_forget();
     return oq_pg_exec(s->pg, "COMMIT", err);
 }
 
 void oq__producer_pg_rollback(oq__producer_store_t *s)
 {
+    ahead_forget();
     if (PQstatus(s->pg) == CONNECTION_OK && PQtransactionStatus(s->pg) != PQTRANS_IDLE)
         PQclear(PQexec(s->pg, "ROLLBACK"));
 }
@@ -186,12 +229,127 @@ int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, c
 
 /* --- calls ---------------------------------------------------------------------------------- */
 
+/* Columns of one row of oq__producer_pg_insert_calls(). */
+#define AHEAD_COLS 13
+
+/* Rows per statement: 13 parameters each, and a statement takes at most 65,535. */
+#define AHEAD_CHUNK 1000
+
+/* One statement of oq__producer_pg_insert_calls(): \p n <= AHEAD_CHUNK rows, the calls it
+ * wrote appended to what is remembered. */
+static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *rows, int n,
+                        oq_error_t *err)
+{
+    size_t np = (size_t)n * AHEAD_COLS + 1;
+    const char **p = calloc(np, sizeof *p);
+    char **own = calloc((size_t)n * 2, sizeof *own); /* args and payload, NUL-terminated */
+    num_t *nums = calloc((size_t)n * 3, sizeof *nums);
+    size_t cap = 1500 + (size_t)n * 140;
+    char *sql = malloc(cap);
+    int rc = 0;
+    if (!p || !own || !nums || !sql) {
+        rc = oom(err);
+        goto out;
+    }
+    size_t l = (size_t)snprintf(
+        sql, cap,
+        "WITH v(call_id,tenant,idem_key,fingerprint,tool,args,client_id,seq,created_at,"
+        "expires_at,message_id,callback_url,payload) AS (VALUES ");
+    for (int i = 0; i < n; i++) {
+        const oq__producer_new_call_t *c = &rows[i];
+        const char **q = &p[(size_t)i * AHEAD_COLS];
+        own[2 * i] = dupn(c->args, c->args_len);
+        own[2 * i + 1] = dupn(c->payload, c->payload_len);
+        if (!own[2 * i] || !own[2 * i + 1]) {
+            rc = oom(err);
+            goto out;
+        }
+        q[0] = c->call_id;
+        q[1] = c->tenant;
+        q[2] = c->idem_key;
+        q[3] = c->fingerprint;
+        q[4] = c->tool;
+        q[5] = own[2 * i];
+        q[6] = c->client_id;
+        q[7] = c->has_seq ? num(&nums[3 * i], c->seq) : NULL;
+        q[8] = num(&nums[3 * i + 1], c->created_at);
+        q[9] = num(&nums[3 * i + 2], c->expires_at);
+        q[10] = c->message_id;
+        q[11] = c->callback_url;
+        q[12] = own[2 * i + 1];
+        int b = i * AHEAD_COLS;
+        l += (size_t)snprintf(sql + l, cap - l,
+                              "%s($%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d::bigint,$%d::bigint,$%d::bigint,"
+                              "$%d,$%d,$%d)",
+                              i ? "," : "", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8,
+                              b + 9, b + 10, b + 11, b + 12, b + 13);
+    }
+    p[np - 1] = OQ_TOPIC_CALLS;
+    snprintf(sql + l, cap - l,
+             "), c AS (INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,state,"
+             "attempt,client_id,seq,created_at,updated_at,expires_at,message_id,callback_url) "
+             "SELECT call_id,tenant,idem_key,fingerprint,tool,args,'pending',1,client_id,seq,"
+             "created_at,created_at,expires_at,message_id,callback_url FROM v "
+             "ON CONFLICT DO NOTHING RETURNING call_id,message_id), "
+             "o AS (INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
+             "SELECT v.message_id,$%zu::text,v.call_id,v.payload,v.created_at FROM v JOIN c ON "
+             "c.call_id=v.call_id AND c.message_id=v.message_id) "
+             "SELECT call_id,message_id FROM c",
+             np);
+    PGresult *r = NULL;
+    /* parsed, not prepared: its text depends on n */
+    if ((rc = oq_pg_query(s->pg, sql, (int)np, p, &r, err))) goto out;
+    int got = PQntuples(r);
+    ahead_t *a = realloc(ahead, (size_t)(nahead + got + 1) * sizeof *ahead);
+    if (!a) {
+        PQclear(r);
+        rc = oom(err);
+        goto out;
+    }
+    ahead = a;
+    for (int i = 0; i < got; i++) {
+        col_copy(r, i, 0, ahead[nahead + i].call_id, sizeof ahead->call_id);
+        col_copy(r, i, 1, ahead[nahead + i].message_id, sizeof ahead->message_id);
+    }
+    nahead += got;
+    ahead_conn = s->pg;
+    PQclear(r);
+out:
+    if (own)
+        for (int i = 0; i < 2 * n; i++)
+            free(own[i]);
+    free(own);
+    free(p);
+    free(nums);
+    free(sql);
+    return rc;
+}
+
+int oq__producer_pg_insert_calls(oq__producer_store_t *s, const oq__producer_new_call_t *rows,
+                                 int n, oq_error_t *err)
+{
+    ahead_forget();
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i += AHEAD_CHUNK)
+        rc = insert_chunk(s, rows + i, n - i < AHEAD_CHUNK ? n - i : AHEAD_CHUNK, err);
+    if (rc) ahead_forget(); /* the transaction is aborted: nothing of it holds */
+    return rc;
+}
+
 int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                 oq__producer_insert_t *result, oq_error_t *err)
 {
+    if (ahead_take(s, c)) { /* written by oq__producer_pg_insert_calls() in this transaction */
+        *result = OQ__INSERT_NEW;
+        return 0;
+    }
     num_t seq, at, exp;
-    char *args = dupn(c->args, c->args_len);
-    if (!args) return oom(err);
+    char *args = dupn(c->args, c->args_len), *pl = dupn(c->payload, c->payload_len);
+    if (!args || !pl) {
+        free(args);
+        free(pl);
+        return oom(err);
+    }
     const char *p[] = {c->call_id,
                        c->tenant,
                        c->idem_key,
@@ -203,15 +361,21 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                        num(&at, c->created_at),
                        num(&exp, c->expires_at),
                        c->message_id,
-                       c->callback_url};
+                       c->callback_url,
+                       OQ_TOPIC_CALLS,
+                       pl};
     int64_t n = 0;
+    /* The call and, when it was inserted, its outbox row: one statement, one round trip. */
     int rc = cmd(s,
-                 "INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,state,"
-                 "attempt,client_id,seq,created_at,updated_at,expires_at,message_id,callback_url) "
-                 "VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11,$12) "
-                 "ON CONFLICT DO NOTHING",
-                 12, p, &n, err);
+                 "WITH c AS (INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,"
+                 "state,attempt,client_id,seq,created_at,updated_at,expires_at,message_id,"
+                 "callback_url) VALUES($1,$2,$3,$4,$5,$6,'pending',1,$7,$8,$9,$9,$10,$11,$12) "
+                 "ON CONFLICT DO NOTHING RETURNING 1) "
+                 "INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
+                 "SELECT $11,$13,$1,$14,$9 FROM c",
+                 14, p, &n, err);
     free(args);
+    free(pl);
     if (rc) return rc;
     if (n == 0) {
         /* The key, or only the call id (then the key is free: draw another id)? */
@@ -224,8 +388,7 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
         return 0;
     }
     *result = OQ__INSERT_NEW;
-    return outbox_append(s, c->message_id, c->call_id, c->payload, c->payload_len, c->created_at,
-                         err);
+    return 0;
 }
 
 static int read_call(PGresult *r, int row, oq_call_t *c)

@@ -152,6 +152,14 @@ static int run_batch(oq__writer_t *w, oq__work_t **items, int n, int *item_faile
     *item_failed = 0;
     int ret = oq__producer_store_begin(&s, 10000, &err);
     if (ret) goto fail;
+    /* PostgreSQL: the batch's new calls in one round trip (nothing on SQLite) */
+    if (w->wpg && n > 1 &&
+        (ret = oq__decide_submit_ahead(&s, items, n, now, w->key_ttl_ms, w->max_message_bytes,
+                                       &err))) {
+        *item_failed = is_db_error(ret);
+        oq__producer_store_rollback(&s);
+        goto fail;
+    }
     for (int i = 0; i < n; i++) {
         oq__work_t *it = items[i];
         int64_t ti = oq_mono_us();
@@ -586,7 +594,8 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     if (oq_backend_of(path) == OQ_BACKEND_POSTGRES) {
         /* PostgreSQL: the same queue and group commit on one connection; durability is the
          * server's (synchronous_commit=on), and it has no WAL file of ours to checkpoint. */
-        if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)))
+        if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)) ||
+            (ret = oq_pg_prepared(w->wpg, err)))
             goto out;
         register_metrics(w, o->metrics);
         w->ckpt_pages = 0;

@@ -28,6 +28,8 @@
  *
  * A lost connection is re-established before the next operation (PQreset, LISTEN again); the
  * operation that met it fails retriably and relay.c retries as after any database error.
+ * Statements are prepared once per connection (oq_pg_prepared(), oq_pg_run(): prepared again
+ * after a reconnect).
  */
 #include <inttypes.h>
 #include <libpq-fe.h>
@@ -90,6 +92,7 @@ int oq__relay_pg_open(const char *conninfo, oq__relay_pg_t **out, oq_error_t *er
     oq__relay_pg_t *p = calloc(1, sizeof *p);
     if (!p) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     int rc = oq_pg_connect(conninfo, &p->c, err), v = 0;
+    if (!rc) rc = oq_pg_prepared(p->c, err);
     if (!rc) rc = oq_pg_schema_version(p->c, &v, err);
     if (!rc && v < 1)
         rc = oq_error_set(err, OQ_EDB, 0,
@@ -141,16 +144,16 @@ int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *
     const char *ins[] = {name, owner, num(&l, lease_ms)};
     /* A missing row is ours (fence 1); a concurrent insert of the same name wins or loses on
      * the primary key without an error. */
-    if ((rc = oq_pg_cmd(p->c,
-                        "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at) VALUES "
-                        "($1, $2, 0, '-infinity') ON CONFLICT (name) DO NOTHING",
-                        2, ins, NULL, err)))
+    if ((rc = oq_pg_run_cmd(p->c,
+                            "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at) VALUES "
+                            "($1, $2, 0, '-infinity') ON CONFLICT (name) DO NOTHING",
+                            2, ins, NULL, err)))
         goto out;
     const char *get[] = {name};
-    if ((rc = oq_pg_query(p->c,
-                          "SELECT owner, fence, expires_at > clock_timestamp(), published_seq "
-                          "FROM onceq.relay_lease WHERE name = $1 FOR UPDATE",
-                          1, get, &r, err)))
+    if ((rc = oq_pg_run(p->c,
+                        "SELECT owner, fence, expires_at > clock_timestamp(), published_seq "
+                        "FROM onceq.relay_lease WHERE name = $1 FOR UPDATE",
+                        1, get, &r, err)))
         goto out;
     if (PQntuples(r) != 1) {
         rc = oq_error_set(err, OQ_EDB, 0, "relay lease %s: no row", name);
@@ -165,10 +168,10 @@ int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *
     if (!ours && live) goto commit; /* someone else holds it */
     int64_t new_fence = ours ? cur_fence : cur_fence + 1;
     const char *up[] = {name, owner, num(&f, new_fence), num(&l, lease_ms)};
-    if ((rc = oq_pg_cmd(p->c,
-                        "UPDATE onceq.relay_lease SET owner = $2, fence = $3, expires_at = "
-                        "clock_timestamp() + $4 * interval '1 millisecond' WHERE name = $1",
-                        4, up, NULL, err)))
+    if ((rc = oq_pg_run_cmd(p->c,
+                            "UPDATE onceq.relay_lease SET owner = $2, fence = $3, expires_at = "
+                            "clock_timestamp() + $4 * interval '1 millisecond' WHERE name = $1",
+                            4, up, NULL, err)))
         goto out;
     *fence = new_fence;
     *held = 1;
@@ -195,13 +198,14 @@ static int fenced_renew(oq__relay_pg_t *p, const char *name, const char *owner, 
     const char *pr[] = {name,          owner,          num(&f, fence), num(&l, lease_ms),
                         num(&u, upto), num(&t, now_ms)};
     int64_t n = 0;
-    int rc = oq_pg_cmd(p->c,
-                       "UPDATE onceq.relay_lease SET expires_at = clock_timestamp() + $4 * "
-                       "interval '1 millisecond', published_seq = GREATEST(published_seq, $5), "
-                       "published_at = CASE WHEN $5::bigint > published_seq THEN $6::bigint ELSE "
-                       "published_at END WHERE name = $1 AND owner = $2 AND fence = $3 AND "
-                       "expires_at > clock_timestamp()",
-                       6, pr, &n, err);
+    int rc =
+        oq_pg_run_cmd(p->c,
+                      "UPDATE onceq.relay_lease SET expires_at = clock_timestamp() + $4 * "
+                      "interval '1 millisecond', published_seq = GREATEST(published_seq, $5), "
+                      "published_at = CASE WHEN $5::bigint > published_seq THEN $6::bigint ELSE "
+                      "published_at END WHERE name = $1 AND owner = $2 AND fence = $3 AND "
+                      "expires_at > clock_timestamp()",
+                      6, pr, &n, err);
     if (rc) return rc;
     if (n != 1)
         return oq_error_set(err, OQ_EFENCED, 0, "relay lease %s: fence %" PRId64 " no longer held",
@@ -224,10 +228,11 @@ int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *
     const char *pr[] = {name, owner, num(&f, fence)};
     int rc = ready(p, err);
     if (rc) return rc;
-    return oq_pg_cmd(p->c,
-                     "UPDATE onceq.relay_lease SET expires_at = '-infinity' WHERE name = $1 AND "
-                     "owner = $2 AND fence = $3",
-                     3, pr, NULL, err);
+    return oq_pg_run_cmd(
+        p->c,
+        "UPDATE onceq.relay_lease SET expires_at = '-infinity' WHERE name = $1 AND "
+        "owner = $2 AND fence = $3",
+        3, pr, NULL, err);
 }
 
 /* --- read ----------------------------------------------------------------------------------- */
@@ -240,7 +245,7 @@ static int assign(oq__relay_pg_t *p, int max_rows, oq_error_t *err)
     const char *pr[] = {num(&m, max_rows)};
     int rc = oq_pg_exec(p->c, "BEGIN; SELECT pg_advisory_xact_lock(" ASSIGN_LOCK ")", err);
     if (rc) goto fail;
-    if ((rc = oq_pg_cmd(
+    if ((rc = oq_pg_run_cmd(
              p->c,
              "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY "
              "seq LIMIT $1 FOR UPDATE), n AS (SELECT seq, nextval('onceq.outbox_pub_seq') "
@@ -264,10 +269,10 @@ int oq__relay_pg_read(oq__relay_pg_t *p, int64_t after, int max_rows, int64_t ma
     int rc = ready(p, err);
     if (rc || (rc = assign(p, max_rows > 0 ? max_rows * 4 : 1000, err))) return rc;
     const char *pr[] = {num(&a, after), num(&m, max_rows)};
-    if ((rc = oq_pg_query(p->c,
-                          "SELECT pub_seq, created_at, message_id, topic, key, payload FROM "
-                          "onceq.outbox WHERE pub_seq > $1 ORDER BY pub_seq LIMIT $2",
-                          2, pr, &r, err)))
+    if ((rc = oq_pg_run(p->c,
+                        "SELECT pub_seq, created_at, message_id, topic, key, payload FROM "
+                        "onceq.outbox WHERE pub_seq > $1 ORDER BY pub_seq LIMIT $2",
+                        2, pr, &r, err)))
         return rc;
     int64_t bytes = 0;
     int n = 0;
@@ -303,12 +308,13 @@ int oq__relay_pg_mark_dead(oq__relay_pg_t *p, const char *name, const char *owne
     for (size_t i = 0; i < ndead; i++) {
         num_t s, t;
         const char *pr[] = {num(&s, dead[i].seq), dead[i].reason, dead[i].detail, num(&t, now_ms)};
-        if ((rc = oq_pg_cmd(p->c,
-                            "INSERT INTO onceq.outbox_dead(seq, message_id, topic, key, payload, "
-                            "created_at, reason, detail, dead_at) SELECT pub_seq, message_id, "
-                            "topic, key, payload, created_at, $2, $3, $4 FROM onceq.outbox WHERE "
-                            "pub_seq = $1 ON CONFLICT (seq) DO NOTHING",
-                            4, pr, NULL, err)))
+        if ((rc = oq_pg_run_cmd(
+                 p->c,
+                 "INSERT INTO onceq.outbox_dead(seq, message_id, topic, key, payload, "
+                 "created_at, reason, detail, dead_at) SELECT pub_seq, message_id, "
+                 "topic, key, payload, created_at, $2, $3, $4 FROM onceq.outbox WHERE "
+                 "pub_seq = $1 ON CONFLICT (seq) DO NOTHING",
+                 4, pr, NULL, err)))
             goto fail;
     }
     OQ_CRASH_POINT("relay.after_mark_before_commit");
@@ -327,10 +333,11 @@ int oq__relay_pg_cleanup(oq__relay_pg_t *p, int64_t cutoff_ms, int limit, int64_
     const char *pr[] = {num(&c, cutoff_ms), num(&l, limit)};
     int rc = ready(p, err);
     if (rc) return rc;
-    return oq_pg_cmd(p->c,
-                     "DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
-                     "pub_seq <= " WATERMARK " ORDER BY pub_seq LIMIT $2) AND created_at < $1",
-                     2, pr, deleted, err);
+    return oq_pg_run_cmd(
+        p->c,
+        "DELETE FROM onceq.outbox WHERE seq IN (SELECT seq FROM onceq.outbox WHERE "
+        "pub_seq <= " WATERMARK " ORDER BY pub_seq LIMIT $2) AND created_at < $1",
+        2, pr, deleted, err);
 }
 
 int oq__relay_pg_pending(oq__relay_pg_t *p, int64_t *count, int64_t *oldest_created_at,
@@ -339,10 +346,10 @@ int oq__relay_pg_pending(oq__relay_pg_t *p, int64_t *count, int64_t *oldest_crea
     PGresult *r = NULL;
     int rc = ready(p, err);
     if (rc) return rc;
-    if ((rc = oq_pg_query(p->c,
-                          "SELECT count(*), COALESCE(min(created_at), 0) FROM onceq.outbox WHERE "
-                          "pub_seq IS NULL OR pub_seq > " WATERMARK,
-                          0, NULL, &r, err)))
+    if ((rc = oq_pg_run(p->c,
+                        "SELECT count(*), COALESCE(min(created_at), 0) FROM onceq.outbox WHERE "
+                        "pub_seq IS NULL OR pub_seq > " WATERMARK,
+                        0, NULL, &r, err)))
         return rc;
     *count = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     *oldest_created_at = strtoll(PQgetvalue(r, 0, 1), NULL, 10);

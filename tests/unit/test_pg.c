@@ -5,7 +5,9 @@
  * migrations of schema `onceq` (idempotent, the newer-schema guard refuses untouched), errors
  * mapped to oq_error_t (unique violation -> OQ_EEXIST, a serialization failure -> retriable
  * OQ_EBUSY), oq_pg_tx() retrying a serialization failure and reconnecting after its backend was
- * terminated, and a refused connection that neither crashes nor echoes the connection string.
+ * terminated, statements prepared once per session by oq_pg_run() and prepared again after a
+ * reconnect (pg_terminate_backend) or a DEALLOCATE (never on a connection not opted in), and a
+ * refused connection that neither crashes nor echoes the connection string.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +20,7 @@
 #include <cmocka.h>
 
 #include "oq_pg.h"
+#include "oq_util.h"
 #include "pg_fixture.h"
 
 static char conninfo[2048];
@@ -182,6 +185,72 @@ static void test_tx_retry(void **state)
     oq_pg_close(&p);
 }
 
+/* How many statements onceq prepared in \p c's own session. */
+static int64_t prepared_count(PGconn *c)
+{
+    PGresult *r = PQexec(c, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'oq_s%'");
+    int64_t n = PQresultStatus(r) == PGRES_TUPLES_OK ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : -1;
+    PQclear(r);
+    return n;
+}
+
+static const char PLUS_ONE[] = "SELECT $1::int + 1";
+static const char TIMES_TWO[] = "SELECT $1::int * 2";
+
+/* Runs \p sql with parameter "20" through oq_pg_run(); its one value, or -1. */
+static int64_t run_one(PGconn *c, const char *sql, oq_error_t *err)
+{
+    const char *p[] = {"20"};
+    PGresult *r = NULL;
+    if (oq_pg_run(c, sql, 1, p, &r, err) != 0) return -1;
+    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+static void test_prepared(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    PGconn *c = NULL, *plain = NULL;
+    assert_int_equal(oq_pg_connect(conninfo, &c, &err), 0);
+    assert_int_equal(oq_pg_prepared(c, &err), 0);
+    assert_int_equal(oq_pg_prepared(c, &err), 0); /* twice: harmless */
+    assert_int_equal(run_one(c, PLUS_ONE, &err), 21);
+    assert_int_equal(run_one(c, PLUS_ONE, &err), 21);
+    assert_int_equal(run_one(c, TIMES_TWO, &err), 40);
+    assert_int_equal(prepared_count(c), 2); /* once per statement, not per run */
+
+    /* the backend terminated: the next run fails as a lost connection (retriable); after the
+     * reconnect every statement is prepared again in the new session */
+    PGconn *k = conn();
+    char sql[96];
+    snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d)", PQbackendPID(c));
+    PQclear(PQexec(k, sql));
+    PQfinish(k);
+    for (int i = 0; i < 100 && run_one(c, PLUS_ONE, &err) != -1; i++) /* until it is gone */
+        oq_sleep_ms(20, NULL);
+    assert_true(err.retriable);
+    assert_true(oq_pg_lost(c, &err));
+    PQreset(c);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    assert_int_equal(run_one(c, PLUS_ONE, &err), 21);
+    assert_int_equal(run_one(c, TIMES_TWO, &err), 40);
+    assert_int_equal(prepared_count(c), 2);
+
+    /* the session forgot them (DEALLOCATE ALL): prepared again outside a transaction */
+    PQclear(PQexec(c, "DEALLOCATE ALL"));
+    assert_int_equal(run_one(c, TIMES_TWO, &err), 40);
+    assert_int_equal(prepared_count(c), 1);
+
+    /* a connection not opted in (a caller's) is left as found: parsed, nothing prepared */
+    assert_int_equal(oq_pg_connect(conninfo, &plain, &err), 0);
+    assert_int_equal(run_one(plain, PLUS_ONE, &err), 21);
+    assert_int_equal(prepared_count(plain), 0);
+    PQfinish(plain);
+    PQfinish(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest offline[] = {
@@ -198,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_migrate),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tx_retry),
+        cmocka_unit_test(test_prepared),
     };
     return cmocka_run_group_tests_name("pg", online, NULL, NULL);
 }
