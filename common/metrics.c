@@ -21,6 +21,7 @@
  * it without an include circle.
  */
 #include "oq_metrics.h"
+#include "oq_buf.h"
 #include "oq_log.h"
 
 #include <dirent.h>
@@ -363,42 +364,6 @@ static void process_refresh(oq_metrics_t *m)
 
 /* --- rendering ---------------------------------------------------------------------------- */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int oom;
-} sb_t;
-
-static void sb_printf(sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sb_t *sb, const char *fmt, ...)
-{
-    if (sb->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(sb->buf + sb->len, sb->cap - sb->len, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            sb->oom = 1;
-            return;
-        }
-        if ((size_t)w < sb->cap - sb->len) {
-            sb->len += (size_t)w;
-            return;
-        }
-        size_t ncap = sb->cap * 2;
-        while (ncap - sb->len <= (size_t)w)
-            ncap *= 2;
-        char *nb = realloc(sb->buf, ncap);
-        if (!nb) {
-            sb->oom = 1;
-            return;
-        }
-        sb->buf = nb;
-        sb->cap = ncap;
-    }
-}
-
 /* Prometheus number: integers without exponent or fraction, otherwise the shortest %g form
  * that reads back exactly; NaN and infinities spelled as the format wants. */
 static void fmt_num(double v, char out[40])
@@ -417,23 +382,23 @@ static void fmt_num(double v, char out[40])
     }
 }
 
-static void sb_escaped_help(sb_t *sb, const char *s)
+static void sb_escaped_help(oq_buf_t *sb, const char *s)
 {
     if (!strpbrk(s, "\\\n")) {
-        sb_printf(sb, "%s", s);
+        oq_buf_printf(sb, "%s", s);
         return;
     }
     for (; *s; s++) {
         if (*s == '\\')
-            sb_printf(sb, "\\\\");
+            oq_buf_printf(sb, "\\\\");
         else if (*s == '\n')
-            sb_printf(sb, "\\n");
+            oq_buf_printf(sb, "\\n");
         else
-            sb_printf(sb, "%c", *s);
+            oq_buf_printf(sb, "%c", *s);
     }
 }
 
-static void render_metric(sb_t *sb, oq_metric_t *mt)
+static void render_metric(oq_buf_t *sb, oq_metric_t *mt)
 {
     char num[40];
     const char *lb = mt->labels ? mt->labels : "";
@@ -442,16 +407,16 @@ static void render_metric(sb_t *sb, oq_metric_t *mt)
     if (atomic_load_explicit(&mt->absent, memory_order_relaxed)) return;
     if (mt->type == OQ__COUNTER && mt->fcounter) {
         fmt_num(u2d(u), num);
-        sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
+        oq_buf_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
         return;
     }
     if (mt->type == OQ__COUNTER) {
-        sb_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
+        oq_buf_printf(sb, "%s%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)u);
         return;
     }
     if (mt->type == OQ__GAUGE) {
         fmt_num(u2d(u), num);
-        sb_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
+        oq_buf_printf(sb, "%s%s%s%s %s\n", mt->name, open, lb, close, num);
         return;
     }
     uint64_t cum = 0;
@@ -462,22 +427,22 @@ static void render_metric(sb_t *sb, oq_metric_t *mt)
             fmt_num(mt->bounds[i], num);
         else
             strcpy(num, "+Inf");
-        sb_printf(sb, "%s_bucket{%s%sle=\"%s\"} %llu\n", mt->name, lb, sep, num,
-                  (unsigned long long)cum);
+        oq_buf_printf(sb, "%s_bucket{%s%sle=\"%s\"} %llu\n", mt->name, lb, sep, num,
+                      (unsigned long long)cum);
     }
     fmt_num(u2d(atomic_load_explicit(&mt->sum, memory_order_relaxed)), num);
-    sb_printf(sb, "%s_sum%s%s%s %s\n", mt->name, open, lb, close, num);
-    sb_printf(sb, "%s_count%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)cum);
+    oq_buf_printf(sb, "%s_sum%s%s%s %s\n", mt->name, open, lb, close, num);
+    oq_buf_printf(sb, "%s_count%s%s%s %llu\n", mt->name, open, lb, close, (unsigned long long)cum);
 }
 
 int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
 {
     static const char *const tnames[] = {"counter", "gauge", "histogram"};
-    sb_t sb = {.buf = malloc(4096), .cap = 4096};
+    oq_buf_t sb = {0};
     *out = NULL;
     if (out_len) *out_len = 0;
-    if (!sb.buf) return OQ_ENOMEM;
-    sb.buf[0] = '\0';
+    if (oq_buf_reserve(&sb, 4096)) return OQ_ENOMEM;
+    sb.p[0] = '\0';
     pthread_mutex_lock(&m->mu);
     process_refresh(m);
     if (m->collect) m->collect(m, m->collect_arg);
@@ -490,18 +455,13 @@ int oq_metrics_render(oq_metrics_t *m, char **out, size_t *out_len)
                 break;
             }
         if (seen) continue;
-        sb_printf(&sb, "# HELP %s ", fam->name);
+        oq_buf_printf(&sb, "# HELP %s ", fam->name);
         sb_escaped_help(&sb, fam->help);
-        sb_printf(&sb, "\n# TYPE %s %s\n", fam->name, tnames[fam->type]);
+        oq_buf_printf(&sb, "\n# TYPE %s %s\n", fam->name, tnames[fam->type]);
         for (oq_metric_t *mt = fam; mt; mt = mt->next)
             if (strcmp(mt->name, fam->name) == 0) render_metric(&sb, mt);
     }
     pthread_mutex_unlock(&m->mu);
-    if (sb.oom) {
-        free(sb.buf);
-        return OQ_ENOMEM;
-    }
-    *out = sb.buf;
-    if (out_len) *out_len = sb.len;
+    if (!(*out = oq_buf_take(&sb, out_len))) return OQ_ENOMEM;
     return 0;
 }

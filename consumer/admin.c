@@ -33,6 +33,7 @@
 #include <strings.h>
 
 #include "oq_consumer.h"
+#include "oq_buf.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
@@ -65,8 +66,7 @@ void oq__admin_set_ready(oq__admin_t *a, struct oq_ready *r)
 
 /* Per connection: the request body read so far. */
 typedef struct {
-    char *buf;
-    size_t len;
+    oq_buf_t b;
     int too_big;
 } body_t;
 
@@ -212,7 +212,7 @@ static enum MHD_Result resolve(oq__admin_t *a, struct MHD_Connection *c, const c
     json_t *req = NULL, *out = NULL;
     if (b->too_big)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", "body over 64 KiB");
-    if (oq_json_parse(b->buf ? b->buf : "", b->len, 8, &req, &err) != 0 || !json_is_object(req)) {
+    if (oq_json_parse(b->b.p ? b->b.p : "", b->b.len, 8, &req, &err) != 0 || !json_is_object(req)) {
         json_decref(req);
         return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                           err.msg[0] ? err.msg : "expected a JSON object");
@@ -341,17 +341,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (b->too_big || b->len + n > MAX_BODY) {
+        if (b->too_big || b->b.len + n > MAX_BODY) {
             b->too_big = 1;
             return MHD_YES;
         }
-        char *nb = realloc(b->buf, b->len + n + 1);
-        if (!nb) return MHD_NO;
-        b->buf = nb;
-        memcpy(b->buf + b->len, upload_data, n);
-        b->len += n;
-        b->buf[b->len] = '\0';
-        return MHD_YES;
+        return oq_buf_put(&b->b, upload_data, n) ? MHD_NO : MHD_YES;
     }
     return route(a, c, url, method, b);
 }
@@ -362,7 +356,7 @@ static void done(void *cls, struct MHD_Connection *c, void **con_cls,
     body_t *b = *con_cls;
     (void)cls, (void)c, (void)toe;
     if (b) {
-        free(b->buf);
+        oq_buf_free(&b->b);
         free(b);
         *con_cls = NULL;
     }
