@@ -72,6 +72,27 @@ int oq_buf_printf(oq_buf_t *b, const char *fmt, ...)
     return 0;
 }
 
+int oq_buf_read(oq_buf_t *b, FILE *f, size_t limit)
+{
+    size_t start = b->len;
+    for (;;) {
+        size_t room = b->cap > b->len + 1 ? b->cap - b->len - 1 : 0;
+        if (room < 4096) {
+            int rc = oq_buf_reserve(b, 4096);
+            if (rc) return rc;
+            room = b->cap - b->len - 1;
+        }
+        size_t left = limit - (b->len - start);
+        size_t want =
+            left == SIZE_MAX ? left : left + 1; /* one past the limit tells it is passed */
+        size_t r = fread(b->p + b->len, 1, room < want ? room : want, f);
+        b->len += r;
+        b->p[b->len] = '\0';
+        if (b->len - start > limit) return OQ_ETOOBIG;
+        if (r == 0) return ferror(f) ? OQ_EIO : 0;
+    }
+}
+
 char *oq_buf_take(oq_buf_t *b, size_t *len)
 {
     if (!b->err && !b->p) oq_buf_reserve(b, 0);

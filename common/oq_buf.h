@@ -12,6 +12,7 @@
 #define OQ_BUF_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct oq_buf {
     char *p;    /**< the bytes, NUL-terminated; NULL until the first put */
@@ -31,6 +32,9 @@ int oq_buf_puts(oq_buf_t *b, const char *s);
 int oq_buf_putc(oq_buf_t *b, char c);
 /** @brief Appends printf-formatted text (OQ_ERANGE also when vsnprintf fails). */
 int oq_buf_printf(oq_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** @brief Appends the rest of \p f, reading at most \p limit + 1 bytes. @returns 0, OQ_ETOOBIG
+ *         when \p f holds more than \p limit bytes, OQ_EIO on a read error, or b->err. */
+int oq_buf_read(oq_buf_t *b, FILE *f, size_t limit);
 /** @brief Hands the text over (\p len may be NULL) and leaves the buffer empty; NULL after a
  *         failure (the bytes are freed) or when nothing was put and no memory can be had for
  *         an empty string. */

@@ -128,13 +128,34 @@ static void test_oom(void **state)
     fail_realloc = 0;
 }
 
+static void test_read(void **state)
+{
+    (void)state;
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    for (int i = 0; i < 3000; i++)
+        fputs("0123456789", f);
+    rewind(f);
+    oq_buf_t b = {0};
+    assert_int_equal(oq_buf_puts(&b, "<"), 0);
+    assert_int_equal(oq_buf_read(&b, f, 30000), 0); /* exactly the limit */
+    assert_int_equal(b.len, 30001);
+    assert_memory_equal(b.p, "<0123456789", 11);
+    assert_int_equal(b.p[b.len], '\0');
+    oq_buf_free(&b);
+    rewind(f);
+    assert_int_equal(oq_buf_read(&b, f, 29999), OQ_ETOOBIG); /* one byte over */
+    assert_int_equal(b.len, 30000);                          /* read no further than that */
+    oq_buf_free(&b);
+    fclose(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_growth),
-        cmocka_unit_test(test_printf),
-        cmocka_unit_test(test_size_overflow),
-        cmocka_unit_test(test_oom),
+        cmocka_unit_test(test_growth),        cmocka_unit_test(test_printf),
+        cmocka_unit_test(test_size_overflow), cmocka_unit_test(test_oom),
+        cmocka_unit_test(test_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
