@@ -35,6 +35,7 @@
 #include <sys/socket.h>
 
 #include "bench.h"
+#include "oq_buf.h"
 #include "oq_config.h"
 #include "oq_util.h"
 
@@ -94,7 +95,10 @@ static pid_t spawn_exe(const char *prog, char *const args[], const char *log)
     return pid;
 }
 
-static pid_t spawn(char *const args[], const char *log) { return spawn_exe(exe, args, log); }
+static pid_t spawn(char *const args[], const char *log)
+{
+    return spawn_exe(exe, args, log);
+}
 
 static void stop(pid_t pid)
 {
@@ -113,8 +117,7 @@ static void stop(pid_t pid)
 
 typedef struct conn {
     CURL *h;
-    char *buf;
-    size_t len, cap;
+    oq_buf_t buf;
     char sid[64];
 } conn_t;
 
@@ -122,17 +125,7 @@ static size_t on_write(char *p, size_t sz, size_t n, void *ud)
 {
     conn_t *c = ud;
     size_t k = sz * n;
-    if (c->len + k + 1 > c->cap) {
-        size_t cap = (c->len + k + 1) * 2;
-        char *b = realloc(c->buf, cap);
-        if (!b) return 0;
-        c->buf = b;
-        c->cap = cap;
-    }
-    memcpy(c->buf + c->len, p, k);
-    c->len += k;
-    c->buf[c->len] = '\0';
-    return k;
+    return oq_buf_put(&c->buf, p, k) ? 0 : k;
 }
 
 static size_t on_header(char *p, size_t sz, size_t n, void *ud)
@@ -169,7 +162,8 @@ static json_t *req(conn_t *c, const char *url, const char *body, const char *key
         snprintf(line, sizeof line, "Idempotency-Key: %s", key);
         h = curl_slist_append(h, line);
     }
-    c->len = 0;
+    c->buf.len = 0;
+    c->buf.err = 0;
     curl_easy_setopt(c->h, CURLOPT_URL, url);
     curl_easy_setopt(c->h, CURLOPT_HTTPHEADER, h);
     if (body) {
@@ -179,8 +173,8 @@ static json_t *req(conn_t *c, const char *url, const char *body, const char *key
     }
     CURLcode cc = curl_easy_perform(c->h);
     curl_slist_free_all(h);
-    if (cc != CURLE_OK || !c->buf) return NULL;
-    return json_loadb(c->buf, c->len, 0, NULL);
+    if (cc != CURLE_OK || c->buf.err || !c->buf.p) return NULL;
+    return json_loadb(c->buf.p, c->buf.len, 0, NULL);
 }
 
 /* --- a closed loop ---------------------------------------------------------------------------*/
@@ -270,7 +264,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&r->mu);
     }
     curl_easy_cleanup(c.h);
-    free(c.buf);
+    oq_buf_free(&c.buf);
     return NULL;
 }
 
@@ -342,7 +336,7 @@ static int healthy(int port, int tenths)
         if (!ok) oq_sleep_ms(100, NULL);
     }
     curl_easy_cleanup(c.h);
-    free(c.buf);
+    oq_buf_free(&c.buf);
     return ok;
 }
 

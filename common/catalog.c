@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_buf.h"
 #include "oq_catalog.h"
 #include "oq_json.h"
 #include "oq_log.h"
@@ -413,37 +414,15 @@ int oq__catalog_read_file(const char *path, char **out, size_t *out_len, oq_erro
 {
     FILE *f = fopen(path, "rb");
     if (!f) return oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > MAX_FILE) {
-                rc = oq_error_set(err, OQ_ETOOBIG, 0, "tools file %s is over 16 MiB", path);
-                goto out;
-            }
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-                goto out;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
+    oq_buf_t b = {0};
+    int rc = oq_buf_read(&b, f, MAX_FILE);
+    if (rc == OQ_ETOOBIG)
+        rc = oq_error_set(err, OQ_ETOOBIG, 0, "tools file %s is over 16 MiB", path);
+    else if (rc == OQ_EIO)
         rc = oq_error_set(err, OQ_EIO, 0, "cannot read tools file %s", path);
-        goto out;
-    }
-    buf[len] = 0;
-    *out = buf;
-    *out_len = len;
-    buf = NULL;
-out:
-    free(buf);
+    else if (rc || !(*out = oq_buf_take(&b, out_len)))
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    oq_buf_free(&b);
     fclose(f);
     return rc;
 }

@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "oq_httpc.h"
+#include "oq_buf.h"
 
 #define OQ__HTTPC_MAX_BODY (16u << 20)
 
@@ -35,8 +36,7 @@ struct oq_httpc {
     char *cacert;
     char errbuf[CURL_ERROR_SIZE];
     /* answer being received */
-    char *buf;
-    size_t len, cap;
+    oq_buf_t body; /* kept between requests: emptied, not freed */
     int too_big;
     int answered; /* the last request got an answer: its headers can be read */
 };
@@ -74,7 +74,7 @@ void oq_httpc_destroy(oq_httpc_t *c)
     if (!c) return;
     if (c->curl) curl_easy_cleanup(c->curl);
     free(c->cacert);
-    free(c->buf);
+    oq_buf_free(&c->body);
     free(c);
 }
 
@@ -89,22 +89,11 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg)
 {
     oq_httpc_t *c = arg;
     size_t m = size * n;
-    if (c->len + m + 1 > OQ__HTTPC_MAX_BODY) {
+    if (m >= OQ__HTTPC_MAX_BODY - c->body.len) {
         c->too_big = 1;
         return 0; /* aborts the transfer (CURLE_WRITE_ERROR) */
     }
-    if (c->len + m + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 4096;
-        while (cap < c->len + m + 1)
-            cap *= 2;
-        char *nb = realloc(c->buf, cap);
-        if (!nb) return 0;
-        c->buf = nb;
-        c->cap = cap;
-    }
-    memcpy(c->buf + c->len, p, m);
-    c->len += m;
-    return m;
+    return oq_buf_put(&c->body, p, m) ? 0 : m;
 }
 
 /* The answer's Retry-After in ms from now: -1 absent or unreadable, 0 for a past date. */
@@ -164,7 +153,8 @@ int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const c
     }
     CURL *e = c->curl;
     curl_easy_reset(e); /* options from the previous request go; the connection stays */
-    c->len = 0;
+    c->body.len = 0;
+    c->body.err = 0;
     c->too_big = 0;
     c->answered = 0;
     c->errbuf[0] = '\0';
@@ -206,10 +196,10 @@ int oq_httpc_request(oq_httpc_t *c, const char *method, const char *url, const c
     c->answered = 1;
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &resp->status);
     resp->retry_after_ms = retry_after_ms(e);
-    if (!(resp->body = malloc(c->len + 1))) goto nomem;
-    if (c->len) memcpy(resp->body, c->buf, c->len);
-    resp->body[c->len] = '\0';
-    resp->body_len = c->len;
+    if (!(resp->body = malloc(c->body.len + 1))) goto nomem;
+    if (c->body.len) memcpy(resp->body, c->body.p, c->body.len);
+    resp->body[c->body.len] = '\0';
+    resp->body_len = c->body.len;
     goto out;
 nomem:
     oq_httpc_resp_clear(resp);

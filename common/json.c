@@ -314,15 +314,10 @@ typedef oq_jcs_buf_t jbuf_t;
 static int jb_reserve(jbuf_t *b, size_t extra, oq_error_t *err)
 {
     if (b->cap - b->len > extra) return 0; /* always keep room for the final NUL */
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len <= extra) {
-        if (cap > SIZE_MAX / 2) return oq_error_set(err, OQ_ENOMEM, 0, "output too large");
-        cap *= 2;
-    }
-    char *p = realloc(b->p, cap);
-    if (!p) return oq_error_set(err, OQ_ENOMEM, ENOMEM, "out of memory (%zu bytes)", cap);
-    b->p = p;
-    b->cap = cap;
+    int rc = oq_buf_reserve(b, extra);
+    if (rc == OQ_ERANGE) return oq_error_set(err, OQ_ENOMEM, 0, "output too large");
+    if (rc)
+        return oq_error_set(err, OQ_ENOMEM, ENOMEM, "out of memory (%zu bytes)", b->len + extra);
     return 0;
 }
 
@@ -657,6 +652,7 @@ int oq_jcs_buf_finish(oq_jcs_buf_t *b, int rc, char **out, size_t *out_len, oq_e
     }
     b->p = NULL;
     b->len = b->cap = 0;
+    b->err = 0;
     return rc;
 }
 
@@ -759,26 +755,13 @@ int oq_fingerprint_canon(const char *tenant, const char *tool, const char *args_
  * real (an integer has none of them). */
 
 typedef struct dump_buf {
-    char *p;
-    size_t len, cap;
+    oq_buf_t b;
     int in_string;
 } dump_buf_t;
 
 static int dump_put(dump_buf_t *d, const char *s, size_t n)
 {
-    if (d->len + n + 1 > d->cap) {
-        size_t nc = d->cap ? d->cap : 256;
-        while (nc < d->len + n + 1)
-            nc *= 2;
-        char *np = realloc(d->p, nc);
-        if (!np) return -1;
-        d->p = np;
-        d->cap = nc;
-    }
-    memcpy(d->p + d->len, s, n);
-    d->len += n;
-    d->p[d->len] = '\0';
-    return 0;
+    return oq_buf_put(&d->b, s, n) ? -1 : 0;
 }
 
 void oq_json_real_text(double x, char out[OQ_JSON_REAL_MAX])
@@ -830,9 +813,9 @@ static int dump_chunk(const char *buf, size_t size, void *data)
 char *oq_json_dumps(const json_t *v, size_t flags)
 {
     dump_buf_t d = {0};
-    if (json_dump_callback(v, dump_chunk, &d, flags) != 0 || !d.p) {
-        free(d.p);
+    if (json_dump_callback(v, dump_chunk, &d, flags) != 0 || !d.b.p) {
+        oq_buf_free(&d.b);
         return NULL;
     }
-    return d.p;
+    return oq_buf_take(&d.b, NULL);
 }

@@ -21,12 +21,12 @@
 #include <strings.h>
 
 #include "oq_mcpc.h"
+#include "oq_buf.h"
 
 #define MAX_ANSWER (8u << 20)
 
 typedef struct buf {
-    char *p;
-    size_t n, cap;
+    oq_buf_t b;
     int too_big;
 } buf_t;
 
@@ -45,21 +45,11 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     buf_t *b = &((xchg_t *)ud)->body;
     size_t n = size * nmemb;
-    if (b->n + n > MAX_ANSWER) {
+    if (n > MAX_ANSWER - b->b.len) {
         b->too_big = 1;
         return 0;
     }
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return 0;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, ptr, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return n;
+    return oq_buf_put(&b->b, ptr, n) ? 0 : n;
 }
 
 static size_t on_header(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -100,8 +90,7 @@ json_t *oq__mcpc_answer(const char *body, size_t len, const json_t *id)
     /* text/event-stream: events end with a blank line; the data lines of one event join with
      * "\n"; the response is the event whose JSON has our id and a result or an error */
     json_t *found = NULL;
-    char *data = NULL;
-    size_t dn = 0;
+    oq_buf_t data = {0}; /* the data lines of the event so far; p NULL before the first */
     const char *p = body, *end = body + len;
     while (p <= end && !found) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -109,32 +98,24 @@ json_t *oq__mcpc_answer(const char *body, size_t len, const json_t *id)
         size_t ll = (size_t)(le - p);
         if (ll && p[ll - 1] == '\r') ll--;
         if (ll == 0) { /* end of an event */
-            if (data) {
-                json_t *m = json_loadb(data, dn, 0, NULL);
+            if (data.p) {
+                json_t *m = json_loadb(data.p, data.len, 0, NULL);
                 if (json_is_object(m) && (!id || json_equal(json_object_get(m, "id"), id)) &&
                     (json_object_get(m, "result") || json_object_get(m, "error")))
                     found = m;
                 else
                     json_decref(m);
-                free(data);
-                data = NULL;
-                dn = 0;
+                oq_buf_free(&data);
             }
         } else if (ll >= 5 && strncmp(p, "data:", 5) == 0) {
             const char *v = p + 5;
             size_t vl = ll - 5;
             if (vl && *v == ' ') v++, vl--;
-            char *nd = realloc(data, dn + vl + 2);
-            if (!nd) break;
-            data = nd;
-            if (dn) data[dn++] = '\n';
-            memcpy(data + dn, v, vl);
-            dn += vl;
-            data[dn] = '\0';
+            if ((data.len && oq_buf_putc(&data, '\n')) || oq_buf_put(&data, v, vl)) break;
         }
         if (!nl) {
-            if (data && !found) { /* a last event without its blank line */
-                json_t *m = json_loadb(data, dn, 0, NULL);
+            if (data.p && !found) { /* a last event without its blank line */
+                json_t *m = json_loadb(data.p, data.len, 0, NULL);
                 if (json_is_object(m) && (!id || json_equal(json_object_get(m, "id"), id)) &&
                     (json_object_get(m, "result") || json_object_get(m, "error")))
                     found = m;
@@ -145,7 +126,7 @@ json_t *oq__mcpc_answer(const char *body, size_t len, const json_t *id)
         }
         p = nl + 1;
     }
-    free(data);
+    oq_buf_free(&data);
     return found;
 }
 
@@ -210,7 +191,7 @@ static int post(const char *url, const char *sid, const char *const *headers, co
     }
     if (sid_out) snprintf(sid_out, OQ_MCPC_SID_MAX, "%s", x.sid);
     if (answer && json_object_get(msg, "id")) {
-        json_t *a = oq__mcpc_answer(x.body.p, x.body.n, json_object_get(msg, "id"));
+        json_t *a = oq__mcpc_answer(x.body.b.p, x.body.b.len, json_object_get(msg, "id"));
         if (!a) {
             rc = oq_error_set(err, OQ_EIO, 0, "MCP server %s: no JSON-RPC answer to %s", url,
                               json_string_value(json_object_get(msg, "method")));
@@ -231,7 +212,7 @@ out:
     if (c) curl_easy_cleanup(c);
     curl_slist_free_all(h);
     free(text);
-    free(x.body.p);
+    oq_buf_free(&x.body.b);
     return rc;
 }
 

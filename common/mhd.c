@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * mhd.c: what the onceq servers on libmicrohttpd share (oq_mhd.h): the logger, the URL
- * unescaper that never lets a %00 truncate a path or a query value, and the connection guard
- * (limits, request deadline, eviction, probe slots; its design is in oq_mhd.h).
+ * mhd.c: what the onceq servers on libmicrohttpd share (oq_mhd.h): the logger, the replies
+ * (every response of the servers is queued by oq_mhd_reply, every error body written by
+ * oq_mhd_error), the URL unescaper that never lets a %00 truncate a path or a query value, and
+ * the connection guard (limits, request deadline, eviction, probe slots; its design is in
+ * oq_mhd.h).
  *
  * The guard's table is a list in the order of each entry's `since` (accept, or the end of its
  * previous request: an entry moves to the tail when a request completes), so the oldest
@@ -25,6 +27,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "oq_json.h"
 #include "oq_util.h"
 
 void oq_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -37,6 +40,55 @@ void oq_mhd_log(void *cls, const char *fmt, va_list ap)
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
         buf[--n] = '\0';
     oq_log_write(c->level, c->component, NULL, "libmicrohttpd: %s", buf);
+}
+
+enum MHD_Result oq_mhd_reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             void *body, size_t len, enum MHD_ResponseMemoryMode mode,
+                             unsigned flags, const oq_mhd_header_t *hdrs)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    for (const oq_mhd_header_t *h = hdrs; h && h->name; h++)
+        if (h->value) MHD_add_response_header(r, h->name, h->value);
+    if ((flags & OQ_MHD_RETRY_503) && status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (flags & OQ_MHD_CLOSE) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+enum MHD_Result oq_mhd_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
+                                  unsigned flags, const oq_mhd_header_t *hdrs)
+{
+    size_t jf = JSON_COMPACT | ((flags & OQ_MHD_JSON_SORTED) ? JSON_SORT_KEYS : 0);
+    char *t = v ? oq_json_dumps(v, jf) : NULL;
+    json_decref(v);
+    if (!t) return MHD_NO;
+    size_t n = strlen(t);
+    if (flags & OQ_MHD_JSON_NEWLINE) {
+        char *nl = realloc(t, n + 2);
+        if (!nl) {
+            free(t);
+            return MHD_NO;
+        }
+        t = nl;
+        t[n++] = '\n';
+        t[n] = '\0';
+    }
+    return oq_mhd_reply(c, status, "application/json", t, n, MHD_RESPMEM_MUST_FREE, flags, hdrs);
+}
+
+enum MHD_Result oq_mhd_error(struct MHD_Connection *c, unsigned status, const char *code,
+                             const char *msg, unsigned flags, const oq_mhd_header_t *hdrs)
+{
+    return oq_mhd_reply_json(
+        c, status, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg ? msg : code),
+        flags, hdrs);
 }
 
 size_t oq_mhd_unescape(void *cls, struct MHD_Connection *c, char *s)
@@ -428,14 +480,8 @@ enum MHD_Result oq_mhd_guard_handler(void *cls, struct MHD_Connection *c, const 
             e->incomplete = 0;
             pthread_mutex_unlock(&g->mu);
         }
-        struct MHD_Response *r =
-            MHD_create_response_from_buffer(sizeof cut - 1, cut, MHD_RESPMEM_PERSISTENT);
-        if (!r) return MHD_NO;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_BAD_REQUEST, r);
-        MHD_destroy_response(r);
-        return ret;
+        return oq_mhd_reply(c, MHD_HTTP_BAD_REQUEST, "application/json", cut, sizeof cut - 1,
+                            MHD_RESPMEM_PERSISTENT, OQ_MHD_CLOSE, NULL);
     }
     if (e && e->probe && *con_cls == NULL &&
         !((strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) &&
@@ -447,15 +493,9 @@ enum MHD_Result oq_mhd_guard_handler(void *cls, struct MHD_Connection *c, const 
         oq_counter_add(g->m_closed[CLOSED_PROBE_ONLY], 1);
         g->closed_unlogged[CLOSED_PROBE_ONLY]++;
         pthread_mutex_unlock(&g->mu);
-        struct MHD_Response *r =
-            MHD_create_response_from_buffer(sizeof busy - 1, busy, MHD_RESPMEM_PERSISTENT);
-        if (!r) return MHD_NO;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_SERVICE_UNAVAILABLE, r);
-        MHD_destroy_response(r);
-        return ret;
+        return oq_mhd_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "application/json", busy,
+                            sizeof busy - 1, MHD_RESPMEM_PERSISTENT,
+                            OQ_MHD_RETRY_503 | OQ_MHD_CLOSE, NULL);
     }
     int last = *con_cls != NULL && *upload_size == 0; /* the request is all in */
     enum MHD_Result ret =

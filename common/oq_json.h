@@ -15,6 +15,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "oq_buf.h"
 #include "oq_error.h"
 
 #define OQ_JSON_DEFAULT_MAX_DEPTH 64
@@ -78,10 +79,7 @@ int oq_utf8_valid(const char *s, size_t len);
  * envelope codec uses it. Zero-initialise; every put appends, or returns OQ_ENOMEM / the
  * error of the value and leaves the buffer for oq_jcs_buf_finish() or free(b->p).
  */
-typedef struct oq_jcs_buf {
-    char *p;
-    size_t len, cap;
-} oq_jcs_buf_t;
+typedef oq_buf_t oq_jcs_buf_t;
 
 /** Appends \p n bytes verbatim (punctuation, keys known to need no escaping). */
 int oq_jcs_put_raw(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err);

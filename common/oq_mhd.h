@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file oq_mhd.h
- * @brief The one libmicrohttpd logger of the onceq servers (producer API, consumer admin,
- *        metrics listeners, the test downstream).
+ * @brief What the onceq servers (producer API, consumer admin, console, metrics listeners, the
+ *        test downstream) share of libmicrohttpd: its logger, the replies and error body, the
+ *        connection guard.
  */
 #ifndef OQ_MHD_H
 #define OQ_MHD_H
@@ -22,6 +23,7 @@ typedef struct oq_mhd_log_ctx {
  *         \p cls an oq_mhd_log_ctx_t. */
 void oq_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <stdint.h>
 
@@ -47,6 +49,44 @@ size_t oq_mhd_unescape(void *cls, struct MHD_Connection *c, char *s);
  *        sees it.
  */
 int oq_mhd_headers_intact(struct MHD_Connection *c, const char *method);
+
+/*
+ * Replies: the one way the onceq servers (producer API and /mcp, consumer admin, console,
+ * metrics listeners) queue an answer. Each server keeps its own small wrappers (its status
+ * counters, its fixed headers); the response, its headers and the error body are made here.
+ */
+
+/** One extra header of a reply; a list of them ends at name NULL, an entry with value NULL is
+ *  skipped (so optional headers can sit in a fixed list). */
+typedef struct oq_mhd_header {
+    const char *name, *value;
+} oq_mhd_header_t;
+
+#define OQ_MHD_CLOSE 0x1u        /**< Connection: close */
+#define OQ_MHD_RETRY_503 0x2u    /**< Retry-After: 1 when the status is 503 */
+#define OQ_MHD_JSON_SORTED 0x4u  /**< oq_mhd_reply_json / oq_mhd_error: keys sorted */
+#define OQ_MHD_JSON_NEWLINE 0x8u /**< oq_mhd_reply_json / oq_mhd_error: the body ends in \n */
+
+/**
+ * @brief Queue \p status with \p len bytes of \p body (held as \p mode says; freed here when
+ *        MHD_RESPMEM_MUST_FREE and the response cannot be made), Content-Type \p ctype, then
+ *        the headers of \p hdrs (or NULL) and those \p flags ask for (OQ_MHD_*).
+ * @returns what MHD_queue_response returns, MHD_NO when the response cannot be made.
+ */
+enum MHD_Result oq_mhd_reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             void *body, size_t len, enum MHD_ResponseMemoryMode mode,
+                             unsigned flags, const oq_mhd_header_t *hdrs);
+
+/** @brief \p v (a new reference, consumed; NULL is MHD_NO) as compact application/json. */
+enum MHD_Result oq_mhd_reply_json(struct MHD_Connection *c, unsigned status, json_t *v,
+                                  unsigned flags, const oq_mhd_header_t *hdrs);
+
+/**
+ * @brief The error body the API documents (docs/openapi.yaml, Error):
+ *        {"error":{"code":CODE,"message":MSG}}, \p msg NULL reading as \p code.
+ */
+enum MHD_Result oq_mhd_error(struct MHD_Connection *c, unsigned status, const char *code,
+                             const char *msg, unsigned flags, const oq_mhd_header_t *hdrs);
 
 /*
  * The connection guard: the connection table of one libmicrohttpd daemon, so that slow or

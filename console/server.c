@@ -118,25 +118,23 @@ static void csrf_of(const oq_console_t *c, const char *what, char out[65])
 
 /* --- responses ------------------------------------------------------------------------------- */
 
+/* Every page, asset and answer of the console: oq_mhd_reply with the console's fixed headers. */
 static enum MHD_Result send_buf(struct MHD_Connection *conn, unsigned status, const void *data,
                                 size_t len, enum MHD_ResponseMemoryMode mode, const char *ctype,
                                 const char *cookie, const char *location)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, mode);
-    if (!r) return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    MHD_add_response_header(r, "Cache-Control", "no-store");
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(r, "X-Frame-Options", "DENY");
-    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
-    MHD_add_response_header(r, "Content-Security-Policy",
-                            "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-                            "script-src 'self'; connect-src 'self'; frame-ancestors 'none'");
-    if (cookie) MHD_add_response_header(r, MHD_HTTP_HEADER_SET_COOKIE, cookie);
-    if (location) MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, location);
-    enum MHD_Result ret = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    const oq_mhd_header_t hdrs[] = {
+        {"Cache-Control", "no-store"},
+        {"X-Content-Type-Options", "nosniff"},
+        {"X-Frame-Options", "DENY"},
+        {"Referrer-Policy", "no-referrer"},
+        {"Content-Security-Policy",
+         "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+         "script-src 'self'; connect-src 'self'; frame-ancestors 'none'"},
+        {MHD_HTTP_HEADER_SET_COOKIE, cookie},
+        {MHD_HTTP_HEADER_LOCATION, location},
+        {NULL, NULL}};
+    return oq_mhd_reply(conn, status, ctype, (void *)data, len, mode, 0, hdrs);
 }
 
 /* Sends \p v (a new reference, consumed). */
@@ -149,6 +147,8 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, j
                     NULL);
 }
 
+/* The console's own error body, {"error": CODE, "message": MSG}, which its page reads
+ * (console/assets/app.js); not the API's nested one. */
 static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, const char *code,
                                   const char *msg)
 {

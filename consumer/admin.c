@@ -33,6 +33,7 @@
 #include <strings.h>
 
 #include "oq_consumer.h"
+#include "oq_buf.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
@@ -65,46 +66,29 @@ void oq__admin_set_ready(oq__admin_t *a, struct oq_ready *r)
 
 /* Per connection: the request body read so far. */
 typedef struct {
-    char *buf;
-    size_t len;
+    oq_buf_t b;
     int too_big;
 } body_t;
+
+/* The admin API's JSON: keys sorted, a newline at the end (oq_mhd_reply_json). */
+#define ADMIN_JSON (OQ_MHD_JSON_SORTED | OQ_MHD_JSON_NEWLINE)
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char *text, size_t len,
                                  enum MHD_ResponseMemoryMode mode, const char *ctype)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, mode);
-    if (!r) {
-        if (mode == MHD_RESPMEM_MUST_FREE) free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return oq_mhd_reply(c, status, ctype, text, len, mode, 0, NULL);
 }
 
 /* Sends \p v (a new reference, consumed). */
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *v)
 {
-    char *t = v ? oq_json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    json_decref(v);
-    if (!t) return MHD_NO;
-    size_t n = strlen(t);
-    char *nl = realloc(t, n + 2);
-    if (nl) {
-        t = nl;
-        t[n++] = '\n';
-        t[n] = '\0';
-    }
-    return send_text(c, status, t, n, MHD_RESPMEM_MUST_FREE, "application/json");
+    return oq_mhd_reply_json(c, status, v, ADMIN_JSON, NULL);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *code,
                                   const char *msg)
 {
-    return send_json(c, status,
-                     json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg ? msg : ""));
+    return oq_mhd_error(c, status, code, msg ? msg : "", ADMIN_JSON, NULL);
 }
 
 /* --- who may use the review API (see the top of the file) ------------------------------------*/
@@ -159,23 +143,12 @@ static enum MHD_Result guard(oq__admin_t *a, struct MHD_Connection *c, int *sent
                  (i = oq_tokens_find(a->tokens, tok, tlen)) < 0)
             why = "the bearer token is not valid";
         if (why) {
-            struct MHD_Response *r = NULL;
-            char *t = NULL;
-            json_t *b =
-                json_pack("{s:{s:s, s:s}}", "error", "code", "unauthorized", "message", why);
-            if (b) t = json_dumps(b, JSON_COMPACT);
-            json_decref(b);
-            if (!t || !(r = MHD_create_response_from_buffer(strlen(t), t, MHD_RESPMEM_MUST_FREE))) {
-                free(t);
-                return MHD_NO;
-            }
-            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-            MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-                                    n.auth ? "Bearer realm=\"onceq\", error=\"invalid_token\""
-                                           : "Bearer realm=\"onceq\"");
-            enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_UNAUTHORIZED, r);
-            MHD_destroy_response(r);
-            return ret;
+            const oq_mhd_header_t www[] = {{MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                            n.auth
+                                                ? "Bearer realm=\"onceq\", error=\"invalid_token\""
+                                                : "Bearer realm=\"onceq\""},
+                                           {NULL, NULL}};
+            return oq_mhd_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized", why, 0, www);
         }
         if (!(a->tokens->v[i].roles & OQ_TOKEN_ROLE_OPERATOR))
             return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
@@ -239,7 +212,7 @@ static enum MHD_Result resolve(oq__admin_t *a, struct MHD_Connection *c, const c
     json_t *req = NULL, *out = NULL;
     if (b->too_big)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", "body over 64 KiB");
-    if (oq_json_parse(b->buf ? b->buf : "", b->len, 8, &req, &err) != 0 || !json_is_object(req)) {
+    if (oq_json_parse(b->b.p ? b->b.p : "", b->b.len, 8, &req, &err) != 0 || !json_is_object(req)) {
         json_decref(req);
         return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                           err.msg[0] ? err.msg : "expected a JSON object");
@@ -368,17 +341,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (b->too_big || b->len + n > MAX_BODY) {
+        if (b->too_big || b->b.len + n > MAX_BODY) {
             b->too_big = 1;
             return MHD_YES;
         }
-        char *nb = realloc(b->buf, b->len + n + 1);
-        if (!nb) return MHD_NO;
-        b->buf = nb;
-        memcpy(b->buf + b->len, upload_data, n);
-        b->len += n;
-        b->buf[b->len] = '\0';
-        return MHD_YES;
+        return oq_buf_put(&b->b, upload_data, n) ? MHD_NO : MHD_YES;
     }
     return route(a, c, url, method, b);
 }
@@ -389,7 +356,7 @@ static void done(void *cls, struct MHD_Connection *c, void **con_cls,
     body_t *b = *con_cls;
     (void)cls, (void)c, (void)toe;
     if (b) {
-        free(b->buf);
+        oq_buf_free(&b->b);
         free(b);
         *con_cls = NULL;
     }

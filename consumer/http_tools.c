@@ -58,6 +58,7 @@
 
 #include "http_tools.h"
 #include "mcp_tools.h"
+#include "oq_buf.h"
 #include "oq_catalog.h"
 #include "oq_json.h"
 #include "oq_log.h"
@@ -767,30 +768,11 @@ const oq__http_tool_t *oq__http_tools_find(const oq__http_tools_t *t, const char
  * Expansion
  * ==========================================================================================*/
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
+typedef oq_buf_t sbuf_t;
 
 static void sb_put(sbuf_t *b, const char *s, size_t n)
 {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 128;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    oq_buf_put(b, s, n);
 }
 
 typedef struct tctx {
@@ -886,7 +868,7 @@ static int expand_text(const tctx_t *t, const char *s, int escape, sbuf_t *b)
         }
         s = c + 1;
     }
-    return b->oom ? oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory") : 0;
+    return b->err ? oq_error_set(t->err, OQ_ENOMEM, 0, "out of memory") : 0;
 }
 
 int oq__http_expand_url(const char *tmpl, const char *tool, const json_t *args,
@@ -914,7 +896,7 @@ static int expand_header(const char *line, const char *tool, const json_t *args,
     size_t head = colon ? (size_t)(colon - line) + 2 : 0; /* "Name: " */
     sb_put(&b, line, head);
     int rc = expand_text(&t, line + head, 0, &b);
-    if (rc == 0 && b.oom) rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (rc == 0 && b.err) rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     if (rc == 0 && !header_value_ok(b.p + head, b.len - head))
         rc = oq_error_set(err, OQ_EINVAL, 0,
                           "header %.*s: an argument put a control character in its value",
@@ -1170,8 +1152,7 @@ struct xfer {
     char *body;
     size_t body_len;
     struct curl_slist *hdrs;
-    char *resp;
-    size_t resp_len, resp_cap;
+    oq_buf_t resp; /* the answer's body as kept (up to max_response) */
     /* what reached the socket in the current attempt */
     char tail[4];
     size_t tail_len;
@@ -1225,7 +1206,7 @@ static void xfer_free(xfer_t *t)
     free(t->url);
     free(t->body);
     curl_slist_free_all(t->hdrs);
-    free(t->resp);
+    oq_buf_free(&t->resp);
     free(t);
 }
 
@@ -1267,23 +1248,10 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
     size_t n = size * nmemb;
     t->got_answer = 1;
     size_t keep = n;
-    if ((int64_t)(t->resp_len + keep) > t->x->max_response)
-        keep = t->x->max_response > (int64_t)t->resp_len ? (size_t)t->x->max_response - t->resp_len
+    if ((int64_t)(t->resp.len + keep) > t->x->max_response)
+        keep = t->x->max_response > (int64_t)t->resp.len ? (size_t)t->x->max_response - t->resp.len
                                                          : 0;
-    if (keep) {
-        if (t->resp_len + keep + 1 > t->resp_cap) {
-            size_t nc = t->resp_cap ? t->resp_cap : 1024;
-            while (nc < t->resp_len + keep + 1)
-                nc *= 2;
-            char *np = realloc(t->resp, nc);
-            if (!np) return n; /* keep reading; the body is just not kept */
-            t->resp = np;
-            t->resp_cap = nc;
-        }
-        memcpy(t->resp + t->resp_len, ptr, keep);
-        t->resp_len += keep;
-        t->resp[t->resp_len] = '\0';
-    }
+    if (keep) oq_buf_put(&t->resp, ptr, keep); /* on failure, keep reading: the body is not kept */
     return n;
 }
 
@@ -1382,17 +1350,17 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     o.sent = t->sent;
     o.abandoned = t->abandoned;
     o.retry_after_ms = t->has_retry_after ? t->retry_after_ms : -1;
-    o.body = t->resp;
-    o.body_len = t->resp_len;
+    o.body = t->resp.p;
+    o.body_len = t->resp.len;
     o.elapsed_us = oq_mono_us() - t->submit_us;
     o.effect_id = t->effect_id;
     o.tool = t->tool;
     char idbuf[256];
     json_t *doc = NULL;
     const char *exists_missing = NULL;
-    if ((cls == OQ__HTTP_SUCCESS || cls == OQ__HTTP_FOUND) && t->resp_len &&
+    if ((cls == OQ__HTTP_SUCCESS || cls == OQ__HTTP_FOUND) && t->resp.len &&
         (t->req->object_id || t->req->exists))
-        doc = json_loadb(t->resp, t->resp_len, 0, NULL);
+        doc = json_loadb(t->resp.p, t->resp.len, 0, NULL);
     if (cls == OQ__HTTP_FOUND && t->req->exists) {
         const json_t *e = oq__http_json_path(doc, t->req->exists);
         if (!doc) {

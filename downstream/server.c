@@ -43,6 +43,7 @@
 
 #include "ledger.h"
 #include "oq_downstream.h"
+#include "oq_buf.h"
 #include "oq_json.h"
 #include "oq_log.h"
 #include "oq_mhd.h"
@@ -171,8 +172,7 @@ struct ds_req {
     int route;
     int state;
     int too_big;
-    char *body;
-    size_t len, cap;
+    oq_buf_t body;
     /* decided once per request */
     int decided;
     fault_t fault;
@@ -632,7 +632,7 @@ static enum MHD_Result pay_begin(oq_downstream_t *s, ds_req_t *r, struct MHD_Con
     oq_error_t err = {0};
     json_t *root = NULL;
     char msg[300] = "";
-    if (oq_json_parse(r->body ? r->body : "", r->len, 16, &root, &err) != 0)
+    if (oq_json_parse(r->body.p ? r->body.p : "", r->body.len, 16, &root, &err) != 0)
         return send_error(s, c, 400, "bad_request", err.msg);
     json_t *v;
     int64_t amount = 0;
@@ -750,7 +750,7 @@ static enum MHD_Result admin_mode(oq_downstream_t *s, ds_req_t *r, struct MHD_Co
     json_t *root = NULL, *v;
     const char *k;
     char msg[300] = "";
-    if (oq_json_parse(r->body ? r->body : "", r->len, 8, &root, &err) != 0)
+    if (oq_json_parse(r->body.p ? r->body.p : "", r->body.len, 8, &root, &err) != 0)
         return send_error(s, c, 400, "bad_request", err.msg);
     ds_mode_t m;
     mode_get(s, &m);
@@ -812,7 +812,8 @@ static enum MHD_Result admin_down(oq_downstream_t *s, ds_req_t *r, struct MHD_Co
 {
     oq_error_t err = {0};
     json_t *root = NULL;
-    if (oq_json_parse(r->body && r->len ? r->body : "{}", r->len ? r->len : 2, 4, &root, &err) != 0)
+    if (oq_json_parse(r->body.len ? r->body.p : "{}", r->body.len ? r->body.len : 2, 4, &root,
+                      &err) != 0)
         return send_error(s, c, 400, "bad_request", err.msg);
     json_t *ms = json_object_get(root, "ms");
     if (!json_is_object(root) || json_object_size(root) > (ms ? 1u : 0u) ||
@@ -960,22 +961,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         size_t n = *upload_size;
         *upload_size = 0;
         if (r->route == ROUTE_OTHER || r->too_big) return MHD_YES;
-        if ((int64_t)(r->len + n) > s->max_body) {
+        if ((int64_t)(r->body.len + n) > s->max_body) {
             r->too_big = 1;
             return MHD_YES;
         }
-        if (r->len + n + 1 > r->cap) {
-            size_t ncap = r->cap ? r->cap : 1024;
-            while (ncap < r->len + n + 1)
-                ncap *= 2;
-            char *nb = realloc(r->body, ncap);
-            if (!nb) return MHD_NO;
-            r->body = nb;
-            r->cap = ncap;
-        }
-        memcpy(r->body + r->len, upload, n);
-        r->len += n;
-        r->body[r->len] = '\0';
+        if (oq_buf_put(&r->body, upload, n)) return MHD_NO;
         return MHD_YES;
     }
     if (!r->decided) {
@@ -999,7 +989,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)toe;
     if (!r) return;
     oq__ds_payment_clear(&r->pay);
-    free(r->body);
+    oq_buf_free(&r->body);
     free(r);
     *con_cls = NULL;
     atomic_fetch_sub(&s->inflight, 1);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "oq_buf.h"
 #include "oq_config.h"
 #include "oq_json.h"
 
@@ -24,34 +25,13 @@
 /* Read all of \p f into a malloc()ed buffer. Returns 0, OQ_ETOOBIG past \p limit, OQ_EIO. */
 static int read_all(FILE *f, size_t limit, char **out, size_t *out_len, oq_error_t *err)
 {
-    size_t cap = 64 * 1024, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    for (;;) {
-        if (n == cap) {
-            if (cap > limit) break;
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return oq_error_set(err, OQ_EIO, 0, "cannot read standard input");
-    }
-    if (n > limit) {
-        free(buf);
-        return oq_error_set(err, OQ_ETOOBIG, 0, "input exceeds %zu bytes", limit);
-    }
-    *out = buf;
-    *out_len = n;
+    oq_buf_t b = {0};
+    int rc = oq_buf_read(&b, f, limit);
+    if (rc == 0 && !(*out = oq_buf_take(&b, out_len))) rc = OQ_ENOMEM;
+    oq_buf_free(&b);
+    if (rc == OQ_EIO) return oq_error_set(err, OQ_EIO, 0, "cannot read standard input");
+    if (rc == OQ_ETOOBIG) return oq_error_set(err, OQ_ETOOBIG, 0, "input exceeds %zu bytes", limit);
+    if (rc) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     return 0;
 }
 

@@ -42,6 +42,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "cmds.h"
+#include "oq_buf.h"
 #include "oq_dbh.h"
 #include "oq_envelope.h"
 #include "oq_kafka.h"
@@ -590,22 +591,18 @@ static int read_fixed(const char *path, const char *message_id, char **buf, size
                       oq_error_t *err)
 {
     FILE *fp = fopen(path, "rb");
-    char *b = NULL;
-    size_t n = 0, cap = 0;
     if (!fp) return oq_error_set(err, OQ_EINVAL, errno, "--payload-file %s: cannot open", path);
-    for (;;) {
-        if (n == cap) {
-            char *nb = cap < 64 * 1024 * 1024 ? realloc(b, (cap = cap ? cap * 2 : 4096)) : NULL;
-            if (!nb) {
-                free(b);
-                fclose(fp);
-                return oq_error_set(err, OQ_EINVAL, 0, "--payload-file %s: too large", path);
-            }
-            b = nb;
-        }
-        size_t got = fread(b + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) break;
+    oq_buf_t fb = {0};
+    if (oq_buf_read(&fb, fp, 64 * 1024 * 1024) != 0) {
+        oq_buf_free(&fb);
+        fclose(fp);
+        return oq_error_set(err, OQ_EINVAL, 0, "--payload-file %s: too large", path);
+    }
+    size_t n = 0;
+    char *b = oq_buf_take(&fb, &n);
+    if (!b) {
+        fclose(fp);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     }
     fclose(fp);
     while (n > 0 && (b[n - 1] == '\n' || b[n - 1] == '\r'))

@@ -198,24 +198,18 @@ static void count_status(oq_http_t *h, unsigned status)
         oq_counter_add(h->m_5xx, 1);
 }
 
-/* \p xname, \p xvalue: one more header (WWW-Authenticate of a 401, Allow of a 405), or NULL. */
+/* \p xname, \p xvalue: one more header (WWW-Authenticate of a 401, Allow of a 405), or NULL.
+ * Every reply of the API: oq_mhd_reply, with a 503's Retry-After, counted by class. */
 static enum MHD_Result send_text(oq_http_t *h, struct MHD_Connection *c, unsigned status,
                                  char *text, size_t len, const char *ctype, const char *location,
                                  int replayed, int close, const char *xname, const char *xvalue)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (location) MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, location);
-    if (replayed) MHD_add_response_header(r, "Idempotent-Replayed", "true");
-    if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (xname && xvalue) MHD_add_response_header(r, xname, xvalue);
-    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
+    const oq_mhd_header_t hdrs[] = {{MHD_HTTP_HEADER_LOCATION, location},
+                                    {"Idempotent-Replayed", replayed ? "true" : NULL},
+                                    {xname ? xname : "", xname ? xvalue : NULL},
+                                    {NULL, NULL}};
+    enum MHD_Result ret = oq_mhd_reply(c, status, ctype, text, len, MHD_RESPMEM_MUST_FREE,
+                                       OQ_MHD_RETRY_503 | (close ? OQ_MHD_CLOSE : 0), hdrs);
     count_status(h, status);
     return ret;
 }
@@ -234,12 +228,11 @@ static enum MHD_Result send_error_hdr(oq_http_t *h, struct MHD_Connection *c, un
                                       const char *code, const char *msg, int close,
                                       const char *xname, const char *xvalue)
 {
-    json_t *b = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg ? msg : code);
-    char *text = b ? oq_json_dumps(b, JSON_COMPACT) : NULL;
-    json_decref(b);
-    if (!text) return MHD_NO;
-    return send_text(h, c, status, text, strlen(text), "application/json", NULL, 0, close, xname,
-                     xvalue);
+    const oq_mhd_header_t hdrs[] = {{xname ? xname : "", xname ? xvalue : NULL}, {NULL, NULL}};
+    enum MHD_Result ret =
+        oq_mhd_error(c, status, code, msg, OQ_MHD_RETRY_503 | (close ? OQ_MHD_CLOSE : 0), hdrs);
+    count_status(h, status);
+    return ret;
 }
 
 static enum MHD_Result send_error_ex(oq_http_t *h, struct MHD_Connection *c, unsigned status,
