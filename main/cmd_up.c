@@ -149,7 +149,8 @@ typedef struct {
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     char drain[32];                               /* "<ms>ms" for the consumers' argv, or "" */
     int embedded;
-    int on_pg; /* --db-url: the children read ONCEQ_DB (the console ONCEQ_PRODUCER_DB/CONSUMER_DB) */
+    int on_pg; /* --db-url: the children read ONCEQ_DB (the console ONCEQ_PRODUCER_DB/CONSUMER_DB)
+                */
     up_child_t kids[UP_MAX_CHILDREN];
     int nkids;
     char pass[UP_PASS_N][PATH_MAX + 32]; /* producer arguments passed through */
