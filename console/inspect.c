@@ -7,6 +7,11 @@
  * side is oq_review_show (execution, effect with the downstream's id, audit rows with worker,
  * attempt and fence). The rows of both are merged by time; within one millisecond the producer's
  * come first. Beside them, the call's webhook deliveries (oq_producer_db_webhooks).
+ *
+ * A task's story (oq_inspect_task, `onceq inspect t_...` and the console's task page) is the
+ * task as oq_producer_db_task_get renders it and one timeline of every step's and every
+ * compensation's call, each call's rows (oq_inspect_call) tagged with its step and role and
+ * merged by time.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +19,7 @@
 #include "oq_console.h"
 #include "oq_consumer.h"
 #include "oq_producer.h"
+#include "oq_tasks.h"
 
 /* One timeline row from either database (strings borrowed). */
 typedef struct {
@@ -107,5 +113,80 @@ out:
     json_decref(cons);
     oq_audit_free(rows, n);
     oq_call_clear(&c);
+    return rc;
+}
+
+/* One call's timeline rows, tagged with the step and role, appended to \p tl. */
+static int add_call(const oq_dbh_t *h, const char *cdb, const char *call_id, const char *step,
+                    const char *role, json_t *tl, oq_error_t *err)
+{
+    json_t *doc = NULL;
+    int rc = oq_inspect_call(h, cdb, call_id, &doc, err);
+    if (rc) return rc;
+    json_t *rows = json_object_get(doc, "timeline");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *r = json_array_get(rows, i);
+        json_object_set_new(r, "step", json_string(step));
+        json_object_set_new(r, "role", json_string(role));
+        json_object_set_new(r, "call_id", json_string(call_id));
+        if (json_array_append(tl, r)) rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* By time; rows of one time keep their order (the sort is on (ts, position)). */
+typedef struct {
+    json_t *row;
+    size_t pos;
+} tl_ref_t;
+
+static int by_ts(const void *a, const void *b)
+{
+    const tl_ref_t *x = a, *y = b;
+    json_int_t tx = json_integer_value(json_object_get(x->row, "ts"));
+    json_int_t ty = json_integer_value(json_object_get(y->row, "ts"));
+    if (tx != ty) return tx < ty ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+static const char *jstr(const json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+int oq_inspect_task(const oq_dbh_t *h, const char *consumer_db, const char *task_id, json_t **out,
+                    oq_error_t *err)
+{
+    json_t *task = NULL, *tl = json_array();
+    tl_ref_t *v = NULL;
+    if (!tl) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    int rc = oq_producer_db_task_get(h, task_id, NULL, NULL, &task, err);
+    json_t *steps = json_object_get(task, "steps");
+    for (size_t i = 0; !rc && i < json_array_size(steps); i++) {
+        json_t *s = json_array_get(steps, i), *c = json_object_get(s, "compensation");
+        const char *name = jstr(s, "name");
+        if (json_is_string(json_object_get(s, "call_id")))
+            rc = add_call(h, consumer_db, jstr(s, "call_id"), name, "step", tl, err);
+        if (!rc && json_is_string(json_object_get(c, "call_id")))
+            rc = add_call(h, consumer_db, jstr(c, "call_id"), name, "compensate", tl, err);
+    }
+    size_t n = json_array_size(tl);
+    if (!rc && !(v = calloc(n ? n : 1, sizeof *v)))
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (rc) goto out;
+    for (size_t i = 0; i < n; i++)
+        v[i] = (tl_ref_t){json_incref(json_array_get(tl, i)), i};
+    qsort(v, n, sizeof *v, by_ts);
+    json_array_clear(tl);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(tl, v[i].row);
+    if (!(*out = json_pack("{s:O,s:O}", "task", task, "timeline", tl)))
+        rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+out:
+    free(v);
+    json_decref(task);
+    json_decref(tl);
     return rc;
 }

@@ -6,7 +6,8 @@
  *
  * The console holds no rules and no SQL of its own: calls come from oq_producer_db_list, a
  * call's timeline from oq_inspect_call (both on SQLite or PostgreSQL), the review queue and its
- * decisions from oq_review_list and oq_review_resolve, the relay's dead rows from
+ * decisions from oq_review_list and oq_review_resolve, tasks from oq_producer_db_tasks and a
+ * task's story from oq_inspect_task (SQLite only, as tasks are), the relay's dead rows from
  * oq_relay_db_dead_list, the DLQ topic's dead letters and their redrive from `onceq dlq` itself
  * (console/dlq.c), the charts from the daemons' own /metrics. Its pages are embedded in the binary
  * (console/assets/).
@@ -36,6 +37,18 @@ int oq_inspect_doc(sqlite3 *db, const char *consumer_db, const char *call_id, js
 /** @brief oq_inspect_doc() on an operator's handle (oq_dbh.h): the producer's database on
  *         SQLite or PostgreSQL. oq_inspect_doc() calls this. */
 int oq_inspect_call(const oq_dbh_t *h, const char *consumer_db, const char *call_id, json_t **out,
+                    oq_error_t *err);
+
+/**
+ * @brief A task's story, the document `onceq inspect --json t_...` prints and the console's
+ *        task page shows: {"task": the task's JSON (oq_producer_db_task_get: its steps and
+ *        compensations in order, each with status, call id, result, object id), "timeline":
+ *        every step's and compensation's call timeline rows (as oq_inspect_call gives them),
+ *        each tagged "step", "role" ("step"|"compensate") and "call_id", merged by time}.
+ * @returns 0 with \p out a new reference, OQ_ENOTFOUND, OQ_ESTATE (a PostgreSQL producer
+ *          database: tasks need the SQLite store), OQ_EDB, OQ_ENOMEM.
+ */
+int oq_inspect_task(const oq_dbh_t *h, const char *consumer_db, const char *task_id, json_t **out,
                     oq_error_t *err);
 
 typedef struct oq_console oq_console_t;

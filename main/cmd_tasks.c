@@ -6,8 +6,8 @@
  * JSON of GET /v1/tasks/{id} (by id, or --key K [--tenant X]).
  *
  * oq__tasks_inspect is `onceq inspect` on a task id: one timeline of every step and every
- * compensation across both databases, each call's story (oq_inspect_doc, the one the console
- * shows) tagged with its step and role and merged by time.
+ * compensation across both databases (oq_inspect_task, console/inspect.c: the document the
+ * console's task page shows), printed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,78 +123,34 @@ out:
     return ret;
 }
 
-/* One call's timeline rows, tagged with the step and role, appended to \p tl. */
-static int add_call(sqlite3 *db, const char *cdb, const char *call_id, const char *step,
-                    const char *role, json_t *tl, oq_error_t *err)
-{
-    json_t *doc = NULL;
-    int rc = oq_inspect_doc(db, cdb, call_id, &doc, err);
-    if (rc) return rc;
-    json_t *rows = json_object_get(doc, "timeline");
-    for (size_t i = 0; i < json_array_size(rows); i++) {
-        json_t *r = json_array_get(rows, i);
-        json_object_set_new(r, "step", json_string(step));
-        json_object_set_new(r, "role", json_string(role));
-        json_object_set_new(r, "call_id", json_string(call_id));
-        json_array_append(tl, r);
-    }
-    json_decref(doc);
-    return 0;
-}
-
-static int by_ts(const void *a, const void *b)
-{
-    json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "ts"));
-    json_int_t y = json_integer_value(json_object_get(*(json_t *const *)b, "ts"));
-    return x < y ? -1 : x > y;
-}
-
 int oq__tasks_inspect(const char *db_path, const char *cdb, const char *task_id, int as_json)
 {
     sqlite3 *db = NULL;
-    json_t *task = NULL, *tl = json_array(), *doc = NULL;
+    json_t *doc = NULL;
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL;
     oq_db_opts_t o = {NULL, 0, 1};
-    if (!tl) return OQ_EXIT_FAIL;
     if (oq_db_open(db_path, &o, &db, &err) != 0) {
         fprintf(stderr, "onceq inspect: %s: %s\n", db_path, err.msg);
         goto out;
     }
-    int rc = oq_store_task_get(db, task_id, NULL, NULL, &task, &err);
+    oq_dbh_t h = oq_dbh_sqlite(db);
+    int rc = oq_inspect_task(&h, cdb, task_id, &doc, &err);
     if (rc == OQ_ENOTFOUND) {
         fprintf(stderr, "onceq inspect: no task %s\n", task_id);
         ret = OQ_EXIT_NOTFOUND;
         goto out;
     }
-    json_t *steps = json_object_get(task, "steps");
-    for (size_t i = 0; !rc && i < json_array_size(steps); i++) {
-        json_t *s = json_array_get(steps, i), *c = json_object_get(s, "compensation");
-        const char *name = jstr(s, "name");
-        if (json_is_string(json_object_get(s, "call_id")))
-            rc = add_call(db, cdb, jstr(s, "call_id"), name, "step", tl, &err);
-        if (!rc && json_is_string(json_object_get(c, "call_id")))
-            rc = add_call(db, cdb, jstr(c, "call_id"), name, "compensate", tl, &err);
-    }
     if (rc) {
         fprintf(stderr, "onceq inspect: %s\n", err.msg);
         goto out;
     }
-    size_t n = json_array_size(tl);
-    json_t **v = calloc(n ? n : 1, sizeof *v);
-    if (!v) goto out;
-    for (size_t i = 0; i < n; i++)
-        v[i] = json_incref(json_array_get(tl, i));
-    qsort(v, n, sizeof *v, by_ts);
-    json_array_clear(tl);
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(tl, v[i]);
-    free(v);
     if (as_json) {
-        doc = json_pack("{s:O,s:O}", "task", task, "timeline", tl);
-        ret = doc ? print_json(doc) : OQ_EXIT_FAIL;
+        ret = print_json(doc);
         goto out;
     }
+    json_t *task = json_object_get(doc, "task"), *tl = json_object_get(doc, "timeline");
+    json_t *steps = json_object_get(task, "steps");
     printf("task      %s\ntenant    %s\nkey       %s\nstatus    %s\n", jstr(task, "task_id"),
            jstr(task, "tenant"), jstr(task, "idem_key"), jstr(task, "status"));
     if (*jstr(task, "reason")) printf("reason    %s\n", jstr(task, "reason"));
@@ -220,8 +176,6 @@ int oq__tasks_inspect(const char *db_path, const char *cdb, const char *task_id,
     ret = OQ_EXIT_OK;
 out:
     json_decref(doc);
-    json_decref(task);
-    json_decref(tl);
     if (db) sqlite3_close_v2(db);
     return ret;
 }

@@ -79,8 +79,41 @@ int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tena
 int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, const char *idem_key,
                       json_t **out, oq_error_t *err);
 
-/** @brief Task ids newest first (\p status NULL = any), as a JSON array of task objects. */
+/** @brief Tasks newest first (\p status NULL = any), as a JSON array of task objects
+ *         (oq_producer_db_tasks' first page). */
 int oq_store_task_list(sqlite3 *db, const char *status, int limit, json_t **out, oq_error_t *err);
+
+/** A page of tasks for operators (`onceq tasks list`, the console). Every filter optional. */
+typedef struct oq_task_query {
+    const char *status;  /**< running, succeeded, compensating, compensated, failed, needs_review */
+    const char *tenant;  /**< one tenant's tasks (a tenant's token sets it) */
+    const char *task_id; /**< this task only */
+    const char *idem_key; /**< the task(s) of this key (one per tenant) */
+    int64_t before;       /**< a page's `next`: the tasks before it; 0: the newest */
+    int limit;            /**< at most this many (<= 0: 100) */
+} oq_task_query_t;
+
+/**
+ * @brief A page of tasks, newest first: {"tasks": [task JSON as GET /v1/tasks/{id}...],
+ *        "next": N or null}. \p h is the producer's database (oq_dbh.h).
+ * @returns 0 with \p out a new reference; OQ_ESTATE on PostgreSQL (tasks need the SQLite
+ *          store), OQ_EDB, OQ_ENOMEM.
+ */
+int oq_producer_db_tasks(const oq_dbh_t *h, const oq_task_query_t *q, json_t **out,
+                         oq_error_t *err);
+
+/** @brief oq_store_task_get() on an operator's handle. @returns as it, OQ_ESTATE on PG. */
+int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *tenant,
+                            const char *idem_key, json_t **out, oq_error_t *err);
+
+/**
+ * @brief Tasks by status, as the producer's onceq_producer_tasks gauges count them:
+ *        {"running": n, "succeeded", "compensating", "compensated", "failed", "needs_review",
+ *        "compensations": {"compensated": n, "needs_review": n}}; \p tenant's (NULL: all).
+ * @returns 0 with \p out a new reference; OQ_ESTATE on PostgreSQL, OQ_EDB, OQ_ENOMEM.
+ */
+int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **out,
+                               oq_error_t *err);
 
 /** @brief Non-zero for a terminal task status (succeeded, compensated, failed, needs_review). */
 int oq_task_status_terminal(const char *status);

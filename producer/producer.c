@@ -63,7 +63,7 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     int64_t tb[6], ok = 0, review = 0;
     r = rconn_acquire(p);
     s = (oq__producer_store_t){r->db, NULL, r->pg};
-    rc = oq__task_store_counts(&s, tb, &ok, &review, NULL);
+    rc = oq__task_store_counts(&s, NULL, tb, &ok, &review, NULL);
     pthread_mutex_unlock(&r->mu);
     for (int i = 0; rc == 0 && i < 6; i++)
         oq_gauge_set(p->m_tasks[i], (double)tb[i]);

@@ -507,11 +507,19 @@ int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
                        char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err);
 /** Tasks by status (\p by: running, succeeded, compensating, compensated, failed,
  *  needs_review), and the steps whose compensation ended well (\p comp_ok: `compensated`) or
- *  not (\p comp_review: `needs_review` with a compensation written). Its own read snapshot. */
-int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
-                          int64_t *comp_review, oq_error_t *err);
-/** Task ids newest first, \p status NULL = any, at most \p limit (*ids owned: free each). */
-int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
-                        size_t *n, oq_error_t *err);
+ *  not (\p comp_review: `needs_review` with a compensation written); \p tenant's only, or every
+ *  tenant's when NULL. Its own read snapshot. */
+int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[6],
+                          int64_t *comp_ok, int64_t *comp_review, oq_error_t *err);
+/** A page of the tasks list: every filter optional (NULL / 0). */
+typedef struct oq__task_list_q {
+    const char *status, *tenant, *idem_key;
+    int64_t before; /**< a page's \p next: older tasks than this position; 0: the newest */
+    int limit;      /**< <= 0: 100 */
+} oq__task_list_q_t;
+/** Task ids newest first, at most \p q->limit (*ids owned: free each); \p next the position
+ *  to pass as `before` for the next page, 0 when there is none. */
+int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, char ***ids, size_t *n,
+                        int64_t *next, oq_error_t *err);
 
 #endif

@@ -1188,9 +1188,11 @@ static const char SQL_TASK_OF_CALL[] = "SELECT task_id,idx,role FROM task_calls 
 static const char SQL_TASK_DUE[] =
     "SELECT task_id,idx FROM task_steps WHERE comp_next_at IS NOT NULL AND comp_next_at<=?1 "
     "ORDER BY comp_next_at LIMIT ?2";
+/* Newest first by position (rowid: tasks are inserted in creation order), a page's `next` being
+ * the position of its last task; the filters are optional (NULL binds match all). */
 static const char SQL_TASK_LIST[] =
-    "SELECT task_id FROM tasks WHERE ?1 IS NULL OR status=?1 ORDER BY created_at DESC, task_id "
-    "DESC LIMIT ?2";
+    "SELECT rowid,task_id FROM tasks WHERE (?1 IS NULL OR status=?1) AND (?2 IS NULL OR "
+    "tenant=?2) AND (?3 IS NULL OR idem_key=?3) AND rowid<?4 ORDER BY rowid DESC LIMIT ?5";
 
 static int no_pg_tasks(oq_error_t *err)
 {
@@ -1422,45 +1424,64 @@ int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
     return ret;
 }
 
-int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
-                        size_t *n, oq_error_t *err)
+int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, char ***ids, size_t *n,
+                        int64_t *next, oq_error_t *err)
 {
     *ids = NULL;
     *n = 0;
+    *next = 0;
     if (s->pg) return no_pg_tasks(err);
-    if (limit <= 0) limit = 100;
+    int limit = q->limit > 0 ? q->limit : 100;
     sqlite3_stmt *st = st_get(s, SQL_TASK_LIST, err);
     if (!st) return st_failed(err);
-    bind_text(st, 1, status);
-    sqlite3_bind_int(st, 2, limit);
+    bind_text(st, 1, q->status);
+    bind_text(st, 2, q->tenant);
+    bind_text(st, 3, q->idem_key);
+    sqlite3_bind_int64(st, 4, q->before > 0 ? q->before : INT64_MAX);
+    sqlite3_bind_int(st, 5, limit + 1); /* one more: is there a next page */
     char **v = calloc((size_t)limit, sizeof *v);
     int rc = SQLITE_DONE, ret = 0;
+    int64_t last = 0;
     if (!v) ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    while (!ret && (rc = sqlite3_step(st)) == SQLITE_ROW && *n < (size_t)limit)
-        if (!(v[(*n)++] = col_strdup(st, 0))) ret = oq_error_set(err, OQ_ENOMEM, 0, "oom");
-    if (!ret && rc != SQLITE_DONE && rc != SQLITE_ROW) ret = oq_db_error(s->db, rc, err, "tasks");
+    while (!ret && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == (size_t)limit) {
+            *next = last;
+            rc = SQLITE_DONE;
+            break;
+        }
+        last = sqlite3_column_int64(st, 0);
+        if (!(v[(*n)++] = col_strdup(st, 1))) ret = oq_error_set(err, OQ_ENOMEM, 0, "oom");
+    }
+    if (!ret && rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "tasks");
     st_done(s, st);
     if (ret) {
         for (size_t i = 0; i < *n; i++)
             free(v[i]);
         free(v);
         *n = 0;
+        *next = 0;
         return ret;
     }
     *ids = v;
     return 0;
 }
 
-int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
-                          int64_t *comp_review, oq_error_t *err)
+int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[6],
+                          int64_t *comp_ok, int64_t *comp_review, oq_error_t *err)
 {
     static const char *const st[6] = {"running",     "succeeded", "compensating",
                                       "compensated", "failed",    "needs_review"};
     memset(by, 0, 6 * sizeof *by);
     *comp_ok = *comp_review = 0;
     if (s->pg) return 0; /* no task rows there */
-    sqlite3_stmt *st1 = st_get(s, "SELECT status, count(*) FROM tasks GROUP BY status", err);
+    /* the whole table over its status index (the metrics), or one tenant's tasks */
+    sqlite3_stmt *st1 =
+        st_get(s,
+               tenant ? "SELECT status, count(*) FROM tasks WHERE tenant=?1 GROUP BY status"
+                      : "SELECT status, count(*) FROM tasks GROUP BY status",
+               err);
     if (!st1) return st_failed(err);
+    if (tenant) bind_text(st1, 1, tenant);
     int rc, ret = 0;
     while ((rc = sqlite3_step(st1)) == SQLITE_ROW) {
         const char *k = (const char *)sqlite3_column_text(st1, 0);
@@ -1470,11 +1491,16 @@ int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_
     if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task counts");
     st_done(s, st1);
     if (ret) return ret;
-    sqlite3_stmt *st2 = st_get(s,
-                               "SELECT status, count(*) FROM task_steps WHERE comp_call_id IS NOT "
-                               "NULL GROUP BY status",
-                               err);
+    sqlite3_stmt *st2 =
+        st_get(s,
+               tenant ? "SELECT s.status, count(*) FROM task_steps s JOIN tasks t ON "
+                        "t.task_id=s.task_id WHERE s.comp_call_id IS NOT NULL AND t.tenant=?1 "
+                        "GROUP BY s.status"
+                      : "SELECT status, count(*) FROM task_steps WHERE comp_call_id IS NOT "
+                        "NULL GROUP BY status",
+               err);
     if (!st2) return st_failed(err);
+    if (tenant) bind_text(st2, 1, tenant);
     while ((rc = sqlite3_step(st2)) == SQLITE_ROW) {
         const char *k = (const char *)sqlite3_column_text(st2, 0);
         if (k && strcmp(k, "compensated") == 0) *comp_ok = sqlite3_column_int64(st2, 1);

@@ -1088,25 +1088,102 @@ int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, cons
     return oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
 }
 
+static int tasks_in_store(oq__producer_store_t *s, const oq_task_query_t *q, json_t **out,
+                          oq_error_t *err);
+
 int oq_store_task_list(sqlite3 *db, const char *status, int limit, json_t **out, oq_error_t *err)
 {
     oq__producer_store_t s = {db, NULL, NULL};
+    oq_task_query_t q = {status, NULL, NULL, NULL, 0, limit};
+    json_t *page = NULL;
+    int ret = tasks_in_store(&s, &q, &page, err);
+    if (ret) return ret;
+    *out = json_incref(json_object_get(page, "tasks"));
+    json_decref(page);
+    return 0;
+}
+
+/* 1 when \p t passes the query's filters (a task found by id or key). */
+static int task_matches(const json_t *t, const oq_task_query_t *q)
+{
+    const char *tenant = json_string_value(json_object_get(t, "tenant"));
+    const char *status = json_string_value(json_object_get(t, "status"));
+    return (!q->tenant || (tenant && strcmp(q->tenant, tenant) == 0)) &&
+           (!q->status || (status && strcmp(q->status, status) == 0));
+}
+
+int oq_producer_db_tasks(const oq_dbh_t *h, const oq_task_query_t *q, json_t **out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return tasks_in_store(&s, q, out, err);
+}
+
+static int tasks_in_store(oq__producer_store_t *s, const oq_task_query_t *q, json_t **out,
+                          oq_error_t *err)
+{
+    json_t *a = json_array(), *t = NULL;
     char **ids = NULL;
     size_t n = 0;
-    int ret = oq__task_store_list(&s, status, limit, &ids, &n, err);
-    if (ret) return ret;
-    json_t *a = json_array();
-    for (size_t i = 0; i < n; i++) {
-        json_t *t = NULL;
-        if (!ret && !(ret = oq__task_get_json(&s, ids[i], NULL, NULL, &t, err)))
-            json_array_append_new(a, t);
-        free(ids[i]);
+    int64_t next = 0;
+    int ret = 0;
+    if (!a) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    if (q->task_id || (q->idem_key && q->tenant)) { /* one task: its primary or unique key */
+        ret = oq__task_get_json(s, q->task_id, q->tenant, q->task_id ? NULL : q->idem_key, &t, err);
+        if (ret == OQ_ENOTFOUND) ret = 0;
+        if (!ret && t && task_matches(t, q) &&
+            (!q->idem_key ||
+             strcmp(q->idem_key, json_string_value(json_object_get(t, "idem_key"))) == 0))
+            ret = json_array_append(a, t) ? oq_error_set(err, OQ_ENOMEM, 0, "out of memory") : 0;
+        json_decref(t);
+    } else {
+        oq__task_list_q_t lq = {q->status, q->tenant, q->idem_key, q->before, q->limit};
+        ret = oq__task_store_list(s, &lq, &ids, &n, &next, err);
+        for (size_t i = 0; i < n; i++) {
+            if (!ret && !(ret = oq__task_get_json(s, ids[i], NULL, NULL, &t, err)))
+                json_array_append_new(a, t);
+            free(ids[i]);
+        }
+        free(ids);
     }
-    free(ids);
-    if (ret || !a) {
+    if (ret) {
         json_decref(a);
-        return ret ? ret : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        return ret;
     }
-    *out = a;
+    *out = json_pack("{s:o,s:o}", "tasks", a, "next", next ? json_integer(next) : json_null());
+    return *out ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+}
+
+int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *tenant,
+                            const char *idem_key, json_t **out, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    return oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
+}
+
+int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **out, oq_error_t *err)
+{
+    static const char *const names[6] = {"running",     "succeeded", "compensating",
+                                         "compensated", "failed",    "needs_review"};
+    oq__producer_store_t s = oq__producer_store_of(h);
+    int64_t by[6], ok = 0, review = 0;
+    if (s.pg)
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "tasks are not supported on a PostgreSQL producer store yet");
+    int ret = oq__task_store_counts(&s, tenant, by, &ok, &review, err);
+    if (ret) return ret;
+    json_t *o = json_object();
+    for (int i = 0; o && i < 6; i++)
+        if (json_object_set_new(o, names[i], json_integer(by[i]))) {
+            json_decref(o);
+            o = NULL;
+        }
+    if (o && json_object_set_new(o, "compensations",
+                                 json_pack("{s:I,s:I}", "compensated", (json_int_t)ok,
+                                           "needs_review", (json_int_t)review))) {
+        json_decref(o);
+        o = NULL;
+    }
+    if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    *out = o;
     return 0;
 }
