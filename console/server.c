@@ -4,9 +4,10 @@
  * a time). Pages are static files embedded at build time (console/assets/, cmake/embed_assets
  * .cmake); everything they show comes from the JSON routes below, and every route is a thin
  * call into the library function the CLI uses for the same thing (oq_producer_db_list,
- * oq_inspect_call, oq_review_list / oq_review_resolve, oq_relay_db_dead_list): no SQL here, no
- * second rule for what "resolve" means. The producer's database is an SQLite file or
- * PostgreSQL (open_pdb); the functions run the statements of its backend.
+ * oq_inspect_call, oq_producer_db_tasks / oq_inspect_task, oq_review_list / oq_review_resolve,
+ * oq_relay_db_dead_list): no SQL here, no second rule for what "resolve" means. The producer's
+ * database is an SQLite file or PostgreSQL (open_pdb); the functions run the statements of its
+ * backend. Tasks exist on SQLite only: on PostgreSQL the tasks page says so.
  *
  * Safe by default. Without a token file the console listens on a loopback address only
  * (refused at start otherwise), answers only requests whose Host is a loopback name (a DNS
@@ -51,6 +52,7 @@
 #include "oq_mhd.h"
 #include "oq_producer.h"
 #include "oq_relay.h"
+#include "oq_tasks.h"
 #include "oq_tokens.h"
 #include "oq_util.h"
 
@@ -398,6 +400,87 @@ static enum MHD_Result api_call(oq_console_t *c, struct MHD_Connection *conn, co
     return send_json(conn, 200, doc);
 }
 
+/* Tasks exist on the SQLite store only: on PostgreSQL the task functions answer OQ_ESTATE, and
+ * the console says so instead of failing. */
+#define TASKS_NEED_SQLITE                                                                          \
+    "tasks need the SQLite store: this producer database is PostgreSQL, where the producer "       \
+    "refuses tasks (501 tasks_unsupported_backend)"
+
+/* The tasks page: a page of tasks as `onceq tasks list --json` lists them (oq_producer_db_tasks),
+ * with the counts by status of the producer's onceq_producer_tasks gauges
+ * (oq_producer_db_task_counts); a tenant's token sees its own only. */
+static enum MHD_Result api_tasks(oq_console_t *c, struct MHD_Connection *conn, const principal_t *p)
+{
+    oq_error_t err = {0};
+    oq_dbh_t db = {0};
+    json_t *out = NULL, *counts = NULL;
+    oq_task_query_t q = {0};
+    const char *s = qarg(conn, "q");
+    if (s && strncmp(s, "t_", 2) == 0)
+        q.task_id = s;
+    else
+        q.idem_key = s;
+    q.status = qarg(conn, "status");
+    q.tenant = p->admin ? qarg(conn, "tenant") : p->name;
+    q.before = qint(conn, "before", 0);
+    int64_t limit = qint(conn, "limit", 50);
+    static const char *const states[] = {"running",     "succeeded", "compensating",
+                                         "compensated", "failed",    "needs_review"};
+    int known = !q.status;
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        known |= q.status && strcmp(q.status, states[i]) == 0;
+    if (!known)
+        return send_error(conn, 400, "bad_request",
+                          "status: running, succeeded, compensating, compensated, failed or "
+                          "needs_review");
+    if (q.before < 0 || limit < 1 || limit > 500 || (s && strlen(s) > 512))
+        return send_error(conn, 400, "bad_request", "before: a page's next; limit: 1..500");
+    q.limit = (int)limit;
+    int rc = open_pdb(c, &db, &err);
+    if (!rc) rc = oq_producer_db_tasks(&db, &q, &out, &err);
+    if (!rc) rc = oq_producer_db_task_counts(&db, q.tenant, &counts, &err);
+    close_pdb(c, &db);
+    if (rc == OQ_ESTATE) {
+        json_decref(out);
+        return send_json(conn, 200,
+                         json_pack("{s:b, s:s, s:[], s:n, s:n}", "supported", 0, "message",
+                                   TASKS_NEED_SQLITE, "tasks", "next", "counts"));
+    }
+    if (rc) {
+        json_decref(out);
+        return send_error(conn, status_of(rc), "error", err.msg);
+    }
+    json_object_set_new(out, "supported", json_true());
+    json_object_set_new(out, "counts", counts);
+    return send_json(conn, 200, out);
+}
+
+/* One task's page: `onceq inspect --json t_...` (oq_inspect_task): its steps and compensations
+ * in order and one timeline of their calls. Another tenant's task is as if it did not exist. */
+static enum MHD_Result api_task(oq_console_t *c, struct MHD_Connection *conn, const principal_t *p,
+                                const char *id)
+{
+    oq_error_t err = {0};
+    oq_dbh_t db = {0};
+    json_t *doc = NULL;
+    if (strncmp(id, "t_", 2) != 0 || strlen(id) > 64)
+        return send_error(conn, 404, "not_found", "no such task");
+    int rc = open_pdb(c, &db, &err);
+    if (!rc) rc = oq_inspect_task(&db, c->cdb, id, &doc, &err);
+    close_pdb(c, &db);
+    if (rc == OQ_ESTATE)
+        return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
+    if (rc)
+        return send_error(conn, status_of(rc), rc == OQ_ENOTFOUND ? "not_found" : "error",
+                          rc == OQ_ENOTFOUND ? "no such task" : err.msg);
+    const char *tenant = json_string_value(json_object_get(json_object_get(doc, "task"), "tenant"));
+    if (!p->admin && (!tenant || strcmp(tenant, p->name) != 0)) {
+        json_decref(doc);
+        return send_error(conn, 404, "not_found", "no such task");
+    }
+    return send_json(conn, 200, doc);
+}
+
 static enum MHD_Result api_review(oq_console_t *c, struct MHD_Connection *conn,
                                   const principal_t *p)
 {
@@ -675,6 +758,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                                    (json_int_t)(p.admin ? c->n_murls : 0)));
     if (get && strcmp(r, "calls") == 0) return api_calls(c, conn, &p);
     if (get && strncmp(r, "calls/", 6) == 0) return api_call(c, conn, &p, r + 6);
+    if (get && strcmp(r, "tasks") == 0) return api_tasks(c, conn, &p);
+    if (get && strncmp(r, "tasks/", 6) == 0) return api_task(c, conn, &p, r + 6);
     if (get && strcmp(r, "review") == 0) return api_review(c, conn, &p);
     if (post && strncmp(r, "review/", 7) == 0) {
         char id[64];

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// onceq console: one page, four views (#/calls, #/call/ID, #/review, #/dlq, #/charts). Data
+// onceq console: one page, its views (#/calls, #/call/ID, #/tasks, #/task/ID, #/review, #/dlq,
+// #/charts). Data
 // comes from the console's /api routes (the same library functions as the CLI); the DOM is
 // built with textContent only, never from HTML strings. No library, no build step.
 'use strict';
@@ -157,6 +158,107 @@ async function viewCall(id) {
     (d.webhooks || []).length ? h('h2', {text: 'Webhook deliveries'}) : null,
     (d.webhooks || []).length ? h('table', {id: 'webhooks'}, h('thead', {}, h('tr', {}, ['delivery', 'attempt',
       'state', 'tries', 'last status', 'last error', 'url'].map(t => h('th', {text: t})))), hooks) : null);
+}
+
+// --- tasks ---------------------------------------------------------------------------------
+
+const TASK_STATES = ['running', 'succeeded', 'compensating', 'compensated', 'failed', 'needs_review'];
+
+function tasksUnsupported(msg) {
+  page().replaceChildren(h('h1', {text: 'Tasks'}), h('p', {class: 'muted', id: 'tasks-unsupported', text: msg}));
+}
+
+// Tasks as `onceq tasks list` lists them, newest first, with the counts by status.
+async function viewTasks(params) {
+  const f = Object.fromEntries(params);
+  const res = await api('tasks?' + new URLSearchParams(f).toString());
+  if (!res.supported) { tasksUnsupported(res.message); return; }
+  const input = (name, attrs) => h('input', Object.assign({name: name, id: 't-' + name,
+                                                           value: f[name] || ''}, attrs));
+  const sel = h('select', {name: 'status', id: 't-status'}, ['', ...TASK_STATES].map(
+      s => h('option', {value: s, selected: (f.status || '') === s, text: s || 'any'})));
+  const form = h('form', {class: 'filters', id: 'task-filters'},
+    h('label', {}, 'search (task id or key)', input('q', {placeholder: 't_... or key', size: 28})),
+    h('label', {}, 'status', sel),
+    me.admin ? h('label', {}, 'tenant', input('tenant', {size: 12})) : null,
+    h('button', {type: 'submit'}, 'Apply'),
+    h('button', {type: 'button', class: 'secondary', onclick: () => { location.hash = '#/tasks'; }}, 'Clear'));
+  form.addEventListener('submit', ev => {
+    ev.preventDefault();
+    const p = new URLSearchParams();
+    for (const el of form.querySelectorAll('input, select')) if (el.value) p.set(el.name, el.value.trim());
+    location.hash = '#/tasks?' + p.toString();
+  });
+  const counts = h('div', {class: 'counts', id: 'task-counts'}, TASK_STATES.map(s =>
+    h('a', {href: '#/tasks?status=' + s, 'data-status': s}, status(s), ' ' + (res.counts[s] || 0))));
+  const tbody = h('tbody');
+  for (const t of res.tasks) {
+    const done = t.steps.filter(s => s.status === 'succeeded').length;
+    tbody.appendChild(h('tr', {'data-task-id': t.task_id},
+      h('td', {class: 'mono', text: fmtTime(t.created_at)}),
+      h('td', {class: 'mono'}, h('a', {href: '#/task/' + t.task_id, class: 'task-link', text: t.task_id})),
+      h('td', {text: t.tenant}), h('td', {class: 'mono', text: t.idem_key}), h('td', {}, status(t.status)),
+      h('td', {text: done + '/' + t.steps.length}), h('td', {text: t.reason || ''})));
+  }
+  if (!res.tasks.length) tbody.appendChild(h('tr', {}, h('td', {colspan: 7, class: 'muted', text: 'no tasks'})));
+  const pager = h('div', {class: 'pager'}, h('span', {class: 'muted', text: res.tasks.length + ' shown'}));
+  if (f.before) pager.appendChild(h('a', {href: '#/tasks?' + new URLSearchParams(
+      Object.fromEntries(Object.entries(f).filter(([k]) => k !== 'before'))).toString(), text: 'newest'}));
+  if (res.next) {
+    const n = new URLSearchParams(f); n.set('before', res.next);
+    pager.appendChild(h('a', {href: '#/tasks?' + n.toString(), id: 'tasks-older', text: 'older →'}));
+  }
+  page().replaceChildren(h('h1', {text: 'Tasks'}), counts, form,
+    h('table', {id: 'tasks'}, h('thead', {}, h('tr', {}, ['created', 'task', 'tenant', 'key', 'status',
+                                                         'steps done', 'reason'].map(t => h('th', {text: t})))), tbody),
+    pager);
+}
+
+const callLink = id => id ? h('a', {href: '#/call/' + id, class: 'call-link', text: id}) : '-';
+const objId = v => v === null || v === undefined ? '' : typeof v === 'string' ? v : JSON.stringify(v);
+
+// One task as `onceq inspect t_...` shows it: its steps and compensations in order, the timeline.
+async function viewTask(id) {
+  let d;
+  try { d = await api('tasks/' + encodeURIComponent(id)); } catch (e) {
+    if (e.code === 'tasks_unsupported_backend') { tasksUnsupported(e.message); return; }
+    throw e;
+  }
+  const t = d.task;
+  const kv = h('div', {class: 'kv', id: 'task'});
+  const row = (k, v) => { kv.appendChild(h('div', {text: k})); kv.appendChild(h('div', {class: 'mono'}, v)); };
+  row('task', t.task_id); row('tenant', t.tenant); row('key', t.idem_key); row('status', status(t.status));
+  if (t.reason) row('reason', t.reason);
+  row('created', fmtTime(t.created_at)); row('updated', fmtTime(t.updated_at));
+  const steps = h('tbody');
+  t.steps.forEach((s, i) => {
+    const c = s.compensation;
+    steps.appendChild(h('tr', {'data-step': s.name, class: 'step'},
+      h('td', {text: String(i + 1)}), h('td', {text: s.name}), h('td', {text: 'step'}), h('td', {text: s.tool}),
+      h('td', {}, status(s.status)), h('td', {class: 'mono'}, callLink(s.call_id)),
+      h('td', {class: 'mono', text: objId(s.object_id)}),
+      h('td', {class: 'mono result', text: s.error !== null ? JSON.stringify(s.error)
+                                    : s.result !== null ? JSON.stringify(s.result) : ''})));
+    if (c) steps.appendChild(h('tr', {'data-step': s.name, class: 'compensation'},
+      h('td', {}), h('td', {text: s.name}), h('td', {text: 'compensate (' + c.attempts + ' attempts)'}),
+      h('td', {text: c.tool}), h('td', {}, status(c.status)), h('td', {class: 'mono'}, callLink(c.call_id)),
+      h('td', {class: 'mono', text: objId(c.result && c.result.object_id)}),
+      h('td', {class: 'mono result', text: c.error !== null ? JSON.stringify(c.error)
+                                    : c.next_attempt_at ? 'next attempt ' + fmtTime(c.next_attempt_at) : ''})));
+  });
+  const tl = h('tbody');
+  for (const r of d.timeline)
+    tl.appendChild(h('tr', {},
+      h('td', {class: 'mono', text: fmtTime(r.ts)}), h('td', {text: r.step}), h('td', {text: r.role}),
+      h('td', {class: 'mono'}, callLink(r.call_id)), h('td', {class: 'from-' + r.from, text: r.from}),
+      h('td', {class: 'event', text: r.event}), h('td', {class: 'mono', text: r.detail || ''})));
+  page().replaceChildren(h('h1', {text: 'Task ' + t.task_id}), kv,
+    h('h2', {text: 'Steps and compensations'}),
+    h('table', {id: 'task-steps'}, h('thead', {}, h('tr', {}, ['#', 'step', 'role', 'tool', 'status', 'call',
+      'object id', 'result / error'].map(x => h('th', {text: x})))), steps),
+    h('h2', {text: 'Timeline'}),
+    h('table', {id: 'task-timeline'}, h('thead', {}, h('tr', {}, ['time', 'step', 'role', 'call', 'from',
+      'event', 'detail'].map(x => h('th', {text: x})))), tl));
 }
 
 // --- review --------------------------------------------------------------------------------
@@ -325,6 +427,9 @@ const CHARTS = [
   {id: 'chart-webhooks', title: 'webhook deliveries: pending and dead',
    series: [['pending', ms => sum(ms, 'onceq_webhook_pending')],
             ['dead', ms => sum(ms, 'onceq_webhook_dead')]]},
+  {id: 'chart-tasks', title: 'tasks by status',
+   series: ['running', 'compensating', 'failed', 'needs_review'].map(
+       st => [st, ms => sum(ms, 'onceq_producer_tasks', 'status', st)])},
   {id: 'chart-recovery', title: 'recovery time: UNKNOWN to decided (mean s over 2 s)',
    series: [['mean s', ms => [sum(ms, 'onceq_consumer_unknown_resolved_seconds_sum'),
                               sum(ms, 'onceq_consumer_unknown_resolved_seconds_count')], 'ratio']]},
@@ -394,9 +499,12 @@ async function route() {
   const [path, query] = hash.slice(1).split('?');
   for (const a of document.querySelectorAll('header nav a'))
     a.classList.toggle('active', hash.startsWith(a.getAttribute('href')) ||
-                       (a.id === 'nav-calls' && path.startsWith('/call/')));
+                       (a.id === 'nav-calls' && path.startsWith('/call/')) ||
+                       (a.id === 'nav-tasks' && path.startsWith('/task/')));
   try {
     if (path.startsWith('/call/')) { say(''); await viewCall(decodeURIComponent(path.slice(6))); }
+    else if (path.startsWith('/task/')) { say(''); await viewTask(decodeURIComponent(path.slice(6))); }
+    else if (path === '/tasks') { say(''); await viewTasks(new URLSearchParams(query || '')); }
     else if (path === '/review') await viewReview(false);
     else if (path === '/dlq') await viewDlq(false);
     else if (path === '/charts') { say(''); await viewCharts(); }
@@ -416,4 +524,8 @@ async function route() {
   window.addEventListener('hashchange', route);
   route();
   try { const r = await api('review'); document.getElementById('review-count').textContent = r.count || ''; } catch (e) {}
+  try { // the tasks badge: those waiting for an operator
+    const t = await api('tasks?limit=1');
+    document.getElementById('tasks-count').textContent = t.supported ? (t.counts.needs_review || '') : '';
+  } catch (e) {}
 })();

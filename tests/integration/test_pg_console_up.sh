@@ -3,7 +3,8 @@
 # `onceq up` on PostgreSQL starts its console on PostgreSQL too: the database string reaches the
 # children in their environment (ONCEQ_DB, as `onceq up --db-url` hands it over), and the console
 # child gets ONCEQ_PRODUCER_DB and ONCEQ_CONSUMER_DB, never --producer-db / --consumer-db nor the
-# string in its argv; its calls page lists a call of that database.
+# string in its argv; its calls page lists a call of that database; its tasks page says that
+# tasks need the SQLite store (200, supported false; a task's page 501) rather than failing.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_require_pg
@@ -22,6 +23,12 @@ oq_wait_for 60 curl -sf -o /dev/null "$U/api/me" || oq_fail "console not up: $(c
 [[ $(curl -s "$U/api/calls?q=pg-console-up" | jq -r '.calls[0].call_id') == "$id" ]] ||
     oq_fail "the console does not list $id of PostgreSQL: $(curl -s "$U/api/calls?q=pg-console-up")"
 [[ $(curl -s "$U/api/calls/$id" | jq -r .call.call_id) == "$id" ]] || oq_fail "no timeline of $id"
+# tasks exist on SQLite only: the tasks page says so rather than failing
+curl -s "$U/api/tasks" | jq -e '.supported == false and (.message | contains("tasks need the SQLite store")) and .tasks == []' >/dev/null ||
+    oq_fail "the tasks page on PostgreSQL: $(curl -s "$U/api/tasks")"
+code=$(curl -s -o "$T/task.json" -w '%{http_code}' "$U/api/tasks/t_00000000000000000000000000000000")
+[[ $code == 501 ]] && jq -e '.error == "tasks_unsupported_backend"' "$T/task.json" >/dev/null ||
+    oq_fail "a task's page on PostgreSQL: HTTP $code $(cat "$T/task.json")"
 cpid=
 for p in $(pgrep -P "${OQ_PIDS[up]}"); do
     tr '\0' ' ' <"/proc/$p/cmdline" | grep -q " console " && cpid=$p
