@@ -522,6 +522,88 @@ static void test_db_compensate_in_reverse(void **state)
     assert_int_equal(oq_store_task_get(db, "t_nope", NULL, NULL, &t, &err), OQ_ENOTFOUND);
 }
 
+/* The operators' list (`onceq tasks list`, the console): newest first, paged, filtered by
+ * status, tenant, task id or key; the counts by status of one tenant or of all. */
+static const char *ids_of(const json_t *page, char *buf, size_t cap)
+{
+    json_t *a = json_object_get(page, "tasks");
+    buf[0] = 0;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%s%s", l ? "," : "",
+                 json_string_value(json_object_get(json_array_get(a, i), "idem_key")));
+    }
+    return buf;
+}
+
+static void test_db_operator_list(void **state)
+{
+    fx_t *f = *state;
+    sqlite3 *db = f->db;
+    char id[3][OQ_TASK_ID_LEN + 1];
+    oq_task_outcome_t oc = 0;
+#define ONE_STEP(tenant) "{" tenant "\"steps\":[{\"name\":\"a\",\"tool\":\"echo\",\"args\":{}}]}"
+    assert_int_equal(submit(db, "k1", ONE_STEP(""), &oc, id[0]), 0);
+    assert_int_equal(submit(db, "k2", ONE_STEP("\"tenant\":\"acme\","), &oc, id[1]), 0);
+    assert_int_equal(submit(db, "k3", ONE_STEP(""), &oc, id[2]), 0);
+#undef ONE_STEP
+    result(db, "k1/a", "succeeded", "{}", NULL);
+    oq_dbh_t h = {OQ_BACKEND_SQLITE, db, NULL, 1};
+    oq_error_t err = {0};
+    json_t *p = NULL;
+    char b[256];
+    oq_task_query_t q = {0};
+    q.limit = 2;
+    assert_int_equal(oq_producer_db_tasks(&h, &q, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k3,k2");
+    q.before = json_integer_value(json_object_get(p, "next"));
+    assert_true(q.before > 0);
+    json_decref(p);
+    assert_int_equal(oq_producer_db_tasks(&h, &q, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k1");
+    assert_true(json_is_null(json_object_get(p, "next")));
+    json_decref(p);
+    oq_task_query_t by_status = {"running", NULL, NULL, NULL, 0, 50};
+    assert_int_equal(oq_producer_db_tasks(&h, &by_status, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k3,k2");
+    json_decref(p);
+    oq_task_query_t by_tenant = {NULL, "acme", NULL, NULL, 0, 50};
+    assert_int_equal(oq_producer_db_tasks(&h, &by_tenant, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k2");
+    json_decref(p);
+    /* by id: another tenant's task is not found */
+    oq_task_query_t by_id = {NULL, "acme", id[0], NULL, 0, 50};
+    assert_int_equal(oq_producer_db_tasks(&h, &by_id, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "");
+    json_decref(p);
+    by_id.tenant = NULL;
+    assert_int_equal(oq_producer_db_tasks(&h, &by_id, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k1");
+    json_decref(p);
+    /* by key: in one tenant (its unique index) or in all */
+    oq_task_query_t by_key = {NULL, "acme", NULL, "k1", 0, 50};
+    assert_int_equal(oq_producer_db_tasks(&h, &by_key, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "");
+    json_decref(p);
+    by_key.tenant = NULL;
+    assert_int_equal(oq_producer_db_tasks(&h, &by_key, &p, &err), 0);
+    assert_string_equal(ids_of(p, b, sizeof b), "k1");
+    json_decref(p);
+    /* counts */
+    assert_int_equal(oq_producer_db_task_counts(&h, NULL, &p, &err), 0);
+    assert_int_equal(json_integer_value(json_object_get(p, "running")), 2);
+    assert_int_equal(json_integer_value(json_object_get(p, "succeeded")), 1);
+    json_decref(p);
+    assert_int_equal(oq_producer_db_task_counts(&h, "acme", &p, &err), 0);
+    assert_int_equal(json_integer_value(json_object_get(p, "running")), 1);
+    assert_int_equal(json_integer_value(json_object_get(p, "succeeded")), 0);
+    json_decref(p);
+    /* the CLI's list: the first page */
+    assert_int_equal(oq_store_task_list(db, "succeeded", 10, &p, &err), 0);
+    assert_int_equal(json_array_size(p), 1);
+    json_decref(p);
+}
+
 static void test_db_compensation_budget(void **state)
 {
     fx_t *f = *state;
@@ -675,6 +757,7 @@ int main(void)
         cmocka_unit_test(test_resolve),
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test_setup_teardown(test_db_compensate_in_reverse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_operator_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_compensation_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_compensation_retry_succeeds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_bad_reference_at_run, setup, teardown),
