@@ -1189,10 +1189,15 @@ static const char SQL_TASK_DUE[] =
     "SELECT task_id,idx FROM task_steps WHERE comp_next_at IS NOT NULL AND comp_next_at<=?1 "
     "ORDER BY comp_next_at LIMIT ?2";
 /* Newest first by position (rowid: tasks are inserted in creation order), a page's `next` being
- * the position of its last task; the filters are optional (NULL binds match all). */
+ * the position of its last task; the filters are optional (NULL binds match all). A status is
+ * read through tasks_status, which is (status, rowid): that status's tasks alone, in order. */
+#define TASK_LIST_TAIL                                                                             \
+    " AND (?2 IS NULL OR tenant=?2) AND (?3 IS NULL OR idem_key=?3) AND rowid<?4 ORDER BY "        \
+    "rowid DESC LIMIT ?5"
 static const char SQL_TASK_LIST[] =
-    "SELECT rowid,task_id FROM tasks WHERE (?1 IS NULL OR status=?1) AND (?2 IS NULL OR "
-    "tenant=?2) AND (?3 IS NULL OR idem_key=?3) AND rowid<?4 ORDER BY rowid DESC LIMIT ?5";
+    "SELECT rowid,task_id FROM tasks WHERE ?1 IS NULL" TASK_LIST_TAIL;
+static const char SQL_TASK_LIST_STATUS[] =
+    "SELECT rowid,task_id FROM tasks WHERE status=?1" TASK_LIST_TAIL;
 
 static int no_pg_tasks(oq_error_t *err)
 {
@@ -1432,7 +1437,7 @@ int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, cha
     *next = 0;
     if (s->pg) return no_pg_tasks(err);
     int limit = q->limit > 0 ? q->limit : 100;
-    sqlite3_stmt *st = st_get(s, SQL_TASK_LIST, err);
+    sqlite3_stmt *st = st_get(s, q->status ? SQL_TASK_LIST_STATUS : SQL_TASK_LIST, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, q->status);
     bind_text(st, 2, q->tenant);
