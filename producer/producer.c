@@ -36,7 +36,8 @@ struct oq_producer {
     oq_metrics_t *metrics;
     char *topic_prefix; /* NULL: the default */
     oq_metric_t *m_calls[5], *m_outbox_pending, *m_oldest_pending;
-    oq_metric_t *m_tasks[6], *m_comp[2]; /* tasks by status; compensations ended ok / review */
+    oq_metric_t *m_tasks[OQ_TASK_NSTATUS],
+        *m_comp[2]; /* tasks by status; compensations ended ok / review */
 };
 
 static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
@@ -60,12 +61,12 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     for (int i = 0; i < 5; i++)
         oq_gauge_set(p->m_calls[i], (double)by[i]);
     oq_gauge_set(p->m_outbox_pending, (double)c.outbox_pending);
-    int64_t tb[6], ok = 0, review = 0;
+    int64_t tb[OQ_TASK_NSTATUS], ok = 0, review = 0;
     r = rconn_acquire(p);
     s = (oq__producer_store_t){r->db, NULL, r->pg};
     rc = oq__task_store_counts(&s, tb, &ok, &review, NULL);
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; rc == 0 && i < 6; i++)
+    for (int i = 0; rc == 0 && i < OQ_TASK_NSTATUS; i++)
         oq_gauge_set(p->m_tasks[i], (double)tb[i]);
     if (rc == 0) {
         oq_gauge_set(p->m_comp[0], (double)ok);
@@ -87,11 +88,9 @@ static void metrics_init(oq_producer_t *p)
                                          "an operator)",
                                          labels);
     }
-    static const char *const task_states[6] = {"running",     "succeeded", "compensating",
-                                               "compensated", "failed",    "needs_review"};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < OQ_TASK_NSTATUS; i++) {
         char labels[48];
-        snprintf(labels, sizeof labels, "status=\"%s\"", task_states[i]);
+        snprintf(labels, sizeof labels, "status=\"%s\"", oq__task_statuses[i]);
         p->m_tasks[i] = oq_metrics_gauge(p->metrics, "onceq_producer_tasks",
                                          "tasks in calls.db by status", labels);
     }

@@ -1165,12 +1165,13 @@ int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
 static const char SQL_TASK_INSERT[] =
     "INSERT INTO tasks(task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,"
     "updated_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?8) ON CONFLICT(tenant,idem_key) DO NOTHING";
-#define TASK_COLS "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at"
+#define TASK_COLS                                                                                  \
+    "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at,review_fence"
 static const char SQL_TASK_GET[] = "SELECT " TASK_COLS " FROM tasks WHERE task_id=?1";
 static const char SQL_TASK_GET_KEY[] =
     "SELECT " TASK_COLS " FROM tasks WHERE tenant=?1 AND idem_key=?2";
 static const char SQL_TASK_UPDATE[] =
-    "UPDATE tasks SET status=?2,reason=?3,updated_at=?4 WHERE task_id=?1";
+    "UPDATE tasks SET status=?2,reason=?3,updated_at=?4,review_fence=?5 WHERE task_id=?1";
 static const char SQL_STEP_PUT[] =
     "INSERT INTO task_steps(task_id,idx,name,status,call_id,comp_call_id,comp_attempts,"
     "comp_next_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8) ON CONFLICT(task_id,idx) DO UPDATE SET "
@@ -1264,6 +1265,7 @@ int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char 
         out->reason = col_strdup(st, 6);
         out->created_at = sqlite3_column_int64(st, 7);
         out->updated_at = sqlite3_column_int64(st, 8);
+        out->review_fence = sqlite3_column_int64(st, 9);
         if (!out->tenant || !out->idem_key || !out->spec) {
             oq__task_row_clear(out);
             ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -1286,6 +1288,7 @@ int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_e
     bind_text(st, 2, t->status);
     bind_text(st, 3, t->reason);
     sqlite3_bind_int64(st, 4, t->updated_at);
+    sqlite3_bind_int64(st, 5, t->review_fence);
     int ret = st_exec(s, st, err, "update task");
     st_done(s, st);
     return ret;
@@ -1451,12 +1454,15 @@ int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, 
     return 0;
 }
 
-int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_ok,
+const char *const oq__task_statuses[OQ_TASK_NSTATUS] = {
+    "running", "succeeded",    "compensating",     "compensated",
+    "failed",  "needs_review", "awaiting_approval"};
+
+int oq__task_store_counts(oq__producer_store_t *s, int64_t by[OQ_TASK_NSTATUS], int64_t *comp_ok,
                           int64_t *comp_review, oq_error_t *err)
 {
-    static const char *const st[6] = {"running",     "succeeded", "compensating",
-                                      "compensated", "failed",    "needs_review"};
-    memset(by, 0, 6 * sizeof *by);
+    const char *const *st = oq__task_statuses;
+    memset(by, 0, OQ_TASK_NSTATUS * sizeof *by);
     *comp_ok = *comp_review = 0;
     if (s->pg) return 0; /* no task rows there */
     sqlite3_stmt *st1 = st_get(s, "SELECT status, count(*) FROM tasks GROUP BY status", err);
@@ -1464,7 +1470,7 @@ int oq__task_store_counts(oq__producer_store_t *s, int64_t by[6], int64_t *comp_
     int rc, ret = 0;
     while ((rc = sqlite3_step(st1)) == SQLITE_ROW) {
         const char *k = (const char *)sqlite3_column_text(st1, 0);
-        for (int i = 0; k && i < 6; i++)
+        for (int i = 0; k && i < OQ_TASK_NSTATUS; i++)
             if (strcmp(k, st[i]) == 0) by[i] = sqlite3_column_int64(st1, 1);
     }
     if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task counts");
