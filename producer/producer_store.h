@@ -516,6 +516,11 @@ extern const char *const oq__task_statuses[OQ_TASK_NSTATUS];
  * snapshot. */
 int oq__task_store_counts(oq__producer_store_t *s, int64_t by[OQ_TASK_NSTATUS], int64_t *comp_ok,
                           int64_t *comp_review, oq_error_t *err);
+/** Tasks that needed an operator's recovery (\p operator: in needs_review now, or settled by
+ *  an operator's decision other than approve / reject) and steps that were run again (\p rerun:
+ *  a step with more than one call in task_calls: must stay 0). Zeros on PostgreSQL. */
+int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                            oq_error_t *err);
 /** Task ids newest first, \p status NULL = any, at most \p limit (*ids owned: free each). */
 int oq__task_store_list(oq__producer_store_t *s, const char *status, int limit, char ***ids,
                         size_t *n, oq_error_t *err);

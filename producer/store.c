@@ -1458,6 +1458,33 @@ const char *const oq__task_statuses[OQ_TASK_NSTATUS] = {
     "running", "succeeded",    "compensating",     "compensated",
     "failed",  "needs_review", "awaiting_approval"};
 
+int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                            oq_error_t *err)
+{
+    static const char *const q[2] = {
+        /* a count over the status index, and one probe of the audit index per task */
+        "SELECT count(*) FROM tasks t WHERE t.status='needs_review' OR EXISTS (SELECT 1 FROM "
+        "audit a WHERE a.call_id=t.task_id AND a.event='task_review' AND "
+        "json_extract(a.detail,'$.as') NOT IN ('approve','reject'))",
+        "SELECT count(*) FROM (SELECT 1 FROM task_calls WHERE role='step' GROUP BY task_id, idx "
+        "HAVING count(*) > 1)"};
+    int64_t *out[2] = {operator_, rerun};
+    *operator_ = *rerun = 0;
+    if (s->pg) return 0; /* no task rows there */
+    for (int i = 0; i < 2; i++) {
+        sqlite3_stmt *st = st_get(s, q[i], err);
+        if (!st) return st_failed(err);
+        int rc = sqlite3_step(st), ret = 0;
+        if (rc == SQLITE_ROW)
+            *out[i] = sqlite3_column_int64(st, 0);
+        else
+            ret = oq_db_error(s->db, rc, err, "task recovery counts");
+        st_done(s, st);
+        if (ret) return ret;
+    }
+    return 0;
+}
+
 int oq__task_store_counts(oq__producer_store_t *s, int64_t by[OQ_TASK_NSTATUS], int64_t *comp_ok,
                           int64_t *comp_review, oq_error_t *err)
 {

@@ -10,7 +10,10 @@
 #   - review of a task in needs_review (a compensation past its budget): `review show` prints
 #     the fence and the timeline; retry-compensation makes a new attempt of the same call with a
 #     fresh budget (a new episode: the old fence is refused after it); `--as compensated`
-#     settles it, audited; onceq verify holds.
+#     settles it, audited; onceq verify holds;
+#   - the task metrics on /metrics and in onceq stats --json: tasks by status (awaiting_approval
+#     too), compensation success rate, steps run again (0), tasks that needed an operator and
+#     the manual recovery rate of calls and tasks.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 . "$ONCEQ_SRC/chaos/pipeline.sh"
@@ -61,6 +64,9 @@ fence=$(jq -r .fence <<<"$t")
 jq -e '.steps[1].approval == true and (.reason | contains("approval"))' <<<"$t" >/dev/null ||
     oq_fail "awaiting: $t"
 [[ $(calls_of_key appr-1/ship) == 0 ]] || oq_fail "the step waiting for approval has a call"
+metric() { curl -sf "$URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+[[ $(metric 'onceq_producer_tasks{status="awaiting_approval"}') == 1 ]] ||
+    oq_fail "metrics: $(curl -s "$URL/metrics" | grep onceq_producer_tasks)"
 review show "$tid" >"$T/show1.out" || oq_fail "review show $tid"
 grep -q "status    awaiting_approval (fence $fence)" "$T/show1.out" ||
     oq_fail "review show: $(cat "$T/show1.out")"
@@ -169,3 +175,25 @@ pl_verify >"$T/verify.json"
 jq -e '.by_kind | (.task_step_rerun + .task_comp_twice + .task_false_end + .task_not_terminal) == 0' \
     "$T/verify.json" >/dev/null || oq_fail "verify: $(cat "$T/verify.json")"
 oq_pass "onceq verify: no task invariant broken"
+
+# --- the task metrics: /metrics and onceq stats --json ------------------------------------------
+# three tasks: appr-1 succeeded, rej-1 compensated (2 compensations), rev-1 compensated by an
+# operator (its compensation ended needs_review): 2/3 compensations ok, 1/3 tasks needed one
+curl -sf "$URL/metrics" >"$T/metrics.txt" || oq_fail "no /metrics"
+mv_() { awk -v k="$1" '$1 == k {print $2}' "$T/metrics.txt"; }
+near() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a - b < 0.001 && b - a < 0.001) }'; }
+[[ $(mv_ 'onceq_producer_tasks{status="awaiting_approval"}') == 0 &&
+    $(mv_ onceq_producer_task_steps_rerun) == 0 && $(mv_ onceq_producer_tasks_needed_operator) == 1 ]] &&
+    near "$(mv_ onceq_producer_task_compensation_success_ratio)" 0.6667 &&
+    near "$(mv_ onceq_producer_tasks_manual_recovery_ratio)" 0.3333 ||
+    oq_fail "task metrics: $(grep -E 'onceq_producer_task' "$T/metrics.txt")"
+"$ONCEQ_BIN" stats --json --db "$PDB" --consumer-db "$CDB" >"$T/stats.json" || oq_fail "stats"
+jq -e '.tasks | .total == 3 and .by_status.compensated == 2 and .by_status.succeeded == 1
+       and .compensations == {"compensated": 2, "needs_review": 1} and .steps_rerun == 0
+       and .needed_operator == 1' "$T/stats.json" >/dev/null || oq_fail "stats: $(cat "$T/stats.json")"
+jq -e '.calls.manual_recovery | .tasks_needed_operator == 1 and .all > 3
+       and (.rate - ((.calls_review + 1) / .all) | fabs) < 0.0001' "$T/stats.json" >/dev/null ||
+    oq_fail "manual recovery: $(jq -c .calls "$T/stats.json")"
+near "$(jq .tasks.compensation_success_rate "$T/stats.json")" 0.6667 ||
+    oq_fail "compensation success rate: $(jq -c .tasks "$T/stats.json")"
+oq_pass "task metrics: by status, compensation success 2/3, 0 steps re-run, manual recovery 1/3 tasks"
