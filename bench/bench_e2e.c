@@ -88,6 +88,10 @@ static const oq_setting_t e2e_settings[] = {
     {"http-tools", OQ_SET_BOOL, "false", 0, -1, NULL,
      "after the run with the compiled charge, the same calls to an HTTP tool against `onceq "
      "downstream` (durable ledger), figures side by side"},
+    {"tasks", OQ_SET_INT, "0", 0, 1000000, NULL,
+     "instead: N 3-step tasks (pay, pay, pay) against `onceq downstream`, then 3N independent "
+     "pay calls in the same pipeline: tasks/s, per-step latency, step-to-step gap, CPU per step "
+     "against CPU per call"},
     {"db-url", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "every stage on PostgreSQL (onceq up --db-url): a URI of a fresh database, the password in "
      "a passfile"},
@@ -782,10 +786,220 @@ out:
     return rc;
 }
 
+/* --- --tasks: 3-step tasks against three independent calls --------------------------------- */
+
+/* \p sql's first column over calls.db (effects.db of the same directory attached as c) as
+ * sorted doubles (*v owned), *n of them. */
+static int e2e_column(const char *calls_db, const char *sql, double **v, int *n)
+{
+    char attach[PATH_MAX + 64];
+    const char *slash = strrchr(calls_db, '/');
+    snprintf(attach, sizeof attach, "ATTACH DATABASE '%.*seffects.db' AS c",
+             slash ? (int)(slash - calls_db + 1) : 0, calls_db);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int cap = 0;
+    *v = NULL;
+    *n = 0;
+    if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, attach, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+        sqlite3_close_v2(db);
+        return -1;
+    }
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        if (*n == cap) {
+            double *nv = realloc(*v, (size_t)(cap = cap ? 2 * cap : 1024) * sizeof *nv);
+            if (!nv) break;
+            *v = nv;
+        }
+        (*v)[(*n)++] = sqlite3_column_double(st, 0);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close_v2(db);
+    if (*n) qsort(*v, (size_t)*n, sizeof **v, e2e_cmp);
+    return 0;
+}
+
+static void e2e_print_dist(const char *calls_db, const char *what, const char *sql)
+{
+    double *v = NULL;
+    int n = 0;
+    if (e2e_column(calls_db, sql, &v, &n) == 0 && n > 0)
+        printf("  %-28s n=%-6d p50 %6.1f ms  p99 %6.1f ms\n", what, n, e2e_pct(v, n, 0.5),
+               e2e_pct(v, n, 0.99));
+    else
+        printf("  %-28s (no rows)\n", what);
+    free(v);
+}
+
+/* Pipeline processes' CPU seconds (children of \p up) now. */
+static double e2e_pl_cpu(pid_t up)
+{
+    oq_bench_procs_t p;
+    oq__bench_procs(up, 1, &p);
+    return p.cpu_s;
+}
+
+static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
+{
+    char ledger[PATH_MAX], tools[PATH_MAX], log[PATH_MAX], listen[64], calls_db[PATH_MAX];
+    int dport = e2e_free_port(), port = e2e_free_port(), rc = OQ_EXIT_FAIL;
+    pid_t ds = -1, up = -1;
+    oq_httpc_t *hc = NULL;
+    oq_error_t err = {0};
+    snprintf(ledger, sizeof ledger, "%s/downstream.db", dir);
+    snprintf(tools, sizeof tools, "%s/tools.json", dir);
+    snprintf(log, sizeof log, "%s/downstream.log", dir);
+    snprintf(calls_db, sizeof calls_db, "%s/calls.db", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", dport);
+    FILE *f = fopen(tools, "w");
+    if (!f) {
+        fprintf(stderr, "onceq-bench e2e: %s: %s\n", tools, strerror(errno));
+        return rc;
+    }
+    fprintf(f,
+            "{\"version\": 1, \"tools\": [{\"name\": \"pay\", \"url\": "
+            "\"http://%s/v1/payments\", \"body\": {\"amount\": \"{amount}\", \"reference\": "
+            "\"{effect_id}\"}, \"idempotent\": true, \"lookup\": {\"url\": "
+            "\"http://%s/v1/payments?idempotency_key={effect_id}\"}}]}\n",
+            listen, listen);
+    fclose(f);
+    char dexe[PATH_MAX + 32];
+    const char *slash = strrchr(e2e_onceq, '/');
+    snprintf(dexe, sizeof dexe, "%.*sonceq-downstream", slash ? (int)(slash - e2e_onceq + 1) : 0,
+             e2e_onceq);
+    char *const dargs[] = {"--listen", listen, "--db", ledger, NULL};
+    ds = access(dexe, X_OK) == 0 ? e2e_spawn_exe(dexe, dargs, log) : -1;
+    if (ds <= 0 || !e2e_healthy(dport, 150)) {
+        fprintf(stderr, "onceq-bench e2e: %s did not start (see %s)\n", dexe, log);
+        goto out;
+    }
+    int consumers = (int)oq_config_int(cfg, "consumers");
+    up = e2e_start_up(dir, port, consumers, tools);
+    if (up <= 0 || !e2e_healthy(port, 300)) {
+        fprintf(stderr, "onceq-bench e2e: producer not healthy (see %s/up.log)\n", dir);
+        goto out;
+    }
+    printf("onceq-bench e2e --tasks: onceq up pid=%d dir=%s, onceq-downstream pid=%d on %s\n",
+           (int)up, dir, (int)ds, listen);
+    int64_t drain = oq_config_int(cfg, "drain-timeout");
+    oq_load_opts_t lo;
+    memset(&lo, 0, sizeof lo);
+    lo.host = "127.0.0.1";
+    lo.port = port;
+    lo.conns = (int)oq_config_int(cfg, "conns");
+    lo.mix[OQ_LOAD_CHARGE] = 1;
+    lo.charge_tool = "pay";
+    oq_load_result_t r;
+    int64_t warm = oq_config_int(cfg, "warmup");
+    if (warm > 0) {
+        lo.calls = warm;
+        lo.key_prefix = "warm";
+        if (oq_load_run(&lo, &r, &err) != 0 ||
+            e2e_wait_drained(calls_db, "warm", warm, drain, up) != 0) {
+            fprintf(stderr, "onceq-bench e2e: warm-up failed %s\n", err.msg);
+            goto out;
+        }
+    }
+    /* the tasks: submitted one after another (each answers 202 at once), then drained */
+    if (!(hc = oq_httpc_new(NULL, &err))) goto out;
+    char url[96], key[64], hdr[96], body[512];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/tasks", port);
+    double c0 = e2e_pl_cpu(up);
+    int64_t t0 = oq_mono_us();
+    for (int64_t i = 0; i < ntasks; i++) {
+        snprintf(key, sizeof key, "task-%lld", (long long)i);
+        snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
+        snprintf(body, sizeof body,
+                 "{\"steps\":[{\"name\":\"a\",\"tool\":\"pay\",\"args\":{\"amount\":1}},"
+                 "{\"name\":\"b\",\"tool\":\"pay\",\"args\":{\"amount\":2}},"
+                 "{\"name\":\"c\",\"tool\":\"pay\","
+                 "\"args\":{\"amount\":3}}]}");
+        const char *const h[] = {hdr, NULL};
+        oq_httpc_resp_t resp = {0};
+        int hr = oq_httpc_request(hc, "POST", url, h, body, &resp, &err);
+        long status = resp.status;
+        oq_httpc_resp_clear(&resp);
+        if (hr || (status != 202 && status != 200)) {
+            fprintf(stderr, "onceq-bench e2e: task %s: %s (HTTP %ld)\n", key, hr ? err.msg : "",
+                    status);
+            goto out;
+        }
+    }
+    if (e2e_wait_drained(calls_db, "task", 3 * ntasks, drain, up) != 0) goto out;
+    double tw = (double)(oq_mono_us() - t0) / 1e6, tcpu = e2e_pl_cpu(up) - c0;
+    /* the same number of calls, independent, through the same pipeline */
+    lo.calls = 3 * ntasks;
+    lo.key_prefix = "ind";
+    c0 = e2e_pl_cpu(up);
+    t0 = oq_mono_us();
+    if (oq_load_run(&lo, &r, &err) != 0 ||
+        e2e_wait_drained(calls_db, "ind", 3 * ntasks, drain, up) != 0) {
+        fprintf(stderr, "onceq-bench e2e: independent calls: %s\n", err.msg);
+        goto out;
+    }
+    double iw = (double)(oq_mono_us() - t0) / 1e6, icpu = e2e_pl_cpu(up) - c0;
+    int64_t ok = -1;
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK)
+        e2e_count(db, "SELECT count(*) FROM tasks WHERE idem_key LIKE ?1 AND status='succeeded'",
+                  "task-%", &ok);
+    sqlite3_close_v2(db);
+    printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s)\n",
+           (long long)ok, (long long)ntasks, tw, tw > 0 ? ntasks / tw : 0,
+           tw > 0 ? 3 * ntasks / tw : 0);
+    printf("independent calls: %lld in %.2f s = %.1f calls/s\n", (long long)(3 * ntasks), iw,
+           iw > 0 ? 3 * ntasks / iw : 0);
+    static const char *const step_sql[3] = {
+        "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
+        "WHERE s.idx=0 AND c.idem_key LIKE 'task-%'",
+        "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
+        "WHERE s.idx=1 AND c.idem_key LIKE 'task-%'",
+        "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
+        "WHERE s.idx=2 AND c.idem_key LIKE 'task-%'"};
+    printf("latency (calls.db timestamps: written -> result applied):\n");
+    e2e_print_dist(calls_db, "step a", step_sql[0]);
+    e2e_print_dist(calls_db, "step b", step_sql[1]);
+    e2e_print_dist(calls_db, "step c", step_sql[2]);
+    /* the next call is written in the transaction that applies the previous result: 0 ms at
+     * the producer by construction; what an observer sees is the hop from that result to the
+     * next step's effect (relay, Kafka, consumer, downstream) */
+    e2e_print_dist(calls_db, "result -> next call written",
+                   "SELECT n.created_at - p.updated_at FROM task_steps a JOIN task_steps b ON "
+                   "b.task_id=a.task_id AND b.idx=a.idx+1 JOIN calls p ON p.call_id=a.call_id "
+                   "JOIN calls n ON n.call_id=b.call_id WHERE p.idem_key LIKE 'task-%'");
+    e2e_print_dist(calls_db, "result -> next effect",
+                   "SELECT e.created_at - p.updated_at FROM task_steps a JOIN task_steps b ON "
+                   "b.task_id=a.task_id AND b.idx=a.idx+1 JOIN calls p ON p.call_id=a.call_id "
+                   "JOIN c.effects e ON e.call_id=b.call_id WHERE p.idem_key LIKE 'task-%'");
+    e2e_print_dist(calls_db, "whole task",
+                   "SELECT max(c.updated_at) - min(c.created_at) FROM task_steps s JOIN calls c "
+                   "ON c.call_id=s.call_id WHERE c.idem_key LIKE 'task-%' GROUP BY s.task_id");
+    e2e_print_dist(calls_db, "independent call",
+                   "SELECT updated_at - created_at FROM calls WHERE idem_key LIKE 'ind-%'");
+    double per_step = ntasks ? tcpu * 1e6 / (3.0 * ntasks) : 0,
+           per_call = ntasks ? icpu * 1e6 / (3.0 * ntasks) : 0;
+    printf("CPU of the pipeline processes: %.0f us per task step, %.0f us per independent call "
+           "(%.2fx)\n",
+           per_step, per_call, per_call > 0 ? per_step / per_call : 0);
+    printf("result bench=e2e-tasks tasks=%lld tasks_per_s=%.1f cpu_us_per_step=%.0f "
+           "cpu_us_per_call=%.0f cost_ratio=%.2f\n",
+           (long long)ntasks, tw > 0 ? ntasks / tw : 0, per_step, per_call,
+           per_call > 0 ? per_step / per_call : 0);
+    rc = ok == ntasks ? OQ_EXIT_OK : OQ_EXIT_FAIL;
+out:
+    oq_httpc_destroy(hc);
+    e2e_stop_up(up);
+    e2e_stop_up(ds);
+    return rc;
+}
+
 int oq__bench_e2e(int argc, char **argv)
 {
     const char *usage = "onceq-bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
-                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH] [--http-tools]";
+                        "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH] [--http-tools] "
+                        "[--tasks N]";
     oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
     int rc = oq_cli_parse(cfg, "onceq-bench", usage, argc, argv);
@@ -822,6 +1036,15 @@ int oq__bench_e2e(int argc, char **argv)
             goto out;
         }
         made_dir = 1;
+    }
+    if (oq_config_int(cfg, "tasks") > 0) {
+        if (e2e_db_url) {
+            fprintf(stderr, "onceq-bench e2e: --tasks runs on SQLite only (tasks are)\n");
+            rc = OQ_EXIT_USAGE;
+        } else {
+            rc = e2e_tasks(cfg, dir, oq_config_int(cfg, "tasks"));
+        }
+        goto out;
     }
     lo.conns = (int)oq_config_int(cfg, "conns");
     lo.calls = oq_config_int(cfg, "calls");

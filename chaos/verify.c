@@ -185,7 +185,12 @@ static const check_t checks[] = {
  * with the derived key, run once; a compensation is one call, run once, and only for a step
  * that succeeded; the end a task reports is the truth of its steps; and after a drain every
  * task is terminal. A call that retention purged is not held against its task (tasks are kept
- * longer than their calls). */
+ * longer than their calls). A task an operator settled (`onceq review resolve t_... --as
+ * compensated|succeeded`) is held to the operator's word, audited, not the pipeline's claim. */
+#define OQ_V_OPERATOR_SETTLED                                                                      \
+    "EXISTS (SELECT 1 FROM main.audit r WHERE r.call_id = t.task_id AND r.event = 'task_review'"   \
+    " AND json_extract(r.detail, '$.as') = t.status)"
+
 static const check_t task_checks[] = {
     {OQ_V_TASK_STEP_RERUN,
      "SELECT min(call_id), 'task ' || task_id || ' step #' || idx || ' (' || role || ') has '"
@@ -214,14 +219,14 @@ static const check_t task_checks[] = {
      " LEFT JOIN main.calls k ON k.call_id = s.comp_call_id WHERE t.status = 'compensated'"
      " AND ((s.comp_call_id IS NULL AND p.state = 'succeeded' AND json_extract(t.spec,"
      " '$.steps[' || s.idx || '].compensate') IS NOT NULL)"
-     " OR (k.state IS NOT NULL AND k.state <> 'succeeded'))"
+     " OR (k.state IS NOT NULL AND k.state <> 'succeeded')) AND NOT " OQ_V_OPERATOR_SETTLED
      " UNION ALL "
      "SELECT t.task_id, 'task succeeded but step ' || s.name || ' is ' || s.status"
      " || ' (call ' || ifnull(p.state, 'missing') || ')' FROM main.tasks t"
      " JOIN main.task_steps s ON s.task_id = t.task_id"
      " LEFT JOIN main.calls p ON p.call_id = s.call_id"
      " WHERE t.status = 'succeeded' AND (s.status <> 'succeeded' OR (p.state IS NOT NULL"
-     " AND p.state <> 'succeeded'))"},
+     " AND p.state <> 'succeeded')) AND NOT " OQ_V_OPERATOR_SETTLED},
     {OQ_V_TASK_NOT_TERMINAL,
      "SELECT task_id, 'task ' || status || ' key=' || idem_key FROM main.tasks"
      " WHERE status IN ('running','compensating')"},

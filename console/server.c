@@ -424,15 +424,16 @@ static enum MHD_Result api_tasks(oq_console_t *c, struct MHD_Connection *conn, c
     q.tenant = p->admin ? qarg(conn, "tenant") : p->name;
     q.before = qint(conn, "before", 0);
     int64_t limit = qint(conn, "limit", 50);
-    static const char *const states[] = {"running",     "succeeded", "compensating",
-                                         "compensated", "failed",    "needs_review"};
+    static const char *const states[] = {"running",          "succeeded", "compensating",
+                                         "compensated",      "failed",    "needs_review",
+                                         "awaiting_approval"};
     int known = !q.status;
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         known |= q.status && strcmp(q.status, states[i]) == 0;
     if (!known)
         return send_error(conn, 400, "bad_request",
-                          "status: running, succeeded, compensating, compensated, failed or "
-                          "needs_review");
+                          "status: running, succeeded, compensating, compensated, failed, "
+                          "needs_review or awaiting_approval");
     if (q.before < 0 || limit < 1 || limit > 500 || (s && strlen(s) > 512))
         return send_error(conn, 400, "bad_request", "before: a page's next; limit: 1..500");
     q.limit = (int)limit;

@@ -20,23 +20,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmds.h"
 #include "oq_consumer.h"
+#include "oq_db.h"
 #include "oq_dbh.h"
 #include "oq_producer.h"
 #include "oq_util.h"
 #include "oq_json.h"
+#include "oq_tasks.h"
 
 static const oq_setting_t review_settings[] = {
     {"db", OQ_SET_STRING, "effects.db", 1, 4096, NULL,
      "consumer database: a file (SQLite) or a postgres:// URI / libpq keyword string"},
     {"producer-db", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "show: the producer database (a file, or a postgres:// URI / libpq keyword string), to "
-     "merge its timeline of the call"},
+     "merge its timeline of the call; a task (t_...): its database (default calls.db)"},
     {"json", OQ_SET_BOOL, "false", 0, -1, NULL, "print JSON"},
     {"limit", OQ_SET_INT, "1000", 1, 10000, NULL, "list: at most this many"},
-    {"as", OQ_SET_ENUM, NULL, 0, -1, "committed|failed|retry", "resolve: the decision"},
+    {"as", OQ_SET_ENUM, NULL, 0, -1,
+     "committed|failed|retry|approve|reject|compensated|succeeded|retry-compensation",
+     "resolve: the decision (a call: committed|failed|retry; a task awaiting approval: "
+     "approve|reject; a task in needs_review: compensated|succeeded|retry-compensation)"},
     {"ref", OQ_SET_STRING, NULL, 1, 255, NULL,
      "resolve --as committed: the downstream's id of what it did"},
     {"note", OQ_SET_STRING, NULL, 1, 1000, NULL, "resolve: why (required, audited)"},
@@ -53,6 +59,10 @@ static const char review_usage[] =
     "       onceq review show    <call_id> [--db effects.db] [--producer-db calls.db] [--json]\n"
     "       onceq review resolve <call_id> --as committed|failed|retry --fence N\n"
     "                            [--ref DOWNSTREAM_ID] --note TEXT [--by NAME] [--db effects.db]\n"
+    "       onceq review show    <task_id> [--producer-db calls.db] [--db effects.db] [--json]\n"
+    "       onceq review resolve <task_id> --as approve|reject|compensated|succeeded|\n"
+    "                            retry-compensation --fence N --note TEXT [--by NAME]\n"
+    "                            [--producer-db calls.db]\n"
     "Exit codes: 0 ok, 2 bad usage or not in review (nothing written), 4 no such call,\n"
     "9 review moved (the call left review and came back: --fence is stale, nothing written).";
 
@@ -268,6 +278,125 @@ static int do_resolve(const oq_config_t *cfg, const char *call_id)
     return OQ_EXIT_OK;
 }
 
+/* --- tasks (t_...): their rows are in calls.db (producer/tasks.c has the rules) ------------- */
+
+static const char *task_db(const oq_config_t *cfg)
+{
+    const char *p = oq_config_str(cfg, "producer-db");
+    return p ? p : "calls.db";
+}
+
+static int open_task_db(const oq_config_t *cfg, int readonly, sqlite3 **db)
+{
+    oq_error_t err = {0};
+    oq_db_opts_t o = {NULL, 0, readonly};
+    const char *path = task_db(cfg);
+    if (strstr(path, "://") || strchr(path, '=')) {
+        fprintf(stderr, "onceq review: tasks live in a SQLite calls.db (not on PostgreSQL yet)\n");
+        return OQ_EXIT_USAGE;
+    }
+    if (oq_db_open(path, &o, db, &err) != 0 ||
+        (!readonly && oq_db_migrate(*db, oq_migrations_producer, &err) != 0)) {
+        fprintf(stderr, "onceq review: %s: %s\n", path, err.msg);
+        if (*db) sqlite3_close_v2(*db);
+        *db = NULL;
+        return OQ_EXIT_FAIL;
+    }
+    return OQ_EXIT_OK;
+}
+
+/* The task, its fence and what may be decided, its operators' decisions, then the timeline of
+ * every step and compensation across both databases (onceq inspect on the task). */
+static int do_show_task(const oq_config_t *cfg, const char *task_id)
+{
+    sqlite3 *db = NULL;
+    json_t *t = NULL;
+    oq_audit_row_t *rows = NULL;
+    size_t n = 0;
+    oq_error_t err = {0};
+    int ret = open_task_db(cfg, 1, &db);
+    if (ret) return ret;
+    int rc = oq_store_task_get(db, task_id, NULL, NULL, &t, &err);
+    if (!rc) rc = oq_store_audit(db, task_id, &rows, &n, &err);
+    if (rc) {
+        fprintf(stderr, "onceq review show: %s: %s\n", task_id, err.msg);
+        ret = rc == OQ_ENOTFOUND ? OQ_EXIT_NOTFOUND : OQ_EXIT_FAIL;
+        goto out;
+    }
+    const char *st = json_string_value(json_object_get(t, "status"));
+    long long fence = (long long)json_integer_value(json_object_get(t, "fence"));
+    if (oq_config_int(cfg, "json")) {
+        json_t *dec = json_array();
+        for (size_t i = 0; dec && i < n; i++)
+            json_array_append_new(
+                dec, json_pack("{s:I,s:s,s:o}", "ts", (json_int_t)rows[i].ts, "event",
+                               rows[i].event, "detail",
+                               rows[i].detail ? json_loads(rows[i].detail, JSON_DECODE_ANY, NULL)
+                                              : json_null()));
+        json_object_set_new(t, "decisions", dec ? dec : json_array());
+        print_json(t);
+        ret = OQ_EXIT_OK;
+        goto out;
+    }
+    const char *why = json_string_value(json_object_get(t, "reason"));
+    printf("task      %s\nstatus    %s (fence %lld)\n", task_id, st, fence);
+    if (why) printf("why       %s\n", why);
+    if (strcmp(st, "awaiting_approval") == 0)
+        printf("resolve   onceq review resolve %s --fence %lld --as approve|reject --note ...\n",
+               task_id, fence);
+    else if (strcmp(st, "needs_review") == 0)
+        printf("resolve   onceq review resolve %s --fence %lld --as "
+               "compensated|succeeded|retry-compensation --note ...\n",
+               task_id, fence);
+    for (size_t i = 0; i < n; i++) {
+        char ts[32];
+        oq_time_format(rows[i].ts, ts);
+        printf("decision  %s  %s %s\n", ts, rows[i].event, rows[i].detail ? rows[i].detail : "");
+    }
+    printf("\n");
+    fflush(stdout);
+    const char *cdb = oq_config_str(cfg, "db");
+    if (cdb && access(cdb, F_OK) != 0) cdb = NULL; /* the consumer's side, when at hand */
+    ret = oq__tasks_inspect(task_db(cfg), cdb, task_id, 0);
+out:
+    oq_audit_free(rows, n);
+    json_decref(t);
+    if (db) sqlite3_close_v2(db);
+    return ret;
+}
+
+static int do_resolve_task(const oq_config_t *cfg, const char *task_id)
+{
+    const char *by = oq_config_str(cfg, "by");
+    if (!by) by = getenv("USER");
+    if (!by) by = "operator";
+    const char *as = oq_config_str(cfg, "as");
+    if (!as || !oq_config_str(cfg, "note") || !oq_config_is_set(cfg, "fence") ||
+        oq_config_str(cfg, "ref")) {
+        fprintf(stderr,
+                "onceq review resolve: a task takes --as, --fence and --note (no --ref; the fence: "
+                "onceq review show %s)\n%s\n",
+                task_id, review_usage);
+        return OQ_EXIT_USAGE;
+    }
+    sqlite3 *db = NULL;
+    int ret = open_task_db(cfg, 0, &db);
+    if (ret) return ret;
+    oq_error_t err = {0};
+    json_t *t = NULL;
+    const char *code = NULL;
+    int rc = oq_store_task_review(db, task_id, oq_config_int(cfg, "fence"), as, by,
+                                  oq_config_str(cfg, "note"), &t, &code, &err);
+    sqlite3_close_v2(db);
+    if (rc) {
+        fprintf(stderr, "onceq review resolve: %s (%s)\n", err.msg, code ? code : "error");
+        return rc == OQ_ECONFLICT ? EXIT_REVIEW_MOVED : oq_cli_exit_for(rc);
+    }
+    print_json(t);
+    json_decref(t);
+    return OQ_EXIT_OK;
+}
+
 int oq__cmd_review(int argc, char **argv)
 {
     int ret;
@@ -313,6 +442,11 @@ int oq__cmd_review(int argc, char **argv)
         fprintf(stderr, "onceq review %s: --as, --fence, --ref and --note go with resolve\n",
                 action);
         ret = OQ_EXIT_USAGE;
+        goto out;
+    }
+    if (!list && strncmp(oq_config_positional(cfg, 0), "t_", 2) == 0) { /* a task */
+        ret = show ? do_show_task(cfg, oq_config_positional(cfg, 0))
+                   : do_resolve_task(cfg, oq_config_positional(cfg, 0));
         goto out;
     }
     if ((ret = oq__cmd_consumer_db_refused("onceq review", oq_config_str(cfg, "db"))) != 0)

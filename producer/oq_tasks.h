@@ -115,6 +115,26 @@ int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *
 int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **out,
                                oq_error_t *err);
 
+/**
+ * @brief An operator's decision on a task, in one transaction on a caller's connection to
+ *        calls.db (`onceq review resolve t_...`), audited (audit.call_id = \p task_id, event
+ *        `task_review`, with \p as, \p by, \p note, \p fence).
+ * @param fence the task's review episode the decision was made on (its "fence").
+ * @param as awaiting_approval: "approve" (the waiting step is written and runs) or "reject"
+ *        (it and every later step skipped; what ran is compensated in reverse); needs_review:
+ *        "compensated" or "succeeded" (the operator settled it outside onceq) or
+ *        "retry-compensation" (the compensation that spent its budget: a fresh budget, a new
+ *        attempt of the same call now).
+ * @param out the task as committed (owned; may be NULL).
+ * @param code on error, the stable code: bad_request, not_found, not_awaiting_approval,
+ *        not_in_review, not_retryable, review_moved.
+ * @returns 0; OQ_EINVAL, OQ_ENOTFOUND, OQ_ESTATE (not in that status), OQ_ECONFLICT (the fence
+ *          moved): nothing written.
+ */
+int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const char *as,
+                         const char *by, const char *note, json_t **out, const char **code,
+                         oq_error_t *err);
+
 /** @brief Non-zero for a terminal task status (succeeded, compensated, failed, needs_review). */
 int oq_task_status_terminal(const char *status);
 

@@ -36,7 +36,9 @@ struct oq_producer {
     oq_metrics_t *metrics;
     char *topic_prefix; /* NULL: the default */
     oq_metric_t *m_calls[5], *m_outbox_pending, *m_oldest_pending;
-    oq_metric_t *m_tasks[6], *m_comp[2]; /* tasks by status; compensations ended ok / review */
+    oq_metric_t *m_tasks[OQ_TASK_NSTATUS],
+        *m_comp[2];           /* tasks by status; compensations ended ok / review */
+    oq_metric_t *m_task_x[4]; /* compensation success, re-run steps, needed an operator, ratio */
 };
 
 static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
@@ -60,12 +62,23 @@ static void collect_counts(oq_metrics_t *m, void *arg)
     for (int i = 0; i < 5; i++)
         oq_gauge_set(p->m_calls[i], (double)by[i]);
     oq_gauge_set(p->m_outbox_pending, (double)c.outbox_pending);
-    int64_t tb[6], ok = 0, review = 0;
+    int64_t tb[OQ_TASK_NSTATUS], ok = 0, review = 0;
     r = rconn_acquire(p);
     s = (oq__producer_store_t){r->db, NULL, r->pg};
     rc = oq__task_store_counts(&s, NULL, tb, &ok, &review, NULL);
+    int64_t op = 0, rerun = 0;
+    int rc2 = rc ? rc : oq__task_store_recovery(&s, &op, &rerun, NULL);
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; rc == 0 && i < 6; i++)
+    if (rc2 == 0) {
+        int64_t all = 0;
+        for (int i = 0; i < OQ_TASK_NSTATUS; i++)
+            all += tb[i];
+        oq_gauge_set(p->m_task_x[0], ok + review ? (double)ok / (double)(ok + review) : 1.0);
+        oq_gauge_set(p->m_task_x[1], (double)rerun);
+        oq_gauge_set(p->m_task_x[2], (double)op);
+        oq_gauge_set(p->m_task_x[3], all ? (double)op / (double)all : 0.0);
+    }
+    for (int i = 0; rc == 0 && i < OQ_TASK_NSTATUS; i++)
         oq_gauge_set(p->m_tasks[i], (double)tb[i]);
     if (rc == 0) {
         oq_gauge_set(p->m_comp[0], (double)ok);
@@ -87,11 +100,9 @@ static void metrics_init(oq_producer_t *p)
                                          "an operator)",
                                          labels);
     }
-    static const char *const task_states[6] = {"running",     "succeeded", "compensating",
-                                               "compensated", "failed",    "needs_review"};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < OQ_TASK_NSTATUS; i++) {
         char labels[48];
-        snprintf(labels, sizeof labels, "status=\"%s\"", task_states[i]);
+        snprintf(labels, sizeof labels, "status=\"%s\"", oq__task_statuses[i]);
         p->m_tasks[i] = oq_metrics_gauge(p->metrics, "onceq_producer_tasks",
                                          "tasks in calls.db by status", labels);
     }
@@ -105,6 +116,18 @@ static void metrics_init(oq_producer_t *p)
                                     "succeeded; needs_review: failed past the retry budget or "
                                     "in review)",
                                     "outcome=\"needs_review\"");
+    static const char *const task_x[4][2] = {
+        {"onceq_producer_task_compensation_success_ratio",
+         "task compensations that ended compensated / all that ended (1 when none ended)"},
+        {"onceq_producer_task_steps_rerun",
+         "task steps written as more than one call (a succeeded step run again): must stay 0"},
+        {"onceq_producer_tasks_needed_operator",
+         "tasks that needed an operator's recovery: in needs_review, or settled by onceq review "
+         "(approvals not counted)"},
+        {"onceq_producer_tasks_manual_recovery_ratio",
+         "tasks_needed_operator / all tasks in calls.db"}};
+    for (int i = 0; i < 4; i++)
+        p->m_task_x[i] = oq_metrics_gauge(p->metrics, task_x[i][0], task_x[i][1], NULL);
     p->m_outbox_pending = oq_metrics_gauge(p->metrics, "onceq_producer_outbox_pending",
                                            "outbox rows the relay has not published yet", NULL);
     p->m_oldest_pending = oq_metrics_gauge(p->metrics, "onceq_producer_oldest_pending_seconds",
@@ -471,6 +494,29 @@ static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err)
         "oldest_pending_age_ms",
         (json_int_t)(c.oldest_pending_created_at ? oq_now_ms() - c.oldest_pending_created_at : 0));
     if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    /* tasks (SQLite only): by status, how compensations ended, re-run steps, operators */
+    int64_t tb[OQ_TASK_NSTATUS], ok = 0, review = 0, op = 0, rerun = 0, all = 0;
+    if ((ret = oq__task_store_counts(s, NULL, tb, &ok, &review, err)) ||
+        (ret = oq__task_store_recovery(s, &op, &rerun, err))) {
+        json_decref(o);
+        return ret;
+    }
+    json_t *by = json_object();
+    for (int i = 0; by && i < OQ_TASK_NSTATUS; i++) {
+        json_object_set_new(by, oq__task_statuses[i], json_integer(tb[i]));
+        all += tb[i];
+    }
+    json_t *t =
+        json_pack("{s:I,s:o,s:{s:I,s:I},s:o,s:I,s:I,s:o}", "total", (json_int_t)all, "by_status",
+                  by ? by : json_object(), "compensations", "compensated", (json_int_t)ok,
+                  "needs_review", (json_int_t)review, "compensation_success_rate",
+                  ok + review ? json_real((double)ok / (double)(ok + review)) : json_null(),
+                  "steps_rerun", (json_int_t)rerun, "needed_operator", (json_int_t)op,
+                  "manual_recovery_rate", all ? json_real((double)op / (double)all) : json_null());
+    if (!t || json_object_set_new(o, "tasks", t)) {
+        json_decref(o);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
     *out = o;
     return 0;
 }

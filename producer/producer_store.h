@@ -455,9 +455,11 @@ typedef struct oq__task_row {
     char *tenant, *idem_key;
     char fingerprint[OQ_FINGERPRINT_LEN + 1];
     char *spec; /**< the canonical request */
-    char status[16];
+    char status[24];
     char *reason; /**< NULL when none */
     int64_t created_at, updated_at;
+    int64_t review_fence; /**< the operator's episode: moves on entering awaiting_approval or
+                               needs_review (schema/producer/0007_task_review.sql) */
 } oq__task_row_t;
 
 void oq__task_row_clear(oq__task_row_t *t);
@@ -505,11 +507,14 @@ int oq__task_store_of_call(oq__producer_store_t *s, const char *call_id,
 /** Up to \p cap (task_id, idx) whose compensation retry is due at \p now (comp_next_at). */
 int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
                        char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err);
+/** The task statuses, in the order of oq__task_store_counts' \p by. */
+#define OQ_TASK_NSTATUS 7
+extern const char *const oq__task_statuses[OQ_TASK_NSTATUS];
 /** Tasks by status (\p by: running, succeeded, compensating, compensated, failed,
- *  needs_review), and the steps whose compensation ended well (\p comp_ok: `compensated`) or
- *  not (\p comp_review: `needs_review` with a compensation written); \p tenant's only, or every
- *  tenant's when NULL. Its own read snapshot. */
-int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[6],
+ *  needs_review, awaiting_approval), and the steps whose compensation ended well (\p comp_ok:
+ *  `compensated`) or not (\p comp_review: `needs_review` with a compensation written); \p
+ *  tenant's only, or every tenant's when NULL. Its own read snapshot. */
+int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[OQ_TASK_NSTATUS],
                           int64_t *comp_ok, int64_t *comp_review, oq_error_t *err);
 /** A page of the tasks list: every filter optional (NULL / 0). */
 typedef struct oq__task_list_q {
@@ -521,5 +526,10 @@ typedef struct oq__task_list_q {
  *  to pass as `before` for the next page, 0 when there is none. */
 int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, char ***ids, size_t *n,
                         int64_t *next, oq_error_t *err);
+/** Tasks that needed an operator's recovery (\p operator: in needs_review now, or settled by
+ *  an operator's decision other than approve / reject) and steps that were run again (\p rerun:
+ *  a step with more than one call in task_calls: must stay 0). Zeros on PostgreSQL. */
+int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                            oq_error_t *err);
 
 #endif

@@ -1165,12 +1165,13 @@ int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
 static const char SQL_TASK_INSERT[] =
     "INSERT INTO tasks(task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,"
     "updated_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?8) ON CONFLICT(tenant,idem_key) DO NOTHING";
-#define TASK_COLS "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at"
+#define TASK_COLS                                                                                  \
+    "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at,review_fence"
 static const char SQL_TASK_GET[] = "SELECT " TASK_COLS " FROM tasks WHERE task_id=?1";
 static const char SQL_TASK_GET_KEY[] =
     "SELECT " TASK_COLS " FROM tasks WHERE tenant=?1 AND idem_key=?2";
 static const char SQL_TASK_UPDATE[] =
-    "UPDATE tasks SET status=?2,reason=?3,updated_at=?4 WHERE task_id=?1";
+    "UPDATE tasks SET status=?2,reason=?3,updated_at=?4,review_fence=?5 WHERE task_id=?1";
 static const char SQL_STEP_PUT[] =
     "INSERT INTO task_steps(task_id,idx,name,status,call_id,comp_call_id,comp_attempts,"
     "comp_next_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8) ON CONFLICT(task_id,idx) DO UPDATE SET "
@@ -1271,6 +1272,7 @@ int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char 
         out->reason = col_strdup(st, 6);
         out->created_at = sqlite3_column_int64(st, 7);
         out->updated_at = sqlite3_column_int64(st, 8);
+        out->review_fence = sqlite3_column_int64(st, 9);
         if (!out->tenant || !out->idem_key || !out->spec) {
             oq__task_row_clear(out);
             ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
@@ -1293,6 +1295,7 @@ int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_e
     bind_text(st, 2, t->status);
     bind_text(st, 3, t->reason);
     sqlite3_bind_int64(st, 4, t->updated_at);
+    sqlite3_bind_int64(st, 5, t->review_fence);
     int ret = st_exec(s, st, err, "update task");
     st_done(s, st);
     return ret;
@@ -1471,12 +1474,42 @@ int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, cha
     return 0;
 }
 
-int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[6],
+const char *const oq__task_statuses[OQ_TASK_NSTATUS] = {
+    "running", "succeeded",    "compensating",     "compensated",
+    "failed",  "needs_review", "awaiting_approval"};
+
+int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                            oq_error_t *err)
+{
+    static const char *const q[2] = {
+        /* a count over the status index, and one probe of the audit index per task */
+        "SELECT count(*) FROM tasks t WHERE t.status='needs_review' OR EXISTS (SELECT 1 FROM "
+        "audit a WHERE a.call_id=t.task_id AND a.event='task_review' AND "
+        "json_extract(a.detail,'$.as') NOT IN ('approve','reject'))",
+        "SELECT count(*) FROM (SELECT 1 FROM task_calls WHERE role='step' GROUP BY task_id, idx "
+        "HAVING count(*) > 1)"};
+    int64_t *out[2] = {operator_, rerun};
+    *operator_ = *rerun = 0;
+    if (s->pg) return 0; /* no task rows there */
+    for (int i = 0; i < 2; i++) {
+        sqlite3_stmt *st = st_get(s, q[i], err);
+        if (!st) return st_failed(err);
+        int rc = sqlite3_step(st), ret = 0;
+        if (rc == SQLITE_ROW)
+            *out[i] = sqlite3_column_int64(st, 0);
+        else
+            ret = oq_db_error(s->db, rc, err, "task recovery counts");
+        st_done(s, st);
+        if (ret) return ret;
+    }
+    return 0;
+}
+
+int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t by[OQ_TASK_NSTATUS],
                           int64_t *comp_ok, int64_t *comp_review, oq_error_t *err)
 {
-    static const char *const st[6] = {"running",     "succeeded", "compensating",
-                                      "compensated", "failed",    "needs_review"};
-    memset(by, 0, 6 * sizeof *by);
+    const char *const *st = oq__task_statuses;
+    memset(by, 0, OQ_TASK_NSTATUS * sizeof *by);
     *comp_ok = *comp_review = 0;
     if (s->pg) return 0; /* no task rows there */
     /* the whole table over its status index (the metrics), or one tenant's tasks */
@@ -1490,7 +1523,7 @@ int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t b
     int rc, ret = 0;
     while ((rc = sqlite3_step(st1)) == SQLITE_ROW) {
         const char *k = (const char *)sqlite3_column_text(st1, 0);
-        for (int i = 0; k && i < 6; i++)
+        for (int i = 0; k && i < OQ_TASK_NSTATUS; i++)
             if (strcmp(k, st[i]) == 0) by[i] = sqlite3_column_int64(st1, 1);
     }
     if (rc != SQLITE_DONE) ret = oq_db_error(s->db, rc, err, "task counts");

@@ -47,6 +47,15 @@
  *    second (oq__task_retry_due).
  * Validation puts every irreversible step after every step that has a compensation, and an
  * irreversible step has none itself (400 bad_task).
+ *
+ * An operator's hand (oq__task_review, `onceq review resolve t_...`). A pending step with
+ * "approval": true that is next puts the task in awaiting_approval instead of being written;
+ * approve writes it, reject skips it and the later steps and takes the failed-step path. A
+ * task in needs_review is settled compensated / succeeded by the operator, or its compensation
+ * that failed past its budget gets a fresh budget (retry-compensation). tasks.review_fence
+ * moves on each entry into awaiting_approval or needs_review (set_task); a decision made on
+ * another fence is refused (OQ_ECONFLICT, review_moved). Each decision is audited under the
+ * task id (event task_review).
  */
 #include "tasks.h"
 
@@ -55,7 +64,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_db.h"
 #include "oq_log.h"
+#include "oq_util.h"
 
 struct oq_task_job {
     oq__work_t work; /**< first member: a job is a work item (OQ__WORK_TASK) */
@@ -359,7 +370,7 @@ int oq__task_validate(const json_t *steps, size_t key_len, const char **code, oq
         json_object_foreach((json_t *)st, k, v)
         {
             if (strcmp(k, "name") && strcmp(k, "tool") && strcmp(k, "args") &&
-                strcmp(k, "compensate") && strcmp(k, "irreversible"))
+                strcmp(k, "compensate") && strcmp(k, "irreversible") && strcmp(k, "approval"))
                 return BAD("bad_request", "%s: unknown field %.64s", where, k);
         }
         const char *name = json_string_value(json_object_get(st, "name"));
@@ -387,6 +398,9 @@ int oq__task_validate(const json_t *steps, size_t key_len, const char **code, oq
         const json_t *irr = json_object_get(st, "irreversible");
         if (irr && !json_is_boolean(irr))
             return BAD("bad_request", "%s: field irreversible: expected a boolean%s", where, "");
+        const json_t *appr = json_object_get(st, "approval");
+        if (appr && !json_is_boolean(appr))
+            return BAD("bad_request", "%s: field approval: expected a boolean%s", where, "");
         const json_t *comp = json_object_get(st, "compensate");
         if (comp) {
             if (!json_is_object(comp))
@@ -452,6 +466,7 @@ int oq__task_from_spec(oq__task_t *t, json_t *spec, oq_error_t *err)
         st->comp_tool = c ? json_string_value(json_object_get(c, "tool")) : NULL;
         st->comp_args = c ? json_object_get(c, "args") : NULL;
         st->irreversible = json_is_true(json_object_get(j, "irreversible"));
+        st->approval = json_is_true(json_object_get(j, "approval"));
         t->n++;
     }
     return 0;
@@ -485,6 +500,10 @@ static void set_step(oq__task_t *t, size_t i, const char *status)
 
 static void set_task(oq__task_t *t, const char *status, const char *reason)
 {
+    /* a new episode for an operator: a decision made on the previous one is refused */
+    if ((is(status, "awaiting_approval") || is(status, "needs_review")) &&
+        !is(t->row.status, status))
+        t->row.review_fence++;
     snprintf(t->row.status, sizeof t->row.status, "%s", status);
     if (reason) {
         free(t->row.reason);
@@ -577,6 +596,13 @@ oq__task_act_t oq__task_next(oq__task_t *t, size_t *idx)
             const char *s = t->steps[i].row.status;
             if (is(s, "succeeded")) continue;
             if (is(s, "pending")) {
+                if (t->steps[i].approval) { /* an operator approves first (oq__task_review) */
+                    char reason[160];
+                    snprintf(reason, sizeof reason, "step %s waits for an operator's approval",
+                             t->steps[i].row.name);
+                    set_task(t, "awaiting_approval", reason);
+                    return OQ__TASK_WAIT;
+                }
                 *idx = i;
                 return OQ__TASK_START_STEP;
             }
@@ -635,21 +661,22 @@ json_t *oq__task_render(const oq__task_t *t)
             if (comp && r->comp_next_at)
                 json_object_set_new(comp, "next_attempt_at", time_json(r->comp_next_at));
         }
-        json_t *o =
-            json_pack("{s:s,s:s,s:s,s:s?,s:o,s:O,s:o,s:b,s:o}", "name", r->name, "tool", st->tool,
-                      "status", r->status, "call_id", r->call_id[0] ? r->call_id : NULL, "result",
-                      result, "object_id", oid ? oid : json_null(), "error", text_or_null(r->error),
-                      "irreversible", st->irreversible, "compensation", comp ? comp : json_null());
+        json_t *o = json_pack(
+            "{s:s,s:s,s:s,s:s?,s:o,s:O,s:o,s:b,s:b,s:o}", "name", r->name, "tool", st->tool,
+            "status", r->status, "call_id", r->call_id[0] ? r->call_id : NULL, "result", result,
+            "object_id", oid ? oid : json_null(), "error", text_or_null(r->error), "irreversible",
+            st->irreversible, "approval", st->approval, "compensation", comp ? comp : json_null());
         if (!o || json_array_append_new(steps, o)) {
             json_decref(steps);
             return NULL;
         }
     }
     if (!steps) return NULL;
-    return json_pack("{s:s,s:s,s:s,s:s,s:s?,s:o,s:o,s:o}", "task_id", t->row.task_id, "tenant",
+    return json_pack("{s:s,s:s,s:s,s:s,s:s?,s:I,s:o,s:o,s:o}", "task_id", t->row.task_id, "tenant",
                      t->row.tenant, "idem_key", t->row.idem_key, "status", t->row.status, "reason",
-                     t->row.reason, "created_at", time_json(t->row.created_at), "updated_at",
-                     time_json(t->row.updated_at), "steps", steps);
+                     t->row.reason, "fence", (json_int_t)t->row.review_fence, "created_at",
+                     time_json(t->row.created_at), "updated_at", time_json(t->row.updated_at),
+                     "steps", steps);
 }
 
 /* --- rows ------------------------------------------------------------------------------------ */
@@ -908,6 +935,163 @@ int oq__task_retry_due(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int
     return ret;
 }
 
+/* --- an operator's decision ------------------------------------------------------------------ */
+
+/* Step \p i, next and waiting for approval, was rejected: it and every later pending step are
+ * skipped, and what ran is undone as after a failed step (an earlier irreversible step that
+ * succeeded: needs_review; a compensated step: compensating; nothing to undo: failed). */
+static void reject_step(oq__task_t *t, size_t i, const char *by, const char *note)
+{
+    char reason[512];
+    set_step(t, i, "skipped");
+    skip_after(t, i);
+    const char *irrev = NULL;
+    int undo = 0;
+    for (size_t j = 0; j < i; j++) {
+        if (!is(t->steps[j].row.status, "succeeded")) continue;
+        if (t->steps[j].irreversible && !irrev) irrev = t->steps[j].row.name;
+        if (t->steps[j].comp_tool) undo = 1;
+    }
+    if (irrev) {
+        snprintf(reason, sizeof reason,
+                 "step %s rejected by %s (%s) after the irreversible step %s succeeded: it cannot "
+                 "be undone",
+                 t->steps[i].row.name, by, note, irrev);
+        set_task(t, "needs_review", reason);
+    } else {
+        snprintf(reason, sizeof reason, "step %s rejected by %s (%s)", t->steps[i].row.name, by,
+                 note);
+        set_task(t, undo ? "compensating" : "failed", reason);
+    }
+}
+
+int oq__task_review(oq__producer_store_t *s, const char *task_id, int64_t fence, const char *as,
+                    const char *by, const char *note, int64_t now_ms, int64_t ttl, json_t **out,
+                    const char **code, oq_error_t *err)
+{
+    const char *dummy;
+    if (!code) code = &dummy;
+    *code = "bad_request";
+    if (out) *out = NULL;
+    if (!as || !by || !*by || !note || !*note)
+        return oq_error_set(err, OQ_EINVAL, 0, "a decision (--as), --by and --note are required");
+    if (ttl <= 0) ttl = OQ_DEFAULT_KEY_TTL_MS;
+    int approval = is(as, "approve") || is(as, "reject");
+    int resolve = is(as, "compensated") || is(as, "succeeded") || is(as, "retry-compensation");
+    if (!approval && !resolve)
+        return oq_error_set(err, OQ_EINVAL, 0,
+                            "--as %.40s: a task takes approve, reject (awaiting_approval) or "
+                            "compensated, succeeded, retry-compensation (needs_review)",
+                            as);
+    oq__task_t t;
+    int ret = load(s, task_id, NULL, NULL, &t, err);
+    if (ret) {
+        if (ret == OQ_ENOTFOUND) *code = "not_found";
+        return ret;
+    }
+    const char *want = approval ? "awaiting_approval" : "needs_review";
+    if (!is(t.row.status, want)) {
+        *code = approval ? "not_awaiting_approval" : "not_in_review";
+        ret = oq_error_set(err, OQ_ESTATE, 0, "task %s is %s, not %s: --as %s does not apply",
+                           task_id, t.row.status, want, as);
+        goto out;
+    }
+    if (fence != t.row.review_fence) {
+        *code = "review_moved";
+        ret = oq_error_set(err, OQ_ECONFLICT, 0,
+                           "task %s: the review moved (fence %lld, decided on %lld): look again, "
+                           "nothing changed",
+                           task_id, (long long)t.row.review_fence, (long long)fence);
+        goto out;
+    }
+    size_t i = t.n;
+    if (approval) { /* the step that waits: the first one not succeeded, pending, approval */
+        for (i = 0; i < t.n && is(t.steps[i].row.status, "succeeded"); i++)
+            ;
+        if (i == t.n || !is(t.steps[i].row.status, "pending") || !t.steps[i].approval) {
+            *code = "not_awaiting_approval";
+            ret = oq_error_set(err, OQ_ESTATE, 0, "task %s: no step waits for approval", task_id);
+            goto out;
+        }
+    }
+    char reason[512];
+    if (is(as, "approve")) {
+        free(t.row.reason);
+        t.row.reason = NULL;
+        set_task(&t, "running", NULL);
+        if (!(ret = start(s, &t, i, 0, now_ms, ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err)))
+            ret = advance(s, &t, now_ms, ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    } else if (is(as, "reject")) {
+        reject_step(&t, i, by, note);
+        ret = advance(s, &t, now_ms, ttl, OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    } else if (is(as, "retry-compensation")) {
+        /* the compensation that spent its budget: a fresh budget, a new attempt now */
+        for (i = t.n; i-- > 0;)
+            if (is(t.steps[i].row.status, "needs_review") && t.steps[i].row.comp_call_id[0] &&
+                is(t.steps[i].row.comp_state, "failed"))
+                break;
+        if (i == (size_t)-1) {
+            *code = "not_retryable";
+            ret = oq_error_set(err, OQ_ESTATE, 0,
+                               "task %s: no compensation failed for good (retry-compensation "
+                               "retries one whose call failed; a compensation whose call needs "
+                               "review is resolved with onceq review on that call)",
+                               task_id);
+            goto out;
+        }
+        free(t.row.reason);
+        t.row.reason = NULL;
+        snprintf(reason, sizeof reason, "compensation of step %s retried by %s (%s)",
+                 t.steps[i].row.name, by, note);
+        set_task(&t, "compensating", reason);
+        set_step(&t, i, "compensating");
+        t.steps[i].row.comp_attempts = 0;
+        ret = retry_comp(s, &t, i, now_ms, ttl, err);
+    } else { /* compensated | succeeded: the operator settled it outside onceq */
+        snprintf(reason, sizeof reason, "resolved %s by %s (%s)", as, by, note);
+        set_task(&t, as, reason);
+    }
+    if (ret) goto out;
+    char *db = NULL;
+    json_t *d = json_pack("{s:s,s:s,s:s,s:I,s:s?}", "as", as, "by", by, "note", note, "fence",
+                          (json_int_t)fence, "step", i < t.n ? t.steps[i].row.name : NULL);
+    db = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    json_decref(d);
+    if (!db) {
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto out;
+    }
+    ret = oq__producer_store_audit_add(s, now_ms, task_id, "task_review", db, err);
+    free(db);
+    if (!ret) ret = save(s, &t, now_ms, err);
+    if (!ret) OQ_LOG_INFO("producer", "task %s: %s by %s: %s", task_id, as, by, note);
+    if (!ret && out && !(*out = oq__task_render(&t)))
+        ret = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+out:
+    oq__task_clear(&t);
+    return ret;
+}
+
+int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const char *as,
+                         const char *by, const char *note, json_t **out, const char **code,
+                         oq_error_t *err)
+{
+    oq__producer_store_t s = {db, NULL, NULL};
+    int ret = oq_db_begin_immediate(db, 30000, err);
+    if (ret) return ret;
+    ret = oq__task_review(&s, task_id, fence, as, by, note, oq_now_ms(), 0, out, code, err);
+    if (!ret && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        ret = oq_error_set(err, OQ_EDB, 0, "commit: %s", sqlite3_errmsg(db));
+    if (ret) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        if (out) {
+            json_decref(*out);
+            *out = NULL;
+        }
+    }
+    return ret;
+}
+
 /* --- submit ---------------------------------------------------------------------------------- */
 
 int oq_task_job_new(const char *tenant, const char *idem_key, const json_t *body,
@@ -1162,18 +1346,16 @@ int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *
 
 int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **out, oq_error_t *err)
 {
-    static const char *const names[6] = {"running",     "succeeded", "compensating",
-                                         "compensated", "failed",    "needs_review"};
     oq__producer_store_t s = oq__producer_store_of(h);
-    int64_t by[6], ok = 0, review = 0;
+    int64_t by[OQ_TASK_NSTATUS], ok = 0, review = 0;
     if (s.pg)
         return oq_error_set(err, OQ_ESTATE, 0,
                             "tasks are not supported on a PostgreSQL producer store yet");
     int ret = oq__task_store_counts(&s, tenant, by, &ok, &review, err);
     if (ret) return ret;
     json_t *o = json_object();
-    for (int i = 0; o && i < 6; i++)
-        if (json_object_set_new(o, names[i], json_integer(by[i]))) {
+    for (int i = 0; o && i < OQ_TASK_NSTATUS; i++)
+        if (json_object_set_new(o, oq__task_statuses[i], json_integer(by[i]))) {
             json_decref(o);
             o = NULL;
         }

@@ -31,6 +31,7 @@ typedef struct oq__task_step {
     const char *comp_tool; /**< NULL: no compensation */
     const json_t *comp_args;
     int irreversible;
+    int approval;   /**< "approval": true: the task waits in awaiting_approval before it */
     json_t *result; /**< row.result parsed when needed (owned) */
     int dirty;      /**< row changed: written back by the caller */
 } oq__task_step_t;
@@ -83,6 +84,11 @@ int oq__task_on_result(oq__producer_store_t *s, const char *call_id, const char 
 /** Compensation retries that are due: each a new attempt of its call. */
 int oq__task_retry_due(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int *n,
                        oq_error_t *err);
+/** An operator's decision on \p task_id (oq_store_task_review), inside an open transaction:
+ *  \p ttl 0 = the default key TTL. */
+int oq__task_review(oq__producer_store_t *s, const char *task_id, int64_t fence, const char *as,
+                    const char *by, const char *note, int64_t now_ms, int64_t ttl, json_t **out,
+                    const char **code, oq_error_t *err);
 /** The task (by id, or by tenant + key when \p task_id is NULL) as JSON (*out owned). */
 int oq__task_get_json(oq__producer_store_t *s, const char *task_id, const char *tenant,
                       const char *key, json_t **out, oq_error_t *err);

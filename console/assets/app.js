@@ -162,7 +162,7 @@ async function viewCall(id) {
 
 // --- tasks ---------------------------------------------------------------------------------
 
-const TASK_STATES = ['running', 'succeeded', 'compensating', 'compensated', 'failed', 'needs_review'];
+const TASK_STATES = ['running', 'awaiting_approval', 'succeeded', 'compensating', 'compensated', 'failed', 'needs_review'];
 
 function tasksUnsupported(msg) {
   page().replaceChildren(h('h1', {text: 'Tasks'}), h('p', {class: 'muted', id: 'tasks-unsupported', text: msg}));

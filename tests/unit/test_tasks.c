@@ -749,6 +749,64 @@ static void test_db_verify(void **state)
     oq_verify_report_clear(&rep);
 }
 
+/* Approval before a step: the task waits with no call written; a stale fence is refused with
+ * nothing changed; approve writes the step; reject skips it and compensates what ran. */
+static void test_db_approval(void **state)
+{
+    fx_t *f = *state;
+    sqlite3 *db = f->db;
+    static const char spec[] =
+        "{\"steps\":[{\"name\":\"charge\",\"tool\":\"pay\",\"args\":{},\"compensate\":{\"tool\":"
+        "\"refund\",\"args\":{}}},{\"name\":\"ship\",\"tool\":\"ship\",\"args\":{},\"approval\":"
+        "true,\"irreversible\":true}]}";
+    char id[OQ_TASK_ID_LEN + 1] = "", id2[OQ_TASK_ID_LEN + 1] = "";
+    oq_task_outcome_t oc = 0;
+    oq_error_t err = {0};
+    const char *code = NULL;
+    json_t *t = NULL;
+    assert_int_equal(submit(db, "ap1", spec, &oc, id), 0);
+    result(db, "ap1/charge", "succeeded", "{\"object_id\":\"p1\"}", NULL);
+    expect(db, "SELECT status || ' ' || review_fence FROM tasks WHERE task_id='%s'", id,
+           "awaiting_approval 1");
+    expect(db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "ap1/ship", "0");
+    assert_int_equal(oq_store_task_review(db, id, 0, "approve", "ada", "ok", &t, &code, &err),
+                     OQ_ECONFLICT);
+    assert_string_equal(code, "review_moved");
+    assert_null(t);
+    assert_int_equal(oq_store_task_review(db, id, 1, "succeeded", "ada", "ok", &t, &code, &err),
+                     OQ_ESTATE);
+    expect(db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "ap1/ship", "0");
+    expect(db, "SELECT count(*) FROM audit WHERE call_id='%s'", id, "0");
+    assert_int_equal(oq_store_task_review(db, id, 1, "approve", "ada", "ok", &t, &code, &err), 0);
+    assert_string_equal(json_string_value(json_object_get(t, "status")), "running");
+    json_decref(t);
+    expect(db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "ap1/ship", "1");
+    expect(db, "SELECT json_extract(detail,'$.by') FROM audit WHERE call_id='%s'", id, "ada");
+    assert_int_equal(oq_store_task_review(db, id, 1, "approve", "ada", "ok", NULL, &code, &err),
+                     OQ_ESTATE);
+    result(db, "ap1/ship", "succeeded", "{}", NULL);
+    expect(db, "SELECT status FROM tasks WHERE task_id='%s'", id, "succeeded");
+
+    /* reject: ship skipped (never written), charge compensated */
+    assert_int_equal(submit(db, "ap2", spec, &oc, id2), 0);
+    result(db, "ap2/charge", "succeeded", "{\"object_id\":\"p2\"}", NULL);
+    assert_int_equal(oq_store_task_review(db, id2, 1, "reject", "bob", "no", NULL, &code, &err), 0);
+    expect(db, "SELECT status FROM tasks WHERE task_id='%s'", id2, "compensating");
+    expect(db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "ap2/ship", "0");
+    expect(db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "ap2/charge/compensate", "1");
+    result(db, "ap2/charge/compensate", "succeeded", "{}", NULL);
+    expect(db,
+           "SELECT status || ' ' || (SELECT group_concat(status) FROM task_steps WHERE "
+           "task_id=t.task_id) FROM tasks t WHERE task_id='%s'",
+           id2, "compensated compensated,skipped");
+    /* approvals are not recoveries; nothing ran twice */
+    oq__producer_store_t s = {db, NULL, NULL};
+    int64_t op = -1, rerun = -1;
+    assert_int_equal(oq__task_store_recovery(&s, &op, &rerun, &err), 0);
+    assert_int_equal(op, 0);
+    assert_int_equal(rerun, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -762,6 +820,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_db_compensation_retry_succeeds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_bad_reference_at_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_approval, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
