@@ -182,6 +182,10 @@ int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
     ahead_forget();
     int rc = rah_sync(s, err); /* the results queued, before COMMIT */
     if (rc) return rc;
+    /* an aborted transaction answers COMMIT with "ROLLBACK" and no error: never report it
+     * committed */
+    if (PQtransactionStatus(s->pg) == PQTRANS_INERROR)
+        return oq_error_set(err, OQ_EDB, 0, "commit: the transaction was aborted");
     return oq_pg_exec(s->pg, "COMMIT", err);
 }
 
@@ -472,6 +476,13 @@ static int rah_write(oq__producer_store_t *s, oq_error_t *err)
     PGresult *r = NULL;
     /* parsed, not prepared: its text depends on the rows */
     int rc = oq_pg_query(s->pg, sql, np, p, &r, err);
+    /* whatever failed (a message id claimed meanwhile is OQ_EEXIST), the transaction is aborted
+     * and rows of earlier decisions are lost: a database error, the batch is rolled back */
+    if (rc && rc != OQ_EDB && rc != OQ_EBUSY && rc != OQ_ENOMEM && rc != OQ_EIO) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err ? err->msg : "");
+        rc = oq_error_set(err, OQ_EDB, 0, "results written behind: %s", why);
+    }
     PQclear(r);
     free(sql);
     free(p);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -299,6 +300,95 @@ static void test_results_batched(void **state)
     PQfinish(c);
 }
 
+typedef struct {
+    oq_producer_t *p;
+    oq_envelope_t *envs;
+    oq_result_outcome_t *oc;
+    int tries, rc;
+} apply_t;
+
+static void *applier(void *arg)
+{
+    apply_t *a = arg;
+    oq_error_t err = {0};
+    /* as the ingest does: a database failure retries the same batch */
+    for (a->tries = 1; a->tries <= 5; a->tries++)
+        if ((a->rc = oq_producer_apply_results(a->p, a->envs, 2, a->oc, &err)) == 0) break;
+    return NULL;
+}
+
+/* Another producer claims a message id of the batch after this one read result_inbox ahead
+ * (its transaction still open while the batch runs): the batch's write fails, nothing of it
+ * holds, and the batch again decides the message a duplicate and applies the other result. */
+static void test_results_claimed_meanwhile(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
+    char ids[2][OQ_CALL_ID_LEN + 1];
+    json_t *args = json_pack("{s:i}", "amount", 2);
+    for (int i = 0; i < 2; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "meanwhile-%d", i);
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
+        oq_submit_outcome_t oc;
+        oq_call_t call;
+        memset(&call, 0, sizeof call);
+        assert_int_equal(oq_producer_submit(p, &req, &call, &oc, &err), 0);
+        snprintf(ids[i], sizeof ids[i], "%s", call.call_id);
+        oq_call_clear(&call);
+    }
+    json_decref(args);
+    oq_envelope_t envs[2];
+    result_env(&envs[0], ids[0], 1, "succeeded");
+    result_env(&envs[1], ids[1], 1, "succeeded");
+
+    /* the other producer: its claim of envs[0]'s message id, not committed yet */
+    PGconn *x = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    char sql[1024];
+    snprintf(sql, sizeof sql,
+             "BEGIN; INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,"
+             "received_at) VALUES ('%s','%s','succeeded','applied',1)",
+             envs[0].message_id, ids[0]);
+    PGresult *r = PQexec(x, sql);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+
+    oq_result_outcome_t oc[2] = {0, 0};
+    apply_t a = {p, envs, oc, 0, -1};
+    pthread_t th;
+    pthread_create(&th, NULL, applier, &a);
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* whether the batch waits on the claim by then or not, same end */
+    r = PQexec(x, "COMMIT");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    pthread_join(th, NULL);
+    oq_producer_close(p);
+    fprintf(stderr, "claimed meanwhile: applied after %d tries\n", a.tries);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(oc[0], OQ_RESULT_DUPLICATE);
+    assert_int_equal(oc[1], OQ_RESULT_APPLIED);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
+             "state='pending'",
+             ids[0]);
+    assert_int_equal(one(x, sql), 1);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
+             "state='succeeded'",
+             ids[1]);
+    assert_int_equal(one(x, sql), 1);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM onceq.result_inbox WHERE message_id='%s'",
+             envs[1].message_id);
+    assert_int_equal(one(x, sql), 1);
+    PQfinish(x);
+}
+
 int main(void)
 {
     pgfx_available(1);
@@ -306,6 +396,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_commit),
         cmocka_unit_test(test_results_batched),
+        cmocka_unit_test(test_results_claimed_meanwhile),
     };
     return cmocka_run_group_tests_name("producer_pg", tests, NULL, NULL);
 }
