@@ -34,6 +34,9 @@
  *    batch in one multi-row INSERT, one round trip, then one COMMIT (group commit, writer.c).
  *    The calls it wrote are remembered (per thread, for this connection, until the transaction
  *    ends), and the decision's own insert of such a row answers "new" without a statement.
+ *  - Results likewise (oq__producer_pg_results_ahead, "read ahead, written behind" below): a
+ *    batch of results costs one statement to read what its decisions need and one to write
+ *    its result_inbox rows, call updates and audit rows, not five per result.
  *
  * Write operations run in the caller's open transaction; purge and counts open their own.
  */
