@@ -31,7 +31,8 @@
  *  - The retention horizon row exists from the migration on and intake reads it FOR SHARE: a
  *    purge that raises it waits for the intakes that read the old value, and an intake that
  *    comes later reads the new one; an old message can never find its execution purged and
- *    the horizon still low.
+ *    the horizon still low. A transaction reads it once (the lock holds it until the end), not
+ *    once per intake of its batch.
  *  - Parameters go as text; integers are printed with PRId64; bytes (dead letters) as hex.
  *    Every statement is prepared once per connection (oq_pg_prepared() and oq_pg_run() in
  *    common/pg.c: named by its SQL literal's address, prepared again after a reconnect): one
@@ -57,7 +58,9 @@
 
 struct oq__consumer_pg {
     PGconn *c;
-    int tx; /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
+    int tx;      /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
+    int hz_held; /* the transaction read the horizon FOR SHARE: it holds until the end */
+    int64_t hz;  /* what it read */
     char worker[128];
 };
 
@@ -237,6 +240,7 @@ PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p)
 int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
 {
     p->tx = 0;
+    p->hz_held = 0;
     int rc = ready(p, err);
     if (rc) return rc;
     rc = oq_pg_exec(p->c, "BEGIN", err);
@@ -266,12 +270,14 @@ int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
     if (!ok && rc == 0) rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
     PQclear(r);
     p->tx = 0;
+    p->hz_held = 0;
     return rc;
 }
 
 void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
 {
     p->tx = 0;
+    p->hz_held = 0;
     if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
         PQclear(PQexec(p->c, "ROLLBACK"));
 }
@@ -967,6 +973,13 @@ int oq__consumer_pg_purge(oq__consumer_pg_t *p, int64_t before, int limit, int64
 
 int oq__consumer_pg_horizon(oq__consumer_pg_t *p, int64_t *horizon, oq_error_t *err)
 {
+    /* Read once per transaction: the row locked FOR SHARE cannot change before it ends (a
+     * purge raising it waits; this store raises it only in a purge's own transaction), so a
+     * batch's every intake after the first reads the same value without a round trip. */
+    if (p->hz_held && in_tx(p)) {
+        *horizon = p->hz;
+        return 0;
+    }
     PGresult *r = NULL;
     /* FOR SHARE inside a transaction: a purge raising it waits for this reader (file comment) */
     int rc = q(p,
@@ -977,6 +990,10 @@ int oq__consumer_pg_horizon(oq__consumer_pg_t *p, int64_t *horizon, oq_error_t *
     if (rc) return rc;
     *horizon = PQntuples(r) == 1 ? col_i64(r, 0, 0) : 0;
     PQclear(r);
+    if (in_tx(p)) {
+        p->hz = *horizon;
+        p->hz_held = 1;
+    }
     return 0;
 }
 
@@ -1007,6 +1024,7 @@ int oq__consumer_pg_purge_settled(oq__consumer_pg_t *p, const oq__purge_batch_t 
     const char *ph[] = {num(&h, b->horizon)};
     *n_exec = *n_eff = 0;
     *last = b->after;
+    p->hz_held = 0; /* raised here: read again */
     /* the horizon first: nothing settled after it is deleted, no message older is executed */
     int rc = cmd(p,
                  "UPDATE onceq.consumer_retention SET horizon = GREATEST(horizon, $1) WHERE name "

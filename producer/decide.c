@@ -494,6 +494,9 @@ int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n
                        oq_result_outcome_t *outcomes, int64_t now_ms, int64_t ttl, oq_error_t *err)
 {
     if (ttl <= 0) ttl = OQ_DEFAULT_KEY_TTL_MS;
+    /* what the batch's decisions read, in one go where that saves round trips (the store) */
+    int ret = oq__producer_store_results_ahead(s, envs, n, err);
+    if (ret) return ret;
     for (int k = 0; k < n; k++) {
         oq_result_outcome_t oc = 0;
         int rc = decide_result(s, &envs[k], now_ms, ttl, &oc, err);
@@ -505,7 +508,7 @@ int oq__decide_results(oq__producer_store_t *s, const oq_envelope_t *envs, int n
         }
         outcomes[k] = oc;
     }
-    return 0;
+    return oq__producer_store_results_done(s, err);
 }
 
 int oq_store_apply_result(sqlite3 *db, const oq_envelope_t *env, int64_t now_ms,

@@ -149,6 +149,21 @@ typedef struct oq__producer_call_state {
 int oq__producer_store_get_state(oq__producer_store_t *s, const char *call_id,
                                  oq__producer_call_state_t *out, int *found, oq_error_t *err);
 
+/**
+ * Ahead of the decisions on the \p n tool_result envelopes \p envs in this transaction: a
+ * backend where a statement costs a round trip (PostgreSQL) reads what they need in one
+ * statement and queues what they write (result_inbox, calls, audit rows), written in one
+ * statement before any other statement runs and before the commit. The answers of
+ * oq__producer_store_get_state(), _claim_result(), _set_result() and _audit_add() are the same
+ * as without it. On SQLite, nothing.
+ */
+int oq__producer_store_results_ahead(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                                     oq_error_t *err);
+
+/** The decisions of oq__producer_store_results_ahead() are made: what they queued is written,
+ *  what was read ahead is forgotten. */
+int oq__producer_store_results_done(oq__producer_store_t *s, oq_error_t *err);
+
 /** One result_inbox row: a tool_result message and what was decided for it. Borrowed. */
 typedef struct oq__producer_inbox_row {
     const char *message_id;
@@ -392,6 +407,9 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                                 oq__producer_insert_t *result, oq_error_t *err);
 int oq__producer_pg_insert_calls(oq__producer_store_t *s, const oq__producer_new_call_t *rows,
                                  int n, oq_error_t *err);
+int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                                  oq_error_t *err);
+int oq__producer_pg_results_done(oq__producer_store_t *s, oq_error_t *err);
 int oq__producer_pg_get(oq__producer_store_t *s, const char *call_id, oq_call_t *out,
                         oq_error_t *err);
 int oq__producer_pg_get_by_key(oq__producer_store_t *s, const char *tenant, const char *idem_key,

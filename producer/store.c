@@ -240,6 +240,17 @@ int oq__producer_store_insert_calls(oq__producer_store_t *s, const oq__producer_
     return s->pg ? oq__producer_pg_insert_calls(s, rows, n, err) : 0;
 }
 
+int oq__producer_store_results_ahead(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                                     oq_error_t *err)
+{
+    return s->pg ? oq__producer_pg_results_ahead(s, envs, n, err) : 0;
+}
+
+int oq__producer_store_results_done(oq__producer_store_t *s, oq_error_t *err)
+{
+    return s->pg ? oq__producer_pg_results_done(s, err) : 0;
+}
+
 int oq__producer_store_insert_call(oq__producer_store_t *s, const oq__producer_new_call_t *c,
                                    oq__producer_insert_t *result, oq_error_t *err)
 {

@@ -34,6 +34,9 @@
  *    batch in one multi-row INSERT, one round trip, then one COMMIT (group commit, writer.c).
  *    The calls it wrote are remembered (per thread, for this connection, until the transaction
  *    ends), and the decision's own insert of such a row answers "new" without a statement.
+ *  - Results likewise (oq__producer_pg_results_ahead, "read ahead, written behind" below): a
+ *    batch of results costs one statement to read what its decisions need and one to write
+ *    its result_inbox rows, call updates and audit rows, not five per result.
  *
  * Write operations run in the caller's open transaction; purge and counts open their own.
  */
@@ -45,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_buf.h"
 #include "oq_envelope.h"
 #include "oq_pg.h"
 #include "oq_util.h"
@@ -77,16 +81,22 @@ static char *dupn(const char *p, size_t len)
     return d;
 }
 
+static int rah_sync(oq__producer_store_t *s, oq_error_t *err);
+static int rah_flush(oq__producer_store_t *s, oq_error_t *err);
+static void rah_forget(void);
+
 static int q(oq__producer_store_t *s, const char *sql, int n, const char *const *p, PGresult **r,
              oq_error_t *err)
 {
-    return oq_pg_run(s->pg, sql, n, p, r, err);
+    int rc = rah_flush(s, err); /* results queued ahead are written first */
+    return rc ? rc : oq_pg_run(s->pg, sql, n, p, r, err);
 }
 
 static int cmd(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
                int64_t *affected, oq_error_t *err)
 {
-    return oq_pg_run_cmd(s->pg, sql, n, p, affected, err);
+    int rc = rah_flush(s, err);
+    return rc ? rc : oq_pg_run_cmd(s->pg, sql, n, p, affected, err);
 }
 
 static char *col_dup(PGresult *r, int row, int col)
@@ -158,6 +168,7 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
         if (rc) return rc;
     }
     ahead_forget();
+    rah_forget();
     int rc = oq_pg_exec(s->pg, "BEGIN", err);
     if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
@@ -172,14 +183,425 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
 int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
 {
     ahead_forget();
+    int rc = rah_sync(s, err); /* the results queued, before COMMIT */
+    if (rc) return rc;
+    /* an aborted transaction answers COMMIT with "ROLLBACK" and no error: never report it
+     * committed */
+    if (PQtransactionStatus(s->pg) == PQTRANS_INERROR)
+        return oq_error_set(err, OQ_EDB, 0, "commit: the transaction was aborted");
     return oq_pg_exec(s->pg, "COMMIT", err);
 }
 
 void oq__producer_pg_rollback(oq__producer_store_t *s)
 {
     ahead_forget();
+    rah_forget();
     if (PQstatus(s->pg) == CONNECTION_OK && PQtransactionStatus(s->pg) != PQTRANS_IDLE)
         PQclear(PQexec(s->pg, "ROLLBACK"));
+}
+
+/* Add \p v to the text[] literal being built in \p b. @returns 0 or -1. */
+static int arr_add(oq_buf_t *b, const char *v)
+{
+    oq_buf_putc(b, b->len ? ',' : '{');
+    oq_buf_putc(b, '"');
+    for (; *v; v++) {
+        if (*v == '"' || *v == '\\') oq_buf_putc(b, '\\');
+        oq_buf_putc(b, *v);
+    }
+    oq_buf_putc(b, '"');
+    return b->err ? -1 : 0;
+}
+
+/* The text[] literal built in \p b, or NULL (out of memory). */
+static const char *arr_end(oq_buf_t *b)
+{
+    if (!b->len) oq_buf_putc(b, '{');
+    oq_buf_putc(b, '}');
+    return b->err ? NULL : b->p;
+}
+/* --- results: read ahead, written behind ---------------------------------------------------- */
+
+/* oq__producer_pg_results_ahead() reads, in one statement, the state of every call a batch of
+ * results names and which of its message ids result_inbox holds already. From then on, on the
+ * writer's connection rah_conn and until oq__producer_pg_results_done(), the transaction's end, or
+ * a statement that changes a call's state, attempt or existence (rah_sync()), get_state answers
+ * from what was read, claim_result decides from it and from what this transaction claimed, and
+ * claim_result, set_result and audit_add queue their rows instead of running a statement each (a
+ * set_result updates the state it read, so a second result of the same call in the batch decides on
+ * the first one's state). The queued rows are written in ONE statement (three data-modifying CTEs:
+ * the inbox rows, one UPDATE ... FROM (VALUES ...) of the calls, the audit rows in order) before
+ * any other statement (a webhook delivery reads the call as it now stands), and before COMMIT. A
+ * call is updated at most once per such statement: a second set_result of it in the batch is folded
+ * into the row queued (rah_merge: the effect of the two in turn). The inbox rows are a plain
+ * INSERT: a message id that another producer claimed after the read makes the statement fail, the
+ * writer rolls the batch back and runs it again, and the read then sees the claim (nothing applied
+ * twice). */
+typedef struct {
+    char *call_id;
+    oq__producer_call_state_t st;
+    int found, upd; /* upd: its update waits in rah_upd[upd - 1] (0: none) */
+} rah_call_t;
+
+typedef struct { /* a queued row: owned texts, NULL = SQL NULL */
+    char *v[9];
+} rah_row_t;
+
+typedef struct { /* open addressing over strings: index + 1, 0 = empty */
+    int *slot;
+    size_t cap;
+} rah_map_t;
+
+static _Thread_local PGconn *rah_conn;
+static _Thread_local rah_call_t *rah_calls;
+static _Thread_local int rah_ncalls;
+static _Thread_local rah_map_t rah_cmap; /* call id -> rah_calls */
+static _Thread_local char **rah_msgs;    /* message ids in result_inbox (read or claimed) */
+static _Thread_local int rah_nmsgs, rah_capmsgs;
+static _Thread_local rah_map_t rah_mmap; /* message id -> rah_msgs */
+static _Thread_local rah_row_t *rah_ins, *rah_upd, *rah_aud;
+static _Thread_local int rah_nins, rah_nupd, rah_naud, rah_capins, rah_capupd, rah_capaud;
+
+static size_t rah_hash(const char *k)
+{
+    size_t h = 1469598103934665603ull;
+    for (; *k; k++)
+        h = (h ^ (unsigned char)*k) * 1099511628211ull;
+    return h;
+}
+
+/* The index of \p k in \p keys through \p m, or -1. */
+static int rah_find(const rah_map_t *m, char *const *keys, size_t stride, const char *k)
+{
+    if (!m->cap) return -1;
+    for (size_t i = rah_hash(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        int x = m->slot[i];
+        if (!x) return -1;
+        if (strcmp(*(char *const *)((const char *)keys + (size_t)(x - 1) * stride), k) == 0)
+            return x - 1;
+    }
+}
+
+/* Room for \p n keys in \p m (rehashed from \p keys, \p count of them). @returns 0 or -1. */
+static int rah_grow(rah_map_t *m, char *const *keys, size_t stride, int count, int n)
+{
+    if (m->cap && (size_t)n * 2 <= m->cap) return 0;
+    size_t cap = 64;
+    while (cap < (size_t)n * 2)
+        cap *= 2;
+    int *slot = calloc(cap, sizeof *slot);
+    if (!slot) return -1;
+    free(m->slot);
+    m->slot = slot;
+    m->cap = cap;
+    for (int x = 0; x < count; x++) {
+        const char *k = *(char *const *)((const char *)keys + (size_t)x * stride);
+        size_t i = rah_hash(k) & (cap - 1);
+        while (slot[i])
+            i = (i + 1) & (cap - 1);
+        slot[i] = x + 1;
+    }
+    return 0;
+}
+
+static void rah_put(rah_map_t *m, const char *k, int x)
+{
+    size_t i = rah_hash(k) & (m->cap - 1);
+    while (m->slot[i])
+        i = (i + 1) & (m->cap - 1);
+    m->slot[i] = x + 1;
+}
+
+static void rah_rows_free(rah_row_t *rows, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 9; j++)
+            free(rows[i].v[j]);
+}
+
+/* Forget everything read and queued (nothing is written). */
+static void rah_forget(void)
+{
+    for (int i = 0; i < rah_ncalls; i++)
+        free(rah_calls[i].call_id);
+    for (int i = 0; i < rah_nmsgs; i++)
+        free(rah_msgs[i]);
+    rah_rows_free(rah_ins, rah_nins);
+    rah_rows_free(rah_upd, rah_nupd);
+    rah_rows_free(rah_aud, rah_naud);
+    free(rah_calls);
+    free(rah_msgs);
+    free(rah_ins);
+    free(rah_upd);
+    free(rah_aud);
+    free(rah_cmap.slot);
+    free(rah_mmap.slot);
+    rah_calls = NULL;
+    rah_msgs = NULL;
+    rah_ins = rah_upd = rah_aud = NULL;
+    rah_ncalls = rah_nmsgs = rah_capmsgs = 0;
+    rah_nins = rah_nupd = rah_naud = rah_capins = rah_capupd = rah_capaud = 0;
+    memset(&rah_cmap, 0, sizeof rah_cmap);
+    memset(&rah_mmap, 0, sizeof rah_mmap);
+    rah_conn = NULL;
+}
+
+static int rah_active(oq__producer_store_t *s)
+{
+    return rah_conn && rah_conn == s->pg;
+}
+
+/* Queue a row of \p n texts (copied) on \p rows. @returns 0 or -1 (out of memory). */
+static int rah_queue(rah_row_t **rows, int *nrows, int *cap, const char *const *v, int n)
+{
+    if (*nrows == *cap) {
+        int c = *cap ? *cap * 2 : 64;
+        rah_row_t *r = realloc(*rows, (size_t)c * sizeof *r);
+        if (!r) return -1;
+        *rows = r;
+        *cap = c;
+    }
+    rah_row_t *r = &(*rows)[*nrows];
+    memset(r, 0, sizeof *r);
+    for (int j = 0; j < n; j++)
+        if (v[j] && !(r->v[j] = strdup(v[j]))) {
+            for (int k = 0; k < j; k++)
+                free(r->v[k]);
+            return -1;
+        }
+    (*nrows)++;
+    return 0;
+}
+
+/* Append to \p sql (\p l used of \p cap) \p nrows rows of \p ncols parameters from \p *next,
+ * each "(...)" with the casts \p casts[j], the texts into \p p. */
+static size_t rah_values(char *sql, size_t l, size_t cap, const rah_row_t *rows, int nrows,
+                         int ncols, const char *const *casts, const char **p, int *next)
+{
+    for (int i = 0; i < nrows; i++) {
+        l += (size_t)snprintf(sql + l, cap - l, "%s(", i ? "," : "");
+        for (int j = 0; j < ncols; j++) {
+            p[*next] = rows[i].v[j];
+            (*next)++;
+            l += (size_t)snprintf(sql + l, cap - l, "%s$%d%s", j ? "," : "", *next, casts[j]);
+        }
+        l += (size_t)snprintf(sql + l, cap - l, ")");
+    }
+    return l;
+}
+
+static int settles(const char *state)
+{
+    return strcmp(state, "succeeded") == 0 || strcmp(state, "failed") == 0;
+}
+
+static int rah_set(char **v, const char *x)
+{
+    char *d = NULL;
+    if (x && !(d = strdup(x))) return -1;
+    free(*v);
+    *v = d;
+    return 0;
+}
+
+/* Fold the update \p r into the queued update \p q of the same call, so that the one row has
+ * the effect of \p q then \p r (oq__producer_pg_set_result's statement applied twice):
+ * state, result, error and updated_at are r's; effect_id r's, else q's, else the call's;
+ * next_redrive_at is cleared when either settled; expires_at r's when set, else q's; and
+ * settled_at (column sa, NULL = the call's own, else this moment), when r settles: q's when q
+ * settled too, else r's moment. @returns 0 or -1 (out of memory). */
+static int rah_merge(rah_row_t *q, const oq__producer_result_t *r)
+{
+    num_t at, exp;
+    int q_settles = settles(q->v[1]);
+    int rc = 0;
+    if (settles(r->state) && !q_settles) rc |= rah_set(&q->v[8], num(&at, r->updated_at));
+    rc |= rah_set(&q->v[1], r->state);
+    rc |= rah_set(&q->v[2], r->result);
+    rc |= rah_set(&q->v[3], r->error);
+    if (r->effect_id) rc |= rah_set(&q->v[4], r->effect_id);
+    rc |= rah_set(&q->v[5], num(&at, r->updated_at));
+    if (r->settled) rc |= rah_set(&q->v[6], "t");
+    if (r->expires_at > 0) rc |= rah_set(&q->v[7], num(&exp, r->expires_at));
+    return rc ? -1 : 0;
+}
+
+/* Write what is queued, in one statement; the reads stay valid. */
+static int rah_write(oq__producer_store_t *s, oq_error_t *err)
+{
+    if (!rah_nins && !rah_nupd && !rah_naud) return 0;
+    static const char *const ins_c[] = {"", "", "", "", "::bigint"};
+    static const char *const upd_c[] = {"::text",   "::text",    "::text",   "::text",  "::text",
+                                        "::bigint", "::boolean", "::bigint", "::bigint"};
+    static const char *const aud_c[] = {"::bigint", "", "", ""};
+    int np = rah_nins * 5 + rah_nupd * 9 + rah_naud * 4;
+    size_t cap = 1024 + (size_t)np * 16;
+    char *sql = malloc(cap);
+    const char **p = calloc((size_t)np + 1, sizeof *p);
+    if (!sql || !p) {
+        free(sql);
+        free(p);
+        return oom(err);
+    }
+    int next = 0;
+    size_t l = (size_t)snprintf(sql, cap, "WITH ");
+    if (rah_nins) {
+        l += (size_t)snprintf(sql + l, cap - l,
+                              "i AS (INSERT INTO onceq.result_inbox(message_id,call_id,status,"
+                              "outcome,received_at) VALUES ");
+        l = rah_values(sql, l, cap, rah_ins, rah_nins, 5, ins_c, p, &next);
+        l += (size_t)snprintf(sql + l, cap - l, ")%s", rah_nupd || rah_naud ? "," : "");
+    }
+    if (rah_nupd) {
+        l += (size_t)snprintf(sql + l, cap - l,
+                              "u AS (UPDATE onceq.calls c SET state=v.state,"
+                              "result=v.result,error=v.error,effect_id="
+                              "COALESCE(v.effect_id,c.effect_id),updated_at=v.at,"
+                              "next_redrive_at=CASE WHEN v.settled THEN NULL ELSE "
+                              "c.next_redrive_at END,settled_at=CASE WHEN v.state "
+                              "IN ('succeeded','failed') THEN COALESCE("
+                              "v.sa,c.settled_at,v.at) ELSE NULL END,expires_at=CASE "
+                              "WHEN v.exp > 0 THEN v.exp ELSE c.expires_at END "
+                              "FROM (VALUES ");
+        l = rah_values(sql, l, cap, rah_upd, rah_nupd, 9, upd_c, p, &next);
+        l += (size_t)snprintf(sql + l, cap - l,
+                              ") v(call_id,state,result,error,effect_id,at,settled,exp,sa) "
+                              "WHERE c.call_id=v.call_id)%s",
+                              rah_naud ? "," : "");
+    }
+    if (rah_naud) {
+        l += (size_t)snprintf(sql + l, cap - l,
+                              "a AS (INSERT INTO onceq.audit(ts,call_id,event,detail) VALUES ");
+        l = rah_values(sql, l, cap, rah_aud, rah_naud, 4, aud_c, p, &next);
+        l += (size_t)snprintf(sql + l, cap - l, ")");
+    }
+    snprintf(sql + l, cap - l, " SELECT 1");
+    PGresult *r = NULL;
+    /* parsed, not prepared: its text depends on the rows */
+    int rc = oq_pg_query(s->pg, sql, np, p, &r, err);
+    /* whatever failed (a message id claimed meanwhile is OQ_EEXIST), the transaction is aborted
+     * and rows of earlier decisions are lost: a database error, the batch is rolled back */
+    if (rc && rc != OQ_EDB && rc != OQ_EBUSY && rc != OQ_ENOMEM && rc != OQ_EIO) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err ? err->msg : "");
+        rc = oq_error_set(err, OQ_EDB, 0, "results written behind: %s", why);
+    }
+    PQclear(r);
+    free(sql);
+    free(p);
+    for (int i = 0; i < rah_ncalls; i++)
+        rah_calls[i].upd = 0;
+    rah_rows_free(rah_ins, rah_nins);
+    rah_rows_free(rah_upd, rah_nupd);
+    rah_rows_free(rah_aud, rah_naud);
+    rah_nins = rah_nupd = rah_naud = 0;
+    return rc;
+}
+
+/* Before any other statement on \p s: write what is queued. */
+static int rah_flush(oq__producer_store_t *s, oq_error_t *err)
+{
+    return rah_active(s) ? rah_write(s, err) : 0;
+}
+
+/* At the end of a batch of results, before the commit, and before a statement that changes
+ * what was read (a call's state or attempt, or its existence): write what is queued, forget
+ * what was read. */
+static int rah_sync(oq__producer_store_t *s, oq_error_t *err)
+{
+    if (!rah_active(s)) return 0;
+    int rc = rah_write(s, err);
+    rah_forget();
+    return rc;
+}
+
+/* Queued rows past which rah_write() runs (a statement takes at most 65,535 parameters). */
+#define RAH_MAX_PARAMS 30000
+
+static int rah_room(oq__producer_store_t *s, oq_error_t *err)
+{
+    if (rah_nins * 5 + rah_nupd * 9 + rah_naud * 4 + 9 < RAH_MAX_PARAMS) return 0;
+    return rah_write(s, err);
+}
+
+int oq__producer_pg_results_done(oq__producer_store_t *s, oq_error_t *err)
+{
+    return rah_sync(s, err);
+}
+
+int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
+                                  oq_error_t *err)
+{
+    int rc = rah_sync(s, err);
+    if (rc || n < 1) return rc;
+    /* the distinct call ids and message ids, as two text[] literals */
+    oq_buf_t cids = {0}, mids = {0};
+    rah_calls = calloc((size_t)n, sizeof *rah_calls);
+    rah_msgs = calloc((size_t)n, sizeof *rah_msgs);
+    if (!rah_calls || !rah_msgs || rah_grow(&rah_cmap, NULL, 0, 0, n) ||
+        rah_grow(&rah_mmap, NULL, 0, 0, n))
+        goto nomem;
+    rah_capmsgs = n;
+    rah_conn = s->pg;
+    int nm = 0;
+    for (int i = 0; i < n; i++) {
+        const oq_envelope_t *e = &envs[i];
+        if (e->kind != OQ_KIND_TOOL_RESULT || !e->call_id[0] || !e->message_id[0]) continue;
+        if (rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, e->call_id) < 0) {
+            if (!(rah_calls[rah_ncalls].call_id = strdup(e->call_id))) goto nomem;
+            rah_put(&rah_cmap, e->call_id, rah_ncalls);
+            if (arr_add(&cids, e->call_id)) goto nomem;
+            rah_ncalls++;
+        }
+        if (arr_add(&mids, e->message_id)) goto nomem;
+        nm++;
+    }
+    if (!rah_ncalls) {
+        oq_buf_free(&cids);
+        oq_buf_free(&mids);
+        rah_forget();
+        return 0;
+    }
+    const char *p[] = {arr_end(&cids), arr_end(&mids)};
+    if (!p[0] || !p[1]) goto nomem;
+    PGresult *r = NULL;
+    rc = oq_pg_run(s->pg,
+                   "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
+                   "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,NULL,"
+                   "NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
+                   2, p, &r, err);
+    oq_buf_free(&cids);
+    oq_buf_free(&mids);
+    if (rc) {
+        rah_forget();
+        return rc;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *k = PQgetvalue(r, i, 0);
+        if (PQgetisnull(r, i, 1)) { /* a message id claimed before */
+            if (rah_find(&rah_mmap, rah_msgs, sizeof *rah_msgs, k) >= 0) continue;
+            if (rah_nmsgs >= rah_capmsgs || !(rah_msgs[rah_nmsgs] = strdup(k))) {
+                PQclear(r);
+                goto nomem;
+            }
+            rah_put(&rah_mmap, k, rah_nmsgs++);
+            continue;
+        }
+        int x = rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, k);
+        if (x < 0) continue;
+        rah_calls[x].found = 1;
+        col_copy(r, i, 1, rah_calls[x].st.state, sizeof rah_calls[x].st.state);
+        rah_calls[x].st.attempt = col_i64(r, i, 2);
+        rah_calls[x].st.has_callback = (int)col_i64(r, i, 3);
+    }
+    PQclear(r);
+    (void)nm;
+    return 0;
+nomem:
+    oq_buf_free(&cids);
+    oq_buf_free(&mids);
+    rah_forget();
+    return oom(err);
 }
 
 /* --- outbox --------------------------------------------------------------------------------- */
@@ -298,7 +720,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
              np);
     PGresult *r = NULL;
     /* parsed, not prepared: its text depends on n */
-    if ((rc = oq_pg_query(s->pg, sql, (int)np, p, &r, err))) goto out;
+    if ((rc = rah_sync(s, err)) || (rc = oq_pg_query(s->pg, sql, (int)np, p, &r, err))) goto out;
     int got = PQntuples(r);
     ahead_t *a = realloc(ahead, (size_t)(nahead + got + 1) * sizeof *ahead);
     if (!a) {
@@ -343,6 +765,8 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
         *result = OQ__INSERT_NEW;
         return 0;
     }
+    int rc0 = rah_sync(s, err); /* a call that was not there may be now */
+    if (rc0) return rc0;
     num_t seq, at, exp;
     char *args = dupn(c->args, c->args_len), *pl = dupn(c->payload, c->payload_len);
     if (!args || !pl) {
@@ -456,6 +880,8 @@ int oq__producer_pg_reset_call(oq__producer_store_t *s, const oq__producer_attem
     num_t att, up, exp;
     const char *p[] = {a->call_id, num(&att, a->attempt), num(&up, a->updated_at),
                        num(&exp, a->expires_at), a->message_id};
+    int rc0 = rah_sync(s, err); /* the state and attempt read ahead change */
+    if (rc0) return rc0;
     int64_t n = 0;
     int rc = cmd(s,
                  "UPDATE onceq.calls SET state='pending',attempt=$2,result=NULL,error=NULL,"
@@ -474,7 +900,8 @@ int oq__producer_pg_delete_call(oq__producer_store_t *s, const char *call_id, oq
 {
     const char *p[] = {call_id};
     int rc;
-    if ((rc = cmd(s, "DELETE FROM onceq.audit WHERE call_id=$1", 1, p, NULL, err)) ||
+    if ((rc = rah_sync(s, err)) || /* the call read ahead goes */
+        (rc = cmd(s, "DELETE FROM onceq.audit WHERE call_id=$1", 1, p, NULL, err)) ||
         (rc = cmd(s, "DELETE FROM onceq.result_inbox WHERE call_id=$1", 1, p, NULL, err)) ||
         (rc = cmd(s, "DELETE FROM onceq.webhook_deliveries WHERE call_id=$1", 1, p, NULL, err)))
         return rc;
@@ -486,6 +913,14 @@ int oq__producer_pg_delete_call(oq__producer_store_t *s, const char *call_id, oq
 int oq__producer_pg_get_state(oq__producer_store_t *s, const char *call_id,
                               oq__producer_call_state_t *out, int *found, oq_error_t *err)
 {
+    int x = rah_active(s)
+                ? rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, call_id)
+                : -1;
+    if (x >= 0) { /* read ahead */
+        *found = rah_calls[x].found;
+        if (*found) *out = rah_calls[x].st;
+        return 0;
+    }
     const char *p[] = {call_id};
     PGresult *r = NULL;
     int rc = q(s,
@@ -507,6 +942,31 @@ int oq__producer_pg_claim_result(oq__producer_store_t *s, const oq__producer_inb
                                  int *claimed, oq_error_t *err)
 {
     num_t at;
+    if (rah_active(s) &&
+        rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, r->call_id) >= 0) {
+        int rc = rah_room(s, err);
+        if (rc) return rc;
+        if (rah_find(&rah_mmap, rah_msgs, sizeof *rah_msgs, r->message_id) >= 0) {
+            *claimed = 0; /* claimed before, or earlier in this transaction */
+            return 0;
+        }
+        const char *v[] = {r->message_id, r->call_id, r->status, r->outcome,
+                           num(&at, r->received_at)};
+        if (rah_nmsgs == rah_capmsgs) {
+            int c = rah_capmsgs * 2 + 16;
+            char **m = realloc(rah_msgs, (size_t)c * sizeof *m);
+            if (!m) return oom(err);
+            rah_msgs = m;
+            rah_capmsgs = c;
+        }
+        if (rah_grow(&rah_mmap, rah_msgs, sizeof *rah_msgs, rah_nmsgs, rah_nmsgs + 1) ||
+            !(rah_msgs[rah_nmsgs] = strdup(r->message_id)))
+            return oom(err);
+        rah_put(&rah_mmap, r->message_id, rah_nmsgs++);
+        if (rah_queue(&rah_ins, &rah_nins, &rah_capins, v, 5)) return oom(err);
+        *claimed = 1;
+        return 0;
+    }
     const char *p[] = {r->message_id, r->call_id, r->status, r->outcome, num(&at, r->received_at)};
     int64_t n = 0;
     int rc = cmd(s,
@@ -521,6 +981,31 @@ int oq__producer_pg_set_result(oq__producer_store_t *s, const oq__producer_resul
                                oq_error_t *err)
 {
     num_t at, exp;
+    int x = rah_active(s)
+                ? rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, r->call_id)
+                : -1;
+    if (x >= 0) {
+        int rc = rah_room(s, err);
+        if (rc) return rc;
+        if (rah_calls[x].upd) /* a second result of the call: one row, the two applied */
+            rc = rah_merge(&rah_upd[rah_calls[x].upd - 1], r);
+        else {
+            const char *v[] = {r->call_id,
+                               r->state,
+                               r->result,
+                               r->error,
+                               r->effect_id,
+                               num(&at, r->updated_at),
+                               r->settled ? "t" : "f",
+                               num(&exp, r->expires_at),
+                               NULL};
+            rc = rah_queue(&rah_upd, &rah_nupd, &rah_capupd, v, 9);
+            rah_calls[x].upd = rah_nupd;
+        }
+        if (rc) return oom(err);
+        snprintf(rah_calls[x].st.state, sizeof rah_calls[x].st.state, "%s", r->state);
+        return 0;
+    }
     const char *p[] = {r->call_id,
                        r->state,
                        r->result,
@@ -688,6 +1173,11 @@ int oq__producer_pg_audit_add(oq__producer_store_t *s, int64_t ts, const char *c
 {
     num_t t;
     const char *p[] = {num(&t, ts), call_id, event, detail};
+    if (rah_active(s)) { /* queued, in order behind the rows queued before */
+        int rc = rah_room(s, err);
+        if (rc) return rc;
+        return rah_queue(&rah_aud, &rah_naud, &rah_capaud, p, 4) ? oom(err) : 0;
+    }
     return cmd(s, "INSERT INTO onceq.audit(ts,call_id,event,detail) VALUES($1,$2,$3,$4)", 4, p,
                NULL, err);
 }

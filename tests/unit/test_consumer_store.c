@@ -980,6 +980,46 @@ static void test_pg_connection_lost(void **state)
     assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
     assert_int_equal(q_int(f->b, "SELECT count(*) FROM audit WHERE event = 'probe'"), 1);
 }
+/* Scans of onceq.consumer_retention (the horizon's row) by worker a's open transaction. */
+static int64_t pg_horizon_scans(fx_t *f)
+{
+    PGresult *r = PQexec(oq__consumer_store_pgconn(f->a),
+                         "SELECT COALESCE(sum(COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0)), 0) "
+                         "FROM pg_stat_xact_user_tables WHERE schemaname = 'onceq' AND relname = "
+                         "'consumer_retention'");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    int64_t n = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return n;
+}
+
+/* The retention horizon is read once per transaction (FOR SHARE: it cannot change before the
+ * transaction ends), not once per intake: a batch of intakes costs one round trip for it. The
+ * next transaction reads it again and sees a purge's raise. */
+static void test_pg_horizon_once_per_tx(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    int64_t h = -1;
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_horizon(f->a, &h, &err), 0);
+    assert_int_equal(h, 0);
+    int64_t first = pg_horizon_scans(f);
+    assert_true(first > 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(oq__consumer_store_horizon(f->a, &h, &err), 0);
+        assert_int_equal(h, 0);
+    }
+    assert_int_equal(pg_horizon_scans(f), first);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    fx_exec(f->b, "UPDATE onceq.consumer_retention SET horizon = 42 WHERE name = 'executions'");
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_horizon(f->a, &h, &err), 0);
+    assert_int_equal(h, 42);
+    assert_int_equal(oq__consumer_store_horizon(f->a, &h, &err), 0);
+    assert_int_equal(h, 42);
+    oq__consumer_store_rollback(f->a);
+}
 #endif
 
 int main(void)
@@ -1006,6 +1046,7 @@ int main(void)
 #if FX_PG
         cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pg_connection_lost, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_horizon_once_per_tx, setup, teardown),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,13 @@
  * call, and the writer really batches: many submits per transaction (distinct xmin of the calls)
  * and far fewer INSERT statements that wrote outbox rows than new calls (a statement-level
  * trigger of the test counts them), i.e. the new calls of a batch go in one round trip.
+ *
+ * Results: a batch of tool_results applied through the writer (oq_producer_apply_results) on
+ * PostgreSQL decides as the rules say (applied, a second result of the same call after the
+ * first, duplicate, stale, unknown call; a settling result of a call with a callback_url queues
+ * its webhook delivery with the settled call's JSON), and writes its result_inbox rows, call
+ * updates and audit rows in a few statements, not one per result (statement-level triggers of
+ * the test count the statements that wrote rows).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,11 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 #include <pthread.h>
 
+#include "oq_envelope.h"
 #include "oq_producer.h"
 #include "pg_fixture.h"
 
@@ -139,12 +148,255 @@ static void test_group_commit(void **state)
     PQfinish(c);
 }
 
+/* A statement-level counter of the test: statements that wrote rows into \p table by \p op. */
+static void count_stmts(PGconn *c, const char *name, const char *table, const char *op)
+{
+    char sql[1024];
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE public.t_%s(n bigint NOT NULL); INSERT INTO public.t_%s VALUES (0);"
+             "CREATE FUNCTION public.t_%s() RETURNS trigger LANGUAGE plpgsql AS "
+             "$$BEGIN IF EXISTS (SELECT 1 FROM nt) THEN UPDATE public.t_%s SET n = n + 1; "
+             "END IF; RETURN NULL; END$$;"
+             "CREATE TRIGGER t_%s AFTER %s ON %s REFERENCING NEW TABLE AS nt "
+             "FOR EACH STATEMENT EXECUTE FUNCTION public.t_%s()",
+             name, name, name, name, name, op, table, name);
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) fprintf(stderr, "%s", PQerrorMessage(c));
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+}
+
+#define RN 30 /* calls that get results */
+
+static void result_env(oq_envelope_t *e, const char *call_id, int64_t attempt, const char *status)
+{
+    memset(e, 0, sizeof *e);
+    e->kind = OQ_KIND_TOOL_RESULT;
+    oq_id_uuid(e->message_id);
+    snprintf(e->call_id, sizeof e->call_id, "%.*s", (int)(sizeof e->call_id - 1), call_id);
+    e->attempt = attempt;
+    e->status = (char *)status;
+}
+
+static void test_results_batched(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
+    PGconn *c = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+
+    /* RN calls, the first with a callback_url */
+    char ids[RN][OQ_CALL_ID_LEN + 1];
+    json_t *args = json_pack("{s:i}", "amount", 1);
+    for (int i = 0; i < RN; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "res-%d", i);
+        oq_submit_req_t req = {NULL, key, "charge", args,
+                               NULL, 0,   0,        i == 0 ? "http://127.0.0.1:9/hook" : NULL};
+        oq_submit_outcome_t oc;
+        oq_call_t call;
+        memset(&call, 0, sizeof call);
+        assert_int_equal(oq_producer_submit(p, &req, &call, &oc, &err), 0);
+        assert_int_equal(oc, OQ_SUBMIT_NEW);
+        snprintf(ids[i], sizeof ids[i], "%s", call.call_id);
+        oq_call_clear(&call);
+    }
+    json_decref(args);
+    count_stmts(c, "inbox", "onceq.result_inbox", "INSERT");
+    count_stmts(c, "upd", "onceq.calls", "UPDATE");
+    count_stmts(c, "aud", "onceq.audit", "INSERT");
+
+    /* one batch: running then succeeded, adjacent for the first half of the calls, all the
+     * running ones first for the second half; then a duplicate, a stale attempt, an unknown
+     * call */
+    enum { N = 2 * RN + 3 };
+    oq_envelope_t envs[N];
+    json_t *res[RN];
+    char eff[RN][32];
+    int k = 0;
+    for (int i = 0; i < RN / 2; i++) {
+        result_env(&envs[k++], ids[i], 1, "running");
+        result_env(&envs[k++], ids[i], 1, "succeeded");
+    }
+    for (int i = RN / 2; i < RN; i++)
+        result_env(&envs[k++], ids[i], 1, "running");
+    for (int i = RN / 2; i < RN; i++)
+        result_env(&envs[k++], ids[i], 1, "succeeded");
+    for (int j = 0; j < k; j++)
+        if (strcmp(envs[j].status, "succeeded") == 0) {
+            int i = 0;
+            while (strcmp(ids[i], envs[j].call_id) != 0)
+                i++;
+            res[i] = json_pack("{s:i}", "i", i);
+            envs[j].result = res[i];
+            snprintf(eff[i], sizeof eff[i], "eff-%d", i);
+            envs[j].effect_id = eff[i];
+        }
+    envs[k] = envs[1]; /* the first call's succeeded again: a duplicate */
+    k++;
+    result_env(&envs[k++], ids[1], 2, "failed"); /* an attempt ahead of the call */
+    char unknown[OQ_CALL_ID_LEN + 1];
+    oq_id_call(unknown);
+    result_env(&envs[k++], unknown, 1, "succeeded");
+    assert_int_equal(k, N);
+    oq_result_outcome_t oc[N];
+    assert_int_equal(oq_producer_apply_results(p, envs, N, oc, &err), 0);
+    oq_producer_close(p);
+    for (int j = 0; j < 2 * RN; j++)
+        assert_int_equal(oc[j], OQ_RESULT_APPLIED);
+    assert_int_equal(oc[2 * RN], OQ_RESULT_DUPLICATE);
+    assert_int_equal(oc[2 * RN + 1], OQ_RESULT_STALE);
+    assert_int_equal(oc[2 * RN + 2], OQ_RESULT_UNKNOWN_CALL);
+    for (int i = 0; i < RN; i++)
+        json_decref(res[i]);
+
+    /* every call succeeded with its result and effect id, settled, its key expiring */
+    for (int i = 0; i < RN; i++) {
+        char sql[4096];
+        snprintf(sql, sizeof sql,
+                 "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND state='succeeded' "
+                 "AND result='{\"i\":%d}' AND error IS NULL AND effect_id='eff-%d' AND "
+                 "settled_at IS NOT NULL AND next_redrive_at IS NULL AND "
+                 "expires_at > created_at",
+                 ids[i], i, i);
+        assert_int_equal(one(c, sql), 1);
+        /* its audit after the submit: running, then succeeded */
+        snprintf(sql, sizeof sql,
+                 "SELECT count(*) FROM (SELECT string_agg(event, ',' ORDER BY id) e FROM "
+                 "onceq.audit WHERE call_id='%s' AND event IN ('running','succeeded')) x "
+                 "WHERE e='running,succeeded'",
+                 ids[i]);
+        assert_int_equal(one(c, sql), 1);
+    }
+    /* the stale one audited, the unknown one only claimed, the duplicate nothing */
+    assert_int_equal(one(c, "SELECT count(*) FROM onceq.audit WHERE event='result_ignored'"), 1);
+    assert_int_equal(one(c, "SELECT count(*) FROM onceq.result_inbox"), 2 * RN + 2);
+    assert_int_equal(one(c, "SELECT count(*) FROM onceq.result_inbox WHERE outcome='applied'"),
+                     2 * RN);
+    /* the callback call's delivery, with the settled call */
+    char sql[4096];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.webhook_deliveries WHERE call_id='%s' AND "
+             "body LIKE '%%\"status\":\"succeeded\"%%'",
+             ids[0]);
+    assert_int_equal(one(c, sql), 1);
+    assert_int_equal(one(c, "SELECT count(*) FROM onceq.webhook_deliveries"), 1);
+
+    /* and few statements: not one per result */
+    int64_t ni = one(c, "SELECT n FROM public.t_inbox");
+    int64_t nu = one(c, "SELECT n FROM public.t_upd");
+    int64_t na = one(c, "SELECT n FROM public.t_aud");
+    fprintf(stderr,
+            "%d results: %lld result_inbox INSERT, %lld calls UPDATE, %lld audit INSERT "
+            "statements\n",
+            N, (long long)ni, (long long)nu, (long long)na);
+    assert_true(ni <= 4);
+    assert_true(nu <= 4);
+    assert_true(na <= 6);
+    PQfinish(c);
+}
+
+typedef struct {
+    oq_producer_t *p;
+    oq_envelope_t *envs;
+    oq_result_outcome_t *oc;
+    int tries, rc;
+} apply_t;
+
+static void *applier(void *arg)
+{
+    apply_t *a = arg;
+    oq_error_t err = {0};
+    /* as the ingest does: a database failure retries the same batch */
+    for (a->tries = 1; a->tries <= 5; a->tries++)
+        if ((a->rc = oq_producer_apply_results(a->p, a->envs, 2, a->oc, &err)) == 0) break;
+    return NULL;
+}
+
+/* Another producer claims a message id of the batch after this one read result_inbox ahead
+ * (its transaction still open while the batch runs): the batch's write fails, nothing of it
+ * holds, and the batch again decides the message a duplicate and applies the other result. */
+static void test_results_claimed_meanwhile(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
+    char ids[2][OQ_CALL_ID_LEN + 1];
+    json_t *args = json_pack("{s:i}", "amount", 2);
+    for (int i = 0; i < 2; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "meanwhile-%d", i);
+        oq_submit_req_t req = {NULL, key, "charge", args, NULL, 0, 0, NULL};
+        oq_submit_outcome_t oc;
+        oq_call_t call;
+        memset(&call, 0, sizeof call);
+        assert_int_equal(oq_producer_submit(p, &req, &call, &oc, &err), 0);
+        snprintf(ids[i], sizeof ids[i], "%s", call.call_id);
+        oq_call_clear(&call);
+    }
+    json_decref(args);
+    oq_envelope_t envs[2];
+    result_env(&envs[0], ids[0], 1, "succeeded");
+    result_env(&envs[1], ids[1], 1, "succeeded");
+
+    /* the other producer: its claim of envs[0]'s message id, not committed yet */
+    PGconn *x = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    char sql[1024];
+    snprintf(sql, sizeof sql,
+             "BEGIN; INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,"
+             "received_at) VALUES ('%s','%s','succeeded','applied',1)",
+             envs[0].message_id, ids[0]);
+    PGresult *r = PQexec(x, sql);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+
+    oq_result_outcome_t oc[2] = {0, 0};
+    apply_t a = {p, envs, oc, 0, -1};
+    pthread_t th;
+    pthread_create(&th, NULL, applier, &a);
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* whether the batch waits on the claim by then or not, same end */
+    r = PQexec(x, "COMMIT");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    pthread_join(th, NULL);
+    oq_producer_close(p);
+    fprintf(stderr, "claimed meanwhile: applied after %d tries\n", a.tries);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(oc[0], OQ_RESULT_DUPLICATE);
+    assert_int_equal(oc[1], OQ_RESULT_APPLIED);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
+             "state='pending'",
+             ids[0]);
+    assert_int_equal(one(x, sql), 1);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
+             "state='succeeded'",
+             ids[1]);
+    assert_int_equal(one(x, sql), 1);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM onceq.result_inbox WHERE message_id='%s'",
+             envs[1].message_id);
+    assert_int_equal(one(x, sql), 1);
+    PQfinish(x);
+}
+
 int main(void)
 {
     pgfx_available(1);
     pgfx_fresh_db("onceq_test_producer_pg", conninfo, sizeof conninfo);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_commit),
+        cmocka_unit_test(test_results_batched),
+        cmocka_unit_test(test_results_claimed_meanwhile),
     };
     return cmocka_run_group_tests_name("producer_pg", tests, NULL, NULL);
 }
