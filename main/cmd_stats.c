@@ -6,9 +6,10 @@
  * exactly one JSON document: the same object with the relay's status under "relay"
  * (oq_relay_status_json). With --consumer-db (a file or a PostgreSQL setting) the object also
  * carries "calls": the per-call reconciliation figures read from the consumer's rows
- * (oq_consumer_calls_stats), and "calls.manual_recovery": calls that went to review plus tasks
- * that needed an operator, over all calls and tasks. "tasks" (always): tasks by status, how
- * compensations ended, steps run again, tasks that needed an operator.
+ * (oq_consumer_calls_stats, the same object as the consumer's /stats), and "manual_recovery":
+ * calls that went to review plus tasks that needed an operator, over all calls and tasks. "tasks"
+ * (always): tasks by status, how compensations ended, steps run again, tasks that needed an
+ * operator.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ int oq__cmd_stats(int argc, char **argv)
         json_int_t to = json_integer_value(json_object_get(t, "needed_operator"));
         json_int_t tn = json_integer_value(json_object_get(t, "total"));
         json_object_set_new(
-            calls, "manual_recovery",
+            s, "manual_recovery",
             json_pack("{s:I,s:I,s:I,s:o}", "calls_review", cr, "tasks_needed_operator", to, "all",
                       cn + tn, "rate",
                       cn + tn ? json_real((double)(cr + to) / (double)(cn + tn)) : json_null()));

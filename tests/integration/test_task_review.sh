@@ -191,7 +191,7 @@ near() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a - b < 0.001 && b - a < 0.001)
 jq -e '.tasks | .total == 3 and .by_status.compensated == 2 and .by_status.succeeded == 1
        and .compensations == {"compensated": 2, "needs_review": 1} and .steps_rerun == 0
        and .needed_operator == 1' "$T/stats.json" >/dev/null || oq_fail "stats: $(cat "$T/stats.json")"
-jq -e '.calls.manual_recovery | .tasks_needed_operator == 1 and .all > 3
+jq -e '.manual_recovery | .tasks_needed_operator == 1 and .all > 3
        and (.rate - ((.calls_review + 1) / .all) | fabs) < 0.0001' "$T/stats.json" >/dev/null ||
     oq_fail "manual recovery: $(jq -c .calls "$T/stats.json")"
 near "$(jq .tasks.compensation_success_rate "$T/stats.json")" 0.6667 ||
