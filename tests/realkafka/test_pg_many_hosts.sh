@@ -3,7 +3,7 @@
 # Many hosts on PostgreSQL and a real 3-node Kafka: one producer and one relay on PostgreSQL,
 # three consumer processes as three hosts (each in a working folder of its own, its own tools
 # file and TMPDIR; nothing shared but the PostgreSQL database and the Kafka cluster), and an
-# `onceq downstream` service for the HTTP tool `pay` (it keeps its own ledger).
+# `onceq-downstream` service for the HTTP tool `pay` (it keeps its own ledger).
 #   - 3,000 calls (1,000 `pay` over HTTP, 2,000 built-in `charge`), every one submitted twice
 #     (the second submit must return the same call);
 #   - mid-run, one consumer host is killed with -9 and a fourth host is added;
@@ -34,7 +34,7 @@ PORT=$(oq_free_port)
 export PDB CDB PORT
 
 DPORT=$(oq_free_port)
-oq_spawn ds "$ONCEQ_BIN" downstream --listen "127.0.0.1:$DPORT" --db "$T/ds.db" --seed 18
+oq_spawn ds "$ONCEQ_DOWNSTREAM_BIN" --listen "127.0.0.1:$DPORT" --db "$T/ds.db" --seed 18
 oq_wait_for 15 curl -fsS -o /dev/null "http://127.0.0.1:$DPORT/healthz" || oq_fail "downstream not up"
 # the tools file: examples/tools.json aimed at our downstream, plus `liar` (the control)
 python3 - "$ONCEQ_SRC/examples/tools.json" "$DPORT" >"$T/tools.json" <<'PY'
