@@ -86,8 +86,9 @@ int oq_parse_size(const char *s, int64_t *out);
 /* --- crash points ---------------------------------------------------------------------------
  * OQ_CRASH_POINT("relay.after_delivery_before_mark") kills the process with SIGKILL when the
  * environment variable ONCEQ_CRASH_AT names that point (a comma-separated list is allowed;
- * "name@N" fires on the N-th time the point is reached). Always compiled in; when the variable
- * is unset the cost is one predictable branch on a cached flag.
+ * "name@N" fires on the N-th time the point is reached; "name@N!stop" pauses the process with
+ * SIGSTOP on the N-th hit instead, once, for a test to resume). Always compiled in; when the
+ * variable is unset the cost is one predictable branch on a cached flag.
  */
 extern int oq__crash_armed; /**< -1 unknown, 0 off, 1 armed. */
 void oq__crash_check(const char *point);

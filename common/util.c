@@ -253,10 +253,18 @@ void oq__crash_check(const char *point)
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         const char *at = memchr(p, '@', len);
         size_t nlen = at ? (size_t)(at - p) : len;
+        const char *bang = memchr(p, '!', len);
+        if (bang && (!at || bang < at)) nlen = (size_t)(bang - p);
+        int stop = bang && (size_t)(p + len - bang) == 5 && memcmp(bang, "!stop", 5) == 0;
         if (nlen == plen && memcmp(p, point, plen) == 0) {
             long nth = at ? strtol(at + 1, NULL, 10) : 1;
             long h = atomic_fetch_add(&hits[entry < 32 ? entry : 31], 1) + 1;
-            if (h >= nth) {
+            if (stop && h == nth) {
+                /* a pause, not a crash: the test resumes the process with SIGCONT */
+                oq_log_write(OQ_LOG_WARN, "crash", NULL,
+                             "crash point %s reached (hit %ld): SIGSTOP", point, h);
+                raise(SIGSTOP);
+            } else if (!stop && h >= nth) {
                 oq_log_write(OQ_LOG_WARN, "crash", NULL,
                              "crash point %s reached (hit %ld): SIGKILL", point, h);
                 kill(getpid(), SIGKILL);

@@ -54,6 +54,7 @@
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_pg.h"
+#include "oq_pg_rows.h"
 #include "oq_util.h"
 
 struct oq__consumer_pg {
@@ -74,40 +75,15 @@ struct oq__consumer_pg {
     "lease_until, fence, result, error, effect_id, next_attempt_at, message_id, started_at, "      \
     "unknown_at, lookups, updated_at"
 
-typedef struct {
-    char s[24];
-} num_t;
-
-static const char *num(num_t *n, int64_t v)
-{
-    snprintf(n->s, sizeof n->s, "%" PRId64, v);
-    return n->s;
-}
-
 /* A time: 0 is NULL. */
 static const char *tnum(num_t *n, int64_t v)
 {
     return v ? num(n, v) : NULL;
 }
 
-static int64_t col_i64(PGresult *r, int row, int col)
-{
-    return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
-static char *col_dup(PGresult *r, int row, int col)
-{
-    return PQgetisnull(r, row, col) ? NULL : strdup(PQgetvalue(r, row, col));
-}
-
 static const char *col_str(PGresult *r, int row, int col)
 {
     return PQgetisnull(r, row, col) ? NULL : PQgetvalue(r, row, col);
-}
-
-static void col_copy(PGresult *r, int row, int col, char *out, size_t n)
-{
-    snprintf(out, n, "%s", PQgetisnull(r, row, col) ? "" : PQgetvalue(r, row, col));
 }
 
 static int oom(oq_error_t *err)

@@ -51,6 +51,7 @@
 #include "oq_buf.h"
 #include "oq_envelope.h"
 #include "oq_pg.h"
+#include "oq_pg_rows.h"
 #include "oq_util.h"
 
 /* Rows with pub_seq at or below it were delivered (relay/store_pg.c). */
@@ -59,17 +60,6 @@
 #define CALL_COLS                                                                                  \
     "call_id,tenant,idem_key,fingerprint,tool,args,state,result,error,attempt,effect_id,"          \
     "client_id,seq,created_at,updated_at,expires_at,callback_url"
-
-/* An int64 as a parameter. */
-typedef struct {
-    char s[24];
-} num_t;
-
-static const char *num(num_t *n, int64_t v)
-{
-    snprintf(n->s, sizeof n->s, "%" PRId64, v);
-    return n->s;
-}
 
 /* A text of \p len bytes as a NUL-terminated parameter (args, payloads are given by length). */
 static char *dupn(const char *p, size_t len)
@@ -97,21 +87,6 @@ static int cmd(oq__producer_store_t *s, const char *sql, int n, const char *cons
 {
     int rc = rah_flush(s, err);
     return rc ? rc : oq_pg_run_cmd(s->pg, sql, n, p, affected, err);
-}
-
-static char *col_dup(PGresult *r, int row, int col)
-{
-    return PQgetisnull(r, row, col) ? NULL : strdup(PQgetvalue(r, row, col));
-}
-
-static void col_copy(PGresult *r, int row, int col, char *out, size_t n)
-{
-    snprintf(out, n, "%s", PQgetisnull(r, row, col) ? "" : PQgetvalue(r, row, col));
-}
-
-static int64_t col_i64(PGresult *r, int row, int col)
-{
-    return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
 }
 
 static int oom(oq_error_t *err)

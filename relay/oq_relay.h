@@ -48,8 +48,10 @@
  * functions below may be called from any thread except that new/start/stop/destroy must not
  * race with each other on the same relay.
  *
- * Crash points (OQ_CRASH_POINT, armed with ONCEQ_CRASH_AT=name[@N]), in pipeline order:
+ * Crash points (OQ_CRASH_POINT, armed with ONCEQ_CRASH_AT=name[@N][!stop]), in pipeline order:
  *  - `relay.after_lease_acquire`            lease won, nothing produced yet
+ *  - `relay.after_lease_check`              lease found valid, next batch not read yet (a
+ *                                            test pauses here with `name@N!stop`)
  *  - `relay.after_read_batch`               rows read, none produced
  *  - `relay.after_produce_before_delivery`  batch handed to librdkafka, no delivery report seen
  *  - `relay.after_delivery_before_mark`     delivery reports received, mark not started

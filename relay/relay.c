@@ -1010,6 +1010,10 @@ static int produce_row(void *ctx, const oq__relay_row_t *row)
 {
     oq_relay_t *r = ctx;
     if (r->draining || r->fatal || atomic_load(&r->stop)) return 1;
+    /* The lease was checked before the read, but the process may have been paused (SIGSTOP, a
+     * VM freeze) between that check and this row: a row read now may be newer than anything a
+     * successor saw as unpublished. Re-check on the monotonic clock before each produce. */
+    if (oq_mono_us() >= r->lease_until_us - r->lease_ms * 1000 / 3) return 1;
     if (r->probe_seq) {
         if (r->cursor >= r->probe_seq) return 1; /* the probe is in flight: it goes alone */
         if (row->seq > r->probe_seq)
@@ -1250,6 +1254,7 @@ static void *relay_main(void *arg)
         int64_t now_us = oq_mono_us();
         int lease_ok = now_us < r->lease_until_us - r->lease_ms * 1000 / 3;
         if (now_us >= r->resume_at_us && lease_ok && r->st.inflight < r->max_inflight) {
+            OQ_CRASH_POINT("relay.after_lease_check");
             oq_error_t derr = {0};
             if (oq__relay_store_data_version(r->store, &dv, &derr) != 0) dv = -1;
             int n = produce_batch(r);

@@ -39,6 +39,7 @@
 
 #include "oq_log.h"
 #include "oq_pg.h"
+#include "oq_pg_rows.h"
 #include "oq_util.h"
 #include "relay_store.h"
 #include "store_pg.h"
@@ -52,16 +53,6 @@ struct oq__relay_pg {
 #define ASSIGN_LOCK "x'6f6e6365712d72'::bigint"
 
 #define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
-
-typedef struct {
-    char s[24];
-} num_t;
-
-static const char *num(num_t *n, int64_t v)
-{
-    snprintf(n->s, sizeof n->s, "%" PRId64, v);
-    return n->s;
-}
 
 static int listen_on(PGconn *c, oq_error_t *err)
 {
