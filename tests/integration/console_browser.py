@@ -15,65 +15,27 @@ import sys
 import tempfile
 import time
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from consolelib import browser, check, login, ready, shot  # noqa: E402
+
 URL, OUT, OP_TOKEN, TEN_TOKEN, REVIEW_CALL, OTHER_CALL, OWN_CALL = sys.argv[1:8]
 os.makedirs(OUT, exist_ok=True)
-
-
-def browser(profile):
-    o = webdriver.ChromeOptions()
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--window-size=1400,900", "--user-data-dir=" + profile):
-        o.add_argument(a)
-    o.binary_location = "/usr/bin/chromium"
-    d = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
-    d.set_page_load_timeout(30)
-    return d
-
-
-def ready(d, hash_prefix, timeout=20):
-    WebDriverWait(d, timeout).until(
-        lambda x: (x.find_element(By.TAG_NAME, "body").get_attribute("data-ready") or "")
-        .startswith(hash_prefix))
-
-
-def login(d, token):
-    d.get(URL + "login.html")
-    d.find_element(By.ID, "token").send_keys(token)
-    d.find_element(By.ID, "login").click()
-    WebDriverWait(d, 20).until(lambda x: x.current_url.rstrip("/") == URL.rstrip("/") or
-                               "#/" in x.current_url)
-    ready(d, "#/calls")
-
-
-def shot(d, name):
-    time.sleep(0.3)
-    d.save_screenshot(os.path.join(OUT, name + ".png"))
-    print("screenshot", os.path.join(OUT, name + ".png"))
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print("ok:", what)
 
 
 def as_operator():
     with tempfile.TemporaryDirectory() as prof:
         d = browser(prof)
         try:
-            login(d, OP_TOKEN)
+            login(d, URL, OP_TOKEN)
             rows = d.find_elements(By.CSS_SELECTOR, "#calls tbody tr[data-call-id]")
             ids = [r.get_attribute("data-call-id") for r in rows]
             check(REVIEW_CALL in ids and OTHER_CALL in ids and OWN_CALL in ids,
                   "operator: the calls page lists the calls (%d rows)" % len(ids))
-            shot(d, "calls")
+            shot(d, OUT, "calls")
             # filter by status
             Select(d.find_element(By.ID, "f-status")).select_by_value("needs_review")
             d.find_element(By.ID, "apply").click()
@@ -89,12 +51,12 @@ def as_operator():
             check("submitted" in events and "unknown" in events,
                   "call page: timeline with the producer's and consumer's events %s" % events)
             check(froms == {"producer", "consumer"}, "call page: both sources in the timeline")
-            shot(d, "call")
+            shot(d, OUT, "call")
             # the review queue: resolve as committed
             d.get(URL + "#/review")
             ready(d, "#/review")
             row = d.find_element(By.CSS_SELECTOR, '#review tr[data-call-id="%s"]' % REVIEW_CALL)
-            shot(d, "review")
+            shot(d, OUT, "review")
             # what a forged request can do with the session cookie alone: no CSRF token, refused
             fence = int(row.find_element(By.CSS_SELECTOR, "td.fence").text)
             status = d.execute_async_script("""
@@ -111,17 +73,17 @@ def as_operator():
             WebDriverWait(d, 20).until(EC.text_to_be_present_in_element((By.ID, "msg"), "resolved"))
             check("resolved " + REVIEW_CALL in d.find_element(By.ID, "msg").text,
                   "review page: resolved from the page")
-            shot(d, "review-resolved")
+            shot(d, OUT, "review-resolved")
             d.get(URL + "#/dlq")
             ready(d, "#/dlq")
             check(d.find_elements(By.ID, "dlq"), "dead letters page renders")
-            shot(d, "dlq")
+            shot(d, OUT, "dlq")
             d.get(URL + "#/charts")
             ready(d, "#/charts")
             time.sleep(5)  # a few samples, so rates have two points
             check(len(d.find_elements(By.CSS_SELECTOR, ".chart svg polyline")) >= 7,
                   "charts page: SVG charts drawn from the daemons' metrics")
-            shot(d, "charts")
+            shot(d, OUT, "charts")
         finally:
             d.quit()
 
@@ -130,12 +92,12 @@ def as_tenant():
     with tempfile.TemporaryDirectory() as prof:
         d = browser(prof)
         try:
-            login(d, TEN_TOKEN)
+            login(d, URL, TEN_TOKEN)
             ids = [r.get_attribute("data-call-id")
                    for r in d.find_elements(By.CSS_SELECTOR, "#calls tbody tr[data-call-id]")]
             check(OWN_CALL in ids, "tenant: its own call is listed")
             check(OTHER_CALL not in ids, "tenant: another tenant's call is not listed")
-            shot(d, "tenant-calls")
+            shot(d, OUT, "tenant-calls")
             d.get(URL + "#/calls?q=" + OTHER_CALL)
             ready(d, "#/calls?q=")
             check(not d.find_elements(By.CSS_SELECTOR, "#calls tbody tr[data-call-id]"),
@@ -144,7 +106,7 @@ def as_tenant():
             ready(d, "#/call/")
             check(d.find_elements(By.ID, "not-found"),
                   "tenant: another tenant's call page is not found")
-            shot(d, "tenant-other-call")
+            shot(d, OUT, "tenant-other-call")
         finally:
             d.quit()
 

@@ -12,54 +12,14 @@ screenshot of each page goes to OUT_DIR. Exit 0 when every check holds; a failed
 import os
 import sys
 import tempfile
-import time
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from consolelib import browser, check, login, ready, shot  # noqa: E402
 
 URL, OUT, OP_TOKEN, TEN_TOKEN, OWN_TASK, OTHER_TASK, NSTEPS = sys.argv[1:8]
 os.makedirs(OUT, exist_ok=True)
-
-
-def browser(profile):
-    o = webdriver.ChromeOptions()
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--window-size=1400,900", "--user-data-dir=" + profile):
-        o.add_argument(a)
-    o.binary_location = "/usr/bin/chromium"
-    d = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
-    d.set_page_load_timeout(30)
-    return d
-
-
-def ready(d, hash_prefix, timeout=20):
-    WebDriverWait(d, timeout).until(
-        lambda x: (x.find_element(By.TAG_NAME, "body").get_attribute("data-ready") or "")
-        .startswith(hash_prefix))
-
-
-def login(d, token):
-    d.get(URL + "login.html")
-    d.find_element(By.ID, "token").send_keys(token)
-    d.find_element(By.ID, "login").click()
-    WebDriverWait(d, 20).until(lambda x: x.current_url.rstrip("/") == URL.rstrip("/") or
-                               "#/" in x.current_url)
-    ready(d, "#/calls")
-
-
-def shot(d, name):
-    time.sleep(0.3)
-    d.save_screenshot(os.path.join(OUT, name + ".png"))
-    print("screenshot", os.path.join(OUT, name + ".png"))
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print("ok:", what)
 
 
 def task_ids(d):
@@ -71,7 +31,7 @@ def as_operator():
     with tempfile.TemporaryDirectory() as prof:
         d = browser(prof)
         try:
-            login(d, OP_TOKEN)
+            login(d, URL, OP_TOKEN)
             d.get(URL + "#/tasks")
             ready(d, "#/tasks")
             ids = task_ids(d)
@@ -79,7 +39,7 @@ def as_operator():
                   "operator: the tasks page lists the tasks (%d rows)" % len(ids))
             check(d.find_elements(By.CSS_SELECTOR, '#task-counts a[data-status="succeeded"]'),
                   "operator: the counts by status are shown")
-            shot(d, "tasks")
+            shot(d, OUT, "tasks")
             d.find_element(By.CSS_SELECTOR, 'a.task-link[href="#/task/%s"]' % OWN_TASK).click()
             ready(d, "#/task/")
             steps = d.find_elements(By.CSS_SELECTOR, "#task-steps tr.step")
@@ -88,7 +48,7 @@ def as_operator():
                   "task page: %s steps, each with its call id %s" % (NSTEPS, links))
             check(d.find_elements(By.CSS_SELECTOR, "#task-timeline tbody tr"),
                   "task page: the timeline of its calls")
-            shot(d, "task")
+            shot(d, OUT, "task")
             steps[0].find_element(By.CSS_SELECTOR, "a.call-link").click()
             ready(d, "#/call/")
             check(d.find_elements(By.CSS_SELECTOR, "#timeline td.event"),
@@ -101,13 +61,13 @@ def as_tenant():
     with tempfile.TemporaryDirectory() as prof:
         d = browser(prof)
         try:
-            login(d, TEN_TOKEN)
+            login(d, URL, TEN_TOKEN)
             d.get(URL + "#/tasks")
             ready(d, "#/tasks")
             ids = task_ids(d)
             check(OWN_TASK in ids and OTHER_TASK not in ids,
                   "tenant: its own task listed, not another tenant's (%s)" % ids)
-            shot(d, "tenant-tasks")
+            shot(d, OUT, "tenant-tasks")
             d.get(URL + "#/task/" + OTHER_TASK)
             ready(d, "#/task/")
             check(d.find_elements(By.ID, "not-found"),
