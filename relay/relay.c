@@ -53,10 +53,10 @@
  * its own process (`onceq relay`, opts.watch_wal) is never notified by the writer, another
  * process, so it also watches the SQLite WAL file with inotify: a commit's frames are written
  * to the WAL before its fsync and become visible after it, so a write wakes the relay, which
- * then checks data_version every 100 us (up to 20 ms) and reads as soon as the commit is
- * visible. The idle hop is then about the commit's own fsync instead of up to poll_max_ms
- * (2-3 ms of a single call's ~20 ms on the embedded broker); polling stays as the fallback
- * (no inotify, a URI path, PostgreSQL) and for a watch event missed.
+ * then checks data_version every 100 us (for 5 ms, then with the poll's backoff restarted at
+ * 1 ms) and reads as soon as the commit is visible. The idle hop is then about the commit's own
+ * fsync instead of up to poll_max_ms (2-3 ms of a single call's ~20 ms on the embedded broker);
+ * polling stays as the fallback (no inotify, a URI path, PostgreSQL) and for a watch event missed.
  *
  * Lease. Standbys try to take the lease every min(lease/10, 100 ms); the holder renews every
  * lease/3 (and in every mark transaction) and stops producing when less than a third of the
@@ -665,20 +665,23 @@ static void wal_drain(oq_relay_t *r)
 }
 
 /* The idle wait with the watch: up to \p ms for a write to the WAL; after one, data_version
- * every 100 us for up to 20 ms (the commit is visible only after its fsync). @returns 1 when
+ * every 100 us for 5 ms (the commit is visible only after its fsync), then the poll's backoff
+ * restarts at 1 ms, so a slow fsync is still seen soon after it ends. @returns 1 when
  * data_version moved or the relay is stopping. */
 static int wal_wait(oq_relay_t *r, int ms)
 {
     struct pollfd p = {.fd = r->wal_fd, .events = POLLIN};
     if (poll(&p, 1, ms) <= 0) return atomic_load(&r->stop);
     wal_drain(r);
-    for (int i = 0; i < 200 && !atomic_load(&r->stop); i++) {
+    int64_t until = oq_mono_us() + 5000;
+    while (!atomic_load(&r->stop) && oq_mono_us() < until) {
         oq_error_t derr = {0};
         int64_t v;
         if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != r->last_dv) return 1;
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
+    r->idle_ms = 1;
     return atomic_load(&r->stop);
 }
 
