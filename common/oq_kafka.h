@@ -24,7 +24,7 @@ int oq_kafka_profile_mock(const oq_config_t *cfg);
 /**
  * @brief New librdkafka conf: bootstrap.servers = \p brokers, the onceq logger as log_cb,
  *        the defaults of \p cfg's `kafka-profile` (socket.nagle.disable=true; for consumers
- *        fetch.wait.max.ms=500 on real brokers, 10 on the embedded broker: common/kafka.c),
+ *        fetch.wait.max.ms=500 on real brokers, 5 on the embedded broker: common/kafka.c),
  *        then the user's -X / kafka.* properties from \p cfg (may be NULL) that are for this
  *        kind of client (oq_kafka_conf_apply), which override the defaults.
  * @returns the conf (caller owns it until passed to rd_kafka_new), or NULL with \p err filled

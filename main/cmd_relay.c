@@ -177,6 +177,7 @@ int oq__cmd_relay(int argc, char **argv)
     o.retention_ms = oq_config_int(cfg, "retention");
     o.cleanup_batch = (int)oq_config_int(cfg, "cleanup-batch");
     o.poll_max_ms = (int)oq_config_int(cfg, "poll-max");
+    o.watch_wal = 1; /* the writer is another process: it cannot oq_relay_notify() us */
     o.stop_timeout_ms = oq_config_int(cfg, "stop-timeout");
     o.db_synchronous = oq_config_str(cfg, "synchronous");
     o.topic_prefix = oq_config_str(cfg, "topic-prefix");

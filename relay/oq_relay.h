@@ -10,7 +10,8 @@
  * idempotent librdkafka producer (`enable.idempotence=true`, `acks=all`, forced). Rows are
  * appended by other code with oq_outbox_append() inside their own transactions; the relay
  * notices a commit by polling `PRAGMA data_version` with an adaptive backoff (1 ms up to
- * `poll_max_ms`) or at once after oq_relay_notify().
+ * `poll_max_ms`), at once after oq_relay_notify(), or, with `watch_wal`, as soon as another
+ * process's commit to the SQLite WAL is visible.
  *
  * Message contract: topic = outbox.topic, key = outbox.key (the call_id), value =
  * outbox.payload, header `onceq-message-id` = outbox.message_id.
@@ -99,6 +100,13 @@ typedef struct oq_relay_opts {
                                        0 disables cleanup */
     int cleanup_batch;            /**< rows per cleanup DELETE transaction; default 1000 */
     int poll_max_ms;              /**< idle data_version poll cap; default 5 */
+    int watch_wal;                /**< 1: while idle, also watch the SQLite WAL file (Linux
+                                       inotify) and wake on another process's commit instead
+                                       of at the next poll (the `onceq relay` process, whose
+                                       writer is another process and cannot notify it; an
+                                       oq_relay_notify() is then seen at the next poll); 0
+                                       (default): polls and oq_relay_notify() only; ignored on
+                                       PostgreSQL and where the watch cannot be set */
     int64_t stop_timeout_ms;      /**< oq_relay_stop(): max wait for in-flight; default 10000 */
     oq_metrics_t *metrics;        /**< registry for onceq_relay_* metrics; may be NULL; borrowed,
                                        must outlive the relay */

@@ -49,7 +49,14 @@
  * Idle latency. After a read that found nothing, the relay waits on a condition variable
  * (woken by oq_relay_notify()) for 1 ms, then 2, 4, up to poll_max_ms, and checks
  * PRAGMA data_version between waits: it changes when any other connection commits. The value
- * is sampled *before* each read, so a commit racing with the read is never missed.
+ * is sampled *before* each read, so a commit racing with the read is never missed. A relay in
+ * its own process (`onceq relay`, opts.watch_wal) is never notified by the writer, another
+ * process, so it also watches the SQLite WAL file with inotify: a commit's frames are written
+ * to the WAL before its fsync and become visible after it, so a write wakes the relay, which
+ * then checks data_version every 100 us (for 5 ms, then with the poll's backoff restarted at
+ * 1 ms) and reads as soon as the commit is visible. The idle hop is then about the commit's own
+ * fsync instead of up to poll_max_ms (2-3 ms of a single call's ~20 ms on the embedded broker);
+ * polling stays as the fallback (no inotify, a URI path, PostgreSQL) and for a watch event missed.
  *
  * Lease. Standbys try to take the lease every min(lease/10, 100 ms); the holder renews every
  * lease/3 (and in every mark transaction) and stops producing when less than a third of the
@@ -61,12 +68,14 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,7 +149,7 @@ struct oq_relay {
     char *db_path, *sync, *brokers, *lease_name, *owner, *topic_prefix;
     const oq_config_t *kafka_cfg;
     int64_t lease_ms, batch_bytes, retention_ms, stop_timeout_ms;
-    int batch_rows, max_inflight, cleanup_batch, poll_max_ms;
+    int batch_rows, max_inflight, cleanup_batch, poll_max_ms, watch_wal;
 
     /* control */
     pthread_t thread;
@@ -181,6 +190,7 @@ struct oq_relay {
     int64_t resume_at_us, backoff_ms;
     int64_t last_dv;
     int idle_ms;
+    int wal_fd; /* inotify on DB-wal while watch_wal (relay thread), -1 = poll only */
     int batch_n;
     int64_t next_stats_us, next_lease_try_us; /* CLOCK_MONOTONIC */
     int last_kafka_err;
@@ -627,6 +637,52 @@ static int wait_ms(oq_relay_t *r, int ms)
     r->notified = 0;
     pthread_mutex_unlock(&r->mu);
     return woke;
+}
+
+/* Watch DB-wal for writes (opts.watch_wal, SQLite). A failure only leaves the relay polling. */
+static void wal_watch_open(oq_relay_t *r)
+{
+    r->wal_fd = -1;
+    if (!r->watch_wal || oq_backend_of(r->db_path) == OQ_BACKEND_POSTGRES) return;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s-wal", r->db_path) >= (int)sizeof path) return;
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0 || inotify_add_watch(fd, path, IN_MODIFY) < 0) {
+        OQ_LOG_INFO("relay", "no watch on %s (%s): polling data_version only", path,
+                    strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    r->wal_fd = fd;
+}
+
+/* Discards the queued watch events. */
+static void wal_drain(oq_relay_t *r)
+{
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    while (read(r->wal_fd, buf, sizeof buf) > 0) {
+    }
+}
+
+/* The idle wait with the watch: up to \p ms for a write to the WAL; after one, data_version
+ * every 100 us for 5 ms (the commit is visible only after its fsync), then the poll's backoff
+ * restarts at 1 ms, so a slow fsync is still seen soon after it ends. @returns 1 when
+ * data_version moved or the relay is stopping. */
+static int wal_wait(oq_relay_t *r, int ms)
+{
+    struct pollfd p = {.fd = r->wal_fd, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0) return atomic_load(&r->stop);
+    wal_drain(r);
+    int64_t until = oq_mono_us() + 5000;
+    while (!atomic_load(&r->stop) && oq_mono_us() < until) {
+        oq_error_t derr = {0};
+        int64_t v;
+        if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != r->last_dv) return 1;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    r->idle_ms = 1;
+    return atomic_load(&r->stop);
 }
 
 /* --- lease --------------------------------------------------------------------------------- */
@@ -1198,6 +1254,7 @@ static void *relay_main(void *arg)
     r->backoff_ms = OQ__RELAY_BACKOFF_MIN_MS;
     r->idle_ms = 1;
     r->last_dv = -1;
+    r->wal_fd = -1;
     int e = pthread_create(&r->writer, NULL, writer_main, r);
     if (e != 0) {
         OQ_LOG_ERROR("relay", "cannot start the writer thread: %s; relay not running", strerror(e));
@@ -1208,6 +1265,7 @@ static void *relay_main(void *arg)
     }
     pthread_setname_np(r->writer, "oq-relay-w");
     r->writer_started = 1;
+    wal_watch_open(r);
 
     while (!atomic_load(&r->stop)) {
         mark_collect(r);
@@ -1291,8 +1349,14 @@ static void *relay_main(void *arg)
         r->last_dv = dv;
         /* Idle: wait until another connection commits (data_version moves) or a notify. */
         int64_t wait_until = now_us + 200000; /* re-check lease/cleanup at least every 200 ms */
+        if (r->wal_fd >= 0) { /* writes up to here are seen by one data_version check */
+            wal_drain(r);
+            oq_error_t derr = {0};
+            int64_t v;
+            if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != dv) continue;
+        }
         while (!atomic_load(&r->stop) && oq_mono_us() < wait_until) {
-            int woke = wait_ms(r, r->idle_ms);
+            int woke = r->wal_fd >= 0 ? wal_wait(r, r->idle_ms) : wait_ms(r, r->idle_ms);
             if (r->idle_ms < r->poll_max_ms)
                 r->idle_ms = r->idle_ms * 2 > r->poll_max_ms ? r->poll_max_ms : r->idle_ms * 2;
             oq_error_t derr = {0};
@@ -1302,6 +1366,7 @@ static void *relay_main(void *arg)
         }
     }
     relay_shutdown(r);
+    if (r->wal_fd >= 0) close(r->wal_fd);
     return NULL;
 }
 
@@ -1417,6 +1482,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->retention_ms = opts->retention_ms;
     r->cleanup_batch = opts->cleanup_batch;
     r->poll_max_ms = opts->poll_max_ms;
+    r->watch_wal = opts->watch_wal;
     r->stop_timeout_ms = opts->stop_timeout_ms;
     if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync ||
         (opts->topic_prefix && !r->topic_prefix)) {

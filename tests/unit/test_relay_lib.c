@@ -6,8 +6,10 @@
  * delivered, no CPU spin while the broker is unreachable, stop() within its timeout with the
  * lease released and the standby taking over at once, metrics registration rules. One test
  * runs against librdkafka's in-process mock cluster: a tiny in-flight window (the watermark's
- * ring full behind unreported rows) still publishes every row once and stores the watermark.
+ * ring full behind unreported rows) still publishes every row once and stores the watermark;
+ * and with opts.watch_wal an idle relay wakes on another connection's commit, not its next poll.
  */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -384,6 +386,50 @@ static void test_watermark_waits_for_slow_row(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* opts.watch_wal: an idle relay whose poll has backed off to 1 s wakes when another connection
+ * commits a row (a write to the WAL), instead of at its next poll. Rows committed at random
+ * moments of a 1 s poll would wait 500 ms on average after their commit (30 % of them under
+ * 300 ms); with the watch all but a stalled one are produced well under 300 ms after it (the
+ * time is taken from the commit's return, so a slow fsync on a loaded machine does not count). */
+static void test_wal_watch_wakes_idle_relay(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
+    oq_relay_opts_t o = opts("W");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.poll_max_ms = 1000;
+    o.watch_wal = 1;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    oq_relay_stats_t s;
+    int fast = 0, rounds = 8;
+    for (int i = 0; i < rounds; i++) {
+        oq_sleep_ms(1100 + rand() % 500, NULL); /* idle: the poll backs off to 1 s */
+        oq_relay_stats(r, &s);
+        uint64_t before = s.produced;
+        append_rows(1);
+        int64_t t0 = oq_mono_us();
+        do {
+            oq_sleep_ms(2, NULL);
+            oq_relay_stats(r, &s);
+        } while (s.produced == before && oq_mono_us() - t0 < 5000000);
+        assert_int_equal(s.produced, before + 1);
+        int64_t ms = (oq_mono_us() - t0) / 1000;
+        if (ms < 300) fast++;
+        print_message("row %d produced %" PRId64 " ms after its commit\n", i, ms);
+    }
+    assert_true(fast >= rounds - 1);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -393,6 +439,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_metrics_registration, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
