@@ -75,9 +75,8 @@ int oq_task_job_result(oq_task_job_t *job, oq_task_outcome_t *outcome, const jso
 int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
                          const char *idem_key, json_t **out, oq_error_t *err);
 
-/** @brief The same read on a caller's connection to calls.db (the CLI). */
-int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, const char *idem_key,
-                      json_t **out, oq_error_t *err);
+/* The same read on a caller's connection to calls.db (the CLI, a service): oq_store_task_get
+ * in oq_client.h (libonceq), with oq_producer_task_submit_in_tx. */
 
 /** @brief Tasks newest first (\p status NULL = any), as a JSON array of task objects
  *         (oq_producer_db_tasks' first page). */

@@ -1337,6 +1337,39 @@ out:
     return ret;
 }
 
+int oq_producer_task_submit_in_tx(sqlite3 *db, const char *tenant, const char *idem_key,
+                                  const json_t *body, int64_t key_ttl_ms, json_t **task,
+                                  int *replayed, const char **code, oq_error_t *err)
+{
+    const char *dummy;
+    if (!code) code = &dummy;
+    *code = NULL;
+    if (task) *task = NULL;
+    if (replayed) *replayed = 0;
+    oq__producer_store_t s = {db, NULL, NULL};
+    if (!db || !oq__producer_store_in_tx(&s)) {
+        *code = "bad_request";
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "oq_producer_task_submit_in_tx needs an open write transaction "
+                            "(BEGIN IMMEDIATE) on the caller's connection");
+    }
+    oq_task_job_t *job = NULL;
+    int ret = oq_task_job_new(tenant, idem_key, body, &job, code, err);
+    if (ret) return ret;
+    *code = NULL;
+    ret = oq__task_decide_submit(&s, job, oq_now_ms(),
+                                 key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS,
+                                 OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    if (ret == OQ_ECONFLICT) *code = "idempotency_conflict";
+    if (!ret && replayed) *replayed = job->outcome == OQ_TASK_REPLAY;
+    if (!ret && task) {
+        *task = job->task;
+        job->task = NULL;
+    }
+    oq_task_job_destroy(job);
+    return ret;
+}
+
 /* --- reads ----------------------------------------------------------------------------------- */
 
 int oq__task_get_json(oq__producer_store_t *s, const char *task_id, const char *tenant,
