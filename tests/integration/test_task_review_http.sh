@@ -8,7 +8,8 @@
 #     token without the operator role 403, text/plain 415, a bad body 400, an unknown task 404,
 #     a decision that does not fit the status 409 not_in_review, a stale fence 409
 #     review_moved;
-#   - approve (operator token) runs the waiting step once, audited with the operator's name;
+#   - approve (operator token), sent three times at once: one 200, two 409
+#     not_awaiting_approval; the waiting step runs once, audited with the operator's name;
 #     approving again is 409 not_awaiting_approval, still one call;
 #   - reject: the waiting step never runs (no call, no effect), the steps before it are
 #     compensated once each in reverse order, the task ends compensated; onceq verify holds.
@@ -105,8 +106,17 @@ got=$(resolve t_nope "$ok_body" "${OP[@]}")
 [[ $(snapshot "$tid" happr-1) == "$before" ]] || oq_fail "a refusal changed the task"
 oq_pass "refusals: 401, 403 (no operator role), 415 x2, 400 x6, 404 x2, 409 not_in_review, 409 review_moved; nothing changed"
 
-got=$(resolve "$tid" "$ok_body" "${OP[@]}")
-[[ $got == "200 running" ]] || oq_fail "approve: $got $(cat "$T/res.json")"
+# three operators approve at once: the writer serialises them, one wins, two are refused
+pids=()
+for i in 1 2 3; do
+    curl -s -m 30 -o "$T/appr$i.json" -w '%{http_code}\n' -X POST "$URL/v1/tasks/$tid/resolve" \
+        -H 'Content-Type: application/json' "${OP[@]}" -d "$ok_body" >"$T/appr$i.code" &
+    pids+=($!)
+done
+wait "${pids[@]}" # by pid: the pipeline's processes are this shell's jobs too
+codes=$(for i in 1 2 3; do echo "$(cat "$T/appr$i.code") $(jq -r '.error.code // .status' "$T/appr$i.json")"; done | sort | tr '\n' ,)
+[[ $codes == "200 running,409 not_awaiting_approval,409 not_awaiting_approval," ]] ||
+    oq_fail "concurrent approvals: $codes"
 task_wait happr-1 succeeded 60 || oq_fail "approved task: $(task happr-1)"
 t=$(task happr-1)
 [[ $(effects_of "$(jq -r .steps[1].call_id <<<"$t")") == 1 ]] || oq_fail "ship effects"
@@ -121,7 +131,7 @@ got=$(resolve "$tid" "$ok_body" "${OP[@]}")
 [[ $(calls_of_key happr-1/ship) == 1 ]] || oq_fail "ship calls: $(calls_of_key happr-1/ship)"
 [[ $(pq "SELECT count(*) FROM audit WHERE call_id='$tid' AND event='task_review'") == 1 ]] ||
     oq_fail "a second approval was audited"
-oq_pass "approve over HTTP: the step ran once (ledger), audited as ada (http, token ops); again: 409"
+oq_pass "approve over HTTP: 3 at once -> one 200, two 409; the step ran once (ledger), audited as ada (http, token ops); again: 409"
 
 # --- reject over HTTP: compensations in reverse, the step never runs ------------------------------
 B='{"steps":[
