@@ -111,6 +111,7 @@
 #define DEFAULT_IDLE_TIMEOUT_MS 10000
 #define DEFAULT_REQUEST_TIMEOUT_MS 30000
 #define DEFAULT_PROBE_SLOTS 8
+#define REVIEW_ID_MAX 64 /* {task_id} of .../resolve: a longer one is not that route */
 
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
@@ -186,7 +187,7 @@ typedef struct req_ctx {
     int is_task;                          /**< POST /v1/tasks */
     oq_task_job_t *task_job;              /**< its job, queued while suspended */
     unsigned roles;                       /**< the token's roles when authed (oq_tokens.h) */
-    char review_id[OQ_CALL_ID_LEN + 1];   /**< POST /v1/tasks/{id}/resolve: the task */
+    char review_id[REVIEW_ID_MAX + 1];    /**< POST /v1/tasks/{id}/resolve: the task */
     int is_review;                        /**< that POST */
     oq_task_review_job_t *review_job;     /**< its job, queued while suspended */
 } req_ctx_t;
@@ -859,13 +860,13 @@ static int content_type_json(struct MHD_Connection *c)
 }
 
 /* Non-zero when \p url is /v1/tasks/{task_id}/resolve; \p id receives the task id. */
-static int review_url(const char *url, char id[OQ_CALL_ID_LEN + 1])
+static int review_url(const char *url, char id[REVIEW_ID_MAX + 1])
 {
     static const char pre[] = "/v1/tasks/", suf[] = "/resolve";
     size_t n = strlen(url), lp = sizeof pre - 1, ls = sizeof suf - 1;
     if (n <= lp + ls || strncmp(url, pre, lp) != 0 || strcmp(url + n - ls, suf) != 0) return 0;
     size_t idn = n - lp - ls;
-    if (idn > OQ_CALL_ID_LEN || memchr(url + lp, '/', idn)) return 0;
+    if (idn > REVIEW_ID_MAX || memchr(url + lp, '/', idn)) return 0;
     memcpy(id, url + lp, idn);
     id[idn] = '\0';
     return 1;
@@ -1332,7 +1333,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
     if (strcmp(url, TASKS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
     if (strncmp(url, TASKS_PREFIX "/", strlen(TASKS_PREFIX) + 1) == 0) {
-        char rid[OQ_CALL_ID_LEN + 1];
+        char rid[REVIEW_ID_MAX + 1];
         if (review_url(url, rid)) return method_not_allowed(h, c, "POST");
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         if (strncmp(url, TASKS_BYKEY_PREFIX, strlen(TASKS_BYKEY_PREFIX)) == 0) {
