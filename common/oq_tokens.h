@@ -12,7 +12,8 @@
  *
  * TOKEN is an RFC 6750 b64token of 16..512 characters, or "sha256:" + 64 lowercase hex digits
  * (the token's digest, so the file need not hold the secret). The optional third word grants a
- * role: `operator` may use the consumers' review API; a line without it is a tenant's token
+ * role: `operator` may use the consumers' review API and the producer's task decisions (POST
+ * /v1/tasks/{id}/resolve); a line without it is a tenant's token
  * only, as in files written before roles existed. Only SHA-256 digests are kept in memory.
  * `callback_url=` and `webhook_secret=` are the tenant's webhook settings (the producer's: its
  * default callback URL, and the secret its deliveries are signed with), on any one line of the
@@ -28,7 +29,7 @@
 
 #define OQ_TOKEN_MIN_LEN 16
 #define OQ_TOKEN_MAX_LEN 512
-#define OQ_TOKEN_ROLE_OPERATOR 1u /**< the consumers' review API */
+#define OQ_TOKEN_ROLE_OPERATOR 1u /**< the consumers' review API, the producer's task decisions */
 
 /** One entry: the token's digest, its tenant and its roles. */
 typedef struct oq_token_entry {

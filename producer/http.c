@@ -20,9 +20,10 @@
  * missing_idempotency_key, invalid_idempotency_key, bad_request, invalid_callback_url,
  * webhook_secret_missing, unauthorized, forbidden,
  * tenant_mismatch, payload_too_large, idempotency_conflict, not_found, method_not_allowed,
- * unavailable, internal; with a tool catalogue (--tools) also unknown_tool and bad_args (whose
- * error object adds "pointer", the JSON pointer of the first violation inside args, and
- * "keyword"), checked on the epoll thread before the job is queued: nothing is written.
+ * unavailable, internal (a task's decision also unsupported_media_type, not_awaiting_approval,
+ * not_in_review, not_retryable, review_moved); with a tool catalogue (--tools) also unknown_tool
+ * and bad_args (whose error object adds "pointer", the JSON pointer of the first violation inside
+ * args, and "keyword"), checked on the epoll thread before the job is queued: nothing is written.
  *
  * Long poll. A GET of a call with ?wait= whose call is not terminal suspends its connection
  * the same way and arms a call waiter (waiters.c) with the deadline: the writer's
@@ -110,6 +111,7 @@
 #define DEFAULT_IDLE_TIMEOUT_MS 10000
 #define DEFAULT_REQUEST_TIMEOUT_MS 30000
 #define DEFAULT_PROBE_SLOTS 8
+#define REVIEW_ID_MAX 64 /* {task_id} of .../resolve: a longer one is not that route */
 
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"http", OQ_LOG_DEBUG};
@@ -184,6 +186,10 @@ typedef struct req_ctx {
     oq_mcp_call_t *mcp;                   /**< a tools/call under way */
     int is_task;                          /**< POST /v1/tasks */
     oq_task_job_t *task_job;              /**< its job, queued while suspended */
+    unsigned roles;                       /**< the token's roles when authed (oq_tokens.h) */
+    char review_id[REVIEW_ID_MAX + 1];    /**< POST /v1/tasks/{id}/resolve: the task */
+    int is_review;                        /**< that POST */
+    oq_task_review_job_t *review_job;     /**< its job, queued while suspended */
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -287,9 +293,11 @@ static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigne
 typedef enum { AUTH_OK = 0, AUTH_MISSING, AUTH_INVALID } auth_result_t;
 
 /* Check "Authorization: Bearer <token>" against \p which (h->tokens or h->metrics_tokens);
- * \p tenant (may be NULL) receives the token's tenant. \p n_auth: Authorization headers seen. */
+ * \p tenant (may be NULL) receives the token's tenant, \p roles (may be NULL) its roles.
+ * \p n_auth: Authorization headers seen. */
 static auth_result_t check_bearer(oq_http_t *h, struct MHD_Connection *c, int n_auth,
-                                  oq_token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1])
+                                  oq_token_table_t *const *which, char tenant[OQ_MAX_NAME_LEN + 1],
+                                  unsigned *roles)
 {
     const char *v = NULL;
     size_t vlen = 0;
@@ -306,6 +314,7 @@ static auth_result_t check_bearer(oq_http_t *h, struct MHD_Connection *c, int n_
     long i = oq_tokens_find(*which, tok, n);
     if (i >= 0) {
         if (tenant) memcpy(tenant, (*which)->v[i].tenant, OQ_MAX_NAME_LEN + 1);
+        if (roles) *roles = (*which)->v[i].roles;
         r = AUTH_OK;
     }
     pthread_rwlock_unlock(&h->tok_lock);
@@ -820,6 +829,150 @@ static enum MHD_Result get_task(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
     return send_json(h, c, 200, t, NULL, 0);
 }
 
+/* --- POST /v1/tasks/{task_id}/resolve: an operator's decision on a task ----------------------*/
+
+/* The decision is producer/tasks.c's oq__task_review, the one `onceq review resolve t_...` runs
+ * (oq_store_task_review): here it is queued for the writer like a submit (the epoll thread
+ * never waits on a commit) and committed in its group-commit transaction, fenced on the task's
+ * review episode and audited under the task id (event task_review) with the operator's name.
+ * Body {"as", "fence", "note", "by"?}: as is approve | reject (awaiting_approval) or
+ * compensated | succeeded | retry-compensation (needs_review). With a token file the request
+ * needs a token with the operator role (403 forbidden otherwise, checked before the body is
+ * read) and may act on any tenant's task; the audit names "BY (http, token TENANT)", or the
+ * token's tenant when by is absent. Without a token file by is required ("BY (http)"). The
+ * body must be sent as application/json (415 otherwise), so a page of another origin cannot
+ * post a decision without a CORS preflight, which this server never grants.
+ * Refusals change nothing: 400 bad_request, 404 not_found, 409 not_awaiting_approval /
+ * not_in_review / not_retryable / review_moved, 413, 415, 501 tasks_unsupported_backend; 503
+ * unavailable when the commit failed (nothing written: the same request may be sent again). */
+
+/* Non-zero when the request says its body is application/json (parameters ignored): a form or
+ * text/plain POST, which a web page of another origin can send without a preflight, is not. */
+static int content_type_json(struct MHD_Connection *c)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct) return 0;
+    ct += strspn(ct, " \t");
+    size_t n = strcspn(ct, ";");
+    while (n && (ct[n - 1] == ' ' || ct[n - 1] == '\t'))
+        n--;
+    return n == 16 && strncasecmp(ct, "application/json", 16) == 0;
+}
+
+/* Non-zero when \p url is /v1/tasks/{task_id}/resolve; \p id receives the task id. */
+static int review_url(const char *url, char id[REVIEW_ID_MAX + 1])
+{
+    static const char pre[] = "/v1/tasks/", suf[] = "/resolve";
+    size_t n = strlen(url), lp = sizeof pre - 1, ls = sizeof suf - 1;
+    if (n <= lp + ls || strncmp(url, pre, lp) != 0 || strcmp(url + n - ls, suf) != 0) return 0;
+    size_t idn = n - lp - ls;
+    if (idn > REVIEW_ID_MAX || memchr(url + lp, '/', idn)) return 0;
+    memcpy(id, url + lp, idn);
+    id[idn] = '\0';
+    return 1;
+}
+
+static void review_done(oq_task_review_job_t *job, void *opaque)
+{
+    req_ctx_t *ctx = opaque;
+    (void)job;
+    ctx->state = RS_DONE;
+    MHD_resume_connection(ctx->conn);
+}
+
+static enum MHD_Result review_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
+    oq_error_t err = {0};
+    json_t *req = NULL;
+    if (oq_json_parse(ctx->body ? ctx->body : "", ctx->len, h->max_depth, &req, &err) != 0)
+        return send_error(h, c, 400, "bad_request", err.msg);
+    if (!json_is_object(req)) {
+        json_decref(req);
+        return send_error(h, c, 400, "bad_request", "the body must be a JSON object");
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(req, k, v)
+    {
+        int fence = strcmp(k, "fence") == 0;
+        if (fence
+                ? !json_is_integer(v) || json_integer_value(v) < 0
+                : (strcmp(k, "as") && strcmp(k, "note") && strcmp(k, "by")) || !json_is_string(v)) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "member %.60s: expected as, note, by (strings) and fence (an integer >= 0)",
+                     k);
+            json_decref(req);
+            return send_error(h, c, 400, "bad_request", msg);
+        }
+    }
+    const char *as = json_string_value(json_object_get(req, "as"));
+    const char *note = json_string_value(json_object_get(req, "note"));
+    const char *by = json_string_value(json_object_get(req, "by"));
+    json_t *fence = json_object_get(req, "fence");
+    if (by && !*by) by = NULL;
+    if (!as || !note || !*note || !fence || (!by && !ctx->authed)) {
+        json_decref(req);
+        return send_error(h, c, 400, "bad_request",
+                          ctx->authed ? "as, fence and note are required"
+                                      : "as, fence, note and by (the operator's name) are "
+                                        "required");
+    }
+    char who[OQ_MAX_NAME_LEN + 200];
+    if (ctx->authed && by)
+        snprintf(who, sizeof who, "%.128s (http, token %s)", by, ctx->tenant);
+    else if (ctx->authed)
+        snprintf(who, sizeof who, "%s (http)", ctx->tenant);
+    else
+        snprintf(who, sizeof who, "%.128s (http)", by);
+    int rc = oq_task_review_job_new(ctx->review_id, (int64_t)json_integer_value(fence), as, who,
+                                    note, &ctx->review_job, &err);
+    json_decref(req);
+    if (rc == OQ_ENOTFOUND) return send_error(h, c, 404, "not_found", "no such task");
+    if (rc == OQ_EINVAL) return send_error(h, c, 400, "bad_request", err.msg);
+    if (rc) return send_error(h, c, 503, "unavailable", err.msg);
+    ctx->state = RS_WAITING;
+    MHD_suspend_connection(c);
+    rc = oq_producer_task_review_async(h->p, ctx->review_job, review_done, ctx);
+    if (rc) {
+        ctx->state = RS_DONE;
+        MHD_resume_connection(c);
+        if (rc == OQ_ESTATE)
+            return send_error(h, c, 501, "tasks_unsupported_backend",
+                              "tasks need the SQLite producer store; this producer runs on "
+                              "PostgreSQL");
+        return send_error(h, c, 503, "unavailable", "shutting down");
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result review_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    const json_t *task = NULL;
+    const char *code = NULL;
+    oq_error_t err = {0};
+    int rc = oq_task_review_job_result(ctx->review_job, &task, &code, &err);
+    switch (rc) {
+    case 0:
+        break;
+    case OQ_EINVAL:
+        return send_error(h, c, 400, code ? code : "bad_request", err.msg);
+    case OQ_ENOTFOUND:
+        return send_error(h, c, 404, "not_found", "no such task");
+    case OQ_ESTATE:
+    case OQ_ECONFLICT:
+        return send_error(h, c, 409, code ? code : "conflict", err.msg);
+    default:
+        OQ_LOG_ERROR("http", "task decision failed: %s", err.msg);
+        return send_error(h, c, 503, "unavailable",
+                          "the decision did not commit (nothing written): send it again");
+    }
+    note_commit(h, 1, NULL);
+    OQ_LOG_INFO("http", "task %s resolved over http", ctx->review_id);
+    return send_json(h, c, 200, json_incref((json_t *)task), NULL, 0);
+}
+
 /* --- GET handlers ----------------------------------------------------------------------------*/
 
 /* A waiter fired (the call settled, the deadline, shutdown): answer what a read says now. */
@@ -1061,7 +1214,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         ctx->state = RS_READING;
         ctx->is_mcp = is_post && strcmp(url, "/mcp") == 0;
         ctx->is_task = is_post && strcmp(url, TASKS_PREFIX) == 0;
-        ctx->is_submit = is_post && (strcmp(url, CALLS_PREFIX) == 0 || ctx->is_mcp || ctx->is_task);
+        ctx->is_review = is_post && review_url(url, ctx->review_id);
+        ctx->is_submit = is_post && (strcmp(url, CALLS_PREFIX) == 0 || ctx->is_mcp ||
+                                     ctx->is_task || ctx->is_review);
         *con_cls = ctx;
         atomic_fetch_add(&h->inflight, 1);
         /* a POST answered before its body was read closes the connection */
@@ -1075,10 +1230,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                                         : "an HTTP/1.1 request needs a Host header",
                                  close);
         if (h->token_file && (strncmp(url, "/v1/", 4) == 0 || strcmp(url, "/mcp") == 0)) {
-            auth_result_t a = check_bearer(h, c, n.auth, &h->tokens, ctx->tenant);
+            auth_result_t a = check_bearer(h, c, n.auth, &h->tokens, ctx->tenant, &ctx->roles);
             if (a != AUTH_OK) return send_unauthorized(h, c, a, close);
             ctx->authed = 1;
         }
+        if (ctx->is_review && h->token_file && !(ctx->roles & OQ_TOKEN_ROLE_OPERATOR))
+            return send_error_ex(h, c, 403, "forbidden",
+                                 "deciding on a task needs a token with the operator role "
+                                 "(TOKEN TENANT operator in the token file): nothing changed",
+                                 close);
+        if (ctx->is_review && !content_type_json(c))
+            return send_error_ex(h, c, 415, "unsupported_media_type",
+                                 "send the decision as Content-Type: application/json", close);
         if (strcmp(url, "/metrics") == 0 || strcmp(url, "/stats") == 0) {
             if (h->metrics_access == OQ_HTTP_METRICS_LOOPBACK && !oq_mhd_client_is_loopback(c))
                 return send_error_ex(h, c, 403, "forbidden",
@@ -1086,7 +1249,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                                      "(--metrics-access)",
                                      close);
             if (h->metrics_access == OQ_HTTP_METRICS_TOKEN) {
-                auth_result_t a = check_bearer(h, c, n.auth, &h->metrics_tokens, NULL);
+                auth_result_t a = check_bearer(h, c, n.auth, &h->metrics_tokens, NULL, NULL);
                 if (a != AUTH_OK) return send_unauthorized(h, c, a, close);
             }
         }
@@ -1130,6 +1293,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return MHD_YES;
         }
         if (ctx->is_mcp) return mcp_post(h, ctx, c);
+        if (ctx->is_review) {
+            if (ctx->state == RS_DONE) return review_finish(h, ctx, c);
+            if (ctx->state == RS_WAITING) return MHD_YES;
+            return review_begin(h, ctx, c);
+        }
         if (ctx->is_task) {
             if (ctx->state == RS_DONE) return task_finish(h, ctx, c);
             if (ctx->state == RS_WAITING) return MHD_YES;
@@ -1165,6 +1333,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (strcmp(url, CALLS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
     if (strcmp(url, TASKS_PREFIX) == 0) return method_not_allowed(h, c, "POST");
     if (strncmp(url, TASKS_PREFIX "/", strlen(TASKS_PREFIX) + 1) == 0) {
+        char rid[REVIEW_ID_MAX + 1];
+        if (review_url(url, rid)) return method_not_allowed(h, c, "POST");
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");
         if (strncmp(url, TASKS_BYKEY_PREFIX, strlen(TASKS_BYKEY_PREFIX)) == 0) {
             const char *key = url + strlen(TASKS_BYKEY_PREFIX);
@@ -1225,6 +1395,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     oq_submit_job_destroy(ctx->job);
     oq_mcp_call_free(ctx->mcp);
     oq_task_job_destroy(ctx->task_job);
+    oq_task_review_job_destroy(ctx->review_job);
     free(ctx->body);
     free(ctx);
     *con_cls = NULL;

@@ -154,6 +154,43 @@ int oq_store_get(sqlite3 *db, const char *call_id, oq_call_t *out, oq_error_t *e
 int oq_store_get_by_key(sqlite3 *db, const char *tenant, const char *idem_key, oq_call_t *out,
                         oq_error_t *err);
 
+/* --- tasks on the caller's connection ------------------------------------------------------ */
+
+/**
+ * @brief Submit a task (README "Tasks": a run of steps, each an ordinary call with the derived
+ *        key KEY/STEP) inside the caller's own open write transaction: the task, its steps and
+ *        its first step's call with its outbox row commit (or roll back) with the service's
+ *        rows. Later steps are written by `onceq producer --db` on the same file as results
+ *        arrive (the task runs only where a producer applies results).
+ * @remark \p db must hold an open write transaction (BEGIN IMMEDIATE) and carry the producer
+ *         schema (oq_producer_migrate). Nothing is committed here. SQLite only.
+ * @param tenant NULL = the body's "tenant", else "default"; when both are given they must agree.
+ * @param body the request {"tenant"?, "steps": [{"name", "tool", "args", "compensate"?,
+ *        "irreversible"?, "approval"?}, ...]}, as POST /v1/tasks takes it; borrowed.
+ * @param key_ttl_ms the steps' calls' key TTL; 0 = 24 h.
+ * @param task receives the task as committed would read it (the same JSON as GET
+ *        /v1/tasks/{id}; owned: json_decref), the existing task on a replay; may be NULL.
+ * @param replayed set to 1 when the key already had this very task (nothing written); may be
+ *        NULL.
+ * @param code on error, the stable code of POST /v1/tasks: bad_request, bad_task,
+ *        bad_reference, invalid_idempotency_key, tenant_mismatch, idempotency_conflict (NULL
+ *        for a database error). May be NULL.
+ * @returns 0 (new or replay); OQ_EINVAL (bad request), OQ_ECONFLICT (the key has another
+ *          task), OQ_ESTATE (no open transaction): nothing written in each case; OQ_EBUSY /
+ *          OQ_EDB / OQ_ENOMEM: roll back (retrying with the same key is safe).
+ */
+int oq_producer_task_submit_in_tx(sqlite3 *db, const char *tenant, const char *idem_key,
+                                  const json_t *body, int64_t key_ttl_ms, json_t **task,
+                                  int *replayed, const char **code, oq_error_t *err);
+
+/**
+ * @brief The task \p task_id, or of (\p tenant, \p idem_key) when \p task_id is NULL, as the
+ *        JSON of GET /v1/tasks/{id} (*out owned: json_decref), read on the caller's connection.
+ * @returns 0, OQ_ENOTFOUND, OQ_EDB.
+ */
+int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, const char *idem_key,
+                      json_t **out, oq_error_t *err);
+
 /* --- dead letters ------------------------------------------------------------------------- */
 
 /**

@@ -75,9 +75,8 @@ int oq_task_job_result(oq_task_job_t *job, oq_task_outcome_t *outcome, const jso
 int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
                          const char *idem_key, json_t **out, oq_error_t *err);
 
-/** @brief The same read on a caller's connection to calls.db (the CLI). */
-int oq_store_task_get(sqlite3 *db, const char *task_id, const char *tenant, const char *idem_key,
-                      json_t **out, oq_error_t *err);
+/* The same read on a caller's connection to calls.db (the CLI, a service): oq_store_task_get
+ * in oq_client.h (libonceq), with oq_producer_task_submit_in_tx. */
 
 /** @brief Tasks newest first (\p status NULL = any), as a JSON array of task objects
  *         (oq_producer_db_tasks' first page). */
@@ -134,6 +133,43 @@ int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **o
 int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const char *as,
                          const char *by, const char *note, json_t **out, const char **code,
                          oq_error_t *err);
+
+/** An operator's decision queued for the producer's writer (POST /v1/tasks/{id}/resolve). */
+typedef struct oq_task_review_job oq_task_review_job_t;
+
+/**
+ * @brief Prepare the decision \p as on \p task_id made on review episode \p fence by \p by
+ *        (the rules and the values of oq_store_task_review). Copies every string.
+ * @returns 0 with \p out set (oq_task_review_job_destroy); OQ_ENOTFOUND (not a task id),
+ *          OQ_EINVAL (a missing member), OQ_ENOMEM.
+ */
+int oq_task_review_job_new(const char *task_id, int64_t fence, const char *as, const char *by,
+                           const char *note, oq_task_review_job_t **out, oq_error_t *err);
+
+/** @brief Free a review job (NULL ok). */
+void oq_task_review_job_destroy(oq_task_review_job_t *job);
+
+/** Completion of oq_producer_task_review_async(), on the writer thread after the commit. */
+typedef void (*oq_task_review_done_cb)(oq_task_review_job_t *job, void *opaque);
+
+/**
+ * @brief Queue \p job for the writer: the decision runs through oq_store_task_review's rules
+ *        (oq__task_review) inside a group-commit transaction, audited, fenced. \p cb runs once
+ *        after its commit (or failure). @returns 0, OQ_ESHUTDOWN (cb will not run), or
+ *        OQ_ESTATE on a PostgreSQL producer.
+ */
+int oq_producer_task_review_async(oq_producer_t *p, oq_task_review_job_t *job,
+                                  oq_task_review_done_cb cb, void *opaque);
+
+/**
+ * @brief The outcome of a review job that completed.
+ * @param task the task as committed (borrowed from the job), NULL on error.
+ * @param code on error, oq_store_task_review's stable code (NULL for a database error).
+ * @returns 0, or as oq_store_task_review (OQ_EINVAL, OQ_ENOTFOUND, OQ_ESTATE, OQ_ECONFLICT:
+ *          nothing written), or the database error that rolled the batch back.
+ */
+int oq_task_review_job_result(oq_task_review_job_t *job, const json_t **task, const char **code,
+                              oq_error_t *err);
 
 /** @brief Non-zero for a terminal task status (succeeded, compensated, failed, needs_review). */
 int oq_task_status_terminal(const char *status);

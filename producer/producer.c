@@ -371,6 +371,13 @@ int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *er
     return oq_task_job_result(job, NULL, NULL, err);
 }
 
+int oq_producer_task_review_async(oq_producer_t *p, oq_task_review_job_t *job,
+                                  oq_task_review_done_cb cb, void *opaque)
+{
+    if (p->reads[0].pg) return OQ_ESTATE; /* tasks need the SQLite store (for now) */
+    return oq__writer_enqueue(p->writer, oq__task_review_job_prepare(job, cb, opaque));
+}
+
 int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tenant,
                          const char *idem_key, json_t **out, oq_error_t *err)
 {

@@ -35,11 +35,12 @@
 /* --- work items of the writer's queue ------------------------------------------------------ */
 
 typedef enum {
-    OQ__WORK_SUBMIT = 1,   /**< an oq_submit_job_t */
-    OQ__WORK_RESULTS = 2,  /**< an oq__results_t */
-    OQ__WORK_REDRIVE = 3,  /**< an oq__redrive_t */
-    OQ__WORK_WEBHOOKS = 4, /**< an oq__webhook_marks_t */
-    OQ__WORK_TASK = 5      /**< an oq_task_job_t (producer/tasks.c) */
+    OQ__WORK_SUBMIT = 1,     /**< an oq_submit_job_t */
+    OQ__WORK_RESULTS = 2,    /**< an oq__results_t */
+    OQ__WORK_REDRIVE = 3,    /**< an oq__redrive_t */
+    OQ__WORK_WEBHOOKS = 4,   /**< an oq__webhook_marks_t */
+    OQ__WORK_TASK = 5,       /**< an oq_task_job_t (producer/tasks.c) */
+    OQ__WORK_TASK_REVIEW = 6 /**< an oq_task_review_job_t (producer/tasks.c) */
 } oq__work_kind_t;
 
 typedef struct oq__work oq__work_t;

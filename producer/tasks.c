@@ -1092,6 +1092,91 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
     return ret;
 }
 
+/* The same decision through the producer's writer (POST /v1/tasks/{id}/resolve): a job that
+ * carries its inputs and, after the commit, the task or the refusal's code. A refusal
+ * (bad_request .. not_retryable) is decided before anything is written; any other error is a
+ * database error, and the writer rolls its batch back. */
+struct oq_task_review_job {
+    oq__work_t work; /**< first member: a job is a work item (OQ__WORK_TASK_REVIEW) */
+    char task_id[OQ_TASK_ID_LEN + 1];
+    int64_t fence;
+    char *as, *by, *note;
+    json_t *task;     /**< the task as committed */
+    const char *code; /**< the refusal's stable code */
+    oq_task_review_done_cb cb;
+};
+
+int oq_task_review_job_new(const char *task_id, int64_t fence, const char *as, const char *by,
+                           const char *note, oq_task_review_job_t **out, oq_error_t *err)
+{
+    *out = NULL;
+    if (!task_id || strlen(task_id) != OQ_TASK_ID_LEN || strncmp(task_id, "t_", 2) != 0)
+        return oq_error_set(err, OQ_ENOTFOUND, 0, "no such task");
+    if (!as || !by || !*by || !note || !*note || fence < 0)
+        return oq_error_set(err, OQ_EINVAL, 0, "as, fence (>= 0), by and note are required");
+    oq_task_review_job_t *j = calloc(1, sizeof *j);
+    if (!j || !(j->as = strdup(as)) || !(j->by = strdup(by)) || !(j->note = strdup(note))) {
+        oq_task_review_job_destroy(j);
+        return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+    }
+    memcpy(j->task_id, task_id, sizeof j->task_id);
+    j->fence = fence;
+    *out = j;
+    return 0;
+}
+
+void oq_task_review_job_destroy(oq_task_review_job_t *job)
+{
+    if (!job) return;
+    free(job->as);
+    free(job->by);
+    free(job->note);
+    json_decref(job->task);
+    free(job);
+}
+
+static void review_job_done(oq__work_t *w, void *opaque)
+{
+    oq_task_review_job_t *job = (oq_task_review_job_t *)w;
+    job->cb(job, opaque);
+}
+
+oq__work_t *oq__task_review_job_prepare(oq_task_review_job_t *job, oq_task_review_done_cb cb,
+                                        void *opaque)
+{
+    job->work.kind = OQ__WORK_TASK_REVIEW;
+    job->cb = cb;
+    if (cb) {
+        job->work.done = review_job_done;
+        job->work.opaque = opaque;
+    }
+    return &job->work;
+}
+
+int oq__task_review_job_run(oq__producer_store_t *s, oq_task_review_job_t *job, int64_t now_ms,
+                            int64_t ttl, oq_error_t *err)
+{
+    json_decref(job->task); /* a batch run again after a failure starts afresh */
+    job->task = NULL;
+    job->code = NULL;
+    if (s->pg)
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "tasks are not supported on a PostgreSQL producer store yet");
+    return oq__task_review(s, job->task_id, job->fence, job->as, job->by, job->note, now_ms, ttl,
+                           &job->task, &job->code, err);
+}
+
+int oq_task_review_job_result(oq_task_review_job_t *job, const json_t **task, const char **code,
+                              oq_error_t *err)
+{
+    if (task) *task = job->work.rc ? NULL : job->task;
+    int refused = job->work.rc == OQ_EINVAL || job->work.rc == OQ_ENOTFOUND ||
+                  job->work.rc == OQ_ESTATE || job->work.rc == OQ_ECONFLICT;
+    if (code) *code = refused ? job->code : NULL;
+    if (job->work.rc && err) *err = job->work.err;
+    return job->work.rc;
+}
+
 /* --- submit ---------------------------------------------------------------------------------- */
 
 int oq_task_job_new(const char *tenant, const char *idem_key, const json_t *body,
@@ -1249,6 +1334,39 @@ int oq__task_decide_submit(oq__producer_store_t *s, oq_task_job_t *job, int64_t 
     if (!ret) job->outcome = OQ_TASK_NEW;
 out:
     oq__task_clear(&t);
+    return ret;
+}
+
+int oq_producer_task_submit_in_tx(sqlite3 *db, const char *tenant, const char *idem_key,
+                                  const json_t *body, int64_t key_ttl_ms, json_t **task,
+                                  int *replayed, const char **code, oq_error_t *err)
+{
+    const char *dummy;
+    if (!code) code = &dummy;
+    *code = NULL;
+    if (task) *task = NULL;
+    if (replayed) *replayed = 0;
+    oq__producer_store_t s = {db, NULL, NULL};
+    if (!db || !oq__producer_store_in_tx(&s)) {
+        *code = "bad_request";
+        return oq_error_set(err, OQ_ESTATE, 0,
+                            "oq_producer_task_submit_in_tx needs an open write transaction "
+                            "(BEGIN IMMEDIATE) on the caller's connection");
+    }
+    oq_task_job_t *job = NULL;
+    int ret = oq_task_job_new(tenant, idem_key, body, &job, code, err);
+    if (ret) return ret;
+    *code = NULL;
+    ret = oq__task_decide_submit(&s, job, oq_now_ms(),
+                                 key_ttl_ms > 0 ? key_ttl_ms : OQ_DEFAULT_KEY_TTL_MS,
+                                 OQ_DEFAULT_MAX_MESSAGE_BYTES, err);
+    if (ret == OQ_ECONFLICT) *code = "idempotency_conflict";
+    if (!ret && replayed) *replayed = job->outcome == OQ_TASK_REPLAY;
+    if (!ret && task) {
+        *task = job->task;
+        job->task = NULL;
+    }
+    oq_task_job_destroy(job);
     return ret;
 }
 

@@ -89,6 +89,12 @@ int oq__task_retry_due(oq__producer_store_t *s, int64_t now_ms, int64_t ttl, int
 int oq__task_review(oq__producer_store_t *s, const char *task_id, int64_t fence, const char *as,
                     const char *by, const char *note, int64_t now_ms, int64_t ttl, json_t **out,
                     const char **code, oq_error_t *err);
+/** The work item of \p job (kind OQ__WORK_TASK_REVIEW), completion as oq__task_job_prepare. */
+oq__work_t *oq__task_review_job_prepare(oq_task_review_job_t *job, oq_task_review_done_cb cb,
+                                        void *opaque);
+/** Run \p job's decision (oq__task_review) inside the writer's open transaction. */
+int oq__task_review_job_run(oq__producer_store_t *s, oq_task_review_job_t *job, int64_t now_ms,
+                            int64_t ttl, oq_error_t *err);
 /** The task (by id, or by tenant + key when \p task_id is NULL) as JSON (*out owned). */
 int oq__task_get_json(oq__producer_store_t *s, const char *task_id, const char *tenant,
                       const char *key, json_t **out, oq_error_t *err);

@@ -116,6 +116,8 @@ static int run_item(oq__writer_t *w, oq__producer_store_t *s, oq__work_t *it, in
     if (it->kind == OQ__WORK_TASK)
         return oq__task_decide_submit(s, (oq_task_job_t *)it, now, w->key_ttl_ms,
                                       w->max_message_bytes, &it->err);
+    if (it->kind == OQ__WORK_TASK_REVIEW)
+        return oq__task_review_job_run(s, (oq_task_review_job_t *)it, now, w->key_ttl_ms, &it->err);
     if (it->kind == OQ__WORK_REDRIVE) {
         oq__redrive_t *d = (oq__redrive_t *)it;
         return oq__decide_redrive(s, now, w->redrive_after_ms, d->limit, &d->stats, &it->err);

@@ -14,7 +14,11 @@
 #    errors, retries of 503 + Retry-After / 429 / 500 against a stub, the wait loop against a
 #    server that holds or ignores ?wait=; live: call to succeeded and failed, get / by key,
 #    a 422 conflict, a retry with the same key after a dropped response and after a timeout
-#    (tests/tools/oq_chaos_proxy.py), a long-poll wait;
+#    (tests/tools/oq_chaos_proxy.py), a long-poll wait; tasks (test_live_tasks.py,
+#    live_tasks.test.js): a task to succeeded with a step citing an earlier result, read back
+#    by id and key, replayed, 422, 400 bad_reference; a failed step compensated; a step
+#    awaiting approval approved over HTTP (stale fence 409 review_moved, again 409
+#    not_awaiting_approval); waitTask's timeout;
 #  - then this script: every key the suites used has one call in calls.db, every succeeded
 #    call one effect, `onceq verify` clean; the fingerprints of both packages equal
 #    `onceq fingerprint` and their `canon` the JCS vectors byte for byte.
@@ -187,6 +191,14 @@ fi
 N=$(wc -l <"$T/keys")
 [[ $(grep -c '^py-' "$T/keys") -ge 7 && $(grep -c '^js-' "$T/keys") -ge 6 ]] ||
     oq_fail "the suites did not record their live calls: $(cat "$T/keys")"
+# each suite's tasks: 8 calls (ok 2, comp 3, approval 2, slow 1), every task final
+for w in py js; do
+    [[ $(grep -c "^$w-task-" "$T/keys") == 8 ]] ||
+        oq_fail "$w: the task calls recorded: $(grep "^$w-task-" "$T/keys")"
+    [[ $(sqlite3 "$PDB" "SELECT count(*) FROM tasks WHERE idem_key LIKE '$w-task-%'
+                         AND status IN ('succeeded','compensated')") == 4 ]] ||
+        oq_fail "$w tasks: $(sqlite3 "$PDB" "SELECT idem_key, status FROM tasks")"
+done
 oq_wait_for 30 bash -c "[[ \$(sqlite3 '$PDB' \"SELECT count(*) FROM calls WHERE state IN ('pending','running')\") == 0 ]]" ||
     oq_fail "calls still in flight"
 while read -r key id; do

@@ -215,7 +215,8 @@ class Checker:
 
     # --- requests ---------------------------------------------------------------------------
     def request(self, base, method, path, headers=None, body=None, expect=None, code=None,
-                source=None, host=True, hosts=None, send_body=True, timeout=10):
+                source=None, host=True, hosts=None, send_body=True, timeout=10,
+                ctype="application/json"):
         """One request on its own connection; checks and records the response, returns
         (status, headers dict (lower-case names), body bytes, parsed JSON or None)."""
         u = urllib.parse.urlsplit(base)
@@ -228,7 +229,8 @@ class Checker:
                 conn.putheader("Host", hv)
             hdrs = list((headers or {}).items()) if isinstance(headers, dict) else list(headers or [])
             if data is not None:
-                hdrs.append(("Content-Type", "application/json"))
+                if ctype:
+                    hdrs.append(("Content-Type", ctype))
                 hdrs.append(("Content-Length", str(len(data))))
             for k, v in hdrs:
                 conn.putheader(k, v)
@@ -409,6 +411,7 @@ def scenario_main(ck, M, src):
                          "/v1/tools": "/v1/tools",
                          "/v1/tasks": "/v1/tasks", "/v1/tasks/{task_id}": "/v1/tasks/" + tid,
                          "/v1/tasks/by-key/{idem_key}": "/v1/tasks/by-key/oa-t1",
+                         "/v1/tasks/{task_id}/resolve": "/v1/tasks/%s/resolve" % tid,
                          "/healthz": "/healthz", "/readyz": "/readyz", "/stats": "/stats",
                          "/metrics": "/metrics"})
     if src:
@@ -460,7 +463,47 @@ def scenario_tasks(ck, M):
     ck.request(M, "GET", "/v1/tasks/by-key/oa-none", expect=404, code="not_found")
     ck.request(M, "GET", "/v1/tasks/t_00000000000000000000000000000000", expect=404,
                code="not_found")
+    scenario_task_resolve(ck, M, post)
     return tid
+
+
+def scenario_task_resolve(ck, M, post):
+    """POST /v1/tasks/{id}/resolve on the pipeline producer (no token file: by required)."""
+
+    def resolve(tid, body, **kw):
+        return ck.request(M, "POST", "/v1/tasks/%s/resolve" % tid, [],
+                          body if isinstance(body, str) else json.dumps(body), **kw)
+    # a first step with "approval": true waits at once, nothing written for it
+    st, _, _, t = post("oa-ap", {"steps": [{"name": "a", "tool": "charge", "args": {"amount": 1},
+                                            "approval": True}]}, expect=202)
+    tid = t["task_id"] if t else "t_00000000000000000000000000000000"
+    if t and t["status"] != "awaiting_approval":
+        ck.fail("approval task: %s" % t)
+    f = t["fence"] if t else 0
+    ok = {"as": "approve", "fence": f, "note": "checked", "by": "ada"}
+    resolve(tid, dict(ok, fence=f + 1), expect=409, code="review_moved")
+    resolve(tid, dict(ok, **{"as": "compensated"}), expect=409, code="not_in_review")
+    resolve(tid, '{"as":', expect=400, code="bad_request")
+    resolve(tid, {"as": "approve", "fence": f, "note": "checked"}, expect=400, code="bad_request")
+    resolve(tid, dict(ok, ref="x"), expect=400, code="bad_request")
+    resolve(tid, ok, expect=415, code="unsupported_media_type", ctype="text/plain")
+    resolve("t_00000000000000000000000000000000", ok, expect=404, code="not_found")
+    st, _, _, t = resolve(tid, ok, expect=200)
+    if t and t["status"] != "running":
+        ck.fail("approved task: %s" % t)
+    resolve(tid, ok, expect=409, code="not_awaiting_approval")
+    # a step whose derived key another call holds: the task needs review at once, with no
+    # compensation that failed (so none to retry)
+    ck.submit(M, "oa-nr/a", {"tool": "charge", "args": {"amount": 1}}, expect=202)
+    st, _, _, t = post("oa-nr", {"steps": [{"name": "a", "tool": "charge",
+                                            "args": {"amount": 2}}]}, expect=202)
+    if t and t["status"] != "needs_review":
+        ck.fail("key-conflict task: %s" % t)
+    if t:
+        resolve(t["task_id"], {"as": "retry-compensation", "fence": t["fence"], "note": "x",
+                               "by": "ada"}, expect=409, code="not_retryable")
+        resolve(t["task_id"], {"as": "compensated", "fence": t["fence"], "note": "nothing ran",
+                               "by": "ada"}, expect=200)
 
 
 def scenario_auth(ck, A, tok, mtok):
@@ -470,6 +513,10 @@ def scenario_auth(ck, A, tok, mtok):
     ck.request(A, "POST", "/v1/tasks", [("Idempotency-Key", "oa-at")],
                json.dumps({"steps": [{"name": "a", "tool": "t", "args": {}}]}), expect=401,
                code="unauthorized")
+    resolve = "/v1/tasks/t_00000000000000000000000000000000/resolve"
+    decision = json.dumps({"as": "approve", "fence": 1, "note": "x"})
+    ck.request(A, "POST", resolve, [], decision, expect=401, code="unauthorized")
+    ck.request(A, "POST", resolve, bearer, decision, expect=403, code="forbidden")
     st, h, _, _ = ck.submit(A, "oa-a1", body, expect=401, code="unauthorized",
                             extra=[("Authorization", "Bearer not-a-known-token-000")])
     if 'error="invalid_token"' not in h.get("www-authenticate", ""):

@@ -807,6 +807,77 @@ static void test_db_approval(void **state)
     assert_int_equal(rerun, 0);
 }
 
+/* libonceq's task submit in the caller's transaction: refused outside one (nothing written),
+ * new then replay inside one, another body under the key is idempotency_conflict, a bad
+ * reference is bad_reference, and a ROLLBACK leaves no task, call or outbox row. */
+static void test_db_submit_in_tx(void **state)
+{
+    fx_t *f = *state;
+    sqlite3 *db = f->db;
+    oq_error_t err = {0};
+    const char *code = NULL;
+    json_t *t = NULL;
+    int replayed = -1;
+    json_t *body = json_loads("{\"steps\":[{\"name\":\"a\",\"tool\":\"charge\",\"args\":"
+                              "{\"amount\":1}},{\"name\":\"b\",\"tool\":\"charge\",\"args\":"
+                              "{\"amount\":\"{steps.a.result.charged}\"}}]}",
+                              0, NULL);
+    assert_non_null(body);
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k1", body, 0, &t, &replayed, &code, &err),
+        OQ_ESTATE);
+    assert_null(t);
+    assert_int_equal(num(db, "SELECT count(*) FROM tasks%s", ""), 0);
+
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k1", body, 0, &t, &replayed, &code, &err), 0);
+    assert_int_equal(replayed, 0);
+    assert_string_equal(json_string_value(json_object_get(t, "status")), "running");
+    char id[OQ_TASK_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(t, "task_id")));
+    json_decref(t);
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k1", body, 0, &t, &replayed, &code, &err), 0);
+    assert_int_equal(replayed, 1);
+    assert_string_equal(json_string_value(json_object_get(t, "task_id")), id);
+    json_decref(t);
+    json_t *other = json_pack("{s:[{s:s,s:s,s:{s:i}}]}", "steps", "name", "a", "tool", "charge",
+                              "args", "amount", 2);
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k1", other, 0, &t, &replayed, &code, &err),
+        OQ_ECONFLICT);
+    assert_string_equal(code, "idempotency_conflict");
+    assert_null(t);
+    json_t *bad = json_pack("{s:[{s:s,s:s,s:{s:s}}]}", "steps", "name", "a", "tool", "charge",
+                            "args", "x", "{steps.z.result}");
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k2", bad, 0, &t, &replayed, &code, &err),
+        OQ_EINVAL);
+    assert_string_equal(code, "bad_reference");
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(num(db, "SELECT count(*) FROM tasks%s", ""), 1);
+    assert_int_equal(num(db, "SELECT count(*) FROM calls WHERE idem_key='k1/a'%s", ""), 1);
+    assert_int_equal(num(db, "SELECT count(*) FROM outbox%s", ""), 1);
+    assert_int_equal(oq_store_task_get(db, NULL, "shop", "k1", &t, &err), 0);
+    assert_string_equal(json_string_value(json_object_get(t, "task_id")), id);
+    json_decref(t);
+
+    /* rolled back with the service's rows: nothing of the task remains */
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(
+        oq_producer_task_submit_in_tx(db, "shop", "k3", body, 0, &t, &replayed, &code, &err), 0);
+    json_decref(t);
+    assert_int_equal(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(num(db, "SELECT count(*) FROM tasks WHERE idem_key='k3'%s", ""), 0);
+    assert_int_equal(num(db, "SELECT count(*) FROM calls WHERE idem_key LIKE 'k3/%%'%s", ""), 0);
+    assert_int_equal(num(db, "SELECT count(*) FROM outbox%s", ""), 1);
+    assert_int_equal(oq_store_task_get(db, NULL, "shop", "k3", &t, &err), OQ_ENOTFOUND);
+    json_decref(body);
+    json_decref(other);
+    json_decref(bad);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -821,6 +892,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_db_bad_reference_at_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_approval, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_submit_in_tx, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,12 +11,20 @@
 // Wait: GET /v1/tool-calls/{id}?wait=Ns (long poll). A producer that does not know `wait`
 // answers at once: the loop asks again, pausing (0.1 s growing to 1 s) only when an answer
 // came much sooner than asked.
+//
+// Tasks (POST /v1/tasks, a run of steps under one Idempotency-Key): submitTask is retried like a
+// submit (same key, same body bytes: the same task); waitTask polls GET /v1/tasks/{id} with
+// backoff (0.1 s doubling to taskPollMax, 2 s), as the producer has no long poll for tasks;
+// resolveTask (an operator's decision) is sent once, never retried: a decision whose answer was
+// lost may have been committed, and sending it again would be refused (409) or act twice.
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
 
 const MAX_SAFE = 2 ** 53;
 export const TERMINAL = Object.freeze(['succeeded', 'failed', 'needs_review']);
+/** A task's final statuses (awaiting_approval is not one: an operator decides, then it runs). */
+export const TASK_TERMINAL = Object.freeze(['succeeded', 'compensated', 'failed', 'needs_review']);
 export const DEFAULT_URL = 'http://127.0.0.1:8081';
 export const SIGNATURE_HEADER = 'Onceq-Signature';
 
@@ -101,6 +109,8 @@ export class NotFound extends ApiError {}
 export class MethodNotAllowed extends ApiError {}
 export class PayloadTooLarge extends ApiError {}
 export class IdempotencyConflict extends ApiError {}
+/** 409 from resolveTask: not_awaiting_approval, not_in_review, not_retryable, review_moved. */
+export class ReviewConflict extends ApiError {}
 export class RateLimited extends ApiError {}
 export class Unavailable extends ApiError {}
 
@@ -129,11 +139,14 @@ const BY_CODE = {
   method_not_allowed: MethodNotAllowed,
   payload_too_large: PayloadTooLarge,
   idempotency_conflict: IdempotencyConflict,
+  bad_task: BadRequest,
+  bad_reference: BadRequest,
+  review_moved: ReviewConflict,
   unavailable: Unavailable,
 };
 const BY_STATUS = {
   400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
-  413: PayloadTooLarge, 422: IdempotencyConflict, 429: RateLimited,
+  409: ReviewConflict, 413: PayloadTooLarge, 422: IdempotencyConflict, 429: RateLimited,
 };
 
 /** The error for an error answer: by its code, else by its status. */
@@ -164,6 +177,12 @@ function toCall(obj, replayed) {
   return { ...obj, replayed, terminal: TERMINAL.includes(obj.status) };
 }
 
+function toTask(obj, replayed) {
+  return { ...obj, replayed, terminal: TASK_TERMINAL.includes(obj.status) };
+}
+
+const taskPath = (taskId, suffix = '') => `/v1/tasks/${encodeURIComponent(taskId)}${suffix}`;
+
 export class Client {
   /**
    * @param {string} [url] default ONCEQ_URL or http://127.0.0.1:8081
@@ -180,6 +199,7 @@ export class Client {
     this.backoffMax = opts.backoffMax ?? 5;
     this.maxTries = opts.maxTries ?? null;
     this.pollWait = opts.pollWait ?? 30;
+    this.taskPollMax = opts.taskPollMax ?? 2;
     this.log = opts.log || (() => {});
   }
 
@@ -294,6 +314,71 @@ export class Client {
   async call(tool, args, { key, tenant, callbackUrl, timeout = 300 } = {}) {
     const c = await this.submit(tool, args, { key, tenant, callbackUrl });
     return c.terminal ? c : this.wait(c.call_id, { timeout });
+  }
+
+  // --- tasks -----------------------------------------------------------------------------------
+
+  static taskOf([, headers, body]) {
+    return toTask(JSON.parse(body), headers['idempotent-replayed'] === 'true');
+  }
+
+  /**
+   * POST /v1/tasks under the Idempotency-Key: the new (or replayed) task. Each step is {name,
+   * tool, args, compensate?: {tool, args}, irreversible?, approval?}; args may cite earlier
+   * results as "{steps.NAME.result.PATH}".
+   */
+  async submitTask(steps, { key, tenant } = {}) {
+    if (typeof key !== 'string' || key === '') throw new TypeError('key (the Idempotency-Key) must be a non-empty string');
+    const req = { steps };
+    if (tenant != null) req.tenant = tenant;
+    canonicalize(req); // refuses what onceq would refuse
+    return Client.taskOf(await this.request('POST', '/v1/tasks',
+      { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, JSON.stringify(req)));
+  }
+
+  async getTask(taskId) {
+    return Client.taskOf(await this.request('GET', taskPath(taskId)));
+  }
+
+  async getTaskByKey(key, { tenant } = {}) {
+    const q = tenant ? `?tenant=${encodeURIComponent(tenant)}` : '';
+    return Client.taskOf(await this.request('GET', `/v1/tasks/by-key/${encodeURIComponent(key)}${q}`));
+  }
+
+  /**
+   * Poll (0.1 s doubling to taskPollMax) until the task's status is in `until` (default
+   * TASK_TERMINAL); WaitTimeout (.call: the last task seen) after `timeout` s (null: forever).
+   */
+  async waitTask(taskId, { timeout = 300, until = TASK_TERMINAL } = {}) {
+    const end = timeout == null ? null : now() + timeout;
+    let pause = 0.1;
+    for (;;) {
+      const last = await this.getTask(taskId);
+      if (until.includes(last.status)) return last;
+      const left = end === null ? null : end - now();
+      if (left !== null && left <= 0) throw new WaitTimeout(`${taskId} is ${last.status} after ${timeout} s`, last);
+      await sleep(left === null ? pause : Math.min(pause, left));
+      pause = Math.min(this.taskPollMax, pause * 2);
+    }
+  }
+
+  /** Submit a task, then wait until it is final (one awaiting approval is waited for). */
+  async runTask(steps, { key, tenant, timeout = 300 } = {}) {
+    const t = await this.submitTask(steps, { key, tenant });
+    return t.terminal ? t : this.waitTask(t.task_id, { timeout });
+  }
+
+  /**
+   * An operator's decision (POST /v1/tasks/{id}/resolve): approve | reject a step awaiting
+   * approval, compensated | succeeded | retry-compensation a task in needs_review, made on the
+   * review episode `fence` (task.fence). Needs an operator token when the producer has a token
+   * file; `by` is required without one. Sent once (never retried).
+   */
+  async resolveTask(taskId, decision, { fence, note, by } = {}) {
+    const req = { as: decision, fence, note };
+    if (by != null) req.by = by;
+    return Client.taskOf(Client.check(await this.once('POST', taskPath(taskId, '/resolve'),
+      { 'Content-Type': 'application/json' }, JSON.stringify(req), this.timeout)));
   }
 }
 

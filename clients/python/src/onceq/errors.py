@@ -51,6 +51,11 @@ class PayloadTooLarge(ApiError):
     """413 payload_too_large."""
 
 
+class ReviewConflict(ApiError):
+    """409 from resolve_task: not_awaiting_approval, not_in_review, not_retryable (the task is
+    not in the status the decision needs) or review_moved (the fence moved): nothing changed."""
+
+
 class IdempotencyConflict(ApiError):
     """422 idempotency_conflict: the key was used with a different request."""
 
@@ -86,11 +91,14 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
     "method_not_allowed": MethodNotAllowed,
     "payload_too_large": PayloadTooLarge,
     "idempotency_conflict": IdempotencyConflict,
+    "bad_task": BadRequest,
+    "bad_reference": BadRequest,
+    "review_moved": ReviewConflict,
     "unavailable": Unavailable,
 }
 _BY_STATUS: Dict[int, Type[ApiError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
-    413: PayloadTooLarge, 422: IdempotencyConflict, 429: RateLimited,
+    409: ReviewConflict, 413: PayloadTooLarge, 422: IdempotencyConflict, 429: RateLimited,
 }
 
 
