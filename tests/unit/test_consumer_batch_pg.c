@@ -220,12 +220,48 @@ static void test_batch_race_retried(void **state)
     oq_envelope_clear(&n2);
 }
 
+/* The connection killed (pg_terminate_backend) while a batch holds writes: the commit fails
+ * retriably, nothing of it is kept, and the batch run again (reconnected) takes the call once. */
+static void test_batch_connection_lost(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t m;
+    oq_error_t err = {0};
+    int d[1];
+    mk_env(&m, "charge", "{\"amount\":3}", 1);
+    oq_envelope_t *e[1] = {&m};
+    const char *calls[1] = {m.call_id}, *msgs[1] = {m.message_id};
+    assert_int_equal(oq__consumer_store_begin_batch(f->a, calls, msgs, 1, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &m, &src, 8000000, &d[0], &err), 0);
+    assert_int_equal(d[0], OQ__INTAKE_NEW);
+    char sql[80];
+    snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d)",
+             PQbackendPID(oq__consumer_store_pgconn(f->a)));
+    fx_exec(f->b, sql);
+    usleep(100000);
+    memset(&err, 0, sizeof err);
+    assert_int_not_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_true(err.retriable);
+    oq__consumer_store_rollback(f->a);
+    assert_int_equal(q_count(f->b, "SELECT count(*) FROM inbox WHERE call_id=?1", m.call_id), 0);
+    /* the worker's retry */
+    int rc = -1;
+    for (int i = 0; i < 3 && rc != 0; i++)
+        rc = batch(f->a, e, 1, 8000010, d, &err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(d[0], OQ__INTAKE_NEW);
+    assert_int_equal(oq__consumer_store_effect_count(f->b, m.call_id), 1);
+    assert_int_equal(q_count(f->b, "SELECT count(*) FROM outbox WHERE key=?1", m.call_id), 1);
+    oq_envelope_clear(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_batch_round_trips, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batch_same_call_thrice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batch_race_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_connection_lost, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
