@@ -1144,14 +1144,17 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             oq__consumer_store_next_due(c->store) == INT64_MAX)
             break;
     }
-    OQ_LOG_INFO(
-        OQ__COMP,
-        "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64 " (commit=%" PRId64
-        ") poll-collect=%" PRId64 " schedule=%" PRId64 " recover=%" PRId64
-        "; write-lock wait ms (all threads)=%" PRId64 " outside requests=%llu",
-        c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
-        c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000,
-        oq_db_lock_wait_us() / 1000, (unsigned long long)atomic_load(&c->n_requests));
+    int64_t n_stmt = 0, n_rt = 0; /* PostgreSQL: the main thread's connection (0 on SQLite) */
+    oq__consumer_store_counts(c->store, &n_stmt, &n_rt);
+    OQ_LOG_INFO(OQ__COMP,
+                "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64
+                " (commit=%" PRId64 ") poll-collect=%" PRId64 " schedule=%" PRId64
+                " recover=%" PRId64 "; write-lock wait ms (all threads)=%" PRId64
+                " outside requests=%llu pg_statements=%" PRId64 " pg_round_trips=%" PRId64,
+                c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
+                c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000,
+                c->t_recover_us / 1000, oq_db_lock_wait_us() / 1000,
+                (unsigned long long)atomic_load(&c->n_requests), n_stmt, n_rt);
     process_batch(c);
     /* outside requests: the drain. Nothing new starts; the running ones may answer for up to
      * --drain and their outcomes commit as they come (leases renewed meanwhile); the ones still
