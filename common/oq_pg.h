@@ -100,6 +100,14 @@ int oq_pg_prepared(PGconn *c, oq_error_t *err);
 int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
               oq_error_t *err);
 
+/**
+ * @brief The name of \p sql as a statement prepared in \p c's session (prepared now, with a
+ *        round trip, on its first use), for a caller that sends it itself (PQsendQueryPrepared
+ *        in pipeline mode). \p name is "" when \p c is not opted in (oq_pg_prepared) or its
+ *        set is full: send \p sql unprepared then. Not in pipeline mode.
+ */
+int oq_pg_stmt_name(PGconn *c, const char *sql, int n, char name[16], oq_error_t *err);
+
 /** @brief As oq_pg_cmd() through oq_pg_run(). */
 int oq_pg_run_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
                   oq_error_t *err);

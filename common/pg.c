@@ -284,6 +284,26 @@ int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGre
     }
 }
 
+int oq_pg_stmt_name(PGconn *c, const char *sql, int n, char name[16], oq_error_t *err)
+{
+    prep_t *p = c ? PQinstanceData(c, prep_event) : NULL;
+    name[0] = '\0';
+    if (!p) return 0;
+    if (p->pid != PQbackendPID(c)) { /* another session (reconnected): nothing prepared */
+        p->n = 0;
+        p->pid = PQbackendPID(c);
+    }
+    int k = 0;
+    while (k < p->n && p->sql[k] != sql)
+        k++;
+    if (k >= PREP_MAX) return 0;
+    char nm[16];
+    snprintf(nm, sizeof nm, "oq_s%d", k);
+    int rc = k == p->n ? prepare(c, p, k, nm, sql, n, err) : 0;
+    if (!rc) memcpy(name, nm, sizeof nm);
+    return rc;
+}
+
 int oq_pg_run_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
                   oq_error_t *err)
 {

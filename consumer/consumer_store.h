@@ -208,11 +208,29 @@ sqlite3 *oq__consumer_store_db(oq__consumer_store_t *s);
 struct pg_conn; /* libpq's PGconn */
 /** @brief The PostgreSQL connection (tests read it directly), or NULL on SQLite. */
 struct pg_conn *oq__consumer_store_pgconn(oq__consumer_store_t *s);
+/** @brief Statements sent to PostgreSQL and round trips waited for since open (0 and 0 on
+ *  SQLite): what tests and benchmarks count per message. */
+void oq__consumer_store_counts(const oq__consumer_store_t *s, int64_t *statements,
+                               int64_t *round_trips);
 /** @brief The worker id given at open. */
 const char *oq__consumer_store_worker(const oq__consumer_store_t *s);
 
 /** @brief BEGIN IMMEDIATE (bounded wait). @returns 0, OQ_EBUSY or OQ_EDB. */
 int oq__consumer_store_begin(oq__consumer_store_t *s, oq_error_t *err);
+/**
+ * @brief Begin the transaction of a batch of messages: as oq__consumer_store_begin, with the
+ *        batch's call ids and message ids (\p n of each, NULL or "" where a message has none)
+ *        so that the store may read their rows ahead. SQLite: oq__consumer_store_begin.
+ *        PostgreSQL: BEGIN and one read of the executions, inbox ids and effects of the batch
+ *        in one round trip; until the commit, what the rules ask of those rows is answered
+ *        from that read (a row this transaction writes is read again), and the plain writes
+ *        (inbox, execution, effect and audit inserts, result events) are held behind and sent
+ *        with the next read or the commit, in one pipeline (consumer/store_pg.c). What the
+ *        rules see and decide is the same; a held write that fails (a row another consumer
+ *        wrote meanwhile) fails the batch retriably, and its retry goes statement by statement.
+ */
+int oq__consumer_store_begin_batch(oq__consumer_store_t *s, const char *const *call_ids,
+                                   const char *const *message_ids, int n, oq_error_t *err);
 int oq__consumer_store_commit(oq__consumer_store_t *s, oq_error_t *err);
 /** @brief ROLLBACK if a transaction is open. */
 void oq__consumer_store_rollback(oq__consumer_store_t *s);

@@ -246,6 +246,20 @@ int oq__consumer_store_begin(oq__consumer_store_t *s, oq_error_t *err)
     return oq_db_begin_immediate(s->db, 30000, err);
 }
 
+int oq__consumer_store_begin_batch(oq__consumer_store_t *s, const char *const *call_ids,
+                                   const char *const *message_ids, int n, oq_error_t *err)
+{
+    if (s->pg) return oq__consumer_pg_begin_batch(s->pg, call_ids, message_ids, n, err);
+    return oq__consumer_store_begin(s, err);
+}
+
+void oq__consumer_store_counts(const oq__consumer_store_t *s, int64_t *statements,
+                               int64_t *round_trips)
+{
+    *statements = *round_trips = 0;
+    if (s->pg) oq__consumer_pg_counts(s->pg, statements, round_trips);
+}
+
 int oq__consumer_store_commit(oq__consumer_store_t *s, oq_error_t *err)
 {
     if (s->pg) return oq__consumer_pg_commit(s->pg, err);

@@ -38,6 +38,24 @@
  *    common/pg.c: named by its SQL literal's address, prepared again after a reconnect): one
  *    consumer drained a backlog of 6,000 inline calls at ~1,600 calls/s prepared against
  *    ~570/s parsed per execution (this 2-core host).
+ *  - Round trips per batch, not per message. The worker begins a batch's transaction with the
+ *    call ids and message ids of its messages (oq__consumer_pg_begin_batch): BEGIN and four
+ *    reads (the horizon FOR SHARE, the batch's executions, which of its message ids the inbox
+ *    holds, which of its calls have an effect) go in one pipeline (libpq pipeline mode), one
+ *    round trip. Until the commit, exec_get of a call read ahead is answered from that read,
+ *    and the writes whose answer the read already gives are held behind: an inbox row for an
+ *    id the inbox did not hold, an execution insert, an effect for a call that had none, audit
+ *    rows, result events. They are sent, in order, with the transaction's next statement that
+ *    needs an answer, or with COMMIT: a batch of new fast calls is two round trips however
+ *    many messages it has (test_consumer_batch_pg: 39 calls, 2 round trips, against 237 one
+ *    statement at a time). A row this transaction writes is read again (its entry dropped).
+ *    What the rules see is what a read at BEGIN would have shown; every decision on it is
+ *    still enforced where it was: a held write is the plain INSERT (no ON CONFLICT), so an
+ *    inbox id, an execution or an effect another consumer wrote after the read ahead fails it
+ *    at the send, the transaction rolls back (nothing was told to Kafka), the error is
+ *    retriable and the worker's retry of the batch goes statement by statement (careful_next),
+ *    where the rules meet that row as they always did. Fences, leases and conditional updates
+ *    are never held: they are sent and answered in place.
  *
  * A connection the server closed (restart, pg_terminate_backend) is re-established before the
  * next operation outside a transaction (begin included); the operation that met it failed
@@ -57,12 +75,39 @@
 #include "oq_pg_rows.h"
 #include "oq_util.h"
 
+/* A write held behind: its SQL literal and a copy of its parameters (one block). */
+typedef struct pend {
+    const char *sql;
+    int n, plain; /* plain: BEGIN or COMMIT, sent unprepared */
+    char **pr;    /* n pointers, then the strings; NULL for none */
+} pend_t;
+
+/* A row the batch read ahead: an execution (x, when have), or only whether an inbox message id
+ * or an effect's call id is there. live = 0 once this transaction wrote it: read it again. */
+typedef struct ahead {
+    char key[48];
+    int live, have;
+    int dlq; /* an inbox row whose outcome is 'dlq' */
+    oq__exec_row_t x;
+} ahead_t;
+
+/* At most this many statements in one pipeline (their answers are read after its sync). */
+#define PIPE_MAX 256
+
 struct oq__consumer_pg {
     PGconn *c;
     int tx;      /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
     int hz_held; /* the transaction read the horizon FOR SHARE: it holds until the end */
     int64_t hz;  /* what it read */
     char worker[128];
+    /* the batch (oq__consumer_pg_begin_batch): reads ahead, writes held behind */
+    int ahead;        /* this transaction read ahead: its plain writes are held behind */
+    int careful_next; /* a held write failed: the next batch goes statement by statement */
+    pend_t *pend;
+    int npend, pcap;
+    ahead_t *ax, *ai, *ae; /* executions, inbox message ids, effects' call ids */
+    int nax, nai, nae;
+    int64_t n_stmt, n_rt; /* statements sent, round trips waited for */
 };
 
 /* The server's clock, unix ms. */
@@ -128,12 +173,205 @@ static int again(oq__consumer_pg_t *p, int rc, const oq_error_t *err, int attemp
     return rc == OQ_EBUSY && err && err->retriable;
 }
 
+/* --- the batch's pipeline ------------------------------------------------------------------- */
+
+/* One statement to send in a pipeline. */
+typedef struct stmt {
+    const char *sql;
+    int n, plain;
+    const char *const *pr;
+} stmt_t;
+
+static void pend_clear(oq__consumer_pg_t *p)
+{
+    for (int i = 0; i < p->npend; i++)
+        free(p->pend[i].pr);
+    p->npend = 0;
+}
+
+static void ahead_clear(oq__consumer_pg_t *p)
+{
+    for (int i = 0; i < p->nax; i++)
+        oq__exec_row_clear(&p->ax[i].x);
+    free(p->ax);
+    free(p->ai);
+    free(p->ae);
+    p->ax = p->ai = p->ae = NULL;
+    p->nax = p->nai = p->nae = 0;
+    p->ahead = 0;
+}
+
+/* The live entry of \p key, or NULL. */
+static ahead_t *ahead_find(ahead_t *a, int n, const char *key)
+{
+    for (int i = 0; key && i < n; i++)
+        if (a[i].live && strcmp(a[i].key, key) == 0) return &a[i];
+    return NULL;
+}
+
+/* This transaction writes \p key's row: what was read ahead of it no longer holds. */
+static void ahead_drop(ahead_t *a, int n, const char *key)
+{
+    ahead_t *e = ahead_find(a, n, key);
+    if (e) e->live = 0;
+}
+
+/*
+ * Sends the writes held behind, then \p st (nst statements, their results into \p out, which
+ * the caller clears), in one pipeline: one round trip. PostgreSQL skips a pipeline's statements
+ * after a failure until its sync, so the first failure is the one reported. A held write's
+ * failure (the rules were told it succeeded) is reported retriable, the transaction is to be
+ * rolled back, and the next batch goes statement by statement (careful_next): it then meets
+ * what made the write fail the way the statement-by-statement path always did.
+ */
+static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **out,
+                    oq_error_t *err)
+{
+    int total = p->npend + nst, rc = 0, sent = 0, failed_at = -1;
+    char(*names)[16] = NULL;
+    for (int i = 0; i < nst; i++)
+        out[i] = NULL;
+    if (total == 0) return 0;
+    if (PQstatus(p->c) != CONNECTION_OK) {
+        rc = oq_pg_error(p->c, NULL, err, "connection lost inside a transaction");
+        goto out;
+    }
+    if (!(names = calloc((size_t)total, sizeof *names))) {
+        rc = oom(err);
+        goto out;
+    }
+    /* prepared before the pipeline, once per session (a round trip the first time only) */
+    for (int i = 0; i < total && !rc; i++) {
+        const char *sql = i < p->npend ? p->pend[i].sql : st[i - p->npend].sql;
+        int n = i < p->npend ? p->pend[i].n : st[i - p->npend].n;
+        int plain = i < p->npend ? p->pend[i].plain : st[i - p->npend].plain;
+        if (!plain) rc = oq_pg_stmt_name(p->c, sql, n, names[i], err);
+    }
+    if (rc) goto out;
+    if (!PQenterPipelineMode(p->c)) {
+        rc = oq_pg_error(p->c, NULL, err, "pipeline");
+        goto out;
+    }
+    p->n_rt++;
+    for (; sent < total; sent++) {
+        const char *sql = sent < p->npend ? p->pend[sent].sql : st[sent - p->npend].sql;
+        int n = sent < p->npend ? p->pend[sent].n : st[sent - p->npend].n;
+        const char *const *pr =
+            sent < p->npend ? (const char *const *)p->pend[sent].pr : st[sent - p->npend].pr;
+        int ok = names[sent][0] ? PQsendQueryPrepared(p->c, names[sent], n, pr, NULL, NULL, 0)
+                                : PQsendQueryParams(p->c, sql, n, NULL, pr, NULL, NULL, 0);
+        if (!ok) break;
+    }
+    p->n_stmt += sent;
+    int synced = PQpipelineSync(p->c);
+    if (sent < total || !synced) {
+        rc = oq_pg_error(p->c, NULL, err, "pipeline send");
+        failed_at = sent;
+        if (!synced) sent = 0; /* no answer will come: none is waited for */
+    }
+    /* every sent statement's answer (a result, then NULL), then the sync's */
+    for (int i = 0; i < sent; i++) {
+        PGresult *r = PQgetResult(p->c);
+        if (!r) {
+            if (!rc) rc = oq_pg_error(p->c, NULL, err, "pipeline: no answer");
+            if (failed_at < 0) failed_at = i;
+            break;
+        }
+        ExecStatusType s = PQresultStatus(r);
+        if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+            if (i >= p->npend) {
+                out[i - p->npend] = r;
+                r = NULL;
+            }
+        } else if (failed_at < 0) {
+            failed_at = i;
+            rc = oq_pg_error(p->c, r, err, "pipeline");
+        }
+        PQclear(r);
+        while ((r = PQgetResult(p->c)) != NULL) /* the end of this statement's answer */
+            PQclear(r);
+    }
+    for (int k = 0; k < 4 && !PQexitPipelineMode(p->c); k++) {
+        PGresult *r = PQgetResult(p->c); /* the sync, or what a broken pipeline left */
+        if (!r && PQstatus(p->c) != CONNECTION_OK) break;
+        PQclear(r);
+    }
+    if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF) {
+        /* a pipeline that could not be closed: a new session (the transaction is lost with the
+         * old one, and the caller rolls back and retries it) */
+        if (!rc) rc = oq_error_set_retriable(err, OQ_EDB, 0, 1, "pipeline left open: reconnected");
+        PQreset(p->c);
+        if (PQstatus(p->c) == CONNECTION_OK) PQclear(PQexec(p->c, "SET synchronous_commit = on"));
+    }
+    if (rc && failed_at >= 0 && failed_at < p->npend) {
+        p->careful_next = 1;
+        char m[200];
+        snprintf(m, sizeof m, "%.190s", err ? err->msg : "");
+        rc = oq_error_set_retriable(err, rc == OQ_EDB && oq_pg_lost(p->c, err) ? OQ_EDB : OQ_EBUSY,
+                                    err ? err->cause : 0, 1,
+                                    "a write held behind failed (batch retried statement by "
+                                    "statement): %.190s",
+                                    m);
+    }
+out:
+    free(names);
+    pend_clear(p);
+    if (rc)
+        for (int i = 0; i < nst; i++) {
+            PQclear(out[i]);
+            out[i] = NULL;
+        }
+    return rc;
+}
+
+/* Holds \p sql behind (its parameters copied): sent with the transaction's next read or its
+ * commit. Too many held: sent now. */
+static int hold(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, int plain,
+                oq_error_t *err)
+{
+    if (p->npend >= PIPE_MAX) {
+        int rc = pipe_run(p, NULL, 0, NULL, err);
+        if (rc) return rc;
+    }
+    if (p->npend == p->pcap) {
+        int cap = p->pcap ? 2 * p->pcap : 64;
+        pend_t *np = realloc(p->pend, (size_t)cap * sizeof *np);
+        if (!np) return oom(err);
+        p->pend = np;
+        p->pcap = cap;
+    }
+    size_t len = (size_t)n * sizeof(char *);
+    for (int i = 0; i < n; i++)
+        len += pr[i] ? strlen(pr[i]) + 1 : 0;
+    char **b = n ? malloc(len) : NULL;
+    if (n && !b) return oom(err);
+    char *o = (char *)(b + n);
+    for (int i = 0; i < n; i++) {
+        if (!pr[i]) {
+            b[i] = NULL;
+            continue;
+        }
+        size_t l = strlen(pr[i]) + 1;
+        memcpy(o, pr[i], l);
+        b[i] = o;
+        o += l;
+    }
+    p->pend[p->npend++] = (pend_t){.sql = sql, .n = n, .plain = plain, .pr = b};
+    return 0;
+}
+
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
              oq_error_t *err)
 {
     int rc = 0;
+    if (p->tx && p->npend) { /* the held writes go first, in the same round trip */
+        stmt_t st = {.sql = sql, .n = n, .pr = pr};
+        return pipe_run(p, &st, 1, r, err);
+    }
     for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
         if (i) oq_sleep_ms(20, NULL);
+        p->n_rt++;
+        p->n_stmt++;
         if ((rc = usable(p, err)) == 0) rc = oq_pg_run(p->c, sql, n, pr, r, err);
     }
     return rc;
@@ -144,9 +382,16 @@ static int cmd(oq__consumer_pg_t *p, const char *sql, int n, const char *const *
 {
     int rc = 0;
     PGresult *r = NULL;
-    for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
-        if (i) oq_sleep_ms(20, NULL);
-        if ((rc = usable(p, err)) == 0) rc = oq_pg_run(p->c, sql, n, pr, &r, err);
+    if (p->tx && p->npend) {
+        stmt_t st = {.sql = sql, .n = n, .pr = pr};
+        rc = pipe_run(p, &st, 1, &r, err);
+    } else {
+        for (int i = 0; i == 0 || again(p, rc, err, i - 1); i++) {
+            if (i) oq_sleep_ms(20, NULL);
+            p->n_rt++;
+            p->n_stmt++;
+            if ((rc = usable(p, err)) == 0) rc = oq_pg_run(p->c, sql, n, pr, &r, err);
+        }
     }
     if (rc == 0 && affected) {
         const char *t = PQcmdTuples(r);
@@ -205,7 +450,16 @@ void oq__consumer_pg_close(oq__consumer_pg_t *p)
 {
     if (!p) return;
     if (p->c) PQfinish(p->c);
+    pend_clear(p);
+    free(p->pend);
+    ahead_clear(p);
     free(p);
+}
+
+void oq__consumer_pg_counts(const oq__consumer_pg_t *p, int64_t *statements, int64_t *round_trips)
+{
+    *statements = p->n_stmt;
+    *round_trips = p->n_rt;
 }
 
 PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p)
@@ -217,14 +471,134 @@ int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
 {
     p->tx = 0;
     p->hz_held = 0;
+    pend_clear(p);
+    ahead_clear(p);
     int rc = ready(p, err);
     if (rc) return rc;
+    p->n_rt++;
+    p->n_stmt++;
     rc = oq_pg_exec(p->c, "BEGIN", err);
     if (rc && PQstatus(p->c) == CONNECTION_BAD) {
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
         if ((rc = ready(p, err)) == 0) rc = oq_pg_exec(p->c, "BEGIN", err);
     }
     p->tx = rc == 0;
+    return rc;
+}
+
+static int read_exec(PGresult *r, int i, oq__exec_row_t *x);
+
+/* A text[] literal of \p ids ("{"a","b"}"), malloc()ed. */
+static char *text_array(const char *const *ids, int n)
+{
+    size_t len = 3;
+    for (int i = 0; i < n; i++)
+        len += 2 * strlen(ids[i] ? ids[i] : "") + 3;
+    char *a = malloc(len), *o = a;
+    if (!a) return NULL;
+    *o++ = '{';
+    for (int i = 0; i < n; i++) {
+        if (i) *o++ = ',';
+        *o++ = '"';
+        for (const char *c = ids[i] ? ids[i] : ""; *c; c++) {
+            if (*c == '"' || *c == '\\') *o++ = '\\';
+            *o++ = *c;
+        }
+        *o++ = '"';
+    }
+    *o++ = '}';
+    *o = '\0';
+    return a;
+}
+
+/* Entries of \p ids (distinct, none empty) into *out, not there yet (have = 0). */
+static int ahead_keys(const char *const *ids, int n, ahead_t **out, int *nout)
+{
+    *nout = 0;
+    if (!(*out = calloc((size_t)(n ? n : 1), sizeof **out))) return -1;
+    for (int i = 0; i < n; i++) {
+        if (!ids[i] || !ids[i][0] || strlen(ids[i]) >= sizeof(*out)[0].key ||
+            ahead_find(*out, *nout, ids[i]))
+            continue;
+        ahead_t *e = &(*out)[(*nout)++];
+        snprintf(e->key, sizeof e->key, "%s", ids[i]);
+        e->live = 1;
+    }
+    return 0;
+}
+
+int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_ids,
+                                const char *const *message_ids, int n, oq_error_t *err)
+{
+    int careful = p->careful_next;
+    p->careful_next = 0;
+    if (careful || n <= 0) return oq__consumer_pg_begin(p, err);
+    p->tx = 0;
+    p->hz_held = 0;
+    pend_clear(p);
+    ahead_clear(p);
+    int rc = ready(p, err);
+    if (rc) return rc;
+    char *calls = text_array(call_ids, n), *msgs = text_array(message_ids, n);
+    PGresult *r[4] = {NULL, NULL, NULL, NULL};
+    if (!calls || !msgs || ahead_keys(call_ids, n, &p->ax, &p->nax) ||
+        ahead_keys(message_ids, n, &p->ai, &p->nai) || ahead_keys(call_ids, n, &p->ae, &p->nae)) {
+        rc = oom(err);
+        goto out;
+    }
+    const char *pc[] = {calls}, *pm[] = {msgs};
+    /* BEGIN and the batch's reads in one round trip: the horizon (held FOR SHARE, as
+     * oq__consumer_pg_horizon does), the executions of its calls, which of its message ids the
+     * inbox holds, which of its calls have an effect */
+    const stmt_t st[] = {
+        {.sql = "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions' FOR "
+                "SHARE"},
+        {.sql = "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = "
+                "ANY($1::text[])",
+         .n = 1,
+         .pr = pc},
+        {.sql = "SELECT message_id, outcome = 'dlq' FROM onceq.consumer_inbox WHERE message_id "
+                "= ANY($1::text[])",
+         .n = 1,
+         .pr = pm},
+        {.sql = "SELECT call_id FROM onceq.consumer_effects WHERE call_id = ANY($1::text[])",
+         .n = 1,
+         .pr = pc},
+    };
+    p->tx = 1;
+    if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) || (rc = pipe_run(p, st, 4, r, err))) goto out;
+    p->hz = PQntuples(r[0]) == 1 ? col_i64(r[0], 0, 0) : 0;
+    p->hz_held = 1;
+    for (int i = 0; i < PQntuples(r[1]); i++) {
+        ahead_t *e = ahead_find(p->ax, p->nax, col_str(r[1], i, 0));
+        if (!e) continue;
+        if (read_exec(r[1], i, &e->x)) {
+            rc = oom(err);
+            goto out;
+        }
+        e->have = 1;
+    }
+    for (int i = 0; i < PQntuples(r[2]); i++) {
+        ahead_t *e = ahead_find(p->ai, p->nai, col_str(r[2], i, 0));
+        if (e) {
+            e->have = 1;
+            e->dlq = PQgetvalue(r[2], i, 1)[0] != 'f';
+        }
+    }
+    for (int i = 0; i < PQntuples(r[3]); i++) {
+        ahead_t *e = ahead_find(p->ae, p->nae, col_str(r[3], i, 0));
+        if (e) e->have = 1;
+    }
+    p->ahead = 1;
+out:
+    for (int i = 0; i < 4; i++)
+        PQclear(r[i]);
+    free(calls);
+    free(msgs);
+    if (rc) {
+        ahead_clear(p);
+        oq__consumer_pg_rollback(p);
+    }
     return rc;
 }
 
@@ -240,13 +614,26 @@ int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
         oq__consumer_pg_rollback(p);
         return rc;
     }
-    PGresult *r = PQexec(p->c, "COMMIT");
+    PGresult *r = NULL;
+    int rc = 0;
+    if (p->npend) { /* the held writes and COMMIT in one round trip */
+        stmt_t st = {.sql = "COMMIT", .plain = 1};
+        if ((rc = pipe_run(p, &st, 1, &r, err))) {
+            oq__consumer_pg_rollback(p);
+            return rc;
+        }
+    } else {
+        p->n_rt++;
+        p->n_stmt++;
+        r = PQexec(p->c, "COMMIT");
+    }
     int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
-    int rc = ok ? 0 : oq_pg_error(p->c, r, err, "commit");
+    rc = ok ? 0 : oq_pg_error(p->c, r, err, "commit");
     if (!ok && rc == 0) rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
     PQclear(r);
     p->tx = 0;
     p->hz_held = 0;
+    ahead_clear(p);
     return rc;
 }
 
@@ -254,8 +641,13 @@ void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
 {
     p->tx = 0;
     p->hz_held = 0;
-    if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
+    pend_clear(p); /* never sent: nothing to undo */
+    ahead_clear(p);
+    if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE) {
+        p->n_rt++;
+        p->n_stmt++;
         PQclear(PQexec(p->c, "ROLLBACK"));
+    }
 }
 
 /* --- executions ------------------------------------------------------------------------------ */
@@ -291,11 +683,30 @@ static int read_exec(PGresult *r, int i, oq__exec_row_t *x)
     return 0;
 }
 
+/* A deep copy of \p a into \p b; -1 when out of memory (b cleared). */
+static int exec_copy(const oq__exec_row_t *a, oq__exec_row_t *b)
+{
+    *b = *a;
+    char **f[] = {&b->tenant,      &b->idem_key, &b->tool,  &b->args,
+                  &b->lease_owner, &b->result,   &b->error, &b->effect_id};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (*f[i] && !(*f[i] = strdup(*f[i]))) bad = 1;
+    if (bad) oq__exec_row_clear(b); /* a failed copy is NULL, the others are b's own */
+    return bad ? -1 : 0;
+}
+
 int oq__consumer_pg_exec_get(oq__consumer_pg_t *p, const char *call_id, oq__exec_row_t *out,
                              oq_error_t *err)
 {
     const char *pr[] = {call_id};
     PGresult *r = NULL;
+    ahead_t *e = p->ahead ? ahead_find(p->ax, p->nax, call_id) : NULL;
+    if (e) { /* read ahead by the batch, not written since */
+        oq__exec_row_clear(out);
+        if (!e->have) return oq_error_set(err, OQ_ENOTFOUND, 0, "no execution %s", call_id);
+        return exec_copy(&e->x, out) ? oom(err) : 0;
+    }
     int rc = q(p, "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = $1", 1, pr,
                &r, err);
     if (rc) return rc;
@@ -333,13 +744,17 @@ int oq__consumer_pg_exec_insert(oq__consumer_pg_t *p, const oq__exec_row_t *x, i
                         tnum(&sa, x->started_at),
                         tnum(&ua, x->unknown_at),
                         num(&lk, x->lookups)};
-    return cmd(p,
-               "INSERT INTO onceq.consumer_executions(call_id, tenant, idem_key, fingerprint, "
-               "tool, args, state, attempt, tries, fence, lease_owner, lease_until, result, "
-               "error, effect_id, next_attempt_at, message_id, created_at, updated_at, "
-               "started_at, unknown_at, lookups) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
-               "$10, $11, $12, $13, $14, $15, $16, $17, $18, $18, $19, $20, $21)",
-               21, pr, NULL, err);
+    static const char sql[] =
+        "INSERT INTO onceq.consumer_executions(call_id, tenant, idem_key, fingerprint, "
+        "tool, args, state, attempt, tries, fence, lease_owner, lease_until, result, "
+        "error, effect_id, next_attempt_at, message_id, created_at, updated_at, "
+        "started_at, unknown_at, lookups) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+        "$10, $11, $12, $13, $14, $15, $16, $17, $18, $18, $19, $20, $21)";
+    if (p->ahead) { /* a second row of the call fails at the send: the batch is retried */
+        ahead_drop(p->ax, p->nax, x->call_id);
+        return hold(p, sql, 21, pr, 0, err);
+    }
+    return cmd(p, sql, 21, pr, NULL, err);
 }
 
 int oq__consumer_pg_exec_update(oq__consumer_pg_t *p, const oq__exec_update_t *u, int *updated,
@@ -367,6 +782,7 @@ int oq__consumer_pg_exec_update(oq__consumer_pg_t *p, const oq__exec_update_t *u
                         num(&lk, u->lookups)};
     int64_t n = 0;
     *updated = 0;
+    ahead_drop(p->ax, p->nax, u->call_id);
     int rc = cmd(p,
                  "UPDATE onceq.consumer_executions SET state = $5, attempt = $6, tries = $7, "
                  "fence = $8, lease_owner = $9, lease_until = $10, result = $11, error = $12, "
@@ -383,6 +799,7 @@ int oq__consumer_pg_exec_set_result(oq__consumer_pg_t *p, const char *call_id, c
                                     const char *effect_id, oq_error_t *err)
 {
     const char *pr[] = {call_id, result, effect_id};
+    ahead_drop(p->ax, p->nax, call_id);
     return cmd(
         p, "UPDATE onceq.consumer_executions SET result = $2, effect_id = $3 WHERE call_id = $1", 3,
         pr, NULL, err);
@@ -394,6 +811,7 @@ int oq__consumer_pg_lease_renew(oq__consumer_pg_t *p, const char *call_id, int64
     num_t f, l;
     const char *pr[] = {call_id, num(&f, fence), num(&l, lease_until), p->worker};
     int64_t n = 0;
+    ahead_drop(p->ax, p->nax, call_id);
     int rc = cmd(p,
                  "UPDATE onceq.consumer_executions SET lease_until = $3 WHERE call_id = $1 AND "
                  "state IN ('STARTED', 'RECONCILING') AND fence = $2 AND lease_owner = $4",
@@ -580,6 +998,18 @@ int oq__consumer_pg_inbox_upsert(oq__consumer_pg_t *p, const oq__inbox_row_t *ro
                         num(&at, row->received_at),
                         row->outcome};
     PGresult *r = NULL;
+    ahead_t *e = p->ahead ? ahead_find(p->ai, p->nai, row->message_id) : NULL;
+    if (e && !e->have) {
+        /* not in the inbox when the batch read ahead: its row, held behind; the id taken
+         * meanwhile fails the plain INSERT at the send, and the batch is retried */
+        e->live = 0;
+        *seen = 1;
+        return hold(p,
+                    "INSERT INTO onceq.consumer_inbox(message_id, call_id, topic, partition, "
+                    "\"offset\", received_at, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    7, pr, 0, err);
+    }
+    /* a row read ahead stays as read but for its count (only retake changes an outcome) */
     /* one statement: a new id gets its row (seen 1), a known one is counted */
     int rc = q(p,
                "INSERT INTO onceq.consumer_inbox AS i (message_id, call_id, topic, partition, "
@@ -605,6 +1035,9 @@ int oq__consumer_pg_inbox_retake(oq__consumer_pg_t *p, const oq__inbox_row_t *ro
                         row->outcome};
     int64_t n = 0;
     *taken = 0;
+    ahead_t *e = p->ahead ? ahead_find(p->ai, p->nai, row->message_id) : NULL;
+    if (e && e->have && !e->dlq) return 0; /* read ahead, not dead-lettered: none is ever made so */
+    ahead_drop(p->ai, p->nai, row->message_id);
     int rc = cmd(p,
                  "UPDATE onceq.consumer_inbox SET call_id = $2, topic = $3, partition = $4, "
                  "\"offset\" = $5, received_at = $6, outcome = $7 WHERE message_id = $1 AND "
@@ -633,6 +1066,19 @@ int oq__consumer_pg_effect_insert(oq__consumer_pg_t *p, const oq__effect_row_t *
                         e->downstream_id && e->downstream_id[0] ? e->downstream_id : NULL};
     int64_t n = 0;
     *inserted = 0;
+    ahead_t *a = p->ahead ? ahead_find(p->ae, p->nae, e->call_id) : NULL;
+    if (a && !a->have) {
+        /* the call had no effect when the batch read ahead: held behind, as a plain INSERT
+         * (an effect written meanwhile fails it at the send: the batch is retried) */
+        a->live = 0;
+        *inserted = 1;
+        return hold(p,
+                    "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, "
+                    "recipient, detail, attempt, fence, worker, created_at, downstream_id) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    11, pr, 0, err);
+    }
+    ahead_drop(p->ae, p->nae, e->call_id);
     int rc = cmd(p,
                  "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, recipient, "
                  "detail, attempt, fence, worker, created_at, downstream_id) VALUES ($1, $2, $3, "
@@ -702,10 +1148,10 @@ int oq__consumer_pg_audit_add(oq__consumer_pg_t *p, const oq__audit_row_t *a, oq
     num_t ts, at, fe;
     const char *pr[] = {num(&ts, a->ts),    a->call_id, a->event, num(&at, a->attempt),
                         num(&fe, a->fence), p->worker,  a->detail};
-    return cmd(p,
-               "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, fence, worker, "
-               "detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-               7, pr, NULL, err);
+    static const char sql[] = "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, "
+                              "fence, worker, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+    if (p->ahead) return hold(p, sql, 7, pr, 0, err);
+    return cmd(p, sql, 7, pr, NULL, err);
 }
 
 int oq__consumer_pg_audit_list(oq__consumer_pg_t *p, const char *call_id,
@@ -764,13 +1210,27 @@ static char *dupn(const char *s, size_t n)
     return d;
 }
 
-int oq__consumer_pg_outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, oq_error_t *err)
+/* \p may_hold: a first emit in a batch, held behind (a republish asks statement by statement:
+ * its row may be there). */
+static int outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, int may_hold,
+                         oq_error_t *err)
 {
     num_t at;
     char *pl = dupn(row->payload, row->payload_len);
     if (!pl) return oom(err);
     const char *pr[] = {row->message_id, row->topic, row->key, pl, num(&at, row->created_at)};
     int64_t n = 0;
+    if (p->ahead && may_hold) {
+        /* held behind as a plain INSERT: a result id that is there already (a rare re-emit
+         * of the same state) fails it at the send, and the batch is retried statement by
+         * statement, where this append answers OQ_EEXIST as below */
+        int rc = hold(p,
+                      "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) "
+                      "VALUES ($1, $2, $3, $4, $5)",
+                      5, pr, 0, err);
+        free(pl);
+        return rc;
+    }
     /* ON CONFLICT: a taken message id must not abort the caller's transaction */
     int rc = cmd(p,
                  "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) VALUES "
@@ -781,6 +1241,11 @@ int oq__consumer_pg_outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *r
         return oq_error_set(err, OQ_EEXIST, 0, "outbox append: message id %.40s exists",
                             row->message_id);
     return rc;
+}
+
+int oq__consumer_pg_outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, oq_error_t *err)
+{
+    return outbox_append(p, row, 1, err);
 }
 
 int oq__consumer_pg_outbox_republish(oq__consumer_pg_t *p, const oq_outbox_row_t *row,
@@ -797,7 +1262,7 @@ int oq__consumer_pg_outbox_republish(oq__consumer_pg_t *p, const oq_outbox_row_t
         *what = OQ_OUTBOX_REQUEUED;
         return 0;
     }
-    rc = oq__consumer_pg_outbox_append(p, row, err);
+    rc = outbox_append(p, row, 0, err);
     if (rc == 0) {
         *what = OQ_OUTBOX_APPENDED;
     } else if (rc == OQ_EEXIST) {
@@ -1001,6 +1466,7 @@ int oq__consumer_pg_purge_settled(oq__consumer_pg_t *p, const oq__purge_batch_t 
     *n_exec = *n_eff = 0;
     *last = b->after;
     p->hz_held = 0; /* raised here: read again */
+    ahead_clear(p); /* rows deleted: nothing read ahead holds */
     /* the horizon first: nothing settled after it is deleted, no message older is executed */
     int rc = cmd(p,
                  "UPDATE onceq.consumer_retention SET horizon = GREATEST(horizon, $1) WHERE name "

@@ -26,6 +26,9 @@ int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
 void oq__consumer_pg_close(oq__consumer_pg_t *p);
 PGconn *oq__consumer_pg_conn(oq__consumer_pg_t *p);
 int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err);
+int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_ids,
+                                const char *const *message_ids, int n, oq_error_t *err);
+void oq__consumer_pg_counts(const oq__consumer_pg_t *p, int64_t *statements, int64_t *round_trips);
 int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err);
 void oq__consumer_pg_rollback(oq__consumer_pg_t *p);
 

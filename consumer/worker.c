@@ -322,24 +322,48 @@ static void hand_off(oq_consumer_t *c, const char *call_id)
         snprintf(c->handoff[c->nhandoff++], OQ_CALL_ID_LEN + 1, "%s", call_id);
 }
 
-/* One message, inside the batch transaction. */
-static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t now,
-                          oq_error_t *err)
+/* Decodes the batch's messages once (c->envs, cleared by batch_clear) and lists the ids of its
+ * tool calls for the store to read ahead. @returns how many ids. */
+static int batch_decode(oq_consumer_t *c)
 {
-    oq_envelope_t env;
-    oq_error_t derr = {0};
+    int n = 0;
+    for (int i = 0; i < c->nbatch; i++) {
+        const rd_kafka_message_t *m = c->batch[i];
+        memset(&c->envs[i], 0, sizeof(c->envs[i]));
+        memset(&c->env_err[i], 0, sizeof(c->env_err[i]));
+        c->env_rc[i] = !m->payload || m->len == 0
+                           ? OQ_EINVAL
+                           : oq_envelope_decode(m->payload, m->len, &c->envs[i], &c->env_err[i]);
+        if (c->env_rc[i] == 0 && c->envs[i].kind == OQ_KIND_TOOL_CALL) {
+            c->ids_call[n] = c->envs[i].call_id;
+            c->ids_msg[n++] = c->envs[i].message_id;
+        }
+    }
+    return n;
+}
+
+static void batch_clear(oq_consumer_t *c)
+{
+    for (int i = 0; i < c->nbatch; i++)
+        if (c->env_rc[i] == 0) oq_envelope_clear(&c->envs[i]);
+}
+
+/* Message \p i of the batch, inside the batch transaction. */
+static int handle_message(oq_consumer_t *c, int i, int64_t now, oq_error_t *err)
+{
+    const rd_kafka_message_t *m = c->batch[i];
+    const oq_envelope_t env = c->envs[i]; /* borrowed (batch_clear frees it) */
     int rc = 0, decision = -1;
     oq__msg_src_t src = {
         .topic = rd_kafka_topic_name(m->rkt), .partition = m->partition, .offset = m->offset};
-    memset(&env, 0, sizeof(env));
     if (!m->payload || m->len == 0) {
         dlq_msg(c, m, &src, NULL, NULL, OQ_DLQ_EMPTY, "empty message", now, err, &rc);
         return rc;
     }
     int drc;
-    if ((drc = oq_envelope_decode(m->payload, m->len, &env, &derr)) != 0) {
+    if ((drc = c->env_rc[i]) != 0) {
         char reason[300];
-        snprintf(reason, sizeof(reason), "undecodable envelope: %s", derr.msg);
+        snprintf(reason, sizeof(reason), "undecodable envelope: %s", c->env_err[i].msg);
         dlq_msg(c, m, &src, NULL, NULL,
                 drc == OQ_ETOOBIG    ? OQ_DLQ_TOO_LARGE
                 : drc == OQ_EVERSION ? OQ_DLQ_UNKNOWN_VERSION
@@ -407,7 +431,6 @@ static int handle_message(oq_consumer_t *c, const rd_kafka_message_t *m, int64_t
         break;
     }
 out:
-    oq_envelope_clear(&env);
     return rc;
 }
 
@@ -440,14 +463,16 @@ static int process_batch(oq_consumer_t *c)
     int rc = 0;
     oq__outside_take(c);
     if (c->nbatch == 0 && !c->outcomes) return 0;
+    int nids = batch_decode(c);
     for (int tries = 0;; tries++) {
         c->nhandoff = 0;
         c->results_emitted = 0;
         oq__outside_drop(c);
         int64_t now = lease_now(c);
-        if ((rc = oq__consumer_store_begin(c->store, &err)) == 0) {
+        if ((rc = oq__consumer_store_begin_batch(c->store, c->ids_call, c->ids_msg, nids, &err)) ==
+            0) {
             for (int i = 0; i < c->nbatch && rc == 0; i++)
-                rc = handle_message(c, c->batch[i], now, &err);
+                rc = handle_message(c, i, now, &err);
             for (oq__job_t *j = c->outcomes; j && rc == 0; j = j->done_next)
                 rc = oq__outside_apply(c, j, now, &err);
             if (rc == 0) {
@@ -465,6 +490,7 @@ static int process_batch(oq_consumer_t *c)
         if (c->stop) {
             /* Not committed: offsets stay where they were, the batch will be redelivered; the
              * answered requests keep their rows STARTED, whose leases lapse into UNKNOWN. */
+            batch_clear(c);
             for (int i = 0; i < c->nbatch; i++)
                 rd_kafka_message_destroy(c->batch[i]);
             c->nbatch = 0;
@@ -474,6 +500,7 @@ static int process_batch(oq_consumer_t *c)
         }
         oq_sleep_ms(tries < 20 ? 50 * (tries + 1) : 1000, &c->stop);
     }
+    batch_clear(c);
     if (c->outcomes) OQ_CRASH_POINT("consumer.after_outcome_commit_before_offset");
     oq__outside_forget(c);
     oq__outside_flush(c);
@@ -786,6 +813,11 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->batch = calloc((size_t)c->o.batch, sizeof(*c->batch));
     c->batch_t0 = calloc((size_t)c->o.batch, sizeof(*c->batch_t0));
     c->handoff = calloc((size_t)c->o.batch, sizeof(*c->handoff));
+    c->envs = calloc((size_t)c->o.batch, sizeof(*c->envs));
+    c->env_rc = calloc((size_t)c->o.batch, sizeof(*c->env_rc));
+    c->env_err = calloc((size_t)c->o.batch, sizeof(*c->env_err));
+    c->ids_call = calloc((size_t)c->o.batch, sizeof(*c->ids_call));
+    c->ids_msg = calloc((size_t)c->o.batch, sizeof(*c->ids_msg));
     c->nrunners = c->o.runners;
     c->qcap = c->nrunners * 4;
     c->queue = calloc((size_t)c->qcap, sizeof(*c->queue));
@@ -794,7 +826,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->metrics = oq_metrics_new();
     c->lookups = calloc(OQ__RECOVER_CAP, sizeof(*c->lookups));
     if (!c->batch || !c->batch_t0 || !c->handoff || !c->queue || !c->slots || !c->runners ||
-        !c->metrics || !c->lookups) {
+        !c->metrics || !c->lookups || !c->envs || !c->env_rc || !c->env_err || !c->ids_call ||
+        !c->ids_msg) {
         rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         goto fail;
     }
@@ -1111,14 +1144,17 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             oq__consumer_store_next_due(c->store) == INT64_MAX)
             break;
     }
-    OQ_LOG_INFO(
-        OQ__COMP,
-        "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64 " (commit=%" PRId64
-        ") poll-collect=%" PRId64 " schedule=%" PRId64 " recover=%" PRId64
-        "; write-lock wait ms (all threads)=%" PRId64 " outside requests=%llu",
-        c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
-        c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000, c->t_recover_us / 1000,
-        oq_db_lock_wait_us() / 1000, (unsigned long long)atomic_load(&c->n_requests));
+    int64_t n_stmt = 0, n_rt = 0; /* PostgreSQL: the main thread's connection (0 on SQLite) */
+    oq__consumer_store_counts(c->store, &n_stmt, &n_rt);
+    OQ_LOG_INFO(OQ__COMP,
+                "stopping: batches=%" PRId64 " msgs=%llu main thread ms: batch=%" PRId64
+                " (commit=%" PRId64 ") poll-collect=%" PRId64 " schedule=%" PRId64
+                " recover=%" PRId64 "; write-lock wait ms (all threads)=%" PRId64
+                " outside requests=%llu pg_statements=%" PRId64 " pg_round_trips=%" PRId64,
+                c->n_batches, (unsigned long long)atomic_load(&c->n_consumed), c->t_batch_us / 1000,
+                c->t_commit_us / 1000, c->t_poll_us / 1000, c->t_sched_us / 1000,
+                c->t_recover_us / 1000, oq_db_lock_wait_us() / 1000,
+                (unsigned long long)atomic_load(&c->n_requests), n_stmt, n_rt);
     process_batch(c);
     /* outside requests: the drain. Nothing new starts; the running ones may answer for up to
      * --drain and their outcomes commit as they come (leases renewed meanwhile); the ones still
@@ -1218,6 +1254,11 @@ void oq_consumer_destroy(oq_consumer_t *c)
     free(c->batch);
     free(c->batch_t0);
     free(c->handoff);
+    free(c->envs);
+    free(c->env_rc);
+    free(c->env_err);
+    free(c->ids_call);
+    free(c->ids_msg);
     free(c->queue);
     free(c->slots);
     free(c->runners);

@@ -96,6 +96,12 @@ struct oq_consumer {
     rd_kafka_message_t **batch;
     int64_t *batch_t0;
     int nbatch;
+    /* the batch decoded once (its envelopes, decode codes and errors) and the ids its store
+     * reads ahead (oq__consumer_store_begin_batch) */
+    oq_envelope_t *envs;
+    int *env_rc;
+    oq_error_t *env_err;
+    const char **ids_call, **ids_msg;
     int subscribed;
     /* long executions planned by the current batch, handed to runners after the commit */
     char (*handoff)[OQ_CALL_ID_LEN + 1];
