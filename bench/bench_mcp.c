@@ -23,7 +23,9 @@
  * time their answers say (Server-Timing "wait;dur=") they waited for the call to settle: the
  * pipeline's share, on the same waiters for both paths. What is left is the front door's own
  * latency: parse, checks, the durable submit, the wake-up and the answer (and, on the HTTP
- * path, the client's second request, during which the pipeline already runs).
+ * path, the client's second request, during which the pipeline already runs). Each p99
+ * difference comes with its 95 % confidence interval (bootstrap): an interval that holds 0
+ * means the two paths are not told apart at that sample size on that machine.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -305,6 +307,9 @@ static int cmp(const void *a, const void *b)
 typedef struct fig {
     double cps, p50, p99;
     double own_p50, own_p99; /* latency less the Server-Timing wait; own_p50 < 0: no header */
+    /* interleaved runs, in the /mcp figures: 95 % bootstrap interval of the p99 difference
+     * (/mcp - HTTP), end to end and less the wait */
+    double d99_lo, d99_hi, own_d99_lo, own_d99_hi;
     int ok, bad;
 } fig_t;
 
@@ -314,6 +319,40 @@ static void percentiles(double *v, int n, fig_t *f)
     qsort(v, (size_t)n, sizeof *v, cmp);
     f->p50 = n ? v[(n - 1) / 2] : 0;
     f->p99 = n ? v[(int)((n - 1) * 0.99)] : 0;
+}
+
+/* The 95 % confidence interval [\p lo, \p hi] of p99(\p b) - p99(\p a), by bootstrap (both
+ * samples resampled with replacement): a p99 difference whose interval holds 0 is not told
+ * apart from the noise of a p99 estimated from this many calls. */
+static void p99_diff_interval(const double *a, int na, const double *b, int nb, double *lo,
+                              double *hi)
+{
+    enum { ROUNDS = 400 };
+    double *d = calloc(ROUNDS, sizeof *d);
+    double *x = calloc((size_t)(na > nb ? na : nb), sizeof *x);
+    *lo = *hi = 0;
+    if (!d || !x || na < 1 || nb < 1) goto out;
+    uint64_t rng = 0x9e3779b97f4a7c15ULL; /* fixed: the same run prints the same interval */
+    for (int k = 0; k < ROUNDS; k++) {
+        double p[2];
+        for (int side = 0; side < 2; side++) {
+            const double *v = side ? b : a;
+            int n = side ? nb : na;
+            for (int i = 0; i < n; i++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                x[i] = v[rng % (uint64_t)n];
+            }
+            qsort(x, (size_t)n, sizeof *x, cmp);
+            p[side] = x[(int)((n - 1) * 0.99)];
+        }
+        d[k] = p[1] - p[0];
+    }
+    qsort(d, ROUNDS, sizeof *d, cmp);
+    *lo = d[ROUNDS / 40];
+    *hi = d[ROUNDS - 1 - ROUNDS / 40];
+out:
+    free(d);
+    free(x);
 }
 
 /* \p calls calls through path \p mcp (0 HTTP, 1 /mcp, 2 both, call by call); the figures of
@@ -343,17 +382,21 @@ static void loop(int port, int mcp, const char *tool, const char *tag, int calls
         pthread_join(th[i], NULL);
     double s = (double)(oq_mono_us() - t0) / 1e6;
     int n[2] = {0, 0};
+    memset(f, 0, 2 * sizeof *f);
     for (int i = 0; i < calls; i++) {
         int k = via_mcp(&r, i);
         own[k][n[k]] = r.lat_ms[i] - r.wait_ms[i];
         lat[k][n[k]++] = r.lat_ms[i];
+    }
+    if (mcp == 2 && n[0] && n[1]) { /* before percentiles() sorts them: order does not matter */
+        p99_diff_interval(lat[0], n[0], lat[1], n[1], &f[1].d99_lo, &f[1].d99_hi);
+        p99_diff_interval(own[0], n[0], own[1], n[1], &f[1].own_d99_lo, &f[1].own_d99_hi);
     }
     char offered[48] = "";
     if (rate > 0)
         snprintf(offered, sizeof offered, " (offered %.0f/s)", mcp == 2 ? rate / 2 : rate);
     for (int k = 0; k < 2; k++) {
         if (!n[k]) continue;
-        memset(&f[k], 0, sizeof f[k]);
         f[k].cps = s > 0 ? n[k] / s : 0;
         percentiles(lat[k], n[k], &f[k]);
         fig_t o;
@@ -526,9 +569,10 @@ int oq__bench_mcp(int argc, char **argv)
         loop(port, 2, tl[t], tag, 2 * calls, conns, half, fg);
         printf("%s at half of capacity (%.0f calls/s offered): interleaved, /mcp p50 "
                "%.2f ms p99 %.2f ms vs HTTP p50 %.2f ms p99 %.2f ms: the gateway's added latency "
-               "p50 %+.2f ms, p99 %+.2f ms\n",
+               "p50 %+.2f ms, p99 %+.2f ms (95 %% confidence interval of the p99 difference: "
+               "%+.2f .. %+.2f ms)\n",
                tl[t], half, fg[1].p50, fg[1].p99, fg[0].p50, fg[0].p99, fg[1].p50 - fg[0].p50,
-               fg[1].p99 - fg[0].p99);
+               fg[1].p99 - fg[0].p99, fg[1].d99_lo, fg[1].d99_hi);
         /* The same calls less the time their answers waited for the call to settle (the
          * producer's Server-Timing: the pipeline's time, the same waiters on both paths): what
          * the front door itself took, without the pipeline's tail of tens of ms. */
@@ -539,9 +583,11 @@ int oq__bench_mcp(int argc, char **argv)
         else
             printf("%s at half of capacity, less the wait for the call to settle (Server-Timing): "
                    "/mcp p50 %.2f ms p99 %.2f ms vs HTTP p50 %.2f ms p99 %.2f ms: the gateway's "
-                   "added latency p50 %+.2f ms, p99 %+.2f ms\n",
+                   "added latency p50 %+.2f ms, p99 %+.2f ms (95 %% confidence interval of the p99 "
+                   "difference: %+.2f .. %+.2f ms)\n",
                    tl[t], fg[1].own_p50, fg[1].own_p99, fg[0].own_p50, fg[0].own_p99,
-                   fg[1].own_p50 - fg[0].own_p50, fg[1].own_p99 - fg[0].own_p99);
+                   fg[1].own_p50 - fg[0].own_p50, fg[1].own_p99 - fg[0].own_p99, fg[1].own_d99_lo,
+                   fg[1].own_d99_hi);
     }
     rc = OQ_EXIT_OK;
 out:
