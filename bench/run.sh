@@ -22,6 +22,8 @@
 #              --no-relay); skipped with a note without Java, kcat, and Maven or cached jars
 # 11. mcp:     tools/call round trips through /mcp vs POST /v1/tool-calls + wait, same run,
 #              compiled and HTTP tools: the ratio and the gateway's added latency p50/p99
+#              (at half capacity the two paths interleaved call by call, end to end and less
+#              the wait for the call to settle that the producer's Server-Timing reports)
 # 12. dbos:    a DBOS workflow (SQLite system database, one step POSTing to onceq-downstream)
 #              vs onceq submit + wait, 1 and 32 client threads, same run (bench/dbos_baseline.sh)
 # 13. backends: submit, consumer and e2e (closed loop) once on SQLite and once on PostgreSQL

@@ -30,7 +30,10 @@
  * notification after the commit that makes the call terminal, the waiters' timer thread at
  * the deadline, or oq_http_stop resumes it, and the handler answers what it then reads. So a
  * waiting client costs no thread; the call is read again after the waiter is armed, so a
- * result committed in between is not missed.
+ * result committed in between is not missed. An answer that waited says how long in a
+ * Server-Timing header ("wait;dur=<ms>"): that time is the pipeline's (relay, Kafka, consumer,
+ * tool), the rest of the latency the API's own, which is how onceq-bench mcp tells the
+ * gateway's cost apart from the pipeline's.
  *
  * MCP. POST /mcp (producer/mcp.c: JSON-RPC, sessions, CallToolResult) reads its body as a
  * submit does; a tools/call queues the submit job mcp.c prepared (the same job and writer as
@@ -179,6 +182,8 @@ typedef struct req_ctx {
     char tenant[OQ_MAX_NAME_LEN + 1]; /**< the token's tenant when authed */
     oq_waiter_t waiter;               /**< GET ...?wait=: armed while suspended */
     int waited;                       /**< the waiter was armed once */
+    int64_t wait_from_us;             /**< when it was armed */
+    int64_t waited_us;                /**< how long the request waited for the call to settle */
     int is_mcp;                       /**< POST /mcp */
     int mcp_phase;                    /**< 0 submitting, 1 waiting for the call to settle */
     int64_t mcp_deadline_us;          /**< when a tools/call stops waiting */
@@ -276,8 +281,9 @@ static enum MHD_Result method_not_allowed(oq_http_t *h, struct MHD_Connection *c
     return send_error_hdr(h, c, 405, "method_not_allowed", msg, 0, MHD_HTTP_HEADER_ALLOW, allow);
 }
 
+/* \p timing: a Server-Timing value, or NULL. */
 static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigned status,
-                                 const oq_call_t *call, int replayed)
+                                 const oq_call_t *call, int replayed, const char *timing)
 {
     char *text = NULL;
     size_t len = 0;
@@ -285,7 +291,7 @@ static enum MHD_Result send_call(oq_http_t *h, struct MHD_Connection *c, unsigne
     char loc[64];
     snprintf(loc, sizeof loc, "/v1/tool-calls/%s", call->call_id);
     return send_text(h, c, status, text, len, "application/json", status == 202 ? loc : NULL,
-                     replayed, 0, NULL, NULL);
+                     replayed, 0, timing ? "Server-Timing" : NULL, timing);
 }
 
 /* --- tokens ----------------------------------------------------------------------------------*/
@@ -710,8 +716,8 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
         return send_error(h, c, 503, "unavailable", "submit not durable, retry with the same key");
     }
     if (oc == OQ_SUBMIT_REPLAY)
-        return send_call(h, c, oq_call_state_terminal(call->state) ? 200 : 202, call, 1);
-    return send_call(h, c, 202, call, 0);
+        return send_call(h, c, oq_call_state_terminal(call->state) ? 200 : 202, call, 1, NULL);
+    return send_call(h, c, 202, call, 0, NULL);
 }
 
 /* --- tasks: POST /v1/tasks, GET /v1/tasks/{id}, GET /v1/tasks/by-key/{key} --------------------*/
@@ -981,9 +987,20 @@ static void wait_woken(oq_waiter_t *w, oq_wake_t why, void *opaque)
     req_ctx_t *ctx = opaque;
     (void)w;
     (void)why;
+    ctx->waited_us += oq_mono_us() - ctx->wait_from_us;
     oq_gauge_add(ctx->h->m_waiting, -1);
     ctx->state = RS_DONE;
     MHD_resume_connection(ctx->conn);
+}
+
+/* The Server-Timing value of a request that waited for its call to settle (the pipeline's
+ * time, not the front door's: a client subtracts it to see what the API itself took), or NULL
+ * when it did not wait. */
+static const char *server_timing(const req_ctx_t *ctx, char buf[48])
+{
+    if (!ctx->waited) return NULL;
+    snprintf(buf, 48, "wait;dur=%.3f", (double)ctx->waited_us / 1000.0);
+    return buf;
 }
 
 /* Long poll: suspend \p c until \p call_id is terminal, \p deadline_us or shutdown; the
@@ -993,6 +1010,7 @@ static enum MHD_Result wait_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connec
 {
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
+    ctx->wait_from_us = oq_mono_us();
     if (oq_waiters_add(h->waiters, &ctx->waiter, call_id, deadline_us, wait_woken, ctx, h, NULL) !=
         0) {
         ctx->state = RS_DONE;
@@ -1009,6 +1027,7 @@ static enum MHD_Result wait_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connec
                   oq_call_state_terminal(now.state) || atomic_load(&h->stopping);
     oq_call_clear(&now);
     if (settled && oq_waiters_cancel(h->waiters, &ctx->waiter)) {
+        ctx->waited_us += oq_mono_us() - ctx->wait_from_us;
         oq_gauge_add(h->m_waiting, -1);
         ctx->state = RS_DONE;
         MHD_resume_connection(c);
@@ -1063,7 +1082,8 @@ static enum MHD_Result get_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
         oq_call_clear(&call);
         return r;
     }
-    r = send_call(h, c, 200, &call, 0);
+    char timing[48];
+    r = send_call(h, c, 200, &call, 0, server_timing(ctx, timing));
     oq_call_clear(&call);
     return r;
 }
@@ -1103,12 +1123,19 @@ static enum MHD_Result get_metrics(oq_http_t *h, struct MHD_Connection *c)
 
 /* --- /mcp (producer/mcp.c) ------------------------------------------------------------------*/
 
-static enum MHD_Result mcp_send(oq_http_t *h, struct MHD_Connection *c, oq_mcp_out_t *o)
+/* \p timing: a Server-Timing value, or NULL. */
+static enum MHD_Result mcp_send(oq_http_t *h, struct MHD_Connection *c, oq_mcp_out_t *o,
+                                const char *timing)
 {
     char *body = o->body ? o->body : strdup("");
     if (!body) return MHD_NO;
-    return send_text(h, c, o->status, body, strlen(body), o->ctype ? o->ctype : "application/json",
-                     NULL, 0, 0, o->session[0] ? "Mcp-Session-Id" : NULL, o->session);
+    const oq_mhd_header_t hdrs[] = {{"Mcp-Session-Id", o->session[0] ? o->session : NULL},
+                                    {"Server-Timing", timing},
+                                    {NULL, NULL}};
+    enum MHD_Result ret = oq_mhd_reply(c, o->status, o->ctype ? o->ctype : "application/json", body,
+                                       strlen(body), MHD_RESPMEM_MUST_FREE, OQ_MHD_RETRY_503, hdrs);
+    count_status(h, o->status);
+    return ret;
 }
 
 static void mcp_in(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c, oq_mcp_in_t *in)
@@ -1132,7 +1159,7 @@ static enum MHD_Result mcp_post(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
     if (ctx->state == RS_DONE && ctx->mcp_phase == 0) {
         ctx->mcp_phase = 1;
         if (oq_mcp_call_submitted(ctx->mcp, ctx->refused, &o, call_id) == 0)
-            return mcp_send(h, c, &o);
+            return mcp_send(h, c, &o, NULL);
         memcpy(ctx->mcp_call_id, call_id, sizeof ctx->mcp_call_id);
         if (!atomic_load(&h->stopping)) /* stopping: answer the call as it stands */
             return wait_call(h, ctx, c, call_id, ctx->mcp_deadline_us);
@@ -1143,14 +1170,15 @@ static enum MHD_Result mcp_post(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
         int rc = oq_producer_get(h->p, ctx->mcp_call_id, &call, NULL);
         oq_mcp_call_answer(ctx->mcp, rc, &call, &o);
         oq_call_clear(&call);
-        return mcp_send(h, c, &o);
+        char timing[48];
+        return mcp_send(h, c, &o, server_timing(ctx, timing));
     }
     if (ctx->too_big) return send_error_ex(h, c, 413, "payload_too_large", "body too large", 1);
     oq_mcp_in_t in;
     mcp_in(h, ctx, c, &in);
     ctx->mcp_deadline_us = oq_mono_us() + oq_mcp_wait_ms(h->mcp) * 1000;
     int r = oq_mcp_post(h->mcp, &in, ctx->body, ctx->len, h->max_depth, &ctx->mcp, &o);
-    if (r == 0) return mcp_send(h, c, &o);
+    if (r == 0) return mcp_send(h, c, &o, NULL);
     if (r == 2) { /* tasks/get, tasks/result: the call is read as after a tools/call's wait */
         int wait;
         snprintf(ctx->mcp_call_id, sizeof ctx->mcp_call_id, "%s",
@@ -1354,7 +1382,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         oq_mcp_out_t o;
         mcp_in(h, ctx, c, &in);
         oq_mcp_delete(h->mcp, &in, &o);
-        return mcp_send(h, c, &o);
+        return mcp_send(h, c, &o, NULL);
     }
     if (strcmp(url, "/v1/tools") == 0) {
         if (!is_get) return method_not_allowed(h, c, "GET, HEAD");

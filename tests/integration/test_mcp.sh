@@ -13,6 +13,7 @@
 #    the result: one payment in the downstream's ledger, every answer the same. Negative
 #    control: a naive MCP server (mcp_client.py naive) forwarding the same retries straight to
 #    the downstream makes a payment per retry;
+#  - an answer that waited for its call carries Server-Timing "wait;dur=<ms>", a replay none;
 #  - a call still running at --mcp-wait answers isError {"status":"running","call_id"}, and
 #    bearer tokens apply to /mcp (a second producer without brokers, with a token file).
 set -u
@@ -46,6 +47,20 @@ OUT=$(curl -s -X POST "$MCP" -H 'Content-Type: application/json' -H 'Accept: app
     {"name":"pay","arguments":{"amount":6},"idempotencyKey":"agent-pay-1"}}')
 [[ $(jq -r .error.data.code <<<"$OUT") == idempotency_conflict ]] || oq_fail "conflict: $OUT"
 [[ $(rt_dstat .effects_committed) == 1 ]] || oq_fail "ledger after the conflict: $(curl -s "$DURL/ledger/stats")"
+# Server-Timing: an answer that waited for the call to settle says how long (the pipeline's
+# time, which onceq-bench mcp subtracts to see the gateway's own latency); a replay of a
+# settled call did not wait and says nothing
+mcall() { # mcall KEY AMOUNT: tools/call of pay, headers to $T/mh, body to stdout
+    curl -s -X POST "$MCP" -H 'Content-Type: application/json' -H 'Accept: application/json' \
+        -H "Mcp-Session-Id: $SID" -D "$T/mh" -d '{"jsonrpc":"2.0","id":7,"method":"tools/call",
+        "params":{"name":"pay","arguments":{"amount":'"$2"'},"idempotencyKey":"'"$1"'"}}'
+}
+OUT=$(mcall timing-1 7)
+[[ $(jq -r .result.isError <<<"$OUT") == false ]] || oq_fail "tools/call timing-1: $OUT"
+grep -Eiq '^server-timing: wait;dur=[0-9]+\.[0-9]{3}' "$T/mh" || oq_fail "no Server-Timing on a tools/call that waited: $(cat "$T/mh")"
+OUT=$(mcall timing-1 7)
+[[ $(jq -r .result.isError <<<"$OUT") == false ]] || oq_fail "tools/call timing-1 again: $OUT"
+grep -qi '^server-timing:' "$T/mh" && oq_fail "Server-Timing on a replay that did not wait: $(cat "$T/mh")"
 
 $PY "$CLI" protocol "$MCP" "$PDB" "$DURL" || oq_fail "protocol checks"
 oq_log "protocol checks passed"
@@ -67,6 +82,15 @@ oq_spawn producer2 "$ONCEQ_BIN" producer --db "$T/p2.db" --listen "127.0.0.1:$P2
     --tools "$T/tools.json" --mcp-wait 1s --token-file "$T/tokens"
 oq_wait_for 15 curl -sf "http://127.0.0.1:$P2/healthz" || oq_fail "producer2 did not come up"
 $PY "$CLI" running "http://127.0.0.1:$P2/mcp" tok-acme-0123456789abcdef || oq_fail "running at --mcp-wait"
+# GET ?wait= of a call that cannot settle here (no relay): the deadline's answer says it waited
+AUTH='Authorization: Bearer tok-acme-0123456789abcdef'
+CID=$(curl -s -X POST "http://127.0.0.1:$P2/v1/tool-calls" -H "$AUTH" -H 'Content-Type: application/json' \
+    -H 'Idempotency-Key: timing-2' -d '{"tool":"pay","args":{"amount":8}}' | jq -r .call_id)
+ST=$(curl -s -H "$AUTH" -D "$T/gh" -o "$T/gb" -w '%{http_code}' "http://127.0.0.1:$P2/v1/tool-calls/$CID?wait=1s")
+[[ $ST == 200 && $(jq -r .status "$T/gb") == pending ]] || oq_fail "GET ?wait=1s: $ST $(cat "$T/gb")"
+DUR=$(tr -d '\r' <"$T/gh" | awk -F'dur=' 'tolower($0) ~ /^server-timing: wait;dur=/{print $2}')
+[[ -n $DUR ]] && awk -v d="$DUR" 'BEGIN{exit !(d >= 900 && d < 60000)}' ||
+    oq_fail "GET ?wait=1s: no Server-Timing wait of about 1000 ms: $(cat "$T/gh")"
 $PY "$CLI" auth "http://127.0.0.1:$P2/mcp" tok-acme-0123456789abcdef tok-other-0123456789abcdef ||
     oq_fail "tokens on /mcp"
 [[ $(sqlite3 "$T/p2.db" "SELECT tenant FROM calls WHERE idem_key='slow-1'") == acme ]] ||
