@@ -36,6 +36,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -862,9 +863,17 @@ static double e2e_pl_cpu(pid_t up)
 /* One measured phase: \p n steps (task phases) or calls, their wall time and the pipeline's CPU
  * seconds from the first submit to the last terminal state. */
 typedef struct {
-    double wall_s, cpu_s;
+    double wall_s, cpu_s, submit_s; /* submit_s: task phases, until the last 202 */
     int64_t n;
+    e2e_cpu_set_t k0, k1; /* per process kind, at the start and at the end */
 } e2e_phase_t;
+
+/* CPU us per step or call of process kind \p name in \p ph (raw). */
+static double e2e_us_kind(const e2e_phase_t *ph, const char *name)
+{
+    return ph->n ? (e2e_cpu_of(&ph->k1, name) - e2e_cpu_of(&ph->k0, name)) * 1e6 / (double)ph->n
+                 : 0;
+}
 
 /* CPU us per step or call of \p ph: raw, and net of \p idle_cps (the pipeline's CPU seconds per
  * second at rest, times the phase's wall time). */
@@ -878,29 +887,33 @@ static double e2e_us_net(const e2e_phase_t *ph, double idle_cps)
     return ph->n ? (ph->cpu_s - idle_cps * ph->wall_s) * 1e6 / (double)ph->n : 0;
 }
 
-/* \p ntasks 3-step tasks keyed \p prefix-<i>: back to back (\p rate 0: each answers 202 at once,
- * so this is the pipeline's capacity) or open loop at \p rate tasks/s, then drained. 0, or -1
- * (message). */
-static int e2e_task_phase(oq_httpc_t *hc, int port, const char *prefix, int64_t ntasks, double rate,
-                          const char *calls_db, int64_t drain, pid_t up, e2e_phase_t *ph)
+/* One submitter of e2e_task_phase(): tasks k, k + nth, ... on its own connection. */
+typedef struct {
+    int port, k, nth;
+    const char *prefix;
+    int64_t ntasks, t0;
+    double rate;
+    int failed;
+} e2e_tsub_t;
+
+static void *e2e_tsub_main(void *arg)
 {
-    char url[96], key[64], hdr[96], body[512];
+    e2e_tsub_t *a = arg;
+    char url[96], key[64], hdr[96];
+    static const char body[] =
+        "{\"steps\":[{\"name\":\"a\",\"tool\":\"pay\",\"args\":{\"amount\":1}},"
+        "{\"name\":\"b\",\"tool\":\"pay\",\"args\":{\"amount\":2}},"
+        "{\"name\":\"c\",\"tool\":\"pay\",\"args\":{\"amount\":3}}]}";
     oq_error_t err = {0};
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/tasks", port);
-    double c0 = e2e_pl_cpu(up);
-    int64_t t0 = oq_mono_us();
-    for (int64_t i = 0; i < ntasks; i++) {
-        if (rate > 0) { /* open loop: task i is due at t0 + i/rate, late ones go at once */
-            int64_t due = t0 + (int64_t)((double)i * 1e6 / rate), now = oq_mono_us();
+    oq_httpc_t *hc = oq_httpc_new(NULL, &err);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/tasks", a->port);
+    for (int64_t i = a->k; hc && i < a->ntasks && !a->failed; i += a->nth) {
+        if (a->rate > 0) { /* open loop: task i is due at t0 + i/rate, late ones go at once */
+            int64_t due = a->t0 + (int64_t)((double)i * 1e6 / a->rate), now = oq_mono_us();
             if (due > now + 1000) oq_sleep_ms((due - now) / 1000, NULL);
         }
-        snprintf(key, sizeof key, "%s-%lld", prefix, (long long)i);
+        snprintf(key, sizeof key, "%s-%lld", a->prefix, (long long)i);
         snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
-        snprintf(body, sizeof body,
-                 "{\"steps\":[{\"name\":\"a\",\"tool\":\"pay\",\"args\":{\"amount\":1}},"
-                 "{\"name\":\"b\",\"tool\":\"pay\",\"args\":{\"amount\":2}},"
-                 "{\"name\":\"c\",\"tool\":\"pay\","
-                 "\"args\":{\"amount\":3}}]}");
         const char *const h[] = {hdr, NULL};
         oq_httpc_resp_t resp = {0};
         int hr = oq_httpc_request(hc, "POST", url, h, body, &resp, &err);
@@ -909,12 +922,52 @@ static int e2e_task_phase(oq_httpc_t *hc, int port, const char *prefix, int64_t 
         if (hr || (status != 202 && status != 200)) {
             fprintf(stderr, "onceq-bench e2e: task %s: %s (HTTP %ld)\n", key, hr ? err.msg : "",
                     status);
-            return -1;
+            a->failed = 1;
         }
     }
+    if (!hc) a->failed = 1;
+    return NULL;
+}
+
+/* \p ntasks 3-step tasks keyed \p prefix-<i> from \p nth submitters (one connection each; a
+ * submit answers 202 once the task and its first step are committed): back to back (\p rate 0,
+ * the pipeline's capacity) or open loop at \p rate tasks/s in all, then drained. 0, or -1
+ * (message). */
+static int e2e_task_phase(int port, int nth, const char *prefix, int64_t ntasks, double rate,
+                          const char *calls_db, int64_t drain, pid_t up, e2e_phase_t *ph)
+{
+    e2e_tsub_t a[16];
+    pthread_t th[16];
+    int started = 0, failed = 0;
+    if (nth < 1) nth = 1;
+    if (nth > 16) nth = 16;
+    e2e_cpu_sample(up, &ph->k0);
+    double c0 = e2e_pl_cpu(up);
+    int64_t t0 = oq_mono_us();
+    for (int k = 0; k < nth; k++) {
+        a[k] = (e2e_tsub_t){.port = port,
+                            .k = k,
+                            .nth = nth,
+                            .prefix = prefix,
+                            .ntasks = ntasks,
+                            .t0 = t0,
+                            .rate = rate};
+        if (pthread_create(&th[k], NULL, e2e_tsub_main, &a[k]) != 0) {
+            failed = 1;
+            break;
+        }
+        started++;
+    }
+    for (int k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        failed |= a[k].failed;
+    }
+    if (failed) return -1;
+    ph->submit_s = (double)(oq_mono_us() - t0) / 1e6;
     if (e2e_wait_drained(calls_db, prefix, 3 * ntasks, drain, up) != 0) return -1;
     ph->wall_s = (double)(oq_mono_us() - t0) / 1e6;
     ph->cpu_s = e2e_pl_cpu(up) - c0;
+    e2e_cpu_sample(up, &ph->k1);
     ph->n = 3 * ntasks;
     return 0;
 }
@@ -930,6 +983,7 @@ static int e2e_call_phase(const oq_load_opts_t *lo_in, const char *prefix, int64
     lo.calls = n;
     lo.key_prefix = prefix;
     lo.rate = rate;
+    e2e_cpu_sample(up, &ph->k0);
     double c0 = e2e_pl_cpu(up);
     int64_t t0 = oq_mono_us();
     if (oq_load_run(&lo, &r, &err) != 0 || e2e_wait_drained(calls_db, prefix, n, drain, up) != 0) {
@@ -938,6 +992,7 @@ static int e2e_call_phase(const oq_load_opts_t *lo_in, const char *prefix, int64
     }
     ph->wall_s = (double)(oq_mono_us() - t0) / 1e6;
     ph->cpu_s = e2e_pl_cpu(up) - c0;
+    e2e_cpu_sample(up, &ph->k1);
     ph->n = n;
     return 0;
 }
@@ -961,7 +1016,6 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     char ledger[PATH_MAX], tools[PATH_MAX], log[PATH_MAX], listen[64], calls_db[PATH_MAX];
     int dport = e2e_free_port(), port = e2e_free_port(), rc = OQ_EXIT_FAIL;
     pid_t ds = -1, up = -1;
-    oq_httpc_t *hc = NULL;
     oq_error_t err = {0};
     snprintf(ledger, sizeof ledger, "%s/downstream.db", dir);
     snprintf(tools, sizeof tools, "%s/tools.json", dir);
@@ -1027,20 +1081,20 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
         oq_sleep_ms((int64_t)(idle_s * 1000), NULL);
         idle_cps = (e2e_pl_cpu(up) - c0) / ((double)(oq_mono_us() - t0) / 1e6);
     }
-    if (!(hc = oq_httpc_new(NULL, &err))) goto out;
+    int tconns = lo.conns < 8 ? lo.conns : 8; /* task submitters */
     /* 1. tasks back to back: the capacity; 2. as many independent calls, closed loop (the old
      * comparison) and 3. open loop at the steps/s the tasks reached (both phases last about as
      * long); 4. tasks open loop at --task-rate (default half of 1.'s capacity): the step-to-step
      * gap there; 5. independent calls at that run's steps/s */
     e2e_phase_t tph, iph, irph, toph, ioph;
-    if (e2e_task_phase(hc, port, "task", ntasks, 0, calls_db, drain, up, &tph) != 0) goto out;
+    if (e2e_task_phase(port, tconns, "task", ntasks, 0, calls_db, drain, up, &tph) != 0) goto out;
     double tw = tph.wall_s, steps_ps = tw > 0 ? (double)tph.n / tw : 0;
     if (e2e_call_phase(&lo, "ind", 3 * ntasks, 0, calls_db, drain, up, &iph) != 0 ||
         e2e_call_phase(&lo, "indr", 3 * ntasks, steps_ps, calls_db, drain, up, &irph) != 0)
         goto out;
     double task_rate = (double)oq_config_int(cfg, "task-rate");
     if (task_rate <= 0) task_rate = tw > 0 ? (double)ntasks / tw / 2 : 1;
-    if (e2e_task_phase(hc, port, "otask", ntasks, task_rate, calls_db, drain, up, &toph) != 0 ||
+    if (e2e_task_phase(port, tconns, "otask", ntasks, task_rate, calls_db, drain, up, &toph) != 0 ||
         e2e_call_phase(&lo, "oind", 3 * ntasks, 3 * task_rate, calls_db, drain, up, &ioph) != 0)
         goto out;
     double iw = iph.wall_s;
@@ -1053,8 +1107,10 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
                   "otask-%", &ook);
     }
     sqlite3_close_v2(db);
-    printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s)\n",
-           (long long)ok, (long long)ntasks, tw, tw > 0 ? ntasks / tw : 0, steps_ps);
+    printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s); submitted "
+           "from %d connections in %.2f s\n",
+           (long long)ok, (long long)ntasks, tw, tw > 0 ? ntasks / tw : 0, steps_ps, tconns,
+           tph.submit_s);
     printf("independent calls: %lld in %.2f s = %.1f calls/s\n", (long long)(3 * ntasks), iw,
            iw > 0 ? 3 * ntasks / iw : 0);
     static const char *const step_sql[3] = {
@@ -1105,6 +1161,14 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
         printf("  %-44s %8.2f %8.1f %10.0f %10.0f\n", rows[k].what, rows[k].ph->wall_s,
                rows[k].ph->wall_s > 0 ? (double)rows[k].ph->n / rows[k].ph->wall_s : 0,
                e2e_us_raw(rows[k].ph), e2e_us_net(rows[k].ph, idle_cps));
+    /* where a step's CPU goes against a call's at the same rate, process by process */
+    printf("  CPU us per step/call by process (raw): %-10s %10s %10s %10s %10s\n", "process",
+           "tasks", "calls", "tasks open", "calls open");
+    for (int k = 0; k < toph.k1.n && k < E2E_CPU_KINDS; k++) {
+        const char *nm = toph.k1.k[k].name;
+        printf("  %39s %-10s %10.0f %10.0f %10.0f %10.0f\n", "", nm, e2e_us_kind(&tph, nm),
+               e2e_us_kind(&irph, nm), e2e_us_kind(&toph, nm), e2e_us_kind(&ioph, nm));
+    }
     double ratio_rate = e2e_us_raw(&irph) > 0 ? e2e_us_raw(&tph) / e2e_us_raw(&irph) : 0,
            ratio_net = e2e_us_net(&irph, idle_cps) > 0
                            ? e2e_us_net(&tph, idle_cps) / e2e_us_net(&irph, idle_cps)
@@ -1129,7 +1193,6 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     if (ook != ntasks) ok = -1;
     rc = ok == ntasks ? OQ_EXIT_OK : OQ_EXIT_FAIL;
 out:
-    oq_httpc_destroy(hc);
     e2e_stop_up(up);
     e2e_stop_up(ds);
     return rc;
