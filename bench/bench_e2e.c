@@ -36,6 +36,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -92,6 +93,12 @@ static const oq_setting_t e2e_settings[] = {
      "instead: N 3-step tasks (pay, pay, pay) against `onceq downstream`, then 3N independent "
      "pay calls in the same pipeline: tasks/s, per-step latency, step-to-step gap, CPU per step "
      "against CPU per call"},
+    {"task-rate", OQ_SET_INT, "0", 0, 100000, NULL,
+     "with --tasks: tasks/s of the open-loop task run (0 = half of the closed-loop capacity "
+     "measured first): its step-to-step gap is the figure \"at half of capacity\""},
+    {"idle", OQ_SET_DURATION, "5s", 0, 600000, NULL,
+     "with --tasks: measure the pipeline's idle CPU for this long (0 = skip): every phase's CPU "
+     "is also reported net of it"},
     {"db-url", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "every stage on PostgreSQL (onceq up --db-url): a URI of a fresh database, the password in "
      "a passfile"},
@@ -821,16 +828,28 @@ static int e2e_column(const char *calls_db, const char *sql, double **v, int *n)
     return 0;
 }
 
-static void e2e_print_dist(const char *calls_db, const char *what, const char *sql)
+/* Print \p sql's distribution; its p50 and p99 in *p50, *p99 when given (0 without rows). */
+static void e2e_print_dist2(const char *calls_db, const char *what, const char *sql, double *p50,
+                            double *p99)
 {
     double *v = NULL;
     int n = 0;
-    if (e2e_column(calls_db, sql, &v, &n) == 0 && n > 0)
+    if (p50) *p50 = 0;
+    if (p99) *p99 = 0;
+    if (e2e_column(calls_db, sql, &v, &n) == 0 && n > 0) {
         printf("  %-28s n=%-6d p50 %6.1f ms  p99 %6.1f ms\n", what, n, e2e_pct(v, n, 0.5),
                e2e_pct(v, n, 0.99));
-    else
+        if (p50) *p50 = e2e_pct(v, n, 0.5);
+        if (p99) *p99 = e2e_pct(v, n, 0.99);
+    } else {
         printf("  %-28s (no rows)\n", what);
+    }
     free(v);
+}
+
+static void e2e_print_dist(const char *calls_db, const char *what, const char *sql)
+{
+    e2e_print_dist2(calls_db, what, sql, NULL, NULL);
 }
 
 /* Pipeline processes' CPU seconds (children of \p up) now. */
@@ -841,12 +860,162 @@ static double e2e_pl_cpu(pid_t up)
     return p.cpu_s;
 }
 
+/* One measured phase: \p n steps (task phases) or calls, their wall time and the pipeline's CPU
+ * seconds from the first submit to the last terminal state. */
+typedef struct {
+    double wall_s, cpu_s, submit_s; /* submit_s: task phases, until the last 202 */
+    int64_t n;
+    e2e_cpu_set_t k0, k1; /* per process kind, at the start and at the end */
+} e2e_phase_t;
+
+/* CPU us per step or call of process kind \p name in \p ph (raw). */
+static double e2e_us_kind(const e2e_phase_t *ph, const char *name)
+{
+    return ph->n ? (e2e_cpu_of(&ph->k1, name) - e2e_cpu_of(&ph->k0, name)) * 1e6 / (double)ph->n
+                 : 0;
+}
+
+/* CPU us per step or call of \p ph: raw, and net of \p idle_cps (the pipeline's CPU seconds per
+ * second at rest, times the phase's wall time). */
+static double e2e_us_raw(const e2e_phase_t *ph)
+{
+    return ph->n ? ph->cpu_s * 1e6 / (double)ph->n : 0;
+}
+
+static double e2e_us_net(const e2e_phase_t *ph, double idle_cps)
+{
+    return ph->n ? (ph->cpu_s - idle_cps * ph->wall_s) * 1e6 / (double)ph->n : 0;
+}
+
+/* One submitter of e2e_task_phase(): tasks k, k + nth, ... on its own connection. */
+typedef struct {
+    int port, k, nth;
+    const char *prefix;
+    int64_t ntasks, t0;
+    double rate;
+    int failed;
+} e2e_tsub_t;
+
+static void *e2e_tsub_main(void *arg)
+{
+    e2e_tsub_t *a = arg;
+    char url[96], key[64], hdr[96];
+    static const char body[] =
+        "{\"steps\":[{\"name\":\"a\",\"tool\":\"pay\",\"args\":{\"amount\":1}},"
+        "{\"name\":\"b\",\"tool\":\"pay\",\"args\":{\"amount\":2}},"
+        "{\"name\":\"c\",\"tool\":\"pay\",\"args\":{\"amount\":3}}]}";
+    oq_error_t err = {0};
+    oq_httpc_t *hc = oq_httpc_new(NULL, &err);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/tasks", a->port);
+    for (int64_t i = a->k; hc && i < a->ntasks && !a->failed; i += a->nth) {
+        if (a->rate > 0) { /* open loop: task i is due at t0 + i/rate, late ones go at once */
+            int64_t due = a->t0 + (int64_t)((double)i * 1e6 / a->rate), now = oq_mono_us();
+            if (due > now + 1000) oq_sleep_ms((due - now) / 1000, NULL);
+        }
+        snprintf(key, sizeof key, "%s-%lld", a->prefix, (long long)i);
+        snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
+        const char *const h[] = {hdr, NULL};
+        oq_httpc_resp_t resp = {0};
+        int hr = oq_httpc_request(hc, "POST", url, h, body, &resp, &err);
+        long status = resp.status;
+        oq_httpc_resp_clear(&resp);
+        if (hr || (status != 202 && status != 200)) {
+            fprintf(stderr, "onceq-bench e2e: task %s: %s (HTTP %ld)\n", key, hr ? err.msg : "",
+                    status);
+            a->failed = 1;
+        }
+    }
+    if (!hc) a->failed = 1;
+    return NULL;
+}
+
+/* \p ntasks 3-step tasks keyed \p prefix-<i> from \p nth submitters (one connection each; a
+ * submit answers 202 once the task and its first step are committed): back to back (\p rate 0,
+ * the pipeline's capacity) or open loop at \p rate tasks/s in all, then drained. 0, or -1
+ * (message). */
+static int e2e_task_phase(int port, int nth, const char *prefix, int64_t ntasks, double rate,
+                          const char *calls_db, int64_t drain, pid_t up, e2e_phase_t *ph)
+{
+    e2e_tsub_t a[16];
+    pthread_t th[16];
+    int started = 0, failed = 0;
+    if (nth < 1) nth = 1;
+    if (nth > 16) nth = 16;
+    e2e_cpu_sample(up, &ph->k0);
+    double c0 = e2e_pl_cpu(up);
+    int64_t t0 = oq_mono_us();
+    for (int k = 0; k < nth; k++) {
+        a[k] = (e2e_tsub_t){.port = port,
+                            .k = k,
+                            .nth = nth,
+                            .prefix = prefix,
+                            .ntasks = ntasks,
+                            .t0 = t0,
+                            .rate = rate};
+        if (pthread_create(&th[k], NULL, e2e_tsub_main, &a[k]) != 0) {
+            failed = 1;
+            break;
+        }
+        started++;
+    }
+    for (int k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        failed |= a[k].failed;
+    }
+    if (failed) return -1;
+    ph->submit_s = (double)(oq_mono_us() - t0) / 1e6;
+    if (e2e_wait_drained(calls_db, prefix, 3 * ntasks, drain, up) != 0) return -1;
+    ph->wall_s = (double)(oq_mono_us() - t0) / 1e6;
+    ph->cpu_s = e2e_pl_cpu(up) - c0;
+    e2e_cpu_sample(up, &ph->k1);
+    ph->n = 3 * ntasks;
+    return 0;
+}
+
+/* \p n independent calls keyed \p prefix-<i> through \p lo_in's connections, closed loop (\p rate
+ * 0) or at \p rate calls/s, then drained. 0, or -1 (message). */
+static int e2e_call_phase(const oq_load_opts_t *lo_in, const char *prefix, int64_t n, double rate,
+                          const char *calls_db, int64_t drain, pid_t up, e2e_phase_t *ph)
+{
+    oq_load_opts_t lo = *lo_in;
+    oq_load_result_t r;
+    oq_error_t err = {0};
+    lo.calls = n;
+    lo.key_prefix = prefix;
+    lo.rate = rate;
+    e2e_cpu_sample(up, &ph->k0);
+    double c0 = e2e_pl_cpu(up);
+    int64_t t0 = oq_mono_us();
+    if (oq_load_run(&lo, &r, &err) != 0 || e2e_wait_drained(calls_db, prefix, n, drain, up) != 0) {
+        fprintf(stderr, "onceq-bench e2e: independent calls (%s): %s\n", prefix, err.msg);
+        return -1;
+    }
+    ph->wall_s = (double)(oq_mono_us() - t0) / 1e6;
+    ph->cpu_s = e2e_pl_cpu(up) - c0;
+    e2e_cpu_sample(up, &ph->k1);
+    ph->n = n;
+    return 0;
+}
+
+/* The step-to-step gap of the tasks keyed \p prefix-<i>: a step's result applied at the
+ * producer -> the next step's effect committed at the consumer. */
+static void e2e_gap(const char *calls_db, const char *prefix, double *p50, double *p99)
+{
+    char sql[512], what[64];
+    snprintf(sql, sizeof sql,
+             "SELECT e.created_at - p.updated_at FROM task_steps a JOIN task_steps b ON "
+             "b.task_id=a.task_id AND b.idx=a.idx+1 JOIN calls p ON p.call_id=a.call_id "
+             "JOIN c.effects e ON e.call_id=b.call_id WHERE p.idem_key LIKE '%s-%%'",
+             prefix);
+    snprintf(what, sizeof what, "result -> next effect (%s)", prefix);
+    e2e_print_dist2(calls_db, what, sql, p50, p99);
+}
+
 static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
 {
     char ledger[PATH_MAX], tools[PATH_MAX], log[PATH_MAX], listen[64], calls_db[PATH_MAX];
     int dport = e2e_free_port(), port = e2e_free_port(), rc = OQ_EXIT_FAIL;
     pid_t ds = -1, up = -1;
-    oq_httpc_t *hc = NULL;
     oq_error_t err = {0};
     snprintf(ledger, sizeof ledger, "%s/downstream.db", dir);
     snprintf(tools, sizeof tools, "%s/tools.json", dir);
@@ -902,53 +1071,46 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
             goto out;
         }
     }
-    /* the tasks: submitted one after another (each answers 202 at once), then drained */
-    if (!(hc = oq_httpc_new(NULL, &err))) goto out;
-    char url[96], key[64], hdr[96], body[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/tasks", port);
-    double c0 = e2e_pl_cpu(up);
-    int64_t t0 = oq_mono_us();
-    for (int64_t i = 0; i < ntasks; i++) {
-        snprintf(key, sizeof key, "task-%lld", (long long)i);
-        snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
-        snprintf(body, sizeof body,
-                 "{\"steps\":[{\"name\":\"a\",\"tool\":\"pay\",\"args\":{\"amount\":1}},"
-                 "{\"name\":\"b\",\"tool\":\"pay\",\"args\":{\"amount\":2}},"
-                 "{\"name\":\"c\",\"tool\":\"pay\","
-                 "\"args\":{\"amount\":3}}]}");
-        const char *const h[] = {hdr, NULL};
-        oq_httpc_resp_t resp = {0};
-        int hr = oq_httpc_request(hc, "POST", url, h, body, &resp, &err);
-        long status = resp.status;
-        oq_httpc_resp_clear(&resp);
-        if (hr || (status != 202 && status != 200)) {
-            fprintf(stderr, "onceq-bench e2e: task %s: %s (HTTP %ld)\n", key, hr ? err.msg : "",
-                    status);
-            goto out;
-        }
+    /* The pipeline at rest (after the warm-up's tail): its daemons poll, so it costs CPU per
+     * second whatever runs; a slower phase pays more of it per step. */
+    double idle_cps = 0, idle_s = (double)oq_config_int(cfg, "idle") / 1000.0;
+    if (idle_s > 0) {
+        oq_sleep_ms(1000, NULL);
+        double c0 = e2e_pl_cpu(up);
+        int64_t t0 = oq_mono_us();
+        oq_sleep_ms((int64_t)(idle_s * 1000), NULL);
+        idle_cps = (e2e_pl_cpu(up) - c0) / ((double)(oq_mono_us() - t0) / 1e6);
     }
-    if (e2e_wait_drained(calls_db, "task", 3 * ntasks, drain, up) != 0) goto out;
-    double tw = (double)(oq_mono_us() - t0) / 1e6, tcpu = e2e_pl_cpu(up) - c0;
-    /* the same number of calls, independent, through the same pipeline */
-    lo.calls = 3 * ntasks;
-    lo.key_prefix = "ind";
-    c0 = e2e_pl_cpu(up);
-    t0 = oq_mono_us();
-    if (oq_load_run(&lo, &r, &err) != 0 ||
-        e2e_wait_drained(calls_db, "ind", 3 * ntasks, drain, up) != 0) {
-        fprintf(stderr, "onceq-bench e2e: independent calls: %s\n", err.msg);
+    int tconns = lo.conns < 8 ? lo.conns : 8; /* task submitters */
+    /* 1. tasks back to back: the capacity; 2. as many independent calls, closed loop (the old
+     * comparison) and 3. open loop at the steps/s the tasks reached (both phases last about as
+     * long); 4. tasks open loop at --task-rate (default half of 1.'s capacity): the step-to-step
+     * gap there; 5. independent calls at that run's steps/s */
+    e2e_phase_t tph, iph, irph, toph, ioph;
+    if (e2e_task_phase(port, tconns, "task", ntasks, 0, calls_db, drain, up, &tph) != 0) goto out;
+    double tw = tph.wall_s, steps_ps = tw > 0 ? (double)tph.n / tw : 0;
+    if (e2e_call_phase(&lo, "ind", 3 * ntasks, 0, calls_db, drain, up, &iph) != 0 ||
+        e2e_call_phase(&lo, "indr", 3 * ntasks, steps_ps, calls_db, drain, up, &irph) != 0)
         goto out;
-    }
-    double iw = (double)(oq_mono_us() - t0) / 1e6, icpu = e2e_pl_cpu(up) - c0;
-    int64_t ok = -1;
+    double task_rate = (double)oq_config_int(cfg, "task-rate");
+    if (task_rate <= 0) task_rate = tw > 0 ? (double)ntasks / tw / 2 : 1;
+    if (e2e_task_phase(port, tconns, "otask", ntasks, task_rate, calls_db, drain, up, &toph) != 0 ||
+        e2e_call_phase(&lo, "oind", 3 * ntasks, 3 * task_rate, calls_db, drain, up, &ioph) != 0)
+        goto out;
+    double iw = iph.wall_s;
+    int64_t ok = -1, ook = -1;
     sqlite3 *db = NULL;
-    if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK)
+    if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
         e2e_count(db, "SELECT count(*) FROM tasks WHERE idem_key LIKE ?1 AND status='succeeded'",
                   "task-%", &ok);
+        e2e_count(db, "SELECT count(*) FROM tasks WHERE idem_key LIKE ?1 AND status='succeeded'",
+                  "otask-%", &ook);
+    }
     sqlite3_close_v2(db);
-    printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s)\n",
-           (long long)ok, (long long)ntasks, tw, tw > 0 ? ntasks / tw : 0,
-           tw > 0 ? 3 * ntasks / tw : 0);
+    printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s); submitted "
+           "from %d connections in %.2f s\n",
+           (long long)ok, (long long)ntasks, tw, tw > 0 ? ntasks / tw : 0, steps_ps, tconns,
+           tph.submit_s);
     printf("independent calls: %lld in %.2f s = %.1f calls/s\n", (long long)(3 * ntasks), iw,
            iw > 0 ? 3 * ntasks / iw : 0);
     static const char *const step_sql[3] = {
@@ -978,18 +1140,59 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
                    "ON c.call_id=s.call_id WHERE c.idem_key LIKE 'task-%' GROUP BY s.task_id");
     e2e_print_dist(calls_db, "independent call",
                    "SELECT updated_at - created_at FROM calls WHERE idem_key LIKE 'ind-%'");
-    double per_step = ntasks ? tcpu * 1e6 / (3.0 * ntasks) : 0,
-           per_call = ntasks ? icpu * 1e6 / (3.0 * ntasks) : 0;
+    double per_step = e2e_us_raw(&tph), per_call = e2e_us_raw(&iph);
     printf("CPU of the pipeline processes: %.0f us per task step, %.0f us per independent call "
            "(%.2fx)\n",
            per_step, per_call, per_call > 0 ? per_step / per_call : 0);
+    printf("\nidle: the pipeline at rest costs %.0f ms CPU per second (over %.1f s)\n",
+           idle_cps * 1e3, idle_s);
+    printf("  %-44s %8s %8s %10s %10s\n", "phase", "wall s", "per s", "us raw", "us net");
+    const struct {
+        const char *what;
+        const e2e_phase_t *ph;
+    } rows[] = {
+        {"tasks, back to back (per step)", &tph},
+        {"independent calls, closed loop", &iph},
+        {"independent calls, at the tasks' steps/s", &irph},
+        {"tasks, open loop (per step)", &toph},
+        {"independent calls, at that run's steps/s", &ioph},
+    };
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+        printf("  %-44s %8.2f %8.1f %10.0f %10.0f\n", rows[k].what, rows[k].ph->wall_s,
+               rows[k].ph->wall_s > 0 ? (double)rows[k].ph->n / rows[k].ph->wall_s : 0,
+               e2e_us_raw(rows[k].ph), e2e_us_net(rows[k].ph, idle_cps));
+    /* where a step's CPU goes against a call's at the same rate, process by process */
+    printf("  CPU us per step/call by process (raw): %-10s %10s %10s %10s %10s\n", "process",
+           "tasks", "calls", "tasks open", "calls open");
+    for (int k = 0; k < toph.k1.n && k < E2E_CPU_KINDS; k++) {
+        const char *nm = toph.k1.k[k].name;
+        printf("  %39s %-10s %10.0f %10.0f %10.0f %10.0f\n", "", nm, e2e_us_kind(&tph, nm),
+               e2e_us_kind(&irph, nm), e2e_us_kind(&toph, nm), e2e_us_kind(&ioph, nm));
+    }
+    double ratio_rate = e2e_us_raw(&irph) > 0 ? e2e_us_raw(&tph) / e2e_us_raw(&irph) : 0,
+           ratio_net = e2e_us_net(&irph, idle_cps) > 0
+                           ? e2e_us_net(&tph, idle_cps) / e2e_us_net(&irph, idle_cps)
+                           : 0,
+           ratio_half = e2e_us_net(&ioph, idle_cps) > 0
+                            ? e2e_us_net(&toph, idle_cps) / e2e_us_net(&ioph, idle_cps)
+                            : 0;
+    printf("cost of a task step against an independent call at the same rate: %.2fx raw, %.2fx "
+           "net of idle; at %.1f tasks/s: %.2fx net of idle\n",
+           ratio_rate, ratio_net, task_rate, ratio_half);
+    double g50 = 0, g99 = 0;
+    printf("open-loop tasks: %lld of %lld succeeded at %.1f tasks/s offered\n", (long long)ook,
+           (long long)ntasks, task_rate);
+    e2e_gap(calls_db, "otask", &g50, &g99);
     printf("result bench=e2e-tasks tasks=%lld tasks_per_s=%.1f cpu_us_per_step=%.0f "
-           "cpu_us_per_call=%.0f cost_ratio=%.2f\n",
+           "cpu_us_per_call=%.0f cost_ratio=%.2f idle_cpu_ms_per_s=%.0f cost_ratio_same_rate=%.2f "
+           "cost_ratio_net=%.2f task_rate=%.1f cost_ratio_half_net=%.2f gap_half_p50_ms=%.1f "
+           "gap_half_p99_ms=%.1f\n",
            (long long)ntasks, tw > 0 ? ntasks / tw : 0, per_step, per_call,
-           per_call > 0 ? per_step / per_call : 0);
+           per_call > 0 ? per_step / per_call : 0, idle_cps * 1e3, ratio_rate, ratio_net, task_rate,
+           ratio_half, g50, g99);
+    if (ook != ntasks) ok = -1;
     rc = ok == ntasks ? OQ_EXIT_OK : OQ_EXIT_FAIL;
 out:
-    oq_httpc_destroy(hc);
     e2e_stop_up(up);
     e2e_stop_up(ds);
     return rc;
@@ -999,7 +1202,7 @@ int oq__bench_e2e(int argc, char **argv)
 {
     const char *usage = "onceq-bench e2e [--calls N] [--rate R] [--conns C] [--consumers N] "
                         "[--mix c,e,s,fr,ff] [--dir DIR] [--keep] [--onceq PATH] [--http-tools] "
-                        "[--tasks N]";
+                        "[--tasks N [--task-rate R] [--idle D]]";
     oq_config_t *cfg = oq_config_new(e2e_settings, sizeof e2e_settings / sizeof e2e_settings[0]);
     if (!cfg) return OQ_EXIT_FAIL;
     int rc = oq_cli_parse(cfg, "onceq-bench", usage, argc, argv);
