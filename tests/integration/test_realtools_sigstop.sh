@@ -35,7 +35,8 @@ PL_CONSUMER_X=(-X session.timeout.ms=6000 "${COMMON[@]}" --worker-id B)
 pl_spawn_consumer 2
 rt_wait_status stop-keys succeeded 30 || oq_fail "stop-keys: $(rt_call stop-keys)"
 rt_wait_status stop-ref succeeded 30 || oq_fail "stop-ref: $(rt_call stop-ref)"
-ev() { rt_cq "SELECT group_concat(event || '@' || worker, ',') FROM (SELECT event, worker FROM audit WHERE call_id='$1' ORDER BY id)"; }
+# the call's story without redeliveries the inbox skipped (a Kafka redelivery may land anywhere)
+ev() { rt_cq "SELECT group_concat(event || '@' || worker, ',') FROM (SELECT event, worker FROM audit WHERE call_id='$1' AND event <> 'duplicate_skipped' ORDER BY id)"; }
 oq_log "keys: $(ev "$c1")"
 oq_log "ref:  $(ev "$c2")"
 [[ $(ev "$c1") == *"safe_retry@B,started@B,committed@B"* ]] || oq_fail "keys: B did not resend: $(ev "$c1")"
