@@ -518,6 +518,17 @@ static void skip_after(oq__task_t *t, size_t i)
         if (is(t->steps[j].row.status, "pending")) set_step(t, j, "skipped");
 }
 
+/* What ran before step \p i and cannot simply be left: the first succeeded irreversible step
+ * (\p *irrev, NULL if none) and whether a succeeded step has a compensation (\p *undo). */
+static void what_ran_before(const oq__task_t *t, size_t i, const char **irrev, int *undo)
+{
+    for (size_t j = 0; j < i; j++) {
+        if (!is(t->steps[j].row.status, "succeeded")) continue;
+        if (t->steps[j].irreversible && !*irrev) *irrev = t->steps[j].row.name;
+        if (t->steps[j].comp_tool) *undo = 1;
+    }
+}
+
 void oq__task_on_step(oq__task_t *t, size_t i, const char *status, const char *why)
 {
     char reason[512];
@@ -537,11 +548,7 @@ void oq__task_on_step(oq__task_t *t, size_t i, const char *status, const char *w
         skip_after(t, i);
         const char *irrev = NULL;
         int undo = 0;
-        for (size_t j = 0; j < i; j++) {
-            if (!is(t->steps[j].row.status, "succeeded")) continue;
-            if (t->steps[j].irreversible && !irrev) irrev = t->steps[j].row.name;
-            if (t->steps[j].comp_tool) undo = 1;
-        }
+        what_ran_before(t, i, &irrev, &undo);
         const char *w = why ? why : "its call failed";
         if (irrev) {
             snprintf(reason, sizeof reason,
@@ -947,11 +954,7 @@ static void reject_step(oq__task_t *t, size_t i, const char *by, const char *not
     skip_after(t, i);
     const char *irrev = NULL;
     int undo = 0;
-    for (size_t j = 0; j < i; j++) {
-        if (!is(t->steps[j].row.status, "succeeded")) continue;
-        if (t->steps[j].irreversible && !irrev) irrev = t->steps[j].row.name;
-        if (t->steps[j].comp_tool) undo = 1;
-    }
+    what_ran_before(t, i, &irrev, &undo);
     if (irrev) {
         snprintf(reason, sizeof reason,
                  "step %s rejected by %s (%s) after the irreversible step %s succeeded: it cannot "
