@@ -729,6 +729,20 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
  * idempotency_conflict; 400 bad_request / bad_task / bad_reference; 501
  * tasks_unsupported_backend on a PostgreSQL store. */
 
+/* The writer queue refused a task job (a PostgreSQL store: 501; shutting down: 503): the
+ * connection was suspended for the job, so it is resumed before the answer. */
+static enum MHD_Result task_queue_refused(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
+                                          int rc)
+{
+    ctx->state = RS_DONE;
+    MHD_resume_connection(c);
+    if (rc == OQ_ESTATE)
+        return send_error(h, c, 501, "tasks_unsupported_backend",
+                          "tasks need the SQLite producer store; this producer runs on "
+                          "PostgreSQL");
+    return send_error(h, c, 503, "unavailable", "shutting down");
+}
+
 static void task_done(oq_task_job_t *job, void *opaque)
 {
     req_ctx_t *ctx = opaque;
@@ -768,15 +782,7 @@ static enum MHD_Result task_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Conne
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     rc = oq_producer_task_submit_async(h->p, ctx->task_job, task_done, ctx);
-    if (rc) {
-        ctx->state = RS_DONE;
-        MHD_resume_connection(c);
-        if (rc == OQ_ESTATE)
-            return send_error(h, c, 501, "tasks_unsupported_backend",
-                              "tasks need the SQLite producer store; this producer runs on "
-                              "PostgreSQL");
-        return send_error(h, c, 503, "unavailable", "shutting down");
-    }
+    if (rc) return task_queue_refused(h, ctx, c, rc);
     return MHD_YES;
 }
 
@@ -941,15 +947,7 @@ static enum MHD_Result review_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     rc = oq_producer_task_review_async(h->p, ctx->review_job, review_done, ctx);
-    if (rc) {
-        ctx->state = RS_DONE;
-        MHD_resume_connection(c);
-        if (rc == OQ_ESTATE)
-            return send_error(h, c, 501, "tasks_unsupported_backend",
-                              "tasks need the SQLite producer store; this producer runs on "
-                              "PostgreSQL");
-        return send_error(h, c, 503, "unavailable", "shutting down");
-    }
+    if (rc) return task_queue_refused(h, ctx, c, rc);
     return MHD_YES;
 }
 
