@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Relay under broker faults while rows keep arriving.
-#  A. Default relay (message.timeout.ms=0, gapless): injected Produce errors
+#  A. Default relay (message.timeout.ms=0, gapless; max.in.flight=1, see below): injected Produce errors
 #     (NOT_LEADER_FOR_PARTITION), a partition leader moved, broker 1 down
 #     for 2 s, then every broker down for 3 s. librdkafka retries in order: nothing lost, first
 #     copies in per-key order, and the relay does not spin while the brokers are down.
@@ -27,15 +27,18 @@ oq_start_broker --brokers 3 --partitions 6 --topics relay.faults.b,relay.faults.
 # --- A ---------------------------------------------------------------------------------------
 DB=$T/a.db
 "$FILL" --db "$DB" --rows 0 >/dev/null # create + migrate
+# max.in.flight=1: on the embedded broker an injected Produce error with more than one request
+# in flight per partition can make librdkafka report as delivered a message the mock never
+# stored (an "implicit ack" after a later request's success; docs/BROKER-NOTES.md, "Produce
+# errors lose acknowledged messages"). A real broker refuses the later request instead. With 5
+# in flight this phase lost 8 of 20,000 rows once in about 30 CI runs, all produced at the
+# moment of the injection; with 1 the mock loses nothing, so a loss here is the relay's.
 oq_spawn relay "$ONCEQ_BIN" relay --db "$DB" --brokers "$BROKERS" --lease 2s --batch-rows 200 \
-    -X reconnect.backoff.max.ms=500
+    -X reconnect.backoff.max.ms=500 -X max.in.flight=1
 oq_spawn filler "$FILL" --db "$DB" --rows 20000 --keys 300 --batch 50 --rate 2500
 sleep 1
 oq_log "A: retriable faults"
 oq_broker_ctl "error Produce NOT_LEADER_FOR_PARTITION 5" || oq_fail "ctl error"
-# Not injected: REQUEST_TIMED_OUT right after NOT_LEADER_FOR_PARTITION. With librdkafka 2.0.2's
-# mock cluster that sometimes acknowledges a message the mock never appended; the raw
-# idempotent producer (oq_kclient, no relay) loses one the same way (1 run in 3, 150k msgs).
 oq_broker_ctl "leader onceq.tool-calls 0 2" || oq_fail "ctl leader"
 sleep 0.5
 oq_broker_ctl "down 1" || oq_fail "ctl down"
