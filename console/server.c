@@ -15,8 +15,8 @@
  * producer's format, common/tokens.c) every /api route needs "Authorization: Bearer TOKEN" or
  * the session cookie that the login form sets after checking a token; a tenant's token sees its
  * own calls only, a token with the operator role (is_admin, the one place that decides) sees
- * all and may act. Actions (resolve) are POSTs that carry the CSRF token, an HMAC of the
- * session (or the bearer token's digest) under a key drawn at start, in X-CSRF-Token; a
+ * all and may act. Actions (resolving a call or a task) are POSTs that carry the CSRF token, an
+ * HMAC of the session (or the bearer token's digest) under a key drawn at start, in X-CSRF-Token; a
  * cross-site page cannot read it. Decisions are audited with the operator's name
  * ("console:NAME"): the token's name, or the local user's.
  *
@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "console_int.h"
 #include "oq_console.h"
@@ -482,6 +483,56 @@ static enum MHD_Result api_task(oq_console_t *c, struct MHD_Connection *conn, co
     return send_json(conn, 200, doc);
 }
 
+/* An operator's decision on a task (`onceq review resolve t_...`: oq_store_task_review, the same
+ * rules, fence and audit), from the task's page. Body {as, fence, note}: as is approve | reject
+ * for a task awaiting approval, compensated | succeeded | retry-compensation for one in review.
+ * Needs the CSRF token and the operator role; audited as "console:NAME". The decision is one
+ * transaction on its own connection to calls.db, as the CLI's is (WAL: the producer goes on).
+ * Refusals write nothing: 400 bad_request, 403, 404, 409 not_awaiting_approval / not_in_review /
+ * not_retryable / review_moved, 501 on PostgreSQL. */
+static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *conn,
+                                        const principal_t *p, const char *id, const body_t *b)
+{
+    oq_error_t err = {0};
+    json_t *in = NULL, *out = NULL;
+    const char *code = NULL;
+    if (!csrf_ok(conn, p))
+        return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing written");
+    if (!p->admin)
+        return send_error(conn, 403, "forbidden", "only an operator may resolve: nothing written");
+    if (oq_backend_of(c->pdb) == OQ_BACKEND_POSTGRES)
+        return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
+    if (strncmp(id, "t_", 2) != 0 || strlen(id) > 64 || access(c->pdb, F_OK) != 0)
+        return send_error(conn, 404, "not_found", "no such task");
+    if (!b->buf || !(in = json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL)))
+        return send_error(conn, 400, "bad_request", "a JSON body {as, fence, note}");
+    const char *as = json_string_value(json_object_get(in, "as"));
+    const char *note = json_string_value(json_object_get(in, "note"));
+    json_t *f = json_object_get(in, "fence");
+    if (!as || !note || !note[0] || !json_is_integer(f) || json_integer_value(f) < 0) {
+        json_decref(in);
+        return send_error(conn, 400, "bad_request", "as, fence and note are required");
+    }
+    char by[OQ_MAX_NAME_LEN + 16];
+    snprintf(by, sizeof by, "console:%s", p->name);
+    sqlite3 *db = NULL;
+    oq_db_opts_t o = {NULL, 5000, 0};
+    int rc = oq_db_open(c->pdb, &o, &db, &err);
+    if (!rc)
+        rc = oq_store_task_review(db, id, json_integer_value(f), as, by, note, &out, &code, &err);
+    if (db) sqlite3_close_v2(db);
+    json_decref(in);
+    if (rc) {
+        unsigned st = rc == OQ_ENOTFOUND                      ? 404
+                      : rc == OQ_ESTATE || rc == OQ_ECONFLICT ? 409
+                      : rc == OQ_EINVAL                       ? 400
+                                                              : 503;
+        return send_error(conn, st, code ? code : "unavailable", err.msg);
+    }
+    OQ_LOG_INFO(COMP, "task review resolved task_id=%s as=%s by=%s", id, as, by);
+    return send_json(conn, 200, out);
+}
+
 static enum MHD_Result api_review(oq_console_t *c, struct MHD_Connection *conn,
                                   const principal_t *p)
 {
@@ -761,6 +812,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (get && strncmp(r, "calls/", 6) == 0) return api_call(c, conn, &p, r + 6);
     if (get && strcmp(r, "tasks") == 0) return api_tasks(c, conn, &p);
     if (get && strncmp(r, "tasks/", 6) == 0) return api_task(c, conn, &p, r + 6);
+    if (post && strncmp(r, "tasks/", 6) == 0) {
+        char id[72];
+        const char *slash = strchr(r + 6, '/');
+        if (slash && strcmp(slash, "/resolve") == 0 && (size_t)(slash - (r + 6)) < sizeof id) {
+            snprintf(id, sizeof id, "%.*s", (int)(slash - (r + 6)), r + 6);
+            return api_task_resolve(c, conn, &p, id, b);
+        }
+    }
     if (get && strcmp(r, "review") == 0) return api_review(c, conn, &p);
     if (post && strncmp(r, "review/", 7) == 0) {
         char id[64];

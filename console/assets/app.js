@@ -217,6 +217,35 @@ async function viewTasks(params) {
 const callLink = id => id ? h('a', {href: '#/call/' + id, class: 'call-link', text: id}) : '-';
 const objId = v => v === null || v === undefined ? '' : typeof v === 'string' ? v : JSON.stringify(v);
 
+// An operator's decision on a task waiting for one (`onceq review resolve t_...`, the same
+// function on the server): approve or reject a step awaiting approval; settle a task in review.
+const TASK_DECISIONS = {awaiting_approval: ['approve', 'reject'],
+                        needs_review: ['compensated', 'succeeded', 'retry-compensation']};
+
+function taskDecision(t) {
+  const choices = TASK_DECISIONS[t.status];
+  if (!choices || !me.admin) return null;
+  const form = h('form', {class: 'resolve', id: 'task-resolve'},
+    h('select', {name: 'as'}, choices.map(a => h('option', {value: a, text: a}))),
+    h('input', {name: 'note', placeholder: 'why (audited)', required: true, size: 28}),
+    h('button', {type: 'submit', class: 'resolve-btn'}, 'Decide'));
+  form.addEventListener('submit', async ev => {
+    ev.preventDefault();
+    const body = {as: form.elements.as.value, fence: t.fence, note: form.elements.note.value};
+    try {
+      await api('tasks/' + encodeURIComponent(t.task_id) + '/resolve', {
+        method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': me.csrf},
+        body: JSON.stringify(body)});
+      say('decided ' + t.task_id + ': ' + body.as, 'ok');
+    } catch (e) {
+      say(e.code === 'review_moved' ? 'review moved: ' + t.task_id + ' changed since this page ' +
+          'was loaded; decide again (nothing written)' : 'refused: ' + e.message, 'error');
+    }
+    await viewTask(t.task_id);
+  });
+  return h('div', {class: 'decision'}, h('h2', {text: 'Decision (fence ' + t.fence + ')'}), form);
+}
+
 // One task as `onceq inspect t_...` shows it: its steps and compensations in order, the timeline.
 async function viewTask(id) {
   let d;
@@ -252,7 +281,7 @@ async function viewTask(id) {
       h('td', {class: 'mono', text: fmtTime(r.ts)}), h('td', {text: r.step}), h('td', {text: r.role}),
       h('td', {class: 'mono'}, callLink(r.call_id)), h('td', {class: 'from-' + r.from, text: r.from}),
       h('td', {class: 'event', text: r.event}), h('td', {class: 'mono', text: r.detail || ''})));
-  page().replaceChildren(h('h1', {text: 'Task ' + t.task_id}), kv,
+  page().replaceChildren(h('h1', {text: 'Task ' + t.task_id}), kv, taskDecision(t),
     h('h2', {text: 'Steps and compensations'}),
     h('table', {id: 'task-steps'}, h('thead', {}, h('tr', {}, ['#', 'step', 'role', 'tool', 'status', 'call',
       'object id', 'result / error'].map(x => h('th', {text: x})))), steps),
@@ -526,6 +555,7 @@ async function route() {
   try { const r = await api('review'); document.getElementById('review-count').textContent = r.count || ''; } catch (e) {}
   try { // the tasks badge: those waiting for an operator
     const t = await api('tasks?limit=1');
-    document.getElementById('tasks-count').textContent = t.supported ? (t.counts.needs_review || '') : '';
+    document.getElementById('tasks-count').textContent =
+        t.supported ? ((t.counts.needs_review || 0) + (t.counts.awaiting_approval || 0) || '') : '';
   } catch (e) {}
 })();

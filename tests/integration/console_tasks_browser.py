@@ -3,22 +3,27 @@
 """Drives the console's Tasks pages in headless Chromium (python3-selenium, chromium-driver).
 
     console_tasks_browser.py URL OUT_DIR OPERATOR_TOKEN TENANT_TOKEN OWN_TASK OTHER_TASK NSTEPS
+                             [APPROVAL_TASK]
 
 As the operator: the tasks page lists both tasks with the counts by status; OWN_TASK's page
 shows its NSTEPS steps in order, each with a call link, and a link leads to the call's page.
-As the tenant (owner of OWN_TASK): OTHER_TASK is not listed and its page is not found. A
-screenshot of each page goes to OUT_DIR. Exit 0 when every check holds; a failed check raises.
+As the tenant (owner of OWN_TASK): OTHER_TASK is not listed and its page is not found; the page
+of APPROVAL_TASK (its own, awaiting approval) offers it no decision. Then the operator approves
+APPROVAL_TASK from its page. A screenshot of each page goes to OUT_DIR. Exit 0 when every check holds; a failed check raises.
 """
 import os
 import sys
 import tempfile
 
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from consolelib import browser, check, login, ready, shot  # noqa: E402
 
 URL, OUT, OP_TOKEN, TEN_TOKEN, OWN_TASK, OTHER_TASK, NSTEPS = sys.argv[1:8]
+APPROVAL_TASK = sys.argv[8] if len(sys.argv) > 8 else None
 os.makedirs(OUT, exist_ok=True)
 
 
@@ -72,10 +77,40 @@ def as_tenant():
             ready(d, "#/task/")
             check(d.find_elements(By.ID, "not-found"),
                   "tenant: another tenant's task page is not found")
+            if APPROVAL_TASK:
+                d.get(URL + "#/task/" + APPROVAL_TASK)
+                ready(d, "#/task/")
+                check(d.find_elements(By.ID, "task") and not d.find_elements(By.ID, "task-resolve"),
+                      "tenant: its task awaiting approval, with no decision to make")
         finally:
             d.quit()
 
 
-as_operator()
+def approve_as_operator():
+    with tempfile.TemporaryDirectory() as prof:
+        d = browser(prof)
+        try:
+            login(d, URL, OP_TOKEN)
+            d.get(URL + "#/task/" + APPROVAL_TASK)
+            ready(d, "#/task/")
+            form = d.find_element(By.ID, "task-resolve")
+            opts = [o.get_attribute("value") for o in form.find_elements(By.TAG_NAME, "option")]
+            check(opts == ["approve", "reject"],
+                  "operator: a task awaiting approval offers approve or reject (%s)" % opts)
+            shot(d, OUT, "task-approval")
+            Select(form.find_element(By.NAME, "as")).select_by_value("approve")
+            form.find_element(By.NAME, "note").send_keys("approved in the browser test")
+            form.find_element(By.CSS_SELECTOR, "button.resolve-btn").click()
+            WebDriverWait(d, 20).until(EC.text_to_be_present_in_element((By.ID, "msg"), "decided"))
+            check("decided %s: approve" % APPROVAL_TASK in d.find_element(By.ID, "msg").text,
+                  "operator: approved from the task's page")
+            shot(d, OUT, "task-approved")
+        finally:
+            d.quit()
+
+
 as_tenant()
+as_operator()
+if APPROVAL_TASK:
+    approve_as_operator()
 print("browser checks passed")

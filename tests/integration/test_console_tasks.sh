@@ -13,9 +13,13 @@
 #   - a task whose second step is declined: its page shows the first step's compensation (status,
 #     call id) and the compensation's call in the timeline; status=compensated finds it;
 #   - bad input: an unknown status or limit is 400;
+#   - decisions (POST /api/tasks/{id}/resolve, oq_store_task_review as `onceq review resolve`):
+#     refusals (no CSRF token, a tenant's token, bad bodies, not in review, a moved fence, an
+#     unknown task) change nothing; reject compensates, audited as console:NAME;
 #   - in headless Chromium (tests/integration/console_tasks_browser.py): the tasks page lists
 #     the tasks with their counts, a task's page shows its 3 steps with call links that open
-#     the call's page; a tenant sees its own task only. Screenshots of each page:
+#     the call's page; a tenant sees its own task only; the operator approves a task awaiting
+#     approval from its page and the step runs once (downstream ledger). Screenshots of each page:
 #     $ONCEQ_BUILD/console-tasks-artefacts/.
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
@@ -172,12 +176,76 @@ jq -e --arg k "$(jq -r .task.steps[0].compensation.call_id <<<"$d")" \
 [[ $(A "$TT" "${U}api/tasks" | jq .counts.compensated) == 1 ]] || oq_fail "counts.compensated"
 oq_pass "a compensated task's page: the compensation's status and call id, its rows in the timeline"
 
+# --- an operator's decisions (the same oq_store_task_review as `onceq review resolve t_...`) ------
+led() { sqlite3 -cmd ".timeout 10000" "$DDB" "$1"; }
+pq() { sqlite3 -cmd ".timeout 10000" "$PDB" "$1"; }
+snapshot() { # the task's row, its audit and its steps' calls
+    pq "SELECT status, review_fence, updated_at FROM tasks WHERE task_id='$1';
+        SELECT count(*) FROM audit WHERE call_id='$1';
+        SELECT count(*) FROM calls WHERE idem_key LIKE '$2/%'"
+}
+D='{"steps":[
+  {"name":"charge","tool":"pay","args":{"amount":50,"currency":"EUR"}},
+  {"name":"ship","tool":"pay","args":{"amount":51,"currency":"EUR"},"approval":true}]}'
+E='{"steps":[
+  {"name":"charge","tool":"pay","args":{"amount":60,"currency":"EUR"},
+   "compensate":{"tool":"refund","args":{"amount":60}}},
+  {"name":"ship","tool":"pay","args":{"amount":61,"currency":"EUR"},"approval":true}]}'
+td=$(task_submit console-task-d "$D")
+te=$(task_submit console-task-e "$E")
+[[ $td == t_* && $te == t_* ]] || oq_fail "tasks d, e not submitted: $td $te"
+task_wait default console-task-d awaiting_approval 60 || oq_fail "task d: $(A "$OPT" "${U}api/tasks/$td")"
+task_wait default console-task-e awaiting_approval 60 || oq_fail "task e: $(A "$OPT" "${U}api/tasks/$te")"
+fence=$(A "$OPT" "${U}api/tasks/$te" | jq -r .task.fence)
+[[ $fence =~ ^[0-9]+$ ]] || oq_fail "task e's page has no fence"
+OCSRF=$(A "$OPT" "${U}api/me" | jq -r .csrf)
+TCSRF=$(A "$TT" "${U}api/me" | jq -r .csrf)
+decide() { # TOKEN CSRF TASK BODY: prints "STATUS CODE"
+    local st
+    st=$(A "$1" -o "$T/dec.json" -w '%{http_code}' -X POST "${U}api/tasks/$3/resolve" \
+        -H 'Content-Type: application/json' -H "X-CSRF-Token: $2" -d "$4")
+    echo "$st $(jq -r '.error // .status' "$T/dec.json" 2>/dev/null)"
+}
+before=$(snapshot "$te" console-task-e)
+ok="{\"as\":\"reject\",\"fence\":$fence,\"note\":\"customer cancelled\"}"
+for want_body in "403 csrf|$OPT|wrong|$ok" "403 forbidden|$TT|$TCSRF|$ok" \
+    "400 bad_request|$OPT|$OCSRF|{\"as\":\"reject\"}" \
+    "400 bad_request|$OPT|$OCSRF|{\"as\":\"maybe\",\"fence\":$fence,\"note\":\"x\"}" \
+    "409 not_in_review|$OPT|$OCSRF|{\"as\":\"compensated\",\"fence\":$fence,\"note\":\"x\"}" \
+    "409 review_moved|$OPT|$OCSRF|{\"as\":\"reject\",\"fence\":$((fence + 1)),\"note\":\"x\"}"; do
+    IFS='|' read -r want tok csrf body <<<"$want_body"
+    got=$(decide "$tok" "$csrf" "$te" "$body")
+    [[ $got == "$want" ]] || oq_fail "decision $body with token ${tok:0:6}: $got, want $want"
+done
+got=$(decide "$OPT" "$OCSRF" t_0123456789abcdef0123456789abcdef "$ok")
+[[ $got == "404 not_found" ]] || oq_fail "unknown task: $got"
+[[ $(snapshot "$te" console-task-e) == "$before" ]] || oq_fail "a refused decision changed task e"
+got=$(decide "$OPT" "$OCSRF" "$te" "$ok")
+[[ $got == "200 compensating" || $got == "200 compensated" ]] || oq_fail "reject task e: $got"
+task_wait default console-task-e compensated 60 || oq_fail "task e after reject: $(A "$OPT" "${U}api/tasks/$te")"
+[[ $(pq "SELECT count(*) FROM calls WHERE idem_key='console-task-e/ship'") == 0 ]] ||
+    oq_fail "the rejected step has a call"
+[[ $(pq "SELECT json_extract(detail,'\$.by') || '|' || json_extract(detail,'\$.as')
+         FROM audit WHERE call_id='$te' AND event='task_review'") == "console:ops|reject" ]] ||
+    oq_fail "task e's audit: $(pq "SELECT * FROM audit WHERE call_id='$te'")"
+got=$(decide "$OPT" "$OCSRF" "$te" "$ok")
+[[ $got == "409 not_awaiting_approval" ]] || oq_fail "rejecting again: $got"
+oq_pass "decisions over the console's API: refusals (csrf, tenant, 400 x2, 409 x2, 404) change nothing; reject compensates, audited as console:ops"
+
 # --- the pages in the browser -------------------------------------------------------------------
 ART=$ONCEQ_BUILD/console-tasks-artefacts
 rm -rf "$ART"
 timeout 240 "$PY" "$ONCEQ_SRC/tests/integration/console_tasks_browser.py" "$U" "$ART" "$OPT" \
-    "$TT" "$ta" "$tb" 3 || oq_fail "browser checks failed"
-for p in tasks task tenant-tasks; do
+    "$TT" "$ta" "$tb" 3 "$td" || oq_fail "browser checks failed"
+for p in tasks task tenant-tasks task-approval task-approved; do
     [[ -s $ART/$p.png ]] || oq_fail "no screenshot $p.png"
 done
+task_wait default console-task-d succeeded 60 || oq_fail "task d after approval: $(A "$OPT" "${U}api/tasks/$td")"
+ship=$(A "$OPT" "${U}api/tasks/$td" | jq -r '.task.steps[1].call_id')
+[[ $(led "SELECT count(*) FROM payments WHERE idem_key='$(rt_eid "$ship")'") == 1 ]] ||
+    oq_fail "the approved step's payments in the downstream's ledger"
+[[ $(pq "SELECT json_extract(detail,'\$.by') || '|' || json_extract(detail,'\$.as')
+         FROM audit WHERE call_id='$td' AND event='task_review'") == "console:ops|approve" ]] ||
+    oq_fail "task d's audit: $(pq "SELECT * FROM audit WHERE call_id='$td'")"
+oq_pass "approved from the task's page: the step ran once (downstream ledger), audited as console:ops"
 oq_pass "in Chromium: the tasks page, a task's page with its 3 steps' call links, a tenant's view (screenshots in $ART)"
