@@ -13,14 +13,13 @@ APPROVAL_TASK from its page. A screenshot of each page goes to OUT_DIR. Exit 0 w
 """
 import os
 import sys
-import tempfile
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from consolelib import browser, check, login, ready, shot  # noqa: E402
+from consolelib import check, ready, session, shot  # noqa: E402
 
 URL, OUT, OP_TOKEN, TEN_TOKEN, OWN_TASK, OTHER_TASK, NSTEPS = sys.argv[1:8]
 APPROVAL_TASK = sys.argv[8] if len(sys.argv) > 8 else None
@@ -33,80 +32,65 @@ def task_ids(d):
 
 
 def as_operator():
-    with tempfile.TemporaryDirectory() as prof:
-        d = browser(prof)
-        try:
-            login(d, URL, OP_TOKEN)
-            d.get(URL + "#/tasks")
-            ready(d, "#/tasks")
-            ids = task_ids(d)
-            check(OWN_TASK in ids and OTHER_TASK in ids,
-                  "operator: the tasks page lists the tasks (%d rows)" % len(ids))
-            check(d.find_elements(By.CSS_SELECTOR, '#task-counts a[data-status="succeeded"]'),
-                  "operator: the counts by status are shown")
-            shot(d, OUT, "tasks")
-            d.find_element(By.CSS_SELECTOR, 'a.task-link[href="#/task/%s"]' % OWN_TASK).click()
-            ready(d, "#/task/")
-            steps = d.find_elements(By.CSS_SELECTOR, "#task-steps tr.step")
-            links = [s.find_element(By.CSS_SELECTOR, "a.call-link").text for s in steps]
-            check(len(steps) == int(NSTEPS) and all(x.startswith("c_") for x in links),
-                  "task page: %s steps, each with its call id %s" % (NSTEPS, links))
-            check(d.find_elements(By.CSS_SELECTOR, "#task-timeline tbody tr"),
-                  "task page: the timeline of its calls")
-            shot(d, OUT, "task")
-            steps[0].find_element(By.CSS_SELECTOR, "a.call-link").click()
-            ready(d, "#/call/")
-            check(d.find_elements(By.CSS_SELECTOR, "#timeline td.event"),
-                  "a step's call link opens the call's page")
-        finally:
-            d.quit()
+    with session(URL, OP_TOKEN) as d:
+        d.get(URL + "#/tasks")
+        ready(d, "#/tasks")
+        ids = task_ids(d)
+        check(OWN_TASK in ids and OTHER_TASK in ids,
+              "operator: the tasks page lists the tasks (%d rows)" % len(ids))
+        check(d.find_elements(By.CSS_SELECTOR, '#task-counts a[data-status="succeeded"]'),
+              "operator: the counts by status are shown")
+        shot(d, OUT, "tasks")
+        d.find_element(By.CSS_SELECTOR, 'a.task-link[href="#/task/%s"]' % OWN_TASK).click()
+        ready(d, "#/task/")
+        steps = d.find_elements(By.CSS_SELECTOR, "#task-steps tr.step")
+        links = [s.find_element(By.CSS_SELECTOR, "a.call-link").text for s in steps]
+        check(len(steps) == int(NSTEPS) and all(x.startswith("c_") for x in links),
+              "task page: %s steps, each with its call id %s" % (NSTEPS, links))
+        check(d.find_elements(By.CSS_SELECTOR, "#task-timeline tbody tr"),
+              "task page: the timeline of its calls")
+        shot(d, OUT, "task")
+        steps[0].find_element(By.CSS_SELECTOR, "a.call-link").click()
+        ready(d, "#/call/")
+        check(d.find_elements(By.CSS_SELECTOR, "#timeline td.event"),
+              "a step's call link opens the call's page")
 
 
 def as_tenant():
-    with tempfile.TemporaryDirectory() as prof:
-        d = browser(prof)
-        try:
-            login(d, URL, TEN_TOKEN)
-            d.get(URL + "#/tasks")
-            ready(d, "#/tasks")
-            ids = task_ids(d)
-            check(OWN_TASK in ids and OTHER_TASK not in ids,
-                  "tenant: its own task listed, not another tenant's (%s)" % ids)
-            shot(d, OUT, "tenant-tasks")
-            d.get(URL + "#/task/" + OTHER_TASK)
+    with session(URL, TEN_TOKEN) as d:
+        d.get(URL + "#/tasks")
+        ready(d, "#/tasks")
+        ids = task_ids(d)
+        check(OWN_TASK in ids and OTHER_TASK not in ids,
+              "tenant: its own task listed, not another tenant's (%s)" % ids)
+        shot(d, OUT, "tenant-tasks")
+        d.get(URL + "#/task/" + OTHER_TASK)
+        ready(d, "#/task/")
+        check(d.find_elements(By.ID, "not-found"),
+              "tenant: another tenant's task page is not found")
+        if APPROVAL_TASK:
+            d.get(URL + "#/task/" + APPROVAL_TASK)
             ready(d, "#/task/")
-            check(d.find_elements(By.ID, "not-found"),
-                  "tenant: another tenant's task page is not found")
-            if APPROVAL_TASK:
-                d.get(URL + "#/task/" + APPROVAL_TASK)
-                ready(d, "#/task/")
-                check(d.find_elements(By.ID, "task") and not d.find_elements(By.ID, "task-resolve"),
-                      "tenant: its task awaiting approval, with no decision to make")
-        finally:
-            d.quit()
+            check(d.find_elements(By.ID, "task") and not d.find_elements(By.ID, "task-resolve"),
+                  "tenant: its task awaiting approval, with no decision to make")
 
 
 def approve_as_operator():
-    with tempfile.TemporaryDirectory() as prof:
-        d = browser(prof)
-        try:
-            login(d, URL, OP_TOKEN)
-            d.get(URL + "#/task/" + APPROVAL_TASK)
-            ready(d, "#/task/")
-            form = d.find_element(By.ID, "task-resolve")
-            opts = [o.get_attribute("value") for o in form.find_elements(By.TAG_NAME, "option")]
-            check(opts == ["approve", "reject"],
-                  "operator: a task awaiting approval offers approve or reject (%s)" % opts)
-            shot(d, OUT, "task-approval")
-            Select(form.find_element(By.NAME, "as")).select_by_value("approve")
-            form.find_element(By.NAME, "note").send_keys("approved in the browser test")
-            form.find_element(By.CSS_SELECTOR, "button.resolve-btn").click()
-            WebDriverWait(d, 20).until(EC.text_to_be_present_in_element((By.ID, "msg"), "decided"))
-            check("decided %s: approve" % APPROVAL_TASK in d.find_element(By.ID, "msg").text,
-                  "operator: approved from the task's page")
-            shot(d, OUT, "task-approved")
-        finally:
-            d.quit()
+    with session(URL, OP_TOKEN) as d:
+        d.get(URL + "#/task/" + APPROVAL_TASK)
+        ready(d, "#/task/")
+        form = d.find_element(By.ID, "task-resolve")
+        opts = [o.get_attribute("value") for o in form.find_elements(By.TAG_NAME, "option")]
+        check(opts == ["approve", "reject"],
+              "operator: a task awaiting approval offers approve or reject (%s)" % opts)
+        shot(d, OUT, "task-approval")
+        Select(form.find_element(By.NAME, "as")).select_by_value("approve")
+        form.find_element(By.NAME, "note").send_keys("approved in the browser test")
+        form.find_element(By.CSS_SELECTOR, "button.resolve-btn").click()
+        WebDriverWait(d, 20).until(EC.text_to_be_present_in_element((By.ID, "msg"), "decided"))
+        check("decided %s: approve" % APPROVAL_TASK in d.find_element(By.ID, "msg").text,
+              "operator: approved from the task's page")
+        shot(d, OUT, "task-approved")
 
 
 as_tenant()

@@ -9,14 +9,13 @@ OUT_DIR. Exit 0 when every check holds; a failed check raises.
 """
 import os
 import sys
-import tempfile
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from consolelib import browser, check, login, ready, shot  # noqa: E402
+from consolelib import check, ready, session, shot  # noqa: E402
 
 URL, OUT, OP_TOKEN, TEN_TOKEN, OWN, OTHER = sys.argv[1:7]
 os.makedirs(OUT, exist_ok=True)
@@ -30,13 +29,8 @@ def listed(d):
 
 
 def run(token, fn):
-    with tempfile.TemporaryDirectory() as prof:
-        d = browser(prof)
-        try:
-            login(d, URL, token)
-            fn(d)
-        finally:
-            d.quit()
+    with session(URL, token) as d:
+        fn(d)
 
 
 def as_tenant(d):

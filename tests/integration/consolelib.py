@@ -2,7 +2,9 @@
 """What the console's browser tests share: a headless Chromium (Debian's chromium and
 chromium-driver, python3-selenium), the console's "page ready" mark, the login form,
 screenshots and checks that print what held."""
+import contextlib
 import os
+import tempfile
 import time
 
 from selenium import webdriver
@@ -37,6 +39,18 @@ def login(d, url, token):
     WebDriverWait(d, 20).until(lambda x: x.current_url.rstrip("/") == url.rstrip("/") or
                                "#/" in x.current_url)
     ready(d, "#/calls")
+
+
+@contextlib.contextmanager
+def session(url, token):
+    """A fresh headless Chromium (its own profile) logged in with token; quit on the way out."""
+    with tempfile.TemporaryDirectory() as prof:
+        d = browser(prof)
+        try:
+            login(d, url, token)
+            yield d
+        finally:
+            d.quit()
 
 
 def shot(d, out, name):
