@@ -483,6 +483,33 @@ static enum MHD_Result api_task(oq_console_t *c, struct MHD_Connection *conn, co
     return send_json(conn, 200, doc);
 }
 
+/* The body of a decision (a call's or a task's): {as, fence, note, ref?}; \p d's strings are
+ * \p d->in's (json_decref it after use). NULL, or the message of the 400 to answer (nothing
+ * kept). */
+typedef struct decision {
+    json_t *in;
+    const char *as, *note, *ref;
+    int64_t fence;
+} decision_t;
+
+static const char *decision_parse(const body_t *b, decision_t *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!b->buf || !(d->in = json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL)))
+        return "a JSON body {as, fence, note}";
+    json_t *f = json_object_get(d->in, "fence");
+    d->as = json_string_value(json_object_get(d->in, "as"));
+    d->note = json_string_value(json_object_get(d->in, "note"));
+    d->ref = json_string_value(json_object_get(d->in, "ref"));
+    if (!d->as || !d->note || !d->note[0] || !json_is_integer(f) || json_integer_value(f) < 0) {
+        json_decref(d->in);
+        d->in = NULL;
+        return "as, fence and note are required";
+    }
+    d->fence = json_integer_value(f);
+    return NULL;
+}
+
 /* An operator's decision on a task (`onceq review resolve t_...`: oq_store_task_review, the same
  * rules, fence and audit), from the task's page. Body {as, fence, note}: as is approve | reject
  * for a task awaiting approval, compensated | succeeded | retry-compensation for one in review.
@@ -494,7 +521,7 @@ static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *
                                         const principal_t *p, const char *id, const body_t *b)
 {
     oq_error_t err = {0};
-    json_t *in = NULL, *out = NULL;
+    json_t *out = NULL;
     const char *code = NULL;
     if (!csrf_ok(conn, p))
         return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing written");
@@ -504,24 +531,22 @@ static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *
         return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
     if (strncmp(id, "t_", 2) != 0 || strlen(id) > 64 || access(c->pdb, F_OK) != 0)
         return send_error(conn, 404, "not_found", "no such task");
-    if (!b->buf || !(in = json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL)))
-        return send_error(conn, 400, "bad_request", "a JSON body {as, fence, note}");
-    const char *as = json_string_value(json_object_get(in, "as"));
-    const char *note = json_string_value(json_object_get(in, "note"));
-    json_t *f = json_object_get(in, "fence");
-    if (!as || !note || !note[0] || !json_is_integer(f) || json_integer_value(f) < 0) {
-        json_decref(in);
-        return send_error(conn, 400, "bad_request", "as, fence and note are required");
+    decision_t d;
+    const char *bad = decision_parse(b, &d);
+    if (!bad && d.ref) {
+        json_decref(d.in);
+        bad = "a task's decision takes no ref";
     }
+    if (bad) return send_error(conn, 400, "bad_request", bad);
     char by[OQ_MAX_NAME_LEN + 16];
     snprintf(by, sizeof by, "console:%s", p->name);
     sqlite3 *db = NULL;
     oq_db_opts_t o = {NULL, 5000, 0};
     int rc = oq_db_open(c->pdb, &o, &db, &err);
-    if (!rc)
-        rc = oq_store_task_review(db, id, json_integer_value(f), as, by, note, &out, &code, &err);
+    if (!rc) rc = oq_store_task_review(db, id, d.fence, d.as, by, d.note, &out, &code, &err);
     if (db) sqlite3_close_v2(db);
-    json_decref(in);
+    if (!rc) OQ_LOG_INFO(COMP, "task review resolved task_id=%s as=%s by=%s", id, d.as, by);
+    json_decref(d.in);
     if (rc) {
         unsigned st = rc == OQ_ENOTFOUND                      ? 404
                       : rc == OQ_ESTATE || rc == OQ_ECONFLICT ? 409
@@ -529,7 +554,6 @@ static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *
                                                               : 503;
         return send_error(conn, st, code ? code : "unavailable", err.msg);
     }
-    OQ_LOG_INFO(COMP, "task review resolved task_id=%s as=%s by=%s", id, as, by);
     return send_json(conn, 200, out);
 }
 
@@ -554,27 +578,20 @@ static enum MHD_Result api_resolve(oq_console_t *c, struct MHD_Connection *conn,
                                    const principal_t *p, const char *id, const body_t *b)
 {
     oq_error_t err = {0};
-    json_t *in = NULL, *out = NULL;
+    json_t *out = NULL;
     if (!csrf_ok(conn, p))
         return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing written");
     if (!p->admin)
         return send_error(conn, 403, "forbidden", "only an operator may resolve: nothing written");
     if (!c->cdb) return send_error(conn, 404, "not_found", "no --consumer-db");
-    if (!b->buf || !(in = json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, NULL)))
-        return send_error(conn, 400, "bad_request", "a JSON body {as, fence, note, ref?}");
-    const char *as = json_string_value(json_object_get(in, "as"));
-    const char *note = json_string_value(json_object_get(in, "note"));
-    const char *ref = json_string_value(json_object_get(in, "ref"));
-    json_t *f = json_object_get(in, "fence");
-    if (!as || !note || !note[0] || !json_is_integer(f) || json_integer_value(f) < 0) {
-        json_decref(in);
-        return send_error(conn, 400, "bad_request", "as, fence and note are required");
-    }
+    decision_t d;
+    const char *bad = decision_parse(b, &d);
+    if (bad) return send_error(conn, 400, "bad_request", bad);
     char by[OQ_MAX_NAME_LEN + 16];
     snprintf(by, sizeof by, "console:%s", p->name);
-    int rc = oq_review_resolve(c->cdb, id, as, ref && ref[0] ? ref : NULL, note, by,
-                               json_integer_value(f), &out, &err);
-    json_decref(in);
+    int rc = oq_review_resolve(c->cdb, id, d.as, d.ref && d.ref[0] ? d.ref : NULL, d.note, by,
+                               d.fence, &out, &err);
+    json_decref(d.in);
     if (rc == OQ_EFENCED)
         return send_error(conn, 409, "review_moved",
                           "review moved: the call left review and came back since this page "

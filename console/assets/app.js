@@ -45,6 +45,12 @@ async function api(path, opts) {
   return body;
 }
 
+// An action: a JSON POST with the session's CSRF token (the server refuses one without it).
+function post(path, body) {
+  return api(path, {method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': me.csrf},
+                    body: JSON.stringify(body)});
+}
+
 function fmtTime(v) {
   if (v === null || v === undefined) return '';
   if (typeof v === 'number') return new Date(v).toISOString().replace('T', ' ').replace('Z', '');
@@ -233,9 +239,7 @@ function taskDecision(t) {
     ev.preventDefault();
     const body = {as: form.elements.as.value, fence: t.fence, note: form.elements.note.value};
     try {
-      await api('tasks/' + encodeURIComponent(t.task_id) + '/resolve', {
-        method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': me.csrf},
-        body: JSON.stringify(body)});
+      await post('tasks/' + encodeURIComponent(t.task_id) + '/resolve', body);
       say('decided ' + t.task_id + ': ' + body.as, 'ok');
     } catch (e) {
       say(e.code === 'review_moved' ? 'review moved: ' + t.task_id + ' changed since this page ' +
@@ -298,9 +302,7 @@ async function resolve(ev, r) {
   const body = {as: f.elements.as.value, fence: r.fence, note: f.elements.note.value};
   if (f.elements.ref.value) body.ref = f.elements.ref.value;
   try {
-    await api('review/' + encodeURIComponent(r.call_id) + '/resolve', {
-      method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': me.csrf},
-      body: JSON.stringify(body)});
+    await post('review/' + encodeURIComponent(r.call_id) + '/resolve', body);
     say('resolved ' + r.call_id + ' as ' + body.as, 'ok');
   } catch (e) {
     say(e.code === 'review_moved' ? 'review moved: ' + r.call_id + ' left review and came back; ' +
@@ -341,9 +343,7 @@ async function viewReview(keepMsg) {
 
 async function redrive(ref) {
   try {
-    const r = await api('dlq/redrive', {method: 'POST', headers: {'Content-Type': 'application/json',
-                                                                  'X-CSRF-Token': me.csrf},
-                                        body: JSON.stringify({ref: ref})});
+    const r = await post('dlq/redrive', {ref: ref});
     say(r.output || ('redriven ' + ref), 'ok');
   } catch (e) { say('redrive refused: ' + e.message, 'error'); }
   await viewDlq(true);
@@ -351,9 +351,7 @@ async function redrive(ref) {
 
 async function redriveWebhook(id) {
   try {
-    await api('webhooks/redrive', {method: 'POST', headers: {'Content-Type': 'application/json',
-                                                              'X-CSRF-Token': me.csrf},
-                                   body: JSON.stringify({delivery_id: id})});
+    await post('webhooks/redrive', {delivery_id: id});
     say('redriven webhook delivery ' + id + ': the producer sends it again (same id)', 'ok');
   } catch (e) { say('redrive refused: ' + e.message, 'error'); }
   await viewDlq(true);
