@@ -1162,9 +1162,6 @@ int oq__task_review_job_run(oq__producer_store_t *s, oq_task_review_job_t *job, 
     json_decref(job->task); /* a batch run again after a failure starts afresh */
     job->task = NULL;
     job->code = NULL;
-    if (s->pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     return oq__task_review(s, job->task_id, job->fence, job->as, job->by, job->note, now_ms, ttl,
                            &job->task, &job->code, err);
 }
@@ -1289,9 +1286,6 @@ int oq__task_decide_submit(oq__producer_store_t *s, oq_task_job_t *job, int64_t 
     json_decref(job->task);
     job->task = NULL;
     job->outcome = 0;
-    if (s->pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     oq__task_row_t row = {0};
     snprintf(row.task_id, sizeof row.task_id, "%s", job->task_id);
     row.tenant = job->tenant;
