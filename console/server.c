@@ -7,7 +7,7 @@
  * oq_inspect_call, oq_producer_db_tasks / oq_inspect_task, oq_review_list / oq_review_resolve,
  * oq_relay_db_dead_list): no SQL here, no second rule for what "resolve" means. The producer's
  * database is an SQLite file or PostgreSQL (open_pdb); the functions run the statements of its
- * backend. Tasks exist on SQLite only: on PostgreSQL the tasks page says so.
+ * backend (tasks included).
  *
  * Safe by default. Without a token file the console listens on a loopback address only
  * (refused at start otherwise), answers only requests whose Host is a loopback name (a DNS
@@ -400,12 +400,6 @@ static enum MHD_Result api_call(oq_console_t *c, struct MHD_Connection *conn, co
     return send_json(conn, 200, doc);
 }
 
-/* Tasks exist on the SQLite store only: on PostgreSQL the task functions answer OQ_ESTATE, and
- * the console says so instead of failing. */
-#define TASKS_NEED_SQLITE                                                                          \
-    "tasks need the SQLite store: this producer database is PostgreSQL, where the producer "       \
-    "refuses tasks (501 tasks_unsupported_backend)"
-
 /* The tasks page: a page of tasks as `onceq tasks list --json` lists them (oq_producer_db_tasks),
  * with the counts by status of the producer's onceq_producer_tasks gauges
  * (oq_producer_db_task_counts); a tenant's token sees its own only. */
@@ -441,12 +435,6 @@ static enum MHD_Result api_tasks(oq_console_t *c, struct MHD_Connection *conn, c
     if (!rc) rc = oq_producer_db_tasks(&db, &q, &out, &err);
     if (!rc) rc = oq_producer_db_task_counts(&db, q.tenant, &counts, &err);
     close_pdb(c, &db);
-    if (rc == OQ_ESTATE) {
-        json_decref(out);
-        return send_json(conn, 200,
-                         json_pack("{s:b, s:s, s:[], s:n, s:n}", "supported", 0, "message",
-                                   TASKS_NEED_SQLITE, "tasks", "next", "counts"));
-    }
     if (rc) {
         json_decref(out);
         return send_error(conn, status_of(rc), "error", err.msg);
@@ -469,8 +457,6 @@ static enum MHD_Result api_task(oq_console_t *c, struct MHD_Connection *conn, co
     int rc = open_pdb(c, &db, &err);
     if (!rc) rc = oq_inspect_task(&db, c->cdb, id, &doc, &err);
     close_pdb(c, &db);
-    if (rc == OQ_ESTATE)
-        return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
     if (rc)
         return send_error(conn, status_of(rc), rc == OQ_ENOTFOUND ? "not_found" : "error",
                           rc == OQ_ENOTFOUND ? "no such task" : err.msg);

@@ -1744,13 +1744,24 @@ int oq__producer_pg_task_get(oq__producer_store_t *s, const char *task_id, const
 {
     PGresult *r = NULL;
     int rc;
+    /* In a transaction the row is locked until its end: a task read to be changed (a result of
+     * its step, an operator's decision, a compensation retry, from this process or another on
+     * the same database) is changed by one transaction at a time, as BEGIN IMMEDIATE does on
+     * SQLite; the second reads what the first committed. */
+    int lock = oq__producer_pg_in_tx(s);
     if (task_id) {
         const char *p[] = {task_id};
-        rc = q(s, "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE task_id=$1", 1, p, &r, err);
+        rc = q(s,
+               lock ? "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE task_id=$1 FOR UPDATE"
+                    : "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE task_id=$1",
+               1, p, &r, err);
     } else {
         const char *p[] = {tenant && *tenant ? tenant : OQ_DEFAULT_TENANT, idem_key};
-        rc = q(s, "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE tenant=$1 AND idem_key=$2", 2, p,
-               &r, err);
+        rc = q(s,
+               lock ? "SELECT " PG_TASK_COLS
+                      " FROM onceq.tasks WHERE tenant=$1 AND idem_key=$2 FOR UPDATE"
+                    : "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE tenant=$1 AND idem_key=$2",
+               2, p, &r, err);
     }
     memset(out, 0, sizeof *out);
     if (rc) return rc;

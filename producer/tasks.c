@@ -1463,9 +1463,6 @@ int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **o
 {
     oq__producer_store_t s = oq__producer_store_of(h);
     int64_t by[OQ_TASK_NSTATUS], ok = 0, review = 0;
-    if (s.pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     int ret = oq__task_store_counts(&s, tenant, by, &ok, &review, err);
     if (ret) return ret;
     json_t *o = json_object();
