@@ -134,6 +134,12 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
                          const char *by, const char *note, json_t **out, const char **code,
                          oq_error_t *err);
 
+/** @brief oq_store_task_review() on an operator's handle (oq_dbh.h: SQLite or PostgreSQL), in a
+ *         transaction of its own; the same rules, codes and returns. */
+int oq_producer_db_task_review(const oq_dbh_t *h, const char *task_id, int64_t fence,
+                               const char *as, const char *by, const char *note, json_t **out,
+                               const char **code, oq_error_t *err);
+
 /** An operator's decision queued for the producer's writer (POST /v1/tasks/{id}/resolve). */
 typedef struct oq_task_review_job oq_task_review_job_t;
 

@@ -1095,6 +1095,26 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
     return ret;
 }
 
+int oq_producer_db_task_review(const oq_dbh_t *h, const char *task_id, int64_t fence,
+                               const char *as, const char *by, const char *note, json_t **out,
+                               const char **code, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    if (out) *out = NULL;
+    int ret = oq__producer_store_begin(&s, 30000, err);
+    if (ret) return ret;
+    ret = oq__task_review(&s, task_id, fence, as, by, note, oq_now_ms(), 0, out, code, err);
+    if (!ret) ret = oq__producer_store_commit(&s, err);
+    if (ret) {
+        oq__producer_store_rollback(&s);
+        if (out) {
+            json_decref(*out);
+            *out = NULL;
+        }
+    }
+    return ret;
+}
+
 /* The same decision through the producer's writer (POST /v1/tasks/{id}/resolve): a job that
  * carries its inputs and, after the commit, the task or the refusal's code. A refusal
  * (bad_request .. not_retryable) is decided before anything is written; any other error is a

@@ -10,6 +10,9 @@
 #     (ledger seq), the task compensated, the declined step without effect;
 #   - a step with "approval": true waits in awaiting_approval with no call; approved over HTTP
 #     (POST /v1/tasks/{id}/resolve) it runs once, the decision audited on PostgreSQL;
+#   - the operator's CLI on the same database: onceq tasks list / show, onceq inspect t_...,
+#     onceq review show t_...; a reject by `onceq review resolve` (a stale fence: exit 9)
+#     skips the waiting step (no call) and the charge before it is compensated once;
 #   - the same key again: a replay (200, Idempotent-Replayed, the same task); with other steps:
 #     422 idempotency_conflict, nothing written; GET by id and by key, the tasks in /stats;
 #   - onceq verify (its task checks on the PostgreSQL snapshot) is clean.
@@ -171,21 +174,55 @@ pgq "SELECT detail FROM onceq.audit WHERE call_id='$aid' AND event='task_review'
     oq_fail "the decision's audit: $(pgq "SELECT detail FROM onceq.audit WHERE call_id='$aid'")"
 oq_pass "PostgreSQL: a step approved over HTTP ran once (a stale fence 409, a second approve 409)"
 
+# --- the operator's CLI on PostgreSQL: list, show, inspect, review show / resolve (reject) -------
+"$ONCEQ_BIN" tasks list --db "$DBURL" --json >"$T/list.json" || oq_fail "onceq tasks list"
+jq -e 'length == 3 and .[0].idem_key == "appr-1" and .[2].idem_key == "ok-1"' "$T/list.json" \
+    >/dev/null || oq_fail "tasks list: $(jq -c '[.[].idem_key]' "$T/list.json")"
+[[ $("$ONCEQ_BIN" tasks list --db "$DBURL" --status compensated --json | jq -r '.[].idem_key') == comp-1 ]] ||
+    oq_fail "tasks list --status compensated"
+[[ $("$ONCEQ_BIN" tasks show --db "$DBURL" --key ok-1 | jq -r .task_id) == "$tid" ]] ||
+    oq_fail "tasks show --key"
+"$ONCEQ_BIN" tasks show --db "$DBURL" t_0123456789abcdef0123456789abcdef >/dev/null 2>&1
+[[ $? == 4 ]] || oq_fail "tasks show of an unknown task: not exit 4"
+"$ONCEQ_BIN" inspect --db "$DBURL" --consumer-db "$CDB" --json "$tid" >"$T/insp.json" ||
+    oq_fail "onceq inspect $tid"
+jq -e '.task.status == "succeeded" and ([.timeline[].step] | unique | length) == 3' \
+    "$T/insp.json" >/dev/null || oq_fail "inspect: $(jq -c '.timeline | length' "$T/insp.json")"
+task_submit rej-1 "$P" >/dev/null
+task_wait rej-1 awaiting_approval 60 || oq_fail "rej-1 not awaiting approval: $(task rej-1)"
+rid=$(task rej-1 | jq -r .task_id)
+"$ONCEQ_BIN" review show "$rid" --producer-db "$DBURL" --json >"$T/rshow.json" ||
+    oq_fail "review show $rid"
+rfence=$(jq -r .fence "$T/rshow.json")
+[[ $(jq -r .status "$T/rshow.json") == awaiting_approval ]] || oq_fail "review show: $(cat "$T/rshow.json")"
+"$ONCEQ_BIN" review resolve "$rid" --producer-db "$DBURL" --fence $((rfence + 1)) --as reject \
+    --note late --by bob >/dev/null 2>&1
+[[ $? == 9 ]] || oq_fail "a stale fence from the CLI: not exit 9"
+"$ONCEQ_BIN" review resolve "$rid" --producer-db "$DBURL" --fence "$rfence" --as reject \
+    --note "customer cancelled" --by bob >"$T/rej.json" || oq_fail "review resolve --as reject"
+task_wait rej-1 compensated 60 || oq_fail "rejected task: $(task rej-1)"
+t=$(task rej-1)
+[[ $(jq -r '[.steps[].status] | join(",")' <<<"$t") == compensated,skipped ]] || oq_fail "rej-1 steps: $t"
+[[ $(effects_of "$(jq -r .steps[0].compensation.call_id <<<"$t")") == 1 &&
+    $(pgq "SELECT count(*) FROM onceq.calls WHERE idem_key='rej-1/ship'") == 0 ]] ||
+    oq_fail "reject: the charge not refunded once, or the rejected step has a call"
+oq_pass "PostgreSQL: onceq tasks list/show, inspect, review show; a reject from the CLI compensated (stale fence: exit 9)"
+
 # --- the counts, and onceq verify ---------------------------------------------------------------
 st=$(curl -s "$URL/stats")
-jq -e '.tasks.total == 3 and .tasks.by_status.succeeded == 2 and
-    .tasks.by_status.compensated == 1 and .tasks.compensations.compensated == 2' <<<"$st" \
+jq -e '.tasks.total == 4 and .tasks.by_status.succeeded == 2 and
+    .tasks.by_status.compensated == 2 and .tasks.compensations.compensated == 3' <<<"$st" \
     >/dev/null || oq_fail "stats: $(jq -c .tasks <<<"$st")"
 curl -sf "$URL/metrics" >"$T/metrics.txt" || oq_fail "no /metrics"
 mv_() { awk -v k="$1" '$1 == k {print $2}' "$T/metrics.txt"; }
 [[ $(mv_ 'onceq_producer_tasks{status="succeeded"}') == 2 &&
-    $(mv_ 'onceq_producer_tasks{status="compensated"}') == 1 &&
-    $(mv_ 'onceq_producer_task_compensations{outcome="compensated"}') == 2 &&
+    $(mv_ 'onceq_producer_tasks{status="compensated"}') == 2 &&
+    $(mv_ 'onceq_producer_task_compensations{outcome="compensated"}') == 3 &&
     $(mv_ onceq_producer_task_steps_rerun) == 0 ]] ||
     oq_fail "task metrics: $(grep -E 'onceq_producer_task' "$T/metrics.txt")"
 pl_wait_drained 60 || oq_fail "not drained"
 J=$(rt_verify) || oq_fail "onceq verify: $J"
-jq -e '.clean and .duplicates == 0 and .lost == 0 and .violations == 0 and .calls == 10 and
+jq -e '.clean and .duplicates == 0 and .lost == 0 and .violations == 0 and .calls == 12 and
     (.by_kind | .task_step_rerun + .task_comp_twice + .task_false_end + .task_not_terminal +
      .downstream_dup + .downstream_missing == 0)' <<<"$J" >/dev/null || oq_fail "verify: $J"
 # the task checks read the PostgreSQL tables: a step written as a second call is caught
