@@ -726,8 +726,7 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
  * the body validated on the epoll thread (oq_task_job_new), the job queued for the writer with
  * the connection suspended, the answer built when it is resumed. Same status codes as a call:
  * 202 new or in flight, 200 replayed and finished (both replays with Idempotent-Replayed), 422
- * idempotency_conflict; 400 bad_request / bad_task / bad_reference; 501
- * tasks_unsupported_backend on a PostgreSQL store. */
+ * idempotency_conflict; 400 bad_request / bad_task / bad_reference. */
 
 static void task_done(oq_task_job_t *job, void *opaque)
 {
@@ -771,10 +770,6 @@ static enum MHD_Result task_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Conne
     if (rc) {
         ctx->state = RS_DONE;
         MHD_resume_connection(c);
-        if (rc == OQ_ESTATE)
-            return send_error(h, c, 501, "tasks_unsupported_backend",
-                              "tasks need the SQLite producer store; this producer runs on "
-                              "PostgreSQL");
         return send_error(h, c, 503, "unavailable", "shutting down");
     }
     return MHD_YES;
@@ -798,7 +793,6 @@ static enum MHD_Result task_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Conn
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
                           "this Idempotency-Key was used with a different task");
-    if (rc == OQ_ESTATE) return send_error(h, c, 501, "tasks_unsupported_backend", err.msg);
     if (rc || !task) {
         OQ_LOG_ERROR("http", "task submit failed: %s", err.msg);
         return send_error(h, c, 503, "unavailable", "task not durable, retry with the same key");
@@ -849,7 +843,7 @@ static enum MHD_Result get_task(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
  * body must be sent as application/json (415 otherwise), so a page of another origin cannot
  * post a decision without a CORS preflight, which this server never grants.
  * Refusals change nothing: 400 bad_request, 404 not_found, 409 not_awaiting_approval /
- * not_in_review / not_retryable / review_moved, 413, 415, 501 tasks_unsupported_backend; 503
+ * not_in_review / not_retryable / review_moved, 413, 415; 503
  * unavailable when the commit failed (nothing written: the same request may be sent again). */
 
 /* Non-zero when the request says its body is application/json (parameters ignored): a form or
@@ -944,10 +938,6 @@ static enum MHD_Result review_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     if (rc) {
         ctx->state = RS_DONE;
         MHD_resume_connection(c);
-        if (rc == OQ_ESTATE)
-            return send_error(h, c, 501, "tasks_unsupported_backend",
-                              "tasks need the SQLite producer store; this producer runs on "
-                              "PostgreSQL");
         return send_error(h, c, 503, "unavailable", "shutting down");
     }
     return MHD_YES;
