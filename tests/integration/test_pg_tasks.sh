@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# ctest-cost: 60
+# ctest-cost: 90
 # Tasks on a PostgreSQL producer (issue 19): producer and relay on ONCEQ_TEST_PG_URL (schema
 # onceq, task rows in onceq.tasks / task_steps / task_calls), one consumer (SQLite) with HTTP
 # tools against `onceq downstream`, effects counted in the downstream's ledger:
@@ -8,6 +8,9 @@
 #     arguments citing an earlier result;
 #   - a task whose third step is declined: steps 2 and 1 compensated once each, in reverse
 #     (ledger seq), the task compensated, the declined step without effect;
+#   - a compensation failing twice then succeeding: retried (the due rows of
+#     onceq.task_steps) as the same call, attempt 3, one effect;
+#   - `onceq call --task` submits and waits for the end (exit 0, succeeded);
 #   - a step with "approval": true waits in awaiting_approval with no call; approved over HTTP
 #     (POST /v1/tasks/{id}/resolve) it runs once, the decision audited on PostgreSQL;
 #   - the operator's CLI on the same database: onceq tasks list / show, onceq inspect t_...,
@@ -26,11 +29,17 @@ oq_require_pg
 DBURL=$(oq_pg_fresh_db onceq_it_tasks)
 pgq() { psql -XAtq "$DBURL" -c "$1"; }
 
+FPORT=$(oq_free_port) || oq_fail "no free port"
+FLOG=$T/flaky.log
+: >"$FLOG"
+oq_spawn flaky python3 "$ONCEQ_SRC/tests/integration/flaky_downstream.py" "$FPORT" 2 "$FLOG"
+oq_wait_for 15 curl -sf "http://127.0.0.1:$FPORT/healthz" || oq_fail "flaky service not up"
 rt_start_downstream
 RT_VARIANTS='[
   {"base": true, "name": "ticket", "body": "args"},
   {"base": true, "name": "pay_decline", "headers": {"X-Downstream-Fault": "decline"}},
-  {"base": true, "name": "refund"}
+  {"base": true, "name": "refund"},
+  {"name": "refund_flaky", "url": "http://127.0.0.1:'$FPORT'/refunds", "body": "args"}
 ]'
 rt_tools "$T/tools.json"
 PDB=$DBURL CDB=$T/effects.db PORT=$(oq_free_port)
@@ -139,6 +148,29 @@ done
     oq_fail "compensation links on PostgreSQL"
 oq_pass "PostgreSQL: the third step declined: ticket then charge compensated, one effect each"
 
+# --- a compensation that fails twice, then succeeds: retried (due rows on PostgreSQL) --------
+B='{"steps":[
+  {"name":"charge","tool":"pay","args":{"amount":10},
+   "compensate":{"tool":"refund_flaky","args":{"payment":"{steps.charge.object_id}"}}},
+  {"name":"boom","tool":"pay_decline","args":{"amount":1}}]}'
+task_submit flaky-1 "$B" >/dev/null
+task_wait flaky-1 compensated 90 || oq_fail "flaky: $(task flaky-1)"
+t=$(task flaky-1)
+kb=$(jq -r .steps[0].compensation.call_id <<<"$t")
+[[ $(grep -c "^$(rt_eid "$kb") " "$FLOG") == 3 ]] || oq_fail "flaky attempts: $(cat "$FLOG")"
+[[ $(grep -c "^$(rt_eid "$kb") 201" "$FLOG") == 1 ]] || oq_fail "flaky effects: $(cat "$FLOG")"
+[[ $(jq -r .steps[0].compensation.attempts <<<"$t") == 3 ]] || oq_fail "attempts: $t"
+[[ $(pgq "SELECT attempt FROM onceq.calls WHERE call_id='$kb'") == 3 ]] ||
+    oq_fail "the compensation is not one call at attempt 3"
+oq_pass "PostgreSQL: a compensation failing twice: retried as the same call (attempt 3), one effect"
+
+# --- onceq call --task: submit, wait for the end -------------------------------------------------
+printf '%s' '{"steps":[{"name":"a","tool":"pay","args":{"amount":4}},{"name":"b","tool":"pay","args":{"amount":"{steps.a.result.response.amount}"}}]}' >"$T/task.json"
+"$ONCEQ_BIN" call --url "$URL" --key cli-1 --task "$T/task.json" >"$T/call.json" ||
+    oq_fail "onceq call --task: exit $? $(cat "$T/call.json")"
+jq -e '.status == "succeeded"' "$T/call.json" >/dev/null || oq_fail "onceq call --task: $(cat "$T/call.json")"
+oq_pass "PostgreSQL: onceq call --task waited for the task's end (succeeded, exit 0)"
+
 # --- a step waiting for approval, approved over HTTP --------------------------------------------
 P='{"steps":[
   {"name":"charge","tool":"pay","args":{"amount":30},
@@ -176,9 +208,9 @@ oq_pass "PostgreSQL: a step approved over HTTP ran once (a stale fence 409, a se
 
 # --- the operator's CLI on PostgreSQL: list, show, inspect, review show / resolve (reject) -------
 "$ONCEQ_BIN" tasks list --db "$DBURL" --json >"$T/list.json" || oq_fail "onceq tasks list"
-jq -e 'length == 3 and .[0].idem_key == "appr-1" and .[2].idem_key == "ok-1"' "$T/list.json" \
+jq -e 'length == 5 and .[0].idem_key == "appr-1" and .[4].idem_key == "ok-1"' "$T/list.json" \
     >/dev/null || oq_fail "tasks list: $(jq -c '[.[].idem_key]' "$T/list.json")"
-[[ $("$ONCEQ_BIN" tasks list --db "$DBURL" --status compensated --json | jq -r '.[].idem_key') == comp-1 ]] ||
+[[ $("$ONCEQ_BIN" tasks list --db "$DBURL" --status compensated --json | jq -r '[.[].idem_key] | join(",")') == flaky-1,comp-1 ]] ||
     oq_fail "tasks list --status compensated"
 [[ $("$ONCEQ_BIN" tasks show --db "$DBURL" --key ok-1 | jq -r .task_id) == "$tid" ]] ||
     oq_fail "tasks show --key"
@@ -210,24 +242,28 @@ oq_pass "PostgreSQL: onceq tasks list/show, inspect, review show; a reject from 
 
 # --- the counts, and onceq verify ---------------------------------------------------------------
 st=$(curl -s "$URL/stats")
-jq -e '.tasks.total == 4 and .tasks.by_status.succeeded == 2 and
-    .tasks.by_status.compensated == 2 and .tasks.compensations.compensated == 3' <<<"$st" \
+jq -e '.tasks.total == 6 and .tasks.by_status.succeeded == 3 and
+    .tasks.by_status.compensated == 3 and .tasks.compensations.compensated == 4' <<<"$st" \
     >/dev/null || oq_fail "stats: $(jq -c .tasks <<<"$st")"
 curl -sf "$URL/metrics" >"$T/metrics.txt" || oq_fail "no /metrics"
 mv_() { awk -v k="$1" '$1 == k {print $2}' "$T/metrics.txt"; }
-[[ $(mv_ 'onceq_producer_tasks{status="succeeded"}') == 2 &&
-    $(mv_ 'onceq_producer_tasks{status="compensated"}') == 2 &&
-    $(mv_ 'onceq_producer_task_compensations{outcome="compensated"}') == 3 &&
+[[ $(mv_ 'onceq_producer_tasks{status="succeeded"}') == 3 &&
+    $(mv_ 'onceq_producer_tasks{status="compensated"}') == 3 &&
+    $(mv_ 'onceq_producer_task_compensations{outcome="compensated"}') == 4 &&
     $(mv_ onceq_producer_task_steps_rerun) == 0 ]] ||
     oq_fail "task metrics: $(grep -E 'onceq_producer_task' "$T/metrics.txt")"
 pl_wait_drained 60 || oq_fail "not drained"
-J=$(rt_verify) || oq_fail "onceq verify: $J"
-jq -e '.clean and .duplicates == 0 and .lost == 0 and .violations == 0 and .calls == 12 and
-    (.by_kind | .task_step_rerun + .task_comp_twice + .task_false_end + .task_not_terminal +
-     .downstream_dup + .downstream_missing == 0)' <<<"$J" >/dev/null || oq_fail "verify: $J"
+J=$(pl_verify) || oq_fail "onceq verify: $J"
+jq -e '.clean and .duplicates == 0 and .lost == 0 and .violations == 0 and .calls == 17 and
+    (.by_kind | .task_step_rerun + .task_comp_twice + .task_false_end + .task_not_terminal
+     == 0)' <<<"$J" >/dev/null || oq_fail "verify: $J"
+# with the ledger: no effect twice; the one effect it lacks is the refund the flaky service made
+J=$(rt_verify --examples 5)
+jq -e --arg k "$kb" '.by_kind.downstream_dup == 0 and .by_kind.downstream_missing == 1 and
+    .examples[0].call_id == $k' <<<"$J" >/dev/null || oq_fail "verify with the ledger: $J"
 # the task checks read the PostgreSQL tables: a step written as a second call is caught
 pgq "INSERT INTO onceq.task_calls VALUES('c_00000000000000000000000000000000','$tid',0,'step')"
-J=$(rt_verify --examples 0)
+J=$(pl_verify --examples 0)
 jq -e '.by_kind.task_step_rerun == 1' <<<"$J" >/dev/null || oq_fail "verify missed a re-run step: $J"
 pgq "DELETE FROM onceq.task_calls WHERE call_id='c_00000000000000000000000000000000'"
 oq_alive producer || oq_fail "producer died"
