@@ -17,7 +17,8 @@
  * result does; due, mark, dead list, redrive and counts of the delivery rows; the task rows
  * (insert once per key, get by id and key, update, steps with their calls' state, links of a
  * call found inside and outside a batch of results read ahead, one linked in mid-batch too,
- * compensation retries due, the list's pages, counts, recovery counts).
+ * compensation retries due, the list's pages, counts, recovery counts); on PostgreSQL, a task
+ * read in a transaction is locked until its end.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -697,6 +698,49 @@ static void test_task_rows(void **state)
     oq_call_clear(&b);
 }
 
+/* PostgreSQL only: a task read inside a transaction is locked until its end (FOR UPDATE), so a
+ * second transaction that reads it to change it waits (here: gives up after lock_timeout);
+ * outside a transaction a read takes no lock. */
+static void test_task_lock_pg(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq__task_row_t t, g;
+    int exists = 0;
+    begin(f);
+    task_row(&t, TID("1"), "lock-1", "running", 100);
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    commit(f);
+    PGconn *c2 = NULL;
+    assert_int_equal(oq_pg_connect(pg_conninfo, &c2, &err), 0);
+    assert_int_equal(oq_pg_exec(c2, "SET lock_timeout = '200ms'", &err), 0);
+    oq__producer_store_t s2 = {NULL, NULL, c2};
+    begin(f);
+    assert_int_equal(oq__task_store_get(&f->s, TID("1"), NULL, NULL, &g, &err), 0);
+    oq__task_row_clear(&g);
+    /* outside a transaction: read, no lock taken or waited for */
+    assert_int_equal(oq__task_store_get(&s2, NULL, NULL, "lock-1", &g, &err), 0);
+    oq__task_row_clear(&g);
+    /* inside one: waits for the first, by id and by key */
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_not_equal(oq__task_store_get(&s2, TID("1"), NULL, NULL, &g, &err), 0);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_not_equal(oq__task_store_get(&s2, NULL, NULL, "lock-1", &g, &err), 0);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    /* the first ends: the second reads what it committed */
+    task_row(&t, TID("1"), "lock-1", "succeeded", 100);
+    t.updated_at = 150;
+    assert_int_equal(oq__task_store_update(&f->s, &t, &err), 0);
+    commit(f);
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_equal(oq__task_store_get(&s2, TID("1"), NULL, NULL, &g, &err), 0);
+    assert_string_equal(g.status, "succeeded");
+    oq__task_row_clear(&g);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    PQfinish(c2);
+}
+
 #define BOTH(setup)                                                                                \
     {                                                                                              \
         cmocka_unit_test_setup_teardown(test_new_replay_conflict, setup, teardown),                \
@@ -717,5 +761,9 @@ int main(void)
     pgfx_available(1);
     pgfx_fresh_db("onceq_test_producer_store", pg_conninfo, sizeof pg_conninfo);
     const struct CMUnitTest pg_tests[] = BOTH(setup_pg);
-    return cmocka_run_group_tests_name("producer_store_postgres", pg_tests, NULL, NULL);
+    rc = cmocka_run_group_tests_name("producer_store_postgres", pg_tests, NULL, NULL);
+    if (rc) return rc;
+    const struct CMUnitTest pg_only[] = {
+        cmocka_unit_test_setup_teardown(test_task_lock_pg, setup_pg, teardown)};
+    return cmocka_run_group_tests_name("producer_store_postgres_only", pg_only, NULL, NULL);
 }
