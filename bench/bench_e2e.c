@@ -1242,7 +1242,8 @@ int oq__bench_e2e(int argc, char **argv)
     }
     if (oq_config_int(cfg, "tasks") > 0) {
         if (e2e_db_url) {
-            fprintf(stderr, "onceq-bench e2e: --tasks runs on SQLite only (tasks are)\n");
+            fprintf(stderr,
+                    "onceq-bench e2e: --tasks runs on SQLite only (not yet with --db-url)\n");
             rc = OQ_EXIT_USAGE;
         } else {
             rc = e2e_tasks(cfg, dir, oq_config_int(cfg, "tasks"));

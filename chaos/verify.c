@@ -691,9 +691,12 @@ int oq_verify_print(const oq_verify_report_t *rep, FILE *out, int json)
     return 0;
 }
 
-/* The producer's tables the checks read, by their PostgreSQL names (schema onceq). */
-static const char *const pg_producer_tables[] = {"onceq.calls", "onceq.audit"};
-static const char *const pg_producer_names[] = {"calls", "audit"};
+/* The producer's tables the checks read, by their PostgreSQL names (schema onceq); the task
+ * tables (schema/postgres/0006_tasks.sql) when there (a snapshot skips a missing table). */
+static const char *const pg_producer_tables[] = {"onceq.calls", "onceq.audit", "onceq.tasks",
+                                                 "onceq.task_steps", "onceq.task_calls"};
+static const char *const pg_producer_names[] = {"calls", "audit", "tasks", "task_steps",
+                                                "task_calls"};
 
 /* A producer on PostgreSQL: its tables copied from one snapshot into \p path (a new file). */
 static int producer_export(const char *conninfo, const char *path, oq_error_t *err)

@@ -7,7 +7,7 @@
  * oq_inspect_call, oq_producer_db_tasks / oq_inspect_task, oq_review_list / oq_review_resolve,
  * oq_relay_db_dead_list): no SQL here, no second rule for what "resolve" means. The producer's
  * database is an SQLite file or PostgreSQL (open_pdb); the functions run the statements of its
- * backend. Tasks exist on SQLite only: on PostgreSQL the tasks page says so.
+ * backend (tasks included).
  *
  * Safe by default. Without a token file the console listens on a loopback address only
  * (refused at start otherwise), answers only requests whose Host is a loopback name (a DNS
@@ -401,12 +401,6 @@ static enum MHD_Result api_call(oq_console_t *c, struct MHD_Connection *conn, co
     return send_json(conn, 200, doc);
 }
 
-/* Tasks exist on the SQLite store only: on PostgreSQL the task functions answer OQ_ESTATE, and
- * the console says so instead of failing. */
-#define TASKS_NEED_SQLITE                                                                          \
-    "tasks need the SQLite store: this producer database is PostgreSQL, where the producer "       \
-    "refuses tasks (501 tasks_unsupported_backend)"
-
 /* The tasks page: a page of tasks as `onceq tasks list --json` lists them (oq_producer_db_tasks),
  * with the counts by status of the producer's onceq_producer_tasks gauges
  * (oq_producer_db_task_counts); a tenant's token sees its own only. */
@@ -442,12 +436,6 @@ static enum MHD_Result api_tasks(oq_console_t *c, struct MHD_Connection *conn, c
     if (!rc) rc = oq_producer_db_tasks(&db, &q, &out, &err);
     if (!rc) rc = oq_producer_db_task_counts(&db, q.tenant, &counts, &err);
     close_pdb(c, &db);
-    if (rc == OQ_ESTATE) {
-        json_decref(out);
-        return send_json(conn, 200,
-                         json_pack("{s:b, s:s, s:[], s:n, s:n}", "supported", 0, "message",
-                                   TASKS_NEED_SQLITE, "tasks", "next", "counts"));
-    }
     if (rc) {
         json_decref(out);
         return send_error(conn, status_of(rc), "error", err.msg);
@@ -470,8 +458,6 @@ static enum MHD_Result api_task(oq_console_t *c, struct MHD_Connection *conn, co
     int rc = open_pdb(c, &db, &err);
     if (!rc) rc = oq_inspect_task(&db, c->cdb, id, &doc, &err);
     close_pdb(c, &db);
-    if (rc == OQ_ESTATE)
-        return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
     if (rc)
         return send_error(conn, status_of(rc), rc == OQ_ENOTFOUND ? "not_found" : "error",
                           rc == OQ_ENOTFOUND ? "no such task" : err.msg);
@@ -510,13 +496,13 @@ static const char *decision_parse(const body_t *b, decision_t *d)
     return NULL;
 }
 
-/* An operator's decision on a task (`onceq review resolve t_...`: oq_store_task_review, the same
- * rules, fence and audit), from the task's page. Body {as, fence, note}: as is approve | reject
- * for a task awaiting approval, compensated | succeeded | retry-compensation for one in review.
- * Needs the CSRF token and the operator role; audited as "console:NAME". The decision is one
- * transaction on its own connection to calls.db, as the CLI's is (WAL: the producer goes on).
- * Refusals write nothing: 400 bad_request, 403, 404, 409 not_awaiting_approval / not_in_review /
- * not_retryable / review_moved, 501 on PostgreSQL. */
+/* An operator's decision on a task (`onceq review resolve t_...`: oq_producer_db_task_review, the
+ * same rules, fence and audit), from the task's page. Body {as, fence, note}: as is approve |
+ * reject for a task awaiting approval, compensated | succeeded | retry-compensation for one in
+ * review. Needs the CSRF token and the operator role; audited as "console:NAME". The decision is
+ * one transaction on a read-write connection of its own to the producer's database, as the CLI's is
+ * (the producer goes on). Refusals write nothing: 400 bad_request, 403, 404, 409
+ * not_awaiting_approval / not_in_review / not_retryable / review_moved. */
 static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *conn,
                                         const principal_t *p, const char *id, const body_t *b)
 {
@@ -527,9 +513,8 @@ static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *
         return send_error(conn, 403, "csrf", "missing or wrong X-CSRF-Token: nothing written");
     if (!p->admin)
         return send_error(conn, 403, "forbidden", "only an operator may resolve: nothing written");
-    if (oq_backend_of(c->pdb) == OQ_BACKEND_POSTGRES)
-        return send_error(conn, 501, "tasks_unsupported_backend", TASKS_NEED_SQLITE);
-    if (strncmp(id, "t_", 2) != 0 || strlen(id) > 64 || access(c->pdb, F_OK) != 0)
+    int pg = oq_backend_of(c->pdb) == OQ_BACKEND_POSTGRES;
+    if (strncmp(id, "t_", 2) != 0 || strlen(id) > 64 || (!pg && access(c->pdb, F_OK) != 0))
         return send_error(conn, 404, "not_found", "no such task");
     decision_t d;
     const char *bad = decision_parse(b, &d);
@@ -540,11 +525,11 @@ static enum MHD_Result api_task_resolve(oq_console_t *c, struct MHD_Connection *
     if (bad) return send_error(conn, 400, "bad_request", bad);
     char by[OQ_MAX_NAME_LEN + 16];
     snprintf(by, sizeof by, "console:%s", p->name);
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     oq_db_opts_t o = {NULL, 5000, 0};
-    int rc = oq_db_open(c->pdb, &o, &db, &err);
-    if (!rc) rc = oq_store_task_review(db, id, d.fence, d.as, by, d.note, &out, &code, &err);
-    if (db) sqlite3_close_v2(db);
+    int rc = oq_dbh_open(c->pdb, &o, &db, &err);
+    if (!rc) rc = oq_producer_db_task_review(&db, id, d.fence, d.as, by, d.note, &out, &code, &err);
+    oq_dbh_close(&db);
     if (!rc) OQ_LOG_INFO(COMP, "task review resolved task_id=%s as=%s by=%s", id, d.as, by);
     json_decref(d.in);
     if (rc) {

@@ -286,21 +286,18 @@ static const char *task_db(const oq_config_t *cfg)
     return p ? p : "calls.db";
 }
 
-static int open_task_db(const oq_config_t *cfg, int readonly, sqlite3 **db)
+/* The producer's database of the tasks: an SQLite calls.db (migrated first when written) or
+ * PostgreSQL (oq_dbh_open: schema onceq as the daemons migrated it). */
+static int open_task_db(const oq_config_t *cfg, int readonly, oq_dbh_t *h)
 {
     oq_error_t err = {0};
     oq_db_opts_t o = {NULL, 0, readonly};
     const char *path = task_db(cfg);
-    if (strstr(path, "://") || strchr(path, '=')) {
-        fprintf(stderr, "onceq review: tasks live in a SQLite calls.db (not on PostgreSQL yet)\n");
-        return OQ_EXIT_USAGE;
-    }
-    if (oq_db_open(path, &o, db, &err) != 0 ||
-        (!readonly && oq_db_migrate(*db, oq_migrations_producer, &err) != 0)) {
-        fprintf(stderr, "onceq review: %s: %s\n", path, err.msg);
-        if (*db) sqlite3_close_v2(*db);
-        *db = NULL;
-        return OQ_EXIT_FAIL;
+    if (oq_dbh_open(path, &o, h, &err) != 0 ||
+        (!readonly && h->db && oq_db_migrate(h->db, oq_migrations_producer, &err) != 0)) {
+        fprintf(stderr, "onceq review: %s: %s\n", oq_dbh_label(path), err.msg);
+        oq_dbh_close(h);
+        return err.code == OQ_EINVAL ? OQ_EXIT_USAGE : OQ_EXIT_FAIL;
     }
     return OQ_EXIT_OK;
 }
@@ -309,15 +306,15 @@ static int open_task_db(const oq_config_t *cfg, int readonly, sqlite3 **db)
  * every step and compensation across both databases (onceq inspect on the task). */
 static int do_show_task(const oq_config_t *cfg, const char *task_id)
 {
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     json_t *t = NULL;
     oq_audit_row_t *rows = NULL;
     size_t n = 0;
     oq_error_t err = {0};
     int ret = open_task_db(cfg, 1, &db);
     if (ret) return ret;
-    int rc = oq_store_task_get(db, task_id, NULL, NULL, &t, &err);
-    if (!rc) rc = oq_store_audit(db, task_id, &rows, &n, &err);
+    int rc = oq_producer_db_task_get(&db, task_id, NULL, NULL, &t, &err);
+    if (!rc) rc = oq_producer_db_audit(&db, task_id, &rows, &n, &err);
     if (rc) {
         fprintf(stderr, "onceq review show: %s: %s\n", task_id, err.msg);
         ret = rc == OQ_ENOTFOUND ? OQ_EXIT_NOTFOUND : OQ_EXIT_FAIL;
@@ -361,7 +358,7 @@ static int do_show_task(const oq_config_t *cfg, const char *task_id)
 out:
     oq_audit_free(rows, n);
     json_decref(t);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&db);
     return ret;
 }
 
@@ -379,15 +376,15 @@ static int do_resolve_task(const oq_config_t *cfg, const char *task_id)
                 task_id, review_usage);
         return OQ_EXIT_USAGE;
     }
-    sqlite3 *db = NULL;
+    oq_dbh_t db = {0};
     int ret = open_task_db(cfg, 0, &db);
     if (ret) return ret;
     oq_error_t err = {0};
     json_t *t = NULL;
     const char *code = NULL;
-    int rc = oq_store_task_review(db, task_id, oq_config_int(cfg, "fence"), as, by,
-                                  oq_config_str(cfg, "note"), &t, &code, &err);
-    sqlite3_close_v2(db);
+    int rc = oq_producer_db_task_review(&db, task_id, oq_config_int(cfg, "fence"), as, by,
+                                        oq_config_str(cfg, "note"), &t, &code, &err);
+    oq_dbh_close(&db);
     if (rc) {
         fprintf(stderr, "onceq review resolve: %s (%s)\n", err.msg, code ? code : "error");
         return rc == OQ_ECONFLICT ? EXIT_REVIEW_MOVED : oq_cli_exit_for(rc);

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * `onceq tasks list|show`: the tasks of a producer database (issue 19), read on a connection
- * of their own (safe while the daemon runs). list: newest first, one line each (task id,
- * status, steps done / all, key, reason), or --json the array of task objects. show: the task
- * JSON of GET /v1/tasks/{id} (by id, or --key K [--tenant X]).
+ * `onceq tasks list|show`: the tasks of a producer database (issue 19), an SQLite file or
+ * PostgreSQL (oq_dbh_open), read on a connection of their own (safe while the daemon runs). list:
+ * newest first, one line each (task id, status, steps done / all, key, reason), or --json the array
+ * of task objects. show: the task JSON of GET /v1/tasks/{id} (by id, or --key K [--tenant X]).
  *
  * oq__tasks_inspect is `onceq inspect` on a task id: one timeline of every step and every
  * compensation across both databases (oq_inspect_task, console/inspect.c: the document the
@@ -16,12 +16,14 @@
 #include "cmds.h"
 #include "oq_console.h"
 #include "oq_db.h"
+#include "oq_dbh.h"
 #include "oq_json.h"
 #include "oq_tasks.h"
 #include "oq_util.h"
 
 static const oq_setting_t tasks_settings[] = {
-    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL, "producer database file"},
+    {"db", OQ_SET_STRING, "calls.db", 1, 4096, NULL,
+     "producer database: a file, or a PostgreSQL connection string (no password: a passfile)"},
     {"status", OQ_SET_STRING, NULL, 1, 32, NULL, "list: only tasks in this status"},
     {"limit", OQ_SET_INT, "50", 1, 10000, NULL, "list: at most this many (newest first)"},
     {"key", OQ_SET_STRING, NULL, 1, 255, NULL, "show: the task of this idempotency key"},
@@ -69,7 +71,7 @@ int oq__cmd_tasks(int argc, char **argv)
         oq_config_destroy(cfg);
         return OQ_EXIT_USAGE;
     }
-    sqlite3 *db = NULL;
+    oq_dbh_t h = {0};
     json_t *doc = NULL;
     oq_error_t err = {0};
     int prc = oq_cli_parse(cfg, "onceq tasks", tasks_usage, argc - 1, argv + 1);
@@ -85,14 +87,24 @@ int oq__cmd_tasks(int argc, char **argv)
         goto out;
     }
     oq_db_opts_t o = {NULL, 0, 1};
-    if (oq_db_open(oq_config_str(cfg, "db"), &o, &db, &err) != 0) {
-        fprintf(stderr, "onceq tasks: %s: %s\n", oq_config_str(cfg, "db"), err.msg);
+    if (oq_dbh_open(oq_config_str(cfg, "db"), &o, &h, &err) != 0) {
+        fprintf(stderr, "onceq tasks: %s: %s\n", oq_dbh_label(oq_config_str(cfg, "db")), err.msg);
+        if (err.code == OQ_EINVAL) ret = OQ_EXIT_USAGE;
         goto out;
     }
-    int rc = list ? oq_store_task_list(db, oq_config_str(cfg, "status"),
-                                       (int)oq_config_int(cfg, "limit"), &doc, &err)
-                  : oq_store_task_get(db, key ? NULL : oq_config_positional(cfg, 0),
-                                      oq_config_str(cfg, "tenant"), key, &doc, &err);
+    int rc;
+    if (list) {
+        oq_task_query_t q = {0};
+        q.status = oq_config_str(cfg, "status");
+        q.limit = (int)oq_config_int(cfg, "limit");
+        json_t *page = NULL;
+        rc = oq_producer_db_tasks(&h, &q, &page, &err);
+        if (!rc) doc = json_incref(json_object_get(page, "tasks"));
+        json_decref(page);
+    } else {
+        rc = oq_producer_db_task_get(&h, key ? NULL : oq_config_positional(cfg, 0),
+                                     oq_config_str(cfg, "tenant"), key, &doc, &err);
+    }
     if (rc == OQ_ENOTFOUND) {
         fprintf(stderr, "onceq tasks show: no such task\n");
         ret = OQ_EXIT_NOTFOUND;
@@ -118,23 +130,22 @@ int oq__cmd_tasks(int argc, char **argv)
     ret = OQ_EXIT_OK;
 out:
     json_decref(doc);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&h);
     oq_config_destroy(cfg);
     return ret;
 }
 
 int oq__tasks_inspect(const char *db_path, const char *cdb, const char *task_id, int as_json)
 {
-    sqlite3 *db = NULL;
+    oq_dbh_t h = {0};
     json_t *doc = NULL;
     oq_error_t err = {0};
     int ret = OQ_EXIT_FAIL;
     oq_db_opts_t o = {NULL, 0, 1};
-    if (oq_db_open(db_path, &o, &db, &err) != 0) {
-        fprintf(stderr, "onceq inspect: %s: %s\n", db_path, err.msg);
+    if (oq_dbh_open(db_path, &o, &h, &err) != 0) {
+        fprintf(stderr, "onceq inspect: %s: %s\n", oq_dbh_label(db_path), err.msg);
         goto out;
     }
-    oq_dbh_t h = oq_dbh_sqlite(db);
     int rc = oq_inspect_task(&h, cdb, task_id, &doc, &err);
     if (rc == OQ_ENOTFOUND) {
         fprintf(stderr, "onceq inspect: no task %s\n", task_id);
@@ -176,6 +187,6 @@ int oq__tasks_inspect(const char *db_path, const char *cdb, const char *task_id,
     ret = OQ_EXIT_OK;
 out:
     json_decref(doc);
-    if (db) sqlite3_close_v2(db);
+    oq_dbh_close(&h);
     return ret;
 }

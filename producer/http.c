@@ -726,20 +726,14 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
  * the body validated on the epoll thread (oq_task_job_new), the job queued for the writer with
  * the connection suspended, the answer built when it is resumed. Same status codes as a call:
  * 202 new or in flight, 200 replayed and finished (both replays with Idempotent-Replayed), 422
- * idempotency_conflict; 400 bad_request / bad_task / bad_reference; 501
- * tasks_unsupported_backend on a PostgreSQL store. */
+ * idempotency_conflict; 400 bad_request / bad_task / bad_reference. */
 
-/* The writer queue refused a task job (a PostgreSQL store: 501; shutting down: 503): the
- * connection was suspended for the job, so it is resumed before the answer. */
-static enum MHD_Result task_queue_refused(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
-                                          int rc)
+/* The writer queue refused a task job (shutting down: 503): the connection was suspended for
+ * the job, so it is resumed before the answer. */
+static enum MHD_Result task_queue_refused(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
 {
     ctx->state = RS_DONE;
     MHD_resume_connection(c);
-    if (rc == OQ_ESTATE)
-        return send_error(h, c, 501, "tasks_unsupported_backend",
-                          "tasks need the SQLite producer store; this producer runs on "
-                          "PostgreSQL");
     return send_error(h, c, 503, "unavailable", "shutting down");
 }
 
@@ -782,7 +776,7 @@ static enum MHD_Result task_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Conne
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     rc = oq_producer_task_submit_async(h->p, ctx->task_job, task_done, ctx);
-    if (rc) return task_queue_refused(h, ctx, c, rc);
+    if (rc) return task_queue_refused(h, ctx, c);
     return MHD_YES;
 }
 
@@ -804,7 +798,6 @@ static enum MHD_Result task_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Conn
     if (rc == OQ_ECONFLICT)
         return send_error(h, c, 422, "idempotency_conflict",
                           "this Idempotency-Key was used with a different task");
-    if (rc == OQ_ESTATE) return send_error(h, c, 501, "tasks_unsupported_backend", err.msg);
     if (rc || !task) {
         OQ_LOG_ERROR("http", "task submit failed: %s", err.msg);
         return send_error(h, c, 503, "unavailable", "task not durable, retry with the same key");
@@ -855,7 +848,7 @@ static enum MHD_Result get_task(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connect
  * body must be sent as application/json (415 otherwise), so a page of another origin cannot
  * post a decision without a CORS preflight, which this server never grants.
  * Refusals change nothing: 400 bad_request, 404 not_found, 409 not_awaiting_approval /
- * not_in_review / not_retryable / review_moved, 413, 415, 501 tasks_unsupported_backend; 503
+ * not_in_review / not_retryable / review_moved, 413, 415; 503
  * unavailable when the commit failed (nothing written: the same request may be sent again). */
 
 /* Non-zero when the request says its body is application/json (parameters ignored): a form or
@@ -947,7 +940,7 @@ static enum MHD_Result review_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
     ctx->state = RS_WAITING;
     MHD_suspend_connection(c);
     rc = oq_producer_task_review_async(h->p, ctx->review_job, review_done, ctx);
-    if (rc) return task_queue_refused(h, ctx, c, rc);
+    if (rc) return task_queue_refused(h, ctx, c);
     return MHD_YES;
 }
 

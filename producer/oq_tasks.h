@@ -11,8 +11,9 @@
  * every later call is written by the results ingest when the previous result is applied.
  *
  * Thread-safety: a job belongs to one thread at a time; the producer functions are safe from
- * any thread. Tasks need the SQLite producer store: on PostgreSQL a submit is refused with
- * OQ_ESTATE (HTTP 501 tasks_unsupported_backend).
+ * any thread. Tasks run on either producer store (SQLite calls.db, PostgreSQL schema onceq);
+ * the functions that take a caller's sqlite3 connection (oq_store_task_*,
+ * oq_producer_task_submit_in_tx) are SQLite's.
  */
 #ifndef OQ_TASKS_H
 #define OQ_TASKS_H
@@ -53,7 +54,7 @@ void oq_task_job_destroy(oq_task_job_t *job);
 typedef void (*oq_task_done_cb)(oq_task_job_t *job, void *opaque);
 
 /** @brief Queue \p job for the writer; \p cb runs once after its commit (or failure).
- *  @returns 0, OQ_ESHUTDOWN (cb will not run), or OQ_ESTATE on a PostgreSQL producer. */
+ *  @returns 0 or OQ_ESHUTDOWN (cb will not run). */
 int oq_producer_task_submit_async(oq_producer_t *p, oq_task_job_t *job, oq_task_done_cb cb,
                                   void *opaque);
 
@@ -95,13 +96,12 @@ typedef struct oq_task_query {
 /**
  * @brief A page of tasks, newest first: {"tasks": [task JSON as GET /v1/tasks/{id}...],
  *        "next": N or null}. \p h is the producer's database (oq_dbh.h).
- * @returns 0 with \p out a new reference; OQ_ESTATE on PostgreSQL (tasks need the SQLite
- *          store), OQ_EDB, OQ_ENOMEM.
+ * @returns 0 with \p out a new reference; OQ_EDB, OQ_ENOMEM.
  */
 int oq_producer_db_tasks(const oq_dbh_t *h, const oq_task_query_t *q, json_t **out,
                          oq_error_t *err);
 
-/** @brief oq_store_task_get() on an operator's handle. @returns as it, OQ_ESTATE on PG. */
+/** @brief oq_store_task_get() on an operator's handle (either backend). @returns as it. */
 int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *tenant,
                             const char *idem_key, json_t **out, oq_error_t *err);
 
@@ -109,7 +109,7 @@ int oq_producer_db_task_get(const oq_dbh_t *h, const char *task_id, const char *
  * @brief Tasks by status, as the producer's onceq_producer_tasks gauges count them:
  *        {"running": n, "succeeded", "compensating", "compensated", "failed", "needs_review",
  *        "compensations": {"compensated": n, "needs_review": n}}; \p tenant's (NULL: all).
- * @returns 0 with \p out a new reference; OQ_ESTATE on PostgreSQL, OQ_EDB, OQ_ENOMEM.
+ * @returns 0 with \p out a new reference; OQ_EDB, OQ_ENOMEM.
  */
 int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **out,
                                oq_error_t *err);
@@ -134,6 +134,12 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
                          const char *by, const char *note, json_t **out, const char **code,
                          oq_error_t *err);
 
+/** @brief oq_store_task_review() on an operator's handle (oq_dbh.h: SQLite or PostgreSQL), in a
+ *         transaction of its own; the same rules, codes and returns. */
+int oq_producer_db_task_review(const oq_dbh_t *h, const char *task_id, int64_t fence,
+                               const char *as, const char *by, const char *note, json_t **out,
+                               const char **code, oq_error_t *err);
+
 /** An operator's decision queued for the producer's writer (POST /v1/tasks/{id}/resolve). */
 typedef struct oq_task_review_job oq_task_review_job_t;
 
@@ -155,8 +161,7 @@ typedef void (*oq_task_review_done_cb)(oq_task_review_job_t *job, void *opaque);
 /**
  * @brief Queue \p job for the writer: the decision runs through oq_store_task_review's rules
  *        (oq__task_review) inside a group-commit transaction, audited, fenced. \p cb runs once
- *        after its commit (or failure). @returns 0, OQ_ESHUTDOWN (cb will not run), or
- *        OQ_ESTATE on a PostgreSQL producer.
+ *        after its commit (or failure). @returns 0 or OQ_ESHUTDOWN (cb will not run).
  */
 int oq_producer_task_review_async(oq_producer_t *p, oq_task_review_job_t *job,
                                   oq_task_review_done_cb cb, void *opaque);

@@ -357,15 +357,11 @@ int oq__producer_webhook_marks(oq_producer_t *p, const oq__producer_delivery_mar
 int oq_producer_task_submit_async(oq_producer_t *p, oq_task_job_t *job, oq_task_done_cb cb,
                                   void *opaque)
 {
-    if (p->reads[0].pg) return OQ_ESTATE; /* tasks need the SQLite store (for now) */
     return oq__writer_enqueue(p->writer, oq__task_job_prepare(job, cb, opaque));
 }
 
 int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *err)
 {
-    if (p->reads[0].pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     int ret = run_and_wait(p, oq__task_job_prepare(job, NULL, NULL));
     if (ret) return oq_error_set(err, ret, 0, "producer is shutting down");
     return oq_task_job_result(job, NULL, NULL, err);
@@ -374,7 +370,6 @@ int oq_producer_task_submit(oq_producer_t *p, oq_task_job_t *job, oq_error_t *er
 int oq_producer_task_review_async(oq_producer_t *p, oq_task_review_job_t *job,
                                   oq_task_review_done_cb cb, void *opaque)
 {
-    if (p->reads[0].pg) return OQ_ESTATE; /* tasks need the SQLite store (for now) */
     return oq__writer_enqueue(p->writer, oq__task_review_job_prepare(job, cb, opaque));
 }
 
@@ -383,8 +378,7 @@ int oq_producer_task_get(oq_producer_t *p, const char *task_id, const char *tena
 {
     rconn_t *r = rconn_acquire(p);
     oq__producer_store_t s = {r->db, r->cache, r->pg};
-    int ret = r->pg ? oq_error_set(err, OQ_ENOTFOUND, 0, "no tasks on PostgreSQL")
-                    : oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
+    int ret = oq__task_get_json(&s, task_id, tenant, idem_key, out, err);
     pthread_mutex_unlock(&r->mu);
     return ret;
 }
@@ -501,7 +495,7 @@ static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err)
         "oldest_pending_age_ms",
         (json_int_t)(c.oldest_pending_created_at ? oq_now_ms() - c.oldest_pending_created_at : 0));
     if (!o) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
-    /* tasks (SQLite only): by status, how compensations ended, re-run steps, operators */
+    /* tasks: by status, how compensations ended, re-run steps, operators */
     int64_t tb[OQ_TASK_NSTATUS], ok = 0, review = 0, op = 0, rerun = 0, all = 0;
     if ((ret = oq__task_store_counts(s, NULL, tb, &ok, &review, err)) ||
         (ret = oq__task_store_recovery(s, &op, &rerun, err))) {

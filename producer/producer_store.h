@@ -463,7 +463,7 @@ int oq__producer_pg_pos_at(oq__producer_store_t *s, int64_t t, int64_t *pos, oq_
 int oq__producer_pg_next_tenant(oq__producer_store_t *s, const char *after,
                                 char out[OQ_MAX_NAME_LEN + 1], oq_error_t *err);
 
-/* --- tasks (producer/tasks.c decides; SQLite only: a PostgreSQL store refuses them) ---------- */
+/* --- tasks (producer/tasks.c decides; both backends) ------------------------------------------ */
 
 #define OQ_TASK_ID_LEN 34 /**< "t_" + 32 lowercase hex */
 
@@ -546,8 +546,36 @@ int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, cha
                         int64_t *next, oq_error_t *err);
 /** Tasks that needed an operator's recovery (\p operator: in needs_review now, or settled by
  *  an operator's decision other than approve / reject) and steps that were run again (\p rerun:
- *  a step with more than one call in task_calls: must stay 0). Zeros on PostgreSQL. */
+ *  a step with more than one call in task_calls: must stay 0). */
 int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
                             oq_error_t *err);
+
+/* The same on PostgreSQL (producer/store_pg.c, schema/postgres/0006_tasks.sql). */
+int oq__producer_pg_task_insert(oq__producer_store_t *s, const oq__task_row_t *t, int *exists,
+                                oq_error_t *err);
+int oq__producer_pg_task_get(oq__producer_store_t *s, const char *task_id, const char *tenant,
+                             const char *idem_key, oq__task_row_t *out, oq_error_t *err);
+int oq__producer_pg_task_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_error_t *err);
+int oq__producer_pg_task_step_put(oq__producer_store_t *s, const char *task_id,
+                                  const oq__task_step_row_t *r, oq_error_t *err);
+int oq__producer_pg_task_steps(oq__producer_store_t *s, const char *task_id,
+                               oq__task_step_row_t **v, size_t *n, oq_error_t *err);
+int oq__producer_pg_task_link(oq__producer_store_t *s, const char *call_id, const char *task_id,
+                              int idx, const char *role, oq_error_t *err);
+int oq__producer_pg_task_of_call(oq__producer_store_t *s, const char *call_id,
+                                 char task_id[OQ_TASK_ID_LEN + 1], int *idx, int *is_comp,
+                                 int *found, oq_error_t *err);
+int oq__producer_pg_task_due(oq__producer_store_t *s, int64_t now, int cap,
+                             char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n,
+                             oq_error_t *err);
+int oq__producer_pg_task_list(oq__producer_store_t *s, const oq__task_list_q_t *q, char ***ids,
+                              size_t *n, int64_t *next, oq_error_t *err);
+int oq__producer_pg_task_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                                  oq_error_t *err);
+int oq__producer_pg_task_counts(oq__producer_store_t *s, const char *tenant,
+                                int64_t by[OQ_TASK_NSTATUS], int64_t *comp_ok, int64_t *comp_review,
+                                oq_error_t *err);
+/** Forget the task links read for the last batch of results (a new batch is read ahead). */
+void oq__producer_pg_task_forget(void);
 
 #endif

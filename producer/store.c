@@ -243,7 +243,9 @@ int oq__producer_store_insert_calls(oq__producer_store_t *s, const oq__producer_
 int oq__producer_store_results_ahead(oq__producer_store_t *s, const oq_envelope_t *envs, int n,
                                      oq_error_t *err)
 {
-    return s->pg ? oq__producer_pg_results_ahead(s, envs, n, err) : 0;
+    if (!s->pg) return 0;
+    oq__producer_pg_task_forget(); /* the task links read for the last batch */
+    return oq__producer_pg_results_ahead(s, envs, n, err);
 }
 
 int oq__producer_store_results_done(oq__producer_store_t *s, oq_error_t *err)
@@ -1170,8 +1172,7 @@ int oq__producer_store_next_tenant(oq__producer_store_t *s, const char *after,
 
 /* --- tasks ------------------------------------------------------------------------------------ */
 
-/* Task rows (schema/producer/0006_tasks.sql). SQLite only: a PostgreSQL store answers
- * OQ_ESTATE, and the submit refuses a task before it reaches here (producer/tasks.c). */
+/* Task rows (schema/producer/0006_tasks.sql); on PostgreSQL their twins in store_pg.c. */
 
 static const char SQL_TASK_INSERT[] =
     "INSERT INTO tasks(task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,"
@@ -1211,12 +1212,6 @@ static const char SQL_TASK_LIST[] =
 static const char SQL_TASK_LIST_STATUS[] =
     "SELECT rowid,task_id FROM tasks WHERE status=?1" TASK_LIST_TAIL;
 
-static int no_pg_tasks(oq_error_t *err)
-{
-    return oq_error_set(err, OQ_ESTATE, 0,
-                        "tasks are not supported on a PostgreSQL producer store yet");
-}
-
 void oq__task_row_clear(oq__task_row_t *t)
 {
     if (!t) return;
@@ -1242,7 +1237,7 @@ void oq__task_steps_free(oq__task_step_row_t *v, size_t n)
 int oq__task_store_insert(oq__producer_store_t *s, const oq__task_row_t *t, int *exists,
                           oq_error_t *err)
 {
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_insert(s, t, exists, err);
     sqlite3_stmt *st = st_get(s, SQL_TASK_INSERT, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, t->task_id);
@@ -1262,7 +1257,7 @@ int oq__task_store_insert(oq__producer_store_t *s, const oq__task_row_t *t, int 
 int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char *tenant,
                        const char *idem_key, oq__task_row_t *out, oq_error_t *err)
 {
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_get(s, task_id, tenant, idem_key, out, err);
     sqlite3_stmt *st = st_get(s, task_id ? SQL_TASK_GET : SQL_TASK_GET_KEY, err);
     if (!st) return st_failed(err);
     if (task_id) {
@@ -1299,7 +1294,7 @@ int oq__task_store_get(oq__producer_store_t *s, const char *task_id, const char 
 
 int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_error_t *err)
 {
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_update(s, t, err);
     sqlite3_stmt *st = st_get(s, SQL_TASK_UPDATE, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, t->task_id);
@@ -1315,7 +1310,7 @@ int oq__task_store_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_e
 int oq__task_store_step_put(oq__producer_store_t *s, const char *task_id,
                             const oq__task_step_row_t *r, oq_error_t *err)
 {
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_step_put(s, task_id, r, err);
     sqlite3_stmt *st = st_get(s, SQL_STEP_PUT, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, task_id);
@@ -1336,7 +1331,7 @@ int oq__task_store_steps(oq__producer_store_t *s, const char *task_id, oq__task_
 {
     *v = NULL;
     *n = 0;
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_steps(s, task_id, v, n, err);
     sqlite3_stmt *st = st_get(s, SQL_STEPS, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, task_id);
@@ -1388,7 +1383,7 @@ int oq__task_store_steps(oq__producer_store_t *s, const char *task_id, oq__task_
 int oq__task_store_link(oq__producer_store_t *s, const char *call_id, const char *task_id, int idx,
                         const char *role, oq_error_t *err)
 {
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_link(s, call_id, task_id, idx, role, err);
     sqlite3_stmt *st = st_get(s, SQL_TASK_LINK, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, call_id);
@@ -1405,7 +1400,7 @@ int oq__task_store_of_call(oq__producer_store_t *s, const char *call_id,
                            oq_error_t *err)
 {
     *found = 0;
-    if (s->pg) return 0; /* no task rows there: no call belongs to one */
+    if (s->pg) return oq__producer_pg_task_of_call(s, call_id, task_id, idx, is_comp, found, err);
     sqlite3_stmt *st = st_get(s, SQL_TASK_OF_CALL, err);
     if (!st) return st_failed(err);
     bind_text(st, 1, call_id);
@@ -1427,7 +1422,7 @@ int oq__task_store_due(oq__producer_store_t *s, int64_t now, int cap,
                        char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n, oq_error_t *err)
 {
     *n = 0;
-    if (s->pg) return 0;
+    if (s->pg) return oq__producer_pg_task_due(s, now, cap, task_ids, idx, n, err);
     sqlite3_stmt *st = st_get(s, SQL_TASK_DUE, err);
     if (!st) return st_failed(err);
     sqlite3_bind_int64(st, 1, now);
@@ -1449,7 +1444,7 @@ int oq__task_store_list(oq__producer_store_t *s, const oq__task_list_q_t *q, cha
     *ids = NULL;
     *n = 0;
     *next = 0;
-    if (s->pg) return no_pg_tasks(err);
+    if (s->pg) return oq__producer_pg_task_list(s, q, ids, n, next, err);
     int limit = q->limit > 0 ? q->limit : 100;
     sqlite3_stmt *st = st_get(s, q->status ? SQL_TASK_LIST_STATUS : SQL_TASK_LIST, err);
     if (!st) return st_failed(err);
@@ -1501,7 +1496,7 @@ int oq__task_store_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t
         "HAVING count(*) > 1)"};
     int64_t *out[2] = {operator_, rerun};
     *operator_ = *rerun = 0;
-    if (s->pg) return 0; /* no task rows there */
+    if (s->pg) return oq__producer_pg_task_recovery(s, operator_, rerun, err);
     for (int i = 0; i < 2; i++) {
         sqlite3_stmt *st = st_get(s, q[i], err);
         if (!st) return st_failed(err);
@@ -1522,7 +1517,7 @@ int oq__task_store_counts(oq__producer_store_t *s, const char *tenant, int64_t b
     const char *const *st = oq__task_statuses;
     memset(by, 0, OQ_TASK_NSTATUS * sizeof *by);
     *comp_ok = *comp_review = 0;
-    if (s->pg) return 0; /* no task rows there */
+    if (s->pg) return oq__producer_pg_task_counts(s, tenant, by, comp_ok, comp_review, err);
     /* the whole table over its status index (the metrics), or one tenant's tasks */
     sqlite3_stmt *st1 =
         st_get(s,

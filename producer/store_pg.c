@@ -1631,3 +1631,415 @@ int oq__producer_pg_next_tenant(oq__producer_store_t *s, const char *after,
     PQclear(r);
     return 0;
 }
+
+/* --- tasks ----------------------------------------------------------------------------------- */
+
+/* Task rows (schema/postgres/0006_tasks.sql), the twins of store.c's: the same statements on
+ * schema `onceq`; the list pages on tasks.pos (an identity drawn at insert) where SQLite pages
+ * on the rowid. The results ingest asks, for every result it applies, whether the call belongs
+ * to a task (oq__producer_pg_task_of_call): within a batch read ahead (above) that is one
+ * statement for the batch's calls, not one per result, and it runs without writing the queued
+ * rows first (task_calls is never queued). What it read is forgotten when the next batch is
+ * read ahead (oq__producer_pg_task_forget, from store.c) and used only while this one is. */
+
+#define PG_TASK_COLS                                                                               \
+    "task_id,tenant,idem_key,fingerprint,spec,status,reason,created_at,updated_at,review_fence"
+
+/* A statement parsed each time (not prepared: rare, and the session's prepared set is kept
+ * for the hot path), after the queued result rows are written. */
+static int q_once(oq__producer_store_t *s, const char *sql, int n, const char *const *p,
+                  PGresult **r, oq_error_t *err)
+{
+    int rc = rah_flush(s, err);
+    return rc ? rc : oq_pg_query(s->pg, sql, n, p, r, err);
+}
+
+/* The task links of the calls read ahead, read once per batch (tk_read): those found. */
+typedef struct {
+    char call_id[OQ_CALL_ID_LEN + 1];
+    char task_id[OQ_TASK_ID_LEN + 1];
+    int idx, is_comp;
+} tk_link_t;
+static _Thread_local int tk_read;         /* the batch's links were read */
+static _Thread_local tk_link_t *tk_links; /* found */
+static _Thread_local int tk_nlinks, tk_caplinks;
+
+void oq__producer_pg_task_forget(void)
+{
+    free(tk_links);
+    tk_links = NULL;
+    tk_nlinks = tk_caplinks = 0;
+    tk_read = 0;
+}
+
+static int tk_add(const char *call_id, const char *task_id, int idx, int is_comp)
+{
+    if (tk_nlinks == tk_caplinks) {
+        int c = tk_caplinks ? tk_caplinks * 2 : 16;
+        tk_link_t *v = realloc(tk_links, (size_t)c * sizeof *v);
+        if (!v) return -1;
+        tk_links = v;
+        tk_caplinks = c;
+    }
+    tk_link_t *l = &tk_links[tk_nlinks++];
+    snprintf(l->call_id, sizeof l->call_id, "%s", call_id);
+    snprintf(l->task_id, sizeof l->task_id, "%s", task_id);
+    l->idx = idx;
+    l->is_comp = is_comp;
+    return 0;
+}
+
+/* Read the task links of every call read ahead, in one statement. */
+static int tk_read_batch(oq__producer_store_t *s, oq_error_t *err)
+{
+    oq_buf_t ids = {0};
+    for (int i = 0; i < rah_ncalls; i++)
+        if (arr_add(&ids, rah_calls[i].call_id)) {
+            oq_buf_free(&ids);
+            return oom(err);
+        }
+    const char *p[] = {arr_end(&ids)};
+    if (!p[0]) {
+        oq_buf_free(&ids);
+        return oom(err);
+    }
+    PGresult *r = NULL;
+    int rc = oq_pg_run(s->pg,
+                       "SELECT call_id,task_id,idx,role FROM onceq.task_calls WHERE "
+                       "call_id=ANY($1::text[])",
+                       1, p, &r, err);
+    oq_buf_free(&ids);
+    if (rc) return rc;
+    oq__producer_pg_task_forget();
+    for (int i = 0; i < PQntuples(r); i++)
+        if (tk_add(PQgetvalue(r, i, 0), PQgetvalue(r, i, 1), (int)col_i64(r, i, 2),
+                   strcmp(PQgetvalue(r, i, 3), "compensate") == 0)) {
+            PQclear(r);
+            oq__producer_pg_task_forget();
+            return oom(err);
+        }
+    PQclear(r);
+    tk_read = 1;
+    return 0;
+}
+
+int oq__producer_pg_task_insert(oq__producer_store_t *s, const oq__task_row_t *t, int *exists,
+                                oq_error_t *err)
+{
+    num_t at;
+    const char *p[] = {t->task_id, t->tenant, t->idem_key, t->fingerprint,
+                       t->spec,    t->status, t->reason,   num(&at, t->created_at)};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "INSERT INTO onceq.tasks(task_id,tenant,idem_key,fingerprint,spec,status,reason,"
+                 "created_at,updated_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$8) "
+                 "ON CONFLICT(tenant,idem_key) DO NOTHING",
+                 8, p, &n, err);
+    if (!rc) *exists = n == 0;
+    return rc;
+}
+
+int oq__producer_pg_task_get(oq__producer_store_t *s, const char *task_id, const char *tenant,
+                             const char *idem_key, oq__task_row_t *out, oq_error_t *err)
+{
+    PGresult *r = NULL;
+    int rc;
+    /* In a transaction the row is locked until its end: a task read to be changed (a result of
+     * its step, an operator's decision, a compensation retry, from this process or another on
+     * the same database) is changed by one transaction at a time, as BEGIN IMMEDIATE does on
+     * SQLite; the second reads what the first committed. */
+    int lock = oq__producer_pg_in_tx(s);
+    if (task_id) {
+        const char *p[] = {task_id};
+        rc = q(s,
+               lock ? "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE task_id=$1 FOR UPDATE"
+                    : "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE task_id=$1",
+               1, p, &r, err);
+    } else {
+        const char *p[] = {tenant && *tenant ? tenant : OQ_DEFAULT_TENANT, idem_key};
+        rc = q(s,
+               lock ? "SELECT " PG_TASK_COLS
+                      " FROM onceq.tasks WHERE tenant=$1 AND idem_key=$2 FOR UPDATE"
+                    : "SELECT " PG_TASK_COLS " FROM onceq.tasks WHERE tenant=$1 AND idem_key=$2",
+               2, p, &r, err);
+    }
+    memset(out, 0, sizeof *out);
+    if (rc) return rc;
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        return oq_error_set(err, OQ_ENOTFOUND, 0, "no such task");
+    }
+    col_copy(r, 0, 0, out->task_id, sizeof out->task_id);
+    out->tenant = col_dup(r, 0, 1);
+    out->idem_key = col_dup(r, 0, 2);
+    col_copy(r, 0, 3, out->fingerprint, sizeof out->fingerprint);
+    out->spec = col_dup(r, 0, 4);
+    col_copy(r, 0, 5, out->status, sizeof out->status);
+    out->reason = col_dup(r, 0, 6);
+    out->created_at = col_i64(r, 0, 7);
+    out->updated_at = col_i64(r, 0, 8);
+    out->review_fence = col_i64(r, 0, 9);
+    PQclear(r);
+    if (!out->tenant || !out->idem_key || !out->spec) {
+        oq__task_row_clear(out);
+        return oom(err);
+    }
+    return 0;
+}
+
+int oq__producer_pg_task_update(oq__producer_store_t *s, const oq__task_row_t *t, oq_error_t *err)
+{
+    num_t at, fence;
+    const char *p[] = {t->task_id, t->status, t->reason, num(&at, t->updated_at),
+                       num(&fence, t->review_fence)};
+    return cmd(s,
+               "UPDATE onceq.tasks SET status=$2,reason=$3,updated_at=$4,review_fence=$5 WHERE "
+               "task_id=$1",
+               5, p, NULL, err);
+}
+
+int oq__producer_pg_task_step_put(oq__producer_store_t *s, const char *task_id,
+                                  const oq__task_step_row_t *r, oq_error_t *err)
+{
+    num_t idx, att, next;
+    const char *p[] = {task_id,
+                       num(&idx, r->idx),
+                       r->name,
+                       r->status,
+                       r->call_id[0] ? r->call_id : NULL,
+                       r->comp_call_id[0] ? r->comp_call_id : NULL,
+                       num(&att, r->comp_attempts),
+                       r->comp_next_at ? num(&next, r->comp_next_at) : NULL};
+    return cmd(s,
+               "INSERT INTO onceq.task_steps(task_id,idx,name,status,call_id,comp_call_id,"
+               "comp_attempts,comp_next_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT(task_id,"
+               "idx) DO UPDATE SET status=excluded.status,call_id=excluded.call_id,comp_call_id="
+               "excluded.comp_call_id,comp_attempts=excluded.comp_attempts,comp_next_at="
+               "excluded.comp_next_at",
+               8, p, NULL, err);
+}
+
+int oq__producer_pg_task_steps(oq__producer_store_t *s, const char *task_id,
+                               oq__task_step_row_t **v, size_t *n, oq_error_t *err)
+{
+    *v = NULL;
+    *n = 0;
+    const char *p[] = {task_id};
+    PGresult *r = NULL;
+    int rc = q(s,
+               "SELECT s.idx,s.name,s.status,s.call_id,s.comp_call_id,s.comp_attempts,"
+               "s.comp_next_at,c.state,c.result,c.error,c.attempt,k.state,k.result,k.error,"
+               "k.attempt FROM onceq.task_steps s LEFT JOIN onceq.calls c ON c.call_id=s.call_id "
+               "LEFT JOIN onceq.calls k ON k.call_id=s.comp_call_id WHERE s.task_id=$1 ORDER BY "
+               "s.idx",
+               1, p, &r, err);
+    if (rc) return rc;
+    int cnt = PQntuples(r);
+    oq__task_step_row_t *rows = calloc(cnt ? (size_t)cnt : 1, sizeof *rows);
+    if (!rows) {
+        PQclear(r);
+        return oom(err);
+    }
+    for (int i = 0; i < cnt; i++) {
+        oq__task_step_row_t *x = &rows[i];
+        x->idx = (int)col_i64(r, i, 0);
+        x->name = col_dup(r, i, 1);
+        col_copy(r, i, 2, x->status, sizeof x->status);
+        col_copy(r, i, 3, x->call_id, sizeof x->call_id);
+        col_copy(r, i, 4, x->comp_call_id, sizeof x->comp_call_id);
+        x->comp_attempts = col_i64(r, i, 5);
+        x->comp_next_at = col_i64(r, i, 6);
+        col_copy(r, i, 7, x->call_state, sizeof x->call_state);
+        x->result = col_dup(r, i, 8);
+        x->error = col_dup(r, i, 9);
+        x->call_attempt = col_i64(r, i, 10);
+        col_copy(r, i, 11, x->comp_state, sizeof x->comp_state);
+        x->comp_result = col_dup(r, i, 12);
+        x->comp_error = col_dup(r, i, 13);
+        x->comp_attempt = col_i64(r, i, 14);
+        if (!x->name) {
+            PQclear(r);
+            oq__task_steps_free(rows, (size_t)i + 1);
+            return oom(err);
+        }
+    }
+    PQclear(r);
+    if (cnt == 0) {
+        free(rows);
+        rows = NULL;
+    }
+    *v = rows;
+    *n = (size_t)cnt;
+    return 0;
+}
+
+int oq__producer_pg_task_link(oq__producer_store_t *s, const char *call_id, const char *task_id,
+                              int idx, const char *role, oq_error_t *err)
+{
+    num_t i;
+    const char *p[] = {call_id, task_id, num(&i, idx), role};
+    int64_t n = 0;
+    int rc = cmd(s,
+                 "INSERT INTO onceq.task_calls(call_id,task_id,idx,role) VALUES($1,$2,$3,$4) "
+                 "ON CONFLICT(call_id) DO NOTHING",
+                 4, p, &n, err);
+    /* a call of the batch read ahead linked now (a step's key replayed it): its result, still
+     * to come in this batch, must find its task */
+    if (!rc && n == 1 && tk_read && tk_add(call_id, task_id, idx, strcmp(role, "compensate") == 0))
+        oq__producer_pg_task_forget(); /* out of memory: read again when asked */
+    return rc;
+}
+
+int oq__producer_pg_task_of_call(oq__producer_store_t *s, const char *call_id,
+                                 char task_id[OQ_TASK_ID_LEN + 1], int *idx, int *is_comp,
+                                 int *found, oq_error_t *err)
+{
+    *found = 0;
+    if (rah_active(s) &&
+        rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, call_id) >= 0) {
+        int rc = tk_read ? 0 : tk_read_batch(s, err);
+        if (rc) return rc;
+        for (int i = 0; i < tk_nlinks; i++)
+            if (strcmp(tk_links[i].call_id, call_id) == 0) {
+                snprintf(task_id, OQ_TASK_ID_LEN + 1, "%s", tk_links[i].task_id);
+                *idx = tk_links[i].idx;
+                *is_comp = tk_links[i].is_comp;
+                *found = 1;
+                break;
+            }
+        return 0;
+    }
+    const char *p[] = {call_id};
+    PGresult *r = NULL;
+    int rc = q(s, "SELECT task_id,idx,role FROM onceq.task_calls WHERE call_id=$1", 1, p, &r, err);
+    if (rc) return rc;
+    if (PQntuples(r) == 1) {
+        col_copy(r, 0, 0, task_id, OQ_TASK_ID_LEN + 1);
+        *idx = (int)col_i64(r, 0, 1);
+        *is_comp = strcmp(PQgetvalue(r, 0, 2), "compensate") == 0;
+        *found = 1;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__producer_pg_task_due(oq__producer_store_t *s, int64_t now, int cap,
+                             char (*task_ids)[OQ_TASK_ID_LEN + 1], int *idx, int *n,
+                             oq_error_t *err)
+{
+    num_t t, lim;
+    const char *p[] = {num(&t, now), num(&lim, cap)};
+    PGresult *r = NULL;
+    *n = 0;
+    int rc = q_once(s,
+                    "SELECT task_id,idx FROM onceq.task_steps WHERE comp_next_at IS NOT NULL AND "
+                    "comp_next_at<=$1 ORDER BY comp_next_at LIMIT $2",
+                    2, p, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++) {
+        col_copy(r, i, 0, task_ids[*n], OQ_TASK_ID_LEN + 1);
+        idx[*n] = (int)col_i64(r, i, 1);
+        (*n)++;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int oq__producer_pg_task_list(oq__producer_store_t *s, const oq__task_list_q_t *lq, char ***ids,
+                              size_t *n, int64_t *next, oq_error_t *err)
+{
+    int limit = lq->limit > 0 ? lq->limit : 100;
+    num_t before, lim;
+    const char *p[] = {lq->status, lq->tenant, lq->idem_key,
+                       num(&before, lq->before > 0 ? lq->before : INT64_MAX),
+                       num(&lim, limit + 1)}; /* one more: is there a next page */
+    PGresult *r = NULL;
+    *ids = NULL;
+    *n = 0;
+    *next = 0;
+    /* a status walks tasks_status (status, pos): that status's tasks alone, in order */
+    int rc =
+        q_once(s,
+               lq->status ? "SELECT pos,task_id FROM onceq.tasks WHERE status=$1 AND ($2::text "
+                            "IS NULL OR tenant=$2) AND ($3::text IS NULL OR idem_key=$3) AND "
+                            "pos<$4::bigint ORDER BY pos DESC LIMIT $5"
+                          : "SELECT pos,task_id FROM onceq.tasks WHERE $1::text IS NULL AND "
+                            "($2::text IS NULL OR tenant=$2) AND ($3::text IS NULL OR "
+                            "idem_key=$3) AND pos<$4::bigint ORDER BY pos DESC LIMIT $5",
+               5, p, &r, err);
+    if (rc) return rc;
+    int cnt = PQntuples(r), k = cnt > limit ? limit : cnt;
+    char **v = calloc((size_t)(k ? k : 1), sizeof *v);
+    if (!v) {
+        PQclear(r);
+        return oom(err);
+    }
+    for (int i = 0; i < k; i++)
+        if (!(v[i] = col_dup(r, i, 1))) {
+            for (int j = 0; j < i; j++)
+                free(v[j]);
+            free(v);
+            PQclear(r);
+            return oom(err);
+        }
+    if (cnt > limit) *next = col_i64(r, limit - 1, 0);
+    PQclear(r);
+    *ids = v;
+    *n = (size_t)k;
+    return 0;
+}
+
+int oq__producer_pg_task_recovery(oq__producer_store_t *s, int64_t *operator_, int64_t *rerun,
+                                  oq_error_t *err)
+{
+    PGresult *r = NULL;
+    /* one statement, one snapshot: a count over the status index and one probe of the audit
+     * per task; steps written as more than one call */
+    int rc = q_once(s,
+                    "SELECT (SELECT count(*) FROM onceq.tasks t WHERE t.status='needs_review' OR "
+                    "EXISTS (SELECT 1 FROM onceq.audit a WHERE a.call_id=t.task_id AND "
+                    "a.event='task_review' AND onceq.try_jsonb(a.detail)->>'as' NOT IN "
+                    "('approve','reject'))),(SELECT count(*) FROM (SELECT 1 FROM onceq.task_calls "
+                    "WHERE role='step' GROUP BY task_id,idx HAVING count(*) > 1) x)",
+                    0, NULL, &r, err);
+    if (rc) return rc;
+    *operator_ = col_i64(r, 0, 0);
+    *rerun = col_i64(r, 0, 1);
+    PQclear(r);
+    return 0;
+}
+
+int oq__producer_pg_task_counts(oq__producer_store_t *s, const char *tenant,
+                                int64_t by[OQ_TASK_NSTATUS], int64_t *comp_ok, int64_t *comp_review,
+                                oq_error_t *err)
+{
+    const char *p[] = {tenant};
+    PGresult *r = NULL;
+    /* one statement, one snapshot: tasks by status (column 2 = 0), then the steps whose
+     * compensation was written, by status (1); the whole table or one tenant's tasks */
+    int rc = q_once(
+        s,
+        tenant ? "SELECT status,count(*),0 FROM onceq.tasks WHERE tenant=$1 GROUP BY status "
+                 "UNION ALL SELECT s.status,count(*),1 FROM onceq.task_steps s JOIN onceq.tasks t "
+                 "ON t.task_id=s.task_id WHERE s.comp_call_id IS NOT NULL AND t.tenant=$1 GROUP "
+                 "BY s.status"
+               : "SELECT status,count(*),0 FROM onceq.tasks GROUP BY status UNION ALL SELECT "
+                 "status,count(*),1 FROM onceq.task_steps WHERE comp_call_id IS NOT NULL GROUP "
+                 "BY status",
+        tenant ? 1 : 0, tenant ? p : NULL, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *k = PQgetvalue(r, i, 0);
+        int64_t c = col_i64(r, i, 1);
+        if (col_i64(r, i, 2) == 0) {
+            for (int j = 0; j < OQ_TASK_NSTATUS; j++)
+                if (strcmp(k, oq__task_statuses[j]) == 0) by[j] = c;
+        } else if (strcmp(k, "compensated") == 0) {
+            *comp_ok = c;
+        } else if (strcmp(k, "needs_review") == 0) {
+            *comp_review = c;
+        }
+    }
+    PQclear(r);
+    return 0;
+}

@@ -1095,6 +1095,26 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
     return ret;
 }
 
+int oq_producer_db_task_review(const oq_dbh_t *h, const char *task_id, int64_t fence,
+                               const char *as, const char *by, const char *note, json_t **out,
+                               const char **code, oq_error_t *err)
+{
+    oq__producer_store_t s = oq__producer_store_of(h);
+    if (out) *out = NULL;
+    int ret = oq__producer_store_begin(&s, 30000, err);
+    if (ret) return ret;
+    ret = oq__task_review(&s, task_id, fence, as, by, note, oq_now_ms(), 0, out, code, err);
+    if (!ret) ret = oq__producer_store_commit(&s, err);
+    if (ret) {
+        oq__producer_store_rollback(&s);
+        if (out) {
+            json_decref(*out);
+            *out = NULL;
+        }
+    }
+    return ret;
+}
+
 /* The same decision through the producer's writer (POST /v1/tasks/{id}/resolve): a job that
  * carries its inputs and, after the commit, the task or the refusal's code. A refusal
  * (bad_request .. not_retryable) is decided before anything is written; any other error is a
@@ -1162,9 +1182,6 @@ int oq__task_review_job_run(oq__producer_store_t *s, oq_task_review_job_t *job, 
     json_decref(job->task); /* a batch run again after a failure starts afresh */
     job->task = NULL;
     job->code = NULL;
-    if (s->pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     return oq__task_review(s, job->task_id, job->fence, job->as, job->by, job->note, now_ms, ttl,
                            &job->task, &job->code, err);
 }
@@ -1289,9 +1306,6 @@ int oq__task_decide_submit(oq__producer_store_t *s, oq_task_job_t *job, int64_t 
     json_decref(job->task);
     job->task = NULL;
     job->outcome = 0;
-    if (s->pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     oq__task_row_t row = {0};
     snprintf(row.task_id, sizeof row.task_id, "%s", job->task_id);
     row.tenant = job->tenant;
@@ -1469,9 +1483,6 @@ int oq_producer_db_task_counts(const oq_dbh_t *h, const char *tenant, json_t **o
 {
     oq__producer_store_t s = oq__producer_store_of(h);
     int64_t by[OQ_TASK_NSTATUS], ok = 0, review = 0;
-    if (s.pg)
-        return oq_error_set(err, OQ_ESTATE, 0,
-                            "tasks are not supported on a PostgreSQL producer store yet");
     int ret = oq__task_store_counts(&s, tenant, by, &ok, &review, err);
     if (ret) return ret;
     json_t *o = json_object();

@@ -413,7 +413,6 @@ static void task_retries(oq__writer_t *w)
     oq_error_t err = {0};
     oq__producer_store_t s = {w->wdb, w->wcache, w->wpg};
     int n = 0;
-    if (w->wpg) return; /* no tasks on PostgreSQL */
     int ret = oq__producer_store_begin(&s, 1000, &err);
     if (!ret) ret = oq__task_retry_due(&s, oq_now_ms(), w->key_ttl_ms, &n, &err);
     if (!ret && n) ret = oq__producer_store_commit(&s, &err);

@@ -14,7 +14,11 @@
  * appends it; retention purges a settled expired call with its rows and never a pending one;
  * the counts; webhooks: a settling result of a call with a callback_url queues its delivery in
  * the same transaction (a rollback leaves none), with GET's call JSON as body, and no other
- * result does; due, mark, dead list, redrive and counts of the delivery rows.
+ * result does; due, mark, dead list, redrive and counts of the delivery rows; the task rows
+ * (insert once per key, get by id and key, update, steps with their calls' state, links of a
+ * call found inside and outside a batch of results read ahead, one linked in mid-batch too,
+ * compensation retries due, the list's pages, counts, recovery counts); on PostgreSQL, a task
+ * read in a transaction is locked until its end.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -66,7 +70,8 @@ static int setup_pg(void **state)
     assert_int_equal(oq_pg_migrate(f->conn, &err), 0);
     assert_int_equal(oq_pg_exec(f->conn,
                                 "TRUNCATE onceq.calls, onceq.outbox, onceq.audit, "
-                                "onceq.result_inbox, onceq.outbox_dead, onceq.webhook_deliveries",
+                                "onceq.result_inbox, onceq.outbox_dead, onceq.webhook_deliveries, "
+                                "onceq.tasks, onceq.task_steps, onceq.task_calls",
                                 &err),
                      0);
     f->s = (oq__producer_store_t){NULL, NULL, f->conn};
@@ -505,6 +510,237 @@ static void test_webhook_rows(void **state)
     oq_call_clear(&c);
 }
 
+static void task_row(oq__task_row_t *t, const char *id, const char *key, const char *status,
+                     int64_t at)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->task_id, sizeof t->task_id, "%s", id);
+    t->tenant = (char *)"default";
+    t->idem_key = (char *)key;
+    snprintf(t->fingerprint, sizeof t->fingerprint, "%064d", 7);
+    t->spec = (char *)"{\"steps\":[]}";
+    snprintf(t->status, sizeof t->status, "%s", status);
+    t->created_at = t->updated_at = at;
+}
+
+#define TID(c) "t_0000000000000000000000000000000" c
+
+static void test_task_rows(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq_call_t a = {0}, b = {0};
+    oq_submit_outcome_t oc = 0;
+    oq__task_row_t t, g;
+    int exists = -1;
+    begin(f);
+    assert_int_equal(submit(f, "task-1/a", 1, &a, &oc), 0);
+    assert_int_equal(submit(f, "task-1/b", 2, &b, &oc), 0);
+    task_row(&t, TID("1"), "task-1", "running", 100);
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    assert_int_equal(exists, 0);
+    task_row(&t, TID("9"), "task-1", "running", 100); /* the same key: nothing written */
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    assert_int_equal(exists, 1);
+    task_row(&t, TID("2"), "task-2", "running", 200);
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    task_row(&t, TID("3"), "task-3", "compensated", 300);
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    oq__task_step_row_t st = {0};
+    st.idx = 0;
+    st.name = (char *)"a";
+    snprintf(st.status, sizeof st.status, "pending");
+    assert_int_equal(oq__task_store_step_put(&f->s, TID("1"), &st, &err), 0);
+    snprintf(st.status, sizeof st.status, "running");
+    snprintf(st.call_id, sizeof st.call_id, "%s", a.call_id);
+    assert_int_equal(oq__task_store_step_put(&f->s, TID("1"), &st, &err), 0); /* replaces */
+    st.idx = 1;
+    st.name = (char *)"b";
+    st.call_id[0] = '\0';
+    snprintf(st.status, sizeof st.status, "compensated");
+    snprintf(st.comp_call_id, sizeof st.comp_call_id, "%s", b.call_id);
+    st.comp_attempts = 2;
+    st.comp_next_at = 500;
+    assert_int_equal(oq__task_store_step_put(&f->s, TID("1"), &st, &err), 0);
+    assert_int_equal(oq__task_store_link(&f->s, a.call_id, TID("1"), 0, "step", &err), 0);
+    assert_int_equal(oq__task_store_link(&f->s, a.call_id, TID("2"), 5, "step", &err),
+                     0); /* kept */
+    commit(f);
+    /* get by id and by key */
+    assert_int_equal(oq__task_store_get(&f->s, NULL, NULL, "task-1", &g, &err), 0);
+    assert_string_equal(g.task_id, TID("1"));
+    assert_string_equal(g.spec, "{\"steps\":[]}");
+    assert_int_equal(g.created_at, 100);
+    assert_null(g.reason);
+    oq__task_row_clear(&g);
+    assert_int_equal(oq__task_store_get(&f->s, TID("8"), NULL, NULL, &g, &err), OQ_ENOTFOUND);
+    assert_int_equal(oq__task_store_get(&f->s, NULL, "other", "task-1", &g, &err), OQ_ENOTFOUND);
+    /* update */
+    begin(f);
+    task_row(&t, TID("2"), "task-2", "needs_review", 200);
+    t.reason = (char *)"why";
+    t.updated_at = 250;
+    t.review_fence = 3;
+    assert_int_equal(oq__task_store_update(&f->s, &t, &err), 0);
+    commit(f);
+    assert_int_equal(oq__task_store_get(&f->s, TID("2"), NULL, NULL, &g, &err), 0);
+    assert_string_equal(g.status, "needs_review");
+    assert_string_equal(g.reason, "why");
+    assert_int_equal(g.updated_at, 250);
+    assert_int_equal(g.review_fence, 3);
+    oq__task_row_clear(&g);
+    /* steps, with their calls' state */
+    oq__task_step_row_t *v = NULL;
+    size_t n = 0;
+    assert_int_equal(oq__task_store_steps(&f->s, TID("1"), &v, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(v[0].name, "a");
+    assert_string_equal(v[0].status, "running");
+    assert_string_equal(v[0].call_id, a.call_id);
+    assert_string_equal(v[0].call_state, "pending");
+    assert_int_equal(v[0].call_attempt, 1);
+    assert_string_equal(v[0].comp_call_id, "");
+    assert_string_equal(v[0].comp_state, "");
+    assert_string_equal(v[1].comp_call_id, b.call_id);
+    assert_string_equal(v[1].comp_state, "pending");
+    assert_int_equal(v[1].comp_attempts, 2);
+    assert_int_equal(v[1].comp_next_at, 500);
+    oq__task_steps_free(v, n);
+    /* a call's task, outside a batch of results */
+    char tid[OQ_TASK_ID_LEN + 1];
+    int idx = -1, is_comp = -1, found = -1;
+    assert_int_equal(oq__task_store_of_call(&f->s, a.call_id, tid, &idx, &is_comp, &found, &err),
+                     0);
+    assert_true(found);
+    assert_string_equal(tid, TID("1"));
+    assert_int_equal(idx, 0);
+    assert_false(is_comp);
+    assert_int_equal(oq__task_store_of_call(&f->s, b.call_id, tid, &idx, &is_comp, &found, &err),
+                     0);
+    assert_false(found);
+    /* inside a batch read ahead: a's link found, b's linked during the batch found too */
+    oq_envelope_t env[2];
+    memset(env, 0, sizeof env);
+    for (int i = 0; i < 2; i++) {
+        env[i].kind = OQ_KIND_TOOL_RESULT;
+        snprintf(env[i].call_id, sizeof env[i].call_id, "%s", i ? b.call_id : a.call_id);
+        snprintf(env[i].message_id, sizeof env[i].message_id, "m-task-%d", i);
+    }
+    begin(f);
+    assert_int_equal(oq__producer_store_results_ahead(&f->s, env, 2, &err), 0);
+    assert_int_equal(oq__task_store_of_call(&f->s, b.call_id, tid, &idx, &is_comp, &found, &err),
+                     0);
+    assert_false(found);
+    assert_int_equal(oq__task_store_of_call(&f->s, a.call_id, tid, &idx, &is_comp, &found, &err),
+                     0);
+    assert_true(found);
+    assert_string_equal(tid, TID("1"));
+    assert_int_equal(oq__task_store_link(&f->s, b.call_id, TID("1"), 1, "compensate", &err), 0);
+    assert_int_equal(oq__task_store_of_call(&f->s, b.call_id, tid, &idx, &is_comp, &found, &err),
+                     0);
+    assert_true(found);
+    assert_int_equal(idx, 1);
+    assert_true(is_comp);
+    assert_int_equal(oq__producer_store_results_done(&f->s, &err), 0);
+    commit(f);
+    /* compensation retries due */
+    char ids[4][OQ_TASK_ID_LEN + 1];
+    int ix[4], nd = -1;
+    assert_int_equal(oq__task_store_due(&f->s, 499, 4, ids, ix, &nd, &err), 0);
+    assert_int_equal(nd, 0);
+    assert_int_equal(oq__task_store_due(&f->s, 500, 4, ids, ix, &nd, &err), 0);
+    assert_int_equal(nd, 1);
+    assert_string_equal(ids[0], TID("1"));
+    assert_int_equal(ix[0], 1);
+    /* the list: newest first, pages without a gap, filters */
+    char **l = NULL;
+    int64_t next = 0;
+    oq__task_list_q_t lq = {NULL, NULL, NULL, 0, 2};
+    assert_int_equal(oq__task_store_list(&f->s, &lq, &l, &n, &next, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(l[0], TID("3"));
+    assert_string_equal(l[1], TID("2"));
+    assert_true(next > 0);
+    for (size_t i = 0; i < n; i++)
+        free(l[i]);
+    free(l);
+    lq.before = next;
+    assert_int_equal(oq__task_store_list(&f->s, &lq, &l, &n, &next, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(l[0], TID("1"));
+    assert_int_equal(next, 0);
+    free(l[0]);
+    free(l);
+    oq__task_list_q_t ls = {"needs_review", "default", NULL, 0, 10};
+    assert_int_equal(oq__task_store_list(&f->s, &ls, &l, &n, &next, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(l[0], TID("2"));
+    free(l[0]);
+    free(l);
+    /* counts and the recovery counts (a step linked to a second call counts as re-run) */
+    int64_t by[OQ_TASK_NSTATUS], ok = -1, review = -1, op = -1, rerun = -1;
+    assert_int_equal(oq__task_store_counts(&f->s, NULL, by, &ok, &review, &err), 0);
+    assert_int_equal(by[0], 1); /* running */
+    assert_int_equal(by[3], 1); /* compensated */
+    assert_int_equal(by[5], 1); /* needs_review */
+    assert_int_equal(ok, 1);
+    assert_int_equal(review, 0);
+    assert_int_equal(oq__task_store_counts(&f->s, "other", by, &ok, &review, &err), 0);
+    assert_int_equal(by[0] + by[3] + by[5] + ok, 0);
+    begin(f);
+    assert_int_equal(oq__task_store_link(&f->s, "c_other", TID("1"), 0, "step", &err), 0);
+    commit(f);
+    assert_int_equal(oq__task_store_recovery(&f->s, &op, &rerun, &err), 0);
+    assert_int_equal(op, 1);
+    assert_int_equal(rerun, 1);
+    assert_int_equal(count(f, "task_calls", NULL), 3);
+    oq_call_clear(&a);
+    oq_call_clear(&b);
+}
+
+/* PostgreSQL only: a task read inside a transaction is locked until its end (FOR UPDATE), so a
+ * second transaction that reads it to change it waits (here: gives up after lock_timeout);
+ * outside a transaction a read takes no lock. */
+static void test_task_lock_pg(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    oq__task_row_t t, g;
+    int exists = 0;
+    begin(f);
+    task_row(&t, TID("1"), "lock-1", "running", 100);
+    assert_int_equal(oq__task_store_insert(&f->s, &t, &exists, &err), 0);
+    commit(f);
+    PGconn *c2 = NULL;
+    assert_int_equal(oq_pg_connect(pg_conninfo, &c2, &err), 0);
+    assert_int_equal(oq_pg_exec(c2, "SET lock_timeout = '200ms'", &err), 0);
+    oq__producer_store_t s2 = {NULL, NULL, c2};
+    begin(f);
+    assert_int_equal(oq__task_store_get(&f->s, TID("1"), NULL, NULL, &g, &err), 0);
+    oq__task_row_clear(&g);
+    /* outside a transaction: read, no lock taken or waited for */
+    assert_int_equal(oq__task_store_get(&s2, NULL, NULL, "lock-1", &g, &err), 0);
+    oq__task_row_clear(&g);
+    /* inside one: waits for the first, by id and by key */
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_not_equal(oq__task_store_get(&s2, TID("1"), NULL, NULL, &g, &err), 0);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_not_equal(oq__task_store_get(&s2, NULL, NULL, "lock-1", &g, &err), 0);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    /* the first ends: the second reads what it committed */
+    task_row(&t, TID("1"), "lock-1", "succeeded", 100);
+    t.updated_at = 150;
+    assert_int_equal(oq__task_store_update(&f->s, &t, &err), 0);
+    commit(f);
+    assert_int_equal(oq_pg_exec(c2, "BEGIN", &err), 0);
+    assert_int_equal(oq__task_store_get(&s2, TID("1"), NULL, NULL, &g, &err), 0);
+    assert_string_equal(g.status, "succeeded");
+    oq__task_row_clear(&g);
+    oq_pg_exec(c2, "ROLLBACK", NULL);
+    PQfinish(c2);
+}
+
 #define BOTH(setup)                                                                                \
     {                                                                                              \
         cmocka_unit_test_setup_teardown(test_new_replay_conflict, setup, teardown),                \
@@ -514,6 +750,7 @@ static void test_webhook_rows(void **state)
             cmocka_unit_test_setup_teardown(test_republish, setup, teardown),                      \
             cmocka_unit_test_setup_teardown(test_purge, setup, teardown),                          \
             cmocka_unit_test_setup_teardown(test_webhook_rows, setup, teardown),                   \
+            cmocka_unit_test_setup_teardown(test_task_rows, setup, teardown),                      \
     }
 
 int main(void)
@@ -524,5 +761,9 @@ int main(void)
     pgfx_available(1);
     pgfx_fresh_db("onceq_test_producer_store", pg_conninfo, sizeof pg_conninfo);
     const struct CMUnitTest pg_tests[] = BOTH(setup_pg);
-    return cmocka_run_group_tests_name("producer_store_postgres", pg_tests, NULL, NULL);
+    rc = cmocka_run_group_tests_name("producer_store_postgres", pg_tests, NULL, NULL);
+    if (rc) return rc;
+    const struct CMUnitTest pg_only[] = {
+        cmocka_unit_test_setup_teardown(test_task_lock_pg, setup_pg, teardown)};
+    return cmocka_run_group_tests_name("producer_store_postgres_only", pg_only, NULL, NULL);
 }
