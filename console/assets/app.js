@@ -170,15 +170,10 @@ async function viewCall(id) {
 
 const TASK_STATES = ['running', 'awaiting_approval', 'succeeded', 'compensating', 'compensated', 'failed', 'needs_review'];
 
-function tasksUnsupported(msg) {
-  page().replaceChildren(h('h1', {text: 'Tasks'}), h('p', {class: 'muted', id: 'tasks-unsupported', text: msg}));
-}
-
 // Tasks as `onceq tasks list` lists them, newest first, with the counts by status.
 async function viewTasks(params) {
   const f = Object.fromEntries(params);
   const res = await api('tasks?' + new URLSearchParams(f).toString());
-  if (!res.supported) { tasksUnsupported(res.message); return; }
   const input = (name, attrs) => h('input', Object.assign({name: name, id: 't-' + name,
                                                            value: f[name] || ''}, attrs));
   const sel = h('select', {name: 'status', id: 't-status'}, ['', ...TASK_STATES].map(
@@ -252,11 +247,7 @@ function taskDecision(t) {
 
 // One task as `onceq inspect t_...` shows it: its steps and compensations in order, the timeline.
 async function viewTask(id) {
-  let d;
-  try { d = await api('tasks/' + encodeURIComponent(id)); } catch (e) {
-    if (e.code === 'tasks_unsupported_backend') { tasksUnsupported(e.message); return; }
-    throw e;
-  }
+  const d = await api('tasks/' + encodeURIComponent(id));
   const t = d.task;
   const kv = h('div', {class: 'kv', id: 'task'});
   const row = (k, v) => { kv.appendChild(h('div', {text: k})); kv.appendChild(h('div', {class: 'mono'}, v)); };
@@ -554,6 +545,6 @@ async function route() {
   try { // the tasks badge: those waiting for an operator
     const t = await api('tasks?limit=1');
     document.getElementById('tasks-count').textContent =
-        t.supported ? ((t.counts.needs_review || 0) + (t.counts.awaiting_approval || 0) || '') : '';
+        (t.counts.needs_review || 0) + (t.counts.awaiting_approval || 0) || '';
   } catch (e) {}
 })();
