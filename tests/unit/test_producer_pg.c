@@ -14,7 +14,8 @@
  * updates and audit rows in a few statements, not one per result (statement-level triggers of
  * the test count the statements that wrote rows); and the read ahead of a batch of results
  * stays an index lookup when the tables grow after the writer's session began (no sequential
- * scan, counted by pg_stat_xact_user_tables on the writer store's connection).
+ * scan, counted by pg_stat_xact_user_tables on the writer store's connection); and a batch of
+ * results that waits for a row lock does not hold up a submit (results have their own writer).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -478,6 +480,90 @@ static void test_results_read_follows_table_growth(void **state)
     PQfinish(x);
 }
 
+typedef struct {
+    oq_producer_t *p;
+    const char *key;
+    volatile int done;
+    int rc;
+} submit_t;
+
+static void *submit_one(void *arg)
+{
+    submit_t *a = arg;
+    oq_error_t err = {0};
+    json_t *args = json_pack("{s:i}", "amount", 3);
+    oq_submit_req_t req = {NULL, a->key, "charge", args, NULL, 0, 0, NULL};
+    oq_submit_outcome_t oc;
+    oq_call_t call;
+    memset(&call, 0, sizeof call);
+    a->rc = oq_producer_submit(a->p, &req, &call, &oc, &err);
+    oq_call_clear(&call);
+    json_decref(args);
+    a->done = 1;
+    return NULL;
+}
+
+/* The batches of results have a writer of their own on PostgreSQL: a batch of results that
+ * waits (here for a row lock another transaction holds on its call) does not hold up submits.
+ * With one writer for both, the submit queued behind the waiting batch until the lock went. */
+static void test_submits_not_behind_results(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
+    json_t *args = json_pack("{s:i}", "amount", 1);
+    oq_submit_req_t req = {NULL, "held-1", "charge", args, NULL, 0, 0, NULL};
+    oq_submit_outcome_t soc;
+    oq_call_t call;
+    memset(&call, 0, sizeof call);
+    assert_int_equal(oq_producer_submit(p, &req, &call, &soc, &err), 0);
+    json_decref(args);
+    /* another transaction holds the call's row */
+    PGconn *x = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    const char *pr[] = {call.call_id};
+    PQclear(PQexec(x, "BEGIN"));
+    PGresult *r = PQexecParams(x, "SELECT 1 FROM onceq.calls WHERE call_id = $1 FOR UPDATE", 1,
+                               NULL, pr, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    PQclear(r);
+    /* its result: the batch reads ahead, then waits for the row at its write */
+    oq_envelope_t envs[2];
+    oq_result_outcome_t oc[2];
+    result_env(&envs[0], call.call_id, 1, "running");
+    result_env(&envs[1], call.call_id, 1, "succeeded");
+    apply_t a = {p, envs, oc, 0, -1};
+    pthread_t ta, ts;
+    assert_int_equal(pthread_create(&ta, NULL, applier, &a), 0);
+    usleep(300000);
+    /* a new call meanwhile: answered while the row is still held */
+    submit_t sb = {p, "held-2", 0, -1};
+    assert_int_equal(pthread_create(&ts, NULL, submit_one, &sb), 0);
+    for (int i = 0; i < 300 && !sb.done; i++) /* 30 s at most */
+        usleep(100000);
+    int answered = sb.done;
+    print_message("submit answered while a batch of results waited: %s\n", answered ? "yes" : "no");
+    PQclear(PQexec(x, "ROLLBACK"));
+    pthread_join(ts, NULL);
+    pthread_join(ta, NULL);
+    assert_true(answered);
+    assert_int_equal(sb.rc, 0);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(oc[0], OQ_RESULT_APPLIED);
+    assert_int_equal(oc[1], OQ_RESULT_APPLIED);
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND state='succeeded'",
+             call.call_id);
+    assert_int_equal(one(x, sql), 1);
+    oq_call_clear(&call);
+    oq_producer_close(p);
+    PQfinish(x);
+}
+
 int main(void)
 {
     pgfx_available(1);
@@ -487,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_results_batched),
         cmocka_unit_test(test_results_claimed_meanwhile),
         cmocka_unit_test(test_results_read_follows_table_growth),
+        cmocka_unit_test(test_submits_not_behind_results),
     };
     return cmocka_run_group_tests_name("producer_pg", tests, NULL, NULL);
 }
