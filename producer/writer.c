@@ -690,17 +690,16 @@ out:
     return 0;
 }
 
-void oq__writer_close(oq__writer_t *w)
+/* Refuses new items (OQ_ESHUTDOWN), runs what is queued and ends the thread. */
+static void writer_stop(oq__writer_t *w)
 {
-    if (!w) return;
-    /* the results' writer first: it applies what is queued and tells the shared waiters */
-    oq__writer_close(w->rw);
     pthread_mutex_lock(&w->mu);
     w->stopping = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     if (w->started) {
         pthread_join(w->th, NULL);
+        w->started = 0;
         OQ_LOG_INFO("producer",
                     "%s stopped: batches=%lld submits=%lld results=%lld ms: submits=%lld "
                     "results=%lld commit=%lld",
@@ -709,6 +708,16 @@ void oq__writer_close(oq__writer_t *w)
                     (long long)(w->t_submit_us / 1000), (long long)(w->t_results_us / 1000),
                     (long long)(w->t_commit_us / 1000));
     }
+}
+
+void oq__writer_close(oq__writer_t *w)
+{
+    if (!w) return;
+    /* The results' writer first: it applies what is queued and tells the shared waiters. It is
+     * freed last, so that an item routed to it meanwhile is refused, not written to freed
+     * memory. */
+    if (w->rw) writer_stop(w->rw);
+    writer_stop(w);
     pthread_mutex_lock(&w->cmu);
     w->ckpt_stop = 1;
     pthread_cond_signal(&w->ccv);
@@ -724,5 +733,6 @@ void oq__writer_close(oq__writer_t *w)
     pthread_cond_destroy(&w->ccv);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    oq__writer_close(w->rw); /* stopped above */
     free(w);
 }
