@@ -29,7 +29,8 @@
  * A lost connection is re-established before the next operation (PQreset, LISTEN again); the
  * operation that met it fails retriably and relay.c retries as after any database error.
  * Statements are prepared once per connection (oq_pg_prepared(), oq_pg_run(): prepared again
- * after a reconnect).
+ * after a reconnect). A read cycle (the assign's transaction, then the read) is one round trip:
+ * its five statements go in one libpq pipeline (assign_and_read).
  */
 #include <inttypes.h>
 #include <libpq-fe.h>
@@ -46,7 +47,8 @@
 
 struct oq__relay_pg {
     PGconn *c;
-    int64_t notes; /* notifications received */
+    int64_t notes;           /* notifications received */
+    int64_t reads, read_rts; /* oq__relay_pg_read calls, and their round trips */
 };
 
 /* The advisory lock key of the assign step ("onceq-relay" as a number of our own). */
@@ -228,43 +230,101 @@ int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *
 
 /* --- read ----------------------------------------------------------------------------------- */
 
-/* Numbers the committed rows that have none yet, in seq order, above every number handed out
- * before (see the file comment). One short transaction. */
-static int assign(oq__relay_pg_t *p, int max_rows, oq_error_t *err)
+#define ASSIGN_SQL                                                                                 \
+    "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY seq LIMIT $1 FOR "     \
+    "UPDATE), n AS (SELECT seq, nextval('onceq.outbox_pub_seq') AS ps FROM (SELECT seq FROM c "    \
+    "ORDER BY seq) z) UPDATE onceq.outbox o SET pub_seq = n.ps FROM n WHERE o.seq = n.seq"
+#define READ_SQL                                                                                   \
+    "SELECT pub_seq, created_at, message_id, topic, key, payload FROM onceq.outbox WHERE pub_seq " \
+    "> $1 ORDER BY pub_seq LIMIT $2"
+
+/* Sends \p sql (prepared when \p name is set) into the open pipeline. */
+static int send_one(PGconn *c, const char *name, const char *sql, int n, const char *const *pr)
 {
-    num_t m;
-    const char *pr[] = {num(&m, max_rows)};
-    int rc = oq_pg_exec(p->c, "BEGIN; SELECT pg_advisory_xact_lock(" ASSIGN_LOCK ")", err);
-    if (rc) goto fail;
-    if ((rc = oq_pg_run_cmd(
-             p->c,
-             "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY "
-             "seq LIMIT $1 FOR UPDATE), n AS (SELECT seq, nextval('onceq.outbox_pub_seq') "
-             "AS ps FROM (SELECT seq FROM c ORDER BY seq) z) UPDATE onceq.outbox o SET "
-             "pub_seq = n.ps FROM n WHERE o.seq = n.seq",
-             1, pr, NULL, err)))
-        goto fail;
-    OQ_CRASH_POINT("relay.pg_after_assign_before_commit");
-    return oq_pg_exec(p->c, "COMMIT", err);
-fail:
-    rollback(p);
+    return name && name[0] ? PQsendQueryPrepared(c, name, n, pr, NULL, NULL, 0)
+                           : PQsendQueryParams(c, sql, n, NULL, pr, NULL, NULL, 0);
+}
+
+/*
+ * One cycle's database work in one round trip (a libpq pipeline): the assign, a short
+ * transaction that numbers the committed rows that have none yet, in seq order, above every
+ * number handed out before (see the file comment: BEGIN, the advisory lock, the UPDATE, COMMIT),
+ * then the read of the rows above \p after. The server runs a pipeline's statements in order
+ * and skips the rest after a failure until the sync, so the read runs only after the assign's
+ * COMMIT succeeded: it sees every number handed out so far, as when they were four round trips.
+ * *out is the read's result (the caller clears it).
+ */
+static int assign_and_read(oq__relay_pg_t *p, int64_t after, int max_rows, PGresult **out,
+                           oq_error_t *err)
+{
+    num_t m, a, l;
+    const char *pa[] = {num(&m, max_rows > 0 ? max_rows * 4 : 1000)};
+    const char *pr[] = {num(&a, after), num(&l, max_rows)};
+    char an[16], rn[16];
+    *out = NULL;
+    int rc = oq_pg_stmt_name(p->c, ASSIGN_SQL, 1, an, err); /* prepared once per session */
+    if (!rc) rc = oq_pg_stmt_name(p->c, READ_SQL, 2, rn, err);
+    if (rc) return rc;
+    if (!PQenterPipelineMode(p->c)) return oq_pg_error(p->c, NULL, err, "relay pipeline");
+    p->read_rts++;
+    enum { NST = 5 };
+    int sent = 0;
+    if (send_one(p->c, NULL, "BEGIN", 0, NULL)) sent++;
+    if (sent == 1 && send_one(p->c, NULL, "SELECT pg_advisory_xact_lock(" ASSIGN_LOCK ")", 0, NULL))
+        sent++;
+    if (sent == 2 && send_one(p->c, an, ASSIGN_SQL, 1, pa)) sent++;
+    if (sent == 3 && send_one(p->c, NULL, "COMMIT", 0, NULL)) sent++;
+    if (sent == 4 && send_one(p->c, rn, READ_SQL, 2, pr)) sent++;
+    int synced = PQpipelineSync(p->c);
+    if (sent < NST || !synced) rc = oq_pg_error(p->c, NULL, err, "relay pipeline send");
+    if (!synced) sent = 0; /* no answer will come */
+    for (int i = 0; i < sent; i++) {
+        PGresult *r = PQgetResult(p->c);
+        if (!r) {
+            if (!rc) rc = oq_pg_error(p->c, NULL, err, "relay pipeline: no answer");
+            break;
+        }
+        ExecStatusType st = PQresultStatus(r);
+        int ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+        /* a COMMIT the server answers with ROLLBACK: nothing was assigned */
+        if (ok && i == 3 && strcmp(PQcmdStatus(r), "COMMIT") != 0) ok = 0;
+        if (!ok && !rc)
+            rc = st == PGRES_COMMAND_OK ? oq_error_set(err, OQ_EBUSY, 0, "relay assign rolled back")
+                                        : oq_pg_error(p->c, r, err, "relay assign/read");
+        if (ok && i == NST - 1 && !rc) {
+            *out = r;
+            r = NULL;
+        }
+        PQclear(r);
+        while ((r = PQgetResult(p->c)) != NULL) /* the end of this statement's answer */
+            PQclear(r);
+    }
+    for (int k = 0; k < 4 && !PQexitPipelineMode(p->c); k++) {
+        PGresult *r = PQgetResult(p->c); /* the sync, or what a broken pipeline left */
+        if (!r && PQstatus(p->c) != CONNECTION_OK) break;
+        PQclear(r);
+    }
+    if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF) {
+        PQreset(p->c); /* a pipeline that could not be closed: a new session */
+        if (!rc) rc = oq_pg_error(p->c, NULL, err, "relay pipeline not closed");
+    }
+    if (rc) {
+        PQclear(*out);
+        *out = NULL;
+        rollback(p); /* an assign that failed inside its transaction */
+    }
     return rc;
 }
 
 int oq__relay_pg_read(oq__relay_pg_t *p, int64_t after, int max_rows, int64_t max_bytes,
                       oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err)
 {
-    num_t a, m;
     PGresult *r = NULL;
     *nread = 0;
     int rc = ready(p, err);
-    if (rc || (rc = assign(p, max_rows > 0 ? max_rows * 4 : 1000, err))) return rc;
-    const char *pr[] = {num(&a, after), num(&m, max_rows)};
-    if ((rc = oq_pg_run(p->c,
-                        "SELECT pub_seq, created_at, message_id, topic, key, payload FROM "
-                        "onceq.outbox WHERE pub_seq > $1 ORDER BY pub_seq LIMIT $2",
-                        2, pr, &r, err)))
-        return rc;
+    if (rc) return rc;
+    p->reads++;
+    if ((rc = assign_and_read(p, after, max_rows, &r, err))) return rc;
     int64_t bytes = 0;
     int n = 0;
     for (int i = 0; i < PQntuples(r); i++) {
@@ -285,6 +345,12 @@ int oq__relay_pg_read(oq__relay_pg_t *p, int64_t after, int max_rows, int64_t ma
     PQclear(r);
     *nread = n;
     return 0;
+}
+
+void oq__relay_pg_counts(oq__relay_pg_t *p, int64_t *reads, int64_t *round_trips)
+{
+    *reads = p->reads;
+    *round_trips = p->read_rts;
 }
 
 /* --- mark ----------------------------------------------------------------------------------- */

@@ -32,6 +32,8 @@ int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *
                                int64_t fence, oq_error_t *err);
 int oq__relay_pg_read(oq__relay_pg_t *p, int64_t after, int max_rows, int64_t max_bytes,
                       oq__relay_row_cb cb, void *ctx, int *nread, oq_error_t *err);
+/** Reads so far (oq__relay_pg_read) and the round trips they took (tests). */
+void oq__relay_pg_counts(oq__relay_pg_t *p, int64_t *reads, int64_t *round_trips);
 int oq__relay_pg_mark_dead(oq__relay_pg_t *p, const char *name, const char *owner, int64_t fence,
                            int64_t lease_ms, int64_t now_ms, int64_t upto,
                            const oq__relay_dead_t *dead, size_t ndead, oq_error_t *err);

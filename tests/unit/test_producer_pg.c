@@ -12,7 +12,10 @@
  * first, duplicate, stale, unknown call; a settling result of a call with a callback_url queues
  * its webhook delivery with the settled call's JSON), and writes its result_inbox rows, call
  * updates and audit rows in a few statements, not one per result (statement-level triggers of
- * the test count the statements that wrote rows).
+ * the test count the statements that wrote rows); and the read ahead of a batch of results
+ * stays an index lookup when the tables grow after the writer's session began (no sequential
+ * scan, counted by pg_stat_xact_user_tables on the writer store's connection); and a batch of
+ * results that waits for a row lock does not hold up a submit (results have their own writer).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,14 +25,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 #include <pthread.h>
 
 #include "oq_envelope.h"
+#include "oq_pg.h"
 #include "oq_producer.h"
 #include "pg_fixture.h"
+#include "producer_int.h"
 
 static char conninfo[2048];
 
@@ -389,6 +395,175 @@ static void test_results_claimed_meanwhile(void **state)
     PQfinish(x);
 }
 
+/* Sequential scans of onceq.\p table that \p c's session has not reported yet
+ * (pg_stat_xact_user_tables: since PostgreSQL 15 its earlier transactions' counts too, until the
+ * next flush, which flush_scans() forces). */
+static int64_t xact_seq_scans(PGconn *c, const char *table)
+{
+    const char *pr[] = {table};
+    PGresult *r = PQexecParams(c,
+                               "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE "
+                               "schemaname = 'onceq' AND relname = $1",
+                               1, NULL, pr, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_int_equal(PQntuples(r), 1);
+    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+static void flush_scans(PGconn *c)
+{
+    PQclear(PQexec(c, "SELECT pg_stat_force_next_flush()"));
+    PQclear(PQexec(c, "SELECT 1")); /* the flush ran when the session went idle before it */
+}
+
+/* The read ahead of a batch of results (the calls it names, which of its message ids
+ * result_inbox holds) stays an index lookup when the tables grow after the writer's session
+ * began. A prepared read keeps the generic plan it chose while `calls` was small, a sequential
+ * scan, for the session: every batch of results then read the whole table (14 ms a batch at
+ * 5,000 calls under `onceq-bench e2e`). The writer's store on a connection of the test's own,
+ * opted in to prepared statements as the writer's is. */
+static void test_results_read_follows_table_growth(void **state)
+{
+    (void)state;
+    enum { W = 8, B = 30 };
+    oq_error_t err = {0};
+    PGconn *c = NULL, *x = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    assert_int_equal(oq_pg_connect(conninfo, &c, &err), 0);
+    assert_int_equal(oq_pg_prepared(c, &err), 0);
+    oq__producer_store_t s = {NULL, NULL, c};
+    PQclear(PQexec(x, "DELETE FROM onceq.calls WHERE call_id LIKE 'g-%'"));
+    /* batches of 30 results while the tables are small (as at a pipeline's start), read ahead
+     * and rolled back: a prepared read's plan is the generic one from the sixth on */
+    static oq_envelope_t envs[B];
+    static char cid[B][40];
+    for (int w = 0; w < W; w++) {
+        for (int i = 0; i < B; i++) {
+            snprintf(cid[i], sizeof cid[i], "g-%d", 100000 + w * B + i);
+            result_env(&envs[i], cid[i], 1, "succeeded");
+        }
+        assert_int_equal(oq__producer_store_begin(&s, 1000, &err), 0);
+        assert_int_equal(oq__producer_store_results_ahead(&s, envs, B, &err), 0);
+        assert_int_equal(oq__producer_store_results_done(&s, &err), 0);
+        oq__producer_store_rollback(&s);
+    }
+    /* then the tables grow (another connection: the session's plans are not told) */
+    PGresult *r = PQexec(x, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, "
+                            "created_at, updated_at, expires_at) SELECT 'g-' || g, 'g-' || g, "
+                            "'f', 'charge', '{}', 1, 1, 1 FROM generate_series(1, 20000) g; "
+                            "INSERT INTO onceq.result_inbox(message_id, call_id, status, outcome, "
+                            "received_at) SELECT 'gm-' || g, 'g-' || g, 'succeeded', 'applied', 1 "
+                            "FROM generate_series(1, 20000) g");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    for (int i = 0; i < B; i++) {
+        snprintf(cid[i], sizeof cid[i], "g-%d", 1 + i * 97);
+        result_env(&envs[i], cid[i], 1, "succeeded");
+    }
+    flush_scans(c);
+    int64_t calls = -xact_seq_scans(c, "calls"), inbox = -xact_seq_scans(c, "result_inbox");
+    assert_int_equal(oq__producer_store_begin(&s, 1000, &err), 0);
+    assert_int_equal(oq__producer_store_results_ahead(&s, envs, B, &err), 0);
+    calls += xact_seq_scans(c, "calls");
+    inbox += xact_seq_scans(c, "result_inbox");
+    assert_int_equal(oq__producer_store_results_done(&s, &err), 0);
+    oq__producer_store_rollback(&s);
+    print_message("sequential scans in the results' read ahead: calls %lld, result_inbox %lld\n",
+                  (long long)calls, (long long)inbox);
+    assert_int_equal(calls, 0);
+    assert_int_equal(inbox, 0);
+    PQclear(PQexec(x, "DELETE FROM onceq.result_inbox WHERE message_id LIKE 'gm-%'; DELETE FROM "
+                      "onceq.calls WHERE call_id LIKE 'g-%'"));
+    PQfinish(c);
+    PQfinish(x);
+}
+
+typedef struct {
+    oq_producer_t *p;
+    const char *key;
+    volatile int done;
+    int rc;
+} submit_t;
+
+static void *submit_one(void *arg)
+{
+    submit_t *a = arg;
+    oq_error_t err = {0};
+    json_t *args = json_pack("{s:i}", "amount", 3);
+    oq_submit_req_t req = {NULL, a->key, "charge", args, NULL, 0, 0, NULL};
+    oq_submit_outcome_t oc;
+    oq_call_t call;
+    memset(&call, 0, sizeof call);
+    a->rc = oq_producer_submit(a->p, &req, &call, &oc, &err);
+    oq_call_clear(&call);
+    json_decref(args);
+    a->done = 1;
+    return NULL;
+}
+
+/* The batches of results have a writer of their own on PostgreSQL: a batch of results that
+ * waits (here for a row lock another transaction holds on its call) does not hold up submits.
+ * With one writer for both, the submit queued behind the waiting batch until the lock went. */
+static void test_submits_not_behind_results(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    oq_producer_t *p = NULL;
+    oq_producer_opts_t o;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
+    json_t *args = json_pack("{s:i}", "amount", 1);
+    oq_submit_req_t req = {NULL, "held-1", "charge", args, NULL, 0, 0, NULL};
+    oq_submit_outcome_t soc;
+    oq_call_t call;
+    memset(&call, 0, sizeof call);
+    assert_int_equal(oq_producer_submit(p, &req, &call, &soc, &err), 0);
+    json_decref(args);
+    /* another transaction holds the call's row */
+    PGconn *x = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    const char *pr[] = {call.call_id};
+    PQclear(PQexec(x, "BEGIN"));
+    PGresult *r = PQexecParams(x, "SELECT 1 FROM onceq.calls WHERE call_id = $1 FOR UPDATE", 1,
+                               NULL, pr, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    PQclear(r);
+    /* its result: the batch reads ahead, then waits for the row at its write */
+    oq_envelope_t envs[2];
+    oq_result_outcome_t oc[2];
+    result_env(&envs[0], call.call_id, 1, "running");
+    result_env(&envs[1], call.call_id, 1, "succeeded");
+    apply_t a = {p, envs, oc, 0, -1};
+    pthread_t ta, ts;
+    assert_int_equal(pthread_create(&ta, NULL, applier, &a), 0);
+    usleep(300000);
+    /* a new call meanwhile: answered while the row is still held */
+    submit_t sb = {p, "held-2", 0, -1};
+    assert_int_equal(pthread_create(&ts, NULL, submit_one, &sb), 0);
+    for (int i = 0; i < 300 && !sb.done; i++) /* 30 s at most */
+        usleep(100000);
+    int answered = sb.done;
+    print_message("submit answered while a batch of results waited: %s\n", answered ? "yes" : "no");
+    PQclear(PQexec(x, "ROLLBACK"));
+    pthread_join(ts, NULL);
+    pthread_join(ta, NULL);
+    assert_true(answered);
+    assert_int_equal(sb.rc, 0);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(oc[0], OQ_RESULT_APPLIED);
+    assert_int_equal(oc[1], OQ_RESULT_APPLIED);
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND state='succeeded'",
+             call.call_id);
+    assert_int_equal(one(x, sql), 1);
+    oq_call_clear(&call);
+    oq_producer_close(p);
+    PQfinish(x);
+}
+
 int main(void)
 {
     pgfx_available(1);
@@ -397,6 +572,8 @@ int main(void)
         cmocka_unit_test(test_group_commit),
         cmocka_unit_test(test_results_batched),
         cmocka_unit_test(test_results_claimed_meanwhile),
+        cmocka_unit_test(test_results_read_follows_table_growth),
+        cmocka_unit_test(test_submits_not_behind_results),
     };
     return cmocka_run_group_tests_name("producer_pg", tests, NULL, NULL);
 }
