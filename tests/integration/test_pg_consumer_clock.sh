@@ -16,19 +16,15 @@ set -euo pipefail
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
 oq_require_pg
 oq_tmpdir
-command -v faketime >/dev/null || {
-    [[ "${CI:-}" == true ]] && oq_fail "faketime missing under CI=true"
-    echo "SKIP: needs faketime"
-    exit 77
-}
+oq_faketime_lib >/dev/null || exit $? # skips without libfaketime (fails under CI)
 URL=$(oq_pg_fresh_db onceq_it_pg_consumer_clock)
 q() { psql -XAtq "$URL" -c "$1"; }
 T_LEASE=$(oq_tool oq_pg_lease)
-ahead() { env FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '+1h' "$T_LEASE" "$URL" "$@"; }
-behind() { env FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '-1h' "$T_LEASE" "$URL" "$@"; }
+ahead() { oq_faketime +1h "$T_LEASE" "$URL" "$@"; }
+behind() { oq_faketime -1h "$T_LEASE" "$URL" "$@"; }
 true_clock() { "$T_LEASE" "$URL" "$@"; }
 # the skew is real: faketime moves the wall clock of the process it runs
-skew=$(($(env FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '+1h' date +%s) - $(date +%s)))
+skew=$(($(oq_faketime +1h date +%s) - $(date +%s)))
 ((skew > 3500)) || oq_fail "faketime did not skew the clock ($skew s)"
 # lease_until - the server's now, in ms
 left() { q "SELECT lease_until - (extract(epoch from clock_timestamp()) * 1000)::bigint FROM onceq.consumer_executions WHERE call_id = '$1'"; }

@@ -11,17 +11,14 @@ set -euo pipefail
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
 oq_require_pg
 oq_tmpdir
-command -v faketime >/dev/null || {
-    [[ "${CI:-}" == true ]] && oq_fail "faketime missing under CI=true"
-    echo "SKIP: needs faketime"
-    exit 77
-}
+FTLIB=$(oq_faketime_lib) || exit $? # skips without libfaketime (fails under CI)
 URL=$(oq_pg_fresh_db onceq_it_relay_two)
 "$ONCEQ_BIN" migrate --db "$URL" >/dev/null || oq_fail "migrate"
 q() { psql -XAtq "$URL" -c "$1"; }
 oq_start_broker --partitions 6
-oq_spawn relay-a env FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '+45s' \
-    "$ONCEQ_BIN" relay --db "$URL" --brokers "$BROKERS" --lease 2s --owner host-a
+oq_spawn relay-a env LD_PRELOAD="$FTLIB" FAKETIME=+45s FAKETIME_NO_CACHE=1 \
+    FAKETIME_DONT_FAKE_MONOTONIC=1 "$ONCEQ_BIN" relay --db "$URL" --brokers "$BROKERS" --lease 2s \
+    --owner host-a
 oq_spawn relay-b "$ONCEQ_BIN" relay --db "$URL" --brokers "$BROKERS" --lease 2s --owner host-b
 
 for w in $(seq 1 8); do
@@ -38,9 +35,7 @@ HOLDER=$(q "SELECT owner FROM onceq.relay_lease")
 FENCE0=$(q "SELECT fence FROM onceq.relay_lease")
 case "$HOLDER" in host-a) STOPPED=relay-a OTHER=host-b ;; host-b) STOPPED=relay-b OTHER=host-a ;; *) oq_fail "holder $HOLDER" ;; esac
 SPID=$(oq_pid "$STOPPED")
-# faketime runs the relay as a child of env: stop the whole process group's relay
-RPID=$(pgrep -P "$SPID" -f "owner" || true)
-[[ -n "$RPID" ]] || RPID=$SPID
+RPID=$SPID # env execs the relay in place (libfaketime is preloaded, no wrapper process)
 oq_log "holder $HOLDER (fence $FENCE0): SIGSTOP pid $RPID for 5 s"
 kill -STOP "$RPID"
 oq_wait_for 10 bash -c "[[ \$(psql -XAtq '$URL' -c 'SELECT owner FROM onceq.relay_lease') == $OTHER ]]" ||
