@@ -609,11 +609,12 @@ static void e2e_figures_set(e2e_figures_t *fig, double cps, double p50, double p
 /*
  * One measured pipeline in \p dir: `onceq up` (with the tools file \p tools, or none), warm-up,
  * the measured load \p lo_in, drain, CPU, hop analysis, verify (over the downstream's ledger
- * \p ledger too, when given). @returns an exit code; \p fig receives the figures.
+ * \p ledger too, when given; the CPU of the downstream's process \p ds too, when > 0).
+ * @returns an exit code; \p fig receives the figures.
  */
 static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_opts_t *lo_in,
-                        const char *tools, const char *ledger, const oq_load_result_t *base,
-                        e2e_figures_t *fig)
+                        const char *tools, const char *ledger, pid_t ds,
+                        const oq_load_result_t *base, e2e_figures_t *fig)
 {
     int rc = OQ_EXIT_FAIL;
     pid_t up = -1;
@@ -655,9 +656,10 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     }
     e2e_cpu_set_t cpu0, cpu1;
     e2e_cpu_sample(up, &cpu0);
-    oq_bench_procs_t pl0, pl1, pg0, pg1;
+    oq_bench_procs_t pl0, pl1, pg0, pg1, ds0, ds1;
     oq__bench_procs(up, 1, &pl0);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
+    oq__bench_procs(ds, 0, &ds0);
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     lo.calls = oq_config_int(cfg, "calls");
@@ -680,6 +682,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     e2e_cpu_sample(up, &cpu1);
     oq__bench_procs(up, 1, &pl1);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
+    oq__bench_procs(ds, 0, &ds1);
     getrusage(RUSAGE_SELF, &ru1);
     double self_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                       (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
@@ -702,6 +705,12 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
         printf("  %-10s x%d  %6.2f s  (%.0f%% of one core; the PostgreSQL server)\n", "postgres",
                pg1.n, pg_cpu, 100.0 * pg_cpu / wall);
     double ncalls = r.accepted > 0 ? (double)r.accepted : 1;
+    if (ds1.n) /* the service the HTTP tool calls: not part of the pipeline's figures */
+        printf("  %-10s x1  %6.2f s  (%.0f%% of one core; onceq-downstream, %.0f us per call, "
+               "%.0f bytes written per call)\n",
+               "downstream", ds1.cpu_s - ds0.cpu_s, 100.0 * (ds1.cpu_s - ds0.cpu_s) / wall,
+               (ds1.cpu_s - ds0.cpu_s) * 1e6 / ncalls,
+               (double)(ds1.write_bytes - ds0.write_bytes) / ncalls);
     double pl_cpu = pl1.cpu_s - pl0.cpu_s, pl_wb = (double)(pl1.write_bytes - pl0.write_bytes);
     printf("per call: pipeline processes %.0f us CPU, %.0f bytes written; PostgreSQL server %.0f "
            "us CPU, %.0f bytes written%s\n",
@@ -787,7 +796,7 @@ static int e2e_http(const oq_config_t *cfg, const char *dir, const oq_load_opts_
     }
     printf("onceq-downstream pid=%d on %s, ledger %s (synchronous=FULL)\n", (int)ds, listen,
            ledger);
-    rc = e2e_pipeline(cfg, dir, lo, tools, ledger, NULL, fig);
+    rc = e2e_pipeline(cfg, dir, lo, tools, ledger, ds, NULL, fig);
 out:
     e2e_stop_up(ds);
     return rc;
@@ -1283,7 +1292,7 @@ int oq__bench_e2e(int argc, char **argv)
         lo.mix[OQ_LOAD_CHARGE] = 1;
     }
     printf("\n== %s ==\n", with_http ? "in-process tool (charge, compiled in)" : "pipeline");
-    rc = e2e_pipeline(cfg, dir, &lo, NULL, NULL, have_base ? &base : NULL, &inproc);
+    rc = e2e_pipeline(cfg, dir, &lo, NULL, NULL, -1, have_base ? &base : NULL, &inproc);
     if (rc == OQ_EXIT_OK)
         printf("result bench=e2e backend=%s calls_per_s=%.0f p50_ms=%.1f p99_ms=%.1f cpu_us=%.0f "
                "write_bytes=%.0f pg_cpu_us=%.0f pg_write_bytes=%.0f\n",

@@ -302,6 +302,17 @@ int oq__dispatch_leases(oq__dispatch_t *d, oq__lease_t *out, int cap)
     return n;
 }
 
+int oq__dispatch_owing(oq__dispatch_t *d, int64_t sent_before_us, oq__job_t **out, int cap)
+{
+    int n = 0;
+    if (!d) return 0;
+    pthread_mutex_lock(&d->mu);
+    for (oq__job_t *j = d->reg; j && n < cap; j = j->next)
+        if (j->running_owed && j->sent_us <= sent_before_us) out[n++] = j;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
 void oq__dispatch_drain(oq__dispatch_t *d, int64_t drain_ms)
 {
     if (!d || !d->started || atomic_load(&d->stopping)) return;

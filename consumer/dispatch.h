@@ -40,6 +40,9 @@ typedef struct oq__job {
     oq__http_class_t cls; /**< the executor's class (metrics by class) */
     int64_t elapsed_us;
     oq__outcome_t out; /**< what the answer means (oq__outcome_from_http); written as it is */
+    /* the batch thread's own (never touched by the dispatcher thread) */
+    int running_owed; /**< the `running` event is not told yet (oq__exec_tell_running) */
+    int64_t sent_us;  /**< oq_mono_us() when the batch thread sent it */
     /* internal */
     struct oq__job *next, *prev, *done_next;
 } oq__job_t;
@@ -90,6 +93,14 @@ int oq__dispatch_count(oq__dispatch_t *d);
 /** @brief Copy up to \p cap leases of registered jobs into \p out. @returns the number copied.
  *         Thread-safe (the heartbeat). */
 int oq__dispatch_leases(oq__dispatch_t *d, oq__lease_t *out, int cap);
+
+/**
+ * @brief Up to \p cap registered jobs that owe their `running` event and were sent at or
+ *        before \p sent_before_us, into \p out (borrowed: only the batch thread forgets, so
+ *        frees, jobs).
+ * @locality the batch thread (it reads the jobs' running_owed and sent_us).
+ */
+int oq__dispatch_owing(oq__dispatch_t *d, int64_t sent_before_us, oq__job_t **out, int cap);
 
 /**
  * @brief Begin the stop without waiting: take no new job and start no new request (queued and

@@ -37,7 +37,10 @@
  * A tool that calls another system never takes that path: its STARTED row (lease, fence,
  * attempt, effect_id) is committed before the request leaves (oq__exec_start, oq__exec_claim)
  * and its outcome is written by a second transaction, which the fence refuses when the lease
- * was lost meanwhile.
+ * was lost meanwhile. An outside call starts with the _owing variants: its `running` event is
+ * told later (oq__exec_tell_running), only if the request is still out after a while or the
+ * outcome is not final, so a call answered at once costs the producer one result, as an inline
+ * run does.
  *
  * Result messages carry a message id DERIVED from what they report (result_message_id: the
  * call, the producer's attempt, the terminal status and the call message that planned the
@@ -685,8 +688,10 @@ int oq__exec_start_inline(const oq_envelope_t *env, oq__exec_row_t *x, oq_error_
 
 /* --- claim ----------------------------------------------------------------------------------- */
 
-int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms, int64_t now,
-                   oq__exec_row_t *out, oq_error_t *err)
+/* oq__exec_start / oq__exec_start_owing: \p tell_now says whether the `running` event is
+ * appended here. */
+static int start_run(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms,
+                     int64_t now, int tell_now, oq__exec_row_t *out, oq_error_t *err)
 {
     oq__exec_row_t x;
     char eid[OQ_CALL_ID_LEN + 1];
@@ -711,7 +716,8 @@ int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t le
     if ((rc = oq__consumer_store_exec_insert(s, &x, now, err)) ||
         (rc = audit(s, x.call_id, events[OQ_X_STARTED], x.attempt, x.fence,
                     "planned, started, try 1", now, err)) ||
-        (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
+        (tell_now &&
+         (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err))))
         goto out;
     oq__exec_row_clear(out);
     *out = x;
@@ -721,8 +727,22 @@ out:
     return rc;
 }
 
-int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms, int64_t now,
+int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms, int64_t now,
                    oq__exec_row_t *out, oq_error_t *err)
+{
+    return start_run(s, env, lease_ms, now, 1, out, err);
+}
+
+int oq__exec_start_owing(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms,
+                         int64_t now, oq__exec_row_t *out, oq_error_t *err)
+{
+    return start_run(s, env, lease_ms, now, 0, out, err);
+}
+
+/* oq__exec_claim / oq__exec_claim_owing: the `running` event of the attempt's first run is
+ * appended here when \p owed is NULL, else *owed says it is owed. */
+static int claim_run(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms, int64_t now,
+                     int *owed, oq__exec_row_t *out, oq_error_t *err)
 {
     oq__exec_row_t x;
     oq__exec_update_t u;
@@ -761,7 +781,10 @@ int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_m
     snprintf(detail, sizeof(detail), "try %" PRId64, x.tries);
     if ((rc = audit(s, call_id, events[OQ_X_STARTED], x.attempt, x.fence, detail, now, err)))
         goto out;
-    if (first && (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
+    if (owed)
+        *owed = first;
+    else if (first &&
+             (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
         goto out;
     if (out) {
         oq__exec_row_clear(out);
@@ -769,6 +792,46 @@ int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_m
         memset(&x, 0, sizeof(x));
     }
 out:
+    oq__exec_row_clear(&x);
+    return rc;
+}
+
+int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms, int64_t now,
+                   oq__exec_row_t *out, oq_error_t *err)
+{
+    return claim_run(s, call_id, lease_ms, now, NULL, out, err);
+}
+
+int oq__exec_claim_owing(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms,
+                         int64_t now, int *owed, oq__exec_row_t *out, oq_error_t *err)
+{
+    int first = 0;
+    int rc = claim_run(s, call_id, lease_ms, now, &first, out, err);
+    if (owed) *owed = rc == 0 && first;
+    return rc;
+}
+
+int oq__exec_tell_running(oq__consumer_store_t *s, const oq__exec_row_t *run, int checked,
+                          int64_t now, int *told, oq_error_t *err)
+{
+    oq__exec_row_t x;
+    int rc = 0, still = 1;
+    if (told) *told = 0;
+    memset(&x, 0, sizeof(x));
+    if (!checked) { /* still this run: STARTED with its fence (not moved on by anyone) */
+        rc = oq__consumer_store_exec_get(s, run->call_id, &x, err);
+        if (rc == OQ_ENOTFOUND) {
+            if (err) memset(err, 0, sizeof(*err));
+            rc = 0;
+            still = 0;
+        } else if (rc == 0) {
+            still = x.state == OQ_X_STARTED && x.fence == run->fence && x.attempt == run->attempt;
+        }
+    }
+    if (rc == 0 && still) {
+        rc = emit_result(s, run, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err);
+        if (rc == 0 && told) *told = 1;
+    }
     oq__exec_row_clear(&x);
     return rc;
 }

@@ -241,6 +241,33 @@ int oq__exec_start(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t le
 int oq__exec_claim(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms, int64_t now,
                    oq__exec_row_t *out, oq_error_t *err);
 
+/**
+ * @brief In tx: as oq__exec_start, without the `running` result event: the caller owes it and
+ *        tells it with oq__exec_tell_running only when the run is still out after a while or
+ *        ends in a state that is not final, so a call answered at once costs the producer one
+ *        result, as an inline run does (an outside call: consumer/outside.c).
+ */
+int oq__exec_start_owing(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t lease_ms,
+                         int64_t now, oq__exec_row_t *out, oq_error_t *err);
+
+/**
+ * @brief In tx: as oq__exec_claim, without the `running` result event; *owed = 1 when the claim
+ *        would have appended it (the attempt's first run), for oq__exec_tell_running.
+ */
+int oq__exec_claim_owing(oq__consumer_store_t *s, const char *call_id, int64_t lease_ms,
+                         int64_t now, int *owed, oq__exec_row_t *out, oq_error_t *err);
+
+/**
+ * @brief In tx: tell the producer that the run \p run (from oq__exec_start_owing or
+ *        oq__exec_claim_owing) is running: its `running` result event, the same message (same
+ *        derived id) the start would have appended. Unless \p checked (the caller has just
+ *        written this run's row in the same transaction), the event is appended only while the
+ *        row is still this run (STARTED, same fence and attempt): a run that another worker
+ *        moved on tells nothing. *told (may be NULL) says whether it was appended.
+ */
+int oq__exec_tell_running(oq__consumer_store_t *s, const oq__exec_row_t *run, int checked,
+                          int64_t now, int *told, oq_error_t *err);
+
 /** How the run being finished began. */
 typedef enum {
     OQ__RUN_CLAIMED = 0, /**< STARTED is stored (oq__exec_claim): the outcome write is fenced */

@@ -12,7 +12,11 @@
  * the next batch transaction takes them (oq__outside_take), writes their outcomes with the
  * same finish path as every run (oq__outside_apply), and only after it commits are the jobs
  * forgotten (oq__outside_forget), so the heartbeat renews a job's lease until its outcome is
- * durable (oq__outside_renew: all of them in one transaction per beat).
+ * durable (oq__outside_renew: all of them in one transaction per beat). The `running` event
+ * is not part of the start: a job owes it, and it is told (oq__exec_tell_running) when the
+ * outcome written is not final, or by oq__outside_tell_running for a request still out
+ * OQ__RUNNING_AFTER_MS after it left; a call answered at once costs one result message, not
+ * two (each is an outbox row, a Kafka message and a producer transaction's share).
  *
  * Threads: everything here runs on the main (batch) thread, except oq__outside_wake (the
  * dispatcher thread) and oq__outside_renew (the heartbeat thread, on c->hb_store). c->sends
@@ -48,9 +52,10 @@ static json_t *job_args(const oq__exec_row_t *x, const json_t *parsed)
 
 /* Queues a job for the claimed row \p x (its strings move to the job) with its arguments
  * \p args (owned; moved to the job), to be sent once the open transaction commits: STARTED
- * (or RECONCILING) is durable before the request leaves. */
+ * (or RECONCILING) is durable before the request leaves. \p owed: the run's `running` event
+ * is not told yet (see oq__outside_tell_running). */
 static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool_t *tool,
-                      oq__exec_row_t *x, json_t *args, oq_error_t *err)
+                      oq__exec_row_t *x, json_t *args, int owed, oq_error_t *err)
 {
     if (c->nsends == c->csends) {
         int cap = c->csends ? c->csends * 2 : 64;
@@ -69,6 +74,7 @@ static int queue_send(oq_consumer_t *c, oq__job_kind_t kind, const oq__http_tool
     }
     j->args = args;
     j->row = *x;
+    j->running_owed = owed;
     memset(x, 0, sizeof(*x));
     c->sends[c->nsends++] = j;
     return 0;
@@ -85,8 +91,11 @@ void oq__outside_drop(oq_consumer_t *c)
 /* The transaction committed: the requests may leave. */
 void oq__outside_flush(oq_consumer_t *c)
 {
-    for (int i = 0; i < c->nsends; i++)
+    int64_t now = oq_mono_us();
+    for (int i = 0; i < c->nsends; i++) {
+        c->sends[i]->sent_us = now;
         oq__dispatch_send(c->disp, c->sends[i]);
+    }
     c->nsends = 0;
 }
 
@@ -96,8 +105,8 @@ int oq__outside_start(oq_consumer_t *c, const oq_envelope_t *env, const oq__http
 {
     oq__exec_row_t x;
     memset(&x, 0, sizeof(x));
-    int rc = oq__exec_start(c->store, env, c->o.lease_ms, now, &x, err);
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, env->args), err);
+    int rc = oq__exec_start_owing(c->store, env, c->o.lease_ms, now, &x, err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, env->args), 1, err);
     oq__exec_row_clear(&x);
     return rc;
 }
@@ -109,9 +118,10 @@ int oq__outside_claim(oq_consumer_t *c, const char *call_id, const oq__http_tool
 {
     oq__exec_row_t x;
     memset(&x, 0, sizeof(x));
-    int rc = oq__exec_claim(c->store, call_id, c->o.lease_ms, now, &x, err);
+    int owed = 0;
+    int rc = oq__exec_claim_owing(c->store, call_id, c->o.lease_ms, now, &owed, &x, err);
     if (rc == OQ_ESTATE) return 0;
-    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, NULL), err);
+    if (rc == 0) rc = queue_send(c, OQ__JOB_CALL, tool, &x, job_args(&x, NULL), owed, err);
     oq__exec_row_clear(&x);
     return rc;
 }
@@ -208,6 +218,11 @@ int oq__outside_apply(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_erro
     rc =
         oq__exec_finish(c->store, &j->row, OQ__RUN_CLAIMED, o, &c->policy, now, &state, &enew, err);
     if ((rc = oq__consumer_note_finish(c, rc, &j->row, state, enew))) return rc;
+    /* not final (UNKNOWN, a retry waiting its backoff): the call goes on, the producer hears
+     * it runs; a final outcome says it all in its one result */
+    if (j->running_owed && (state == OQ_X_UNKNOWN || state == OQ_X_FAILED_RETRYABLE) &&
+        (rc = oq__exec_tell_running(c->store, &j->row, 1, now, NULL, err)))
+        return rc;
     if (state == OQ_X_UNKNOWN) {
         atomic_fetch_add(&c->n_unknown, 1);
         oq_counter_add(c->m_unknown, 1);
@@ -249,6 +264,41 @@ void oq__outside_renew(oq_consumer_t *c)
     }
     if (lost) OQ_LOG_WARN(OQ__COMP, "heartbeat: %d outside request(s) lost their lease", lost);
     free(ls);
+}
+
+/*
+ * The `running` event of the outside calls still out OQ__RUNNING_AFTER_MS after they were sent
+ * (at most one scan every quarter of that), in one transaction: a call answered sooner never
+ * costs it (its outcome is the one result the producer applies, as for an inline run), one
+ * that takes longer shows `running` about a second after it left. A transaction that fails
+ * tells them at the next scan.
+ * @locality the main thread.
+ */
+void oq__outside_tell_running(oq_consumer_t *c, int64_t now_us)
+{
+    enum { CAP = 256 };
+    oq__job_t *owing[CAP];
+    if (!c->disp || now_us - c->running_scan_us < OQ__RUNNING_AFTER_MS * 250) return;
+    c->running_scan_us = now_us;
+    int n = oq__dispatch_owing(c->disp, now_us - OQ__RUNNING_AFTER_MS * 1000, owing, CAP);
+    if (n <= 0) return;
+    oq_error_t err = {0};
+    int64_t now = lease_now(c), told = 0;
+    int rc = oq__consumer_store_begin(c->store, &err);
+    for (int i = 0; i < n && rc == 0; i++) {
+        int t = 0;
+        rc = oq__exec_tell_running(c->store, &owing[i]->row, 0, now, &t, &err);
+        told += t;
+    }
+    if (rc == 0) rc = oq__consumer_store_commit(c->store, &err);
+    if (rc) {
+        oq__consumer_store_rollback(c->store);
+        OQ_LOG_WARN(OQ__COMP, "telling %d outside call(s) running: %s", n, err.msg);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        owing[i]->running_owed = 0;
+    if (told) oq_relay_notify(c->relay);
 }
 
 void oq__outside_send_lookups(oq_consumer_t *c, int nl)

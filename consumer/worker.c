@@ -1112,7 +1112,10 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
             process_batch(c);
             c->t_batch_us += oq_mono_us() - now;
         }
-        if (oq__dispatch_count(c->disp) > 0) last_busy = now;
+        if (oq__dispatch_count(c->disp) > 0) {
+            last_busy = now;
+            oq__outside_tell_running(c, now);
+        }
         if (atomic_load(&c->recover_now) || now - last_recover >= c->o.recover_every_ms * 1000) {
             int64_t tr = oq_mono_us();
             recover_lapsed(c);

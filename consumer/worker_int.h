@@ -137,6 +137,7 @@ struct oq_consumer {
     double out_rate;
     int64_t rate_t0_us;
     uint64_t rate_n0;
+    int64_t running_scan_us; /* the last scan of oq__outside_tell_running (main thread) */
     atomic_int recover_now;
     oq__exec_row_t *lookups; /* recovery's RECONCILING rows (OQ__RECOVER_CAP) */
 
@@ -257,6 +258,11 @@ int oq__outside_admit_limit(oq_consumer_t *c, int64_t now_us);
 void oq__outside_forget(oq_consumer_t *c);
 /** @brief In tx: write the outcome of the done job \p j. @locality main thread. */
 int oq__outside_apply(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_error_t *err);
+/** An outside call still out this long after it was sent has its `running` event told. */
+#define OQ__RUNNING_AFTER_MS 1000
+/** @brief Tell `running` for the outside calls out OQ__RUNNING_AFTER_MS or longer that owe it,
+ *  in one transaction (at most one scan per quarter of that). @locality main thread. */
+void oq__outside_tell_running(oq_consumer_t *c, int64_t now_us);
 /** @brief Renew the leases of the jobs registered with the dispatcher, in one transaction.
  *  @locality the heartbeat thread. */
 void oq__outside_renew(oq_consumer_t *c);

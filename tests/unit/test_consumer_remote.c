@@ -184,6 +184,63 @@ static void test_start_durable_and_running(void **state)
     oq_envelope_clear(&e);
 }
 
+/* A start that owes its `running` event (an outside call, consumer/outside.c) writes STARTED
+ * without it; oq__exec_tell_running appends it while the row is still that run, and tells
+ * nothing once the run was written (COMMITTED); a retry's claim owes nothing. */
+static void test_running_owed(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e, g;
+    oq__exec_row_t x, y;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    memset(&y, 0, sizeof(y));
+    int d = -1, told = -1, owed = -1, st = -1;
+    mk_env(&e, "pay_keys", "{\"amount\":5}", 1);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &e, &src, 1000000, &d, &err), 0);
+    assert_int_equal(oq__exec_start_owing(f->a, &e, 1000, 1000000, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    state_is(f->b, e.call_id, "STARTED");
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM outbox WHERE key = ?1", e.call_id), 0);
+    /* still out: told once */
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_tell_running(f->a, &x, 0, 1000500, &told, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(told, 1);
+    assert_int_equal(results(f->b, e.call_id, "running"), 1);
+
+    /* answered before anyone told it: one result, `succeeded`; a late tell writes nothing */
+    mk_env(&g, "pay_keys", "{\"amount\":6}", 1);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &g, &src, 2000000, &d, &err), 0);
+    assert_int_equal(oq__exec_start_owing(f->a, &g, 1000, 2000000, &y, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(finish(f->a, &y, OQ__OUTCOME_SUCCESS, "status_201", -1, "pay_2", 2000010, &st),
+                     0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_tell_running(f->a, &y, 0, 2000020, &told, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(told, 0);
+    assert_int_equal(qi(f->b, "SELECT count(*) FROM outbox WHERE key = ?1", g.call_id), 1);
+    assert_int_equal(results(f->b, g.call_id, "succeeded"), 1);
+
+    /* a retryable refusal, then the retry's claim: nothing owed (not the attempt's first run) */
+    assert_int_equal(finish(f->a, &x, OQ__OUTCOME_RETRYABLE, "status_503", -1, NULL, 1000600, &st),
+                     0);
+    assert_int_equal(st, OQ_X_FAILED_RETRYABLE);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_claim_owing(f->a, e.call_id, 1000, 9000000, &owed, &x, &err), 0);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    assert_int_equal(owed, 0);
+    assert_int_equal(results(f->b, e.call_id, "running"), 1);
+    oq__exec_row_clear(&x);
+    oq__exec_row_clear(&y);
+    oq_envelope_clear(&e);
+    oq_envelope_clear(&g);
+}
+
 /* UNKNOWN is stored (fence moved, no result), a retryable refusal honours Retry-After, and out
  * of tries a retryable refusal is FAILED_FINAL "retries_exhausted". */
 static void test_outcome_classes(void **state)
@@ -638,6 +695,7 @@ int main(void)
     (void)run_registry_tool; /* (the shared fixture's; these tests run no compiled tool) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_start_durable_and_running, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_running_owed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outcome_classes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_found, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_absent_settle, setup, teardown),
