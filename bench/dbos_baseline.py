@@ -3,8 +3,10 @@
 """The durable-execution baseline of `make bench` (bench/dbos_baseline.sh runs it).
 
 The same payment two ways, closed loop, same downstream, same client threads, same run:
-  onceq: POST /v1/tool-calls {"tool":"pay"} to a running `onceq up` (its tools file points at
-         `onceq-downstream`), then GET /v1/tool-calls/ID?wait=30s until the call is terminal;
+  onceq: POST /v1/tool-calls?wait=30s {"tool":"pay"} to a running `onceq up` (its tools file
+         points at `onceq-downstream`): the submit's answer waits for the call to settle, as an
+         agent calling tools one after another would ask; GET /v1/tool-calls/ID?wait=30s while
+         it is not terminal (a build without the submit's wait answers at once);
   dbos:  a DBOS workflow on its SQLite system database with one step that POSTs the payment
          to the same `onceq-downstream`, the workflow id as the Idempotency-Key.
 Each thread keeps one keep-alive connection per server. Prints one line per (system, threads)
@@ -96,7 +98,7 @@ def onceq_one(args, run):
     def one(i, st):
         c = st.setdefault("c", Conn(args.onceq))
         body = json.dumps({"tool": "pay", "args": {"amount": 1 + i % 1000}})
-        s, d = c.req("POST", "/v1/tool-calls", body,
+        s, d = c.req("POST", "/v1/tool-calls?wait=30s", body,
                      {"Content-Type": "application/json",
                       "Idempotency-Key": f"{run}-{i}"})
         if s not in (200, 201, 202):

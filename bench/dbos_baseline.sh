@@ -31,6 +31,15 @@ jq --arg u "127.0.0.1:$DPORT" '.tools |= [.[0] | walk(if type == "string" then g
     "$ROOT/examples/tools.json" >"$T/tools.json" || oq_fail "tools file"
 oq_spawn up "$BIN" up --dir "$T/up" --listen "127.0.0.1:$PORT" --tools "$T/tools.json"
 oq_wait_for 30 curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" || oq_fail "onceq up did not get ready"
+# Ready is not settled: the embedded broker makes a consumer that joins a group wait
+# session.timeout.ms - 1 s, and the rebalance it then causes would stall the calls of the
+# measured run. Wait (up to 30 s) until every consumer has been assigned its partitions.
+for _ in $(seq 300); do
+    n=$(ls "$T"/up/consumer-*.log 2>/dev/null | wc -l)
+    a=$(grep -l 'msg="assigned' "$T"/up/consumer-*.log 2>/dev/null | wc -l)
+    [[ $n -gt 0 && $a -ge $n ]] && break
+    sleep 0.1
+done
 "$VENV/bin/python" "$ROOT/bench/dbos_baseline.py" --onceq "127.0.0.1:$PORT" \
     --downstream "127.0.0.1:$DPORT" --dir "$T" --calls-1 "${DBOS_CALLS_1:-300}" \
     --calls-n "${DBOS_CALLS_N:-2000}"

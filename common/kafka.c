@@ -12,11 +12,13 @@
  * 0.6-0.9 cores more than with no client. `mock` is for the embedded broker (librdkafka's mock
  * cluster), which does not answer a fetch early: it holds an unsatisfied fetch for the whole
  * wait, so 500 ms would add ~250 ms to every idle hop; there consumers use
- * fetch.wait.max.ms=5: a message that arrives while a consumer waits is fetched when the wait
- * ends, 2.5 ms later on average, and a single call crosses two such hops (the call to a
- * consumer, its result to the producer). 10 ms cost a single call ~5 ms more; 5 ms costs an
- * idle `onceq up` (2 consumers) ~0.02-0.03 cores more (3 ms: another ~2 ms for ~0.05 cores).
- * The wait is a mock-only trade of idle CPU for latency: -X consumer.fetch.wait.max.ms moves it.
+ * fetch.wait.max.ms=1: a message that arrives while a consumer waits is fetched when the wait
+ * ends, 0.5 ms later on average, and a single call crosses two such hops (the call to a
+ * consumer, its result to the producer). Measured on `onceq up` (3 mock brokers, 2 consumers,
+ * one client thread calling an HTTP tool): 5 ms cost a single call ~4 ms more at p50 than 1 ms;
+ * an idle `onceq up` used ~0.12 cores with 5 ms, ~0.15 with 3, ~0.18 with 2, ~0.27 with 1 (each
+ * empty fetch costs the client and the mock ~20 us). The wait is a mock-only trade of idle CPU
+ * for latency: -X consumer.fetch.wait.max.ms moves it.
  * `onceq up` with the embedded broker and the test harness on it (tests/integration/lib.sh)
  * set `mock`. The rest is the same in both: socket.nagle.disable=true (small requests are
  * not held for an ACK), and the consumers commit stored offsets at most once per
@@ -139,7 +141,7 @@ rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
     rd_kafka_conf_set_log_cb(conf, oq_log_rdkafka_cb);
     if ((brokers && oq_kafka_conf_set(conf, "bootstrap.servers", brokers, err) != 0) ||
         (role == OQ_KAFKA_CONSUMER &&
-         oq_kafka_conf_set(conf, "fetch.wait.max.ms", oq_kafka_profile_mock(cfg) ? "5" : "500",
+         oq_kafka_conf_set(conf, "fetch.wait.max.ms", oq_kafka_profile_mock(cfg) ? "1" : "500",
                            err) != 0) ||
         oq_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
         oq_kafka_conf_apply(conf, role, cfg, err) != 0) {

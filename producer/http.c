@@ -34,6 +34,10 @@
  * Server-Timing header ("wait;dur=<ms>"): that time is the pipeline's (relay, Kafka, consumer,
  * tool), the rest of the latency the API's own, which is how onceq-bench mcp tells the
  * gateway's cost apart from the pipeline's.
+ * A submit with ?wait= (POST /v1/tool-calls?wait=) does both in one request: once its job
+ * completes (the call is durable), a call that is not terminal goes to wait_call with the
+ * deadline counted from the request's arrival (submit_phase), and the answer is read after the
+ * wake-up (submit_waited); a one-thread agent saves its second request.
  *
  * MCP. POST /mcp (producer/mcp.c: JSON-RPC, sessions, CallToolResult) reads its body as a
  * submit does; a tools/call queues the submit job mcp.c prepared (the same job and writer as
@@ -195,6 +199,13 @@ typedef struct req_ctx {
     char review_id[REVIEW_ID_MAX + 1];    /**< POST /v1/tasks/{id}/resolve: the task */
     int is_review;                        /**< that POST */
     oq_task_review_job_t *review_job;     /**< its job, queued while suspended */
+
+    /* POST /v1/tool-calls?wait= */
+    int64_t submit_wait_ms;     /**< 0: answer at the commit */
+    int64_t submit_deadline_us; /**< when the wait ends (from the request's arrival) */
+    int submit_phase;           /**< 1: the submit committed, waiting for the call */
+    int submit_replayed;        /**< the submit was a replay (Idempotent-Replayed) */
+    char submit_call_id[OQ_CALL_ID_LEN + 1];
 } req_ctx_t;
 
 /* --- responses -------------------------------------------------------------------------------*/
@@ -523,6 +534,16 @@ static enum MHD_Result submit_begin(oq_http_t *h, req_ctx_t *ctx, struct MHD_Con
                                       &qt_len) == MHD_YES)
         return send_error(h, c, 400, "bad_request",
                           "a submit takes its tenant in the body, not in ?tenant=");
+    /* ?wait=: answer once the call is terminal (or at the deadline), as a GET ?wait= would,
+     * saving an agent the second request; malformed, it is refused before anything is written */
+    const char *wait = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
+    int wrc;
+    if (wait && (wrc = oq_wait_parse(wait, OQ_WAIT_MAX_MS, &ctx->submit_wait_ms)) != 0)
+        return send_error(h, c, 400, "bad_request",
+                          wrc == OQ_ERANGE ? "query wait: at most 60s"
+                                           : "query wait: a duration such as 30s, 500ms, 1m, or "
+                                             "seconds (at most 60s)");
+    ctx->submit_deadline_us = oq_mono_us() + ctx->submit_wait_ms * 1000;
     if (ctx->n_key == 0 ||
         MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Idempotency-Key",
                                       strlen("Idempotency-Key"), &raw, &raw_len) != MHD_YES ||
@@ -691,8 +712,29 @@ bad:
     return ret;
 }
 
+static enum MHD_Result wait_call(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c,
+                                 const char *call_id, int64_t deadline_us);
+static const char *server_timing(const req_ctx_t *ctx, char buf[48]);
+
+/* POST ?wait=, after the wait: the call as it reads now; 200 when terminal, else 202 (as a
+ * replay is answered), Idempotent-Replayed as the submit decided. */
+static enum MHD_Result submit_waited(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
+{
+    oq_call_t call;
+    memset(&call, 0, sizeof call);
+    oq_error_t err = {0};
+    if (oq_producer_get(h->p, ctx->submit_call_id, &call, &err) != 0)
+        return send_error(h, c, 503, "unavailable", err.msg);
+    char timing[48];
+    enum MHD_Result r = send_call(h, c, oq_call_state_terminal(call.state) ? 200 : 202, &call,
+                                  ctx->submit_replayed, server_timing(ctx, timing));
+    oq_call_clear(&call);
+    return r;
+}
+
 static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Connection *c)
 {
+    if (ctx->submit_phase) return submit_waited(h, ctx, c);
     oq_submit_outcome_t oc;
     const oq_call_t *call;
     oq_error_t err = {0};
@@ -714,6 +756,13 @@ static enum MHD_Result submit_finish(oq_http_t *h, req_ctx_t *ctx, struct MHD_Co
     if (rc) {
         OQ_LOG_ERROR("http", "submit failed: %s", err.msg);
         return send_error(h, c, 503, "unavailable", "submit not durable, retry with the same key");
+    }
+    if (ctx->submit_wait_ms > 0 && !oq_call_state_terminal(call->state) &&
+        !atomic_load(&h->stopping)) { /* durable now; the answer waits for the call to settle */
+        ctx->submit_phase = 1;
+        ctx->submit_replayed = oc == OQ_SUBMIT_REPLAY;
+        snprintf(ctx->submit_call_id, sizeof ctx->submit_call_id, "%s", call->call_id);
+        return wait_call(h, ctx, c, ctx->submit_call_id, ctx->submit_deadline_us);
     }
     if (oc == OQ_SUBMIT_REPLAY)
         return send_call(h, c, oq_call_state_terminal(call->state) ? 200 : 202, call, 1, NULL);

@@ -8,6 +8,8 @@
 #    answered within 500 ms of the moment a concurrent poller sees the terminal state;
 #  - deadline: ?wait=2s on a pending call answers 200 pending after 2 s (by id and by key);
 #    malformed or out-of-range waits are 400 bad_request; a terminal call answers at once;
+#  - submit and wait: POST /v1/tool-calls?wait= answers when the call is terminal (200 with the
+#    result), a settled replay at once, 202 pending at the deadline, a bad wait 400 (no write);
 #  - many: 500 concurrent waiting clients (one connection each) are all answered with the
 #    terminal call; the producer's thread count does not grow with them;
 #  - onceq call and the client packages (clients/python, clients/typescript) wait by long poll:
@@ -42,6 +44,7 @@ check() { # check STEP [ARGS]: run one step, keep its figures
 start
 check latency
 check deadline
+check submitwait
 check many --clients 500
 check call --onceq "$ONCEQ_BIN"
 check call --client py --src "$ONCEQ_SRC"

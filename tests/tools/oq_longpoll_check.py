@@ -14,6 +14,9 @@ tests/integration/test_producer_wait.sh, one step per invocation:
   call      `onceq call` (--client onceq) or an example client (--client py|js,
             clients/python, clients/typescript) waits by long poll: a call that takes seconds costs it one or
             two status requests, not one per poll interval
+  submitwait  POST /v1/tool-calls?wait= answers once the call is terminal, not before (200 with
+            the result); a replay of a settled call at once; at the deadline 202 pending; a bad
+            wait 400 bad_request with nothing written
 
 Stdlib only. Prints figures as "figure NAME VALUE" lines; exits 1 with a message on failure.
 """
@@ -357,9 +360,68 @@ def step_call(api, args):
              (args.client, gets))
 
 
+def step_submitwait(api, args):
+    """POST /v1/tool-calls?wait=: the submit's answer waits for the call to settle."""
+    key = "lp-submitwait-" + uuid.uuid4().hex[:8]
+    body = {"tool": "charge", "args": {"k": key}}
+    out = {}
+
+    def poster():
+        t0 = time.monotonic()
+        st, b = api.req("POST", "/v1/tool-calls?wait=30s", body, {"Idempotency-Key": key},
+                        timeout=60)
+        out["r"] = (st, b, time.monotonic() - t0)
+
+    t = threading.Thread(target=poster)
+    t.start()
+    c, end = None, time.monotonic() + 30
+    while c is None and time.monotonic() < end:  # committed: readable by key
+        st, b = api.req("GET", "/v1/tool-calls/by-key/" + key)
+        if st == 200:
+            c = b
+        else:
+            time.sleep(0.05)
+    if c is None:
+        fail("POST ?wait=: the call never became readable")
+    time.sleep(1.0)
+    if "r" in out:
+        fail("POST ?wait= answered before any result: %s" % (out["r"],))
+    api.inject([c])
+    t.join(60)
+    if "r" not in out:
+        fail("POST ?wait= not answered within 60 s of the result")
+    st, b, dt = out["r"]
+    if st != 200 or b.get("status") != "succeeded" or b.get("call_id") != c["call_id"]:
+        fail("POST ?wait= after the result: %s %s" % (st, b))
+    figure("submitwait_s", "%.3f" % dt)
+    # a replay of the settled call with ?wait= is answered at once, 200
+    st, b = api.req("POST", "/v1/tool-calls?wait=30s", body, {"Idempotency-Key": key}, timeout=10)
+    if st != 200 or b.get("status") != "succeeded":
+        fail("replay with ?wait=: %s %s" % (st, b))
+    # the deadline: a call nobody answers comes back 202 pending after ~1 s
+    k2 = key + "-deadline"
+    t0 = time.monotonic()
+    st, b = api.req("POST", "/v1/tool-calls?wait=1s", {"tool": "charge", "args": {"k": k2}},
+                    {"Idempotency-Key": k2}, timeout=30)
+    dt = time.monotonic() - t0
+    if st != 202 or b.get("status") != "pending" or dt < 0.9:
+        fail("POST ?wait=1s on a call nobody answers: %s %s after %.2f s" % (st, b, dt))
+    # a malformed or too long wait is refused and writes nothing
+    for bad in ("soon", "61s", "-1s"):
+        k3 = key + "-bad"
+        st, b = api.req("POST", "/v1/tool-calls?wait=" + bad, {"tool": "charge", "args": {}},
+                        {"Idempotency-Key": k3}, timeout=10)
+        if st != 400 or b["error"]["code"] != "bad_request":
+            fail("POST ?wait=%s: %s %s" % (bad, st, b))
+        st, b = api.req("GET", "/v1/tool-calls/by-key/" + k3)
+        if st != 404:
+            fail("POST ?wait=%s wrote a call: %s %s" % (bad, st, b))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["latency", "deadline", "many", "shutdown", "call"])
+    ap.add_argument("step", choices=["latency", "deadline", "many", "shutdown", "call",
+                                     "submitwait"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--brokers", default="")
     ap.add_argument("--pid", type=int, default=0)
@@ -371,7 +433,8 @@ def main():
     args = ap.parse_args()
     api = Api(args.url, args.brokers)
     {"latency": step_latency, "deadline": step_deadline, "many": step_many,
-     "shutdown": step_shutdown, "call": step_call}[args.step](api, args)
+     "shutdown": step_shutdown, "call": step_call, "submitwait": step_submitwait}[args.step](
+        api, args)
     print("ok " + args.step)
 
 

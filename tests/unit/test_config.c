@@ -665,7 +665,7 @@ static void test_kafka_profile(void **state)
     c = oq_config_new(profile_table, 2);
     assert_int_equal(parse(c, &err, "--kafka-profile", "mock", NULL), 0);
     assert_int_equal(oq_kafka_profile_mock(c), 1);
-    expect_fetch_wait(OQ_KAFKA_CONSUMER, c, "5");
+    expect_fetch_wait(OQ_KAFKA_CONSUMER, c, "1");
     oq_config_destroy(c);
 
     c = oq_config_new(profile_table, 2); /* the user's -X wins over the profile */

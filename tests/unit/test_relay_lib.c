@@ -7,7 +7,8 @@
  * lease released and the standby taking over at once, metrics registration rules. One test
  * runs against librdkafka's in-process mock cluster: a tiny in-flight window (the watermark's
  * ring full behind unreported rows) still publishes every row once and stores the watermark;
- * and with opts.watch_wal an idle relay wakes on another connection's commit, not its next poll.
+ * and with opts.watch_wal an idle relay wakes on another connection's commit, not its next poll;
+ * an idle relay sends at once instead of lingering.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -430,6 +431,62 @@ static void test_wal_watch_wakes_idle_relay(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* An idle relay sends the first rows after its idle wait at once instead of lingering: with
+ * -X linger.ms=4000, a lone row committed to an idle relay is delivered (and its watermark
+ * stored) in well under the 4 s a lingering producer would hold it; rows committed while
+ * others are in flight keep the linger (the burst below is still published exactly once). */
+static void test_idle_relay_sends_without_linger(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
+    oq_config_t *cfg = oq_config_new(NULL, 0);
+    assert_non_null(cfg);
+    assert_int_equal(oq_config_set_kafka(cfg, "linger.ms", "4000", &err), 0);
+    oq_relay_opts_t o = opts("L");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.kafka_cfg = cfg;
+    o.lease_ms = 30000;
+    o.stop_timeout_ms = 10000;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    oq_relay_stats_t s;
+    for (int i = 0; i < 3; i++) {
+        oq_sleep_ms(200, NULL); /* idle */
+        oq_relay_stats(r, &s);
+        uint64_t before = s.published;
+        append_rows(1);
+        int64_t t0 = oq_mono_us();
+        do {
+            oq_sleep_ms(5, NULL);
+            oq_relay_stats(r, &s);
+        } while (s.published == before && oq_mono_us() - t0 < 10000000);
+        int64_t ms = (oq_mono_us() - t0) / 1000;
+        print_message("row %d published %" PRId64 " ms after its commit\n", i, ms);
+        assert_int_equal(s.published, before + 1);
+        assert_true(ms < 2000); /* a lingering producer holds it 4000 ms */
+    }
+    assert_true(s.idle_sends >= 3);
+    append_rows(200); /* a burst, then the relay is idle again: everything once */
+    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
+    while (oq_mono_us() < deadline &&
+           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 203)
+        oq_sleep_ms(20, NULL);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 203);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_stats(r, &s);
+    assert_int_equal(s.produced, 203);
+    assert_int_equal(s.published, 203);
+    assert_int_equal(s.delivery_errors, 0);
+    oq_relay_destroy(r);
+    oq_config_destroy(cfg);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -440,6 +497,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
