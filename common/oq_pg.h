@@ -57,6 +57,14 @@ int oq_pg_error(PGconn *c, const PGresult *res, oq_error_t *err, const char *wha
 int oq_pg_lost(PGconn *c, const oq_error_t *err);
 
 /**
+ * @brief Leave pipeline mode once every statement's results were read: drains what is left
+ *        (the sync's result, or what a broken pipeline left) and exits the mode.
+ * @returns 0; -1 when the pipeline could not be closed, and the session was reset (PQreset: a
+ *          new session, its transaction, settings and prepared statements gone).
+ */
+int oq_pg_pipeline_end(PGconn *c);
+
+/**
  * @brief Connect to \p conninfo (URI or keyword string). The session gets
  *        synchronous_commit=on (accepted data is durable at commit) and an application_name.
  * @returns 0 and *out (close with PQfinish), or OQ_EDB (retriable: the server may come up)

@@ -130,6 +130,18 @@ int oq_pg_lost(PGconn *c, const oq_error_t *err)
            err->cause == oq_pg_sqlstate_code("08000") || err->cause == oq_pg_sqlstate_code("57P01");
 }
 
+int oq_pg_pipeline_end(PGconn *c)
+{
+    for (int k = 0; k < 4 && !PQexitPipelineMode(c); k++) {
+        PGresult *r = PQgetResult(c); /* the sync, or what a broken pipeline left */
+        if (!r && PQstatus(c) != CONNECTION_OK) break;
+        PQclear(r);
+    }
+    if (PQpipelineStatus(c) == PQ_PIPELINE_OFF) return 0;
+    PQreset(c);
+    return -1;
+}
+
 static void notice_quiet(void *arg, const char *msg)
 {
     (void)arg;

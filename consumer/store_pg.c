@@ -291,16 +291,10 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
         while ((r = PQgetResult(p->c)) != NULL) /* the end of this statement's answer */
             PQclear(r);
     }
-    for (int k = 0; k < 4 && !PQexitPipelineMode(p->c); k++) {
-        PGresult *r = PQgetResult(p->c); /* the sync, or what a broken pipeline left */
-        if (!r && PQstatus(p->c) != CONNECTION_OK) break;
-        PQclear(r);
-    }
-    if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF) {
+    if (oq_pg_pipeline_end(p->c) != 0) {
         /* a pipeline that could not be closed: a new session (the transaction is lost with the
          * old one, and the caller rolls back and retries it) */
         if (!rc) rc = oq_error_set_retriable(err, OQ_EDB, 0, 1, "pipeline left open: reconnected");
-        PQreset(p->c);
         if (PQstatus(p->c) == CONNECTION_OK) PQclear(PQexec(p->c, "SET synchronous_commit = on"));
     }
     if (rc && failed_at >= 0 && failed_at < p->npend) {

@@ -299,15 +299,8 @@ static int assign_and_read(oq__relay_pg_t *p, int64_t after, int max_rows, PGres
         while ((r = PQgetResult(p->c)) != NULL) /* the end of this statement's answer */
             PQclear(r);
     }
-    for (int k = 0; k < 4 && !PQexitPipelineMode(p->c); k++) {
-        PGresult *r = PQgetResult(p->c); /* the sync, or what a broken pipeline left */
-        if (!r && PQstatus(p->c) != CONNECTION_OK) break;
-        PQclear(r);
-    }
-    if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF) {
-        PQreset(p->c); /* a pipeline that could not be closed: a new session */
-        if (!rc) rc = oq_pg_error(p->c, NULL, err, "relay pipeline not closed");
-    }
+    if (oq_pg_pipeline_end(p->c) != 0 && !rc) /* not closed: the session was reset */
+        rc = oq_pg_error(p->c, NULL, err, "relay pipeline not closed");
     if (rc) {
         PQclear(*out);
         *out = NULL;
