@@ -31,8 +31,9 @@ DB=$T/a.db
 # in flight per partition can make librdkafka report as delivered a message the mock never
 # stored (an "implicit ack" after a later request's success; docs/BROKER-NOTES.md, "Produce
 # errors lose acknowledged messages"). A real broker refuses the later request instead. With 5
-# in flight this phase lost 8 of 20,000 rows in one CI run (its only failure on record), all produced at the
-# moment of the injection; with 1 the mock loses nothing, so a loss here is the relay's.
+# in flight this phase lost 8 of 20,000 rows in one CI run (its only failure on record), all
+# produced at the moment of the injection; with 1 the mock loses nothing, so a loss here is
+# the relay's.
 oq_spawn relay "$ONCEQ_BIN" relay --db "$DB" --brokers "$BROKERS" --lease 2s --batch-rows 200 \
     -X reconnect.backoff.max.ms=500 -X max.in.flight=1
 oq_spawn filler "$FILL" --db "$DB" --rows 20000 --keys 300 --batch 50 --rate 2500
