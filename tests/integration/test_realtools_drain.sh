@@ -52,11 +52,17 @@ oq_log "drain-1: worker exited ${secs}s after SIGTERM: $(state_of "$c1")"
     oq_fail "drain-1: $(state_of "$c1") (the answer 6-8 s after SIGTERM was not committed)"
 [[ $(rt_cq "SELECT count(*) FROM audit WHERE call_id='$c1' AND event IN ('unknown','needs_review')") == 0 ]] ||
     oq_fail "drain-1 went through unknown/review"
-pl_spawn_consumer 1 # publishes the result
+# how many times a consumer-1 process has got as far as its worker (its SIGTERM handler is set
+# before that): a SIGTERM sent earlier meets a process still starting up
+started() { grep -c 'msg="worker started"' "$T/consumer-1.log"; }
+restarted() { (($(started) > n0)); }
+n0=$(started)
+pl_spawn_consumer 1 # publishes the result, if the old worker's result relay did not already
 rt_wait_status drain-1 succeeded 30 || oq_fail "drain-1: $(rt_call drain-1)"
 [[ $(rt_dstat .ledger.effects) == 1 ]] || oq_fail "ledger: $(rt_dstat .ledger)"
 
 # --- 2. a drain shorter than the answer: abandoned, to review, never resent -------------------
+oq_wait_for 30 restarted || oq_fail "the new consumer-1 did not start"
 kill -TERM "$(oq_pid consumer-1)"
 oq_wait_exit consumer-1 60 || oq_fail "consumer-1 did not stop"
 PL_CONSUMER_X=("${BASE_X[@]}" --tools "$T/tools.json" --drain 1s --recover-every 200ms)
