@@ -77,8 +77,8 @@ oq_kill broker
 
 echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
-echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline (closed loop: capacity)"
-"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline
+echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 (closed loop: capacity; first the producer alone under the same closed loop, same client)"
+"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2
 echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools
 
