@@ -591,8 +591,25 @@ oq_mhd_guard_t *oq_mhd_guard_new(const oq_mhd_guard_opts_t *o, oq_metrics_t *met
 unsigned oq_mhd_guard_mhd_limit(const oq_mhd_guard_t *g, unsigned threads)
 {
     /* libmicrohttpd splits its cap between the pool threads, and counts connections the guard
-     * shut down until it closes them: set it well past ours, only as a backstop */
-    return (2 * g->o.max_conns + g->o.probe_slots) * (threads ? threads : 1) + threads + 16;
+     * shut down until it closes them: past ours, as a backstop; but a thread must never hold
+     * 128 (oq_mhd.h, OQ_MHD_CONNS_PER_THREAD) */
+    unsigned t = threads ? threads : 1;
+    unsigned backstop = (2 * g->o.max_conns + g->o.probe_slots) * t + t + 16;
+    return backstop < t * OQ_MHD_CONNS_PER_THREAD ? backstop : t * OQ_MHD_CONNS_PER_THREAD;
+}
+
+unsigned oq_mhd_pool_room(unsigned threads)
+{
+    unsigned t = threads ? threads : 1;
+    return t * OQ_MHD_CONNS_PER_THREAD - t - 16;
+}
+
+unsigned oq_mhd_pool_threads(unsigned conns, unsigned min_threads)
+{
+    unsigned t = min_threads ? min_threads : 1;
+    while (t < OQ_MHD_MAX_THREADS && oq_mhd_pool_room(t) < conns)
+        t++;
+    return t;
 }
 
 void oq_mhd_guard_destroy(oq_mhd_guard_t *g)

@@ -143,8 +143,51 @@ oq_mhd_guard_t *oq_mhd_guard_new(const oq_mhd_guard_opts_t *o, oq_metrics_t *met
                                  oq_error_t *err);
 /** @brief Stop its deadline thread and free it; after MHD_stop_daemon. Accepts NULL. */
 void oq_mhd_guard_destroy(oq_mhd_guard_t *g);
-/** @brief What libmicrohttpd's own connection limit should be for a pool of \p threads. */
+/**
+ * @brief What libmicrohttpd's own connection limit should be for a pool of \p threads: a
+ *        backstop past the guard's limits, but never more than OQ_MHD_CONNS_PER_THREAD per
+ *        thread (libmicrohttpd splits it evenly between the pool's threads).
+ */
 unsigned oq_mhd_guard_mhd_limit(const oq_mhd_guard_t *g, unsigned threads);
+
+/*
+ * Connections per libmicrohttpd pool thread. Its epoll loop (0.9.75, Debian 12's; upstream's is
+ * the same) takes at most 128 events per epoll_wait, and when it got exactly 128 it calls
+ * epoll_wait again, with the timeout it computed before the first call (the time left to its
+ * oldest connection's idle timeout), before it serves any of them. When nothing else becomes
+ * ready meanwhile, every request of that batch waits for the idle timeout, and the connections
+ * idle that long (all of them when they were opened together) are then closed unanswered.
+ * Measured on the producer (tests/integration/test_http_burst.sh, 10 s idle timeout): 128
+ * requests sent together to the connections of one pool thread, a 9.9 s stall, then 20 to all
+ * 128 of those connections closed unanswered. Which thread accepts a connection is a race (256
+ * connections opened one after the other: 250 on one thread of two, or all 256), so a pool of
+ * two does not prevent it: the signature `onceq-bench e2e` showed now and then (a 10 s stall
+ * near the start, one retry per load connection) is this one, its 128 connections on one
+ * thread. A thread
+ * watches its connections, the listening socket and its wake-up descriptor: with at most 125
+ * connections it can never fill a batch. libmicrohttpd gives each thread an equal share of its
+ * connection limit and a thread at its share leaves new connections to the others, so the
+ * servers set that limit to at most this many per thread (a margin under 125) and size their
+ * pools to hold their guard's connections (oq_mhd_pool_threads).
+ */
+#define OQ_MHD_CONNS_PER_THREAD 120
+/** The largest pool oq_mhd_pool_threads gives (the producer's --threads maximum). */
+#define OQ_MHD_MAX_THREADS 64
+
+/**
+ * @brief The connections (normal and probe slots) a pool of \p threads holds under
+ *        oq_mhd_guard_mhd_limit: OQ_MHD_CONNS_PER_THREAD each, less the guard's overshoot
+ *        (one per thread) and a few connections the guard closed that libmicrohttpd has not
+ *        yet counted out.
+ */
+unsigned oq_mhd_pool_room(unsigned threads);
+
+/**
+ * @brief Pool threads for \p conns connections (normal and probe slots): at least
+ *        \p min_threads, enough that oq_mhd_pool_room holds \p conns, at most
+ *        OQ_MHD_MAX_THREADS (the caller lowers its limit when that is not enough).
+ */
+unsigned oq_mhd_pool_threads(unsigned conns, unsigned min_threads);
 
 enum MHD_Result oq_mhd_guard_accept(void *cls, const struct sockaddr *addr, socklen_t len);
 enum MHD_Result oq_mhd_guard_handler(void *cls, struct MHD_Connection *c, const char *url,

@@ -72,6 +72,10 @@ extern const oq_console_asset_t oq_console_assets[];
 
 static const oq_mhd_log_ctx_t mhd_log_ctx = {COMP, OQ_LOG_WARN};
 
+/* Connections at once (was 128: with its one thread's listening socket and wake-up descriptor
+ * that could fill libmicrohttpd's batch of 128 events, common/oq_mhd.h). */
+#define CONSOLE_CONNS ((unsigned)OQ_MHD_CONNS_PER_THREAD)
+
 typedef struct session {
     char sid[65]; /**< "" = free */
     char name[OQ_MAX_NAME_LEN + 1];
@@ -929,7 +933,7 @@ int oq_console_start(const oq_console_opts_t *o, oq_console_t **out, oq_error_t 
                             oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, done, c,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)128, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, CONSOLE_CONNS, MHD_OPTION_END);
     if (!c->d) {
         rc = oq_error_set(err, OQ_EIO, 0, "console: cannot listen on %s", o->listen);
         goto fail;

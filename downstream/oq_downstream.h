@@ -60,7 +60,7 @@ typedef struct oq_downstream_opts {
     int64_t slow_ms;         /**< delay of the "slow" fault (default 2000) */
     int64_t late_ms;         /**< delay of "late-after-commit" (default 5000) */
     int retry_after_s;       /**< Retry-After of 429 / 503 (default 1) */
-    int threads;             /**< HTTP threads (default 2) */
+    int threads;             /**< HTTP threads, at least (default 2; 9 for 1,000 connections) */
     int max_batch;           /**< payments per ledger transaction (default 256; 1 = none) */
     int64_t max_body;        /**< request body limit in bytes (default 64 KiB) */
 } oq_downstream_opts_t;

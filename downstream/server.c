@@ -53,6 +53,9 @@
 /* libmicrohttpd's own messages. */
 static const oq_mhd_log_ctx_t mhd_log_ctx = {"downstream", OQ_LOG_DEBUG};
 
+/* Connections the pool is sized for (libmicrohttpd's default limit was 1,020). */
+#define DS_MAX_CONNS 1000
+
 /* --- faults ----------------------------------------------------------------------------------*/
 
 typedef enum {
@@ -1005,6 +1008,7 @@ static int listen_up(oq_downstream_t *s, oq_error_t *err)
                             oq_mhd_log, (void *)&mhd_log_ctx, MHD_OPTION_SOCK_ADDR, &s->sa,
                             MHD_OPTION_THREAD_POOL_SIZE, s->threads, MHD_OPTION_NOTIFY_COMPLETED,
                             completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                            MHD_OPTION_CONNECTION_LIMIT, s->threads * OQ_MHD_CONNS_PER_THREAD,
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_END);
     if (!s->d) return oq_error_set(err, OQ_EIO, 0, "cannot listen on 127.0.0.1:%d", s->port);
@@ -1133,7 +1137,9 @@ int oq_downstream_start(const oq_downstream_opts_t *o, oq_downstream_t **out, oq
     }
     s->port = port;
     s->sa.sin_port = htons((uint16_t)port);
-    s->threads = (unsigned)(o->threads >= 1 ? o->threads : 2);
+    /* at least --threads, and one per 120 of its 1,000 connections: a thread that finds 128
+     * requests ready at once stalls them up to the idle timeout (common/oq_mhd.h) */
+    s->threads = oq_mhd_pool_threads(DS_MAX_CONNS, (unsigned)(o->threads >= 1 ? o->threads : 2));
     s->max_body = o->max_body > 0 ? o->max_body : 64 * 1024;
     s->max_batch = o->max_batch > 0 ? o->max_batch : 256;
     snprintf(s->db_path, sizeof s->db_path, "%s", o->db ? o->db : "downstream.db");

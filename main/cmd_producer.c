@@ -49,7 +49,9 @@ static const oq_setting_t producer_settings[] = {
      "message.max.bytes (librdkafka's default is 1000000); a call whose message would be "
      "larger is refused at submit (413 payload_too_large), nothing written"},
     {"max-depth", OQ_SET_INT, "32", 2, 256, NULL, "JSON nesting limit of a request body"},
-    {"threads", OQ_SET_INT, "2", 2, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
+    {"threads", OQ_SET_INT, "2", 2, 64, NULL,
+     "HTTP worker threads (libmicrohttpd pool), at least: the pool also has one per 120 "
+     "connections of --max-connections and --probe-connections (9 with the defaults)"},
     {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL, "group-commit batch cap (submits)"},
     {"commit-delay-us", OQ_SET_INT, "0", -1, 100000, NULL,
      "max wait to grow a group commit: 0 = adaptive, -1 = off"},

@@ -4,8 +4,10 @@
  * (About 1,200 lines, over the usual 800: routes, connection limits and bearer tokens share the
  * request context; the token file's parser is common/tokens.c, shared with the consumer.)
  *
- * Design. libmicrohttpd runs a pool of epoll threads (at least 2: one epoll thread stalls at
- * 128+ connections). Those threads must never block on a commit, so a POST is handled as:
+ * Design. libmicrohttpd runs a pool of epoll threads: at least --threads (2), and one per 120
+ * connections of the limits (9 for the default 1,000 + 8), because a thread that finds 128
+ * requests ready at once stalls them until the idle timeout (common/oq_mhd.h,
+ * OQ_MHD_CONNS_PER_THREAD). Those threads must never block on a commit, so a POST is handled as:
  * accumulate the body (bounded by max_body: 413 as soon as Content-Length or the received
  * bytes exceed it), then on the final call parse it strictly (oq_json_parse: UTF-8, duplicate
  * keys, depth), validate, canonicalise and fingerprint it (oq_submit_job_new) on the epoll
@@ -1582,14 +1584,24 @@ int oq_http_start(oq_producer_t *p, const oq_http_opts_t *opts, oq_http_t **out,
 
     if ((ret = oq_mcp_new(h->catalog, opts->mcp_wait_ms, &h->mcp, err)) != 0) goto fail;
 
-    unsigned threads = (unsigned)(opts->threads >= 2 ? opts->threads : 2);
+    unsigned probe_slots = opts->probe_slots < 0    ? 0
+                           : opts->probe_slots == 0 ? DEFAULT_PROBE_SLOTS
+                                                    : (unsigned)opts->probe_slots;
+    /* at least --threads, and enough that no thread holds 128 connections (oq_mhd.h) */
+    unsigned threads = oq_mhd_pool_threads(h->max_conns + probe_slots,
+                                           (unsigned)(opts->threads >= 2 ? opts->threads : 2));
+    unsigned room = oq_mhd_pool_room(threads);
+    if (h->max_conns + probe_slots > room) {
+        unsigned fit = room > probe_slots + 1 ? room - probe_slots : 1;
+        OQ_LOG_WARN("http", "max_connections=%u needs more than %u HTTP threads: using %u",
+                    h->max_conns, threads, fit);
+        h->max_conns = fit;
+    }
     oq_mhd_guard_opts_t go = {
         .component = "http",
         .max_conns = h->max_conns,
         .max_conns_per_ip = h->max_conns_per_ip,
-        .probe_slots = opts->probe_slots < 0    ? 0
-                       : opts->probe_slots == 0 ? DEFAULT_PROBE_SLOTS
-                                                : (unsigned)opts->probe_slots,
+        .probe_slots = probe_slots,
         .request_timeout_ms =
             opts->request_timeout_ms > 0 ? opts->request_timeout_ms : DEFAULT_REQUEST_TIMEOUT_MS,
         .handler = handler,

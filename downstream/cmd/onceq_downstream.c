@@ -38,7 +38,9 @@ static const oq_setting_t downstream_settings[] = {
      "delay of late-after-commit (make it longer than the client's timeout)"},
     {"retry-after", OQ_SET_DURATION, "1s", 1000, 86400000, NULL,
      "Retry-After sent with 429 and 503 (whole seconds)"},
-    {"threads", OQ_SET_INT, "2", 1, 64, NULL, "HTTP worker threads (libmicrohttpd pool)"},
+    {"threads", OQ_SET_INT, "2", 1, 64, NULL,
+     "HTTP worker threads (libmicrohttpd pool), at least: the pool also has one per 120 of its "
+     "1,000 connections (9)"},
     {"max-batch", OQ_SET_INT, "256", 1, 10000, NULL,
      "payments per ledger transaction (group commit; 1 = one commit per payment)"},
     {"synchronous", OQ_SET_ENUM, "full", 0, 0, "full|normal|off",
