@@ -348,9 +348,12 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *
     snprintf(t, sizeof t, "%s", tools ? tools : "");
     char url[4200];
     snprintf(url, sizeof url, "%s", e2e_db_url ? e2e_db_url : "");
-    char *args[16] = {
-        "up", "--dir", d, "--consumers", cons, "--listen", listen, "-X", "session.timeout.ms=6000"};
-    int n = 9;
+    /* no console: its fixed default port would collide with another run's */
+    char *args[18] = {"up",          "--dir", d,
+                      "--consumers", cons,    "--listen",
+                      listen,        "-X",    "session.timeout.ms=6000",
+                      "--console",   ""};
+    int n = 11;
     if (tools) {
         args[n++] = "--tools";
         args[n++] = t;

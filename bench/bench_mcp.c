@@ -520,6 +520,8 @@ int oq__bench_mcp(int argc, char **argv)
                            tools,
                            "-X",
                            "session.timeout.ms=6000",
+                           "--console", /* none: its fixed default port would collide */
+                           "",
                            NULL};
     up = spawn(uargs, log);
     if (ds <= 0 || up <= 0 || !healthy(dport, 150) || !healthy(port, 600)) {
