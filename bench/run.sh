@@ -16,6 +16,7 @@
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
 # 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
 # 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq-downstream
+#              (8b: the same at a third and at 10/3 of the size: does the HTTP rate hold?)
 # 9. keys:     distinct keys vs one hot key hammered by 64 connections (calls=1, effects=1)
 # 10. kafka:   e2e closed loop on the embedded broker and on a real 3-node Kafka cluster, same
 #              run, with the brokers' CPU per call and at idle (scripts/kafka-bench.sh
@@ -80,7 +81,32 @@ echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --c
 echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 (closed loop: capacity; first the producer alone under the same closed loop, same client)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2
 echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
-"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools
+"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools | tee "$T/http-mid.out"
+
+# 8b. Does the HTTP-tool rate hold as the run grows? The same closed loop at a third and at
+# three and a third times section 8's size (10,000 / 30,000 / 100,000 calls in a full run):
+# each size's HTTP rate against the smallest's, and against the compiled charge of its own run.
+SMALL=$((E2E_CALLS / 3)) BIG=$((E2E_CALLS * 10 / 3))
+echo; echo "## 8b. HTTP tool as the run grows: the run of section 8 at $SMALL and $BIG calls (onceq-bench e2e --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools)"
+"$BENCH" e2e --onceq "$BIN" --calls "$SMALL" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools > "$T/http-small.out"
+"$BENCH" e2e --onceq "$BIN" --calls "$BIG" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools > "$T/http-big.out"
+python3 - "$SMALL" "$E2E_CALLS" "$BIG" "$T/http-small.out" "$T/http-mid.out" "$T/http-big.out" <<'PY'
+import re, sys
+n, files = sys.argv[1:4], sys.argv[4:7]
+rows = []
+for calls, f in zip(n, files):
+    m = re.search(r"same run: in-process charge (\d+) calls/s.*?HTTP pay via onceq-downstream (\d+) calls/s, p50 (\d+) ms, p99 (\d+) ms.*?DSR ([0-9.]+)", open(f).read())
+    rows.append((int(calls), *(m.groups() if m else (None,) * 5)))
+print("| calls | compiled calls/s | HTTP calls/s | HTTP p50 / p99 ms | HTTP / compiled | HTTP / smallest run's HTTP | downstream DSR |")
+print("|---|---|---|---|---|---|---|")
+base = int(rows[0][2]) if rows[0][2] else 0
+for calls, comp, http, p50, p99, dsr in rows:
+    if not http:
+        print(f"| {calls} | no result (see the run's output) | | | | | |"); continue
+    vs = f"{int(http) / base:.2f}" if base else "?"
+    print(f"| {calls} | {comp} | {http} | {p50} / {p99} | {int(http) / int(comp):.2f} | {vs} | {dsr} |")
+PY
+for f in "$T/http-small.out" "$T/http-big.out"; do grep -h '^verify' "$f"; done
 
 # 9. The classic pair: the same closed-loop HTTP load once with a distinct key per call and once
 # with one hot key hammered by every connection (one body: after the first, every answer is a
