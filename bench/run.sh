@@ -16,7 +16,8 @@
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
 # 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
 # 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq-downstream
-#              (8b: the same at a third and at 10/3 of the size: does the HTTP rate hold?)
+#              (8b: the same at a third and at 10/3 of the size: does the HTTP rate hold?
+#              8c: the HTTP tool's latency at 80 % of that capacity, open loop)
 # 9. keys:     distinct keys vs one hot key hammered by 64 connections (calls=1, effects=1)
 # 10. kafka:   e2e closed loop on the embedded broker and on a real 3-node Kafka cluster, same
 #              run, with the brokers' CPU per call and at idle (scripts/kafka-bench.sh
@@ -107,6 +108,16 @@ for calls, comp, http, p50, p99, dsr in rows:
     print(f"| {calls} | {comp} | {http} | {p50} / {p99} | {int(http) / int(comp):.2f} | {vs} | {dsr} |")
 PY
 for f in "$T/http-small.out" "$T/http-big.out"; do grep -h '^verify' "$f"; done
+
+# 8c. The HTTP tool's latency at 80 % of its capacity (section 8's HTTP rate): an open loop.
+R80=$(sed -nE 's/.*HTTP pay via onceq-downstream ([0-9]+) calls\/s.*/\1/p' "$T/http-mid.out" | head -1)
+if [[ -n "$R80" && "$R80" -gt 0 ]]; then
+    R80=$((R80 * 8 / 10))
+    echo; echo "## 8c. HTTP tool at 80 % of capacity: onceq-bench e2e --calls $E2E_CALLS --rate $R80 --conns 128 --consumers 2 --no-baseline --http-tools"
+    "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate "$R80" --conns 128 --consumers 2 --no-baseline --http-tools | grep -E '^(same run|verify)'
+else
+    echo; echo "## 8c. HTTP tool at 80 % of capacity: skipped (section 8 gave no HTTP rate)"
+fi
 
 # 9. The classic pair: the same closed-loop HTTP load once with a distinct key per call and once
 # with one hot key hammered by every connection (one body: after the first, every answer is a
