@@ -5,14 +5,15 @@
 #
 #   scripts/kafka-bench.sh [--build DIR] [--rows 300000] [--partitions 64] [--calls 10000]
 #                          [--rate 0] [--conns 64] [--consumers 2] [--only mock|real]
-#                          [--cluster-dir D] [--no-relay] [--idle 20] [--up-arg ARG]...
+#                          [--cluster-dir D] [--no-relay] [--idle 20] [--warmup 300]
+#                          [--up-arg ARG]...
 #
 # relay: `onceq-bench relay --rows N` (outbox -> broker, idempotent, acks=all; its same-run
 #        baseline is raw librdkafka produce of the same payloads to the same broker) against
 #        a topic of --partitions partitions (RF 3, min.insync.replicas 2 on real Kafka).
 # e2e:   `onceq up` (producer, relay, --consumers consumers; --brokers for the real cluster,
 #        whose onceq topics are recreated with 6 partitions, RF 3, as the embedded broker's),
-#        300 warm-up calls, then --calls calls of charge/send_email (60/40) over HTTP at
+#        --warmup warm-up calls (not measured), then --calls calls of charge/send_email (60/40) over HTTP at
 #        --rate calls/s (0: closed loop, as fast as the pipeline answers) on --conns
 #        connections. calls/s = calls / (last result applied - first submit committed), and
 #        the submit-to-result latency p50/p99, both read from calls.db's timestamps.
@@ -23,7 +24,8 @@
 # idle pipeline (after the warm-up has drained), in cores; "added" is the difference. On real
 # Kafka it also gives the CPU per call above the no-client idle rate (the cluster's own
 # housekeeping over the run's duration is not the calls' cost), how much of the brokers' CPU
-# went to the JVMs' JIT compilers (still warming up on a young cluster), and the onceq
+# went to the JVMs' JIT compilers (still warming up on a young cluster: a longer --warmup
+# leaves less of it in the measured run, as on a long-running cluster), and the onceq
 # processes' CPU.
 # `onceq up` picks its clients' kafka-profile itself (mock on the embedded broker, real with
 # --brokers); --up-arg passes one more argument to it (e.g. --up-arg -X --up-arg linger.ms=5).
@@ -45,6 +47,7 @@ only=
 cluster_dir=
 relay=1
 idle=20
+warmup=300
 up_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -59,6 +62,7 @@ while [[ $# -gt 0 ]]; do
     --cluster-dir) cluster_dir=$2; shift 2 ;;
     --no-relay) relay=0; shift ;;
     --idle) idle=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
     --up-arg) up_args+=("$2"); shift 2 ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e '/SPDX-License-Identifier/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
@@ -125,7 +129,7 @@ if [[ "$only" != mock ]]; then
 fi
 
 echo "# onceq on the mock broker vs real Kafka ($(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$src/kafka/pom.xml"), 3 KRaft nodes, RF 3), $(date -u +%FT%TZ)"
-echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); relay rows=$rows partitions=$partitions; e2e calls=$calls rate=$rate conns=$conns consumers=$consumers"
+echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); relay rows=$rows partitions=$partitions; e2e calls=$calls (after $warmup warm-up calls) rate=$rate conns=$conns consumers=$consumers"
 
 topics_real() { # topics_real PARTITIONS: recreate the onceq topics on the real cluster
     "$ONCEQ_BIN" topics delete --if-exists --brokers "$REAL" onceq.tool-calls onceq.tool-results \
@@ -191,9 +195,11 @@ bench_e2e() { # bench_e2e mock|real
             sleep 0.1
         done
     fi
-    "$LOAD" --port "$port" --calls 300 --conns 8 --prefix "warm-$target" --mix 60,40,0,0,0 \
-        >"$T/warm-$target.out" 2>&1 || oq_fail "$target: warm-up load failed"
-    oq_wait_for 120 drained "$d/calls.db" "warm-$target" 300 || oq_fail "$target: warm-up not drained"
+    "$LOAD" --port "$port" --calls "$warmup" --conns "$((warmup >= 3000 ? conns : 8))" \
+        --prefix "warm-$target" --mix 60,40,0,0,0 >"$T/warm-$target.out" 2>&1 ||
+        oq_fail "$target: warm-up load failed"
+    oq_wait_for 300 drained "$d/calls.db" "warm-$target" "$warmup" ||
+        oq_fail "$target: warm-up not drained"
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
         idle1=$(idle_cores "${pids[@]}")
