@@ -31,7 +31,8 @@
  *    so it is left as found.
  *  - A new call is one statement: the calls row and its outbox row in one INSERT (a CTE). The
  *    writer's batches go further (oq__producer_pg_insert_calls): the new calls of a whole
- *    batch in one multi-row INSERT, one round trip, then one COMMIT (group commit, writer.c).
+ *    batch in one multi-row INSERT, one round trip, then one COMMIT (group commit, writer.c);
+ *    each column goes as one array (unnest), so its text is the same for any batch.
  *    The calls it wrote are remembered (per thread, for this connection, until the transaction
  *    ends), and the decision's own insert of such a row answers "new" without a statement.
  *  - Results likewise (oq__producer_pg_results_ahead, "read ahead, written behind" below): a
@@ -213,7 +214,7 @@ static const char *arr_end(oq_buf_t *b)
  * claim_result, set_result and audit_add queue their rows instead of running a statement each (a
  * set_result updates the state it read, so a second result of the same call in the batch decides on
  * the first one's state). The queued rows are written in ONE statement (three data-modifying CTEs:
- * the inbox rows, one UPDATE ... FROM (VALUES ...) of the calls, the audit rows in order) before
+ * the inbox rows, one UPDATE ... FROM unnest(...) of the calls, the audit rows in order) before
  * any other statement (a webhook delivery reads the call as it now stands), and before COMMIT. A
  * call is updated at most once per such statement: a second set_result of it in the batch is folded
  * into the row queued (rah_merge: the effect of the two in turn). The inbox rows are a plain
