@@ -48,14 +48,16 @@
  *    rows, result events. They are sent, in order, with the transaction's next statement that
  *    needs an answer, or with COMMIT: a batch of new fast calls is two round trips however
  *    many messages it has (test_consumer_batch_pg: 39 calls, 2 round trips, against 237 one
- *    statement at a time). A row this transaction writes is read again (its entry dropped).
- *    What the rules see is what a read at BEGIN would have shown; every decision on it is
- *    still enforced where it was: a held write is the plain INSERT (no ON CONFLICT), so an
- *    inbox id, an execution or an effect another consumer wrote after the read ahead fails it
- *    at the send, the transaction rolls back (nothing was told to Kafka), the error is
- *    retriable and the worker's retry of the batch goes statement by statement (careful_next),
- *    where the rules meet that row as they always did. Fences, leases and conditional updates
- *    are never held: they are sent and answered in place.
+ *    statement at a time). The held rows of one INSERT go as one statement, each column an
+ *    array (unnest; pend_stmts): 11 statements for those 39 calls, not 201. A row this
+ *    transaction writes is read again (its entry dropped). What the rules see is what a read
+ *    at BEGIN would have shown; every decision on it is still enforced where it was: a held
+ *    write is the plain INSERT (no ON CONFLICT), so an inbox id, an execution or an effect
+ *    another consumer wrote after the read ahead fails it at the send, the transaction rolls
+ *    back (nothing was told to Kafka), the error is retriable and the worker's retry of the
+ *    batch goes statement by statement (careful_next), where the rules meet that row as they
+ *    always did. Fences, leases and conditional updates are never held: they are sent and
+ *    answered in place.
  *
  * A connection the server closed (restart, pg_terminate_backend) is re-established before the
  * next operation outside a transaction (begin included); the operation that met it failed
@@ -69,15 +71,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oq_buf.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
 #include "oq_pg.h"
 #include "oq_pg_rows.h"
 #include "oq_util.h"
 
-/* A write held behind: its SQL literal and a copy of its parameters (one block). */
+/* A write held behind: its SQL literal and a copy of its parameters (one block). rows: the
+ * same INSERT for many rows, parameter i an array of the rows' parameter i (unnest), or NULL:
+ * the held rows of one INSERT go as one statement (pipe_run). */
 typedef struct pend {
-    const char *sql;
+    const char *sql, *rows;
     int n, plain; /* plain: BEGIN or COMMIT, sent unprepared */
     char **pr;    /* n pointers, then the strings; NULL for none */
 } pend_t;
@@ -93,6 +98,9 @@ typedef struct ahead {
 
 /* At most this many statements in one pipeline (their answers are read after its sync). */
 #define PIPE_MAX 256
+/* At most this many rows held behind (held INSERTs with a many-rows form go as one statement a
+ * table, so a batch of a few hundred messages still sends its writes with its COMMIT). */
+#define HELD_MAX 4096
 
 struct oq__consumer_pg {
     PGconn *c;
@@ -216,6 +224,83 @@ static void ahead_drop(ahead_t *a, int n, const char *key)
     if (e) e->live = 0;
 }
 
+/* Appends to \p b the array element of \p v: NULL, or the text quoted. */
+static void arr_elem(oq_buf_t *b, const char *v)
+{
+    if (!v) {
+        oq_buf_puts(b, "NULL");
+        return;
+    }
+    oq_buf_putc(b, '"');
+    for (const char *c = v; *c; c++) {
+        if (*c == '"' || *c == '\\') oq_buf_putc(b, '\\');
+        oq_buf_putc(b, *c);
+    }
+    oq_buf_putc(b, '"');
+}
+
+/*
+ * The held writes as statements to send, into \p out (room for p->npend), in order: the rows of
+ * one INSERT that has a many-rows form (pend_t.rows) go as one statement at the place of the
+ * first of them, its parameter i the array of their parameters i (a plain statement, BEGIN,
+ * is not crossed). Held writes are plain INSERTs into tables with no foreign keys between
+ * them, so only the order within one table is kept (identity columns follow it). The arrays
+ * are malloc()ed into \p owned (one per statement, NULL where none). @returns the count, or -1
+ * (out of memory).
+ */
+static int pend_stmts(oq__consumer_pg_t *p, stmt_t *out, char ***owned)
+{
+    int n = 0;
+    char *used = calloc((size_t)p->npend + 1, 1);
+    int *grp = calloc((size_t)p->npend + 1, sizeof *grp);
+    if (!used || !grp) goto nomem;
+    for (int i = 0; i < p->npend; i++) {
+        if (used[i]) continue;
+        const pend_t *a = &p->pend[i];
+        int rows = 0;
+        grp[rows++] = i;
+        used[i] = 1;
+        for (int j = i + 1; a->rows && j < p->npend && !p->pend[j].plain; j++)
+            if (!used[j] && p->pend[j].sql == a->sql) {
+                grp[rows++] = j;
+                used[j] = 1;
+            }
+        owned[n] = NULL;
+        if (rows < 2) {
+            out[n++] = (stmt_t){
+                .sql = a->sql, .n = a->n, .plain = a->plain, .pr = (const char *const *)a->pr};
+            continue;
+        }
+        char **arr = calloc((size_t)a->n + 1, sizeof *arr);
+        if (!arr) goto nomem;
+        owned[n] = arr;
+        out[n++] = (stmt_t){.sql = a->rows, .n = a->n, .pr = (const char *const *)arr};
+        for (int c = 0; c < a->n; c++) {
+            oq_buf_t b = {0};
+            oq_buf_putc(&b, '{');
+            for (int k = 0; k < rows; k++) {
+                if (k) oq_buf_putc(&b, ',');
+                arr_elem(&b, p->pend[grp[k]].pr[c]);
+            }
+            oq_buf_putc(&b, '}');
+            if (!(arr[c] = oq_buf_take(&b, NULL))) goto nomem;
+        }
+    }
+    free(used);
+    free(grp);
+    return n;
+nomem:
+    free(used);
+    free(grp);
+    for (int k = 0; k < n; k++)
+        if (owned[k]) {
+            for (int c = 0; c < out[k].n; c++)
+                free(owned[k][c]);
+            free(owned[k]);
+        }
+    return -1;
+}
+
 /*
  * Sends the writes held behind, then \p st (nst statements, their results into \p out, which
  * the caller clears), in one pipeline: one round trip. PostgreSQL skips a pipeline's statements
@@ -227,26 +312,34 @@ static void ahead_drop(ahead_t *a, int n, const char *key)
 static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **out,
                     oq_error_t *err)
 {
-    int total = p->npend + nst, rc = 0, sent = 0, failed_at = -1;
+    int rc = 0, sent = 0, failed_at = -1, nh = 0, total = 0;
     char(*names)[16] = NULL;
+    stmt_t *all = NULL;
+    char ***owned = NULL;
     for (int i = 0; i < nst; i++)
         out[i] = NULL;
-    if (total == 0) return 0;
+    if (p->npend + nst == 0) return 0;
     if (PQstatus(p->c) != CONNECTION_OK) {
         rc = oq_pg_error(p->c, NULL, err, "connection lost inside a transaction");
         goto out;
     }
+    all = calloc((size_t)(p->npend + nst), sizeof *all);
+    owned = calloc((size_t)p->npend + 1, sizeof *owned);
+    if (!all || !owned || (nh = pend_stmts(p, all, owned)) < 0) {
+        nh = 0;
+        rc = oom(err);
+        goto out;
+    }
+    for (int i = 0; i < nst; i++)
+        all[nh + i] = st[i];
+    total = nh + nst;
     if (!(names = calloc((size_t)total, sizeof *names))) {
         rc = oom(err);
         goto out;
     }
     /* prepared before the pipeline, once per session (a round trip the first time only) */
-    for (int i = 0; i < total && !rc; i++) {
-        const char *sql = i < p->npend ? p->pend[i].sql : st[i - p->npend].sql;
-        int n = i < p->npend ? p->pend[i].n : st[i - p->npend].n;
-        int plain = i < p->npend ? p->pend[i].plain : st[i - p->npend].plain;
-        if (!plain) rc = oq_pg_stmt_name(p->c, sql, n, names[i], err);
-    }
+    for (int i = 0; i < total && !rc; i++)
+        if (!all[i].plain) rc = oq_pg_stmt_name(p->c, all[i].sql, all[i].n, names[i], err);
     if (rc) goto out;
     if (!PQenterPipelineMode(p->c)) {
         rc = oq_pg_error(p->c, NULL, err, "pipeline");
@@ -254,12 +347,9 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
     }
     p->n_rt++;
     for (; sent < total; sent++) {
-        const char *sql = sent < p->npend ? p->pend[sent].sql : st[sent - p->npend].sql;
-        int n = sent < p->npend ? p->pend[sent].n : st[sent - p->npend].n;
-        const char *const *pr =
-            sent < p->npend ? (const char *const *)p->pend[sent].pr : st[sent - p->npend].pr;
-        int ok = names[sent][0] ? PQsendQueryPrepared(p->c, names[sent], n, pr, NULL, NULL, 0)
-                                : PQsendQueryParams(p->c, sql, n, NULL, pr, NULL, NULL, 0);
+        const stmt_t *x = &all[sent];
+        int ok = names[sent][0] ? PQsendQueryPrepared(p->c, names[sent], x->n, x->pr, NULL, NULL, 0)
+                                : PQsendQueryParams(p->c, x->sql, x->n, NULL, x->pr, NULL, NULL, 0);
         if (!ok) break;
     }
     p->n_stmt += sent;
@@ -279,8 +369,8 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
         }
         ExecStatusType s = PQresultStatus(r);
         if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
-            if (i >= p->npend) {
-                out[i - p->npend] = r;
+            if (i >= nh) {
+                out[i - nh] = r;
                 r = NULL;
             }
         } else if (failed_at < 0) {
@@ -297,7 +387,7 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
         if (!rc) rc = oq_error_set_retriable(err, OQ_EDB, 0, 1, "pipeline left open: reconnected");
         if (PQstatus(p->c) == CONNECTION_OK) PQclear(PQexec(p->c, "SET synchronous_commit = on"));
     }
-    if (rc && failed_at >= 0 && failed_at < p->npend) {
+    if (rc && failed_at >= 0 && failed_at < nh) {
         p->careful_next = 1;
         char m[200];
         snprintf(m, sizeof m, "%.190s", err ? err->msg : "");
@@ -308,6 +398,14 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
                                     m);
     }
 out:
+    for (int i = 0; owned && i < nh; i++)
+        if (owned[i]) {
+            for (int c = 0; c < all[i].n; c++)
+                free(owned[i][c]);
+            free(owned[i]);
+        }
+    free(owned);
+    free(all);
     free(names);
     pend_clear(p);
     if (rc)
@@ -319,11 +417,14 @@ out:
 }
 
 /* Holds \p sql behind (its parameters copied): sent with the transaction's next read or its
- * commit. Too many held: sent now. */
-static int hold(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, int plain,
-                oq_error_t *err)
+ * commit; \p rows, when not NULL, is its many-rows form (pend_t). Too many held: sent now. */
+static int hold_as(oq__consumer_pg_t *p, const char *sql, const char *rows, int n,
+                   const char *const *pr, int plain, oq_error_t *err)
 {
-    if (p->npend >= PIPE_MAX) {
+    int single = 0;
+    for (int i = 0; i < p->npend && !rows; i++)
+        single += !p->pend[i].rows;
+    if (p->npend >= HELD_MAX || single >= PIPE_MAX) {
         int rc = pipe_run(p, NULL, 0, NULL, err);
         if (rc) return rc;
     }
@@ -350,8 +451,14 @@ static int hold(oq__consumer_pg_t *p, const char *sql, int n, const char *const 
         b[i] = o;
         o += l;
     }
-    p->pend[p->npend++] = (pend_t){.sql = sql, .n = n, .plain = plain, .pr = b};
+    p->pend[p->npend++] = (pend_t){.sql = sql, .rows = rows, .n = n, .plain = plain, .pr = b};
     return 0;
+}
+
+static int hold(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, int plain,
+                oq_error_t *err)
+{
+    return hold_as(p, sql, NULL, n, pr, plain, err);
 }
 
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
@@ -751,9 +858,20 @@ int oq__consumer_pg_exec_insert(oq__consumer_pg_t *p, const oq__exec_row_t *x, i
         "error, effect_id, next_attempt_at, message_id, created_at, updated_at, "
         "started_at, unknown_at, lookups) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
         "$10, $11, $12, $13, $14, $15, $16, $17, $18, $18, $19, $20, $21)";
+    static const char rows[] =
+        "INSERT INTO onceq.consumer_executions(call_id, tenant, idem_key, fingerprint, "
+        "tool, args, state, attempt, tries, fence, lease_owner, lease_until, result, "
+        "error, effect_id, next_attempt_at, message_id, created_at, updated_at, "
+        "started_at, unknown_at, lookups) SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, "
+        "c12, c13, c14, c15, c16, c17, c18, c18, c19, c20, c21 FROM unnest($1::text[], "
+        "$2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], "
+        "$9::bigint[], $10::bigint[], $11::text[], $12::bigint[], $13::text[], $14::text[], "
+        "$15::text[], $16::bigint[], $17::text[], $18::bigint[], $19::bigint[], $20::bigint[], "
+        "$21::bigint[]) AS u(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, "
+        "c16, c17, c18, c19, c20, c21)";
     if (p->ahead) { /* a second row of the call fails at the send: the batch is retried */
         ahead_drop(p->ax, p->nax, x->call_id);
-        return hold(p, sql, 21, pr, 0, err);
+        return hold_as(p, sql, rows, 21, pr, 0, err);
     }
     return cmd(p, sql, 21, pr, NULL, err);
 }
@@ -1005,10 +1123,14 @@ int oq__consumer_pg_inbox_upsert(oq__consumer_pg_t *p, const oq__inbox_row_t *ro
          * meanwhile fails the plain INSERT at the send, and the batch is retried */
         e->live = 0;
         *seen = 1;
-        return hold(p,
-                    "INSERT INTO onceq.consumer_inbox(message_id, call_id, topic, partition, "
-                    "\"offset\", received_at, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    7, pr, 0, err);
+        return hold_as(p,
+                       "INSERT INTO onceq.consumer_inbox(message_id, call_id, topic, partition, "
+                       "\"offset\", received_at, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                       "INSERT INTO onceq.consumer_inbox(message_id, call_id, topic, partition, "
+                       "\"offset\", received_at, outcome) SELECT * FROM unnest($1::text[], "
+                       "$2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], "
+                       "$7::text[])",
+                       7, pr, 0, err);
     }
     /* a row read ahead stays as read but for its count (only retake changes an outcome) */
     /* one statement: a new id gets its row (seen 1), a known one is counted */
@@ -1073,11 +1195,16 @@ int oq__consumer_pg_effect_insert(oq__consumer_pg_t *p, const oq__effect_row_t *
          * (an effect written meanwhile fails it at the send: the batch is retried) */
         a->live = 0;
         *inserted = 1;
-        return hold(p,
-                    "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, "
-                    "recipient, detail, attempt, fence, worker, created_at, downstream_id) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                    11, pr, 0, err);
+        return hold_as(p,
+                       "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, "
+                       "recipient, detail, attempt, fence, worker, created_at, downstream_id) "
+                       "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                       "INSERT INTO onceq.consumer_effects(effect_id, call_id, tool, amount, "
+                       "recipient, detail, attempt, fence, worker, created_at, downstream_id) "
+                       "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], "
+                       "$5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::text[], "
+                       "$10::bigint[], $11::text[])",
+                       11, pr, 0, err);
     }
     ahead_drop(p->ae, p->nae, e->call_id);
     int rc = cmd(p,
@@ -1151,7 +1278,11 @@ int oq__consumer_pg_audit_add(oq__consumer_pg_t *p, const oq__audit_row_t *a, oq
                         num(&fe, a->fence), p->worker,  a->detail};
     static const char sql[] = "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, "
                               "fence, worker, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)";
-    if (p->ahead) return hold(p, sql, 7, pr, 0, err);
+    static const char rows[] =
+        "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, fence, worker, detail) "
+        "SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], "
+        "$6::text[], $7::text[])";
+    if (p->ahead) return hold_as(p, sql, rows, 7, pr, 0, err);
     return cmd(p, sql, 7, pr, NULL, err);
 }
 
@@ -1225,10 +1356,13 @@ static int outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, int m
         /* held behind as a plain INSERT: a result id that is there already (a rare re-emit
          * of the same state) fails it at the send, and the batch is retried statement by
          * statement, where this append answers OQ_EEXIST as below */
-        int rc = hold(p,
-                      "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) "
-                      "VALUES ($1, $2, $3, $4, $5)",
-                      5, pr, 0, err);
+        int rc = hold_as(p,
+                         "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) "
+                         "VALUES ($1, $2, $3, $4, $5)",
+                         "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) "
+                         "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
+                         "$5::bigint[])",
+                         5, pr, 0, err);
         free(pl);
         return rc;
     }

@@ -51,7 +51,9 @@ typedef struct {
 static void *submitter(void *arg)
 {
     sub_t *s = arg;
-    json_t *args = json_pack("{s:i,s:s}", "amount", 1234, "currency", "EUR");
+    /* a note with what an array literal quotes or escapes (the batch goes as arrays) */
+    json_t *args = json_pack("{s:i,s:s,s:s}", "amount", 1234, "currency", "EUR", "note",
+                             "NULL \"q\" \\ {a,b} \xc3\xa9\n");
     char key[64];
     for (int i = 0; i < PER; i++) {
         for (int dup = 0; dup < 2; dup++) {
@@ -143,6 +145,12 @@ static void test_group_commit(void **state)
                             "o.key = k.call_id AND o.message_id = k.message_id"),
                      calls);
     assert_int_equal(one(c, "SELECT count(*) FROM onceq.outbox"), calls);
+    /* every row's args and key as submitted, byte for byte */
+    assert_int_equal(one(c, "SELECT count(*) FROM onceq.calls WHERE args = "
+                            "'{\"amount\":1234,\"currency\":\"EUR\",\"note\":"
+                            "\"NULL \\\"q\\\" \\\\ {a,b} \xc3\xa9\\n\"}' AND "
+                            "(idem_key LIKE 'k-%' OR idem_key LIKE 'dup-%') AND client_id IS NULL"),
+                     calls);
 
     /* batched: many submits per transaction, and per outbox INSERT statement */
     int64_t txs = one(c, "SELECT count(DISTINCT xmin::text) FROM onceq.calls");

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -140,6 +141,66 @@ static void test_read_one_round_trip(void **state)
     PQfinish(c);
 }
 
+static int64_t one(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+/* The relay's metrics (oq__relay_pg_pending: rows not yet published, the oldest one's age) count
+ * the unnumbered rows and those numbered above the watermark, and read only those: not the
+ * published rows that retention keeps (an hour of them by default). Counted by the server: the
+ * store's session reports its sequential scans of the outbox when it ends. */
+static void test_pending_reads_only_pending(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    PGconn *c = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    exec_ok(c, "DELETE FROM onceq.outbox");
+    exec_ok(c, "DELETE FROM onceq.relay_lease");
+    /* 20,000 published rows, 5 numbered above the watermark, 3 with no number yet */
+    insert_rows(c, "pub", 1, 20005);
+    exec_ok(c, "UPDATE onceq.outbox SET pub_seq = nextval('onceq.outbox_pub_seq'), "
+               "created_at = 100 + seq % 7");
+    exec_ok(c, "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at, published_seq) "
+               "SELECT 'outbox', 'relay-x', 1, now(), max(pub_seq) - 5 FROM onceq.outbox");
+    insert_rows(c, "new", 1, 3);
+    exec_ok(c, "UPDATE onceq.outbox SET created_at = CASE key WHEN 'new-2' THEN 50 ELSE 60 END "
+               "WHERE key LIKE 'new-%'");
+    exec_ok(c, "VACUUM ANALYZE onceq.outbox");
+    exec_ok(c, "SELECT pg_stat_force_next_flush()");
+    PQclear(PQexec(c, "SELECT pg_stat_clear_snapshot()"));
+    int64_t before = one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
+                            "'onceq.outbox'::regclass");
+
+    oq__relay_pg_t *p = NULL;
+    assert_int_equal(oq__relay_pg_open(conninfo, &p, &err), 0);
+    int64_t count = -1, oldest = -1;
+    assert_int_equal(oq__relay_pg_pending(p, &count, &oldest, &err), 0);
+    assert_int_equal(count, 8);
+    assert_int_equal(oldest, 50);
+    oq__relay_pg_close(p); /* its session reports its counts as it ends */
+
+    /* wait for the session to end (its counts are flushed before it does) */
+    for (int i = 0; i < 100 && one(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                      "current_database() AND pid <> pg_backend_pid() AND "
+                                      "backend_type = 'client backend'") > 0;
+         i++)
+        usleep(50000);
+    PQclear(PQexec(c, "SELECT pg_stat_clear_snapshot()"));
+    int64_t after = one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
+                           "'onceq.outbox'::regclass");
+    print_message("sequential scans of the outbox by the pending count: %lld\n",
+                  (long long)(after - before));
+    assert_int_equal(after - before, 0);
+    PQfinish(c);
+}
+
 int main(void)
 {
     pgfx_available(1);
@@ -153,6 +214,7 @@ int main(void)
     PQfinish(c);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_one_round_trip),
+        cmocka_unit_test(test_pending_reads_only_pending),
     };
     return cmocka_run_group_tests_name("relay_store_pg", tests, NULL, NULL);
 }
