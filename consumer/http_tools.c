@@ -22,7 +22,8 @@
  * poll of every transfer in flight; an easy handle is reset (curl_easy_reset: nothing of one
  * request's method, headers, body or timeouts carries over) and kept for the next transfer,
  * up to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from
- * empty to not empty.
+ * empty to not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id
+ * here and for what it means in execution.c.
  *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
@@ -1432,11 +1433,18 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     o.effect_id = t->effect_id;
     o.tool = t->tool;
     char idbuf[256];
-    json_t *doc = NULL;
+    json_t *doc = NULL, *strict = NULL;
     const char *exists_missing = NULL;
+    /* one parse for every reader: the object id here, what the answer means in the callback
+     * (an "mcp" tool's body is read as JSON-RPC there instead) */
+    if (t->resp.len && t->resp.len <= OQ__HTTP_PARSE_MAX && !t->tool->mcp) {
+        strict = json_loadb(t->resp.p, t->resp.len, JSON_REJECT_DUPLICATES, NULL);
+        o.parsed = 1;
+        o.doc = strict;
+    }
     if ((cls == OQ__HTTP_SUCCESS || cls == OQ__HTTP_FOUND) && t->resp.len &&
         (t->req->object_id || t->req->exists))
-        doc = json_loadb(t->resp.p, t->resp.len, 0, NULL);
+        doc = strict ? json_incref(strict) : json_loadb(t->resp.p, t->resp.len, 0, NULL);
     if (cls == OQ__HTTP_FOUND && t->req->exists) {
         const json_t *e = oq__http_json_path(doc, t->req->exists);
         if (!doc) {
@@ -1465,6 +1473,7 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     atomic_fetch_sub(&x->pending, 1);
     t->cb(&o, t->ctx);
     json_decref(doc);
+    json_decref(strict);
 }
 
 /* The executor gives up on \p t (draining or closing): "abandoned", flagged as such. */

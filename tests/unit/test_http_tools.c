@@ -949,7 +949,7 @@ static void test_exec_reused_handle(void **state)
 }
 
 typedef struct many {
-    int n, ok;
+    int n, ok, parsed;
 } many_t;
 
 static void on_many(const oq__http_outcome_t *o, void *ctx)
@@ -957,6 +957,9 @@ static void on_many(const oq__http_outcome_t *o, void *ctx)
     many_t *m = ctx;
     m->n++;
     if (o->cls == OQ__HTTP_SUCCESS && o->object_id && strcmp(o->object_id, "p1") == 0) m->ok++;
+    /* the answer is parsed once, for every reader */
+    const char *id = json_string_value(json_object_get(o->doc, "id"));
+    if (o->parsed && id && strcmp(id, "p1") == 0) m->parsed++;
 }
 
 static void *wake_later(void *arg)
@@ -967,7 +970,7 @@ static void *wake_later(void *arg)
 }
 
 /* Many requests over many kept-alive connections, more than may run at once: every one is
- * called back once, and a wake-up from another thread ends a poll early. */
+ * called back once, with its answer parsed; a wake-up from another thread ends a poll early. */
 static void test_exec_many(void **state)
 {
     (void)state;
@@ -993,6 +996,7 @@ static void test_exec_many(void **state)
     }
     poll_until(x, &m.n, N);
     assert_int_equal(m.ok, N);
+    assert_int_equal(m.parsed, N);
     assert_int_equal(oq__http_exec_pending(x), 0);
     assert_true(p.conns <= 16);
     /* nothing to do: a poll waits, and a wake-up from another thread ends it early */
