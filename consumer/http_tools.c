@@ -1246,7 +1246,10 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *ud, void *sockp)
     if (rc != 0 && errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT))
         rc = epoll_ctl(x->epfd, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &ev);
     if (rc == 0 && !sockp) curl_multi_assign(x->multi, s, x);
-    return rc == 0 ? 0 : -1;
+    /* (never -1: curl would mark the whole multi handle dead. A socket not watched leaves its
+     * transfer to curl's timer: it ends at its timeout, classified sent or not as usual.) */
+    if (rc != 0) OQ_LOG_WARN("tools", "http exec: epoll_ctl on a socket: %s", strerror(errno));
+    return 0;
 }
 
 /* CURLMOPT_TIMERFUNCTION: when curl wants CURL_SOCKET_TIMEOUT (-1: never). */
