@@ -17,13 +17,13 @@
  * reused; HTTP/1.1 is forced so that "what was written to the socket" is exact.
  *
  * Cost per request, because every outside call pays it on the one polling thread: curl is
- * driven through its socket interface (curl_multi_socket_action over an epoll set, with
- * curl's own timer), so an event touches only the transfers whose socket is ready, never a
- * poll of every transfer in flight; an easy handle is reset (curl_easy_reset: nothing of one
- * request's method, headers, body or timeouts carries over) and kept for the next transfer,
- * up to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from
- * empty to not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id
- * here and for what it means in execution.c.
+ * driven through its socket interface (curl_multi_socket_action over an epoll set, and
+ * curl_multi_timeout for its timer), so an event touches only the transfers whose socket is ready,
+ * never a poll of every transfer in flight; an easy handle is reset (curl_easy_reset: nothing of
+ * one request's method, headers, body or timeouts carries over) and kept for the next transfer, up
+ * to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from empty to
+ * not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id here and for what
+ * it means in execution.c.
  *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
@@ -1202,10 +1202,9 @@ struct oq__http_exec {
     int nrunning;
     CURL **idle; /* reset easy handles kept for the next transfers (up to cap_idle) */
     int nidle, cap_idle;
-    /* the multi's sockets and timer (CURLMOPT_SOCKETFUNCTION / TIMERFUNCTION) */
-    int epfd;             /* the sockets curl asks to watch, and evfd */
-    int evfd;             /* eventfd: oq__http_exec_wakeup */
-    int64_t timer_due_us; /* when curl wants its timeout action; -1: no timer */
+    /* the multi's sockets (CURLMOPT_SOCKETFUNCTION); its timer is read with curl_multi_timeout */
+    int epfd; /* the sockets curl asks to watch, and evfd */
+    int evfd; /* eventfd: oq__http_exec_wakeup */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1252,15 +1251,6 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *ud, void *sockp)
     return 0;
 }
 
-/* CURLMOPT_TIMERFUNCTION: when curl wants CURL_SOCKET_TIMEOUT (-1: never). */
-static int on_timer(CURLM *m, long timeout_ms, void *ud)
-{
-    oq__http_exec_t *x = ud;
-    (void)m;
-    x->timer_due_us = timeout_ms < 0 ? -1 : oq_mono_us() + (int64_t)timeout_ms * 1000;
-    return 0;
-}
-
 oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t *err)
 {
     pthread_once(&curl_once, curl_init);
@@ -1275,7 +1265,6 @@ oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t 
         return NULL;
     }
     x->epfd = x->evfd = -1;
-    x->timer_due_us = -1;
     x->max_inflight = opts && opts->max_inflight > 0 ? opts->max_inflight : 1024;
     x->max_response = opts && opts->max_response > 0 ? opts->max_response : 1024 * 1024;
     int64_t age = opts && opts->max_conn_age_ms > 0 ? opts->max_conn_age_ms : 20000;
@@ -1308,8 +1297,6 @@ oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t 
     curl_multi_setopt(x->multi, CURLMOPT_MAXCONNECTS, (long)x->max_inflight);
     curl_multi_setopt(x->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
     curl_multi_setopt(x->multi, CURLMOPT_SOCKETDATA, x);
-    curl_multi_setopt(x->multi, CURLMOPT_TIMERFUNCTION, on_timer);
-    curl_multi_setopt(x->multi, CURLMOPT_TIMERDATA, x);
     return x;
 fail:
     if (x->epfd >= 0) close(x->epfd);
@@ -1765,14 +1752,17 @@ static int reap(oq__http_exec_t *x)
  * and curl's timer, and lets curl act on what is ready: only the transfers whose socket is
  * ready are touched (curl_multi_socket_action), never a poll of every transfer. A wake-up is
  * consumed only by a waiting call (wait_ms > 0), which the caller follows with admit(): one
- * that comes while the queue is being looked at is never lost. */
+ * that comes while the queue is being looked at is never lost. Curl's timer is asked for each
+ * time (curl_multi_timeout), not remembered from CURLMOPT_TIMERFUNCTION: curl calls that only
+ * when its next expiry changes, so a timer that fired a little early on our clock (curl's
+ * clock is another one) would never be told again, and the transfers waiting on it (a new
+ * one, a timeout) would wait for ever. */
 static int drive(oq__http_exec_t *x, int wait_ms, oq_error_t *err)
 {
     int take_wakeup = wait_ms > 0;
-    if (x->timer_due_us >= 0) {
-        int64_t left_ms = (x->timer_due_us - oq_mono_us() + 999) / 1000;
-        if (left_ms < wait_ms) wait_ms = left_ms < 0 ? 0 : (int)left_ms;
-    }
+    long tmo = -1;
+    curl_multi_timeout(x->multi, &tmo);
+    if (tmo >= 0 && tmo < wait_ms) wait_ms = (int)tmo;
     struct epoll_event evs[64];
     int n = epoll_wait(x->epfd, evs, (int)(sizeof evs / sizeof evs[0]), wait_ms);
     if (n < 0 && errno != EINTR)
@@ -1792,8 +1782,9 @@ static int drive(oq__http_exec_t *x, int wait_ms, oq_error_t *err)
             return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_socket_action: %s",
                                 curl_multi_strerror(mc));
     }
-    if (x->timer_due_us >= 0 && oq_mono_us() >= x->timer_due_us) {
-        x->timer_due_us = -1; /* (curl sets it again from inside the call when it wants) */
+    tmo = -1;
+    curl_multi_timeout(x->multi, &tmo);
+    if (tmo == 0) {
         CURLMcode mc = curl_multi_socket_action(x->multi, CURL_SOCKET_TIMEOUT, 0, &running);
         if (mc != CURLM_OK)
             return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_socket_action: %s",

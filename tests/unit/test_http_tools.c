@@ -1013,6 +1013,53 @@ static void test_exec_many(void **state)
     oq__http_tools_destroy(t);
 }
 
+/* Transfers whose only way to end is curl's timer (a peer that reads and never answers), with
+ * timeouts spread over many milliseconds and nothing else on the wire: each one must end, at
+ * its timeout, as UNKNOWN timeout_after_send. (A timer remembered from curl's callback and
+ * fired a little early on our clock was never told again: the rest waited for ever.) */
+static void test_exec_timer_only(void **state)
+{
+    (void)state;
+    peer_t p[6];
+    oq__http_tools_t *t[6];
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(NULL, &err);
+    assert_non_null(x);
+    json_t *args = json_pack("{s:s}", "pad", "x");
+    got_t g[6];
+    memset(g, 0, sizeof g);
+    for (int i = 0; i < 6; i++) {
+        peer_start(&p[i], PEER_READ_NEVER_ANSWER);
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"tools\":[{\"name\":\"t\",\"url\":\"http://127.0.0.1:%d/pay\",\"body\":{"
+                 "\"pad\":\"{pad}\"},\"connect_timeout_ms\":%d,\"timeout_ms\":%d}]}",
+                 p[i].port, 97 + 37 * i, 97 + 37 * i);
+        t[i] = parse_ok(text);
+        assert_int_equal(
+            oq__http_exec_submit(x, &t[i]->tools[0], args, "eff-t", on_outcome, &g[i], &err), 0);
+    }
+    int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+    int done = 0;
+    while (done < 6 && oq_mono_us() < deadline) {
+        assert_true(oq__http_exec_poll(x, 200, &err) >= 0);
+        done = 0;
+        for (int i = 0; i < 6; i++)
+            done += g[i].n;
+    }
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(g[i].n, 1);
+        assert_int_equal(g[i].cls, OQ__HTTP_UNKNOWN);
+        assert_string_equal(g[i].code, "timeout_after_send");
+    }
+    oq__http_exec_destroy(x);
+    for (int i = 0; i < 6; i++) {
+        peer_stop(&p[i]);
+        oq__http_tools_destroy(t[i]);
+    }
+    json_decref(args);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
@@ -1034,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_idem_key_alias),
         cmocka_unit_test(test_exec_reused_handle),
         cmocka_unit_test(test_exec_many),
+        cmocka_unit_test(test_exec_timer_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
