@@ -90,9 +90,11 @@ static void push_done(oq__dispatch_t *d, oq__job_t *j)
 {
     pthread_mutex_lock(&d->mu);
     list_append(&d->done_head, &d->done_tail, j);
-    atomic_fetch_add(&d->ndone, 1);
+    /* one wake-up per batch of done jobs: the batch thread takes them all at once, and until it
+     * does, the wake-up of the first one is pending (rd_kafka_queue_yield is remembered) */
+    int first = atomic_fetch_add(&d->ndone, 1) == 0;
     pthread_mutex_unlock(&d->mu);
-    if (d->wake) d->wake(d->wake_ctx);
+    if (first && d->wake) d->wake(d->wake_ctx);
 }
 
 /* The executor's callback: what the answer means (execution.c) goes into the job. */
@@ -109,18 +111,12 @@ static void on_outcome(const oq__http_outcome_t *o, void *ctx)
         OQ_CRASH_POINT("consumer.after_request_sent_before_outcome");
 }
 
-/* The callback context: the job, plus the dispatcher to queue it on. */
-typedef struct {
-    oq__dispatch_t *d;
-    oq__job_t *j;
-} cbctx_t;
-
+/* The executor's callback (its context is the job, which knows its dispatcher). */
 static void on_done(const oq__http_outcome_t *o, void *ctx)
 {
-    cbctx_t *c = ctx;
-    on_outcome(o, c->j);
-    push_done(c->d, c->j);
-    free(c);
+    oq__job_t *j = ctx;
+    on_outcome(o, j);
+    push_done(j->d, j);
 }
 
 /* A job that never left: answered here, as the executor would answer an unsent request
@@ -164,20 +160,17 @@ static void submit_queued(oq__dispatch_t *d)
             continue;
         }
         oq_error_t err = {0};
-        cbctx_t *c = calloc(1, sizeof(*c));
         char eid[OQ_CALL_ID_LEN + 1];
         snprintf(eid, sizeof(eid), "%s", j->row.effect_id ? j->row.effect_id : "");
         int rc = OQ_ENOMEM;
         if (j->tool && j->tool->mcp) oq__mcp_before_send(j->tool);
-        if (c && j->args && eid[0]) {
-            c->d = d;
-            c->j = j;
+        if (j->args && eid[0]) {
+            j->d = d;
             rc = j->kind == OQ__JOB_LOOKUP
-                     ? oq__http_exec_lookup(d->x, j->tool, j->args, eid, on_done, c, &err)
-                     : oq__http_exec_submit(d->x, j->tool, j->args, eid, on_done, c, &err);
+                     ? oq__http_exec_lookup(d->x, j->tool, j->args, eid, on_done, j, &err)
+                     : oq__http_exec_submit(d->x, j->tool, j->args, eid, on_done, j, &err);
         }
         if (rc) {
-            free(c);
             OQ_LOGC_WARN(COMP, j->row.call_id, "request not submitted: %s",
                          err.msg[0] ? err.msg : "bad row");
             fail_local(d, j, rc == OQ_ESHUTDOWN,
@@ -242,11 +235,12 @@ void oq__dispatch_send(oq__dispatch_t *d, oq__job_t *j)
     d->reg = j;
     d->nreg++;
     int closed = atomic_load(&d->stopping) != 0;
+    int first = d->out_head == NULL; /* else the first queued job's wake-up is still pending */
     if (!closed) list_append(&d->out_head, &d->out_tail, j);
     pthread_mutex_unlock(&d->mu);
     if (closed)
         fail_local(d, j, 1, "the worker is stopping: not sent");
-    else
+    else if (first)
         oq__http_exec_wakeup(d->x);
 }
 

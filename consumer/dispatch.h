@@ -44,6 +44,7 @@ typedef struct oq__job {
     int running_owed; /**< the `running` event is not told yet (oq__exec_tell_running) */
     int64_t sent_us;  /**< oq_mono_us() when the batch thread sent it */
     /* internal */
+    struct oq__dispatch *d; /**< the dispatcher it was sent to (the executor's callback) */
     struct oq__job *next, *prev, *done_next;
 } oq__job_t;
 

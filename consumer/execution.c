@@ -243,7 +243,8 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
     o->retry_after_ms = h->retry_after_ms;
     snprintf(o->out.code, sizeof(o->out.code), "%s", h->code ? h->code : "");
     if (h->body && h->body_len > 0 && h->body_len <= OQ__MAX_ANSWER) {
-        answer = json_loadb(h->body, h->body_len, JSON_REJECT_DUPLICATES, NULL);
+        answer = h->parsed ? json_incref((json_t *)h->doc) /* (the executor's one parse) */
+                           : json_loadb(h->body, h->body_len, JSON_REJECT_DUPLICATES, NULL);
         if (!json_is_object(answer) && !json_is_array(answer)) {
             json_decref(answer);
             answer = NULL;

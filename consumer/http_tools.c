@@ -16,6 +16,15 @@
  * ends in exactly one callback with a classified outcome. Connections are kept alive and
  * reused; HTTP/1.1 is forced so that "what was written to the socket" is exact.
  *
+ * Cost per request, because every outside call pays it on the one polling thread: curl is
+ * driven through its socket interface (curl_multi_socket_action over an epoll set, and
+ * curl_multi_timeout for its timer), so an event touches only the transfers whose socket is ready,
+ * never a poll of every transfer in flight; an easy handle is reset (curl_easy_reset: nothing of
+ * one request's method, headers, body or timeouts carries over) and kept for the next transfer, up
+ * to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from empty to
+ * not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id here and for what
+ * it means in execution.c.
+ *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
  * debug callback (CURLINFO_HEADER_OUT / CURLINFO_DATA_OUT are reported after the write, with
@@ -54,7 +63,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "http_tools.h"
 #include "mcp_tools.h"
@@ -1188,8 +1200,11 @@ struct oq__http_exec {
     xfer_t *wait_head, *wait_tail; /* accepted, waiting for a slot */
     xfer_t *running;               /* in the multi handle (doubly linked) */
     int nrunning;
-    CURL *idle[64];
-    int nidle;
+    CURL **idle; /* reset easy handles kept for the next transfers (up to cap_idle) */
+    int nidle, cap_idle;
+    /* the multi's sockets (CURLMOPT_SOCKETFUNCTION); its timer is read with curl_multi_timeout */
+    int epfd; /* the sockets curl asks to watch, and evfd */
+    int evfd; /* eventfd: oq__http_exec_wakeup */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1210,6 +1225,32 @@ static void xfer_free(xfer_t *t)
     free(t);
 }
 
+/* CURLMOPT_SOCKETFUNCTION: curl says which of its sockets to watch, and for what. The socket
+ * is added to epfd the first time (marked with curl_multi_assign), changed after, removed when
+ * curl is done with it. @locality the polling thread (inside curl's calls). */
+static int on_socket(CURL *e, curl_socket_t s, int what, void *ud, void *sockp)
+{
+    oq__http_exec_t *x = ud;
+    (void)e;
+    if (what == CURL_POLL_REMOVE) {
+        epoll_ctl(x->epfd, EPOLL_CTL_DEL, s, NULL); /* (ENOENT/EBADF: already gone) */
+        return 0;
+    }
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+    ev.data.fd = s;
+    int op = sockp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int rc = epoll_ctl(x->epfd, op, s, &ev);
+    if (rc != 0 && errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT))
+        rc = epoll_ctl(x->epfd, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &ev);
+    if (rc == 0 && !sockp) curl_multi_assign(x->multi, s, x);
+    /* (never -1: curl would mark the whole multi handle dead. A socket not watched leaves its
+     * transfer to curl's timer: it ends at its timeout, classified sent or not as usual.) */
+    if (rc != 0) OQ_LOG_WARN("tools", "http exec: epoll_ctl on a socket: %s", strerror(errno));
+    return 0;
+}
+
 oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t *err)
 {
     pthread_once(&curl_once, curl_init);
@@ -1223,21 +1264,47 @@ oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t 
         oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
         return NULL;
     }
+    x->epfd = x->evfd = -1;
     x->max_inflight = opts && opts->max_inflight > 0 ? opts->max_inflight : 1024;
     x->max_response = opts && opts->max_response > 0 ? opts->max_response : 1024 * 1024;
     int64_t age = opts && opts->max_conn_age_ms > 0 ? opts->max_conn_age_ms : 20000;
     x->max_conn_age_s = age < 1000 ? 1 : (long)(age / 1000);
+    x->cap_idle = x->max_inflight < 1024 ? x->max_inflight : 1024;
     pthread_mutex_init(&x->mu, NULL);
+    if (!(x->idle = calloc((size_t)x->cap_idle, sizeof *x->idle))) {
+        oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
+        goto fail;
+    }
+    if ((x->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        (x->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+        oq_error_set(err, OQ_EIO, errno, "http exec: epoll/eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.fd = x->evfd;
+    if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, x->evfd, &ev) != 0) {
+        oq_error_set(err, OQ_EIO, errno, "http exec: epoll_ctl: %s", strerror(errno));
+        goto fail;
+    }
     if (!(x->multi = curl_multi_init())) {
         oq_error_set(err, OQ_ENOMEM, 0, "curl_multi_init failed");
-        pthread_mutex_destroy(&x->mu);
-        free(x);
-        return NULL;
+        goto fail;
     }
     curl_multi_setopt(x->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, 0L);
     curl_multi_setopt(x->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
     curl_multi_setopt(x->multi, CURLMOPT_MAXCONNECTS, (long)x->max_inflight);
+    curl_multi_setopt(x->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(x->multi, CURLMOPT_SOCKETDATA, x);
     return x;
+fail:
+    if (x->epfd >= 0) close(x->epfd);
+    if (x->evfd >= 0) close(x->evfd);
+    free(x->idle);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+    return NULL;
 }
 
 /* --- curl callbacks (polling thread) ----------------------------------------------------- */
@@ -1356,11 +1423,18 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     o.effect_id = t->effect_id;
     o.tool = t->tool;
     char idbuf[256];
-    json_t *doc = NULL;
+    json_t *doc = NULL, *strict = NULL;
     const char *exists_missing = NULL;
+    /* one parse for every reader: the object id here, what the answer means in the callback
+     * (an "mcp" tool's body is read as JSON-RPC there instead) */
+    if (t->resp.len && t->resp.len <= OQ__HTTP_PARSE_MAX && !t->tool->mcp) {
+        strict = json_loadb(t->resp.p, t->resp.len, JSON_REJECT_DUPLICATES, NULL);
+        o.parsed = 1;
+        o.doc = strict;
+    }
     if ((cls == OQ__HTTP_SUCCESS || cls == OQ__HTTP_FOUND) && t->resp.len &&
         (t->req->object_id || t->req->exists))
-        doc = json_loadb(t->resp.p, t->resp.len, 0, NULL);
+        doc = strict ? json_incref(strict) : json_loadb(t->resp.p, t->resp.len, 0, NULL);
     if (cls == OQ__HTTP_FOUND && t->req->exists) {
         const json_t *e = oq__http_json_path(doc, t->req->exists);
         if (!doc) {
@@ -1389,6 +1463,7 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     atomic_fetch_sub(&x->pending, 1);
     t->cb(&o, t->ctx);
     json_decref(doc);
+    json_decref(strict);
 }
 
 /* The executor gives up on \p t (draining or closing): "abandoned", flagged as such. */
@@ -1483,7 +1558,7 @@ static void retire(oq__http_exec_t *x, xfer_t *t)
         x->running = t->next;
     if (t->next) t->next->prev = t->prev;
     x->nrunning--;
-    if (x->nidle < (int)(sizeof x->idle / sizeof x->idle[0])) {
+    if (x->nidle < x->cap_idle) {
         curl_easy_reset(t->easy);
         x->idle[x->nidle++] = t->easy;
     } else {
@@ -1580,6 +1655,7 @@ static int submit(oq__http_exec_t *x, const oq__http_tool_t *tool, int is_lookup
         xfer_free(t);
         return oq_error_set(err, OQ_ESHUTDOWN, 0, "http exec: closing");
     }
+    int first = x->in_head == NULL; /* else the first one's wake-up is still to be seen */
     if (x->in_tail)
         x->in_tail->next = t;
     else
@@ -1587,7 +1663,7 @@ static int submit(oq__http_exec_t *x, const oq__http_tool_t *tool, int is_lookup
     x->in_tail = t;
     atomic_fetch_add(&x->pending, 1);
     pthread_mutex_unlock(&x->mu);
-    curl_multi_wakeup(x->multi);
+    if (first) oq__http_exec_wakeup(x);
     return 0;
 }
 
@@ -1672,24 +1748,61 @@ static int reap(oq__http_exec_t *x)
     return delivered;
 }
 
+/* Waits up to \p wait_ms (0: only looks) for the sockets curl watches, the wake-up eventfd
+ * and curl's timer, and lets curl act on what is ready: only the transfers whose socket is
+ * ready are touched (curl_multi_socket_action), never a poll of every transfer. A wake-up is
+ * consumed only by a waiting call (wait_ms > 0), which the caller follows with admit(): one
+ * that comes while the queue is being looked at is never lost. Curl's timer is asked for each
+ * time (curl_multi_timeout), not remembered from CURLMOPT_TIMERFUNCTION: curl calls that only
+ * when its next expiry changes, so a timer that fired a little early on our clock (curl's
+ * clock is another one) would never be told again, and the transfers waiting on it (a new
+ * one, a timeout) would wait for ever. */
+static int drive(oq__http_exec_t *x, int wait_ms, oq_error_t *err)
+{
+    int take_wakeup = wait_ms > 0;
+    long tmo = -1;
+    curl_multi_timeout(x->multi, &tmo);
+    if (tmo >= 0 && tmo < wait_ms) wait_ms = (int)tmo;
+    struct epoll_event evs[64];
+    int n = epoll_wait(x->epfd, evs, (int)(sizeof evs / sizeof evs[0]), wait_ms);
+    if (n < 0 && errno != EINTR)
+        return oq_error_set(err, OQ_EIO, errno, "epoll_wait: %s", strerror(errno));
+    int running = 0;
+    for (int i = 0; i < n; i++) {
+        if (evs[i].data.fd == x->evfd) {
+            uint64_t v;
+            if (take_wakeup) (void)!read(x->evfd, &v, sizeof v);
+            continue;
+        }
+        int mask = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+                   (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                   (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+        CURLMcode mc = curl_multi_socket_action(x->multi, evs[i].data.fd, mask, &running);
+        if (mc != CURLM_OK)
+            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_socket_action: %s",
+                                curl_multi_strerror(mc));
+    }
+    tmo = -1;
+    curl_multi_timeout(x->multi, &tmo);
+    if (tmo == 0) {
+        CURLMcode mc = curl_multi_socket_action(x->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        if (mc != CURLM_OK)
+            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_socket_action: %s",
+                                curl_multi_strerror(mc));
+    }
+    return 0;
+}
+
 int oq__http_exec_poll(oq__http_exec_t *x, int timeout_ms, oq_error_t *err)
 {
-    int running = 0, n = admit(x);
-    CURLMcode mc = curl_multi_perform(x->multi, &running);
-    if (mc != CURLM_OK)
-        return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_perform: %s",
-                            curl_multi_strerror(mc));
+    int n = admit(x);
+    int rc = drive(x, 0, err);
+    if (rc) return rc;
     n += reap(x);
     if (n == 0 && timeout_ms > 0) {
-        mc = curl_multi_poll(x->multi, NULL, 0, timeout_ms, NULL);
-        if (mc != CURLM_OK)
-            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_poll: %s",
-                                curl_multi_strerror(mc));
+        if ((rc = drive(x, timeout_ms, err))) return rc;
         n += admit(x);
-        mc = curl_multi_perform(x->multi, &running);
-        if (mc != CURLM_OK)
-            return oq_error_set(err, OQ_EIO, (int)mc, "curl_multi_perform: %s",
-                                curl_multi_strerror(mc));
+        if ((rc = drive(x, 0, err))) return rc;
         n += reap(x);
     }
     n += admit(x); /* slots freed by reaped transfers */
@@ -1698,7 +1811,8 @@ int oq__http_exec_poll(oq__http_exec_t *x, int timeout_ms, oq_error_t *err)
 
 void oq__http_exec_wakeup(oq__http_exec_t *x)
 {
-    if (x) curl_multi_wakeup(x->multi);
+    uint64_t one = 1;
+    if (x) (void)!write(x->evfd, &one, sizeof one);
 }
 
 int oq__http_exec_pending(oq__http_exec_t *x)
@@ -1710,7 +1824,7 @@ void oq__http_exec_drain(oq__http_exec_t *x)
 {
     if (!x) return;
     atomic_store(&x->draining, 1);
-    curl_multi_wakeup(x->multi);
+    oq__http_exec_wakeup(x);
 }
 
 void oq__http_exec_destroy(oq__http_exec_t *x)
@@ -1752,7 +1866,10 @@ void oq__http_exec_destroy(oq__http_exec_t *x)
     }
     for (int i = 0; i < x->nidle; i++)
         curl_easy_cleanup(x->idle[i]);
-    curl_multi_cleanup(x->multi);
+    curl_multi_cleanup(x->multi); /* (closes the kept connections: on_socket still runs) */
+    close(x->epfd);
+    close(x->evfd);
+    free(x->idle);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }

@@ -215,10 +215,18 @@ typedef struct oq__http_outcome {
     const char *object_id;  /**< SUCCESS / FOUND: the downstream's id, or NULL if unreadable */
     const char *body;       /**< the answer's body (at most max_response bytes), or NULL */
     size_t body_len;
+    int parsed;         /**< 1: \p doc is \p body parsed once for every reader (see doc) */
+    const json_t *doc;  /**< when parsed: the body as JSON (object or array; duplicate keys
+                             refused), or NULL when it is not such JSON; borrowed (take a
+                             reference to keep it: reference counts are atomic). Only
+                             bodies up to OQ__HTTP_PARSE_MAX are parsed, never an "mcp" tool's */
     int64_t elapsed_us; /**< from submit to completion */
     const char *effect_id;
     const oq__http_tool_t *tool;
 } oq__http_outcome_t;
+
+/** Answers up to this many bytes are parsed once by the executor (oq__http_outcome_t.doc). */
+#define OQ__HTTP_PARSE_MAX (64 * 1024)
 
 typedef void (*oq__http_cb)(const oq__http_outcome_t *o, void *ctx);
 

@@ -765,6 +765,301 @@ static void test_exec_headers(void **state)
     oq__http_tools_destroy(t);
 }
 
+/* --- many requests, kept-alive connections, reused handles ----------------------------------- */
+
+#define KA_MAX_REQS 512
+#define KA_MAX_CONNS 64
+
+/* A peer that keeps connections alive and answers every request 200 {"id":"p1"}, after
+ * 700 ms when its path starts with /slow; it keeps each request (head and body) in order. */
+typedef struct ka_peer {
+    int lfd, port;
+    atomic_int stop;
+    pthread_t th;
+    char *reqs[KA_MAX_REQS];
+    atomic_int nreqs;
+    int conns; /* connections accepted */
+} ka_peer_t;
+
+/* Reads one whole request from \p fd (head, then Content-Length bytes) into a new string;
+ * NULL when the connection ended first. */
+static char *ka_read(ka_peer_t *p, int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    assert_non_null(b);
+    long long need = -1;
+    while (!atomic_load(&p->stop)) {
+        if (need >= 0 && (long long)len >= need) {
+            b[len] = '\0';
+            return b;
+        }
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 50) <= 0) continue;
+        if (len + 2048 > cap) {
+            cap *= 2;
+            b = realloc(b, cap);
+            assert_non_null(b);
+        }
+        ssize_t n = recv(fd, b + len, cap - len - 1, 0);
+        if (n <= 0) break;
+        len += (size_t)n;
+        b[len] = '\0';
+        char *end = need < 0 ? strstr(b, "\r\n\r\n") : NULL;
+        if (end) {
+            char *cl = strcasestr(b, "\r\ncontent-length:");
+            need = (long long)(end + 4 - b) + (cl && cl < end ? atoll(cl + 17) : 0);
+        }
+    }
+    free(b);
+    return NULL;
+}
+
+static void *ka_main(void *arg)
+{
+    ka_peer_t *p = arg;
+    struct pollfd pf[KA_MAX_CONNS + 1];
+    int n = 1;
+    pf[0].fd = p->lfd;
+    pf[0].events = POLLIN;
+    while (!atomic_load(&p->stop)) {
+        if (poll(pf, (nfds_t)n, 50) <= 0) continue;
+        if ((pf[0].revents & POLLIN) && n <= KA_MAX_CONNS) {
+            int fd = accept(p->lfd, NULL, NULL);
+            if (fd >= 0) {
+                pf[n].fd = fd;
+                pf[n].events = POLLIN;
+                pf[n++].revents = 0;
+                p->conns++;
+            }
+        }
+        for (int i = 1; i < n; i++) {
+            if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            char *r = ka_read(p, pf[i].fd);
+            if (!r) { /* closed by the client */
+                close(pf[i].fd);
+                pf[i--] = pf[--n];
+                continue;
+            }
+            if (strncmp(strchr(r, ' ') ? strchr(r, ' ') + 1 : r, "/slow", 5) == 0) usleep(700000);
+            int k = atomic_load(&p->nreqs);
+            if (k < KA_MAX_REQS) {
+                p->reqs[k] = r;
+                atomic_store(&p->nreqs, k + 1);
+            } else {
+                free(r);
+            }
+            static const char ans[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                      "Content-Length: 11\r\n\r\n{\"id\":\"p1\"}";
+            (void)!write(pf[i].fd, ans, sizeof ans - 1);
+        }
+    }
+    for (int i = 1; i < n; i++)
+        close(pf[i].fd);
+    return NULL;
+}
+
+static void ka_start(ka_peer_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(p->lfd >= 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(p->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(p->lfd, 128), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(p->lfd, (struct sockaddr *)&sa, &sl);
+    p->port = ntohs(sa.sin_port);
+    assert_int_equal(pthread_create(&p->th, NULL, ka_main, p), 0);
+}
+
+static void ka_stop(ka_peer_t *p)
+{
+    atomic_store(&p->stop, 1);
+    pthread_join(p->th, NULL);
+    close(p->lfd);
+    for (int i = 0; i < atomic_load(&p->nreqs); i++)
+        free(p->reqs[i]);
+}
+
+/* Polls \p x until \p *n reaches \p want (20 s at most). */
+static void poll_until(oq__http_exec_t *x, const int *n, int want)
+{
+    oq_error_t err = {0};
+    int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+    while (*n < want && oq_mono_us() < deadline)
+        assert_true(oq__http_exec_poll(x, 200, &err) >= 0);
+    assert_int_equal(*n, want);
+}
+
+/* One transfer at a time reuses the same easy handle (and the kept-alive connection): the
+ * second request must carry nothing of the first one's method, headers, body or timeout. */
+static void test_exec_reused_handle(void **state)
+{
+    (void)state;
+    ka_peer_t p;
+    ka_start(&p);
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"tools\":["
+             "{\"name\":\"a\",\"method\":\"PUT\",\"url\":\"http://127.0.0.1:%d/a\","
+             "\"body\":{\"pad\":\"{pad}\"},\"headers\":{\"X-First\":\"yes\"},\"connect_timeout_"
+             "ms\":300,\"timeout_ms\":300},"
+             "{\"name\":\"b\",\"method\":\"POST\",\"url\":\"http://127.0.0.1:%d/slow/b\","
+             "\"body\":\"none\",\"idempotency_header\":null,\"timeout_ms\":15000}]}",
+             p.port, p.port);
+    oq__http_tools_t *t = parse_ok(text);
+    oq__http_exec_opts_t o = {.max_inflight = 1};
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(&o, &err);
+    assert_non_null(x);
+    json_t *args = js("{\"pad\":\"first-body\"}");
+    got_t g[2];
+    memset(g, 0, sizeof g);
+    assert_int_equal(oq__http_exec_submit(x, &t->tools[0], args, "eff-a", on_outcome, &g[0], &err),
+                     0);
+    poll_until(x, &g[0].n, 1);
+    assert_int_equal(g[0].cls, OQ__HTTP_SUCCESS);
+    /* b: answered after 700 ms, more than a's 300 ms timeout */
+    assert_int_equal(oq__http_exec_submit(x, &t->tools[1], args, "eff-b", on_outcome, &g[1], &err),
+                     0);
+    poll_until(x, &g[1].n, 1);
+    if (g[1].cls != OQ__HTTP_SUCCESS) fprintf(stderr, "second request: %s\n", g[1].code);
+    assert_int_equal(g[1].cls, OQ__HTTP_SUCCESS);
+    oq__http_exec_destroy(x);
+    assert_int_equal(atomic_load(&p.nreqs), 2);
+    const char *a = p.reqs[0], *b = p.reqs[1];
+    assert_true(strncmp(a, "PUT /a ", 7) == 0);
+    assert_non_null(strstr(a, "\r\nX-First: yes\r\n"));
+    assert_non_null(strstr(a, "\r\nIdempotency-Key: eff-a\r\n"));
+    assert_non_null(strstr(a, "first-body"));
+    if (strncmp(b, "POST /slow/b ", 13) != 0) fprintf(stderr, "second request:\n%s\n", b);
+    assert_true(strncmp(b, "POST /slow/b ", 13) == 0);
+    assert_null(strstr(b, "X-First"));
+    assert_null(strstr(b, "Idempotency-Key"));
+    assert_null(strstr(b, "first-body"));
+    assert_non_null(strstr(b, "\r\nContent-Length: 0\r\n"));
+    assert_int_equal(p.conns, 1); /* the connection was kept alive and reused */
+    json_decref(args);
+    ka_stop(&p);
+    oq__http_tools_destroy(t);
+}
+
+typedef struct many {
+    int n, ok, parsed;
+} many_t;
+
+static void on_many(const oq__http_outcome_t *o, void *ctx)
+{
+    many_t *m = ctx;
+    m->n++;
+    if (o->cls == OQ__HTTP_SUCCESS && o->object_id && strcmp(o->object_id, "p1") == 0) m->ok++;
+    /* the answer is parsed once, for every reader */
+    const char *id = json_string_value(json_object_get(o->doc, "id"));
+    if (o->parsed && id && strcmp(id, "p1") == 0) m->parsed++;
+}
+
+static void *wake_later(void *arg)
+{
+    usleep(200000);
+    oq__http_exec_wakeup(arg);
+    return NULL;
+}
+
+/* Many requests over many kept-alive connections, more than may run at once: every one is
+ * called back once, with its answer parsed; a wake-up from another thread ends a poll early. */
+static void test_exec_many(void **state)
+{
+    (void)state;
+    ka_peer_t p;
+    ka_start(&p);
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"tools\":[{\"name\":\"m\",\"url\":\"http://127.0.0.1:%d/m/{effect_id}\","
+             "\"object_id\":\"/id\"}]}",
+             p.port);
+    oq__http_tools_t *t = parse_ok(text);
+    oq__http_exec_opts_t o = {.max_inflight = 16};
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(&o, &err);
+    assert_non_null(x);
+    json_t *args = json_object();
+    many_t m = {0};
+    enum { N = 300 };
+    for (int i = 0; i < N; i++) {
+        char eid[32];
+        snprintf(eid, sizeof eid, "e-%d", i);
+        assert_int_equal(oq__http_exec_submit(x, &t->tools[0], args, eid, on_many, &m, &err), 0);
+    }
+    poll_until(x, &m.n, N);
+    assert_int_equal(m.ok, N);
+    assert_int_equal(m.parsed, N);
+    assert_int_equal(oq__http_exec_pending(x), 0);
+    assert_true(p.conns <= 16);
+    /* nothing to do: a poll waits, and a wake-up from another thread ends it early */
+    pthread_t th;
+    int64_t t0 = oq_mono_us();
+    assert_int_equal(pthread_create(&th, NULL, wake_later, x), 0);
+    assert_int_equal(oq__http_exec_poll(x, 15000, &err), 0);
+    assert_true(oq_mono_us() - t0 < 10 * 1000000LL);
+    pthread_join(th, NULL);
+    oq__http_exec_destroy(x);
+    assert_int_equal(m.n, N);
+    json_decref(args);
+    ka_stop(&p);
+    oq__http_tools_destroy(t);
+}
+
+/* Transfers whose only way to end is curl's timer (a peer that reads and never answers), with
+ * timeouts spread over many milliseconds and nothing else on the wire: each one must end, at
+ * its timeout, as UNKNOWN timeout_after_send. (A timer remembered from curl's callback and
+ * fired a little early on our clock was never told again: the rest waited for ever.) */
+static void test_exec_timer_only(void **state)
+{
+    (void)state;
+    peer_t p[6];
+    oq__http_tools_t *t[6];
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(NULL, &err);
+    assert_non_null(x);
+    json_t *args = json_pack("{s:s}", "pad", "x");
+    got_t g[6];
+    memset(g, 0, sizeof g);
+    for (int i = 0; i < 6; i++) {
+        peer_start(&p[i], PEER_READ_NEVER_ANSWER);
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"tools\":[{\"name\":\"t\",\"url\":\"http://127.0.0.1:%d/pay\",\"body\":{"
+                 "\"pad\":\"{pad}\"},\"connect_timeout_ms\":%d,\"timeout_ms\":%d}]}",
+                 p[i].port, 97 + 37 * i, 97 + 37 * i);
+        t[i] = parse_ok(text);
+        assert_int_equal(
+            oq__http_exec_submit(x, &t[i]->tools[0], args, "eff-t", on_outcome, &g[i], &err), 0);
+    }
+    int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+    int done = 0;
+    while (done < 6 && oq_mono_us() < deadline) {
+        assert_true(oq__http_exec_poll(x, 200, &err) >= 0);
+        done = 0;
+        for (int i = 0; i < 6; i++)
+            done += g[i].n;
+    }
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(g[i].n, 1);
+        assert_int_equal(g[i].cls, OQ__HTTP_UNKNOWN);
+        assert_string_equal(g[i].code, "timeout_after_send");
+    }
+    oq__http_exec_destroy(x);
+    for (int i = 0; i < 6; i++) {
+        peer_stop(&p[i]);
+        oq__http_tools_destroy(t[i]);
+    }
+    json_decref(args);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
@@ -784,6 +1079,9 @@ int main(void)
         cmocka_unit_test(test_exec_refused_and_bad_args),
         cmocka_unit_test(test_exec_headers),
         cmocka_unit_test(test_idem_key_alias),
+        cmocka_unit_test(test_exec_reused_handle),
+        cmocka_unit_test(test_exec_many),
+        cmocka_unit_test(test_exec_timer_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

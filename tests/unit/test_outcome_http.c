@@ -181,12 +181,52 @@ static void test_payloads(void **state)
     oq__outcome_clear(&o);
 }
 
+/* The executor parses an answer once (h.parsed): its tree is what the outcome keeps, the text
+ * is not read again; "parsed, not JSON" (doc NULL) keeps no response and quotes nothing. */
+static void test_parsed_once(void **state)
+{
+    (void)state;
+    oq__outcome_t o;
+    const char *text = "{\"id\":\"from_text\",\"message\":\"from text\"}";
+    json_t *doc = json_pack("{s:s, s:s}", "id", "from_tree", "message", "from tree");
+    oq__http_outcome_t h = report(OQ__HTTP_SUCCESS, 1);
+    h.body = text;
+    h.body_len = strlen(text);
+    h.parsed = 1;
+    h.doc = doc;
+    oq__outcome_from_http(&h, 0, &o);
+    assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
+    json_t *resp = json_object_get(o.out.result, "response");
+    assert_ptr_equal(resp, doc); /* the same tree, a reference taken */
+    assert_string_equal(json_string_value(json_object_get(resp, "id")), "from_tree");
+    json_decref(doc); /* the executor lets go of its own after the callback */
+    assert_string_equal(json_string_value(json_object_get(resp, "id")), "from_tree");
+    oq__outcome_clear(&o);
+
+    h = report(OQ__HTTP_FINAL, 1);
+    h.message = "HTTP 402";
+    h.body = text;
+    h.body_len = strlen(text);
+    h.parsed = 1; /* parsed, and not JSON (say, duplicate keys) */
+    h.doc = NULL;
+    oq__outcome_from_http(&h, 0, &o);
+    assert_int_equal(o.cls, OQ__OUTCOME_FINAL);
+    assert_string_equal(o.out.message, "HTTP 402");
+    oq__outcome_clear(&o);
+
+    h.parsed = 0; /* not parsed by the executor (an "mcp" tool's answer): read here */
+    oq__outcome_from_http(&h, 0, &o);
+    assert_string_equal(o.out.message, "HTTP 402: from text");
+    oq__outcome_clear(&o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_class),
         cmocka_unit_test(test_abandoned),
         cmocka_unit_test(test_payloads),
+        cmocka_unit_test(test_parsed_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
