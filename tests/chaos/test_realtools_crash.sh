@@ -29,13 +29,13 @@ submit_many() { # PREFIX N: N calls, alternating tools, 8 at a time
 
 N=40
 round=0
-for point in consumer.after_request_sent_before_outcome@12 consumer.after_outcome_commit_before_offset@4; do
+for point in consumer.after_request_sent_before_outcome@12 consumer.after_outcome_commit_before_offset@2; do
     round=$((round + 1))
     oq_kill consumer-1 TERM
     pl_spawn_consumer 1 ONCEQ_CRASH_AT="$point"
     submit_many "r$round" "$N" &
     loader=$!
-    oq_wait_exit consumer-1 60
+    oq_wait_exit consumer-1 90
     rc=$?
     [[ $rc == 137 ]] || oq_fail "round $round ($point): consumer exit $rc, expected 137"
     oq_log "round $round: $point fired; a new consumer takes over while calls still arrive"
