@@ -214,7 +214,7 @@ int oq_ckpt_new(const char *path, const oq_ckpt_opts_t *o, oq_ckpt_t **out, oq_e
     if (!ck) return oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
     ck->frames_step = d.frames > 0 ? d.frames : 1000;
     ck->max_frames = d.max_frames > ck->frames_step ? d.max_frames : 4 * ck->frames_step;
-    ck->interval_ms = d.interval_ms > 0 ? d.interval_ms : 1000;
+    ck->interval_ms = d.interval_ms > 0 ? d.interval_ms : 5000;
     ck->truncate_wait_ms = d.truncate_wait_ms > 0 ? d.truncate_wait_ms : 100;
     ck->next = ck->frames_step;
     snprintf(ck->component, sizeof ck->component, "%s", d.component ? d.component : "db");

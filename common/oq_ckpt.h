@@ -38,7 +38,7 @@ typedef struct oq_ckpt oq_ckpt_t;
 typedef struct oq_ckpt_opts {
     int frames;                /**< WAL frames that wake a pass; default 1000 (SQLite's own) */
     int max_frames;            /**< WAL frames past which a pass truncates; default 4 x frames */
-    int interval_ms;           /**< a pass at least this often after commits; default 1000 */
+    int interval_ms;           /**< a pass at least this often after commits; default 5000 */
     int truncate_wait_ms;      /**< how long a TRUNCATE may hold writers off; default 100 */
     const char *synchronous;   /**< of the checkpointer's connection (NULL: FULL) */
     const char *component;     /**< log component; default "db" */
