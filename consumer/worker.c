@@ -853,7 +853,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
 
     /* Consumers sharing effects.db each run a checkpointer (oq_ckpt.h): the commits of the
      * batch transaction, the runners, the heartbeat and the result relay never checkpoint. */
-    if (oq_backend_of(c->db_path) == OQ_BACKEND_SQLITE) {
+    if (oq_backend_of(c->db_path) == OQ_BACKEND_SQLITE && c->db_path[0] &&
+        strcmp(c->db_path, ":memory:") != 0) {
         oq_ckpt_opts_t co = {.synchronous = c->sync,
                              .component = OQ__COMP,
                              .metrics = c->metrics,

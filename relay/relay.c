@@ -1541,7 +1541,8 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
      * database checkpoints it, and so does a relay in a process of its own (several
      * checkpointers on one file share the work). */
     r->ckpt = opts->ckpt;
-    if (!r->ckpt && oq_backend_of(r->db_path) == OQ_BACKEND_SQLITE) {
+    if (!r->ckpt && oq_backend_of(r->db_path) == OQ_BACKEND_SQLITE && r->db_path[0] &&
+        strcmp(r->db_path, ":memory:") != 0) {
         oq_ckpt_opts_t co = {.synchronous = r->sync,
                              .component = "relay",
                              .metrics = opts->metrics,
