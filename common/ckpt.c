@@ -112,11 +112,11 @@ static int checkpoint(oq_ckpt_t *ck, int mode, int wait_ms, int *log, int *done)
 }
 
 /** One pass (see the file comment). @locality checkpointer thread */
-static void run_pass(oq_ckpt_t *ck, int frames)
+static void run_pass(oq_ckpt_t *ck, int frames, int may_truncate)
 {
     int64_t t0 = oq_mono_us();
     int log = 0, done = 0, rc;
-    if (frames >= ck->max_frames) {
+    if (frames >= ck->max_frames && may_truncate) {
         rc = checkpoint(ck, SQLITE_CHECKPOINT_TRUNCATE, ck->truncate_wait_ms, &log, &done);
         oq_histogram_observe(ck->m_finish, (double)(oq_mono_us() - t0) / 1e6);
         pthread_mutex_lock(&ck->mu);
@@ -183,11 +183,14 @@ static void *ckpt_main(void *arg)
         if (!due) continue;
         int frames = ck->frames;
         uint64_t restarts = ck->st.restarts, truncates = ck->st.truncates;
+        /* after a TRUNCATE gave up, the next one waits for the backed-off threshold, not the
+         * time-based pass */
+        int may_truncate = ck->wanted || ck->tfails == 0;
         ck->wanted = 0;
         ck->dirty = 0;
         ck->st.passes++;
         pthread_mutex_unlock(&ck->mu);
-        run_pass(ck, frames);
+        run_pass(ck, frames, may_truncate);
         last_us = oq_mono_us();
         pthread_mutex_lock(&ck->mu);
         /* The WAL did not restart: the next pass comes frames_step frames later, and after
