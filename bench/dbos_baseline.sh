@@ -5,7 +5,8 @@
 # run (bench/dbos_baseline.py says how each side is measured).
 #
 #   bench/dbos_baseline.sh [path/to/onceq]   env: DBOS_VENV (default: BUILD/dbos-venv),
-#                                            DBOS_CALLS_1 (300), DBOS_CALLS_N (2000)
+#                                            DBOS_CALLS_1 (300), DBOS_CALLS_N (2000),
+#                                            DBOS_THREADS (1,32: the client thread counts)
 #
 # Python's `dbos` package comes from PyPI into a venv under the build directory (python3 -m
 # venv), made once; without python3-venv or PyPI the benchmark is skipped with a note.
@@ -42,7 +43,7 @@ for _ in $(seq 300); do
 done
 "$VENV/bin/python" "$ROOT/bench/dbos_baseline.py" --onceq "127.0.0.1:$PORT" \
     --downstream "127.0.0.1:$DPORT" --dir "$T" --calls-1 "${DBOS_CALLS_1:-300}" \
-    --calls-n "${DBOS_CALLS_N:-2000}"
+    --calls-n "${DBOS_CALLS_N:-2000}" --threads "${DBOS_THREADS:-1,32}"
 rc=$?
 oq_kill up
 oq_kill ds

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_ckpt.h"
 #include "oq_db.h"
 #include "oq_error.h"
 #include "oq_json.h"
@@ -195,6 +196,9 @@ int oq__consumer_store_open(const char *path, const oq_db_opts_t *opts, const ch
                             oq__consumer_store_t **out, oq_error_t *err);
 /** @brief Close; accepts NULL. */
 void oq__consumer_store_close(oq__consumer_store_t *s);
+/** @brief Attach the store's SQLite connection to \p ck (oq_ckpt.h): its commits never
+ *         checkpoint. No-op on PostgreSQL or with a NULL \p ck, which must outlive the store. */
+void oq__consumer_store_attach(oq__consumer_store_t *s, oq_ckpt_t *ck);
 
 /**
  * @brief A consumer database read as an SQLite file: the inbox, executions, effects and audit

@@ -199,6 +199,11 @@ fail:
     return rc;
 }
 
+void oq__consumer_store_attach(oq__consumer_store_t *s, oq_ckpt_t *ck)
+{
+    if (s && s->db) oq_ckpt_attach(ck, s->db);
+}
+
 void oq__consumer_store_close(oq__consumer_store_t *s)
 {
     if (!s) return;

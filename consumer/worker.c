@@ -851,17 +851,31 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     if (c->o.drain_ms < 0) c->o.drain_ms = 0;
     oq__consumer_metrics_init(c);
 
+    /* Consumers sharing effects.db each run a checkpointer (oq_ckpt.h): the commits of the
+     * batch transaction, the runners, the heartbeat and the result relay never checkpoint. */
+    if (oq_backend_of(c->db_path) == OQ_BACKEND_SQLITE && c->db_path[0] &&
+        strcmp(c->db_path, ":memory:") != 0) {
+        oq_ckpt_opts_t co = {.synchronous = c->sync,
+                             .component = OQ__COMP,
+                             .metrics = c->metrics,
+                             .metric_prefix = "onceq_consumer"};
+        if ((rc = oq_ckpt_new(c->db_path, &co, &c->ckpt, err))) goto fail;
+    }
     oq_db_opts_t dbo = {.synchronous = c->sync, .busy_timeout_ms = 10000};
     if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->store, err))) goto fail;
     if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->hb_store, err)) ||
         (rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->stats_store, err)))
         goto fail;
+    oq__consumer_store_attach(c->store, c->ckpt);
+    oq__consumer_store_attach(c->hb_store, c->ckpt);
+    oq__consumer_store_attach(c->stats_store, c->ckpt);
     for (int i = 0; i < c->nrunners; i++) {
         c->runners[i].c = c;
         c->runners[i].index = i;
         if ((rc = oq__consumer_store_open(c->db_path, &dbo, c->worker_id, &c->runners[i].store,
                                           err)))
             goto fail;
+        oq__consumer_store_attach(c->runners[i].store, c->ckpt);
     }
 
     /* Kafka consumer: manual offset store + commit, default assignment strategy. */
@@ -917,6 +931,12 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         ro.metrics = c->metrics;
         ro.metrics_labels = "relay=\"results\"";
         ro.topic_prefix = c->topic_prefix; /* result rows name onceq.tool-results */
+        /* Consumers sharing effects.db share one outbox and one relay lease: the holder
+         * publishes every consumer's results, and only this process's commits can notify it.
+         * Watching the WAL wakes it at another consumer's commit too, instead of at its next
+         * idle poll (up to poll_max_ms: ~3 ms of a lone call's result hop, half the time). */
+        ro.watch_wal = 1;
+        ro.ckpt = c->ckpt;
         if (!(c->relay = oq_relay_new(&ro, err))) {
             rc = err ? err->code : OQ_EKAFKA;
             goto fail;
@@ -1248,6 +1268,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
             oq__consumer_store_close(c->runners[i].store);
     oq__consumer_store_close(c->hb_store);
     oq__consumer_store_close(c->store);
+    oq_ckpt_destroy(c->ckpt); /* after every connection attached to it */
     oq_metrics_destroy(c->metrics);
     for (size_t i = 0; c->tmetrics && i < c->tools->n; i++)
         pthread_mutex_destroy(&c->tmetrics[i].ring.mu);

@@ -25,6 +25,7 @@
 #include "dispatch.h"
 #include "execution.h"
 #include "http_tools.h"
+#include "oq_ckpt.h"
 #include "oq_consumer.h"
 #include "oq_envelope.h"
 #include "oq_metrics.h"
@@ -122,6 +123,9 @@ struct oq_consumer {
     pthread_t hb_th;
     int hb_started;
     oq__consumer_store_t *hb_store;
+    /* effects.db's background checkpointer (SQLite; NULL on PostgreSQL): every store
+     * connection of the worker and its result relay is attached, so no commit checkpoints */
+    oq_ckpt_t *ckpt;
 
     /* outside calls: declared HTTP tools, their dispatcher, the jobs of the current batch */
     oq__http_tools_t *tools;

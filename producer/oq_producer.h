@@ -458,7 +458,8 @@ void oq_http_stop(oq_http_t *h, int drain_ms);
 
 /**
  * @brief Ask the ingest's brokers for metadata (readiness): blocks up to \p timeout_ms.
- *        Safe from any thread while the ingest runs.
+ *        Safe from any thread while the ingest runs. It goes through a producer handle of the
+ *        ingest's own, not the consumer's, whose fetches it would hold up.
  * @returns 0 when a broker answered, OQ_EKAFKA otherwise.
  */
 int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err);

@@ -39,10 +39,9 @@
  * applied; a call failed for a dead letter): a woken client reads the committed state.
  *
  * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
- * it inside every ~45th commit, stalling that batch. The writer connection has a WAL hook
- * instead (wal_hook): a background thread on its own connection runs PASSIVE checkpoints, and
- * the writer finishes each pass with a small checkpoint of its own after acknowledging its
- * batch, so that SQLite can restart the WAL (a pass alone never catches up with the writer).
+ * it inside every ~45th commit, stalling that batch. The writer connection is attached to a
+ * background checkpointer instead (common/oq_ckpt.h, the same one the consumers and the relay
+ * run): its thread copies the WAL on a connection of its own and keeps it bounded.
  *
  * PostgreSQL (a --db URI or keyword string): the same queue, batches and failure handling on
  * a libpq connection, through the store's begin/commit (producer/store_pg.c, which reconnects
@@ -67,6 +66,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "oq_ckpt.h"
 #include "oq_log.h"
 #include "oq_pg.h"
 #include "producer_int.h"
@@ -97,16 +97,9 @@ struct oq__writer {
      * submits, applying the results, the commits; and how many of each */
     int64_t t_submit_us, t_results_us, t_commit_us, n_submits, n_results, n_batches;
     oq_metric_t *m_tsplit[3];
-    /* background checkpointer (see the file comment) */
+    /* background checkpointer (see the file comment; NULL: SQLite's own, in the commits) */
     int ckpt_pages;
-    sqlite3 *cdb;
-    pthread_t ckpt;
-    int ckpt_started;
-    pthread_mutex_t cmu;
-    pthread_cond_t ccv;
-    int ckpt_wanted, ckpt_stop, ckpt_busy, ckpt_pass_done; /* under cmu */
-    int wal_last, ckpt_next, finish_due;                   /* writer thread only */
-    oq_metric_t *m_ckpt, *m_ckpt_fin;
+    oq_ckpt_t *ckpt;
     oq_waiters_t *waiters; /* told after each commit that made calls terminal */
     /* PostgreSQL: the writer of the batches of results (file comment), NULL on SQLite; in it,
      * results_only is set and waiters is the submit writer's (borrowed) */
@@ -298,83 +291,6 @@ int oq__writer_enqueue(oq__writer_t *w, oq__work_t *item)
     return 0;
 }
 
-/* --- checkpointer ----------------------------------------------------------------------------*/
-
-/**
- * WAL hook of the writer connection (it replaces SQLite's auto-checkpoint there), called after
- * each commit with the WAL's size in frames. Past ckpt_next frames it wakes the background
- * checkpointer, which copies the WAL into the database without holding up the writer. That
- * pass cannot complete the WAL, since the writer keeps appending meanwhile, and SQLite only
- * restarts the WAL from its beginning once every frame has been copied; so after a pass the
- * writer copies the few frames appended during it itself (finish_checkpoint, after the batch
- * was acknowledged) and its next transaction restarts the WAL. When readers keep the WAL from
- * being copied completely, the next pass waits for ckpt_pages more frames.
- * @locality writer thread, inside COMMIT
- */
-static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
-{
-    oq__writer_t *w = arg;
-    (void)db;
-    (void)name;
-    if (frames < w->wal_last) w->ckpt_next = w->ckpt_pages; /* the WAL restarted */
-    w->wal_last = frames;
-    pthread_mutex_lock(&w->cmu);
-    if (w->ckpt_pass_done) {
-        w->ckpt_pass_done = 0;
-        w->finish_due = 1;
-        w->ckpt_next = frames + w->ckpt_pages;
-    } else if (!w->ckpt_busy && frames >= w->ckpt_next) {
-        w->ckpt_busy = 1;
-        w->ckpt_wanted = 1;
-        pthread_cond_signal(&w->ccv);
-    }
-    pthread_mutex_unlock(&w->cmu);
-    return SQLITE_OK;
-}
-
-/** The writer's small checkpoint after a background pass (see wal_hook). @locality writer */
-static void finish_checkpoint(oq__writer_t *w)
-{
-    w->finish_due = 0;
-    int64_t t0 = oq_mono_us();
-    int log = 0, done = 0;
-    int rc = sqlite3_wal_checkpoint_v2(w->wdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-    oq_histogram_observe(w->m_ckpt_fin, (double)(oq_mono_us() - t0) / 1e6);
-    if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
-        OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(w->wdb));
-}
-
-static void *ckpt_main(void *arg)
-{
-    oq__writer_t *w = arg;
-    for (;;) {
-        pthread_mutex_lock(&w->cmu);
-        while (!w->ckpt_wanted && !w->ckpt_stop)
-            pthread_cond_wait(&w->ccv, &w->cmu);
-        int stop = w->ckpt_stop;
-        w->ckpt_wanted = 0;
-        pthread_mutex_unlock(&w->cmu);
-        if (stop) break;
-        int64_t t0 = oq_mono_us();
-        int log = 0, done = 0;
-        /* PASSIVE: copies what no reader still needs, never takes the write lock, so the
-         * writer keeps committing meanwhile; SQLite restarts the WAL at the writer's next
-         * transaction once everything was copied. */
-        int rc = sqlite3_wal_checkpoint_v2(w->cdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-        oq_histogram_observe(w->m_ckpt, (double)(oq_mono_us() - t0) / 1e6);
-        pthread_mutex_lock(&w->cmu);
-        w->ckpt_busy = 0;
-        w->ckpt_pass_done = 1;
-        pthread_mutex_unlock(&w->cmu);
-        if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY)
-            OQ_LOG_WARN("producer", "checkpoint: %s", sqlite3_errmsg(w->cdb));
-        else
-            OQ_LOG_DEBUG("producer", "checkpoint: wal=%d copied=%d in %lld us", log, done,
-                         (long long)(oq_mono_us() - t0));
-    }
-    return NULL;
-}
-
 /* --- dead letters ----------------------------------------------------------------------------*/
 
 #define DEAD_BATCH 64
@@ -523,7 +439,6 @@ static void *writer_main(void *arg)
             it->next = NULL;
             it->done(it, it->opaque);
         }
-        if (w->finish_due) finish_checkpoint(w);
         if (!w->results_only && oq_mono_us() >= w->next_dead_us) {
             dead_letters(w);
             task_retries(w);
@@ -572,12 +487,6 @@ static void register_metrics(oq__writer_t *w, oq_metrics_t *m)
     w->m_wait =
         oq_metrics_histogram(m, "onceq_producer_submit_seconds", "Queue + batch time of a submit",
                              NULL, lat, sizeof lat / sizeof lat[0]);
-    w->m_ckpt = oq_metrics_histogram(m, "onceq_producer_checkpoint_seconds",
-                                     "Duration of a background WAL checkpoint pass", NULL, lat,
-                                     sizeof lat / sizeof lat[0]);
-    w->m_ckpt_fin = oq_metrics_histogram(m, "onceq_producer_checkpoint_finish_seconds",
-                                         "Duration of the writer's checkpoint after a pass", NULL,
-                                         lat, sizeof lat / sizeof lat[0]);
     w->m_queue =
         oq_metrics_gauge(m, "onceq_producer_queue_depth", "Submits waiting for the writer", NULL);
     static const char *const split[3] = {"work=\"submits\"", "work=\"results\"", "work=\"commit\""};
@@ -600,8 +509,6 @@ static oq__writer_t *writer_new(const oq_producer_opts_t *o)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&w->cmu, NULL);
-    pthread_cond_init(&w->ccv, NULL);
     w->key_ttl_ms = o->key_ttl_ms;
     w->max_message_bytes = o->max_message_bytes;
     w->next_dead_us = oq_mono_us(); /* a first look at once */
@@ -609,7 +516,6 @@ static oq__writer_t *writer_new(const oq_producer_opts_t *o)
     w->max_batch = o->max_batch;
     w->commit_delay_us = o->commit_delay_us;
     w->ckpt_pages = o->checkpoint_pages;
-    w->ckpt_next = w->ckpt_pages;
     return w;
 }
 
@@ -663,15 +569,13 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
     }
     register_metrics(w, o->metrics);
     if (w->ckpt_pages > 0) {
-        oq_db_opts_t co = {o->synchronous, 0, 0};
-        if ((ret = oq_db_open(path, &co, &w->cdb, err))) goto out;
-        sqlite3_wal_hook(w->wdb, wal_hook, w); /* also turns the in-commit checkpoint off */
-        if (pthread_create(&w->ckpt, NULL, ckpt_main, w) != 0) {
-            ret = oq_error_set(err, OQ_EIO, errno, "cannot start the checkpointer thread");
-            goto out;
-        }
-        w->ckpt_started = 1;
-        pthread_setname_np(w->ckpt, "oq-ckpt"); /* top -H, perf; failure harmless */
+        oq_ckpt_opts_t co = {.frames = w->ckpt_pages,
+                             .synchronous = o->synchronous,
+                             .component = "producer",
+                             .metrics = o->metrics,
+                             .metric_prefix = "onceq_producer"};
+        if ((ret = oq_ckpt_new(path, &co, &w->ckpt, err))) goto out;
+        oq_ckpt_attach(w->ckpt, w->wdb); /* the writer's commits never checkpoint */
     }
 start:
     if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
@@ -717,19 +621,12 @@ void oq__writer_close(oq__writer_t *w)
      * memory. */
     if (w->rw) writer_stop(w->rw);
     writer_stop(w);
-    pthread_mutex_lock(&w->cmu);
-    w->ckpt_stop = 1;
-    pthread_cond_signal(&w->ccv);
-    pthread_mutex_unlock(&w->cmu);
-    if (w->ckpt_started) pthread_join(w->ckpt, NULL);
     if (!w->results_only)               /* the results' writer borrows the waiters */
         oq_waiters_destroy(w->waiters); /* wakes whoever still waits: the writer is gone */
-    if (w->cdb) sqlite3_close_v2(w->cdb);
     oq_stmt_cache_destroy(w->wcache);
     if (w->wdb) sqlite3_close_v2(w->wdb);
+    oq_ckpt_destroy(w->ckpt); /* after the connection attached to it */
     if (w->wpg) PQfinish(w->wpg);
-    pthread_mutex_destroy(&w->cmu);
-    pthread_cond_destroy(&w->ccv);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     oq__writer_close(w->rw); /* stopped above */

@@ -116,6 +116,10 @@ typedef struct oq_relay_opts {
     const char *topic_prefix;     /**< rows name logical topics ("onceq.tool-calls"); a row
                                        whose topic starts with "onceq." is published to this
                                        prefix + the rest (oq_topic_name); NULL = as named */
+    struct oq_ckpt *ckpt;         /**< SQLite: the background checkpointer (oq_ckpt.h) the
+                                       relay's connections attach to, borrowed, outliving the
+                                       relay (a consumer passes its own); NULL: the relay runs
+                                       one of its own. Either way its commits never checkpoint */
 } oq_relay_opts_t;
 
 /** Lease state, as seen by the relay itself. */

@@ -226,6 +226,8 @@ struct oq_relay {
     int64_t job_mono_us; /* CLOCK_MONOTONIC when the job's lease renewal was sampled */
     char job_err[256];
     oq__relay_store_t *wstore;
+    oq_ckpt_t *ckpt; /* the stores' checkpointer (SQLite): opts.ckpt, or own_ckpt */
+    int own_ckpt;
     atomic_int is_holder; /* the writer cleans up only while the relay holds the lease */
     atomic_ullong cleaned;
     int64_t t_mark_us; /* writer-only */
@@ -1535,6 +1537,21 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     if (oq__relay_store_open(r->db_path, r->sync, &r->store, err) != 0 ||
         oq__relay_store_open(r->db_path, r->sync, &r->wstore, err) != 0)
         goto fail;
+    /* The watermark and retention commits never checkpoint (oq_ckpt.h): the writer of the
+     * database checkpoints it, and so does a relay in a process of its own (several
+     * checkpointers on one file share the work). */
+    r->ckpt = opts->ckpt;
+    if (!r->ckpt && oq_backend_of(r->db_path) == OQ_BACKEND_SQLITE && r->db_path[0] &&
+        strcmp(r->db_path, ":memory:") != 0) {
+        oq_ckpt_opts_t co = {.synchronous = r->sync,
+                             .component = "relay",
+                             .metrics = opts->metrics,
+                             .metric_prefix = "onceq_relay"};
+        if (oq_ckpt_new(r->db_path, &co, &r->ckpt, err) != 0) goto fail;
+        r->own_ckpt = 1;
+    }
+    oq__relay_store_attach(r->store, r->ckpt);
+    oq__relay_store_attach(r->wstore, r->ckpt);
     if (opts->metrics && register_metrics(r, opts->metrics, opts->metrics_labels, err) != 0)
         goto fail;
     refresh_pending(r);
@@ -1589,6 +1606,7 @@ void oq_relay_destroy(oq_relay_t *r)
         free(r->topics[i].name);
     oq__relay_store_close(r->store);
     oq__relay_store_close(r->wstore);
+    if (r->own_ckpt) oq_ckpt_destroy(r->ckpt);
     free(r->slots);
     free(r->ring_seq);
     free(r->ring_done);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "oq_ckpt.h"
 #include "oq_dbh.h"
 #include "oq_error.h"
 
@@ -38,6 +39,9 @@ typedef int (*oq__relay_row_cb)(void *ctx, const oq__relay_row_t *row);
 int oq__relay_store_open(const char *path, const char *synchronous, oq__relay_store_t **out,
                          oq_error_t *err);
 void oq__relay_store_close(oq__relay_store_t *s);
+/** @brief Attach the store's SQLite connection to \p ck (oq_ckpt.h): its commits never
+ *         checkpoint. No-op on PostgreSQL. \p ck must outlive the store. */
+void oq__relay_store_attach(oq__relay_store_t *s, oq_ckpt_t *ck);
 
 /** PRAGMA data_version: changes when another connection commits. */
 int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err);

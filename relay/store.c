@@ -168,6 +168,11 @@ fail:
     return rc;
 }
 
+void oq__relay_store_attach(oq__relay_store_t *s, oq_ckpt_t *ck)
+{
+    if (s && s->db) oq_ckpt_attach(ck, s->db);
+}
+
 void oq__relay_store_close(oq__relay_store_t *s)
 {
     if (!s) return;
