@@ -35,13 +35,10 @@
 #include "oq_log.h"
 
 const char *const oq_migrations_postgres[] = {
-    "postgres/0001_producer.sql",
-    "postgres/0002_submit.sql",
-    "postgres/0003_consumer.sql",
-    "postgres/0004_webhooks.sql",
-    "postgres/0005_calls_state_id.sql",
-    "postgres/0006_tasks.sql",
-    NULL,
+    "postgres/0001_producer.sql",         "postgres/0002_submit.sql",
+    "postgres/0003_consumer.sql",         "postgres/0004_webhooks.sql",
+    "postgres/0005_calls_state_id.sql",   "postgres/0006_tasks.sql",
+    "postgres/0007_hot_path_indexes.sql", NULL,
 };
 
 /* The advisory lock key of the migrations: any constant of our own ("onceq" in ASCII). */
