@@ -29,9 +29,11 @@ for mode in keyless keyed; do
     echo "produce $mode: $out"
     # The mock's group coordinator sometimes revokes a fresh assignment mid-consume (a
     # SyncGroup race of the mock): the consumer then stops short. Retry with a new group.
+    # A good try takes well under a second here, so a try that stalls gives up after 20 s
+    # (with 120 s, three stalled tries cost 6 minutes of `make bench`).
     for try in 1 2 3; do
         out=$("$KC" consume --brokers "$BROKERS" --topic "bench.$mode" --group "bench-$mode-$try" \
-            --max "$N" --quiet --timeout-ms 120000 -X session.timeout.ms=6000) && break
+            --max "$N" --quiet --timeout-ms 20000 -X session.timeout.ms=6000) && break
         echo "consume $mode: try $try stopped short (mock rebalance race), retrying" >&2
         ((try < 3)) || oq_fail "consume: $out"
     done
