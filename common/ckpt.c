@@ -16,7 +16,14 @@
  *     and the next one comes `frames` frames later (or at the interval).
  *   - When PASSIVE_CHASE checkpoints in a row still found new frames (writers that never
  *     pause), a FULL checkpoint ends the pass: it holds new writers off (FINISH_WAIT_MS at most)
- *     while it copies the last few frames, so the next write restarts the WAL.
+ *     while it copies the last few frames, so the next write restarts the WAL. A single writer
+ *     that has a moment between its transactions (the producer's, writer_finishes) does that
+ *     copy itself after every pass instead (oq_ckpt_finish, a PASSIVE on its own connection):
+ *     it then waits for no one, its clients were answered before it, and its next transaction
+ *     starts on a fully copied WAL, which is when SQLite restarts it. (A writer that never
+ *     pauses is always inside a transaction that began before the pass ended: without that
+ *     copy its WAL never restarts, and only the TRUNCATE at max_frames bounds it, holding the
+ *     writer off each time.)
  *   - Past max_frames (the passes did not get the WAL restarted: a reader that keeps old
  *     snapshots, or several in a row), a TRUNCATE, which holds new writers off for up to
  *     truncate_wait_ms while older readers finish, copies everything and empties the file. If
@@ -57,10 +64,12 @@ struct oq_ckpt {
     pthread_cond_t cv;
     /* under mu */
     int stop, wanted;
-    int frames; /* the WAL's size at the last reported commit */
-    int next;   /* frames that wake the next pass */
-    int dirty;  /* commits since the last pass began */
-    int tfails; /* TRUNCATEs that gave up in a row: the next try backs off */
+    int frames;          /* the WAL's size at the last reported commit */
+    int next;            /* frames that wake the next pass */
+    int dirty;           /* commits since the last pass began */
+    int tfails;          /* TRUNCATEs that gave up in a row: the next try backs off */
+    int writer_finishes; /* set once at creation */
+    int finish_due;      /* writer_finishes: the writer's next oq_ckpt_finish copies */
     oq_ckpt_stats_t st;
     oq_metric_t *m_pass, *m_finish, *m_truncates;
 };
@@ -154,7 +163,13 @@ static void run_pass(oq_ckpt_t *ck, int frames, int may_truncate)
         chased = 1;
     }
     oq_histogram_observe(ck->m_pass, (double)(oq_mono_us() - t0) / 1e6);
-    if (!complete && chased && rc == SQLITE_OK && done == log) {
+    if (ck->writer_finishes) {
+        /* even a pass that caught up: the writer that never pauses was already inside its next
+         * transaction, whose frames keep the WAL from restarting until it copies them */
+        pthread_mutex_lock(&ck->mu);
+        ck->finish_due = 1;
+        pthread_mutex_unlock(&ck->mu);
+    } else if (!complete && chased && rc == SQLITE_OK && done == log) {
         int64_t t1 = oq_mono_us();
         checkpoint(ck, SQLITE_CHECKPOINT_FULL, FINISH_WAIT_MS, &log, &done);
         oq_histogram_observe(ck->m_finish, (double)(oq_mono_us() - t1) / 1e6);
@@ -219,6 +234,7 @@ int oq_ckpt_new(const char *path, const oq_ckpt_opts_t *o, oq_ckpt_t **out, oq_e
     ck->max_frames = d.max_frames > ck->frames_step ? d.max_frames : 4 * ck->frames_step;
     ck->interval_ms = d.interval_ms > 0 ? d.interval_ms : 5000;
     ck->truncate_wait_ms = d.truncate_wait_ms > 0 ? d.truncate_wait_ms : 100;
+    ck->writer_finishes = d.writer_finishes != 0;
     ck->next = ck->frames_step;
     snprintf(ck->component, sizeof ck->component, "%s", d.component ? d.component : "db");
     pthread_mutex_init(&ck->mu, NULL);
@@ -273,6 +289,28 @@ void oq_ckpt_attach(oq_ckpt_t *ck, sqlite3 *db)
     snprintf(sql, sizeof sql, "PRAGMA journal_size_limit=%lld",
              (long long)ck->frames_step * 2 * (4096 + 24));
     sqlite3_exec(db, sql, NULL, NULL, NULL);
+}
+
+void oq_ckpt_finish(oq_ckpt_t *ck, sqlite3 *db)
+{
+    if (!ck || !db) return;
+    pthread_mutex_lock(&ck->mu);
+    int due = ck->finish_due;
+    ck->finish_due = 0;
+    pthread_mutex_unlock(&ck->mu);
+    if (!due) return;
+    int64_t t0 = oq_mono_us();
+    int log = 0, done = 0;
+    int rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    oq_histogram_observe(ck->m_finish, (double)(oq_mono_us() - t0) / 1e6);
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+        /* the thread's next pass is copying: try again after the writer's next transaction */
+        pthread_mutex_lock(&ck->mu);
+        ck->finish_due = 1;
+        pthread_mutex_unlock(&ck->mu);
+    } else if (rc != SQLITE_OK) {
+        OQ_LOG_WARN(ck->component, "checkpoint: %s", sqlite3_errmsg(db));
+    }
 }
 
 void oq_ckpt_stats(oq_ckpt_t *ck, oq_ckpt_stats_t *out)

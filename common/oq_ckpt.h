@@ -44,6 +44,10 @@ typedef struct oq_ckpt_opts {
     const char *component;     /**< log component; default "db" */
     oq_metrics_t *metrics;     /**< may be NULL; borrowed, outlives the checkpointer */
     const char *metric_prefix; /**< e.g. "onceq_producer": PREFIX_checkpoint_seconds, ... */
+    /** 1: the one writer finishes a pass itself, between its batches (oq_ckpt_finish), instead
+     *  of the thread's FULL checkpoint, which holds that writer off while it copies and syncs
+     *  (the producer's submits: p99 3.9 -> 13 ms, rate -15 % with the FULL) */
+    int writer_finishes;
 } oq_ckpt_opts_t;
 
 /** What a checkpointer did (tests, logs). */
@@ -72,6 +76,14 @@ int oq_ckpt_new(const char *path, const oq_ckpt_opts_t *o, oq_ckpt_t **out, oq_e
  *         Call from the thread that owns \p db, before it is used by another.
  */
 void oq_ckpt_attach(oq_ckpt_t *ck, sqlite3 *db);
+
+/**
+ * @brief With writer_finishes: when the last pass could not catch up with the writer, copy
+ *        the few frames written since, on the writer's own connection \p db, so that its
+ *        next transaction restarts the WAL; otherwise nothing (one mutex). Call between the
+ *        writer's transactions, after its clients were answered. \p ck may be NULL.
+ */
+void oq_ckpt_finish(oq_ckpt_t *ck, sqlite3 *db);
 
 /** @brief Counters so far; \p ck may be NULL (zeros). Thread-safe. */
 void oq_ckpt_stats(oq_ckpt_t *ck, oq_ckpt_stats_t *out);

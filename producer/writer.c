@@ -41,7 +41,9 @@
  * Checkpoints: SQLite's auto-checkpoint would copy ~1000 WAL frames into the database and fsync
  * it inside every ~45th commit, stalling that batch. The writer connection is attached to a
  * background checkpointer instead (common/oq_ckpt.h, the same one the consumers and the relay
- * run): its thread copies the WAL on a connection of its own and keeps it bounded.
+ * run): its thread copies the WAL on a connection of its own and keeps it bounded. When a pass
+ * cannot catch up with the writer, the writer copies the last few frames itself after
+ * answering its batch (oq_ckpt_finish), rather than being held off by a FULL checkpoint.
  *
  * PostgreSQL (a --db URI or keyword string): the same queue, batches and failure handling on
  * a libpq connection, through the store's begin/commit (producer/store_pg.c, which reconnects
@@ -439,6 +441,7 @@ static void *writer_main(void *arg)
             it->next = NULL;
             it->done(it, it->opaque);
         }
+        oq_ckpt_finish(w->ckpt, w->wdb); /* after the answers: see oq_ckpt.h */
         if (!w->results_only && oq_mono_us() >= w->next_dead_us) {
             dead_letters(w);
             task_retries(w);
@@ -573,7 +576,8 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
                              .synchronous = o->synchronous,
                              .component = "producer",
                              .metrics = o->metrics,
-                             .metric_prefix = "onceq_producer"};
+                             .metric_prefix = "onceq_producer",
+                             .writer_finishes = 1};
         if ((ret = oq_ckpt_new(path, &co, &w->ckpt, err))) goto out;
         oq_ckpt_attach(w->ckpt, w->wdb); /* the writer's commits never checkpoint */
     }
