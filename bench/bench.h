@@ -36,4 +36,13 @@ void oq__bench_procs(long root, int with_children, oq_bench_procs_t *out);
 /** @brief The PostgreSQL postmaster to account for (ONCEQ_BENCH_PG_PID), or 0. */
 long oq__bench_pg_pid(void);
 
+/**
+ * @brief A loopback TCP port free now, for a server a benchmark starts, or -1. Chosen below
+ *        the kernel's ephemeral range (as the tests' oq_free_port): a port the kernel picked
+ *        for bind(0) could be handed out again, between our check and the server's bind, to
+ *        another listener (the embedded broker's) or to an outgoing connection, and the
+ *        server then failed to start (a benchmark's "producer not healthy after 30 s").
+ */
+int oq__bench_free_port(void);
+
 #endif

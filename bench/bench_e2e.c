@@ -112,19 +112,7 @@ static char e2e_onceq[PATH_MAX];
 
 static int e2e_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+    return oq__bench_free_port(); /* below the ephemeral range: bench.h */
 }
 
 /* CPU seconds (utime + stime) of every child of \p parent, summed per subcommand name. */
@@ -364,6 +352,28 @@ static pid_t e2e_start_up(const char *dir, int port, int consumers, const char *
     }
     args[n] = NULL;
     return e2e_spawn(args, log);
+}
+
+/* After a start that failed: the last lines of up's and the producer's logs on stderr, so a
+ * failure in a test that then removes \p dir can still be read. */
+static void e2e_tail_logs(const char *dir)
+{
+    static const char *const names[] = {"up.log", "producer.log"};
+    for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
+        char path[PATH_MAX + 16], line[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[n]);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        long keep[20] = {0};
+        int k = 0;
+        for (long at = ftell(f); fgets(line, sizeof line, f); at = ftell(f))
+            keep[k++ % 20] = at;
+        fprintf(stderr, "---- last lines of %s ----\n", path);
+        fseek(f, keep[k > 20 ? k % 20 : 0], SEEK_SET);
+        while (fgets(line, sizeof line, f))
+            fputs(line, stderr);
+        fclose(f);
+    }
 }
 
 static int e2e_healthy(int port, int tenths)
@@ -635,6 +645,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     fflush(stdout);
     if (!e2e_healthy(port, 300)) {
         fprintf(stderr, "onceq-bench e2e: producer not healthy after 30 s (see %s/up.log)\n", dir);
+        e2e_tail_logs(dir);
         goto out;
     }
     lo.host = "127.0.0.1";
@@ -1060,6 +1071,7 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     up = e2e_start_up(dir, port, consumers, tools);
     if (up <= 0 || !e2e_healthy(port, 300)) {
         fprintf(stderr, "onceq-bench e2e: producer not healthy (see %s/up.log)\n", dir);
+        e2e_tail_logs(dir);
         goto out;
     }
     printf("onceq-bench e2e --tasks: onceq up pid=%d dir=%s, onceq-downstream pid=%d on %s\n",

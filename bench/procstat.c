@@ -10,7 +10,11 @@
  * same machine are not counted. A process that ends between two samples is lost from the
  * second one, so runs sample processes that live through them (the daemons, the server).
  */
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,4 +87,30 @@ long oq__bench_pg_pid(void)
 {
     const char *s = getenv("ONCEQ_BENCH_PG_PID");
     return s && *s ? strtol(s, NULL, 10) : 0;
+}
+
+int oq__bench_free_port(void)
+{
+    int lo = 32768, hi = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+        fclose(f);
+    }
+    if (lo <= 12000) lo = 61000; /* an unusual range: above it instead */
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL) ^ (unsigned)clock();
+    for (int i = 0; i < 200; i++) {
+        int port = 10000 + (int)(rand_r(&seed) % (unsigned)(lo - 10000));
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) return -1;
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return port;
+    }
+    return -1;
 }
