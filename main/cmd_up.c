@@ -33,11 +33,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -49,6 +53,7 @@
 #include "oq_consumer.h"
 #include "oq_envelope.h"
 #include "oq_log.h"
+#include "oq_metrics.h"
 #include "oq_pg.h"
 #include "oq_util.h"
 
@@ -587,6 +592,60 @@ static int up_check_db(const char *url)
     return rc == 0 ? OQ_EXIT_OK : OQ_EXIT_FAIL;
 }
 
+/*
+ * Before any child starts: can the addresses the children will listen on be bound? A child
+ * that cannot bind exits and would be restarted with backoff for ever, while up prints a URL
+ * that some other process answers (a second `onceq up` on the default console port, say). So
+ * an address in use is one clear error and exit 1 here. The same SO_REUSEADDR as the servers
+ * (libmicrohttpd sets it), so a port left in TIME_WAIT by a previous run is not refused.
+ * A port taken between this check and the child's bind still ends in the child's restarts.
+ */
+static int up_check_listen(const char *flag, const char *listen, const char *hint)
+{
+    char host[64];
+    int port = 0;
+    oq_error_t err = {0};
+    if (oq_parse_listen(listen, host, &port, &err) != 0) {
+        fprintf(stderr, "onceq up: --%s %s: %s\n", flag, listen, err.msg);
+        return OQ_EXIT_USAGE;
+    }
+    if (port == 0) return OQ_EXIT_OK; /* any free port: nothing to check */
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return OQ_EXIT_OK; /* the child says why */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return OQ_EXIT_OK;
+    int one = 1, rc = OQ_EXIT_OK;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 &&
+        (errno == EADDRINUSE || errno == EADDRNOTAVAIL || errno == EACCES)) {
+        fprintf(stderr, "onceq up: --%s: %s: %s (another onceq up or another server? %s)\n", flag,
+                listen, strerror(errno), hint);
+        rc = OQ_EXIT_FAIL;
+    }
+    close(fd);
+    return rc;
+}
+
+static int up_check_ports(const oq_config_t *cfg)
+{
+    int rc = up_check_listen("listen", oq_config_str(cfg, "listen"),
+                             "choose another with --listen HOST:PORT");
+    const char *cl = oq_config_str(cfg, "console");
+    if (rc == OQ_EXIT_OK && cl && cl[0])
+        rc = up_check_listen("console", cl,
+                             "choose another with --console HOST:PORT, or --console \"\" for none");
+    /* the relay on BASE, consumer-K on BASE+K */
+    int base = (int)oq_config_int(cfg, "metrics-base-port");
+    int nc = (int)oq_config_int(cfg, "consumers");
+    for (int i = 0; rc == OQ_EXIT_OK && base > 0 && i <= nc; i++) {
+        char addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", base + i);
+        rc = up_check_listen("metrics-base-port", addr,
+                             "choose another base with --metrics-base-port P (P to P+consumers)");
+    }
+    return rc;
+}
+
 int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
@@ -631,6 +690,8 @@ int oq__cmd_up(int argc, char **argv)
         rc = OQ_EXIT_USAGE;
         goto out;
     }
+    if ((rc = up_check_ports(cfg)) != OQ_EXIT_OK) goto out;
+    rc = OQ_EXIT_FAIL;
     const char *dir = oq_config_str(cfg, "dir");
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         fprintf(stderr, "onceq up: mkdir %s: %s\n", dir, strerror(errno));

@@ -25,6 +25,23 @@ id=$(curl -s -X POST "http://127.0.0.1:$PORT/v1/tool-calls" -H 'Idempotency-Key:
 curl -sf "$U/api/metrics/0" | grep -q '^onceq_producer_calls' || oq_fail "the producer's metrics through the console"
 curl -sf "$U/" | grep -q '<title>onceq console</title>' || oq_fail "no page"
 oq_pass "onceq up: console at $U (calls.db, effects.db, the producer's /metrics)"
+# A second `onceq up` on the same console (or producer) address is one clear error, at once,
+# and starts nothing: before, its console restarted with backoff for ever while the banner gave
+# the first pipeline's console as its own.
+D2=$T/up2
+PORT2=$(oq_free_port)
+timeout 20 "$ONCEQ_BIN" up --dir "$D2" --listen "127.0.0.1:$PORT2" --consumers 1 \
+    --console "127.0.0.1:$CPORT" >"$T/up2.log" 2>&1
+rc=$?
+[[ $rc == 1 ]] || oq_fail "second up on a console address in use: exit $rc, want 1: $(tail -3 "$T/up2.log")"
+grep -q -- "--console: 127.0.0.1:$CPORT: Address already in use" "$T/up2.log" || oq_fail "no clear error: $(cat "$T/up2.log")"
+[[ ! -e $D2 ]] || oq_fail "second up created $D2"
+timeout 20 "$ONCEQ_BIN" up --dir "$D2" --listen "127.0.0.1:$PORT" --consumers 1 --console "" \
+    >"$T/up3.log" 2>&1
+rc=$?
+[[ $rc == 1 ]] && grep -q -- "--listen: 127.0.0.1:$PORT: Address already in use" "$T/up3.log" ||
+    oq_fail "second up on the producer's address in use: exit $rc: $(tail -3 "$T/up3.log")"
+oq_pass "a second onceq up on an address in use: exit 1 with the address, nothing started"
 oq_kill up
 pgrep -f "onceq console --producer-db $D/calls.db" >/dev/null && oq_fail "console left running"
 oq_pass "SIGTERM to onceq up stops the console"
