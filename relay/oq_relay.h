@@ -100,6 +100,10 @@ typedef struct oq_relay_opts {
                                        0 disables cleanup */
     int cleanup_batch;            /**< rows per cleanup DELETE transaction; default 1000 */
     int poll_max_ms;              /**< idle data_version poll cap; default 5 */
+    int partial_wait_ms;          /**< after a batch that did not fill (the relay had caught
+                                       up), the next read waits until every message in flight
+                                       has its delivery report, or this long at most; default
+                                       100 (see relay.c, "Partial batches"); 0: no wait */
     int watch_wal;                /**< 1: while idle, also watch the SQLite WAL file (Linux
                                        inotify) and wake on another process's commit instead
                                        of at the next poll (the `onceq relay` process, whose

@@ -487,6 +487,64 @@ static void test_idle_relay_sends_without_linger(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* Partial batches: rows committed one by one while a batch that did not fill is in flight are
+ * not read as batches of their own; they wait for its delivery reports (or partial_wait_ms)
+ * and go out together, each exactly once. With a 2 s round trip and partial_wait_ms at 10 s,
+ * the relay that read each commit at once (before) had produced all 7 rows within ~200 ms. */
+static void test_partial_batch_waits_for_reports(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
+    oq_relay_opts_t o = opts("P");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.stop_timeout_ms = 10000;
+    o.partial_wait_ms = 10000;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    oq_relay_stats_t s;
+    append_rows(1); /* warm: producer id and metadata before the round trips grow */
+    int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+    do {
+        oq_sleep_ms(10, NULL);
+        oq_relay_stats(r, &s);
+    } while (s.published < 1 && oq_mono_us() < deadline);
+    assert_int_equal(s.published, 1);
+    for (int b = 1; b <= 3; b++)
+        assert_int_equal(rd_kafka_mock_broker_set_rtt(mcl, b, 2000), 0);
+    append_rows(1); /* a batch of one, in flight for ~2 s */
+    deadline = oq_mono_us() + 5 * 1000000LL;
+    do {
+        oq_sleep_ms(2, NULL);
+        oq_relay_stats(r, &s);
+    } while (s.produced < 2 && oq_mono_us() < deadline);
+    assert_int_equal(s.produced, 2);
+    for (int i = 0; i < 5; i++) { /* five commits of one row while it is in flight */
+        oq_sleep_ms(30, NULL);
+        append_rows(1);
+    }
+    oq_sleep_ms(100, NULL);
+    oq_relay_stats(r, &s);
+    print_message("produced %" PRIu64 " inflight %d before the reports\n", s.produced, s.inflight);
+    assert_int_equal(s.produced, 2); /* held until the batch in flight is reported */
+    deadline = oq_mono_us() + 30 * 1000000LL;
+    while (oq_mono_us() < deadline &&
+           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 7)
+        oq_sleep_ms(20, NULL);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 7);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_stats(r, &s);
+    assert_int_equal(s.produced, 7);
+    assert_int_equal(s.delivery_errors, 0);
+    oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -498,6 +556,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
