@@ -27,6 +27,12 @@
 # went to the JVMs' JIT compilers (still warming up on a young cluster: a longer --warmup
 # leaves less of it in the measured run, as on a long-running cluster), and the onceq
 # processes' CPU.
+# Requests: every onceq Kafka client writes librdkafka's statistics once a second
+# (ONCEQ_KAFKA_STATS_DIR, common/kafka.c); the e2e block prints the requests per call by type
+# (the difference of two snapshots around the measured run, over all onceq clients), then by
+# client (process/handle kind: the producer's results consumer, the relay's producer, the
+# consumers' consumer and their producers: result relay, DLQ, readiness), the messages per
+# Produce request, and the idle pipeline's requests per second.
 # `onceq up` picks its clients' kafka-profile itself (mock on the embedded broker, real with
 # --brokers); --up-arg passes one more argument to it (e.g. --up-arg -X --up-arg linger.ms=5).
 # --no-relay skips the relay blocks; --idle 0 skips the idle measurement.
@@ -110,6 +116,36 @@ rss_mib() { # resident MiB of each pid given, space-separated
     for p in "$@"; do ps -o rss= -p "$p" 2>/dev/null | awk '{printf "%.0f ", $1 / 1024}'; done
 }
 
+kstats_snap() { # kstats_snap DIR: "client type count" lines, summed over DIR's statistics files
+    local f pid kind
+    for f in "$1"/*.json; do
+        [[ -e "$f" ]] || continue
+        pid=${f##*/}
+        pid=${pid%%-*}
+        kind=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | awk '{print $2}')
+        jq -r --arg k "${kind:-gone}" '.type as $t |
+            ((.brokers[] | .req | to_entries[] | select(.value > 0) | "\($k)/\($t) \(.key) \(.value)"),
+             "\($k)/\($t) _txmsgs \(.txmsgs)", "\($k)/\($t) _rxmsgs \(.rxmsgs)")' "$f" 2>/dev/null
+    done | awk '{s[$1 " " $2] += $3} END {for (k in s) print k, s[k]}'
+}
+kstats_delta() { # kstats_delta BEFORE AFTER: "client type count" over the interval
+    awk 'NR == FNR {b[$1 " " $2] = $3; next} {d = $3 - b[$1 " " $2]; if (d > 0) print $1, $2, d}' "$1" "$2"
+}
+kstats_report() { # kstats_report DELTA DIVISOR UNIT: requests by type per UNIT, all clients then by client
+    local f=$1 n=$2 unit=$3
+    awk -v n="$n" -v u="$unit" '
+        $2 !~ /^_/ {t[$2] += $3; c[$1] = c[$1] sprintf(" %s %.3f", $2, $3 / n); tot += $3; ct[$1] += $3}
+        $2 == "Produce" {p[$1] = $3}
+        $2 == "_txmsgs" {m[$1] = $3}
+        END {
+            line = ""; for (k in t) line = line sprintf(" %s %.3f,", k, t[k] / n)
+            printf "Kafka requests per %s by type:%s total %.3f\n", u, line, tot / n
+            for (k in c) printf "  %s (%.3f):%s\n", k, ct[k] / n, c[k]
+            line = ""; for (k in p) if (p[k] > 0) line = line sprintf(" %s %.1f,", k, m[k] / p[k])
+            if (line != "") printf "  messages per Produce request:%s\n", substr(line, 1, length(line) - 1)
+        }' "$f"
+}
+
 # --- the real cluster --------------------------------------------------------------------------
 REAL=
 JAVA_PIDS=()
@@ -184,7 +220,9 @@ bench_e2e() { # bench_e2e mock|real
     fi
     # `onceq up` chooses the clients' kafka-profile by its brokers; a value left in the
     # environment by oq_start_broker (the relay block) must not reach it
-    oq_spawn "up-$target" env -u ONCEQ_KAFKA_PROFILE "$ONCEQ_BIN" up --dir "$d" \
+    local ks=$T/kstats-$target
+    mkdir -p "$ks"
+    oq_spawn "up-$target" env -u ONCEQ_KAFKA_PROFILE ONCEQ_KAFKA_STATS_DIR="$ks" "$ONCEQ_BIN" up --dir "$d" \
         --consumers "$consumers" --listen "127.0.0.1:$port" "${bargs[@]}" "${up_args[@]}"
     oq_wait_for 60 curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" ||
         oq_fail "$target: producer not healthy"
@@ -202,7 +240,10 @@ bench_e2e() { # bench_e2e mock|real
         oq_fail "$target: warm-up not drained"
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
+        kstats_snap "$ks" >"$T/ks-idle0-$target"
         idle1=$(idle_cores "${pids[@]}")
+        sleep 1.2 # the statistics' interval
+        kstats_snap "$ks" >"$T/ks-idle1-$target"
     fi
 
     echo
@@ -210,6 +251,7 @@ bench_e2e() { # bench_e2e mock|real
     local kids=() k0 k1
     kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
     k0=$(cpu_s "${kids[@]}")
+    kstats_snap "$ks" >"$T/ks-0-$target"
     local t0=$EPOCHREALTIME t1 j0 j1
     j0=$(jit_s "${pids[@]}")
     c0=$(cpu_s "${pids[@]}")
@@ -220,6 +262,8 @@ bench_e2e() { # bench_e2e mock|real
     t1=$EPOCHREALTIME
     j1=$(jit_s "${pids[@]}")
     k1=$(cpu_s "${kids[@]}")
+    sleep 1.2 # the statistics' interval: the last requests of the run are in the files
+    kstats_snap "$ks" >"$T/ks-1-$target"
     grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
     r=$(q "$d/calls.db" "
         WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
@@ -245,6 +289,12 @@ bench_e2e() { # bench_e2e mock|real
         else
             echo "broker CPU at idle (${idle} s): idle pipeline $idle1 cores"
         fi
+    fi
+    kstats_delta "$T/ks-0-$target" "$T/ks-1-$target" >"$T/ks-run-$target"
+    kstats_report "$T/ks-run-$target" "$calls" call
+    if ((idle > 0)); then
+        kstats_delta "$T/ks-idle0-$target" "$T/ks-idle1-$target" >"$T/ks-idle-$target"
+        kstats_report "$T/ks-idle-$target" "$idle" "second at idle" | head -1
     fi
     oq_kill "up-$target"
     return 0
