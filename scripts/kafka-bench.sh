@@ -104,12 +104,23 @@ jit_s() { # CPU seconds of the JVMs' JIT compiler threads (C1/C2 CompilerThread)
     done
     awk -v t="$total" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
 }
-idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores
-    local a b
+threads_cpu() { # threads_cpu PID...: "kind ticks" per thread kind (its name without digits), summed
+    local p
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            printf '%s %s\n' "$(tr -d '0-9 ' <"$t/comm" 2>/dev/null)" \
+                "$(awk '{print $14 + $15}' "$t/stat" 2>/dev/null)"
+        done
+    done | awk 'NF == 2 {s[$1] += $2} END {for (k in s) print k, s[k]}'
+}
+idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores, then that of their JIT threads
+    local a b ja jb
     a=$(cpu_s "$@")
+    ja=$(jit_s "$@")
     sleep "$idle"
     b=$(cpu_s "$@")
-    awk -v a="$a" -v b="$b" -v s="$idle" 'BEGIN {printf "%.3f", (b - a) / s}'
+    jb=$(jit_s "$@")
+    awk -v a="$a" -v b="$b" -v ja="$ja" -v jb="$jb" -v s="$idle" 'BEGIN {printf "%.3f %.3f", (b - a) / s, (jb - ja) / s}'
 }
 rss_mib() { # resident MiB of each pid given, space-separated
     local p
@@ -130,6 +141,10 @@ kstats_snap() { # kstats_snap DIR: "client type count" lines, summed over DIR's 
 }
 kstats_delta() { # kstats_delta BEFORE AFTER: "client type count" over the interval
     awk 'NR == FNR {b[$1 " " $2] = $3; next} {d = $3 - b[$1 " " $2]; if (d > 0) print $1, $2, d}' "$1" "$2"
+}
+kstats_less_idle() { # kstats_less_idle RUN IDLE IDLE_S MARGIN_S: RUN less IDLE's rates over MARGIN_S
+    awk -v s="$3" -v m="$4" 'NR == FNR {r[$1 " " $2] = $3 / s; next}
+        {d = $3 - ($2 ~ /^_/ ? 0 : r[$1 " " $2] * m); if (d > 0) print $1, $2, d}' "$2" "$1"
 }
 kstats_report() { # kstats_report DELTA DIVISOR UNIT: requests by type per UNIT, all clients then by client
     local f=$1 n=$2 unit=$3
@@ -207,7 +222,7 @@ drained() { # drained DB PREFIX N: N calls with that key prefix, none pending or
 
 E2E_RATE=()
 bench_e2e() { # bench_e2e mock|real
-    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i idle0= idle1= r
+    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i idle0= idle1= idle0j= r
     mkdir -p "$d"
     port=$(oq_free_port)
     if [[ $target == real ]]; then
@@ -216,7 +231,9 @@ bench_e2e() { # bench_e2e mock|real
         pids=("${JAVA_PIDS[@]}")
         # no onceq client: the cluster's own idle cost (the embedded broker has none to measure
         # before `onceq up` starts it)
-        ((idle > 0)) && idle0=$(idle_cores "${pids[@]}")
+        if ((idle > 0)); then
+            read -r idle0 idle0j < <(idle_cores "${pids[@]}")
+        fi
     fi
     # `onceq up` chooses the clients' kafka-profile by its brokers; a value left in the
     # environment by oq_start_broker (the relay block) must not reach it
@@ -240,10 +257,13 @@ bench_e2e() { # bench_e2e mock|real
         oq_fail "$target: warm-up not drained"
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
+        local ki0=$EPOCHREALTIME ki1
         kstats_snap "$ks" >"$T/ks-idle0-$target"
-        idle1=$(idle_cores "${pids[@]}")
+        read -r idle1 _ < <(idle_cores "${pids[@]}")
         sleep 1.2 # the statistics' interval
         kstats_snap "$ks" >"$T/ks-idle1-$target"
+        ki1=$EPOCHREALTIME
+        kstats_delta "$T/ks-idle0-$target" "$T/ks-idle1-$target" >"$T/ks-idle-$target"
     fi
 
     echo
@@ -251,9 +271,11 @@ bench_e2e() { # bench_e2e mock|real
     local kids=() k0 k1
     kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
     k0=$(cpu_s "${kids[@]}")
+    local ks0=$EPOCHREALTIME ks1
     kstats_snap "$ks" >"$T/ks-0-$target"
     local t0=$EPOCHREALTIME t1 j0 j1
     j0=$(jit_s "${pids[@]}")
+    [[ $target == real ]] && threads_cpu "${pids[@]}" >"$T/thr-0"
     c0=$(cpu_s "${pids[@]}")
     "$LOAD" --port "$port" --calls "$calls" --rate "$rate" --conns "$conns" --prefix "run-$target" \
         --mix 60,40,0,0,0 >"$T/run-$target.out" 2>&1 || oq_fail "$target: load failed: $(cat "$T/run-$target.out")"
@@ -261,9 +283,11 @@ bench_e2e() { # bench_e2e mock|real
     c1=$(cpu_s "${pids[@]}")
     t1=$EPOCHREALTIME
     j1=$(jit_s "${pids[@]}")
+    [[ $target == real ]] && threads_cpu "${pids[@]}" >"$T/thr-1"
     k1=$(cpu_s "${kids[@]}")
     sleep 1.2 # the statistics' interval: the last requests of the run are in the files
     kstats_snap "$ks" >"$T/ks-1-$target"
+    ks1=$EPOCHREALTIME
     grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
     r=$(q "$d/calls.db" "
         WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
@@ -282,19 +306,30 @@ bench_e2e() { # bench_e2e mock|real
     # the cluster's own idle cost (KRaft, group and log housekeeping) over the run is not the
     # calls' cost: what is above it, per call
     [[ -n "$idle0" ]] && echo "broker CPU above the no-client idle: $(awk -v a="$c0" -v b="$c1" -v i="$idle0" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - i * (e - s)) * 1000 / n}') ms per call (the run took $(awk -v s="$t0" -v e="$t1" 'BEGIN {printf "%.1f", e - s}') s)"
+    [[ $target == real ]] && echo "broker CPU without the JIT threads: $(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - (jb - ja)) * 1000 / n}') ms per call${idle0:+; above the no-client idle, JIT left out of both: $(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" -v i="$idle0" -v ij="$idle0j" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - (jb - ja) - (i - ij) * (e - s)) * 1000 / n}') ms per call}"
+    [[ $target == real ]] && echo "brokers' CPU by thread kind, ms per call: $(awk -v k="$TICK" -v n="$calls" 'NR == FNR {a[$1] = $2; next}
+        {d = ($2 - a[$1]) * 1000 / k / n; if (d >= 0.005) printf "%s %.3f\n", $1, d}' "$T/thr-0" "$T/thr-1" | sort -k2 -rn | head -8 | paste -sd, - | sed 's/,/, /g')"
     echo "onceq processes' CPU during the run (producer, relay, consumers): $(awk -v a="$k0" -v b="$k1" -v n="$calls" 'BEGIN {printf "%.1f s, %.3f ms per call", b - a, (b - a) * 1000 / n}')"
     if ((idle > 0)); then
         if [[ -n "$idle0" ]]; then
-            echo "broker CPU at idle (${idle} s each): no client $idle0 cores, idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
+            echo "broker CPU at idle (${idle} s each): no client $idle0 cores ($idle0j in JIT threads), idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
         else
             echo "broker CPU at idle (${idle} s): idle pipeline $idle1 cores"
         fi
     fi
     kstats_delta "$T/ks-0-$target" "$T/ks-1-$target" >"$T/ks-run-$target"
-    kstats_report "$T/ks-run-$target" "$calls" call
     if ((idle > 0)); then
-        kstats_delta "$T/ks-idle0-$target" "$T/ks-idle1-$target" >"$T/ks-idle-$target"
-        kstats_report "$T/ks-idle-$target" "$idle" "second at idle" | head -1
+        # the snapshots span the run and a margin (the pause after it, files up to 1 s old):
+        # the idle pipeline's own requests over that margin are not the calls'
+        local isec margin
+        isec=$(awk -v a="$ki0" -v b="$ki1" 'BEGIN {print b - a}')
+        margin=$(awk -v a="$ks0" -v b="$ks1" -v s="$t0" -v e="$t1" 'BEGIN {m = (b - a) - (e - s); print (m > 0 ? m : 0)}')
+        kstats_less_idle "$T/ks-run-$target" "$T/ks-idle-$target" "$isec" "$margin" >"$T/ks-net-$target"
+        kstats_report "$T/ks-net-$target" "$calls" call
+        echo "  (less the idle pipeline's requests over the $(printf %.1f "$margin") s the snapshots add around the run)"
+        kstats_report "$T/ks-idle-$target" "$isec" "second at idle" | head -1
+    else
+        kstats_report "$T/ks-run-$target" "$calls" call
     fi
     oq_kill "up-$target"
     return 0
