@@ -25,8 +25,10 @@
 # Kafka it also gives the CPU per call above the no-client idle rate (the cluster's own
 # housekeeping over the run's duration is not the calls' cost), how much of the brokers' CPU
 # went to the JVMs' JIT compilers (still warming up on a young cluster: a longer --warmup
-# leaves less of it in the measured run, as on a long-running cluster), and the onceq
-# processes' CPU.
+# leaves less of it in the measured run, as on a long-running cluster; it fades only after
+# some 100,000 calls through a cluster, so the block also gives the CPU per call without the
+# JIT threads, and above the no-client idle with the JIT left out of both), the brokers' CPU
+# by thread kind (request handlers, replica fetchers, JIT ...), and the onceq processes' CPU.
 # Requests: every onceq Kafka client writes librdkafka's statistics once a second
 # (ONCEQ_KAFKA_STATS_DIR, common/kafka.c); the e2e block prints the requests per call by type
 # (the difference of two snapshots around the measured run, over all onceq clients), then by
