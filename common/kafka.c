@@ -140,8 +140,11 @@ static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque)
     (void)opaque;
     const char *dir = getenv("ONCEQ_KAFKA_STATS_DIR");
     if (!dir || !*dir) return 0;
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%ld-%s.json", dir, (long)getpid(), rd_kafka_name(rk));
+    char name[256], path[4096], tmp[4200];
+    snprintf(name, sizeof name, "%s", rd_kafka_name(rk)); /* "<client.id>#producer-1" */
+    for (char *p = name; *p; p++)
+        if (*p == '/') *p = '_'; /* a client.id (the consumer's worker id) is not a path */
+    snprintf(path, sizeof path, "%s/%ld-%s.json", dir, (long)getpid(), name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return 0;
