@@ -272,9 +272,9 @@ bench_e2e() { # bench_e2e mock|real
     echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}${up_args[*]:+ ${up_args[*]}}; $calls calls, rate $rate, $conns conns"
     local kids=() k0 k1
     kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
-    k0=$(cpu_s "${kids[@]}")
     local ks0=$EPOCHREALTIME ks1
     kstats_snap "$ks" >"$T/ks-0-$target"
+    k0=$(cpu_s "${kids[@]}") # after the snapshot: its pause is not the run's
     local t0=$EPOCHREALTIME t1 j0 j1
     j0=$(jit_s "${pids[@]}")
     [[ $target == real ]] && threads_cpu "${pids[@]}" >"$T/thr-0"
