@@ -153,8 +153,10 @@ done
 
 # 10. Real Kafka: the e2e closed loop on the embedded broker and on a 3-node KRaft cluster that
 # scripts/kafka-bench.sh starts (and stops by pid), in one run, with the brokers' CPU.
-# A freshly started cluster spends its first seconds compiling (the JVMs' JIT): the warm-up
-# calls, not measured, leave most of that out of the run, as on a long-running cluster.
+# A freshly started cluster spends its first ~100,000 calls compiling (the JVMs' JIT: 3-5 s of
+# a run's 7-11 s of broker CPU after 5,000, 20,000 or 40,000 warm-up calls alike; docs/SCALING.md,
+# "Real Kafka"), so a longer warm-up does not buy a steady state here: read the brokers' CPU
+# per call "without the JIT threads" that the script prints beside the whole.
 K_CALLS=$(((quick)) && echo 5000 || echo 10000) K_WARM=$(((quick)) && echo 1000 || echo 5000)
 echo; echo "## 10. scripts/kafka-bench.sh --no-relay --calls $K_CALLS --warmup $K_WARM (e2e, embedded broker vs real Kafka, brokers' CPU per call and at idle)"
 if ! command -v java >/dev/null || ! command -v kcat >/dev/null; then

@@ -24,6 +24,15 @@
  * not held for an ACK), and the consumers commit stored offsets at most once per
  * OQ_KAFKA_COMMIT_INTERVAL_MS (consumer/worker.c, producer/ingest.c).
  *
+ * Request counts. With ONCEQ_KAFKA_STATS_DIR set, every handle built here emits librdkafka's
+ * statistics once a second (statistics.interval.ms=1000) and each one is written, whole, to
+ * DIR/<pid>-<handle name>.json (a temporary file renamed over the last one, so a reader never
+ * sees half of it): cumulative per-broker request counts by type (brokers[].req.Produce,
+ * Fetch, OffsetCommit, Metadata ...), messages and bytes. scripts/kafka-bench.sh reads two
+ * snapshots around its measured run and prints the requests per call by type. The statistics
+ * are served by the handle's poll, so a handle that is never polled for anything else (the
+ * readiness probes) polls once per probe. Off (no statistics at all) when the variable is unset.
+ *
  * Scoping. A command runs producers and consumers alike (the consumer has a DLQ producer and
  * a result relay, the producer a results consumer), and librdkafka warns (CONFWARN) about a
  * consumer property on a producer handle and the other way round. So a property reaches only
@@ -39,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err)
 {
@@ -123,6 +133,36 @@ int oq_kafka_conf_apply(rd_kafka_conf_t *conf, oq_kafka_role_t role, const oq_co
     return 0;
 }
 
+/* --- statistics (ONCEQ_KAFKA_STATS_DIR) ------------------------------------------------------ */
+
+static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque)
+{
+    (void)opaque;
+    const char *dir = getenv("ONCEQ_KAFKA_STATS_DIR");
+    if (!dir || !*dir) return 0;
+    char name[256], path[4096], tmp[4200];
+    snprintf(name, sizeof name, "%s", rd_kafka_name(rk)); /* "<client.id>#producer-1" */
+    for (char *p = name; *p; p++)
+        if (*p == '/') *p = '_'; /* a client.id (the consumer's worker id) is not a path */
+    snprintf(path, sizeof path, "%s/%ld-%s.json", dir, (long)getpid(), name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return 0;
+    int ok = fwrite(json, 1, len, f) == len;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+    return 0; /* librdkafka frees json */
+}
+
+static int stats_enable(rd_kafka_conf_t *conf, oq_error_t *err)
+{
+    const char *dir = getenv("ONCEQ_KAFKA_STATS_DIR");
+    if (!dir || !*dir) return 0;
+    if (oq_kafka_conf_set(conf, "statistics.interval.ms", "1000", err) != 0) return -1;
+    rd_kafka_conf_set_stats_cb(conf, stats_cb);
+    return 0;
+}
+
 int oq_kafka_profile_mock(const oq_config_t *cfg)
 {
     if (!cfg || !oq_config_has(cfg, "kafka-profile")) return 0;
@@ -144,7 +184,7 @@ rd_kafka_conf_t *oq_kafka_conf_new(oq_kafka_role_t role, const char *brokers,
          oq_kafka_conf_set(conf, "fetch.wait.max.ms", oq_kafka_profile_mock(cfg) ? "1" : "500",
                            err) != 0) ||
         oq_kafka_conf_set(conf, "socket.nagle.disable", "true", err) != 0 ||
-        oq_kafka_conf_apply(conf, role, cfg, err) != 0) {
+        stats_enable(conf, err) != 0 || oq_kafka_conf_apply(conf, role, cfg, err) != 0) {
         rd_kafka_conf_destroy(conf);
         return NULL;
     }

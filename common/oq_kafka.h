@@ -26,7 +26,9 @@ int oq_kafka_profile_mock(const oq_config_t *cfg);
  *        the defaults of \p cfg's `kafka-profile` (socket.nagle.disable=true; for consumers
  *        fetch.wait.max.ms=500 on real brokers, 5 on the embedded broker: common/kafka.c),
  *        then the user's -X / kafka.* properties from \p cfg (may be NULL) that are for this
- *        kind of client (oq_kafka_conf_apply), which override the defaults.
+ *        kind of client (oq_kafka_conf_apply), which override the defaults. With
+ *        ONCEQ_KAFKA_STATS_DIR set, the handle also writes librdkafka's statistics once a
+ *        second to DIR/<pid>-<handle name>.json (common/kafka.c, "Request counts").
  * @returns the conf (caller owns it until passed to rd_kafka_new), or NULL with \p err filled
  *          (OQ_EINVAL for an unknown property or bad value).
  */

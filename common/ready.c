@@ -174,6 +174,7 @@ static int check_kafka(void *arg, char *out, size_t cap)
 {
     oq_ready_t *r = arg;
     const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_poll(r->rk, 0); /* nothing else polls this handle: its statistics (common/kafka.c) */
     rd_kafka_resp_err_t e = rd_kafka_metadata(r->rk, 0, NULL, &md, READY_PERIOD_MS);
     if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
         snprintf(out, cap, "unreachable: no broker answered within %d ms: %s", READY_PERIOD_MS,

@@ -376,6 +376,7 @@ void oq_ingest_stop(oq_ingest_t *in)
 int oq_ingest_probe(oq_ingest_t *in, int timeout_ms, oq_error_t *err)
 {
     const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_poll(in->probe_rk, 0); /* nothing else polls it: its statistics (common/kafka.c) */
     rd_kafka_resp_err_t e = rd_kafka_metadata(in->probe_rk, 0, NULL, &md, timeout_ms);
     if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
         return oq_error_set(err, OQ_EKAFKA, e, "no broker answered within %d ms: %s", timeout_ms,

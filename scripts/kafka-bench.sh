@@ -25,8 +25,16 @@
 # Kafka it also gives the CPU per call above the no-client idle rate (the cluster's own
 # housekeeping over the run's duration is not the calls' cost), how much of the brokers' CPU
 # went to the JVMs' JIT compilers (still warming up on a young cluster: a longer --warmup
-# leaves less of it in the measured run, as on a long-running cluster), and the onceq
-# processes' CPU.
+# leaves less of it in the measured run, as on a long-running cluster; it fades only after
+# some 100,000 calls through a cluster, so the block also gives the CPU per call without the
+# JIT threads, and above the no-client idle with the JIT left out of both), the brokers' CPU
+# by thread kind (request handlers, replica fetchers, JIT ...), and the onceq processes' CPU.
+# Requests: every onceq Kafka client writes librdkafka's statistics once a second
+# (ONCEQ_KAFKA_STATS_DIR, common/kafka.c); the e2e block prints the requests per call by type
+# (the difference of two snapshots around the measured run, over all onceq clients), then by
+# client (process/handle kind: the producer's results consumer, the relay's producer, the
+# consumers' consumer and their producers: result relay, DLQ, readiness), the messages per
+# Produce request, and the idle pipeline's requests per second.
 # `onceq up` picks its clients' kafka-profile itself (mock on the embedded broker, real with
 # --brokers); --up-arg passes one more argument to it (e.g. --up-arg -X --up-arg linger.ms=5).
 # --no-relay skips the relay blocks; --idle 0 skips the idle measurement.
@@ -98,16 +106,61 @@ jit_s() { # CPU seconds of the JVMs' JIT compiler threads (C1/C2 CompilerThread)
     done
     awk -v t="$total" -v k="$TICK" 'BEGIN {printf "%.2f", t / k}'
 }
-idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores
-    local a b
+threads_cpu() { # threads_cpu PID...: "kind ticks" per thread kind (its name without digits), summed
+    local p
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            printf '%s %s\n' "$(tr -d '0-9 ' <"$t/comm" 2>/dev/null)" \
+                "$(awk '{print $14 + $15}' "$t/stat" 2>/dev/null)"
+        done
+    done | awk 'NF == 2 {s[$1] += $2} END {for (k in s) print k, s[k]}'
+}
+idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores, then that of their JIT threads
+    local a b ja jb
     a=$(cpu_s "$@")
+    ja=$(jit_s "$@")
     sleep "$idle"
     b=$(cpu_s "$@")
-    awk -v a="$a" -v b="$b" -v s="$idle" 'BEGIN {printf "%.3f", (b - a) / s}'
+    jb=$(jit_s "$@")
+    awk -v a="$a" -v b="$b" -v ja="$ja" -v jb="$jb" -v s="$idle" 'BEGIN {printf "%.3f %.3f", (b - a) / s, (jb - ja) / s}'
 }
 rss_mib() { # resident MiB of each pid given, space-separated
     local p
     for p in "$@"; do ps -o rss= -p "$p" 2>/dev/null | awk '{printf "%.0f ", $1 / 1024}'; done
+}
+
+kstats_snap() { # kstats_snap DIR: "client type count" lines, summed over DIR's statistics files
+    local f pid kind
+    for f in "$1"/*.json; do
+        [[ -e "$f" ]] || continue
+        pid=${f##*/}
+        pid=${pid%%-*}
+        kind=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | awk '{print $2}')
+        jq -r --arg k "${kind:-gone}" '.type as $t |
+            ((.brokers[] | .req | to_entries[] | select(.value > 0) | "\($k)/\($t) \(.key) \(.value)"),
+             "\($k)/\($t) _txmsgs \(.txmsgs)", "\($k)/\($t) _rxmsgs \(.rxmsgs)")' "$f" 2>/dev/null
+    done | awk '{s[$1 " " $2] += $3} END {for (k in s) print k, s[k]}'
+}
+kstats_delta() { # kstats_delta BEFORE AFTER: "client type count" over the interval
+    awk 'NR == FNR {b[$1 " " $2] = $3; next} {d = $3 - b[$1 " " $2]; if (d > 0) print $1, $2, d}' "$1" "$2"
+}
+kstats_less_idle() { # kstats_less_idle RUN IDLE IDLE_S MARGIN_S: RUN less IDLE's rates over MARGIN_S
+    awk -v s="$3" -v m="$4" 'NR == FNR {r[$1 " " $2] = $3 / s; next}
+        {d = $3 - ($2 ~ /^_/ ? 0 : r[$1 " " $2] * m); if (d > 0) print $1, $2, d}' "$2" "$1"
+}
+kstats_report() { # kstats_report DELTA DIVISOR UNIT: requests by type per UNIT, all clients then by client
+    local f=$1 n=$2 unit=$3
+    awk -v n="$n" -v u="$unit" '
+        $2 !~ /^_/ {t[$2] += $3; c[$1] = c[$1] sprintf(" %s %.3f", $2, $3 / n); tot += $3; ct[$1] += $3}
+        $2 == "Produce" {p[$1] = $3}
+        $2 == "_txmsgs" {m[$1] = $3}
+        END {
+            line = ""; for (k in t) line = line sprintf(" %s %.3f,", k, t[k] / n)
+            printf "Kafka requests per %s by type:%s total %.3f\n", u, line, tot / n
+            for (k in c) printf "  %s (%.3f):%s\n", k, ct[k] / n, c[k]
+            line = ""; for (k in p) if (p[k] > 0) line = line sprintf(" %s %.1f,", k, m[k] / p[k])
+            if (line != "") printf "  messages per Produce request:%s\n", substr(line, 1, length(line) - 1)
+        }' "$f"
 }
 
 # --- the real cluster --------------------------------------------------------------------------
@@ -171,7 +224,7 @@ drained() { # drained DB PREFIX N: N calls with that key prefix, none pending or
 
 E2E_RATE=()
 bench_e2e() { # bench_e2e mock|real
-    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i idle0= idle1= r
+    local target=$1 d=$T/e2e-$1 port pids=() c0 c1 bargs=() i idle0= idle1= idle0j= r
     mkdir -p "$d"
     port=$(oq_free_port)
     if [[ $target == real ]]; then
@@ -180,11 +233,15 @@ bench_e2e() { # bench_e2e mock|real
         pids=("${JAVA_PIDS[@]}")
         # no onceq client: the cluster's own idle cost (the embedded broker has none to measure
         # before `onceq up` starts it)
-        ((idle > 0)) && idle0=$(idle_cores "${pids[@]}")
+        if ((idle > 0)); then
+            read -r idle0 idle0j < <(idle_cores "${pids[@]}")
+        fi
     fi
     # `onceq up` chooses the clients' kafka-profile by its brokers; a value left in the
     # environment by oq_start_broker (the relay block) must not reach it
-    oq_spawn "up-$target" env -u ONCEQ_KAFKA_PROFILE "$ONCEQ_BIN" up --dir "$d" \
+    local ks=$T/kstats-$target
+    mkdir -p "$ks"
+    oq_spawn "up-$target" env -u ONCEQ_KAFKA_PROFILE ONCEQ_KAFKA_STATS_DIR="$ks" "$ONCEQ_BIN" up --dir "$d" \
         --consumers "$consumers" --listen "127.0.0.1:$port" "${bargs[@]}" "${up_args[@]}"
     oq_wait_for 60 curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" ||
         oq_fail "$target: producer not healthy"
@@ -202,16 +259,25 @@ bench_e2e() { # bench_e2e mock|real
         oq_fail "$target: warm-up not drained"
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
-        idle1=$(idle_cores "${pids[@]}")
+        local ki0=$EPOCHREALTIME ki1
+        kstats_snap "$ks" >"$T/ks-idle0-$target"
+        read -r idle1 _ < <(idle_cores "${pids[@]}")
+        sleep 1.2 # the statistics' interval
+        kstats_snap "$ks" >"$T/ks-idle1-$target"
+        ki1=$EPOCHREALTIME
+        kstats_delta "$T/ks-idle0-$target" "$T/ks-idle1-$target" >"$T/ks-idle-$target"
     fi
 
     echo
     echo "## e2e, $target: onceq up --consumers $consumers${bargs[*]:+ --brokers (real)}${up_args[*]:+ ${up_args[*]}}; $calls calls, rate $rate, $conns conns"
     local kids=() k0 k1
     kids=($(pgrep -P "$(oq_pid "up-$target")" -f "onceq (producer|relay|consumer)" || true))
-    k0=$(cpu_s "${kids[@]}")
+    local ks0=$EPOCHREALTIME ks1
+    kstats_snap "$ks" >"$T/ks-0-$target"
+    k0=$(cpu_s "${kids[@]}") # after the snapshot: its pause is not the run's
     local t0=$EPOCHREALTIME t1 j0 j1
     j0=$(jit_s "${pids[@]}")
+    [[ $target == real ]] && threads_cpu "${pids[@]}" >"$T/thr-0"
     c0=$(cpu_s "${pids[@]}")
     "$LOAD" --port "$port" --calls "$calls" --rate "$rate" --conns "$conns" --prefix "run-$target" \
         --mix 60,40,0,0,0 >"$T/run-$target.out" 2>&1 || oq_fail "$target: load failed: $(cat "$T/run-$target.out")"
@@ -219,7 +285,11 @@ bench_e2e() { # bench_e2e mock|real
     c1=$(cpu_s "${pids[@]}")
     t1=$EPOCHREALTIME
     j1=$(jit_s "${pids[@]}")
+    [[ $target == real ]] && threads_cpu "${pids[@]}" >"$T/thr-1"
     k1=$(cpu_s "${kids[@]}")
+    sleep 1.2 # the statistics' interval: the last requests of the run are in the files
+    kstats_snap "$ks" >"$T/ks-1-$target"
+    ks1=$EPOCHREALTIME
     grep -E '^(accepted|rate|submit_p99_ms)=' "$T/run-$target.out" | paste -sd' ' - | sed 's/^/submit side: /'
     r=$(q "$d/calls.db" "
         WITH r AS (SELECT created_at AS c, updated_at AS u, updated_at - created_at AS l
@@ -238,13 +308,30 @@ bench_e2e() { # bench_e2e mock|real
     # the cluster's own idle cost (KRaft, group and log housekeeping) over the run is not the
     # calls' cost: what is above it, per call
     [[ -n "$idle0" ]] && echo "broker CPU above the no-client idle: $(awk -v a="$c0" -v b="$c1" -v i="$idle0" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - i * (e - s)) * 1000 / n}') ms per call (the run took $(awk -v s="$t0" -v e="$t1" 'BEGIN {printf "%.1f", e - s}') s)"
+    [[ $target == real ]] && echo "broker CPU without the JIT threads: $(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - (jb - ja)) * 1000 / n}') ms per call${idle0:+; above the no-client idle, JIT left out of both: $(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" -v i="$idle0" -v ij="$idle0j" -v s="$t0" -v e="$t1" -v n="$calls" 'BEGIN {printf "%.3f", (b - a - (jb - ja) - (i - ij) * (e - s)) * 1000 / n}') ms per call}"
+    [[ $target == real ]] && echo "brokers' CPU by thread kind, ms per call: $(awk -v k="$TICK" -v n="$calls" 'NR == FNR {a[$1] = $2; next}
+        {d = ($2 - a[$1]) * 1000 / k / n; if (d >= 0.005) printf "%s %.3f\n", $1, d}' "$T/thr-0" "$T/thr-1" | sort -k2 -rn | head -8 | paste -sd, - | sed 's/,/, /g')"
     echo "onceq processes' CPU during the run (producer, relay, consumers): $(awk -v a="$k0" -v b="$k1" -v n="$calls" 'BEGIN {printf "%.1f s, %.3f ms per call", b - a, (b - a) * 1000 / n}')"
     if ((idle > 0)); then
         if [[ -n "$idle0" ]]; then
-            echo "broker CPU at idle (${idle} s each): no client $idle0 cores, idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
+            echo "broker CPU at idle (${idle} s each): no client $idle0 cores ($idle0j in JIT threads), idle pipeline $idle1 cores, added $(awk -v a="$idle0" -v b="$idle1" 'BEGIN {printf "%.3f", b - a}') cores"
         else
             echo "broker CPU at idle (${idle} s): idle pipeline $idle1 cores"
         fi
+    fi
+    kstats_delta "$T/ks-0-$target" "$T/ks-1-$target" >"$T/ks-run-$target"
+    if ((idle > 0)); then
+        # the snapshots span the run and a margin (the pause after it, files up to 1 s old):
+        # the idle pipeline's own requests over that margin are not the calls'
+        local isec margin
+        isec=$(awk -v a="$ki0" -v b="$ki1" 'BEGIN {print b - a}')
+        margin=$(awk -v a="$ks0" -v b="$ks1" -v s="$t0" -v e="$t1" 'BEGIN {m = (b - a) - (e - s); print (m > 0 ? m : 0)}')
+        kstats_less_idle "$T/ks-run-$target" "$T/ks-idle-$target" "$isec" "$margin" >"$T/ks-net-$target"
+        kstats_report "$T/ks-net-$target" "$calls" call
+        echo "  (less the idle pipeline's requests over the $(printf %.1f "$margin") s the snapshots add around the run)"
+        kstats_report "$T/ks-idle-$target" "$isec" "second at idle" | head -1
+    else
+        kstats_report "$T/ks-run-$target" "$calls" call
     fi
     oq_kill "up-$target"
     return 0
