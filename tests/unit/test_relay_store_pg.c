@@ -175,6 +175,54 @@ static void test_pending_reads_only_pending(void **state)
     PQfinish(c);
 }
 
+/* A standby's try of a lease another relay holds, live, is a plain read: it locks no row (the
+ * lock made every try a transaction with a WAL flush at its commit, some ten a second per
+ * standby), and it still says who holds the lease. Once released, the standby takes it with the
+ * next fence, and the old holder's fenced renewal fails. */
+static void test_standby_try_locks_nothing(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    PGconn *c = pgfx_connect(conninfo);
+    pgfx_exec(c, "DELETE FROM onceq.relay_lease");
+    oq__relay_pg_t *a = NULL, *b = NULL;
+    assert_int_equal(oq__relay_pg_open(conninfo, &a, &err), 0);
+    assert_int_equal(oq__relay_pg_open(conninfo, &b, &err), 0);
+    int64_t fa = 0, fb = 0, wm = -1;
+    int held = 0;
+    char holder[64];
+    assert_int_equal(oq__relay_pg_lease_acquire(a, "outbox", "relay-a", 60000, &fa, &held, holder,
+                                                sizeof holder, &wm, &err),
+                     0);
+    assert_true(held);
+    assert_int_equal(fa, 1);
+    /* the row's xmax as relay-a's acquire left it: a try that locks the row changes it */
+    int64_t xmax0 = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held,
+                                                    holder, sizeof holder, &wm, &err),
+                         0);
+        assert_false(held);
+        assert_string_equal(holder, "relay-a");
+    }
+    int64_t xmax = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    print_message("lease row's xmax: %lld before 3 standby tries, %lld after\n", (long long)xmax0,
+                  (long long)xmax);
+    assert_int_equal(xmax, xmax0);
+    /* released: the standby takes it with the next fence; the old holder is fenced out */
+    assert_int_equal(oq__relay_pg_lease_release(a, "outbox", "relay-a", fa, &err), 0);
+    assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held, holder,
+                                                sizeof holder, &wm, &err),
+                     0);
+    assert_true(held);
+    assert_int_equal(fb, 2);
+    assert_int_not_equal(oq__relay_pg_lease_renew(a, "outbox", "relay-a", fa, 60000, &err), 0);
+    assert_int_equal(oq__relay_pg_lease_renew(b, "outbox", "relay-b", fb, 60000, &err), 0);
+    oq__relay_pg_close(a);
+    oq__relay_pg_close(b);
+    PQfinish(c);
+}
+
 int main(void)
 {
     pgfx_available(1);
@@ -182,6 +230,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_one_round_trip),
         cmocka_unit_test(test_pending_reads_only_pending),
+        cmocka_unit_test(test_standby_try_locks_nothing),
     };
     return cmocka_run_group_tests_name("relay_store_pg", tests, NULL, NULL);
 }
