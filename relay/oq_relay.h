@@ -155,6 +155,8 @@ typedef struct oq_relay_stats {
     int64_t lease_checked_ms; /**< wall clock of the last lease read that answered: a renewal
                                    stored, or a standby's acquire attempt (0: none yet) */
     uint64_t idle_sends;      /**< batches sent at once after an idle wait, without linger.ms */
+    uint64_t reads;           /**< reads of the outbox (on PostgreSQL each is an assign
+                                   transaction and a round trip; see gather_ms) */
 } oq_relay_stats_t;
 
 /** @brief Fill \p o with the defaults documented on ::oq_relay_opts_t (all pointers NULL). */

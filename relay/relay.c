@@ -213,7 +213,7 @@ struct oq_relay {
     int64_t t_read_us, t_poll_us; /* where the relay thread's time goes (stop log) */
     int64_t read_at_us;           /* when the last read began (CLOCK_MONOTONIC) */
     int read_busy;                /* it found rows, fewer than it could take: gather_us applies */
-    uint64_t reads, gathers;      /* reads, and passes that waited to gather (stop log) */
+    uint64_t gathers;             /* passes that waited to gather (stop log) */
 
     /* writer thread: marks (one job at a time) and retention, on its own connection */
     pthread_t writer;
@@ -1180,7 +1180,7 @@ static int produce_batch(oq_relay_t *r)
     r->batch_n = 0;
     int64_t t0 = oq_mono_us();
     r->read_at_us = t0;
-    r->reads++;
+    r->st.reads++;
     int rc =
         oq__relay_store_read(r->store, r->cursor, room, r->batch_bytes, produce_row, r, &n, &err);
     r->t_read_us += oq_mono_us() - t0;
@@ -1279,7 +1279,7 @@ static void relay_shutdown(oq_relay_t *r)
                 " gather_waits=%" PRIu64,
                 r->st.published, r->st.produced, r->st.delivery_errors, r->st.dead_letters,
                 r->st.pending, r->st.idle_sends, (double)r->t_read_us / 1e6,
-                (double)r->t_mark_us / 1e6, (double)r->t_poll_us / 1e6, r->reads, r->gathers);
+                (double)r->t_mark_us / 1e6, (double)r->t_poll_us / 1e6, r->st.reads, r->gathers);
 }
 
 static void *relay_main(void *arg)
