@@ -6,6 +6,7 @@
 #
 #   bash bench/ab_backends.sh OLD_BUILD_DIR NEW_BUILD_DIR [PAIRS]   (default 3 pairs)
 #   AB_BENCH=consumer bash bench/ab_backends.sh ...                 the consumer benchmark instead
+#   AB_BACKENDS=pg bash bench/ab_backends.sh ...                    PostgreSQL only
 #
 # PostgreSQL: the private cluster of scripts/pg.sh in AB_PG_DIR (default build/pg; started if
 # not running, stopped at the end only if started here). One line per run: its `result` line.
@@ -35,7 +36,7 @@ for pair in $(seq 1 "$PAIRS"); do
     for v in old new; do
         B=$NEW
         [[ $v == old ]] && B=$OLD
-        for be in sqlite pg; do
+        for be in ${AB_BACKENDS:-sqlite pg}; do
             if [[ ${AB_BENCH:-e2e} == consumer ]]; then
                 dbo=()
                 [[ $be == pg ]] && dbo=(--db "$(pgdb bench_ab_consumer)")

@@ -617,13 +617,62 @@ int oq__producer_pg_republish(oq__producer_store_t *s, const char *message_id, c
 /* Columns of one row of oq__producer_pg_insert_calls(). */
 #define AHEAD_COLS 13
 
+/* Number buffers behind the text of one new call's parameters. */
+typedef struct {
+    num_t seq, at, exp;
+    char *args, *payload; /* NUL-terminated copies, freed by new_call_free() */
+} new_call_text_t;
+
+/* The AHEAD_COLS parameters of the new call \p c, in the column order of both inserts of a
+ * call (insert_chunk's arrays, oq__producer_pg_insert_call's VALUES): call_id, tenant,
+ * idem_key, fingerprint, tool, args, client_id, seq, created_at, expires_at, message_id,
+ * callback_url, payload. The strings of \p v point into \p c and \p t. @returns 0, or -1
+ * out of memory (\p t then holds nothing to free). */
+static int new_call_params(const oq__producer_new_call_t *c, new_call_text_t *t,
+                           const char *v[AHEAD_COLS])
+{
+    t->args = dupn(c->args, c->args_len);
+    t->payload = dupn(c->payload, c->payload_len);
+    if (!t->args || !t->payload) {
+        free(t->args);
+        free(t->payload);
+        t->args = t->payload = NULL;
+        return -1;
+    }
+    const char *x[AHEAD_COLS] = {c->call_id,
+                                 c->tenant,
+                                 c->idem_key,
+                                 c->fingerprint,
+                                 c->tool,
+                                 t->args,
+                                 c->client_id,
+                                 c->has_seq ? num(&t->seq, c->seq) : NULL,
+                                 num(&t->at, c->created_at),
+                                 num(&t->exp, c->expires_at),
+                                 c->message_id,
+                                 c->callback_url,
+                                 t->payload};
+    memcpy(v, x, sizeof x);
+    return 0;
+}
+
+static void new_call_free(new_call_text_t *t)
+{
+    free(t->args);
+    free(t->payload);
+}
+
 /* Rows per statement: 13 parameters each, and a statement takes at most 65,535. */
 #define AHEAD_CHUNK 1000
 
 /* One statement of oq__producer_pg_insert_calls(): \p n <= AHEAD_CHUNK rows, the calls it
  * wrote appended to what is remembered. Each column goes as one array (unnest): the text is
  * the same for any n (a VALUES list of n rows was parsed anew each time, milliseconds for a
- * batch of a few hundred), sent unprepared so that it is planned with its arrays. */
+ * batch of a few hundred), so it is prepared once per session (oq_pg_run; unprepared on a
+ * connection that has no prepared statements). Its plan reads no table whatever the sizes (two
+ * inserts, their conflicts found by the unique indexes, and a join of what they return), so the
+ * generic plan a prepared statement settles on cannot turn into a scan as `calls` grows, unlike
+ * the reads by key array below (sent unprepared for that reason). */
 static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *rows, int n,
                         oq_error_t *err)
 {
@@ -632,27 +681,15 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
     memset(b, 0, sizeof b);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        const oq__producer_new_call_t *c = &rows[i];
-        num_t seq, at, exp;
-        char *args = dupn(c->args, c->args_len), *pl = dupn(c->payload, c->payload_len);
-        const char *v[AHEAD_COLS] = {c->call_id,
-                                     c->tenant,
-                                     c->idem_key,
-                                     c->fingerprint,
-                                     c->tool,
-                                     args,
-                                     c->client_id,
-                                     c->has_seq ? num(&seq, c->seq) : NULL,
-                                     num(&at, c->created_at),
-                                     num(&exp, c->expires_at),
-                                     c->message_id,
-                                     c->callback_url,
-                                     pl};
-        if (!args || !pl) rc = -1;
+        new_call_text_t t;
+        const char *v[AHEAD_COLS];
+        if (new_call_params(&rows[i], &t, v)) {
+            rc = -1;
+            break;
+        }
         for (int j = 0; j < AHEAD_COLS && !rc; j++)
             rc = arr_add_null(&b[j], v[j]);
-        free(args);
-        free(pl);
+        new_call_free(&t);
     }
     for (int j = 0; j < AHEAD_COLS && !rc; j++)
         if (!(p[j] = arr_end(&b[j]))) rc = -1;
@@ -663,7 +700,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
         goto out;
     }
     if ((rc = rah_sync(s, err)) ||
-        (rc = oq_pg_query(
+        (rc = oq_pg_run(
              s->pg,
              "WITH v AS (SELECT * FROM unnest($1::text[],$2::text[],$3::text[],$4::text[],"
              "$5::text[],$6::text[],$7::text[],$8::bigint[],$9::bigint[],$10::bigint[],"
@@ -721,27 +758,14 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
     }
     int rc0 = rah_sync(s, err); /* a call that was not there may be now */
     if (rc0) return rc0;
-    num_t seq, at, exp;
-    char *args = dupn(c->args, c->args_len), *pl = dupn(c->payload, c->payload_len);
-    if (!args || !pl) {
-        free(args);
-        free(pl);
-        return oom(err);
-    }
-    const char *p[] = {c->call_id,
-                       c->tenant,
-                       c->idem_key,
-                       c->fingerprint,
-                       c->tool,
-                       args,
-                       c->client_id,
-                       c->has_seq ? num(&seq, c->seq) : NULL,
-                       num(&at, c->created_at),
-                       num(&exp, c->expires_at),
-                       c->message_id,
-                       c->callback_url,
-                       OQ_TOPIC_CALLS,
-                       pl};
+    new_call_text_t t;
+    const char *v[AHEAD_COLS];
+    if (new_call_params(c, &t, v)) return oom(err);
+    /* $13 is the topic here, the payload $14 */
+    const char *p[AHEAD_COLS + 1];
+    memcpy(p, v, (AHEAD_COLS - 1) * sizeof *p);
+    p[AHEAD_COLS - 1] = OQ_TOPIC_CALLS;
+    p[AHEAD_COLS] = v[AHEAD_COLS - 1];
     int64_t n = 0;
     /* The call and, when it was inserted, its outbox row: one statement, one round trip. */
     int rc = cmd(s,
@@ -752,8 +776,7 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
                  "INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
                  "SELECT $11,$13,$1,$14,$9 FROM c",
                  14, p, &n, err);
-    free(args);
-    free(pl);
+    new_call_free(&t);
     if (rc) return rc;
     if (n == 0) {
         /* The key, or only the call id (then the key is free: draw another id)? */

@@ -133,7 +133,28 @@ int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *
     if (published_seq) *published_seq = 0;
     if (holder && holder_cap) holder[0] = '\0';
     int rc = ready(p, err);
-    if (rc || (rc = oq_pg_exec(p->c, "BEGIN", err))) return rc;
+    if (rc) return rc;
+    /* A standby asks every 100 ms or so. A lease that another owner holds, live, is seen by a
+     * plain read: no transaction, no row lock, no commit (the lock made it a WAL flush each
+     * time). Only a lease that looks missing, lapsed or ours takes the locked path below, which
+     * decides again on the row it locked: the fencing is the same. */
+    const char *get[] = {name};
+    if ((rc = oq_pg_run(p->c,
+                        "SELECT owner, fence, expires_at > clock_timestamp(), published_seq "
+                        "FROM onceq.relay_lease WHERE name = $1",
+                        1, get, &r, err)))
+        return rc;
+    if (PQntuples(r) == 1 && PQgetvalue(r, 0, 2)[0] == 't' &&
+        (strcmp(PQgetvalue(r, 0, 0), owner) != 0 ||
+         strtoll(PQgetvalue(r, 0, 1), NULL, 10) != *fence)) {
+        if (published_seq) *published_seq = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+        if (holder && holder_cap) snprintf(holder, holder_cap, "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+        return 0; /* someone else holds it */
+    }
+    PQclear(r);
+    r = NULL;
+    if ((rc = oq_pg_exec(p->c, "BEGIN", err))) return rc;
     const char *ins[] = {name, owner, num(&l, lease_ms)};
     /* A missing row is ours (fence 1); a concurrent insert of the same name wins or loses on
      * the primary key without an error. */
@@ -142,7 +163,6 @@ int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *
                             "($1, $2, 0, '-infinity') ON CONFLICT (name) DO NOTHING",
                             2, ins, NULL, err)))
         goto out;
-    const char *get[] = {name};
     if ((rc = oq_pg_run(p->c,
                         "SELECT owner, fence, expires_at > clock_timestamp(), published_seq "
                         "FROM onceq.relay_lease WHERE name = $1 FOR UPDATE",

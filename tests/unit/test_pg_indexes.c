@@ -30,44 +30,14 @@
 
 static char conninfo[2048];
 
-static void exec_ok(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
-        fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
-    assert_true(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK);
-    PQclear(r);
-}
-
-static int64_t one(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
-    return v;
-}
-
 /* Sequential scans of calls + outbox so far, as the statistics collector has them (this
  * session's own counts flushed first). */
 static int64_t seq_scans(PGconn *c)
 {
-    exec_ok(c, "SELECT pg_stat_force_next_flush()");
+    pgfx_exec(c, "SELECT pg_stat_force_next_flush()");
     PQclear(PQexec(c, "SELECT pg_stat_clear_snapshot()"));
-    return one(c, "SELECT sum(seq_scan) FROM pg_stat_user_tables WHERE relid IN "
-                  "('onceq.calls'::regclass, 'onceq.outbox'::regclass)");
-}
-
-/* Waits until no other session of this database is left (a closed store's counts are flushed
- * as its session ends). */
-static void others_gone(PGconn *c)
-{
-    for (int i = 0; i < 100 && one(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                                      "current_database() AND pid <> pg_backend_pid() AND "
-                                      "backend_type = 'client backend'") > 0;
-         i++)
-        usleep(50000);
+    return pgfx_one(c, "SELECT sum(seq_scan) FROM pg_stat_user_tables WHERE relid IN "
+                       "('onceq.calls'::regclass, 'onceq.outbox'::regclass)");
 }
 
 /* 20,000 settled calls whose key has not expired, 2,000 pending ones past their expiry (never
@@ -75,25 +45,25 @@ static void others_gone(PGconn *c)
  * the watermark, 3 not numbered yet. */
 static void fill(PGconn *c)
 {
-    exec_ok(c, "DELETE FROM onceq.calls");
-    exec_ok(c, "DELETE FROM onceq.outbox");
-    exec_ok(c, "DELETE FROM onceq.relay_lease");
-    exec_ok(c, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, state, "
-               "created_at, updated_at, expires_at, settled_at) SELECT 'c_' || lpad(g::text, 8, "
-               "'0'), 'k' || g, 'f', 'echo', '{}', CASE WHEN g <= 2000 THEN 'pending' ELSE "
-               "'succeeded' END, 1, 1, CASE WHEN g <= 2000 THEN 1000 WHEN g <= 2005 THEN 1500 "
-               "ELSE 9000000000000 END, CASE WHEN g <= 2000 THEN NULL ELSE 1 END FROM "
-               "generate_series(1, 22005) g");
-    exec_ok(c,
-            "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) SELECT "
-            "'m-' || g, 'onceq.tool-calls', 'c_' || g, '{}', 1 FROM generate_series(1, 20005) g");
-    exec_ok(c, "UPDATE onceq.outbox SET pub_seq = nextval('onceq.outbox_pub_seq')");
-    exec_ok(c, "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at, published_seq) "
-               "SELECT 'outbox', 'relay-x', 1, now(), max(pub_seq) - 5 FROM onceq.outbox");
-    exec_ok(c, "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) SELECT "
-               "'n-' || g, 'onceq.tool-calls', 'n_' || g, '{}', 1 FROM generate_series(1, 3) g");
-    exec_ok(c, "VACUUM ANALYZE onceq.calls");
-    exec_ok(c, "VACUUM ANALYZE onceq.outbox");
+    pgfx_exec(c, "DELETE FROM onceq.calls");
+    pgfx_exec(c, "DELETE FROM onceq.outbox");
+    pgfx_exec(c, "DELETE FROM onceq.relay_lease");
+    pgfx_exec(c, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, state, "
+                 "created_at, updated_at, expires_at, settled_at) SELECT 'c_' || lpad(g::text, 8, "
+                 "'0'), 'k' || g, 'f', 'echo', '{}', CASE WHEN g <= 2000 THEN 'pending' ELSE "
+                 "'succeeded' END, 1, 1, CASE WHEN g <= 2000 THEN 1000 WHEN g <= 2005 THEN 1500 "
+                 "ELSE 9000000000000 END, CASE WHEN g <= 2000 THEN NULL ELSE 1 END FROM "
+                 "generate_series(1, 22005) g");
+    pgfx_exec(c,
+              "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) SELECT "
+              "'m-' || g, 'onceq.tool-calls', 'c_' || g, '{}', 1 FROM generate_series(1, 20005) g");
+    pgfx_exec(c, "UPDATE onceq.outbox SET pub_seq = nextval('onceq.outbox_pub_seq')");
+    pgfx_exec(c, "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at, published_seq) "
+                 "SELECT 'outbox', 'relay-x', 1, now(), max(pub_seq) - 5 FROM onceq.outbox");
+    pgfx_exec(c, "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) SELECT "
+                 "'n-' || g, 'onceq.tool-calls', 'n_' || g, '{}', 1 FROM generate_series(1, 3) g");
+    pgfx_exec(c, "VACUUM ANALYZE onceq.calls");
+    pgfx_exec(c, "VACUUM ANALYZE onceq.outbox");
 }
 
 /* The producer's purge: the expired settled calls through calls_expires (partial), the
@@ -102,8 +72,7 @@ static void test_purge_reads_no_table_whole(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PGconn *c = pgfx_connect(conninfo);
     fill(c);
     int64_t before = seq_scans(c);
     oq__producer_store_t s = {NULL, NULL, (struct pg_conn *)c};
@@ -115,7 +84,7 @@ static void test_purge_reads_no_table_whole(void **state)
                   (long long)st.calls, (long long)st.outbox, (long long)(after - before));
     assert_int_equal(st.calls, 5);
     assert_int_equal(st.outbox, 100);
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.calls WHERE state = 'pending'"), 2000);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.calls WHERE state = 'pending'"), 2000);
     assert_int_equal(after - before, 0);
     PQfinish(c);
 }
@@ -139,11 +108,10 @@ static void test_relay_reads_no_table_whole(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PGconn *c = pgfx_connect(conninfo);
     fill(c);
-    int64_t wm = one(c, "SELECT published_seq FROM onceq.relay_lease");
-    others_gone(c);
+    int64_t wm = pgfx_one(c, "SELECT published_seq FROM onceq.relay_lease");
+    pgfx_others_gone(c);
     int64_t before = seq_scans(c);
 
     oq__relay_pg_t *p = NULL;
@@ -154,7 +122,7 @@ static void test_relay_reads_no_table_whole(void **state)
     int64_t deleted = 0;
     assert_int_equal(oq__relay_pg_cleanup(p, 2, 100, &deleted, &err), 0);
     oq__relay_pg_close(p);
-    others_gone(c);
+    pgfx_others_gone(c);
     int64_t after = seq_scans(c);
     print_message("relay: read %d rows (%lld..%lld), cleaned %lld, %lld sequential scans\n", g.n,
                   (long long)g.first, (long long)g.last, (long long)deleted,
@@ -173,7 +141,7 @@ static int64_t pages(PGconn *c, const char *name)
     char sql[256];
     snprintf(sql, sizeof sql,
              "SELECT pg_relation_size('onceq.%s') / current_setting('block_size')::bigint", name);
-    return one(c, sql);
+    return pgfx_one(c, sql);
 }
 
 /* What the hot path writes: a pending call no entry in calls_expires (its settling does), an
@@ -182,21 +150,20 @@ static int64_t pages(PGconn *c, const char *name)
 static void test_hot_path_entries(void **state)
 {
     (void)state;
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
-    exec_ok(c, "TRUNCATE onceq.calls, onceq.outbox");
-    assert_int_equal(one(c, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'onceq' AND "
-                            "indexname IN ('calls_settled', 'calls_effect')"),
+    PGconn *c = pgfx_connect(conninfo);
+    pgfx_exec(c, "TRUNCATE onceq.calls, onceq.outbox");
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'onceq' AND "
+                                 "indexname IN ('calls_settled', 'calls_effect')"),
                      0);
-    exec_ok(c, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, created_at, "
-               "updated_at, expires_at) VALUES ('c_1', 'k1', 'f', 'echo', '{}', 1, 1, 5)");
-    exec_ok(c, "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) VALUES "
-               "('m-1', 'onceq.tool-calls', 'c_1', '{}', 1)");
+    pgfx_exec(c, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, created_at, "
+                 "updated_at, expires_at) VALUES ('c_1', 'k1', 'f', 'echo', '{}', 1, 1, 5)");
+    pgfx_exec(c, "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) VALUES "
+                 "('m-1', 'onceq.tool-calls', 'c_1', '{}', 1)");
     assert_int_equal(pages(c, "calls_expires"), 1);
     assert_int_equal(pages(c, "outbox_pub_seq_key"), 1);
     assert_int_equal(pages(c, "calls_state_id"), 2); /* a kept index has its entry */
-    exec_ok(c, "UPDATE onceq.calls SET state = 'succeeded', expires_at = 9");
-    exec_ok(c, "UPDATE onceq.outbox SET pub_seq = 1");
+    pgfx_exec(c, "UPDATE onceq.calls SET state = 'succeeded', expires_at = 9");
+    pgfx_exec(c, "UPDATE onceq.outbox SET pub_seq = 1");
     assert_int_equal(pages(c, "calls_expires"), 2);
     assert_int_equal(pages(c, "outbox_pub_seq_key"), 2);
     PQfinish(c);
@@ -205,14 +172,7 @@ static void test_hot_path_entries(void **state)
 int main(void)
 {
     pgfx_available(1);
-    pgfx_fresh_db("onceq_test_pg_indexes", conninfo, sizeof conninfo);
-    PGconn *c = NULL;
-    oq_error_t err = {0};
-    if (oq_pg_connect(conninfo, &c, &err) || oq_pg_migrate(c, &err)) {
-        fprintf(stderr, "FAIL: migrate: %s\n", err.msg);
-        return 1;
-    }
-    PQfinish(c);
+    pgfx_migrated_db("onceq_test_pg_indexes", conninfo, sizeof conninfo);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_purge_reads_no_table_whole),
         cmocka_unit_test(test_relay_reads_no_table_whole),

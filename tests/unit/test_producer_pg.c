@@ -83,16 +83,6 @@ static void *submitter(void *arg)
     return NULL;
 }
 
-static int64_t one(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
-    return v;
-}
-
 static void test_group_commit(void **state)
 {
     (void)state;
@@ -103,8 +93,7 @@ static void test_group_commit(void **state)
     assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
 
     /* the test's own counter of INSERT statements into the outbox */
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PGconn *c = pgfx_connect(conninfo);
     PGresult *r =
         PQexec(c, "CREATE TABLE public.t_outbox_stmts(n bigint NOT NULL);"
                   "INSERT INTO public.t_outbox_stmts VALUES (0);"
@@ -139,22 +128,23 @@ static void test_group_commit(void **state)
         for (int i = 1; i < THREADS; i++)
             assert_string_equal(s[i].dup_ids[k], s[0].dup_ids[k]);
     const int64_t calls = THREADS * PER + PER;
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.calls"), calls);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.calls"), calls);
     /* one outbox row per call, keyed by it, with the call's message id */
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.outbox o JOIN onceq.calls k ON "
-                            "o.key = k.call_id AND o.message_id = k.message_id"),
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.outbox o JOIN onceq.calls k ON "
+                                 "o.key = k.call_id AND o.message_id = k.message_id"),
                      calls);
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.outbox"), calls);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.outbox"), calls);
     /* every row's args and key as submitted, byte for byte */
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.calls WHERE args = "
-                            "'{\"amount\":1234,\"currency\":\"EUR\",\"note\":"
-                            "\"NULL \\\"q\\\" \\\\ {a,b} \xc3\xa9\\n\"}' AND "
-                            "(idem_key LIKE 'k-%' OR idem_key LIKE 'dup-%') AND client_id IS NULL"),
-                     calls);
+    assert_int_equal(
+        pgfx_one(c, "SELECT count(*) FROM onceq.calls WHERE args = "
+                    "'{\"amount\":1234,\"currency\":\"EUR\",\"note\":"
+                    "\"NULL \\\"q\\\" \\\\ {a,b} \xc3\xa9\\n\"}' AND "
+                    "(idem_key LIKE 'k-%' OR idem_key LIKE 'dup-%') AND client_id IS NULL"),
+        calls);
 
     /* batched: many submits per transaction, and per outbox INSERT statement */
-    int64_t txs = one(c, "SELECT count(DISTINCT xmin::text) FROM onceq.calls");
-    int64_t stmts = one(c, "SELECT n FROM public.t_outbox_stmts");
+    int64_t txs = pgfx_one(c, "SELECT count(DISTINCT xmin::text) FROM onceq.calls");
+    int64_t stmts = pgfx_one(c, "SELECT n FROM public.t_outbox_stmts");
     fprintf(stderr, "%lld calls in %lld transactions, %lld outbox INSERT statements\n",
             (long long)calls, (long long)txs, (long long)stmts);
     assert_true(txs * 2 < calls);
@@ -200,8 +190,7 @@ static void test_results_batched(void **state)
     oq_producer_opts_t o;
     memset(&o, 0, sizeof o);
     assert_int_equal(oq_producer_open(conninfo, &o, &p, &err), 0);
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PGconn *c = pgfx_connect(conninfo);
 
     /* RN calls, the first with a callback_url */
     char ids[RN][OQ_CALL_ID_LEN + 1];
@@ -277,19 +266,20 @@ static void test_results_batched(void **state)
                  "settled_at IS NOT NULL AND next_redrive_at IS NULL AND "
                  "expires_at > created_at",
                  ids[i], i, i);
-        assert_int_equal(one(c, sql), 1);
+        assert_int_equal(pgfx_one(c, sql), 1);
         /* its audit after the submit: running, then succeeded */
         snprintf(sql, sizeof sql,
                  "SELECT count(*) FROM (SELECT string_agg(event, ',' ORDER BY id) e FROM "
                  "onceq.audit WHERE call_id='%s' AND event IN ('running','succeeded')) x "
                  "WHERE e='running,succeeded'",
                  ids[i]);
-        assert_int_equal(one(c, sql), 1);
+        assert_int_equal(pgfx_one(c, sql), 1);
     }
     /* the stale one audited, the unknown one only claimed, the duplicate nothing */
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.audit WHERE event='result_ignored'"), 1);
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.result_inbox"), 2 * RN + 2);
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.result_inbox WHERE outcome='applied'"),
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.audit WHERE event='result_ignored'"),
+                     1);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.result_inbox"), 2 * RN + 2);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.result_inbox WHERE outcome='applied'"),
                      2 * RN);
     /* the callback call's delivery, with the settled call */
     char sql[4096];
@@ -297,13 +287,13 @@ static void test_results_batched(void **state)
              "SELECT count(*) FROM onceq.webhook_deliveries WHERE call_id='%s' AND "
              "body LIKE '%%\"status\":\"succeeded\"%%'",
              ids[0]);
-    assert_int_equal(one(c, sql), 1);
-    assert_int_equal(one(c, "SELECT count(*) FROM onceq.webhook_deliveries"), 1);
+    assert_int_equal(pgfx_one(c, sql), 1);
+    assert_int_equal(pgfx_one(c, "SELECT count(*) FROM onceq.webhook_deliveries"), 1);
 
     /* and few statements: not one per result */
-    int64_t ni = one(c, "SELECT n FROM public.t_inbox");
-    int64_t nu = one(c, "SELECT n FROM public.t_upd");
-    int64_t na = one(c, "SELECT n FROM public.t_aud");
+    int64_t ni = pgfx_one(c, "SELECT n FROM public.t_inbox");
+    int64_t nu = pgfx_one(c, "SELECT n FROM public.t_upd");
+    int64_t na = pgfx_one(c, "SELECT n FROM public.t_aud");
     fprintf(stderr,
             "%d results: %lld result_inbox INSERT, %lld calls UPDATE, %lld audit INSERT "
             "statements\n",
@@ -361,8 +351,7 @@ static void test_results_claimed_meanwhile(void **state)
     result_env(&envs[1], ids[1], 1, "succeeded");
 
     /* the other producer: its claim of envs[0]'s message id, not committed yet */
-    PGconn *x = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    PGconn *x = pgfx_connect(conninfo);
     char sql[1024];
     snprintf(sql, sizeof sql,
              "BEGIN; INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,"
@@ -391,15 +380,15 @@ static void test_results_claimed_meanwhile(void **state)
              "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
              "state='pending'",
              ids[0]);
-    assert_int_equal(one(x, sql), 1);
+    assert_int_equal(pgfx_one(x, sql), 1);
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND "
              "state='succeeded'",
              ids[1]);
-    assert_int_equal(one(x, sql), 1);
+    assert_int_equal(pgfx_one(x, sql), 1);
     snprintf(sql, sizeof sql, "SELECT count(*) FROM onceq.result_inbox WHERE message_id='%s'",
              envs[1].message_id);
-    assert_int_equal(one(x, sql), 1);
+    assert_int_equal(pgfx_one(x, sql), 1);
     PQfinish(x);
 }
 
@@ -530,8 +519,7 @@ static void test_submits_not_behind_results(void **state)
     assert_int_equal(oq_producer_submit(p, &req, &call, &soc, &err), 0);
     json_decref(args);
     /* another transaction holds the call's row */
-    PGconn *x = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(x), CONNECTION_OK);
+    PGconn *x = pgfx_connect(conninfo);
     const char *pr[] = {call.call_id};
     PQclear(PQexec(x, "BEGIN"));
     PGresult *r = PQexecParams(x, "SELECT 1 FROM onceq.calls WHERE call_id = $1 FOR UPDATE", 1,
@@ -566,7 +554,7 @@ static void test_submits_not_behind_results(void **state)
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM onceq.calls WHERE call_id='%s' AND state='succeeded'",
              call.call_id);
-    assert_int_equal(one(x, sql), 1);
+    assert_int_equal(pgfx_one(x, sql), 1);
     oq_call_clear(&call);
     oq_producer_close(p);
     PQfinish(x);

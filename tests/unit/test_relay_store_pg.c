@@ -43,15 +43,6 @@ static int collect(void *ctx, const oq__relay_row_t *row)
     return 0;
 }
 
-static void exec_ok(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
-        fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
-    assert_true(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK);
-    PQclear(r);
-}
-
 static void insert_rows(PGconn *c, const char *prefix, int from, int to)
 {
     char sql[512];
@@ -59,15 +50,14 @@ static void insert_rows(PGconn *c, const char *prefix, int from, int to)
              "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) SELECT "
              "'%s-' || g, 'onceq.tool-calls', '%s-' || g, '{}', 1 FROM generate_series(%d, %d) g",
              prefix, prefix, from, to);
-    exec_ok(c, sql);
+    pgfx_exec(c, sql);
 }
 
 static void test_read_one_round_trip(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PGconn *c = pgfx_connect(conninfo);
     oq__relay_pg_t *p = NULL;
     assert_int_equal(oq__relay_pg_open(conninfo, &p, &err), 0);
 
@@ -98,9 +88,8 @@ static void test_read_one_round_trip(void **state)
     }
 
     /* a row whose transaction is still open: not numbered, not read; later rows are */
-    PGconn *late = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(late), CONNECTION_OK);
-    exec_ok(late, "BEGIN");
+    PGconn *late = pgfx_connect(conninfo);
+    pgfx_exec(late, "BEGIN");
     insert_rows(late, "late", 1, 1);
     insert_rows(c, "b", 1, 5);
     g.n = 0;
@@ -110,7 +99,7 @@ static void test_read_one_round_trip(void **state)
         assert_memory_equal(g.key[i], "b-", 2);
     cursor = g.seq[g.n - 1];
     /* committed now: numbered above the cursor, read by the next cycle */
-    exec_ok(late, "COMMIT");
+    pgfx_exec(late, "COMMIT");
     g.n = 0;
     assert_int_equal(oq__relay_pg_read(p, cursor, 100, 1 << 20, collect, &g, &n, &err), 0);
     assert_int_equal(n, 1);
@@ -120,35 +109,25 @@ static void test_read_one_round_trip(void **state)
 
     /* the advisory lock held elsewhere with a lock timeout: the read fails, nothing read, the
      * connection usable again once the lock is free */
-    exec_ok(late, "BEGIN");
-    exec_ok(late, "SELECT pg_advisory_xact_lock(x'6f6e6365712d72'::bigint)");
+    pgfx_exec(late, "BEGIN");
+    pgfx_exec(late, "SELECT pg_advisory_xact_lock(x'6f6e6365712d72'::bigint)");
     insert_rows(c, "c", 1, 3);
-    exec_ok(c, "ALTER DATABASE onceq_test_relay_store_pg SET lock_timeout = '200ms'");
+    pgfx_exec(c, "ALTER DATABASE onceq_test_relay_store_pg SET lock_timeout = '200ms'");
     oq__relay_pg_close(p);
     assert_int_equal(oq__relay_pg_open(conninfo, &p, &err), 0);
     g.n = 0;
     memset(&err, 0, sizeof err);
     assert_int_not_equal(oq__relay_pg_read(p, cursor, 100, 1 << 20, collect, &g, &n, &err), 0);
     assert_int_equal(g.n, 0);
-    exec_ok(late, "COMMIT");
+    pgfx_exec(late, "COMMIT");
     assert_int_equal(oq__relay_pg_read(p, cursor, 100, 1 << 20, collect, &g, &n, &err), 0);
     assert_int_equal(n, 3);
     assert_string_equal(g.key[0], "c-1");
-    exec_ok(c, "ALTER DATABASE onceq_test_relay_store_pg RESET lock_timeout");
+    pgfx_exec(c, "ALTER DATABASE onceq_test_relay_store_pg RESET lock_timeout");
 
     oq__relay_pg_close(p);
     PQfinish(late);
     PQfinish(c);
-}
-
-static int64_t one(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) fprintf(stderr, "%s: %s", sql, PQerrorMessage(c));
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
-    return v;
 }
 
 /* The relay's metrics (oq__relay_pg_pending: rows not yet published, the oldest one's age) count
@@ -159,24 +138,23 @@ static void test_pending_reads_only_pending(void **state)
 {
     (void)state;
     oq_error_t err = {0};
-    PGconn *c = PQconnectdb(conninfo);
-    assert_int_equal(PQstatus(c), CONNECTION_OK);
-    exec_ok(c, "DELETE FROM onceq.outbox");
-    exec_ok(c, "DELETE FROM onceq.relay_lease");
+    PGconn *c = pgfx_connect(conninfo);
+    pgfx_exec(c, "DELETE FROM onceq.outbox");
+    pgfx_exec(c, "DELETE FROM onceq.relay_lease");
     /* 20,000 published rows, 5 numbered above the watermark, 3 with no number yet */
     insert_rows(c, "pub", 1, 20005);
-    exec_ok(c, "UPDATE onceq.outbox SET pub_seq = nextval('onceq.outbox_pub_seq'), "
-               "created_at = 100 + seq % 7");
-    exec_ok(c, "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at, published_seq) "
-               "SELECT 'outbox', 'relay-x', 1, now(), max(pub_seq) - 5 FROM onceq.outbox");
+    pgfx_exec(c, "UPDATE onceq.outbox SET pub_seq = nextval('onceq.outbox_pub_seq'), "
+                 "created_at = 100 + seq % 7");
+    pgfx_exec(c, "INSERT INTO onceq.relay_lease(name, owner, fence, expires_at, published_seq) "
+                 "SELECT 'outbox', 'relay-x', 1, now(), max(pub_seq) - 5 FROM onceq.outbox");
     insert_rows(c, "new", 1, 3);
-    exec_ok(c, "UPDATE onceq.outbox SET created_at = CASE key WHEN 'new-2' THEN 50 ELSE 60 END "
-               "WHERE key LIKE 'new-%'");
-    exec_ok(c, "VACUUM ANALYZE onceq.outbox");
-    exec_ok(c, "SELECT pg_stat_force_next_flush()");
+    pgfx_exec(c, "UPDATE onceq.outbox SET created_at = CASE key WHEN 'new-2' THEN 50 ELSE 60 END "
+                 "WHERE key LIKE 'new-%'");
+    pgfx_exec(c, "VACUUM ANALYZE onceq.outbox");
+    pgfx_exec(c, "SELECT pg_stat_force_next_flush()");
     PQclear(PQexec(c, "SELECT pg_stat_clear_snapshot()"));
-    int64_t before = one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
-                            "'onceq.outbox'::regclass");
+    int64_t before = pgfx_one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
+                                 "'onceq.outbox'::regclass");
 
     oq__relay_pg_t *p = NULL;
     assert_int_equal(oq__relay_pg_open(conninfo, &p, &err), 0);
@@ -187,34 +165,72 @@ static void test_pending_reads_only_pending(void **state)
     oq__relay_pg_close(p); /* its session reports its counts as it ends */
 
     /* wait for the session to end (its counts are flushed before it does) */
-    for (int i = 0; i < 100 && one(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                                      "current_database() AND pid <> pg_backend_pid() AND "
-                                      "backend_type = 'client backend'") > 0;
-         i++)
-        usleep(50000);
+    pgfx_others_gone(c);
     PQclear(PQexec(c, "SELECT pg_stat_clear_snapshot()"));
-    int64_t after = one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
-                           "'onceq.outbox'::regclass");
+    int64_t after = pgfx_one(c, "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = "
+                                "'onceq.outbox'::regclass");
     print_message("sequential scans of the outbox by the pending count: %lld\n",
                   (long long)(after - before));
     assert_int_equal(after - before, 0);
     PQfinish(c);
 }
 
+/* A standby's try of a lease another relay holds, live, is a plain read: it locks no row (the
+ * lock made every try a transaction with a WAL flush at its commit, some ten a second per
+ * standby), and it still says who holds the lease. Once released, the standby takes it with the
+ * next fence, and the old holder's fenced renewal fails. */
+static void test_standby_try_locks_nothing(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    PGconn *c = pgfx_connect(conninfo);
+    pgfx_exec(c, "DELETE FROM onceq.relay_lease");
+    oq__relay_pg_t *a = NULL, *b = NULL;
+    assert_int_equal(oq__relay_pg_open(conninfo, &a, &err), 0);
+    assert_int_equal(oq__relay_pg_open(conninfo, &b, &err), 0);
+    int64_t fa = 0, fb = 0, wm = -1;
+    int held = 0;
+    char holder[64];
+    assert_int_equal(oq__relay_pg_lease_acquire(a, "outbox", "relay-a", 60000, &fa, &held, holder,
+                                                sizeof holder, &wm, &err),
+                     0);
+    assert_true(held);
+    assert_int_equal(fa, 1);
+    /* the row's xmax as relay-a's acquire left it: a try that locks the row changes it */
+    int64_t xmax0 = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held,
+                                                    holder, sizeof holder, &wm, &err),
+                         0);
+        assert_false(held);
+        assert_string_equal(holder, "relay-a");
+    }
+    int64_t xmax = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    print_message("lease row's xmax: %lld before 3 standby tries, %lld after\n", (long long)xmax0,
+                  (long long)xmax);
+    assert_int_equal(xmax, xmax0);
+    /* released: the standby takes it with the next fence; the old holder is fenced out */
+    assert_int_equal(oq__relay_pg_lease_release(a, "outbox", "relay-a", fa, &err), 0);
+    assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held, holder,
+                                                sizeof holder, &wm, &err),
+                     0);
+    assert_true(held);
+    assert_int_equal(fb, 2);
+    assert_int_not_equal(oq__relay_pg_lease_renew(a, "outbox", "relay-a", fa, 60000, &err), 0);
+    assert_int_equal(oq__relay_pg_lease_renew(b, "outbox", "relay-b", fb, 60000, &err), 0);
+    oq__relay_pg_close(a);
+    oq__relay_pg_close(b);
+    PQfinish(c);
+}
+
 int main(void)
 {
     pgfx_available(1);
-    pgfx_fresh_db("onceq_test_relay_store_pg", conninfo, sizeof conninfo);
-    PGconn *c = NULL;
-    oq_error_t err = {0};
-    if (oq_pg_connect(conninfo, &c, &err) || oq_pg_migrate(c, &err)) {
-        fprintf(stderr, "FAIL: migrate: %s\n", err.msg);
-        return 1;
-    }
-    PQfinish(c);
+    pgfx_migrated_db("onceq_test_relay_store_pg", conninfo, sizeof conninfo);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_one_round_trip),
         cmocka_unit_test(test_pending_reads_only_pending),
+        cmocka_unit_test(test_standby_try_locks_nothing),
     };
     return cmocka_run_group_tests_name("relay_store_pg", tests, NULL, NULL);
 }
