@@ -111,13 +111,6 @@ typedef struct oq_relay_opts {
                                        oq_relay_notify() is then seen at the next poll); 0
                                        (default): polls and oq_relay_notify() only; ignored on
                                        PostgreSQL and where the watch cannot be set */
-    int gather_ms;                /**< while busy (the last read found rows, fewer than a
-                                       batch), the next read starts no sooner than this after
-                                       the previous one began, so that one read takes the rows
-                                       of several commits; 0: at once; -1 (default): by backend,
-                                       0 on SQLite (a read is a function call), 10 on PostgreSQL
-                                       (a read is an assign transaction, its commit and a round
-                                       trip); never delays the first read after an idle wait */
     int64_t stop_timeout_ms;      /**< oq_relay_stop(): max wait for in-flight; default 10000 */
     oq_metrics_t *metrics;        /**< registry for onceq_relay_* metrics; may be NULL; borrowed,
                                        must outlive the relay */
@@ -160,7 +153,7 @@ typedef struct oq_relay_stats {
                                    stored, or a standby's acquire attempt (0: none yet) */
     uint64_t idle_sends;      /**< batches sent at once after an idle wait, without linger.ms */
     uint64_t reads;           /**< reads of the outbox (on PostgreSQL each is an assign
-                                   transaction and a round trip; see gather_ms) */
+                                   transaction and a round trip; see partial_wait_ms) */
 } oq_relay_stats_t;
 
 /** @brief Fill \p o with the defaults documented on ::oq_relay_opts_t (all pointers NULL). */

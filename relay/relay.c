@@ -117,7 +117,6 @@
 #define OQ__RELAY_BACKOFF_MAX_MS 5000
 #define OQ__RELAY_MARK_MAX_DELAY_US 10000
 #define OQ__RELAY_IDLE_SEND_MS 50 /* the idle send's wait for its delivery report, at most */
-#define OQ__RELAY_PG_GATHER_MS 10 /* opts.gather_ms's default on PostgreSQL */
 
 enum { OQ__JOB_IDLE = 0, OQ__JOB_PENDING, OQ__JOB_DONE };
 
@@ -178,7 +177,6 @@ struct oq_relay {
     const oq_config_t *kafka_cfg;
     int64_t lease_ms, batch_bytes, retention_ms, stop_timeout_ms;
     int batch_rows, max_inflight, cleanup_batch, poll_max_ms, partial_wait_ms, watch_wal;
-    int64_t gather_us; /* opts.gather_ms, resolved by backend */
 
     /* control */
     pthread_t thread;
@@ -231,9 +229,6 @@ struct oq_relay {
     int64_t max_msg_bytes;        /* the producer's message.max.bytes (for log lines) */
     oq_relay_stats_t st;          /* working copy */
     int64_t t_read_us, t_poll_us; /* where the relay thread's time goes (stop log) */
-    int64_t read_at_us;           /* when the last read began (CLOCK_MONOTONIC) */
-    int read_busy;                /* it found rows, fewer than it could take: gather_us applies */
-    uint64_t gathers;             /* passes that waited to gather (stop log) */
 
     /* writer thread: marks (one job at a time) and retention, on its own connection */
     pthread_t writer;
@@ -314,7 +309,6 @@ void oq_relay_opts_init(oq_relay_opts_t *o)
     o->cleanup_batch = 1000;
     o->poll_max_ms = 5;
     o->partial_wait_ms = 100;
-    o->gather_ms = -1;
     o->stop_timeout_ms = 10000;
 }
 
@@ -1202,12 +1196,10 @@ static int produce_batch(oq_relay_t *r)
     r->batch_n = 0;
     r->batch_payload = 0;
     int64_t t0 = oq_mono_us();
-    r->read_at_us = t0;
     r->st.reads++;
     int rc =
         oq__relay_store_read(r->store, r->cursor, room, r->batch_bytes, produce_row, r, &n, &err);
     r->t_read_us += oq_mono_us() - t0;
-    r->read_busy = rc == 0 && n > 0 && n < room;
     if (rc != 0) {
         OQ_LOG_WARN("relay", "reading the outbox failed (will retry): %s", err.msg);
         r->resume_at_us = oq_mono_us() + (rc == OQ_EBUSY ? 10000 : 1000000);
@@ -1300,11 +1292,10 @@ static void relay_shutdown(oq_relay_t *r)
     OQ_LOG_INFO("relay",
                 "stopped: published=%" PRIu64 " produced=%" PRIu64 " delivery_errors=%" PRIu64
                 " dead_letters=%" PRIu64 " pending=%" PRId64 " idle_sends=%" PRIu64
-                " busy_read_produce_s=%.2f busy_mark_s=%.2f wait_delivery_s=%.2f reads=%" PRIu64
-                " gather_waits=%" PRIu64,
+                " busy_read_produce_s=%.2f busy_mark_s=%.2f wait_delivery_s=%.2f reads=%" PRIu64,
                 r->st.published, r->st.produced, r->st.delivery_errors, r->st.dead_letters,
                 r->st.pending, r->st.idle_sends, (double)r->t_read_us / 1e6,
-                (double)r->t_mark_us / 1e6, (double)r->t_poll_us / 1e6, r->st.reads, r->gathers);
+                (double)r->t_mark_us / 1e6, (double)r->t_poll_us / 1e6, r->st.reads);
 }
 
 static void *relay_main(void *arg)
@@ -1373,12 +1364,7 @@ static void *relay_main(void *arg)
         int64_t dv = -1;
         int64_t now_us = oq_mono_us();
         int lease_ok = now_us < r->lease_until_us - r->lease_ms * 1000 / 3;
-        /* Busy and the previous read began less than gather_us ago: let more commits land
-         * first (below, serving delivery reports meanwhile), so that one read takes them all. */
-        int64_t gather_left =
-            r->read_busy && r->gather_us > 0 ? r->read_at_us + r->gather_us - now_us : 0;
-        if (gather_left <= 0 && now_us >= r->resume_at_us && lease_ok &&
-            r->st.inflight < r->max_inflight &&
+        if (now_us >= r->resume_at_us && lease_ok && r->st.inflight < r->max_inflight &&
             (r->st.inflight == 0 || r->last_full ||
              now_us - r->last_read_us >= (int64_t)r->partial_wait_ms * 1000)) {
             OQ_CRASH_POINT("relay.after_lease_check");
@@ -1399,19 +1385,6 @@ static void *relay_main(void *arg)
         publish_stats(r);
         if (progressed) {
             r->idle_ms = 1;
-            continue;
-        }
-        if (gather_left > 0) {
-            int ms = (int)((gather_left + 999) / 1000);
-            if (ms > r->poll_max_ms) ms = r->poll_max_ms;
-            int64_t t0 = oq_mono_us();
-            r->gathers++;
-            if (r->st.inflight > 0)
-                rd_kafka_poll(r->rk, ms);
-            else
-                wait_ms(r, ms);
-            r->t_poll_us += oq_mono_us() - t0;
-            if (oq_mono_us() >= r->read_at_us + r->gather_us) r->read_busy = 0;
             continue;
         }
         if (r->st.inflight > 0) {
@@ -1570,10 +1543,6 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->poll_max_ms = opts->poll_max_ms;
     r->partial_wait_ms = opts->partial_wait_ms;
     r->watch_wal = opts->watch_wal;
-    r->gather_us = 1000 * (int64_t)(opts->gather_ms >= 0 ? opts->gather_ms
-                                    : oq_backend_of(opts->db_path) == OQ_BACKEND_POSTGRES
-                                        ? OQ__RELAY_PG_GATHER_MS
-                                        : 0);
     r->stop_timeout_ms = opts->stop_timeout_ms;
     if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync ||
         (opts->topic_prefix && !r->topic_prefix)) {

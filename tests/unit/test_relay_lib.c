@@ -545,58 +545,6 @@ static void test_partial_batch_waits_for_reports(void **state)
     rd_kafka_destroy(mrk);
 }
 
-/* opts.gather_ms: a busy relay (its last read found rows) starts its next read no sooner than
- * gather_ms after the previous one began, so rows committed one at a time meanwhile go in one
- * read (on PostgreSQL a read is an assign transaction with its commit); the first read after
- * an idle wait is not delayed. The window (1 s) is ten times the commits' spread (5 commits 20
- * ms apart), so a loaded machine does not make it fail; without the gathering each commit is a
- * read of its own. */
-static void test_busy_relay_gathers_commits(void **state)
-{
-    (void)state;
-    oq_error_t err = {0};
-    rd_kafka_t *mrk = NULL;
-    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
-    oq_relay_opts_t o = opts("G");
-    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
-    o.lease_ms = 30000;
-    o.stop_timeout_ms = 10000;
-    o.gather_ms = 1000;
-    oq_relay_t *r = oq_relay_new(&o, &err);
-    assert_non_null(r);
-    assert_int_equal(oq_relay_start(r, &err), 0);
-    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
-    oq_relay_stats_t s;
-    oq_sleep_ms(200, NULL); /* idle */
-    append_rows(1);
-    int64_t t0 = oq_mono_us();
-    do {
-        oq_sleep_ms(5, NULL);
-        oq_relay_stats(r, &s);
-    } while (s.produced < 1 && oq_mono_us() - t0 < 10000000);
-    int64_t ms = (oq_mono_us() - t0) / 1000;
-    print_message("first row after idle produced %" PRId64 " ms after its commit\n", ms);
-    assert_int_equal(s.produced, 1);
-    assert_true(ms < 900); /* not held for the gather window */
-    uint64_t reads0 = s.reads;
-    for (int i = 0; i < 5; i++) { /* busy: these commits land within the window */
-        append_rows(1);
-        oq_sleep_ms(20, NULL);
-    }
-    t0 = oq_mono_us();
-    do {
-        oq_sleep_ms(5, NULL);
-        oq_relay_stats(r, &s);
-    } while (s.produced < 6 && oq_mono_us() - t0 < 10000000);
-    assert_int_equal(s.produced, 6);
-    print_message("5 commits 20 ms apart while busy: %" PRIu64 " read(s)\n", s.reads - reads0);
-    assert_true(s.reads - reads0 <= 2);
-    assert_int_equal(oq_relay_stop(r), 0);
-    oq_relay_destroy(r);
-    rd_kafka_mock_cluster_destroy(mcl);
-    rd_kafka_destroy(mrk);
-}
-
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -609,7 +557,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_busy_relay_gathers_commits, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
