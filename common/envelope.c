@@ -17,6 +17,17 @@
  * enters it with args it already holds as canonical text (oq_envelope_encode_canon), everyone
  * else with a tree.
  *
+ * The producer's ingest decodes every result message, and a tree per message (jansson's
+ * parse, then a walk, then json_dumps of the result for calls.result) was about a tenth of the
+ * producer's CPU in the closed-loop e2e run. oq_envelope_decode_result() reads the subset the
+ * encoder itself writes with a scanner instead (decode_result_fast): no whitespace, strings
+ * without escapes, integers of at most 15 digits, keys in strictly increasing byte order (so no
+ * duplicates), known top-level fields only, error null. In that subset the result object's
+ * text is exactly what json_dumps(COMPACT | SORT_KEYS) writes for its tree (jansson sorts keys
+ * by bytes and escapes only quotes, backslashes and control characters), so it is kept as
+ * text. Anything outside the subset, valid or not, takes oq_envelope_decode(), so the fields
+ * and the error codes and messages are those of the one decoder.
+ *
  * The rules for keys, tenants and tool names live here too (oq_envelope_valid_*): the producer
  * checks a request with the same functions that a consumer applies to the message, so there is
  * one rule, not one per side.
@@ -52,6 +63,7 @@ void oq_envelope_clear(oq_envelope_t *e)
     json_decref(e->args);
     json_decref(e->result);
     json_decref(e->error);
+    free(e->result_json);
     memset(e, 0, sizeof(*e));
 }
 
@@ -339,6 +351,257 @@ out:
     if (rc) oq_envelope_clear(e);
     json_decref(root);
     return rc;
+}
+
+/* --- tool_result fast path (file comment) ---------------------------------------------------- */
+
+#define FAST_MAX_DEPTH 32 /* deeper: the tree decoder (its limit is OQ_JSON_DEFAULT_MAX_DEPTH) */
+
+typedef struct fast_scan {
+    const char *p, *end;
+} fast_scan_t;
+
+/* A string without escapes or control bytes: its content [*s, *s + *n). 0: not in the subset. */
+static int fast_string(fast_scan_t *sc, const char **s, size_t *n)
+{
+    if (sc->p >= sc->end || *sc->p != '"') return 0;
+    const char *q = sc->p + 1;
+    while (q < sc->end && *q != '"') {
+        unsigned char c = (unsigned char)*q;
+        if (c == '\\' || c < 0x20) return 0;
+        q++;
+    }
+    if (q >= sc->end) return 0;
+    *s = sc->p + 1;
+    *n = (size_t)(q - *s);
+    sc->p = q + 1;
+    return 1;
+}
+
+/* An integer as json_dumps writes it: -?(0|[1-9][0-9]*), not -0, at most 15 digits (inside
+ * the +-2^53 that oq_json_parse accepts), not followed by a fraction or an exponent. */
+static int fast_int(fast_scan_t *sc, int64_t *out)
+{
+    const char *q = sc->p;
+    int neg = 0;
+    if (q < sc->end && *q == '-') {
+        neg = 1;
+        q++;
+    }
+    const char *d = q;
+    int64_t v = 0;
+    while (q < sc->end && *q >= '0' && *q <= '9')
+        v = v * 10 + (*q++ - '0');
+    size_t nd = (size_t)(q - d);
+    if (nd == 0 || nd > 15 || (nd > 1 && *d == '0') || (neg && v == 0)) return 0;
+    if (q < sc->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
+    *out = neg ? -v : v;
+    sc->p = q;
+    return 1;
+}
+
+static int fast_lit(fast_scan_t *sc, const char *lit, size_t n)
+{
+    if ((size_t)(sc->end - sc->p) < n || memcmp(sc->p, lit, n) != 0) return 0;
+    sc->p += n;
+    return 1;
+}
+
+/* Keys in strictly increasing byte order: jansson's JSON_SORT_KEYS order, and no duplicate. */
+static int fast_key_after(const char *a, size_t an, const char *b, size_t bn)
+{
+    int c = memcmp(a, b, an < bn ? an : bn);
+    return c < 0 || (c == 0 && an < bn);
+}
+
+static int fast_value(fast_scan_t *sc, int depth);
+
+/* An object ('{' at sc->p) or an array ('[') whose members are all in the subset. */
+static int fast_container(fast_scan_t *sc, int depth)
+{
+    if (depth > FAST_MAX_DEPTH) return 0;
+    const int obj = *sc->p == '{';
+    const char close = obj ? '}' : ']';
+    sc->p++;
+    if (sc->p < sc->end && *sc->p == close) {
+        sc->p++;
+        return 1;
+    }
+    const char *prev = NULL;
+    size_t prevn = 0;
+    for (;;) {
+        if (obj) {
+            const char *k;
+            size_t kn;
+            if (!fast_string(sc, &k, &kn)) return 0;
+            if (prev && !fast_key_after(prev, prevn, k, kn)) return 0;
+            prev = k;
+            prevn = kn;
+            if (sc->p >= sc->end || *sc->p != ':') return 0;
+            sc->p++;
+        }
+        if (!fast_value(sc, depth)) return 0;
+        if (sc->p < sc->end && *sc->p == ',') {
+            sc->p++;
+            continue;
+        }
+        if (sc->p < sc->end && *sc->p == close) {
+            sc->p++;
+            return 1;
+        }
+        return 0;
+    }
+}
+
+static int fast_value(fast_scan_t *sc, int depth)
+{
+    const char *s;
+    size_t n;
+    int64_t i;
+    if (sc->p >= sc->end) return 0;
+    switch (*sc->p) {
+    case '{':
+    case '[':
+        return fast_container(sc, depth + 1);
+    case '"':
+        return fast_string(sc, &s, &n);
+    case 't':
+        return fast_lit(sc, "true", 4);
+    case 'f':
+        return fast_lit(sc, "false", 5);
+    case 'n':
+        return fast_lit(sc, "null", 4);
+    default:
+        return fast_int(sc, &i);
+    }
+}
+
+enum {
+    F_V = 1 << 0,
+    F_KIND = 1 << 1,
+    F_MESSAGE_ID = 1 << 2,
+    F_CALL_ID = 1 << 3,
+    F_TENANT = 1 << 4,
+    F_IDEM_KEY = 1 << 5,
+    F_FINGERPRINT = 1 << 6,
+    F_TOOL = 1 << 7,
+    F_ATTEMPT = 1 << 8,
+    F_CREATED_AT = 1 << 9,
+    F_STATUS = 1 << 10,
+    F_REQUIRED = (1 << 11) - 1
+};
+
+/* A string field copied into a fixed buffer of \p cap bytes (too long: not in the subset, so
+ * that the tree decoder reports it). */
+static int fast_fixed(fast_scan_t *sc, char *dst, size_t cap)
+{
+    const char *s;
+    size_t n;
+    if (!fast_string(sc, &s, &n) || n >= cap) return 0;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+    return 1;
+}
+
+static int fast_dup(fast_scan_t *sc, char **out)
+{
+    const char *s;
+    size_t n;
+    if (*out || !fast_string(sc, &s, &n)) return 0;
+    return (*out = strndup(s, n)) != NULL;
+}
+
+/* The subset's envelope into \p e (validated). 0: not in the subset, or not valid, or out of
+ * memory: \p e is cleared and the caller decodes with the tree. */
+static int decode_result_fast(const char *buf, size_t len, oq_envelope_t *e)
+{
+    fast_scan_t sc = {buf, buf + len};
+    unsigned seen = 0;
+    const char *prev = NULL;
+    size_t prevn = 0;
+    int64_t iv;
+    if (len > ENV_MAX_BYTES || !oq_utf8_valid(buf, len) || len < 2 || buf[0] != '{') return 0;
+    sc.p++;
+    for (;;) {
+        const char *k, *start;
+        size_t kn;
+        if (!fast_string(&sc, &k, &kn)) goto no;
+        if (prev && !fast_key_after(prev, prevn, k, kn)) goto no;
+        prev = k;
+        prevn = kn;
+        if (sc.p >= sc.end || *sc.p++ != ':') goto no;
+#define KEY(lit) (kn == sizeof(lit) - 1 && memcmp(k, lit, kn) == 0)
+        if (KEY("v")) {
+            if (!fast_int(&sc, &iv) || iv != OQ_ENVELOPE_VERSION) goto no;
+            e->v = OQ_ENVELOPE_VERSION;
+            seen |= F_V;
+        } else if (KEY("kind")) {
+            const char *s;
+            size_t n;
+            if (!fast_string(&sc, &s, &n) || n != 11 || memcmp(s, "tool_result", 11) != 0) goto no;
+            e->kind = OQ_KIND_TOOL_RESULT;
+            seen |= F_KIND;
+        } else if (KEY("message_id")) {
+            if (!fast_fixed(&sc, e->message_id, sizeof e->message_id)) goto no;
+            seen |= F_MESSAGE_ID;
+        } else if (KEY("call_id")) {
+            if (!fast_fixed(&sc, e->call_id, sizeof e->call_id)) goto no;
+            seen |= F_CALL_ID;
+        } else if (KEY("fingerprint")) {
+            if (!fast_fixed(&sc, e->fingerprint, sizeof e->fingerprint)) goto no;
+            seen |= F_FINGERPRINT;
+        } else if (KEY("tenant")) {
+            if (!fast_dup(&sc, &e->tenant)) goto no;
+            seen |= F_TENANT;
+        } else if (KEY("idem_key")) {
+            if (!fast_dup(&sc, &e->idem_key)) goto no;
+            seen |= F_IDEM_KEY;
+        } else if (KEY("tool")) {
+            if (!fast_dup(&sc, &e->tool)) goto no;
+            seen |= F_TOOL;
+        } else if (KEY("status")) {
+            if (!fast_dup(&sc, &e->status)) goto no;
+            seen |= F_STATUS;
+        } else if (KEY("attempt")) {
+            if (!fast_int(&sc, &e->attempt)) goto no;
+            seen |= F_ATTEMPT;
+        } else if (KEY("created_at")) {
+            if (!fast_int(&sc, &e->created_at)) goto no;
+            seen |= F_CREATED_AT;
+        } else if (KEY("effect_id")) {
+            if (!fast_lit(&sc, "null", 4) && !fast_dup(&sc, &e->effect_id)) goto no;
+        } else if (KEY("error")) {
+            if (!fast_lit(&sc, "null", 4)) goto no; /* an error object: check_error_obj's tree */
+        } else if (KEY("result")) {
+            if (!fast_lit(&sc, "null", 4)) {
+                start = sc.p;
+                if (sc.p >= sc.end || *sc.p != '{' || !fast_container(&sc, 1)) goto no;
+                if (!(e->result_json = strndup(start, (size_t)(sc.p - start)))) goto no;
+            }
+        } else {
+            goto no; /* unknown fields: the tree decoder ignores them */
+        }
+#undef KEY
+        if (sc.p < sc.end && *sc.p == ',') {
+            sc.p++;
+            continue;
+        }
+        if (sc.p + 1 == sc.end && *sc.p == '}') break;
+        goto no;
+    }
+    if (seen != F_REQUIRED || !check_status(e->status) || validate_fields(e, NULL) != 0) goto no;
+    return 1;
+no:
+    oq_envelope_clear(e);
+    return 0;
+}
+
+int oq_envelope_decode_result(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err)
+{
+    if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
+    memset(e, 0, sizeof(*e));
+    if (buf && decode_result_fast(buf, len, e)) return 0;
+    return oq_envelope_decode(buf, len, e, err);
 }
 
 /* --- encode --------------------------------------------------------------------------------- */

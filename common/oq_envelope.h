@@ -98,6 +98,10 @@ typedef struct oq_envelope {
     json_t *result;     /**< tool_result: object or NULL */
     json_t *error;      /**< tool_result: {"code","message","retryable"} or NULL */
     char *effect_id;    /**< tool_result: may be NULL */
+    /** tool_result, set only by oq_envelope_decode_result()'s fast path (result is NULL then):
+     *  the result object as the text json_dumps(result, JSON_COMPACT | JSON_SORT_KEYS) writes,
+     *  the form calls.result stores. oq_envelope_encode() does not read it. */
+    char *result_json;
 } oq_envelope_t;
 
 /** @brief Free what \p e owns and zero it (safe on a zeroed or already-cleared struct). */
@@ -127,6 +131,17 @@ int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, siz
  * @returns 0, OQ_EINVAL, OQ_EVERSION, OQ_ETOOBIG, or a JSON parse error.
  */
 int oq_envelope_decode(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err);
+
+/**
+ * @brief oq_envelope_decode() of a message expected to be a tool_result, for the producer's
+ *        ingest: the same outcome (the same fields, or the same error), but a message in the
+ *        subset the RFC 8785 encoder writes (no whitespace, no escapes, integers only, keys in
+ *        byte order, error null) is read by a scanner without building a tree, and its result
+ *        object is kept as text in \p e->result_json (e->result NULL): that text is then
+ *        byte for byte what json_dumps(result, JSON_COMPACT | JSON_SORT_KEYS) would write. Any
+ *        other input goes through oq_envelope_decode().
+ */
+int oq_envelope_decode_result(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err);
 
 /** @brief Validate a decoded or hand-built envelope (the same checks decode applies). */
 int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err);

@@ -403,12 +403,15 @@ out:
 static int apply(oq__producer_store_t *s, const oq_envelope_t *env, const char *from,
                  int has_callback, int64_t now_ms, int64_t ttl, oq_error_t *err)
 {
-    char *result = env->result ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    /* the ingest's fast decode carries the result as that very text (oq_envelope_decode_result) */
+    char *result = env->result && !env->result_json
+                       ? json_dumps(env->result, JSON_COMPACT | JSON_SORT_KEYS)
+                       : NULL;
     char *error = env->error ? json_dumps(env->error, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     char *detail = NULL;
     oq__producer_result_t r = {.call_id = env->call_id,
                                .state = env->status,
-                               .result = result,
+                               .result = env->result_json ? env->result_json : result,
                                .error = error,
                                .effect_id = env->effect_id,
                                .updated_at = now_ms,

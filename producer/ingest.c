@@ -101,7 +101,7 @@ static int apply_batch(oq_ingest_t *in, rd_kafka_message_t **msgs, int n, tally_
         oq_envelope_t *e = &envs[ne];
         memset(e, 0, sizeof *e);
         oq_error_t derr = {0};
-        if (oq_envelope_decode(m->payload, m->len, e, &derr) != 0 ||
+        if (oq_envelope_decode_result(m->payload, m->len, e, &derr) != 0 ||
             e->kind != OQ_KIND_TOOL_RESULT) {
             OQ_LOG_WARN("ingest",
                         "undecodable result topic=%s partition=%d offset=%lld reason=\"%s\"",

@@ -566,6 +566,167 @@ static void test_schema_matches_decoder(void **state)
     json_decref(schema);
 }
 
+/* --- oq_envelope_decode_result: the producer's fast path ----------------------------------- */
+
+/* A tool_result as the encoder writes it, with \p result and \p error (JSON text): succeeded
+ * when \p error is null, else failed. malloc()ed. */
+static char *result_msg(const char *result, const char *error)
+{
+    size_t cap = strlen(result) + strlen(error) + 512;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    int n = snprintf(out, cap,
+                     "{\"attempt\":1,\"call_id\":\"" CID "\",\"created_at\":1700000000001,"
+                     "\"effect_id\":\"e_1\",\"error\":%s,\"fingerprint\":\"" FP "\","
+                     "\"idem_key\":\"order-42\",\"kind\":\"tool_result\",\"message_id\":\"" MID
+                     "\",\"result\":%s,\"status\":\"%s\",\"tenant\":\"acme\",\"tool\":\"charge\","
+                     "\"v\":1}",
+                     error, result, strcmp(error, "null") ? "failed" : "succeeded");
+    assert_true(n > 0 && (size_t)n < cap);
+    return out;
+}
+
+/* oq_envelope_decode_result() of \p text gives what oq_envelope_decode() gives: the same
+ * return code and error code, the same fields, and calls.result's text (result_json, or the
+ * tree dumped as decide.c dumps it). @returns whether the fast path kept the result as text. */
+static int same_as_tree(const char *text, size_t len)
+{
+    oq_envelope_t a, b;
+    oq_error_t ea = {0}, eb = {0};
+    memset(&b, 0xA5, sizeof b);
+    int ra = oq_envelope_decode(text, len, &a, &ea);
+    int rb = oq_envelope_decode_result(text, len, &b, &eb);
+    if (ra != rb) fail_msg("rc %d (tree) vs %d (fast) for %.*s", ra, rb, (int)len, text);
+    assert_int_equal(ea.code, eb.code);
+    assert_string_equal(ea.msg, eb.msg);
+    int fast = b.result_json != NULL;
+    if (ra == 0) {
+        assert_int_equal(a.v, b.v);
+        assert_int_equal(a.kind, b.kind);
+        assert_string_equal(a.message_id, b.message_id);
+        assert_string_equal(a.call_id, b.call_id);
+        assert_string_equal(a.tenant, b.tenant);
+        assert_string_equal(a.idem_key, b.idem_key);
+        assert_string_equal(a.fingerprint, b.fingerprint);
+        assert_string_equal(a.tool, b.tool);
+        assert_int_equal(a.attempt, b.attempt);
+        assert_int_equal(a.created_at, b.created_at);
+        assert_true((a.status == NULL) == (b.status == NULL));
+        if (a.status) assert_string_equal(a.status, b.status);
+        assert_true((a.effect_id == NULL) == (b.effect_id == NULL));
+        if (a.effect_id) assert_string_equal(a.effect_id, b.effect_id);
+        assert_true((a.args == NULL) == (b.args == NULL));
+        if (a.args) assert_true(json_equal(a.args, b.args));
+        assert_true((a.error == NULL) == (b.error == NULL));
+        if (a.error) assert_true(json_equal(a.error, b.error));
+        char *ta = a.result ? json_dumps(a.result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        char *tb = b.result_json ? strdup(b.result_json)
+                   : b.result    ? json_dumps(b.result, JSON_COMPACT | JSON_SORT_KEYS)
+                                 : NULL;
+        if (fast) assert_null(b.result);
+        assert_true((ta == NULL) == (tb == NULL));
+        if (ta) assert_string_equal(ta, tb);
+        free(ta);
+        free(tb);
+    } else {
+        assert_null(b.tenant);
+        assert_null(b.result_json);
+        assert_int_equal(b.v, 0);
+    }
+    oq_envelope_clear(&a);
+    oq_envelope_clear(&b);
+    return fast;
+}
+
+static void test_decode_result_fast(void **state)
+{
+    (void)state;
+    /* in the encoder's subset: read by the scanner, the result kept as text */
+    static const char *const fast[] = {
+        "{\"charge_id\":\"e_01\",\"charged\":6922,\"currency\":\"EUR\"}",
+        "{}",
+        "{\"a\":[],\"b\":[1,-2,0,true,false,null,\"x\",{\"c\":{}}],\"ba\":{\"z\":[[]]}}",
+        "{\"name\":\"Zo\xc3\xab \xe2\x82\xac \xf0\x9f\x98\x80\",\"\xc3\xa9\":1}",
+        "{\"big\":999999999999999,\"neg\":-999999999999999}",
+    };
+    for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++) {
+        char *m = result_msg(fast[i], "null");
+        if (!same_as_tree(m, strlen(m))) fail_msg("not read by the fast path: %s", m);
+        free(m);
+    }
+    char *m = result_msg("null", "null"); /* no result: nothing to keep as text */
+    same_as_tree(m, strlen(m));
+    free(m);
+    /* outside it, valid or not: the tree decoder's answer, whatever the scanner would say */
+    static const char *const slow[] = {
+        "{\"b\":1,\"a\":2}",            /* keys not in byte order: jansson sorts them */
+        "{\"a\":1,\"a\":2}",            /* duplicate key: refused */
+        "{\"a\":1.5}",                  /* reals: jansson's own formatting */
+        "{\"a\":1e3}",                  /* exponent */
+        "{\"a\":-0}",                   /* -0 dumps as 0 */
+        "{\"a\":0123}",                 /* not JSON */
+        "{\"a\":12345678901234567890}", /* overflow: refused */
+        "{\"a\":1234567890123456789}",  /* 19 digits */
+        "{\"a\":9007199254740991}",     /* 16 digits: the tree's +-2^53 check */
+        "{\"a\":9007199254740992}",     /* past 2^53: refused */
+        "{\"a\":\"x\\u00e9\\n\"}",      /* escapes */
+        "{\"a\": 1}",                   /* whitespace */
+        "{\"a\":tru}",                  /* not JSON */
+        "{\"a\":[1,]}",                 /* not JSON */
+        "[1]",                          /* not an object: refused */
+        "\"x\"",                        /* not an object: refused */
+        "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":{\"l\":{"
+        "\"m\":{\"n\":{\"o\":{\"p\":{\"q\":{\"r\":{\"s\":{\"t\":{\"u\":{\"v\":{\"w\":{\"x\":{"
+        "\"y\":{\"z\":{\"0\":{\"1\":{\"2\":{\"3\":{\"4\":{\"5\":{}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}",
+    };
+    for (size_t i = 0; i < sizeof slow / sizeof slow[0]; i++) {
+        m = result_msg(slow[i], "null");
+        if (same_as_tree(m, strlen(m))) fail_msg("read by the fast path: %s", m);
+        free(m);
+    }
+    /* an error object: the tree (check_error_obj) */
+    m = result_msg("null", "{\"code\":\"declined\",\"message\":\"no\",\"retryable\":false}");
+    assert_false(same_as_tree(m, strlen(m)));
+    free(m);
+    /* the other documents of this file, edits of the fast one, and every truncation */
+    const char *docs[] = {good_result, good_call, "", "{", "{}", "null"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++)
+        same_as_tree(docs[i], strlen(docs[i]));
+    char *base = result_msg("{\"charge_id\":\"e_01\",\"charged\":6922}", "null");
+    size_t blen = strlen(base);
+    for (size_t n = 0; n < blen; n++)
+        same_as_tree(base, n);
+    static const char *const edits[][2] = {
+        {"\"v\":1", "\"v\":2"},
+        {"\"v\":1", "\"v\":true"},
+        {"\"v\":1}", "\"v\":1,\"zz\":1}"},                   /* unknown field: ignored */
+        {"\"attempt\":1", "\"attempt\":0"},                  /* validation */
+        {"\"attempt\":1,", ""},                              /* missing field */
+        {"\"status\":\"succeeded\"", "\"status\":\"done\""}, /* unknown status */
+        {"\"status\":\"succeeded\"", "\"status\":\"running\""},
+        {"\"kind\":\"tool_result\"", "\"kind\":\"tool_call\""},
+        {"\"effect_id\":\"e_1\"", "\"effect_id\":null"},
+        {"\"effect_id\":\"e_1\",", ""},
+        {"\"effect_id\":\"e_1\"", "\"effect_id\":7"},
+        {"\"result\":{", "\"result\":[{"},
+        {"\"tenant\":\"acme\"", "\"tenant\":\"\""},
+        {"\"call_id\":\"" CID "\"", "\"call_id\":\"c_0123456789abcdef0123456789abcdef00\""},
+        {"\"v\":1}", "\"v\":1} "},
+        {"\"v\":1}", "\"v\":1}x"},
+        {"\"tool\":\"charge\"", "\"tool\":\"ch\\u0061rge\""},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        const char *at = strstr(base, edits[i][0]);
+        assert_non_null(at);
+        size_t off = (size_t)(at - base), cut = off + strlen(edits[i][0]);
+        char *e = NULL;
+        assert_true(asprintf(&e, "%.*s%s%s", (int)off, base, edits[i][1], base + cut) > 0);
+        same_as_tree(e, strlen(e));
+        free(e);
+    }
+    free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_names_and_keys),
         cmocka_unit_test(test_encode_canon),
         cmocka_unit_test(test_schema_matches_decoder),
+        cmocka_unit_test(test_decode_result_fast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
