@@ -1546,14 +1546,15 @@ static int on_debug(CURL *h, curl_infotype type, char *data, size_t size, void *
     xfer_t *t = ud;
     (void)h;
     if (type == CURLINFO_HEADER_OUT) {
-        /* track the last 4 bytes written: the header block ends with CRLF CRLF */
-        for (size_t i = 0; i < size; i++) {
-            if (t->tail_len == 4) {
-                memmove(t->tail, t->tail + 1, 3);
-                t->tail_len = 3;
-            }
-            t->tail[t->tail_len++] = data[i];
+        /* track the last 4 bytes written: the header block ends with CRLF CRLF (only the
+         * last 4 of a write matter, and of the ones before only what they leave) */
+        size_t take = size < 4 ? size : 4, keep = 4 - take;
+        if (t->tail_len > keep) {
+            memmove(t->tail, t->tail + (t->tail_len - keep), keep);
+            t->tail_len = keep;
         }
+        memcpy(t->tail + t->tail_len, data + (size - take), take);
+        t->tail_len += take;
         if (t->tail_len == 4 && memcmp(t->tail, "\r\n\r\n", 4) == 0) t->hdr_done = 1;
     } else if (type == CURLINFO_DATA_OUT) {
         t->body_out += (int64_t)size;
