@@ -1221,7 +1221,8 @@ struct oq__http_exec {
  * small chunk freed since the last one, and the free of it merges with the top of the heap,
  * consolidating again (measured in a consumer: malloc_consolidate and the chunk unlinking it
  * does, on this block's malloc and free, were several per cent of the process's CPU). So the
- * requests of curl of BIG_MIN..BIG_SLOT bytes are served from a region reserved once
+ * requests of curl of BIG_MIN..BIG_SLOT bytes (the buffer; a 1.5 KB calloc per transfer too,
+ * which goes to the large bins all the same) are served from a region reserved once
  * (BIG_SLOTS slots of BIG_SLOT bytes, mapped with no reserve: a slot's pages are touched only
  * when a transfer uses it, so the resident cost is the most transfers ever running at once),
  * and a free is known for a slot's by its address, with no look at the block. Everything else,
@@ -1229,7 +1230,7 @@ struct oq__http_exec {
  * executor is the first of the process to initialise libcurl (curl_global_init_mem), else
  * libcurl's allocator stays.
  */
-enum { BIG_MIN = 4096, BIG_SLOT = 16448, BIG_SLOTS = 1024 };
+enum { BIG_MIN = 1024, BIG_SLOT = 16448, BIG_SLOTS = 1024 };
 static struct {
     char *base; /* BIG_SLOTS * BIG_SLOT bytes, or NULL (no pool: libc serves all) */
     pthread_mutex_t mu;
@@ -1244,20 +1245,26 @@ static int big_owns(const void *p)
            (const char *)p < big.base + (size_t)BIG_SLOTS * BIG_SLOT;
 }
 
+/* A slot for a request of \p n bytes, or NULL (not a large one, or none free). */
+static void *big_take(size_t n)
+{
+    if (n < BIG_MIN || n > BIG_SLOT || !big.base) return NULL;
+    int i = -1;
+    pthread_mutex_lock(&big.mu);
+    if (big.nfree > 0) i = big.free_idx[--big.nfree];
+    pthread_mutex_unlock(&big.mu);
+    if (i < 0) {
+        atomic_fetch_add_explicit(&big.fallbacks, 1, memory_order_relaxed);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&big.served, 1, memory_order_relaxed);
+    return big.base + (size_t)i * BIG_SLOT;
+}
+
 static void *curl_mem_malloc(size_t n)
 {
-    if (n >= BIG_MIN && n <= BIG_SLOT && big.base) {
-        int i = -1;
-        pthread_mutex_lock(&big.mu);
-        if (big.nfree > 0) i = big.free_idx[--big.nfree];
-        pthread_mutex_unlock(&big.mu);
-        if (i >= 0) {
-            atomic_fetch_add_explicit(&big.served, 1, memory_order_relaxed);
-            return big.base + (size_t)i * BIG_SLOT;
-        }
-        atomic_fetch_add_explicit(&big.fallbacks, 1, memory_order_relaxed);
-    }
-    return malloc(n);
+    void *p = big_take(n);
+    return p ? p : malloc(n);
 }
 
 static void curl_mem_free(void *p)
@@ -1290,7 +1297,10 @@ static char *curl_mem_strdup(const char *s)
 
 static void *curl_mem_calloc(size_t nmemb, size_t size)
 {
-    return calloc(nmemb, size);
+    void *p = size && nmemb <= BIG_SLOT / size ? big_take(nmemb * size) : NULL;
+    if (!p) return calloc(nmemb, size);
+    memset(p, 0, nmemb * size);
+    return p;
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;

@@ -292,7 +292,7 @@ int oq__http_exec_pending(oq__http_exec_t *x);
 uint64_t oq__http_exec_epoll_ctls(const oq__http_exec_t *x);
 
 /**
- * @brief libcurl's requests of 4 KB to 16 KB (a transfer's download buffer) so far, served by
+ * @brief libcurl's requests of 1 KB to 16 KB (its download buffer, ...) so far, served by
  *        the executors' pool of slots (\p served) or by libc when the pool was full or not
  *        installed (\p fallbacks). Thread-safe (tests, figures).
  */
