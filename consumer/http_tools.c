@@ -23,9 +23,7 @@
  * one request's method, headers, body or timeouts carries over) and kept for the next transfer, up
  * to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from empty to
  * not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id here and for what
- * it means in execution.c; a kept-alive connection's socket stays in the epoll set between its
- * transfers (no epoll_ctl per request); curl's 16 KB download buffer, freed and allocated again
- * by curl for every transfer, comes from a pool of slots instead of glibc's large bins.
+ * it means in execution.c.
  *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
@@ -66,7 +64,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
-#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -1214,116 +1211,11 @@ struct oq__http_exec {
     uint64_t epoll_ctls; /* on curl's sockets (oq__http_exec_epoll_ctls) */
 };
 
-/*
- * libcurl's large blocks, from a pool of slots. libcurl (7.x) frees a transfer's download buffer
- * (16 KB, CURLOPT_BUFFERSIZE + 1) when the transfer is done and allocates it again for the
- * next one: glibc serves a request of that size from its large bins, after consolidating every
- * small chunk freed since the last one, and the free of it merges with the top of the heap,
- * consolidating again (measured in a consumer: malloc_consolidate and the chunk unlinking it
- * does, on this block's malloc and free, were several per cent of the process's CPU). So the
- * requests of curl of BIG_MIN..BIG_SLOT bytes (the buffer; a 1.5 KB calloc per transfer too,
- * which goes to the large bins all the same) are served from a region reserved once
- * (BIG_SLOTS slots of BIG_SLOT bytes, mapped with no reserve: a slot's pages are touched only
- * when a transfer uses it, so the resident cost is the most transfers ever running at once),
- * and a free is known for a slot's by its address, with no look at the block. Everything else,
- * and every request when the slots are all taken, is libc's, as before. Installed when the
- * executor is the first of the process to initialise libcurl (curl_global_init_mem), else
- * libcurl's allocator stays.
- */
-enum { BIG_MIN = 1024, BIG_SLOT = 16448, BIG_SLOTS = 1024 };
-static struct {
-    char *base; /* BIG_SLOTS * BIG_SLOT bytes, or NULL (no pool: libc serves all) */
-    pthread_mutex_t mu;
-    int nfree;
-    int free_idx[BIG_SLOTS];        /* the free slots (a stack) */
-    atomic_ulong served, fallbacks; /* requests of BIG_MIN.. served by a slot / by libc */
-} big = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static int big_owns(const void *p)
-{
-    return big.base && (const char *)p >= big.base &&
-           (const char *)p < big.base + (size_t)BIG_SLOTS * BIG_SLOT;
-}
-
-/* A slot for a request of \p n bytes, or NULL (not a large one, or none free). */
-static void *big_take(size_t n)
-{
-    if (n < BIG_MIN || n > BIG_SLOT || !big.base) return NULL;
-    int i = -1;
-    pthread_mutex_lock(&big.mu);
-    if (big.nfree > 0) i = big.free_idx[--big.nfree];
-    pthread_mutex_unlock(&big.mu);
-    if (i < 0) {
-        atomic_fetch_add_explicit(&big.fallbacks, 1, memory_order_relaxed);
-        return NULL;
-    }
-    atomic_fetch_add_explicit(&big.served, 1, memory_order_relaxed);
-    return big.base + (size_t)i * BIG_SLOT;
-}
-
-static void *curl_mem_malloc(size_t n)
-{
-    void *p = big_take(n);
-    return p ? p : malloc(n);
-}
-
-static void curl_mem_free(void *p)
-{
-    if (!big_owns(p)) {
-        free(p);
-        return;
-    }
-    int i = (int)(((char *)p - big.base) / BIG_SLOT);
-    pthread_mutex_lock(&big.mu);
-    big.free_idx[big.nfree++] = i;
-    pthread_mutex_unlock(&big.mu);
-}
-
-static void *curl_mem_realloc(void *p, size_t n)
-{
-    if (!big_owns(p)) return realloc(p, n);
-    if (n <= BIG_SLOT) return p; /* (a slot holds BIG_SLOT bytes) */
-    void *q = malloc(n);
-    if (!q) return NULL;
-    memcpy(q, p, BIG_SLOT);
-    curl_mem_free(p);
-    return q;
-}
-
-static char *curl_mem_strdup(const char *s)
-{
-    return strdup(s);
-}
-
-static void *curl_mem_calloc(size_t nmemb, size_t size)
-{
-    void *p = size && nmemb <= BIG_SLOT / size ? big_take(nmemb * size) : NULL;
-    if (!p) return calloc(nmemb, size);
-    memset(p, 0, nmemb * size);
-    return p;
-}
-
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 static void curl_init(void)
 {
-    void *m = mmap(NULL, (size_t)BIG_SLOTS * BIG_SLOT, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) {
-        curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-        return;
-    }
-    big.base = m;
-    for (int i = BIG_SLOTS - 1; i >= 0; i--)
-        big.free_idx[big.nfree++] = i;
-    curl_init_rc = curl_global_init_mem(CURL_GLOBAL_DEFAULT, curl_mem_malloc, curl_mem_free,
-                                        curl_mem_realloc, curl_mem_strdup, curl_mem_calloc);
-}
-
-void oq__http_curl_big_blocks(uint64_t *served, uint64_t *fallbacks)
-{
-    if (served) *served = atomic_load(&big.served);
-    if (fallbacks) *fallbacks = atomic_load(&big.fallbacks);
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
 static void xfer_free(xfer_t *t)

@@ -292,13 +292,6 @@ int oq__http_exec_pending(oq__http_exec_t *x);
 uint64_t oq__http_exec_epoll_ctls(const oq__http_exec_t *x);
 
 /**
- * @brief libcurl's requests of 1 KB to 16 KB (its download buffer, ...) so far, served by
- *        the executors' pool of slots (\p served) or by libc when the pool was full or not
- *        installed (\p fallbacks). Thread-safe (tests, figures).
- */
-void oq__http_curl_big_blocks(uint64_t *served, uint64_t *fallbacks);
-
-/**
  * @brief Start no new transfer from now on: the running ones go on to their answer or their
  *        timeout; every request not started yet (queued, or submitted later) is called back at
  *        the next poll as not sent, "abandoned" (RETRYABLE; a lookup UNDECIDED). The worker's

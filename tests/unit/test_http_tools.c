@@ -1059,48 +1059,6 @@ static void test_exec_peer_closes(void **state)
     }
 }
 
-/* curl's download buffer (16 KB, freed and allocated again for every transfer) comes from the
- * executor's pool of slots, not from libc's large bins: one slot per transfer, none from libc. */
-static void test_exec_big_blocks_pooled(void **state)
-{
-    (void)state;
-    ka_peer_t p;
-    ka_start(&p);
-    char text[256];
-    snprintf(text, sizeof text, "{\"tools\":[{\"name\":\"b\",\"url\":\"http://127.0.0.1:%d/b\"}]}",
-             p.port);
-    oq__http_tools_t *t = parse_ok(text);
-    oq__http_exec_opts_t o = {.max_inflight = 4};
-    oq_error_t err = {0};
-    oq__http_exec_t *x = oq__http_exec_new(&o, &err);
-    assert_non_null(x);
-    uint64_t served0 = 0, fallbacks0 = 0, served = 0, fallbacks = 0;
-    oq__http_curl_big_blocks(&served0, &fallbacks0);
-    json_t *args = json_object();
-    enum { N = 12 };
-    got_t g[N];
-    memset(g, 0, sizeof g);
-    for (int i = 0; i < N; i++) {
-        char eid[32];
-        snprintf(eid, sizeof eid, "b-%d", i);
-        assert_int_equal(oq__http_exec_submit(x, &t->tools[0], args, eid, on_outcome, &g[i], &err),
-                         0);
-        poll_until(x, &g[i].n, 1);
-        assert_int_equal(g[i].cls, OQ__HTTP_SUCCESS);
-    }
-    oq__http_curl_big_blocks(&served, &fallbacks);
-    if (served - served0 < N)
-        fprintf(stderr, "%d transfers: %llu blocks from the pool, %llu from libc\n", N,
-                (unsigned long long)(served - served0),
-                (unsigned long long)(fallbacks - fallbacks0));
-    assert_true(served - served0 >= N);
-    assert_int_equal(fallbacks, fallbacks0);
-    oq__http_exec_destroy(x);
-    json_decref(args);
-    ka_stop(&p);
-    oq__http_tools_destroy(t);
-}
-
 typedef struct many {
     int n, ok, parsed;
 } many_t;
@@ -1236,7 +1194,6 @@ int main(void)
         cmocka_unit_test(test_exec_many),
         cmocka_unit_test(test_exec_keeps_sockets),
         cmocka_unit_test(test_exec_peer_closes),
-        cmocka_unit_test(test_exec_big_blocks_pooled),
         cmocka_unit_test(test_exec_timer_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
