@@ -23,7 +23,8 @@
  * one request's method, headers, body or timeouts carries over) and kept for the next transfer, up
  * to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from empty to
  * not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id here and for what
- * it means in execution.c.
+ * it means in execution.c; a kept-alive connection's socket stays in the epoll set between its
+ * transfers (no epoll_ctl per request: see on_socket).
  *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
