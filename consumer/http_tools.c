@@ -23,7 +23,8 @@
  * one request's method, headers, body or timeouts carries over) and kept for the next transfer, up
  * to max_inflight (at most 1,024) of them; a wake-up is sent only when a queue goes from empty to
  * not empty; an answer is parsed once (oq__http_outcome_t.doc), for the object id here and for what
- * it means in execution.c.
+ * it means in execution.c; a kept-alive connection's socket stays in the epoll set between its
+ * transfers (no epoll_ctl per request: see on_socket).
  *
  * The classification rule (what "sent" means). A request counts as SENT once its last byte
  * (end of headers and the whole body) has been written to the socket, as reported by curl's
@@ -1205,6 +1206,10 @@ struct oq__http_exec {
     /* the multi's sockets (CURLMOPT_SOCKETFUNCTION); its timer is read with curl_multi_timeout */
     int epfd; /* the sockets curl asks to watch, and evfd */
     int evfd; /* eventfd: oq__http_exec_wakeup */
+    /* what epfd holds of each socket curl opened through on_open_socket (index: the fd; FD_*) */
+    unsigned char *fdst;
+    int nfdst;
+    uint64_t epoll_ctls; /* on curl's sockets (oq__http_exec_epoll_ctls) */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -1225,30 +1230,106 @@ static void xfer_free(xfer_t *t)
     free(t);
 }
 
+/*
+ * The sockets in the epoll set. curl says REMOVE for a connection's socket at the end of every
+ * transfer, when the connection goes back to its cache, and asks for it again (IN, once the
+ * next request is written) at the start of the next one: an EPOLL_CTL_DEL and an _ADD per
+ * request on a kept-alive connection. So a socket curl opened here (on_open_socket) and closes
+ * here (on_close_socket, which forgets it: close() takes it out of the set) is parked instead
+ * at REMOVE: left in the set with its last events, marked FD_PARKED; asked for again with the
+ * same events, it costs nothing. A parked socket that becomes ready (the peer closed the idle
+ * connection, or sent what nobody asked for) is taken out of the set then (drive), and curl,
+ * which checks a connection before it reuses it, finds it dead. Any other socket (one curl
+ * opened itself) is added and deleted as before.
+ */
+enum { FD_OURS = 1, FD_REG = 2, FD_PARKED = 4, FD_IN = 8, FD_OUT = 16 };
+
+/* The state of socket \p s (NULL when not tracked); \p grow: make room for it. */
+static unsigned char *fd_state(oq__http_exec_t *x, curl_socket_t s, int grow)
+{
+    if (s < 0) return NULL;
+    if (s < x->nfdst) return &x->fdst[s];
+    if (!grow || s >= (1 << 24)) return NULL;
+    int n = x->nfdst ? x->nfdst : 64;
+    while (n <= s)
+        n *= 2;
+    unsigned char *ns = realloc(x->fdst, (size_t)n);
+    if (!ns) return NULL;
+    memset(ns + x->nfdst, 0, (size_t)(n - x->nfdst));
+    x->fdst = ns;
+    x->nfdst = n;
+    return &x->fdst[s];
+}
+
+/* CURLOPT_OPENSOCKETFUNCTION: the socket of a new connection, known from now on. */
+static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    oq__http_exec_t *x = ud;
+    (void)purpose;
+    curl_socket_t s = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+    if (s == CURL_SOCKET_BAD) return s;
+    unsigned char *st = fd_state(x, s, 1);
+    if (st) *st = FD_OURS;
+    return s;
+}
+
+/* CURLOPT_CLOSESOCKETFUNCTION: a connection closed (which takes its socket out of epfd). */
+static int on_close_socket(void *ud, curl_socket_t s)
+{
+    oq__http_exec_t *x = ud;
+    unsigned char *st = fd_state(x, s, 0);
+    if (st) *st = 0;
+    return close(s);
+}
+
 /* CURLMOPT_SOCKETFUNCTION: curl says which of its sockets to watch, and for what. The socket
- * is added to epfd the first time (marked with curl_multi_assign), changed after, removed when
- * curl is done with it. @locality the polling thread (inside curl's calls). */
+ * is added to epfd the first time (marked with curl_multi_assign), changed after, parked or
+ * removed when curl is done with it (above). @locality the polling thread (inside curl's
+ * calls). */
 static int on_socket(CURL *e, curl_socket_t s, int what, void *ud, void *sockp)
 {
     oq__http_exec_t *x = ud;
     (void)e;
+    unsigned char *st = fd_state(x, s, 0);
+    if (st && !(*st & FD_OURS)) st = NULL;
     if (what == CURL_POLL_REMOVE) {
+        if (st && (*st & FD_REG)) {
+            *st |= FD_PARKED;
+            return 0;
+        }
+        x->epoll_ctls++;
         epoll_ctl(x->epfd, EPOLL_CTL_DEL, s, NULL); /* (ENOENT/EBADF: already gone) */
+        return 0;
+    }
+    unsigned char want =
+        (unsigned char)((what & CURL_POLL_IN ? FD_IN : 0) | (what & CURL_POLL_OUT ? FD_OUT : 0));
+    if (st && (*st & FD_REG) && (*st & (FD_IN | FD_OUT)) == want) {
+        *st = (unsigned char)(FD_OURS | FD_REG | want); /* (no longer parked) */
+        if (!sockp) curl_multi_assign(x->multi, s, x);
         return 0;
     }
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
     ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
     ev.data.fd = s;
-    int op = sockp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int op = (st ? (*st & FD_REG) != 0 : sockp != NULL) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    x->epoll_ctls++;
     int rc = epoll_ctl(x->epfd, op, s, &ev);
-    if (rc != 0 && errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT))
+    if (rc != 0 && errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT)) {
+        x->epoll_ctls++;
         rc = epoll_ctl(x->epfd, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &ev);
+    }
+    if (st) *st = (unsigned char)(rc == 0 ? FD_OURS | FD_REG | want : FD_OURS);
     if (rc == 0 && !sockp) curl_multi_assign(x->multi, s, x);
     /* (never -1: curl would mark the whole multi handle dead. A socket not watched leaves its
      * transfer to curl's timer: it ends at its timeout, classified sent or not as usual.) */
     if (rc != 0) OQ_LOG_WARN("tools", "http exec: epoll_ctl on a socket: %s", strerror(errno));
     return 0;
+}
+
+uint64_t oq__http_exec_epoll_ctls(const oq__http_exec_t *x)
+{
+    return x ? x->epoll_ctls : 0;
 }
 
 oq__http_exec_t *oq__http_exec_new(const oq__http_exec_opts_t *opts, oq_error_t *err)
@@ -1368,14 +1449,15 @@ static int on_debug(CURL *h, curl_infotype type, char *data, size_t size, void *
     xfer_t *t = ud;
     (void)h;
     if (type == CURLINFO_HEADER_OUT) {
-        /* track the last 4 bytes written: the header block ends with CRLF CRLF */
-        for (size_t i = 0; i < size; i++) {
-            if (t->tail_len == 4) {
-                memmove(t->tail, t->tail + 1, 3);
-                t->tail_len = 3;
-            }
-            t->tail[t->tail_len++] = data[i];
+        /* track the last 4 bytes written: the header block ends with CRLF CRLF (only the
+         * last 4 of a write matter, and of the ones before only what they leave) */
+        size_t take = size < 4 ? size : 4, keep = 4 - take;
+        if (t->tail_len > keep) {
+            memmove(t->tail, t->tail + (t->tail_len - keep), keep);
+            t->tail_len = keep;
         }
+        memcpy(t->tail + t->tail_len, data + (size - take), take);
+        t->tail_len += take;
         if (t->tail_len == 4 && memcmp(t->tail, "\r\n\r\n", 4) == 0) t->hdr_done = 1;
     } else if (type == CURLINFO_DATA_OUT) {
         t->body_out += (int64_t)size;
@@ -1519,6 +1601,10 @@ static int start(oq__http_exec_t *x, xfer_t *t)
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
     curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, x);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, x);
     if (t->tool->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, t->tool->ca_file);
     if (t->tool->client_cert) {
         curl_easy_setopt(e, CURLOPT_SSLCERT, t->tool->client_cert);
@@ -1774,6 +1860,13 @@ static int drive(oq__http_exec_t *x, int wait_ms, oq_error_t *err)
             if (take_wakeup) (void)!read(x->evfd, &v, sizeof v);
             continue;
         }
+        unsigned char *st = fd_state(x, evs[i].data.fd, 0);
+        if (st && (*st & FD_PARKED)) { /* an idle connection: out of the set until asked for */
+            x->epoll_ctls++;
+            epoll_ctl(x->epfd, EPOLL_CTL_DEL, evs[i].data.fd, NULL);
+            *st = FD_OURS;
+            continue;
+        }
         int mask = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                    (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                    (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
@@ -1870,6 +1963,7 @@ void oq__http_exec_destroy(oq__http_exec_t *x)
     close(x->epfd);
     close(x->evfd);
     free(x->idle);
+    free(x->fdst);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }

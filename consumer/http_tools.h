@@ -285,6 +285,13 @@ void oq__http_exec_wakeup(oq__http_exec_t *x);
 int oq__http_exec_pending(oq__http_exec_t *x);
 
 /**
+ * @brief epoll_ctl calls made so far on the sockets of the executor's connections (a
+ *        kept-alive connection stays registered between its transfers: about none per request
+ *        once the connections are open). @locality the polling thread (tests, figures).
+ */
+uint64_t oq__http_exec_epoll_ctls(const oq__http_exec_t *x);
+
+/**
  * @brief Start no new transfer from now on: the running ones go on to their answer or their
  *        timeout; every request not started yet (queued, or submitted later) is called back at
  *        the next poll as not sent, "abandoned" (RETRYABLE; a lookup UNDECIDED). The worker's

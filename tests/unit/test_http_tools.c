@@ -778,8 +778,16 @@ typedef struct ka_peer {
     pthread_t th;
     char *reqs[KA_MAX_REQS];
     atomic_int nreqs;
-    int conns; /* connections accepted */
+    int conns;         /* connections accepted */
+    int close;         /* KA_CLOSE_*: what the peer does after an answer */
+    atomic_int closed; /* connections the peer closed after an answer */
 } ka_peer_t;
+
+enum {
+    KA_KEEP = 0,       /* keeps the connection */
+    KA_CLOSE_SAID = 1, /* answers "Connection: close" and closes */
+    KA_CLOSE_IDLE = 2  /* closes the idle connection without a word */
+};
 
 /* Reads one whole request from \p fd (head, then Content-Length bytes) into a new string;
  * NULL when the connection ended first. */
@@ -851,7 +859,18 @@ static void *ka_main(void *arg)
             }
             static const char ans[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                       "Content-Length: 11\r\n\r\n{\"id\":\"p1\"}";
-            (void)!write(pf[i].fd, ans, sizeof ans - 1);
+            static const char bye[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                      "Connection: close\r\nContent-Length: 11\r\n\r\n"
+                                      "{\"id\":\"p1\"}";
+            if (p->close == KA_CLOSE_SAID)
+                (void)!write(pf[i].fd, bye, sizeof bye - 1);
+            else
+                (void)!write(pf[i].fd, ans, sizeof ans - 1);
+            if (p->close != KA_KEEP) {
+                close(pf[i].fd);
+                pf[i--] = pf[--n];
+                atomic_fetch_add(&p->closed, 1);
+            }
         }
     }
     for (int i = 1; i < n; i++)
@@ -859,9 +878,10 @@ static void *ka_main(void *arg)
     return NULL;
 }
 
-static void ka_start(ka_peer_t *p)
+static void ka_start_mode(ka_peer_t *p, int close_mode)
 {
     memset(p, 0, sizeof *p);
+    p->close = close_mode;
     p->lfd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(p->lfd >= 0);
     struct sockaddr_in sa;
@@ -874,6 +894,11 @@ static void ka_start(ka_peer_t *p)
     getsockname(p->lfd, (struct sockaddr *)&sa, &sl);
     p->port = ntohs(sa.sin_port);
     assert_int_equal(pthread_create(&p->th, NULL, ka_main, p), 0);
+}
+
+static void ka_start(ka_peer_t *p)
+{
+    ka_start_mode(p, KA_KEEP);
 }
 
 static void ka_stop(ka_peer_t *p)
@@ -946,6 +971,92 @@ static void test_exec_reused_handle(void **state)
     json_decref(args);
     ka_stop(&p);
     oq__http_tools_destroy(t);
+}
+
+/* One request after the other on a kept-alive connection: its socket stays in the executor's
+ * epoll set between transfers (curl's REMOVE at the end of each is parked, its next IN costs
+ * nothing), so twenty requests cost the two registrations of the connection, not two epoll_ctl
+ * calls each. */
+static void test_exec_keeps_sockets(void **state)
+{
+    (void)state;
+    ka_peer_t p;
+    ka_start(&p);
+    char text[256];
+    snprintf(text, sizeof text, "{\"tools\":[{\"name\":\"k\",\"url\":\"http://127.0.0.1:%d/k\"}]}",
+             p.port);
+    oq__http_tools_t *t = parse_ok(text);
+    oq__http_exec_opts_t o = {.max_inflight = 1};
+    oq_error_t err = {0};
+    oq__http_exec_t *x = oq__http_exec_new(&o, &err);
+    assert_non_null(x);
+    json_t *args = json_object();
+    enum { N = 20 };
+    got_t g[N];
+    memset(g, 0, sizeof g);
+    for (int i = 0; i < N; i++) {
+        char eid[32];
+        snprintf(eid, sizeof eid, "k-%d", i);
+        assert_int_equal(oq__http_exec_submit(x, &t->tools[0], args, eid, on_outcome, &g[i], &err),
+                         0);
+        poll_until(x, &g[i].n, 1);
+        assert_int_equal(g[i].cls, OQ__HTTP_SUCCESS);
+    }
+    assert_int_equal(p.conns, 1);
+    uint64_t ctls = oq__http_exec_epoll_ctls(x);
+    if (ctls > 4)
+        fprintf(stderr, "%d requests: %llu epoll_ctl calls\n", N, (unsigned long long)ctls);
+    assert_true(ctls <= 4);
+    oq__http_exec_destroy(x);
+    json_decref(args);
+    ka_stop(&p);
+    oq__http_tools_destroy(t);
+}
+
+/* A peer that closes each connection after its answer, saying so or not: a parked socket that
+ * becomes readable (end of stream) leaves the epoll set, curl finds the connection dead before
+ * reusing it, and the next connection (often the same descriptor number) is watched as a new
+ * one: every request succeeds, on a connection of its own. */
+static void test_exec_peer_closes(void **state)
+{
+    (void)state;
+    for (int mode = KA_CLOSE_SAID; mode <= KA_CLOSE_IDLE; mode++) {
+        ka_peer_t p;
+        ka_start_mode(&p, mode);
+        char text[256];
+        snprintf(text, sizeof text,
+                 "{\"tools\":[{\"name\":\"c\",\"url\":\"http://127.0.0.1:%d/c\"}]}", p.port);
+        oq__http_tools_t *t = parse_ok(text);
+        oq__http_exec_opts_t o = {.max_inflight = 1};
+        oq_error_t err = {0};
+        oq__http_exec_t *x = oq__http_exec_new(&o, &err);
+        assert_non_null(x);
+        json_t *args = json_object();
+        enum { N = 5 };
+        got_t g[N];
+        memset(g, 0, sizeof g);
+        for (int i = 0; i < N; i++) {
+            char eid[32];
+            snprintf(eid, sizeof eid, "c-%d", i);
+            /* the peer has closed the last connection before the next request is made */
+            int64_t deadline = oq_mono_us() + 20 * 1000000LL;
+            while (atomic_load(&p.closed) < i && oq_mono_us() < deadline)
+                assert_true(oq__http_exec_poll(x, 20, &err) >= 0);
+            assert_int_equal(atomic_load(&p.closed), i);
+            (void)oq__http_exec_poll(x, 20, &err); /* (the end of stream, if not seen yet) */
+            assert_int_equal(
+                oq__http_exec_submit(x, &t->tools[0], args, eid, on_outcome, &g[i], &err), 0);
+            poll_until(x, &g[i].n, 1);
+            if (g[i].cls != OQ__HTTP_SUCCESS)
+                fprintf(stderr, "mode %d request %d: %s %s\n", mode, i, g[i].code, g[i].msg);
+            assert_int_equal(g[i].cls, OQ__HTTP_SUCCESS);
+        }
+        assert_int_equal(p.conns, N);
+        oq__http_exec_destroy(x);
+        json_decref(args);
+        ka_stop(&p);
+        oq__http_tools_destroy(t);
+    }
 }
 
 typedef struct many {
@@ -1081,6 +1192,8 @@ int main(void)
         cmocka_unit_test(test_idem_key_alias),
         cmocka_unit_test(test_exec_reused_handle),
         cmocka_unit_test(test_exec_many),
+        cmocka_unit_test(test_exec_keeps_sockets),
+        cmocka_unit_test(test_exec_peer_closes),
         cmocka_unit_test(test_exec_timer_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
