@@ -104,6 +104,8 @@ typedef struct oq_relay_opts {
                                        up), the next read waits until every message in flight
                                        has its delivery report, or this long at most; default
                                        100 (see relay.c, "Partial batches"); 0: no wait */
+    int partial_min_rows;         /**< the wait above follows only a read of at least this
+                                       many rows (a loaded relay); default 64; 0: after any */
     int watch_wal;                /**< 1: while idle, also watch the SQLite WAL file (Linux
                                        inotify) and wake on another process's commit instead
                                        of at the next poll (the `onceq relay` process, whose

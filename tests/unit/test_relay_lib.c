@@ -488,12 +488,14 @@ static void test_idle_relay_sends_without_linger(void **state)
 }
 
 /* Partial batches: rows committed one by one while a batch that did not fill is in flight are
- * not read as batches of their own; they wait for its delivery reports (or partial_wait_ms)
- * and go out together, each exactly once. With a 2 s round trip and partial_wait_ms at 10 s,
- * the relay that read each commit at once (before) had produced all 7 rows within ~200 ms. */
-static void test_partial_batch_waits_for_reports(void **state)
+ * not read as batches of their own when that batch had at least partial_min_rows rows; they
+ * wait for its delivery reports (or partial_wait_ms) and go out together, each exactly once.
+ * With a 2 s round trip and partial_wait_ms at 10 s, the relay that read each commit at once
+ * (before) had produced all 7 rows within ~200 ms. After a smaller read (a light load) they
+ * are read at once, so a lone call never waits for a report (min_rows 16, the default: the
+ * relay that waited after every read held them the 2 s). */
+static void partial_batch(int min_rows, int held)
 {
-    (void)state;
     oq_error_t err = {0};
     rd_kafka_t *mrk = NULL;
     rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
@@ -502,6 +504,7 @@ static void test_partial_batch_waits_for_reports(void **state)
     o.lease_ms = 30000;
     o.stop_timeout_ms = 10000;
     o.partial_wait_ms = 10000;
+    o.partial_min_rows = min_rows;
     oq_relay_t *r = oq_relay_new(&o, &err);
     assert_non_null(r);
     assert_int_equal(oq_relay_start(r, &err), 0);
@@ -530,7 +533,10 @@ static void test_partial_batch_waits_for_reports(void **state)
     oq_sleep_ms(100, NULL);
     oq_relay_stats(r, &s);
     print_message("produced %" PRIu64 " inflight %d before the reports\n", s.produced, s.inflight);
-    assert_int_equal(s.produced, 2); /* held until the batch in flight is reported */
+    if (held)
+        assert_int_equal(s.produced, 2); /* held until the batch in flight is reported */
+    else
+        assert_int_equal(s.produced, 7); /* read at once, the batch of one still in flight */
     deadline = oq_mono_us() + 30 * 1000000LL;
     while (oq_mono_us() < deadline &&
            scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 7)
@@ -545,6 +551,21 @@ static void test_partial_batch_waits_for_reports(void **state)
     rd_kafka_destroy(mrk);
 }
 
+static void test_partial_batch_waits_for_reports(void **state)
+{
+    (void)state;
+    partial_batch(1, 1);
+}
+
+static void test_small_batch_does_not_wait(void **state)
+{
+    (void)state;
+    oq_relay_opts_t d;
+    oq_relay_opts_init(&d);
+    assert_true(d.partial_min_rows > 1);
+    partial_batch(d.partial_min_rows, 0);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -557,6 +578,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_small_batch_does_not_wait, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
