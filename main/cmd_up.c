@@ -618,22 +618,33 @@ static int up_check_listen(const char *flag, const char *listen, const char *hin
     (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 &&
         (errno == EADDRINUSE || errno == EADDRNOTAVAIL || errno == EACCES)) {
-        fprintf(stderr, "onceq up: --%s: %s: %s (another onceq up or another server? %s)\n", flag,
-                listen, strerror(errno), hint);
+        if (hint) /* NULL: the caller says what happens instead */
+            fprintf(stderr, "onceq up: --%s: %s: %s (another onceq up or another server? %s)\n",
+                    flag, listen, strerror(errno), hint);
         rc = OQ_EXIT_FAIL;
     }
     close(fd);
     return rc;
 }
 
-static int up_check_ports(const oq_config_t *cfg)
+static int up_check_ports(oq_config_t *cfg)
 {
     int rc = up_check_listen("listen", oq_config_str(cfg, "listen"),
                              "choose another with --listen HOST:PORT");
     const char *cl = oq_config_str(cfg, "console");
-    if (rc == OQ_EXIT_OK && cl && cl[0])
+    if (rc == OQ_EXIT_OK && cl && cl[0] && oq_config_is_set(cfg, "console")) {
         rc = up_check_listen("console", cl,
                              "choose another with --console HOST:PORT, or --console \"\" for none");
+    } else if (rc == OQ_EXIT_OK && cl && cl[0] &&
+               up_check_listen("console", cl, NULL) == OQ_EXIT_FAIL) {
+        /* The default console's port is taken (a second pipeline on this host): the console is
+         * an extra, so this pipeline runs without one and says so; one asked for is an error. */
+        fprintf(stderr,
+                "onceq up: no console: %s is in use (another onceq up?); --console HOST:PORT "
+                "starts one elsewhere\n",
+                cl);
+        oq_config_set(cfg, "console", "", NULL);
+    }
     /* the relay on BASE, consumer-K on BASE+K */
     int base = (int)oq_config_int(cfg, "metrics-base-port");
     int nc = (int)oq_config_int(cfg, "consumers");
