@@ -390,8 +390,10 @@ static int fast_int(fast_scan_t *sc, int64_t *out)
     }
     const char *d = q;
     int64_t v = 0;
-    while (q < sc->end && *q >= '0' && *q <= '9')
-        v = v * 10 + (*q++ - '0');
+    while (q < sc->end && *q >= '0' && *q <= '9') {
+        if (q - d < 16) v = v * 10 + (*q - '0'); /* past 15 digits it is refused below */
+        q++;
+    }
     size_t nd = (size_t)(q - d);
     if (nd == 0 || nd > 15 || (nd > 1 && *d == '0') || (neg && v == 0)) return 0;
     if (q < sc->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
