@@ -23,7 +23,7 @@ test-valgrind: build
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DONCEQ_FUZZ=ON >/dev/null
 	cmake --build $(BUILD)-fuzz -j $(JOBS)
-	for f in fuzz_jcs fuzz_envelope fuzz_jschema; do mkdir -p $(BUILD)-fuzz/fuzz-corpus/$$f; \
+	for f in $(notdir $(basename $(wildcard tests/fuzz/fuzz_*.c))); do mkdir -p $(BUILD)-fuzz/fuzz-corpus/$$f; \
 	  $(BUILD)-fuzz/$$f -max_total_time=$${FUZZ_SECONDS:-120} -rss_limit_mb=2048 \
 	  $(BUILD)-fuzz/fuzz-corpus/$$f tests/fuzz/corpus/$$f || exit 1; done
 chaos: build

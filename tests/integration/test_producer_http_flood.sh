@@ -35,7 +35,7 @@ oq_wait_for 15 curl -sf "$URL/healthz" || oq_fail "producer did not come up"
 curl -sf --max-time 3 --interface 127.0.0.2 "$URL/healthz" >/dev/null ||
     oq_fail "cannot reach the producer from 127.0.0.2 (loopback aliases needed by this test)"
 
-oq_spawn flood1 python3 "$FLOOD" --port "$PORT" --count 1000 --hold 25 \
+oq_spawn flood1 python3 "$FLOOD" --port "$PORT" --count 1000 --hold 25 --settle \
     --ready-file "$T/f1.ready" --done-file "$T/f1.done" --stop-file "$T/f1.stop"
 oq_wait_for 60 test -f "$T/f1.ready" || oq_fail "the flood did not start"
 R=$(cat "$T/f1.ready")
