@@ -32,7 +32,8 @@
 #              (a private cluster of scripts/pg.sh in the scratch folder, fsync on,
 #              synchronous_commit=on: the same durability as SQLite's FULL), side by side, with
 #              CPU and bytes written per call (this host's processes and the server's, from
-#              /proc) and the ratios PG/SQLite as a Markdown table; skipped with a note without
+#              /proc) and the ratios PG/SQLite as a Markdown table, then each backend open loop
+#              at half of its closed-loop rate (the latency target's load); skipped without
 #              Debian's postgresql package
 # Everything is durable (synchronous=FULL). Output: one block per benchmark on stdout.
 set -uo pipefail
@@ -217,6 +218,16 @@ else
         echo; echo "### e2e on $be"
         "$BENCH" e2e --onceq "$BIN" --calls "$B_CALLS" --rate 0 --conns 64 --consumers 2 \
             --no-baseline "${eo[@]}" | tee "$T/b-e2e-$be.out"
+        # the latency target's load: half of the rate just measured, open loop, about 4 s
+        cap=$(res "$T/b-e2e-$be.out" | grep -o 'calls_per_s=[0-9]*' | cut -d= -f2)
+        half=$((${cap:-0} / 2))
+        if ((half > 0)); then
+            [[ $be == pg ]] && eo=(--db-url "$(pgdb bench_e2e_half)")
+            echo; echo "### e2e on $be at half of capacity ($half calls/s offered)"
+            "$BENCH" e2e --onceq "$BIN" --calls $((half * 4 > 2000 ? half * 4 : 2000)) \
+                --rate "$half" --conns 64 --consumers 2 --no-baseline "${eo[@]}" |
+                tee "$T/b-half-$be.out"
+        fi
     done
     echo
     echo "### side by side ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
@@ -245,5 +256,9 @@ for b, key, unit in rows:
     wb_p = f"{f(p, 'write_bytes'):.0f} + {f(p, 'pg_write_bytes'):.0f}" if "pg_write_bytes" in p else f"{f(p, 'write_bytes'):.0f} (both)"
     lat = f" (p99 {s.get('p99_ms')} / {p.get('p99_ms')} ms)" if "p99_ms" in s else ""
     print(f"| {b} {unit}{lat} | {f(s, key):.0f} | {f(p, key):.0f} | {ratio:.2f} | {cpu_s:.0f} | {cpu_p} | {f(s, 'write_bytes') + f(s, 'pg_write_bytes'):.0f} | {wb_p} |")
+s, p = res("b-half-sqlite"), res("b-half-pg")
+if s or p:
+    cell = lambda d: f"{d.get('calls_per_s', 'failed')} calls/s, p50 {d.get('p50_ms', '-')} / p99 {d.get('p99_ms', '-')} ms" if d else "failed"
+    print(f"| e2e at half of capacity, open loop (PostgreSQL p99 target 50 ms) | {cell(s)} | {cell(p)} | | | | | |")
 PY
 fi

@@ -19,21 +19,38 @@
  * "err unknown command 'x'"), which scripts poll for the ack (tests/integration/lib.sh:
  * oq_broker_ctl). Commands are listed in broker_usage below.
  *
+ * Nagle. The mock does not set TCP_NODELAY on the connections it accepts (librdkafka 2.0.2,
+ * rdkafka_mock.c), so a small response written while an earlier one on the same connection is
+ * unacknowledged waits for the client's delayed ACK: up to 40 ms on Linux. That is what a
+ * producer with several requests in flight (the relays, up to 5 with idempotence) met on every
+ * busy connection: its delivery reports came back tens of ms after the consumers could fetch
+ * the messages. A real broker sets TCP_NODELAY (Kafka's SocketServer). This file therefore
+ * defines accept(): librdkafka's call resolves to it (the executable's definition comes first
+ * in symbol lookup), and it sets TCP_NODELAY on what the real accept() returns, in `onceq
+ * broker` only (broker_nodelay), unless --nagle. The delays had also been batching the whole
+ * pipeline (fewer, fuller requests and transactions), so without them a CPU-bound closed loop
+ * carries fewer calls: docs/SCALING.md, "Nagle in the embedded broker", has both sides.
+ *
  * What the mock does not do: retention is ~5 MiB per partition in
  * memory, nothing survives a restart, no broker-side dedupe for idempotent producers, no
  * transactions, slow rebalances, no admin API (so topics are created here).
  */
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,10 +108,42 @@ static const oq_setting_t broker_settings[] = {
      "control FIFO path (default <bootstrap-file>.ctl; none without either)"},
     {"topics", OQ_SET_STRING, NULL, 0, 65536, NULL,
      "extra topics, comma-separated NAME or NAME:PARTITIONS"},
+    {"nagle", OQ_SET_BOOL, "false", 0, -1, NULL,
+     "leave Nagle on the accepted connections, as librdkafka's mock does (slower responses "
+     "under load; for comparisons with figures taken that way)"},
     OQ_SETTING_TOPIC_PREFIX,
 };
 
 static volatile sig_atomic_t broker_stop;
+
+/* --- TCP_NODELAY on the mock's connections (file comment, "Nagle") ---------------------------- */
+
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+static atomic_int broker_nodelay; /* set by oq__cmd_broker: other subcommands are untouched */
+static _Atomic(accept_fn) real_accept;
+
+int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+    accept_fn f = atomic_load(&real_accept);
+    if (!f) {
+        void *sym = dlsym(RTLD_NEXT, "accept");
+        if (!sym) {
+            errno = ENOSYS;
+            return -1;
+        }
+        memcpy(&f, &sym, sizeof(f)); /* ISO C has no object-to-function pointer cast */
+        atomic_store(&real_accept, f);
+    }
+    int s = f(fd, addr, len);
+    if (s >= 0 && atomic_load(&broker_nodelay)) {
+        int on = 1, type = 0;
+        socklen_t tl = sizeof(type);
+        /* Best effort: a socket that is not TCP (or refuses) keeps its default. */
+        if (getsockopt(s, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM)
+            (void)setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    }
+    return s;
+}
 
 static void broker_on_signal(int sig)
 {
@@ -585,6 +634,7 @@ int oq__cmd_broker(int argc, char **argv)
         goto out;
     }
     conf = NULL; /* owned by b.rk now */
+    atomic_store(&broker_nodelay, !oq_config_int(cfg, "nagle"));
     b.mc = rd_kafka_mock_cluster_new(b.rk, b.nbrokers);
     if (!b.mc) {
         OQ_LOG_ERROR("broker", "rd_kafka_mock_cluster_new(%d) failed", b.nbrokers);

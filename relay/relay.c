@@ -84,10 +84,11 @@
  * at once when they fill a batch. 10 ms was too short on a loaded host: the round trips grew
  * past it and the spinning came back (relay 31-36 us of CPU per call against 11-12 with 100).
  * The wait applies only after a read of at least partial_min_rows (64) rows. A delivery report
- * comes back well after the consumers can already fetch the message (tens of ms on a busy host;
- * why librdkafka 2.0 answers so late is not established), so waiting for it after every small
- * read cost each relay hop 20-40 ms at 400 calls/s (end to end p50 10 -> 59-66 ms, `onceq-bench
- * e2e --rate 400 --conns 16`) and a 16-thread closed loop two thirds of its rate. And it feeds
+ * came back well after the consumers could already fetch the message (tens of ms: the embedded
+ * broker left Nagle on its connections, fixed since in main/cmd_broker.c), so waiting for it
+ * after every small read cost each relay hop 20-40 ms at 400 calls/s (end to end p50 10 ->
+ * 59-66 ms, `onceq-bench e2e --rate 400 --conns 16`) and a 16-thread closed loop two thirds of
+ * its rate. And it feeds
  * itself: rows gathered during a late report make the next read big enough to wait again, so
  * with a bound of 16 rows the same 400 calls/s ran at p50 37-45 ms in some runs and 12 in
  * others. 64 rows (p50 10-11 ms at 400 calls/s, 13 at 1,500) engages it only near capacity,
