@@ -106,6 +106,12 @@ typedef struct oq_relay_opts {
                                        100 (see relay.c, "Partial batches"); 0: no wait */
     int partial_min_rows;         /**< the wait above follows only a read of at least this
                                        many rows (a loaded relay); default 64; 0: after any */
+    int gather_ms;                /**< while rows arrive at gather_min_rate or more, read at
+                                       most every this many ms, so that each partition's
+                                       request carries more messages (relay.c, "Gather");
+                                       default 10; 0: read per commit at any rate */
+    int gather_min_rate;          /**< rows per second (a moving average over the reads) from
+                                       which gather_ms applies; default 5000 */
     int watch_wal;                /**< 1: while idle, also watch the SQLite WAL file (Linux
                                        inotify) and wake on another process's commit instead
                                        of at the next poll (the `onceq relay` process, whose

@@ -94,6 +94,17 @@
  * others. 64 rows (p50 10-11 ms at 400 calls/s, 13 at 1,500) engages it only near capacity,
  * where the writer's group commits alone carry dozens of rows and the CPU it saves matters.
  *
+ * Gather. librdkafka 2.0 sends one partition per Produce request, and with a 1 ms linger a
+ * relay that reads per writer commit sends a handful of messages per request under load (6.6
+ * for the outbox relay in the closed-loop e2e run, 0.24 Produce requests per call). While the
+ * rows arrive at gather_min_rate (5,000/s) or more, reads are spaced gather_ms (10) apart, so
+ * each partition's batch gathers 10 ms of rows; below that rate the relay reads per commit as
+ * before, so a light load pays nothing. The rate is a moving average of rows over time between
+ * reads (rate_ewma), which the spacing does not inflate (more rows, over a longer interval);
+ * a stale rate after a burst costs the next read at most gather_ms. A read that filled (a
+ * backlog) is followed at once. Measured (docs/SCALING.md, "Nagle in the embedded broker"):
+ * closed loop +12 % calls/s and -15 % CPU per call, p50 +13 ms there; 400 calls/s unchanged.
+ *
  * Lease. Standbys try to take the lease every min(lease/10, 100 ms); the holder renews every
  * lease/3 (and in every mark transaction) and stops producing when less than a third of the
  * lease is left unrenewed. See store.c for the fencing SQL.
@@ -187,7 +198,7 @@ struct oq_relay {
     const oq_config_t *kafka_cfg;
     int64_t lease_ms, batch_bytes, retention_ms, stop_timeout_ms;
     int batch_rows, max_inflight, cleanup_batch, poll_max_ms, partial_wait_ms, watch_wal;
-    int partial_min_rows;
+    int partial_min_rows, gather_ms, gather_min_rate;
 
     /* control */
     pthread_t thread;
@@ -235,6 +246,8 @@ struct oq_relay {
     int last_full;         /* the last batch read stopped at a limit: more rows were waiting */
     int last_n;            /* rows of the last batch read */
     int64_t last_read_us;  /* CLOCK_MONOTONIC of the last read that produced rows */
+    double rate_ewma;      /* rows per second over the recent reads ("Gather") */
+    int64_t rate_prev_us;  /* CLOCK_MONOTONIC of the last read, 0 before the first */
     int64_t next_stats_us, next_lease_try_us; /* CLOCK_MONOTONIC */
     int last_kafka_err;
     int64_t last_kafka_err_us;
@@ -322,6 +335,8 @@ void oq_relay_opts_init(oq_relay_opts_t *o)
     o->poll_max_ms = 5;
     o->partial_wait_ms = 100;
     o->partial_min_rows = 64;
+    o->gather_ms = 10;
+    o->gather_min_rate = 5000;
     o->stop_timeout_ms = 10000;
 }
 
@@ -1196,6 +1211,14 @@ static int produce_row(void *ctx, const oq__relay_row_t *row)
     return 0;
 }
 
+/* "Gather": microseconds until the next read may happen while rows arrive fast; 0: now. */
+static int64_t gather_left_us(const oq_relay_t *r, int64_t now_us)
+{
+    if (r->gather_ms <= 0 || r->last_full || r->rate_ewma < (double)r->gather_min_rate) return 0;
+    int64_t left = r->rate_prev_us + (int64_t)r->gather_ms * 1000 - now_us;
+    return left > 0 ? left : 0;
+}
+
 /* Reads and produces one batch. @returns rows produced, or -1 on a database error. */
 static int produce_batch(oq_relay_t *r)
 {
@@ -1220,6 +1243,11 @@ static int produce_batch(oq_relay_t *r)
     }
     r->last_full = r->batch_n >= room || r->batch_payload >= r->batch_bytes;
     r->last_n = r->batch_n;
+    int64_t now_us = oq_mono_us();
+    if (r->rate_prev_us > 0 && now_us > r->rate_prev_us)
+        r->rate_ewma = 0.7 * r->rate_ewma +
+                       0.3 * ((double)r->batch_n * 1e6 / (double)(now_us - r->rate_prev_us));
+    r->rate_prev_us = now_us;
     if (n > 0) {
         r->last_read_us = oq_mono_us();
         OQ_CRASH_POINT("relay.after_produce_before_delivery");
@@ -1380,7 +1408,8 @@ static void *relay_main(void *arg)
         int lease_ok = now_us < r->lease_until_us - r->lease_ms * 1000 / 3;
         if (now_us >= r->resume_at_us && lease_ok && r->st.inflight < r->max_inflight &&
             (r->st.inflight == 0 || r->last_full || r->last_n < r->partial_min_rows ||
-             now_us - r->last_read_us >= (int64_t)r->partial_wait_ms * 1000)) {
+             now_us - r->last_read_us >= (int64_t)r->partial_wait_ms * 1000) &&
+            gather_left_us(r, now_us) == 0) {
             OQ_CRASH_POINT("relay.after_lease_check");
             oq_error_t derr = {0};
             if (oq__relay_store_data_version(r->store, &dv, &derr) != 0) dv = -1;
@@ -1401,11 +1430,19 @@ static void *relay_main(void *arg)
             r->idle_ms = 1;
             continue;
         }
+        int64_t gather_us = gather_left_us(r, oq_mono_us());
+        int wait = gather_us > 0 && gather_us < (int64_t)r->poll_max_ms * 1000
+                       ? (int)((gather_us + 999) / 1000)
+                       : r->poll_max_ms;
         if (r->st.inflight > 0) {
             /* Waiting for delivery reports: block in librdkafka, not in a loop. */
             int64_t t0 = oq_mono_us();
-            rd_kafka_poll(r->rk, r->poll_max_ms);
+            rd_kafka_poll(r->rk, wait);
             r->t_poll_us += oq_mono_us() - t0;
+            continue;
+        }
+        if (gather_us > 0) { /* gathering: the next read is due in under gather_ms */
+            wait_ms(r, wait);
             continue;
         }
         now_us = oq_mono_us();
@@ -1508,7 +1545,7 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     if (opts->lease_ms < 100 || opts->batch_rows < 1 || opts->batch_bytes < 1 ||
         opts->max_inflight < 1 || opts->retention_ms < 0 || opts->cleanup_batch < 1 ||
         opts->poll_max_ms < 1 || opts->partial_wait_ms < 0 || opts->partial_min_rows < 0 ||
-        opts->stop_timeout_ms < 0) {
+        opts->gather_ms < 0 || opts->gather_min_rate < 0 || opts->stop_timeout_ms < 0) {
         oq_error_set(err, OQ_EINVAL, 0,
                      "relay: bad options (lease_ms>=100, batch_rows/bytes>=1, max_inflight>=1, "
                      "cleanup_batch>=1, poll_max_ms>=1; did you call oq_relay_opts_init?)");
@@ -1558,6 +1595,8 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->poll_max_ms = opts->poll_max_ms;
     r->partial_wait_ms = opts->partial_wait_ms;
     r->partial_min_rows = opts->partial_min_rows;
+    r->gather_ms = opts->gather_ms;
+    r->gather_min_rate = opts->gather_min_rate;
     r->watch_wal = opts->watch_wal;
     r->stop_timeout_ms = opts->stop_timeout_ms;
     if (!r->db_path || !r->lease_name || !r->owner || (opts->brokers && !r->brokers) || !r->sync ||

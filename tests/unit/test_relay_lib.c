@@ -566,6 +566,78 @@ static void test_small_batch_does_not_wait(void **state)
     partial_batch(d.partial_min_rows, 0);
 }
 
+/* Gather: while rows arrive at gather_min_rate or more, reads are spaced gather_ms apart; below
+ * that rate the relay reads per commit. 30 commits of one row 20 ms apart (50 rows/s): with
+ * gather_ms 300 from 1 row/s the ~600 ms take a handful of reads; with the rate bound above the
+ * load, one read per commit (the relay without the spacing read per commit in both cases).
+ * Every row is produced and published once either way. */
+static uint64_t wait_produced(oq_relay_t *r, uint64_t want, int ms)
+{
+    oq_relay_stats_t s;
+    int64_t deadline = oq_mono_us() + (int64_t)ms * 1000;
+    do {
+        oq_sleep_ms(2, NULL);
+        oq_relay_stats(r, &s);
+    } while (s.produced < want && oq_mono_us() < deadline);
+    return s.produced;
+}
+
+static uint64_t gather_reads(int gather_ms, int min_rate)
+{
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
+    oq_relay_opts_t o = opts("G");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.gather_ms = gather_ms;
+    o.gather_min_rate = min_rate;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    append_rows(1);
+    assert_int_equal(wait_produced(r, 1, 20000), 1);
+    oq_relay_stats_t s0, s;
+    oq_relay_stats(r, &s0);
+    for (int i = 0; i < 30; i++) {
+        oq_sleep_ms(20, NULL);
+        append_rows(1);
+    }
+    oq_relay_stats(r, &s);
+    uint64_t reads = s.reads - s0.reads;
+    print_message("gather_ms %d min_rate %d: %" PRIu64 " reads for 30 commits\n", gather_ms,
+                  min_rate, reads);
+    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
+    while (oq_mono_us() < deadline &&
+           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 31)
+        oq_sleep_ms(20, NULL);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 31);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_stats(r, &s);
+    assert_int_equal(s.produced, 31);
+    assert_int_equal(s.delivery_errors, 0);
+    oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+    return reads;
+}
+
+static void test_gather_spaces_reads(void **state)
+{
+    (void)state;
+    assert_true(gather_reads(300, 1) <= 8);
+}
+
+static void test_gather_not_below_rate(void **state)
+{
+    (void)state;
+    oq_relay_opts_t d;
+    oq_relay_opts_init(&d);
+    assert_true(d.gather_ms > 0 && d.gather_min_rate > 50);
+    assert_true(gather_reads(300, d.gather_min_rate) >= 20);
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_OFF, OQ_LOG_FMT_LOGFMT, 0);
@@ -579,6 +651,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_batch_does_not_wait, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_spaces_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_not_below_rate, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
