@@ -487,6 +487,26 @@ static void test_idle_relay_sends_without_linger(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* Every one of the n rows published and produced once, no delivery error; then stops and frees
+ * the relay and the mock cluster. */
+static void published_once_then_down(oq_relay_t *r, rd_kafka_mock_cluster_t *mcl, rd_kafka_t *mrk,
+                                     int64_t n)
+{
+    oq_relay_stats_t s;
+    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
+    while (oq_mono_us() < deadline &&
+           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < n)
+        oq_sleep_ms(20, NULL);
+    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), n);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_stats(r, &s);
+    assert_int_equal(s.produced, n);
+    assert_int_equal(s.delivery_errors, 0);
+    oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
 /* Partial batches: rows committed one by one while a batch that did not fill is in flight are
  * not read as batches of their own when that batch had at least partial_min_rows rows; they
  * wait for its delivery reports (or partial_wait_ms) and go out together, each exactly once.
@@ -537,18 +557,7 @@ static void partial_batch(int min_rows, int held)
         assert_int_equal(s.produced, 2); /* held until the batch in flight is reported */
     else
         assert_int_equal(s.produced, 7); /* read at once, the batch of one still in flight */
-    deadline = oq_mono_us() + 30 * 1000000LL;
-    while (oq_mono_us() < deadline &&
-           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 7)
-        oq_sleep_ms(20, NULL);
-    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 7);
-    assert_int_equal(oq_relay_stop(r), 0);
-    oq_relay_stats(r, &s);
-    assert_int_equal(s.produced, 7);
-    assert_int_equal(s.delivery_errors, 0);
-    oq_relay_destroy(r);
-    rd_kafka_mock_cluster_destroy(mcl);
-    rd_kafka_destroy(mrk);
+    published_once_then_down(r, mcl, mrk, 7);
 }
 
 static void test_partial_batch_waits_for_reports(void **state)
@@ -608,18 +617,7 @@ static uint64_t gather_reads(int gather_ms, int min_rate)
     uint64_t reads = s.reads - s0.reads;
     print_message("gather_ms %d min_rate %d: %" PRIu64 " reads for 30 commits\n", gather_ms,
                   min_rate, reads);
-    int64_t deadline = oq_mono_us() + 30 * 1000000LL;
-    while (oq_mono_us() < deadline &&
-           scalar("SELECT COALESCE((SELECT published_seq FROM relay_lease), 0)") < 31)
-        oq_sleep_ms(20, NULL);
-    assert_int_equal(scalar("SELECT published_seq FROM relay_lease"), 31);
-    assert_int_equal(oq_relay_stop(r), 0);
-    oq_relay_stats(r, &s);
-    assert_int_equal(s.produced, 31);
-    assert_int_equal(s.delivery_errors, 0);
-    oq_relay_destroy(r);
-    rd_kafka_mock_cluster_destroy(mcl);
-    rd_kafka_destroy(mrk);
+    published_once_then_down(r, mcl, mrk, 31);
     return reads;
 }
 
