@@ -45,6 +45,10 @@ void oq__relay_store_attach(oq__relay_store_t *s, oq_ckpt_t *ck);
 
 /** PRAGMA data_version: changes when another connection commits. */
 int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err);
+/** The socket on which another connection's commits are announced, for poll(POLLIN) while idle
+ *  (PostgreSQL: the LISTEN connection's; readable when a NOTIFY arrives, then
+ *  oq__relay_store_data_version() consumes it), or -1 (SQLite; or no connection now). */
+int oq__relay_store_notify_fd(oq__relay_store_t *s);
 
 /**
  * Take or renew the lease \p name for \p owner in one BEGIN IMMEDIATE transaction: a missing

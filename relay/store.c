@@ -193,6 +193,11 @@ static int prep_fail(oq_error_t *err)
     return (err && err->code) ? err->code : OQ_EDB;
 }
 
+int oq__relay_store_notify_fd(oq__relay_store_t *s)
+{
+    return s->pg ? oq__relay_pg_notify_fd(s->pg) : -1;
+}
+
 int oq__relay_store_data_version(oq__relay_store_t *s, int64_t *out, oq_error_t *err)
 {
     if (s->pg) return oq__relay_pg_data_version(s->pg, out, err);

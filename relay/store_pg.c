@@ -22,9 +22,11 @@
  * lease; the now_ms the relay passes is ignored here (its own renew schedule is relative). The
  * fencing check (owner, fence, unexpired) sits in every write's WHERE clause, as on SQLite.
  *
- * Waking: LISTEN onceq_outbox (a trigger NOTIFYs at every insert's commit); data_version counts
- * the notifications received and also changes once a second, so an idle relay polls at least
- * that often even if a notification was missed (a connection lost and re-established).
+ * Waking: LISTEN onceq_outbox (a trigger NOTIFYs at every insert's commit). The idle relay
+ * polls the connection's socket (oq__relay_pg_notify_fd), which a notification makes readable;
+ * data_version consumes the input, counts the notifications received and also changes once a
+ * second, so an idle relay reads at least that often even if a notification was missed (a
+ * connection lost and re-established).
  *
  * A lost connection is re-established before the next operation (PQreset, LISTEN again); the
  * operation that met it fails retriably and relay.c retries as after any database error.
@@ -119,6 +121,11 @@ int oq__relay_pg_data_version(oq__relay_pg_t *p, int64_t *out, oq_error_t *err)
     }
     *out = p->notes * 1000000 + oq_mono_us() / 1000000; /* and once a second regardless */
     return 0;
+}
+
+int oq__relay_pg_notify_fd(oq__relay_pg_t *p)
+{
+    return p && p->c && PQstatus(p->c) == CONNECTION_OK ? PQsocket(p->c) : -1;
 }
 
 /* --- lease ---------------------------------------------------------------------------------- */
