@@ -54,9 +54,10 @@ static const oq_setting_t relay_settings[] = {
     {"cleanup-batch", OQ_SET_INT, "1000", 1, 1000000, NULL, "rows per retention DELETE"},
     {"poll-max", OQ_SET_DURATION, "5ms", 1, 1000, NULL,
      "idle: longest wait between PRAGMA data_version checks"},
-    {"gather", OQ_SET_DURATION, "10ms", 0, 1000, NULL,
+    {"gather", OQ_SET_DURATION, NULL, 0, 1000, NULL,
      "while rows arrive at --gather-min-rate or more, read at most this often, so each "
-     "Produce request carries more messages (0: read per commit at any rate)"},
+     "Produce request carries more messages (default 10ms on SQLite, 5ms on PostgreSQL; 0: "
+     "read per commit at any rate)"},
     {"gather-min-rate", OQ_SET_INT, "5000", 0, 10000000, NULL,
      "rows per second (a moving average) from which --gather applies"},
     {"stop-timeout", OQ_SET_DURATION, "10s", 0, 600000, NULL,
@@ -182,7 +183,7 @@ int oq__cmd_relay(int argc, char **argv)
     o.retention_ms = oq_config_int(cfg, "retention");
     o.cleanup_batch = (int)oq_config_int(cfg, "cleanup-batch");
     o.poll_max_ms = (int)oq_config_int(cfg, "poll-max");
-    o.gather_ms = (int)oq_config_int(cfg, "gather");
+    if (oq_config_is_set(cfg, "gather")) o.gather_ms = (int)oq_config_int(cfg, "gather");
     o.gather_min_rate = (int)oq_config_int(cfg, "gather-min-rate");
     o.watch_wal = 1; /* the writer is another process: it cannot oq_relay_notify() us */
     o.stop_timeout_ms = oq_config_int(cfg, "stop-timeout");

@@ -109,7 +109,8 @@ typedef struct oq_relay_opts {
     int gather_ms;                /**< while rows arrive at gather_min_rate or more, read at
                                        most every this many ms, so that each partition's
                                        request carries more messages (relay.c, "Gather");
-                                       default 10; 0: read per commit at any rate */
+                                       default -1: by backend, 10 on SQLite, 5 on
+                                       PostgreSQL; 0: read per commit at any rate */
     int gather_min_rate;          /**< rows per second (a moving average over the reads) from
                                        which gather_ms applies; default 5000 */
     int watch_wal;                /**< 1: while idle, also watch the SQLite WAL file (Linux
