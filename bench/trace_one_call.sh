@@ -24,20 +24,8 @@ if ! command -v perf >/dev/null || ! perf record -q -a -e syscalls:sys_enter_fda
     echo "skipped: needs perf with system-wide tracepoints (root, or kernel.perf_event_paranoid <= -1)"
     exit 0
 fi
-oq_tmpdir
-DPORT=$(oq_free_port) && PORT=$(oq_free_port) || oq_fail "no free port"
-oq_spawn ds "$DS" --listen "127.0.0.1:$DPORT" --db "$T/downstream.db"
-oq_wait_for 15 curl -sf -o /dev/null "http://127.0.0.1:$DPORT/healthz" || oq_fail "downstream did not start"
-jq --arg u "127.0.0.1:$DPORT" '.tools |= [.[0] | walk(if type == "string" then gsub("127.0.0.1:8090"; $u) else . end)]' \
-    "$ROOT/examples/tools.json" >"$T/tools.json" || oq_fail "tools file"
-oq_spawn up "$BIN" up --dir "$T/up" --listen "127.0.0.1:$PORT" --tools "$T/tools.json"
-oq_wait_for 30 curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" || oq_fail "onceq up did not get ready"
-for _ in $(seq 300); do # every consumer assigned (bench/dbos_baseline.sh says why)
-    n=$(ls "$T"/up/consumer-*.log 2>/dev/null | wc -l)
-    a=$(grep -l 'msg="assigned' "$T"/up/consumer-*.log 2>/dev/null | wc -l)
-    [[ $n -gt 0 && $a -ge $n ]] && break
-    sleep 0.1
-done
+. "$ROOT/bench/pay_pipeline.sh"
+pay_pipeline_start "$BIN" "$DS"
 cat >"$T/client.py" <<'PY'
 import http.client, json, sys, time
 port, n, pfx = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
