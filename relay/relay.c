@@ -1641,8 +1641,9 @@ oq_relay_t *oq_relay_new(const oq_relay_opts_t *opts, oq_error_t *err)
     r->partial_wait_ms = opts->partial_wait_ms;
     r->partial_min_rows = opts->partial_min_rows;
     r->gather_ms = opts->gather_ms >= 0 ? opts->gather_ms
-                   : oq_backend_of(opts->db_path) == OQ_BACKEND_POSTGRES ? OQ__RELAY_GATHER_MS_PG
-                                                                         : OQ__RELAY_GATHER_MS_SQLITE;
+                   : oq_backend_of(opts->db_path) == OQ_BACKEND_POSTGRES
+                       ? OQ__RELAY_GATHER_MS_PG
+                       : OQ__RELAY_GATHER_MS_SQLITE;
     r->gather_min_rate = opts->gather_min_rate;
     r->watch_wal = opts->watch_wal;
     r->stop_timeout_ms = opts->stop_timeout_ms;
