@@ -105,16 +105,19 @@ oq_spawn() {
     return 0
 }
 
+# Reap pid $1 when it is our child. `wait` returns the child's status (137 after a KILL, the
+# exit code of one that failed): it must never reach `set -e` and end the calling test.
+oq__reap() { wait "$1" 2>/dev/null || true; }
+
 # Wait (bounded) for pid $1 to disappear; reaps it when it is our child. 0 if gone.
-# `wait` returns the child's status (137 after a KILL): it must never reach `set -e`.
 oq__wait_gone() {
     local pid=$1 tenths=$2 i
     for ((i = 0; i < tenths; i++)); do
-        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+        kill -0 "$pid" 2>/dev/null || { oq__reap "$pid"; return 0; }
         sleep 0.1
     done
     kill -0 "$pid" 2>/dev/null && return 1
-    wait "$pid" 2>/dev/null || true
+    oq__reap "$pid"
     return 0
 }
 
@@ -122,7 +125,7 @@ oq_kill() {
     local name=$1 sig=${2:-TERM}
     local pid=${OQ_PIDS[$name]:-}
     [[ -n "$pid" ]] || { oq_log "oq_kill: no process named '$name'"; return 1; }
-    kill "-$sig" "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
+    kill "-$sig" "$pid" 2>/dev/null || { oq__reap "$pid"; return 0; }
     case "$sig" in
     TERM | INT | 15 | 2)
         # OQ_KILL_GRACE (s, default 15): a loaded machine stops `onceq up` slowly when a
@@ -180,7 +183,7 @@ oq_cleanup() {
             echo "oq_cleanup: $name pid=$pid still alive after TERM + 5 s: KILL" >&2
             kill -KILL "$pid" 2>/dev/null || true
         fi
-        wait "$pid" 2>/dev/null || true
+        oq__reap "$pid"
         # sweep the process group (leftover grandchildren); only our own groups (setsid)
         if [[ "$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')" == "$pid" ]] ||
             pgrep -g "$pid" >/dev/null 2>&1; then
