@@ -6,7 +6,7 @@
 #   scripts/kafka-bench.sh [--build DIR] [--rows 300000] [--partitions 64] [--calls 10000]
 #                          [--rate 0] [--conns 64] [--consumers 2] [--only mock|real]
 #                          [--cluster-dir D] [--no-relay] [--idle 20] [--warmup 300]
-#                          [--up-arg ARG]...
+#                          [--warm-jit SECONDS] [--up-arg ARG]...
 #
 # relay: `onceq-bench relay --rows N` (outbox -> broker, idempotent, acks=all; its same-run
 #        baseline is raw librdkafka produce of the same payloads to the same broker) against
@@ -29,6 +29,11 @@
 # some 100,000 calls through a cluster, so the block also gives the CPU per call without the
 # JIT threads, and above the no-client idle with the JIT left out of both), the brokers' CPU
 # by thread kind (request handlers, replica fetchers, JIT ...), and the onceq processes' CPU.
+# --warm-jit S (real Kafka only; 0, the default, is off): after --warmup, keep warming in rounds
+# of 10,000 calls until the JIT compiler threads took at most 10 % of the brokers' CPU in two
+# rounds in a row (one quiet round was seen followed by a busy one), for at most S seconds, printing each round's JIT share: the measured run then meets
+# brokers whose JIT has settled, as on a cluster that has been running for a while (a fresh
+# 3-node cluster here still spent about half of its CPU in the JIT after 100,000 calls).
 # Requests: every onceq Kafka client writes librdkafka's statistics once a second
 # (ONCEQ_KAFKA_STATS_DIR, common/kafka.c); the e2e block prints the requests per call by type
 # (the difference of two snapshots around the measured run, over all onceq clients), then by
@@ -56,6 +61,7 @@ cluster_dir=
 relay=1
 idle=20
 warmup=300
+warm_jit=0
 up_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -71,6 +77,7 @@ while [[ $# -gt 0 ]]; do
     --no-relay) relay=0; shift ;;
     --idle) idle=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --warm-jit) warm_jit=$2; shift 2 ;;
     --up-arg) up_args+=("$2"); shift 2 ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e '/SPDX-License-Identifier/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
@@ -123,6 +130,35 @@ idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores, 
     b=$(cpu_s "$@")
     jb=$(jit_s "$@")
     awk -v a="$a" -v b="$b" -v ja="$ja" -v jb="$jb" -v s="$idle" 'BEGIN {printf "%.3f %.3f", (b - a) / s, (jb - ja) / s}'
+}
+# Warm-up rounds of 10,000 calls on the real cluster until the brokers' JIT threads took at
+# most 10 % of their CPU in two rounds in a row, or $warm_jit seconds have passed (uses the
+# caller's target, port, d and pids).
+warm_until_jit_settles() {
+    local round=0 quiet=0 start=$SECONDS c0 c1 j0 j1 share n=10000
+    while :; do
+        round=$((round + 1))
+        c0=$(cpu_s "${pids[@]}")
+        j0=$(jit_s "${pids[@]}")
+        "$LOAD" --port "$port" --calls "$n" --conns "$conns" --prefix "warm$round-$target" \
+            --mix 60,40,0,0,0 >"$T/warm-$target.out" 2>&1 || oq_fail "$target: warm-up load failed"
+        oq_wait_for 300 drained "$d/calls.db" "warm$round-$target" "$n" ||
+            oq_fail "$target: warm-up round $round not drained"
+        c1=$(cpu_s "${pids[@]}")
+        j1=$(jit_s "${pids[@]}")
+        share=$(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" \
+            'BEGIN {printf "%.0f", (b > a) ? (jb - ja) * 100 / (b - a) : 0}')
+        echo "warm-up round $round: $n calls, brokers' CPU $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s, of which JIT threads $share % ($((SECONDS - start)) s so far)"
+        if ((share <= 10)); then quiet=$((quiet + 1)); else quiet=0; fi
+        if ((quiet >= 2)); then
+            echo "warm-up: the brokers' JIT settled after $round round(s) ($((SECONDS - start)) s)"
+            return 0
+        fi
+        if ((SECONDS - start >= warm_jit)); then
+            echo "warm-up: stopped at --warm-jit $warm_jit s with the JIT at $share % of the brokers' CPU"
+            return 0
+        fi
+    done
 }
 rss_mib() { # resident MiB of each pid given, space-separated
     local p
@@ -257,6 +293,9 @@ bench_e2e() { # bench_e2e mock|real
         oq_fail "$target: warm-up load failed"
     oq_wait_for 300 drained "$d/calls.db" "warm-$target" "$warmup" ||
         oq_fail "$target: warm-up not drained"
+    if [[ $target == real ]] && ((warm_jit > 0)); then
+        warm_until_jit_settles
+    fi
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
         local ki0=$EPOCHREALTIME ki1
