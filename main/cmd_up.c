@@ -352,20 +352,33 @@ static int up_spawn(up_t *up, up_child_t *k)
         return -1;
     }
     pid_t parent = getpid();
+    /* TERM and INT stay blocked across the fork: until the child has put their default action
+     * back, a TERM sent to it would run the supervisor's handler, inherited, which only sets a
+     * flag in the child's copy of this process. The TERM was lost and the child ran on until
+     * the KILL after --stop-timeout (a stop right after `onceq up` started took 10 s: the
+     * supervisor signals a broker it has just forked). Blocked, the signal stays pending and
+     * the default action takes it when the child unblocks. */
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    sigprocmask(SIG_BLOCK, &stops, &old);
     pid_t pid = fork();
     if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
         OQ_LOG_ERROR("up", "fork: %s", strerror(errno));
         close(logfd);
         return -1;
     }
     if (pid == 0) {
-        /* Child: only async-signal-safe calls until execv. */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
+        /* Child: only async-signal-safe calls until execv. Default actions first, then the
+         * mask cleared: a TERM already pending ends the child here. */
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         /* Own process group: a terminal's Ctrl-C reaches only the supervisor, which then
          * stops the children in order. PDEATHSIG covers a supervisor killed with -9. */
         setpgid(0, 0);
@@ -381,6 +394,7 @@ static int up_spawn(up_t *up, up_child_t *k)
         execv(up->exe, argv);
         _exit(127);
     }
+    sigprocmask(SIG_SETMASK, &old, NULL);
     close(logfd);
     k->pid = pid;
     k->started_us = oq_mono_us();
@@ -466,7 +480,8 @@ static int up_write_kafka_conf(up_t *up)
     return 0;
 }
 
-/* Start the embedded broker and wait until it has written its bootstrap address. */
+/* Start the embedded broker and wait until it has written its bootstrap address. @returns 0,
+ * 1 when a stop signal came first (the caller stops what runs, as on any stop), or -1. */
 static int up_start_broker(up_t *up, up_child_t *k)
 {
     unlink(up->bootstrap_file);
@@ -494,6 +509,7 @@ static int up_start_broker(up_t *up, up_child_t *k)
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    if (up_stop_sig) return 1; /* stopped while the broker started: not a failure */
     OQ_LOG_ERROR("up", "no bootstrap address in %s after the wait", up->bootstrap_file);
     return -1;
 }
@@ -783,7 +799,8 @@ int oq__cmd_up(int argc, char **argv)
     sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (up->embedded && up_start_broker(up, &up->kids[0]) != 0) goto stop;
+    int br = up->embedded && !up_stop_sig ? up_start_broker(up, &up->kids[0]) : 0;
+    if (br < 0) goto stop;
     for (int i = 1; i < up->nkids && !up_stop_sig; i++)
         if (up_spawn(up, &up->kids[i]) != 0) goto stop;
     if (!up_stop_sig) up_print_where(up);
