@@ -293,9 +293,6 @@ bench_e2e() { # bench_e2e mock|real
         oq_fail "$target: warm-up load failed"
     oq_wait_for 300 drained "$d/calls.db" "warm-$target" "$warmup" ||
         oq_fail "$target: warm-up not drained"
-    if [[ $target == real ]] && ((warm_jit > 0)); then
-        warm_until_jit_settles
-    fi
     if ((idle > 0)); then
         sleep 3 # the last offset commits and result marks
         local ki0=$EPOCHREALTIME ki1
@@ -305,6 +302,12 @@ bench_e2e() { # bench_e2e mock|real
         kstats_snap "$ks" >"$T/ks-idle1-$target"
         ki1=$EPOCHREALTIME
         kstats_delta "$T/ks-idle0-$target" "$T/ks-idle1-$target" >"$T/ks-idle-$target"
+    fi
+    # after the idle measurement, right before the run: with the rounds before the idle
+    # seconds, each of three runs still had 0.9-1.0 s of JIT in it (a quarter of the brokers'
+    # CPU), the one run with them here 0.4 s
+    if [[ $target == real ]] && ((warm_jit > 0)); then
+        warm_until_jit_settles
     fi
 
     echo
