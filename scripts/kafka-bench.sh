@@ -31,9 +31,10 @@
 # by thread kind (request handlers, replica fetchers, JIT ...), and the onceq processes' CPU.
 # --warm-jit S (real Kafka only; 0, the default, is off): after --warmup, keep warming in rounds
 # of 10,000 calls until the JIT compiler threads took at most 10 % of the brokers' CPU in two
-# rounds in a row (one quiet round was seen followed by a busy one), for at most S seconds, printing each round's JIT share: the measured run then meets
-# brokers whose JIT has settled, as on a cluster that has been running for a while (a fresh
-# 3-node cluster here still spent about half of its CPU in the JIT after 100,000 calls).
+# rounds in a row (one quiet round was seen followed by a busy one), for at most S seconds,
+# printing each round's JIT share: the measured run then meets brokers whose JIT has settled,
+# as on a cluster that has been running for a while (a fresh 3-node cluster here still spent
+# about half of its CPU in the JIT after 100,000 calls).
 # Requests: every onceq Kafka client writes librdkafka's statistics once a second
 # (ONCEQ_KAFKA_STATS_DIR, common/kafka.c); the e2e block prints the requests per call by type
 # (the difference of two snapshots around the measured run, over all onceq clients), then by
@@ -135,7 +136,7 @@ idle_cores() { # idle_cores PID...: the pids' CPU over $idle seconds, in cores, 
 # most 10 % of their CPU in two rounds in a row, or $warm_jit seconds have passed (uses the
 # caller's target, port, d and pids).
 warm_until_jit_settles() {
-    local round=0 quiet=0 start=$SECONDS c0 c1 j0 j1 share n=10000
+    local round=0 quiet=0 start=$SECONDS c0 c1 j0 j1 cpu share n=10000
     while :; do
         round=$((round + 1))
         c0=$(cpu_s "${pids[@]}")
@@ -146,9 +147,9 @@ warm_until_jit_settles() {
             oq_fail "$target: warm-up round $round not drained"
         c1=$(cpu_s "${pids[@]}")
         j1=$(jit_s "${pids[@]}")
-        share=$(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" \
-            'BEGIN {printf "%.0f", (b > a) ? (jb - ja) * 100 / (b - a) : 0}')
-        echo "warm-up round $round: $n calls, brokers' CPU $(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}') s, of which JIT threads $share % ($((SECONDS - start)) s so far)"
+        read -r cpu share < <(awk -v a="$c0" -v b="$c1" -v ja="$j0" -v jb="$j1" \
+            'BEGIN {printf "%.1f %.0f", b - a, (b > a) ? (jb - ja) * 100 / (b - a) : 0}')
+        echo "warm-up round $round: $n calls, brokers' CPU $cpu s, of which JIT threads $share % ($((SECONDS - start)) s so far)"
         if ((share <= 10)); then quiet=$((quiet + 1)); else quiet=0; fi
         if ((quiet >= 2)); then
             echo "warm-up: the brokers' JIT settled after $round round(s) ($((SECONDS - start)) s)"
