@@ -18,6 +18,19 @@ void oq_service_ready(const char *status);
  */
 void oq_service_watchdog(void);
 
+/**
+ * @brief Tell the manager that this process's Kafka consumer has been given its share of
+ *        \p group (\p partitions, maybe 0) by a rebalance: a STATUS line for people and
+ *        X_ONCEQ_GROUP=joined for `onceq up`, which says "pipeline running" only once every
+ *        consumer it started has joined (before that a call waits for the group to form: 3 s on
+ *        the embedded broker). Sent at every assignment; systemd ignores the X_ variable.
+ * @locality any thread (librdkafka's rebalance callback).
+ */
+void oq_service_group_joined(const char *group, int partitions);
+
+/** @brief 1 when this build can send notifications (libsystemd), else 0. */
+int oq_service_can_notify(void);
+
 /** @brief Tell the manager the service is stopping (STOPPING=1). */
 void oq_service_stopping(void);
 

@@ -68,6 +68,26 @@ void oq_service_watchdog(void)
 #endif
 }
 
+void oq_service_group_joined(const char *group, int partitions)
+{
+#ifdef ONCEQ_HAVE_SYSTEMD
+    sd_notifyf(0, "STATUS=assigned %d partition(s) of group %s\nX_ONCEQ_GROUP=joined", partitions,
+               group ? group : "");
+#else
+    (void)group;
+    (void)partitions;
+#endif
+}
+
+int oq_service_can_notify(void)
+{
+#ifdef ONCEQ_HAVE_SYSTEMD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 void oq_service_stopping(void)
 {
 #ifdef ONCEQ_HAVE_SYSTEMD

@@ -61,6 +61,7 @@
 #include "oq_kafka.h"
 #include "oq_log.h"
 #include "oq_pg.h"
+#include "oq_service.h"
 #include "oq_util.h"
 
 static int tools_check(const oq__http_tools_t *t, const char *path, oq_error_t *err);
@@ -557,6 +558,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         } else {
             rd_kafka_assign(rk, parts);
         }
+        oq_service_group_joined(c->group, atomic_load(&c->assigned_n));
         return;
     }
     /* Revoke (or error): finish what was polled, commit it, then let the partitions go. */

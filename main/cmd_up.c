@@ -25,6 +25,17 @@
  * clear error and exit 1, not children dying and restarting in a loop; once running, the
  * children ride out an outage on their own and their /readyz say unready meanwhile.
  *
+ * "pipeline running" is said once a call would run through: the producer serves HTTP and every
+ * Kafka consumer started here (the consumers', the producer's results consumer) has been given
+ * its share of its group. Until then a call is accepted but waits for the group to form: about
+ * 3 s on the embedded broker, whose coordinator holds a group's first JoinGroup that long. The
+ * children say so in systemd's notify protocol (common/service.c: READY=1 from the producer,
+ * X_ONCEQ_GROUP=joined from each rebalance) to a datagram socket of the supervisor's own,
+ * DIR/notify.sock, named in their NOTIFY_SOCKET; SO_PASSCRED has the kernel attach each
+ * sender's pid, and only a current child's messages count. After --ready-wait it is said
+ * anyway, naming who has not joined. Under a service manager of its own, `onceq up` then sends
+ * READY=1 to that manager's socket.
+ *
  * SIGHUP is passed to the producer (it reloads its token files). SIGTERM / SIGINT stop the
  * pipeline in dependency order: consumers, relay and producer first
  * (TERM, wait up to --stop-timeout, then KILL), the broker last. Signal handlers only set flags;
@@ -40,10 +51,12 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +68,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_pg.h"
+#include "oq_service.h"
 #include "oq_util.h"
 
 #define UP_MAX_CHILDREN 40
@@ -80,6 +94,9 @@ static const oq_setting_t up_settings[] = {
      "--drain + 10s)"},
     {"broker-wait", OQ_SET_DURATION, "20s", 100, 600000, NULL,
      "how long to wait for the embedded broker's bootstrap file"},
+    {"ready-wait", OQ_SET_DURATION, "60s", 0, 3600000, NULL,
+     "how long to wait for the producer to serve and every consumer to join its Kafka group "
+     "before saying \"pipeline running\" anyway, naming who has not (0 = say it at once)"},
     /* Passed to the producer when given; unset, the producer's defaults apply. */
     {"max-connections", OQ_SET_INT, NULL, 1, 1000000, NULL,
      "producer: open HTTP connections in all (producer default 1000)"},
@@ -140,6 +157,8 @@ typedef struct {
     int64_t restart_at_us; /* when a dead child may be started again (0: now) */
     int64_t backoff_ms;
     int restarts;
+    int said_ready; /* READY=1 since the last start (the producer: it serves HTTP) */
+    int joined;     /* X_ONCEQ_GROUP=joined since the last start: its consumer has partitions */
 } up_child_t;
 
 typedef struct {
@@ -162,6 +181,13 @@ typedef struct {
     char kafka_conf[PATH_MAX];           /* DIR/kafka.conf: the clients' Kafka properties */
     char metrics_listen[UP_MAX_CHILDREN][32];
     char console_metrics[UP_MAX_CHILDREN * 48]; /* the console's --metrics-url list */
+    int nfd;                                    /* DIR/notify.sock, or -1: no waiting */
+    char notify_path[PATH_MAX];
+    char outer_notify[PATH_MAX]; /* up's own manager's NOTIFY_SOCKET, or "" */
+    int64_t wait_from_us;        /* when the children were (re)started */
+    int running_said;            /* "pipeline running" printed since then */
+    int waiting_said;
+    int outer_told;
 } up_t;
 
 static volatile sig_atomic_t up_stop_sig, up_hup;
@@ -398,6 +424,7 @@ static int up_spawn(up_t *up, up_child_t *k)
     close(logfd);
     k->pid = pid;
     k->started_us = oq_mono_us();
+    k->said_ready = k->joined = 0;
     OQ_LOG_INFO("up", "started %s pid=%d restarts=%d log=%s", k->name, (int)pid, k->restarts,
                 logpath);
     return 0;
@@ -514,9 +541,9 @@ static int up_start_broker(up_t *up, up_child_t *k)
     return -1;
 }
 
-static void up_print_where(const up_t *up)
+static void up_print_where(const up_t *up, const char *note)
 {
-    printf("onceq up: pipeline running\n");
+    printf("onceq up: pipeline running%s\n", note ? note : "");
     printf("  http      http://%s  (POST /v1/tool-calls, GET /v1/tool-calls/{id}, /stats, "
            "/metrics, /healthz, /readyz)\n",
            oq_config_str(up->cfg, "listen"));
@@ -573,6 +600,8 @@ static int up_restart_all(up_t *up)
         if (up_spawn(up, &up->kids[i]) != 0) return -1;
     }
     OQ_LOG_INFO("up", "pipeline restarted brokers=%s", up->brokers);
+    up->wait_from_us = oq_mono_us();
+    up->running_said = up->waiting_said = 0;
     return 0;
 }
 
@@ -673,6 +702,162 @@ static int up_check_ports(oq_config_t *cfg)
     return rc;
 }
 
+/* --- readiness: what the children say (see the top of the file) --------------------------- */
+
+/* DIR/notify.sock, named in the children's NOTIFY_SOCKET. Returns the socket, or -1 when the
+ * children cannot notify (a build without libsystemd) or the socket cannot be had: then
+ * "pipeline running" is said at once, as before. */
+static int up_notify_open(up_t *up)
+{
+    up->nfd = -1;
+    const char *outer = getenv("NOTIFY_SOCKET");
+    snprintf(up->outer_notify, sizeof up->outer_notify, "%s", outer ? outer : "");
+    if (!oq_service_can_notify() || oq_config_int(up->cfg, "ready-wait") == 0) return -1;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (up_path(up->notify_path, sizeof up->notify_path, up->dir, "notify.sock") != 0 ||
+        strlen(up->notify_path) >= sizeof a.sun_path) {
+        OQ_LOG_INFO("up", "--dir is too long for a socket path: \"pipeline running\" is said "
+                          "without waiting for the consumers to join their groups");
+        up->notify_path[0] = '\0';
+        return -1;
+    }
+    memcpy(a.sun_path, up->notify_path, strlen(up->notify_path) + 1);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    unlink(up->notify_path); /* a previous run's */
+    mode_t um = umask(0077); /* only this user may send to it */
+    int bound = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    umask(um);
+    if (!bound || setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0 ||
+        setenv("NOTIFY_SOCKET", up->notify_path, 1) != 0) {
+        OQ_LOG_WARN("up", "notify socket %s: %s: \"pipeline running\" is said without waiting",
+                    up->notify_path, strerror(errno));
+        if (fd >= 0) close(fd);
+        if (bound) unlink(up->notify_path);
+        up->notify_path[0] = '\0';
+        return -1;
+    }
+    return up->nfd = fd;
+}
+
+static void up_notify_close(up_t *up)
+{
+    if (up->nfd >= 0) close(up->nfd);
+    if (up->notify_path[0]) unlink(up->notify_path);
+    up->nfd = -1;
+}
+
+/* Take every message waiting on the socket; a line counts only from a current child. */
+static void up_notify_read(up_t *up)
+{
+    char buf[1024];
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(struct ucred))];
+    } ctl;
+    for (;;) {
+        struct iovec iov = {buf, sizeof buf - 1};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+        ssize_t n = recvmsg(up->nfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0) return; /* EAGAIN: nothing more */
+        buf[n] = '\0';
+        pid_t from = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+                struct ucred cr;
+                memcpy(&cr, CMSG_DATA(c), sizeof cr);
+                from = cr.pid;
+            }
+        up_child_t *k = NULL;
+        for (int i = 0; from > 0 && i < up->nkids; i++)
+            if (up->kids[i].pid == from) k = &up->kids[i];
+        if (!k) continue;
+        for (char *line = buf, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+            if ((nl = strchr(line, '\n'))) *nl = '\0';
+            if (strcmp(line, "READY=1") == 0) k->said_ready = 1;
+            if (strcmp(line, "X_ONCEQ_GROUP=joined") == 0) k->joined = 1;
+        }
+    }
+}
+
+/* Who a call still waits for, as "name (not yet what), ..." in \p out and as bare names in
+ * \p names: "" when nobody. */
+static void up_not_ready(const up_t *up, char *out, size_t cap, char *names, size_t ncap)
+{
+    size_t w = 0, nw = 0;
+    out[0] = names[0] = '\0';
+    for (int i = 0; i < up->nkids && w < cap && nw < ncap; i++) {
+        const up_child_t *k = &up->kids[i];
+        const char *what = NULL;
+        if (k->kind == UP_PRODUCER && !k->said_ready)
+            what = "serving HTTP";
+        else if ((k->kind == UP_PRODUCER || k->kind == UP_CONSUMER) && !k->joined)
+            what = k->kind == UP_PRODUCER ? "in its results group" : "in its group";
+        if (!what) continue;
+        int r = snprintf(out + w, cap - w, "%s%s (not yet %s)", w ? ", " : "", k->name, what);
+        int q = snprintf(names + nw, ncap - nw, "%s%s", nw ? ", " : "", k->name);
+        if (r < 0 || q < 0) break;
+        w += (size_t)r;
+        nw += (size_t)q;
+    }
+}
+
+/* Tell up's own service manager, if it has one, that the pipeline runs. */
+static void up_tell_outer(up_t *up, const char *status)
+{
+    if (up->outer_told || !up->outer_notify[0]) return;
+    up->outer_told = 1;
+    const char *mine = getenv("NOTIFY_SOCKET");
+    char keep[PATH_MAX];
+    snprintf(keep, sizeof keep, "%s", mine ? mine : "");
+    setenv("NOTIFY_SOCKET", up->outer_notify, 1);
+    oq_service_ready(status);
+    if (keep[0])
+        setenv("NOTIFY_SOCKET", keep, 1);
+    else
+        unsetenv("NOTIFY_SOCKET");
+}
+
+/* Say "pipeline running" once the children have said what a call needs, or after
+ * --ready-wait naming who has not; before that, once, that it waits. */
+static void up_check_running(up_t *up)
+{
+    if (up->running_said) return;
+    char missing[1024] = "", names[512] = "";
+    if (up->nfd >= 0) {
+        up_notify_read(up);
+        up_not_ready(up, missing, sizeof missing, names, sizeof names);
+    }
+    int64_t waited_ms = (oq_mono_us() - up->wait_from_us) / 1000;
+    char note[sizeof missing + PATH_MAX + 160];
+    if (!missing[0]) {
+        if (up->nfd >= 0)
+            snprintf(note, sizeof note, " (every consumer in its group after %.1f s)",
+                     (double)waited_ms / 1000.0);
+        else
+            note[0] = '\0';
+    } else if (waited_ms >= oq_config_int(up->cfg, "ready-wait")) {
+        snprintf(note, sizeof note,
+                 ", but after %.0f s still waiting for %s: calls are accepted and wait for "
+                 "them (see %s/<name>.log)",
+                 (double)waited_ms / 1000.0, missing, up->dir);
+        OQ_LOG_WARN("up", "after %lld ms still waiting for %s", (long long)waited_ms, missing);
+    } else {
+        if (!up->waiting_said && waited_ms >= 1000) {
+            printf("onceq up: waiting for the Kafka consumers to join their groups (%s%s)\n", names,
+                   up->embedded ? "; about 3 s on the embedded broker" : "");
+            fflush(stdout);
+            up->waiting_said = 1;
+        }
+        return;
+    }
+    up->running_said = 1;
+    up_print_where(up, note);
+    up_tell_outer(up, missing[0] ? "pipeline running; some consumers not in their groups yet"
+                                 : "pipeline running");
+}
+
 int oq__cmd_up(int argc, char **argv)
 {
     const char *usage =
@@ -703,6 +888,7 @@ int oq__cmd_up(int argc, char **argv)
     up_t *up = calloc(1, sizeof *up);
     if (!up) goto out;
     up->cfg = cfg;
+    up->nfd = -1;
     /* the children log as up does: they read the same variables */
     setenv("ONCEQ_LOG_LEVEL", oq_config_str(cfg, "log-level"), 1);
     setenv("ONCEQ_LOG_FORMAT", oq_config_str(cfg, "log-format"), 1);
@@ -801,9 +987,10 @@ int oq__cmd_up(int argc, char **argv)
 
     int br = up->embedded && !up_stop_sig ? up_start_broker(up, &up->kids[0]) : 0;
     if (br < 0) goto stop;
+    up_notify_open(up);
+    up->wait_from_us = oq_mono_us();
     for (int i = 1; i < up->nkids && !up_stop_sig; i++)
         if (up_spawn(up, &up->kids[i]) != 0) goto stop;
-    if (!up_stop_sig) up_print_where(up);
 
     while (!up_stop_sig) {
         int st;
@@ -818,9 +1005,9 @@ int oq__cmd_up(int argc, char **argv)
         }
         if (broker_died && up->embedded) {
             if (up_restart_all(up) != 0) goto stop;
-            up_print_where(up);
             continue;
         }
+        up_check_running(up);
         if (up_hup) { /* the producer reloads its token files */
             up_hup = 0;
             for (int i = 0; i < up->nkids; i++)
@@ -838,8 +1025,13 @@ int oq__cmd_up(int argc, char **argv)
             k->restarts++;
             if (up_spawn(up, k) != 0) k->restart_at_us = now + 1000 * 1000;
         }
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        if (up->nfd >= 0 && !up->running_said) { /* woken by a child's word, or after 50 ms */
+            struct pollfd pf = {.fd = up->nfd, .events = POLLIN};
+            poll(&pf, 1, 50);
+        } else {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
     }
     if (up_stop_sig) OQ_LOG_INFO("up", "signal %d: stopping children", (int)up_stop_sig);
     rc = OQ_EXIT_OK;
@@ -848,6 +1040,7 @@ stop:
     up_stop_kinds(up, 1, oq_config_int(cfg, "stop-timeout"));
     if (rc == OQ_EXIT_OK) printf("onceq up: stopped\n");
 out:
+    if (up) up_notify_close(up);
     free(up);
     oq_config_destroy(cfg);
     return rc;

@@ -40,6 +40,7 @@
 #include "oq_log.h"
 #include "oq_metrics.h"
 #include "oq_producer.h"
+#include "oq_service.h"
 #include "oq_util.h"
 
 /* Results taken per batch: one writer commit for all that came while the previous one ran. At
@@ -193,6 +194,34 @@ static void note_lag(oq_ingest_t *in, rd_kafka_message_t **msgs, int n)
     }
 }
 
+/* What librdkafka does without a callback (take or let go of the partitions, eagerly or
+ * incrementally as the group's protocol says), plus word to the service manager, or to
+ * `onceq up`, that the results consumer has joined its group (oq_service_group_joined). */
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    (void)opaque;
+    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    int assign = err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+    if (coop) {
+        rd_kafka_error_t *e = assign ? rd_kafka_incremental_assign(rk, parts)
+                                     : rd_kafka_incremental_unassign(rk, parts);
+        if (e) {
+            OQ_LOG_WARN("ingest", "rebalance: %s", rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+    } else {
+        rd_kafka_resp_err_t e = rd_kafka_assign(rk, assign ? parts : NULL);
+        if (e) OQ_LOG_WARN("ingest", "rebalance: %s", rd_kafka_err2str(e));
+    }
+    if (assign) {
+        char group[256] = "onceq-producer";
+        size_t gl = sizeof group;
+        rd_kafka_conf_get(rd_kafka_conf(rk), "group.id", group, &gl);
+        oq_service_group_joined(group, parts->cnt);
+    }
+}
+
 static void *ingest_main(void *arg)
 {
     oq_ingest_t *in = arg;
@@ -286,6 +315,7 @@ int oq_ingest_start(oq_producer_t *p, const char *brokers, const void *cfg, oq_m
         (ret = oq_kafka_conf_set(conf, "enable.auto.offset.store", "false", err)))
         goto out;
     rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
     in->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
     if (!in->rk) {
         ret = oq_error_set(err, OQ_EKAFKA, 0, "rd_kafka_new: %s", errstr);

@@ -98,6 +98,13 @@ for ((i = 0; i < 300; i++)); do
 done
 curl -s -o /dev/null --max-time 1 "$URL/healthz" || { cat "$DIR/up.out" >&2; die "producer not healthy after 30 s"; }
 if command -v pgrep >/dev/null; then for p in $(pgrep -P "$UP_PID"); do pidnote up-child "$p"; done; fi
+# up says "pipeline running" once every consumer has joined its Kafka group (about 3 s on the
+# embedded broker); a call made before that waits for it
+for ((i = 0; i < 300; i++)); do
+    grep -q 'onceq up: pipeline running' "$DIR/up.out" && break
+    kill -0 "$UP_PID" 2>/dev/null || { cat "$DIR/up.out" >&2; die "onceq up exited"; }
+    sleep 0.1
+done
 
 # submit KEY TOOL ARGS: prints the call id
 submit() {
