@@ -77,6 +77,23 @@ int oq_pg_connect(const char *conninfo, PGconn **out, oq_error_t *err);
 int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err);
 
 /**
+ * @brief Wake the relay after commit on this session (schema/postgres/0008): the outbox
+ *        trigger leaves its NOTIFY out (a NOTIFY holds a cluster-wide lock through its
+ *        transaction's WAL flush, so NOTIFYing commits never share an fsync), and whoever
+ *        commits outbox rows on this session calls oq_pg_commit_wake(). Again after a
+ *        reconnect: a session that has not said it keeps the trigger's NOTIFY, as before.
+ */
+int oq_pg_wake_after(PGconn *c, oq_error_t *err);
+
+/**
+ * @brief COMMIT, then onceq.wake() (a NOTIFY in a transaction of its own that does not wait for
+ *        the flush), in one round trip. Returns the COMMIT's outcome, as oq_pg_exec(c,
+ *        "COMMIT") with a rolled-back transaction an error; the wake-up's failure is logged at
+ *        debug and costs the relay one poll.
+ */
+int oq_pg_commit_wake(PGconn *c, oq_error_t *err);
+
+/**
  * @brief Run \p sql with \p n text parameters (NULL = SQL NULL) and keep the result.
  * @returns 0 and *out (PQclear it) when the statement succeeded (rows or none), else the code
  *          of oq_pg_error() and *out = NULL.

@@ -35,10 +35,15 @@
 #include "oq_log.h"
 
 const char *const oq_migrations_postgres[] = {
-    "postgres/0001_producer.sql",         "postgres/0002_submit.sql",
-    "postgres/0003_consumer.sql",         "postgres/0004_webhooks.sql",
-    "postgres/0005_calls_state_id.sql",   "postgres/0006_tasks.sql",
-    "postgres/0007_hot_path_indexes.sql", NULL,
+    "postgres/0001_producer.sql",
+    "postgres/0002_submit.sql",
+    "postgres/0003_consumer.sql",
+    "postgres/0004_webhooks.sql",
+    "postgres/0005_calls_state_id.sql",
+    "postgres/0006_tasks.sql",
+    "postgres/0007_hot_path_indexes.sql",
+    "postgres/0008_wake_after_commit.sql",
+    NULL,
 };
 
 /* The advisory lock key of the migrations: any constant of our own ("onceq" in ASCII). */
@@ -180,6 +185,31 @@ int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err)
     int ok = r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK);
     int rc = ok ? 0 : oq_pg_error(c, r, err, "exec");
     PQclear(r);
+    return rc;
+}
+
+int oq_pg_wake_after(PGconn *c, oq_error_t *err)
+{
+    return oq_pg_exec(c, "SET onceq.wake = 'after'", err);
+}
+
+int oq_pg_commit_wake(PGconn *c, oq_error_t *err)
+{
+    if (!c || !PQsendQuery(c, "COMMIT; SELECT onceq.wake()"))
+        return oq_pg_error(c, NULL, err, "commit");
+    int rc = 0, n = 0;
+    PGresult *r;
+    while ((r = PQgetResult(c)) != NULL) {
+        if (n++ == 0) { /* the COMMIT's: an aborted transaction answers "ROLLBACK" */
+            int ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+            if (!ok && (rc = oq_pg_error(c, r, err, "commit")) == 0)
+                rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
+        } else if (PQresultStatus(r) != PGRES_TUPLES_OK) { /* the wake-up's: a hint, not data */
+            OQ_LOG_DEBUG("pg", "wake-up after commit: %s", PQresultErrorMessage(r));
+        }
+        PQclear(r);
+    }
+    if (n == 0 && !rc) rc = oq_pg_error(c, NULL, err, "commit: no answer");
     return rc;
 }
 

@@ -116,6 +116,7 @@ struct oq__consumer_pg {
     ahead_t *ax, *ai, *ae; /* executions, inbox message ids, effects' call ids */
     int nax, nai, nae;
     int64_t n_stmt, n_rt; /* statements sent, round trips waited for */
+    int wrote_outbox;     /* the transaction wrote outbox rows: its COMMIT wakes the relay */
 };
 
 /* The server's clock, unix ms. */
@@ -151,6 +152,7 @@ static int ready(oq__consumer_pg_t *p, oq_error_t *err)
     PQreset(p->c);
     if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "consumer reconnect");
     int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
+    if (!rc) rc = oq_pg_wake_after(p->c, err);
     if (!rc) OQ_LOG_INFO("consumer", "reconnected to PostgreSQL");
     return rc;
 }
@@ -188,6 +190,7 @@ typedef struct stmt {
     const char *sql;
     int n, plain; /* plain: sent unprepared, so planned with its parameters every time */
     const char *const *pr;
+    int optional; /* the last one only: its failure is logged, not the pipeline's (a wake-up) */
 } stmt_t;
 
 static void pend_clear(oq__consumer_pg_t *p)
@@ -373,6 +376,8 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
                 out[i - nh] = r;
                 r = NULL;
             }
+        } else if (all[i].optional && i == total - 1) {
+            OQ_LOG_DEBUG("consumer", "pipeline: %.60s: %s", all[i].sql, PQresultErrorMessage(r));
         } else if (failed_at < 0) {
             failed_at = i;
             rc = oq_pg_error(p->c, r, err, "pipeline");
@@ -385,7 +390,10 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
         /* a pipeline that could not be closed: a new session (the transaction is lost with the
          * old one, and the caller rolls back and retries it) */
         if (!rc) rc = oq_error_set_retriable(err, OQ_EDB, 0, 1, "pipeline left open: reconnected");
-        if (PQstatus(p->c) == CONNECTION_OK) PQclear(PQexec(p->c, "SET synchronous_commit = on"));
+        if (PQstatus(p->c) == CONNECTION_OK) {
+            PQclear(PQexec(p->c, "SET synchronous_commit = on"));
+            PQclear(PQexec(p->c, "SET onceq.wake = 'after'"));
+        }
     }
     if (rc && failed_at >= 0 && failed_at < nh) {
         p->careful_next = 1;
@@ -536,6 +544,7 @@ int oq__consumer_pg_open(const char *conninfo, const char *worker, int migrate,
     int rc = oq_pg_connect(conninfo, &p->c, err);
     if (!rc) rc = oq_pg_prepared(p->c, err);
     if (!rc) rc = migrate ? oq_pg_migrate(p->c, err) : check_version(p->c, err);
+    if (!rc) rc = oq_pg_wake_after(p->c, err); /* its commits wake the relay themselves */
     if (!rc) rc = oq_pg_query(p->c, "SELECT " SRV_NOW, 0, NULL, &r, err);
     if (rc) {
         oq__consumer_pg_close(p);
@@ -722,11 +731,18 @@ int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
         oq__consumer_pg_rollback(p);
         return rc;
     }
-    PGresult *r = NULL;
+    PGresult *r = NULL, *rw = NULL;
     int rc = 0;
-    if (p->npend) { /* the held writes and COMMIT in one round trip */
-        stmt_t st = {.sql = "COMMIT", .plain = 1};
-        if ((rc = pipe_run(p, &st, 1, &r, err))) {
+    int wake = p->wrote_outbox;
+    p->wrote_outbox = 0;
+    if (p->npend || wake) { /* the held writes, COMMIT and the wake-up in one round trip */
+        stmt_t st[2] = {{.sql = "COMMIT", .plain = 1},
+                        {.sql = "SELECT onceq.wake()", .optional = 1}};
+        PGresult *out[2] = {NULL, NULL};
+        rc = pipe_run(p, st, wake ? 2 : 1, out, err);
+        r = out[0];
+        rw = out[1];
+        if (rc) {
             oq__consumer_pg_rollback(p);
             return rc;
         }
@@ -739,6 +755,7 @@ int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
     rc = ok ? 0 : oq_pg_error(p->c, r, err, "commit");
     if (!ok && rc == 0) rc = oq_error_set(err, OQ_EDB, 0, "commit: rolled back by the server");
     PQclear(r);
+    PQclear(rw);
     p->tx = 0;
     p->hz_held = 0;
     ahead_clear(p);
@@ -748,6 +765,7 @@ int oq__consumer_pg_commit(oq__consumer_pg_t *p, oq_error_t *err)
 void oq__consumer_pg_rollback(oq__consumer_pg_t *p)
 {
     p->tx = 0;
+    p->wrote_outbox = 0;
     p->hz_held = 0;
     pend_clear(p); /* never sent: nothing to undo */
     ahead_clear(p);
@@ -1352,6 +1370,7 @@ static int outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, int m
     if (!pl) return oom(err);
     const char *pr[] = {row->message_id, row->topic, row->key, pl, num(&at, row->created_at)};
     int64_t n = 0;
+    p->wrote_outbox = 1;
     if (p->ahead && may_hold) {
         /* held behind as a plain INSERT: a result id that is there already (a rare re-emit
          * of the same state) fails it at the send, and the batch is retried statement by
@@ -1388,6 +1407,7 @@ int oq__consumer_pg_outbox_republish(oq__consumer_pg_t *p, const oq_outbox_row_t
 {
     const char *pr[] = {row->message_id};
     int64_t n = 0;
+    p->wrote_outbox = 1; /* a row requeued or appended: the relay is woken at the commit */
     /* delivered: numbered again by the relay's next assign, above its watermark */
     int rc = cmd(
         p, "UPDATE onceq.outbox SET pub_seq = NULL WHERE message_id = $1 AND pub_seq <= " WATERMARK,

@@ -127,6 +127,10 @@ static int ahead_take(oq__producer_store_t *s, const oq__producer_new_call_t *c)
     return 0;
 }
 
+/* The connection whose open transaction inserted outbox rows on this thread: its COMMIT wakes
+ * the relay (oq_pg_commit_wake), the NOTIFY having left the durable commit (0008). */
+static _Thread_local PGconn *outbox_conn;
+
 int oq__producer_pg_in_tx(oq__producer_store_t *s)
 {
     PGTransactionStatusType t = PQtransactionStatus(s->pg);
@@ -141,16 +145,20 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
         PQreset(s->pg);
         if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
         int rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err);
+        if (!rc) rc = oq_pg_wake_after(s->pg, err);
         if (rc) return rc;
     }
     ahead_forget();
+    outbox_conn = NULL;
     rah_forget();
     int rc = oq_pg_exec(s->pg, "BEGIN", err);
     if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
         PQreset(s->pg);
         if (PQstatus(s->pg) != CONNECTION_OK) return oq_pg_error(s->pg, NULL, err, "reconnect");
-        if ((rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err))) return rc;
+        if ((rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err)) ||
+            (rc = oq_pg_wake_after(s->pg, err)))
+            return rc;
         rc = oq_pg_exec(s->pg, "BEGIN", err);
     }
     return rc;
@@ -165,12 +173,15 @@ int oq__producer_pg_commit(oq__producer_store_t *s, oq_error_t *err)
      * committed */
     if (PQtransactionStatus(s->pg) == PQTRANS_INERROR)
         return oq_error_set(err, OQ_EDB, 0, "commit: the transaction was aborted");
-    return oq_pg_exec(s->pg, "COMMIT", err);
+    int wake = outbox_conn == s->pg;
+    outbox_conn = NULL;
+    return wake ? oq_pg_commit_wake(s->pg, err) : oq_pg_exec(s->pg, "COMMIT", err);
 }
 
 void oq__producer_pg_rollback(oq__producer_store_t *s)
 {
     ahead_forget();
+    outbox_conn = NULL;
     rah_forget();
     if (PQstatus(s->pg) == CONNECTION_OK && PQtransactionStatus(s->pg) != PQTRANS_IDLE)
         PQclear(PQexec(s->pg, "ROLLBACK"));
@@ -576,6 +587,7 @@ static int outbox_append(oq__producer_store_t *s, const char *message_id, const 
     char *pl = dupn(payload, payload_len);
     if (!pl) return oom(err);
     const char *p[] = {message_id, OQ_TOPIC_CALLS, call_id, pl, num(&t, now)};
+    outbox_conn = s->pg;
     int rc = cmd(s,
                  "INSERT INTO onceq.outbox(message_id,topic,key,payload,created_at) "
                  "VALUES($1,$2,$3,$4,$5)",
@@ -699,6 +711,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
         rc = oom(err);
         goto out;
     }
+    outbox_conn = s->pg;
     if ((rc = rah_sync(s, err)) ||
         (rc = oq_pg_run(
              s->pg,
@@ -768,6 +781,7 @@ int oq__producer_pg_insert_call(oq__producer_store_t *s, const oq__producer_new_
     p[AHEAD_COLS] = v[AHEAD_COLS - 1];
     int64_t n = 0;
     /* The call and, when it was inserted, its outbox row: one statement, one round trip. */
+    outbox_conn = s->pg;
     int rc = cmd(s,
                  "WITH c AS (INSERT INTO onceq.calls(call_id,tenant,idem_key,fingerprint,tool,args,"
                  "state,attempt,client_id,seq,created_at,updated_at,expires_at,message_id,"

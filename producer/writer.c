@@ -535,6 +535,7 @@ static int results_writer_open(oq__writer_t *w, const char *path, const oq_produ
     w->rw = rw; /* closed with w from here on */
     int ret = oq_pg_connect(path, &rw->wpg, err);
     if (!ret) ret = oq_pg_prepared(rw->wpg, err);
+    if (!ret) ret = oq_pg_wake_after(rw->wpg, err); /* its commits wake the relay themselves */
     if (ret) return ret;
     if (pthread_create(&rw->th, NULL, writer_main, rw) != 0)
         return oq_error_set(err, OQ_EIO, errno, "cannot start the results writer thread");
@@ -555,7 +556,7 @@ int oq__writer_open(const char *path, const oq_producer_opts_t *o, oq__writer_t 
          * writer on another; durability is the server's (synchronous_commit=on), and it has no
          * WAL file of ours to checkpoint. */
         if ((ret = oq_pg_connect(path, &w->wpg, err)) || (ret = oq_pg_migrate(w->wpg, err)) ||
-            (ret = oq_pg_prepared(w->wpg, err)))
+            (ret = oq_pg_prepared(w->wpg, err)) || (ret = oq_pg_wake_after(w->wpg, err)))
             goto out;
         register_metrics(w, o->metrics);
         w->ckpt_pages = 0;

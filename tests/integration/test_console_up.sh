@@ -14,7 +14,7 @@ oq_spawn up "$ONCEQ_BIN" up --dir "$D" --listen "127.0.0.1:$PORT" --consumers 1 
 healthy() { curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/healthz"; }
 oq_wait_for 30 healthy || oq_fail "onceq up: producer not healthy"
 oq_wait_for 10 grep -q 'stop      kill -TERM' "$T/up.log" || oq_fail "no banner"
-grep -qF "console   http://127.0.0.1:$CPORT/" "$T/up.log" || oq_fail "the banner does not give the console's URL"
+oq_wait_for 30 grep -qF "console   http://127.0.0.1:$CPORT/" "$T/up.log" || oq_fail "the banner does not give the console's URL"
 U=http://127.0.0.1:$CPORT
 oq_wait_for 30 curl -sf -o /dev/null "$U/api/me" || oq_fail "console not up: $(cat "$D/console.log")"
 id=$(curl -s -X POST "http://127.0.0.1:$PORT/v1/tool-calls" -H 'Idempotency-Key: up-console-1' \

@@ -34,7 +34,7 @@ ready() { curl -sf -o /dev/null --max-time 3 "http://127.0.0.1:$1/readyz"; }
 for p in "$BASE" $((BASE + 1)) $((BASE + 2)); do
     oq_wait_for 40 ready "$p" || oq_fail "metrics listener $p (relay, consumer-1, consumer-2) never ready"
 done
-grep -q "metrics   http://127.0.0.1:$BASE/metrics  relay" "$T/up.log" || oq_fail "banner lacks the relay's metrics"
+oq_wait_for 30 grep -q "metrics   http://127.0.0.1:$BASE/metrics  relay" "$T/up.log" || oq_fail "banner lacks the relay's metrics"
 
 # Configuration by file: the marker is in kafka.conf (0600), in no child's command line.
 [[ $(stat -c %a "$D/kafka.conf") == 600 ]] || oq_fail "kafka.conf mode $(stat -c %a "$D/kafka.conf")"

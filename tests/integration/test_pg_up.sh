@@ -46,7 +46,7 @@ MB=$(oq_free_port)
 oq_spawn up "$ONCEQ_BIN" up --dir "$T/up" --db-url "$URL" --listen "127.0.0.1:$PORT" \
     --consumers 2 --metrics-base-port "$MB" --console ''
 oq_wait_for 60 curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" || oq_fail "producer not up: $(cat "$T/up.log")"
-grep -q "database  postgres" "$T/up.log" || oq_fail "up does not say where the state is"
+oq_wait_for 30 grep -q "database  postgres" "$T/up.log" || oq_fail "up does not say where the state is"
 submit() {
     local k code
     for k in "$@"; do
