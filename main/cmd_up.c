@@ -586,6 +586,8 @@ static void up_schedule(up_child_t *k, int status)
     k->pid = 0;
 }
 
+static int up_notify_open(up_t *up);
+
 /* The embedded broker died: everything connected to it lost topics and offsets. */
 static int up_restart_all(up_t *up)
 {
@@ -595,13 +597,14 @@ static int up_restart_all(up_t *up)
     up_child_t *b = &up->kids[0];
     b->restarts++;
     if (up_start_broker(up, b) != 0) return -1;
+    if (up->nfd < 0) up_notify_open(up); /* "pipeline running" again once they have joined */
+    up->wait_from_us = oq_mono_us();
+    up->running_said = up->waiting_said = 0;
     for (int i = 1; i < up->nkids; i++) {
         up->kids[i].restarts++;
         if (up_spawn(up, &up->kids[i]) != 0) return -1;
     }
     OQ_LOG_INFO("up", "pipeline restarted brokers=%s", up->brokers);
-    up->wait_from_us = oq_mono_us();
-    up->running_said = up->waiting_said = 0;
     return 0;
 }
 
@@ -710,8 +713,6 @@ static int up_check_ports(oq_config_t *cfg)
 static int up_notify_open(up_t *up)
 {
     up->nfd = -1;
-    const char *outer = getenv("NOTIFY_SOCKET");
-    snprintf(up->outer_notify, sizeof up->outer_notify, "%s", outer ? outer : "");
     if (!oq_service_can_notify() || oq_config_int(up->cfg, "ready-wait") == 0) return -1;
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (up_path(up->notify_path, sizeof up->notify_path, up->dir, "notify.sock") != 0 ||
@@ -740,11 +741,16 @@ static int up_notify_open(up_t *up)
     return up->nfd = fd;
 }
 
+/* Closed (and unlinked) once "pipeline running" is said: a child that notifies later (a
+ * rebalance, a restart) gets ENOENT at once. Kept open, the socket would fill (10 datagrams,
+ * net.unix.max_dgram_qlen) unless read, and a full one blocks the sender: a consumer in its
+ * rebalance callback. */
 static void up_notify_close(up_t *up)
 {
     if (up->nfd >= 0) close(up->nfd);
     if (up->notify_path[0]) unlink(up->notify_path);
     up->nfd = -1;
+    up->notify_path[0] = '\0';
 }
 
 /* Take every message waiting on the socket; a line counts only from a current child. */
@@ -853,6 +859,7 @@ static void up_check_running(up_t *up)
         return;
     }
     up->running_said = 1;
+    up_notify_close(up);
     up_print_where(up, note);
     up_tell_outer(up, missing[0] ? "pipeline running; some consumers not in their groups yet"
                                  : "pipeline running");
@@ -987,6 +994,8 @@ int oq__cmd_up(int argc, char **argv)
 
     int br = up->embedded && !up_stop_sig ? up_start_broker(up, &up->kids[0]) : 0;
     if (br < 0) goto stop;
+    const char *outer = getenv("NOTIFY_SOCKET"); /* up's own manager's, before ours replaces it */
+    snprintf(up->outer_notify, sizeof up->outer_notify, "%s", outer ? outer : "");
     up_notify_open(up);
     up->wait_from_us = oq_mono_us();
     for (int i = 1; i < up->nkids && !up_stop_sig; i++)
@@ -1025,7 +1034,7 @@ int oq__cmd_up(int argc, char **argv)
             k->restarts++;
             if (up_spawn(up, k) != 0) k->restart_at_us = now + 1000 * 1000;
         }
-        if (up->nfd >= 0 && !up->running_said) { /* woken by a child's word, or after 50 ms */
+        if (up->nfd >= 0) { /* woken by a child's word, or after 50 ms */
             struct pollfd pf = {.fd = up->nfd, .events = POLLIN};
             poll(&pf, 1, 50);
         } else {
