@@ -882,6 +882,9 @@ int oq__cmd_up(int argc, char **argv)
         "never on a command line). --metrics-base-port P serves the relay's /metrics, /healthz\n"
         "and /readyz on 127.0.0.1:P and consumer-K's on P+K. The producer's HTTP limits and\n"
         "tokens pass through (--max-connections, --token-file, ...: see onceq producer --help).\n"
+        "'pipeline running' is printed once the producer serves HTTP and every Kafka consumer\n"
+        "has joined its group (about 3 s on the embedded broker; after --ready-wait it is\n"
+        "printed anyway, naming who has not), with READY=1 to a service manager of up's own.\n"
         "SIGHUP is passed to the producer (token reload). SIGTERM/SIGINT stop the children\n"
         "(broker last) and exit 0.";
     oq_config_t *cfg = oq_config_new(up_settings, sizeof up_settings / sizeof up_settings[0]);
