@@ -50,6 +50,25 @@
 #include <string.h>
 #include <unistd.h>
 
+int oq_kafka_rebalance_apply(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                             rd_kafka_topic_partition_list_t *parts, const char *component)
+{
+    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    int assign = err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+    if (coop) {
+        rd_kafka_error_t *e = assign ? rd_kafka_incremental_assign(rk, parts)
+                                     : rd_kafka_incremental_unassign(rk, parts);
+        if (e) {
+            OQ_LOG_WARN(component, "rebalance: %s", rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+    } else {
+        rd_kafka_resp_err_t e = rd_kafka_assign(rk, assign ? parts : NULL);
+        if (e) OQ_LOG_WARN(component, "rebalance: %s", rd_kafka_err2str(e));
+    }
+    return coop;
+}
+
 int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err)
 {
     char errstr[256];

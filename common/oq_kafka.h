@@ -51,4 +51,15 @@ int oq_kafka_conf_apply(rd_kafka_conf_t *conf, oq_kafka_role_t role, const oq_co
 /** @brief Set one property, mapping failure to OQ_EINVAL with librdkafka's message. */
 int oq_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, oq_error_t *err);
 
+/**
+ * @brief From a rebalance callback: take the partitions (RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+ *        or let them go (anything else), incrementally under the COOPERATIVE protocol, eagerly
+ *        otherwise: what librdkafka does when no callback is set. A failure is logged under
+ *        \p component.
+ * @returns 1 under the cooperative protocol, 0 under the eager one.
+ * @locality the thread of the rebalance callback.
+ */
+int oq_kafka_rebalance_apply(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                             rd_kafka_topic_partition_list_t *parts, const char *component);
+
 #endif

@@ -552,12 +552,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         OQ_LOG_INFO(OQ__COMP, "assigned %d partition(s)", parts->cnt);
         int was = atomic_load(&c->assigned_n);
         atomic_store(&c->assigned_n, (coop && was > 0 ? was : 0) + parts->cnt);
-        if (coop) {
-            rd_kafka_error_t *e = rd_kafka_incremental_assign(rk, parts);
-            if (e) rd_kafka_error_destroy(e);
-        } else {
-            rd_kafka_assign(rk, parts);
-        }
+        oq_kafka_rebalance_apply(rk, err, parts, OQ__COMP);
         oq_service_group_joined(c->group, atomic_load(&c->assigned_n));
         return;
     }
@@ -572,12 +567,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     if (ce && ce != RD_KAFKA_RESP_ERR__NO_OFFSET)
         OQ_LOG_INFO(OQ__COMP, "commit on revoke: %s (redelivery is absorbed by the inbox)",
                     rd_kafka_err2str(ce));
-    if (coop) {
-        rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
-        if (e) rd_kafka_error_destroy(e);
-    } else {
-        rd_kafka_assign(rk, NULL);
-    }
+    oq_kafka_rebalance_apply(rk, err, parts, OQ__COMP);
 }
 
 static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,

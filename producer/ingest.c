@@ -201,20 +201,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     (void)opaque;
-    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
-    int assign = err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
-    if (coop) {
-        rd_kafka_error_t *e = assign ? rd_kafka_incremental_assign(rk, parts)
-                                     : rd_kafka_incremental_unassign(rk, parts);
-        if (e) {
-            OQ_LOG_WARN("ingest", "rebalance: %s", rd_kafka_error_string(e));
-            rd_kafka_error_destroy(e);
-        }
-    } else {
-        rd_kafka_resp_err_t e = rd_kafka_assign(rk, assign ? parts : NULL);
-        if (e) OQ_LOG_WARN("ingest", "rebalance: %s", rd_kafka_err2str(e));
-    }
-    if (assign) {
+    oq_kafka_rebalance_apply(rk, err, parts, "ingest");
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         char group[256] = "onceq-producer";
         size_t gl = sizeof group;
         rd_kafka_conf_get(rd_kafka_conf(rk), "group.id", group, &gl);
