@@ -392,7 +392,7 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
         if (!rc) rc = oq_error_set_retriable(err, OQ_EDB, 0, 1, "pipeline left open: reconnected");
         if (PQstatus(p->c) == CONNECTION_OK) {
             PQclear(PQexec(p->c, "SET synchronous_commit = on"));
-            PQclear(PQexec(p->c, "SET onceq.wake = 'after'"));
+            oq_pg_wake_after(p->c, NULL);
         }
     }
     if (rc && failed_at >= 0 && failed_at < nh) {
