@@ -20,6 +20,7 @@ const char *const oq_migrations_producer[] = {
     "producer/0005_webhooks.sql",
     "producer/0006_tasks.sql", /* tasks (producer/tasks.c) */
     "producer/0007_task_review.sql", /* task approval and review: the task's review fence */
+    "producer/0008_expires_settled.sql", /* calls_expires partial: a submit writes no entry */
     NULL,
 };
 

@@ -71,6 +71,23 @@ static int64_t count(sqlite3 *db, const char *sql)
     return n;
 }
 
+/* Whether SQLite's plan for \p sql reads the index \p index. */
+static int plan_uses(sqlite3 *db, const char *sql, const char *index)
+{
+    char q[1024], want[96];
+    snprintf(q, sizeof q, "EXPLAIN QUERY PLAN %s", sql);
+    snprintf(want, sizeof want, "USING INDEX %s ", index);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, q, -1, &st, NULL), SQLITE_OK);
+    int uses = 0;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const char *d = (const char *)sqlite3_column_text(st, 3);
+        if (d && strstr(d, want)) uses = 1;
+    }
+    sqlite3_finalize(st);
+    return uses;
+}
+
 /* Assert that the single text value \p sql selects equals \p want (NULL: SQL NULL). */
 static void text_is(sqlite3 *db, const char *sql, const char *want)
 {
@@ -680,6 +697,15 @@ static void test_purge(void **state)
     assert_true(exp - g.created_at >= OQ_DEFAULT_KEY_TTL_MS);
     assert_int_equal(exp - g.updated_at, OQ_DEFAULT_KEY_TTL_MS);
     oq_call_clear(&g);
+    /* calls_expires holds the settled calls only (schema/producer/0008_expires_settled.sql),
+     * and the purge's query (store.c, word for word) reads it */
+    assert_int_equal(count(f->db, "SELECT count(*) FROM sqlite_schema WHERE name='calls_expires' "
+                                  "AND sql LIKE '%WHERE state=''succeeded'' OR state=''failed'''"),
+                     1);
+    assert_true(plan_uses(f->db,
+                          "SELECT call_id FROM calls WHERE expires_at<=5 AND (state='succeeded' "
+                          "OR state='failed') ORDER BY expires_at LIMIT 100",
+                          "calls_expires"));
     /* a result for an unknown call, received at t=1000 */
     apply_clock = 1000;
     assert_int_equal(apply(f, "c_ffffffffffffffff", "pmx", "succeeded", 1, NULL, NULL, &ro), 0);
