@@ -20,13 +20,20 @@
  * The producer's ingest decodes every result message, and a tree per message (jansson's
  * parse, then a walk, then json_dumps of the result for calls.result) was about a tenth of the
  * producer's CPU in the closed-loop e2e run. oq_envelope_decode_result() reads the subset the
- * encoder itself writes with a scanner instead (decode_result_fast): no whitespace, strings
+ * encoder itself writes with a scanner instead (decode_fast): no whitespace, strings
  * without escapes, integers of at most 15 digits, keys in strictly increasing byte order (so no
  * duplicates), known top-level fields only, error null. In that subset the result object's
  * text is exactly what json_dumps(COMPACT | SORT_KEYS) writes for its tree (jansson sorts keys
  * by bytes and escapes only quotes, backslashes and control characters), so it is kept as
  * text. Anything outside the subset, valid or not, takes oq_envelope_decode(), so the fields
  * and the error codes and messages are those of the one decoder.
+ *
+ * The consumer's decode of every tool_call (jansson's parse of the whole envelope, then
+ * json_dumps of the args for the executions row) was about a quarter of a consumer's main
+ * thread in the same run. oq_envelope_decode_call() takes the same scanner: the top-level
+ * fields are read in place, only the args object is parsed (the compiled tools read the tree),
+ * and its text is kept (json_dumps(args, JSON_COMPACT) writes exactly that text in the subset:
+ * keys in their order, the same values).
  *
  * The rules for keys, tenants and tool names live here too (oq_envelope_valid_*): the producer
  * checks a request with the same functions that a consumer applies to the message, so there is
@@ -64,6 +71,7 @@ void oq_envelope_clear(oq_envelope_t *e)
     json_decref(e->result);
     json_decref(e->error);
     free(e->result_json);
+    free(e->args_json);
     memset(e, 0, sizeof(*e));
 }
 
@@ -353,7 +361,7 @@ out:
     return rc;
 }
 
-/* --- tool_result fast path (file comment) ---------------------------------------------------- */
+/* --- the fast paths (file comment) ----------------------------------------------------------- */
 
 #define FAST_MAX_DEPTH 32 /* deeper: the tree decoder (its limit is OQ_JSON_DEFAULT_MAX_DEPTH) */
 
@@ -489,8 +497,9 @@ enum {
     F_TOOL = 1 << 7,
     F_ATTEMPT = 1 << 8,
     F_CREATED_AT = 1 << 9,
-    F_STATUS = 1 << 10,
-    F_REQUIRED = (1 << 11) - 1
+    F_STATUS = 1 << 10, /* tool_result */
+    F_ARGS = 1 << 11,   /* tool_call */
+    F_COMMON = (1 << 10) - 1
 };
 
 /* A string field copied into a fixed buffer of \p cap bytes (too long: not in the subset, so
@@ -515,8 +524,11 @@ static int fast_dup(fast_scan_t *sc, char **out)
 
 /* The subset's envelope into \p e (validated). 0: not in the subset, or not valid, or out of
  * memory: \p e is cleared and the caller decodes with the tree. */
-static int decode_result_fast(const char *buf, size_t len, oq_envelope_t *e)
+/* The fast path of \p kind's envelope (file comment). @returns 1 with \p e filled, or 0 with
+ * \p e cleared: the tree decoder decides. */
+static int decode_fast(const char *buf, size_t len, oq_envelope_t *e, oq_kind_t kind)
 {
+    const int call = kind == OQ_KIND_TOOL_CALL;
     fast_scan_t sc = {buf, buf + len};
     unsigned seen = 0;
     const char *prev = NULL;
@@ -540,8 +552,9 @@ static int decode_result_fast(const char *buf, size_t len, oq_envelope_t *e)
         } else if (KEY("kind")) {
             const char *s;
             size_t n;
-            if (!fast_string(&sc, &s, &n) || n != 11 || memcmp(s, "tool_result", 11) != 0) goto no;
-            e->kind = OQ_KIND_TOOL_RESULT;
+            const char *want = call ? "tool_call" : "tool_result";
+            if (!fast_string(&sc, &s, &n) || n != strlen(want) || memcmp(s, want, n) != 0) goto no;
+            e->kind = kind;
             seen |= F_KIND;
         } else if (KEY("message_id")) {
             if (!fast_fixed(&sc, e->message_id, sizeof e->message_id)) goto no;
@@ -561,15 +574,27 @@ static int decode_result_fast(const char *buf, size_t len, oq_envelope_t *e)
         } else if (KEY("tool")) {
             if (!fast_dup(&sc, &e->tool)) goto no;
             seen |= F_TOOL;
-        } else if (KEY("status")) {
-            if (!fast_dup(&sc, &e->status)) goto no;
-            seen |= F_STATUS;
         } else if (KEY("attempt")) {
             if (!fast_int(&sc, &e->attempt)) goto no;
             seen |= F_ATTEMPT;
         } else if (KEY("created_at")) {
             if (!fast_int(&sc, &e->created_at)) goto no;
             seen |= F_CREATED_AT;
+        } else if (KEY("args") && call) {
+            /* kept as text and as a tree: json_dumps(args, JSON_COMPACT) of the tree writes
+             * this very text (keys in their order, the subset's values as they are) */
+            start = sc.p;
+            if (sc.p >= sc.end || *sc.p != '{' || !fast_container(&sc, 1)) goto no;
+            size_t an = (size_t)(sc.p - start);
+            if (!(e->args_json = strndup(start, an)) ||
+                oq_json_parse(start, an, 0, &e->args, NULL) != 0)
+                goto no;
+            seen |= F_ARGS;
+        } else if (call) {
+            goto no; /* a result's fields, or unknown ones: the tree decoder */
+        } else if (KEY("status")) {
+            if (!fast_dup(&sc, &e->status)) goto no;
+            seen |= F_STATUS;
         } else if (KEY("effect_id")) {
             if (!fast_lit(&sc, "null", 4) && !fast_dup(&sc, &e->effect_id)) goto no;
         } else if (KEY("error")) {
@@ -591,7 +616,9 @@ static int decode_result_fast(const char *buf, size_t len, oq_envelope_t *e)
         if (sc.p + 1 == sc.end && *sc.p == '}') break;
         goto no;
     }
-    if (seen != F_REQUIRED || !check_status(e->status) || validate_fields(e, NULL) != 0) goto no;
+    if (seen != (F_COMMON | (call ? F_ARGS : F_STATUS)) || (!call && !check_status(e->status)) ||
+        oq_envelope_validate(e, NULL) != 0)
+        goto no;
     return 1;
 no:
     oq_envelope_clear(e);
@@ -602,7 +629,15 @@ int oq_envelope_decode_result(const char *buf, size_t len, oq_envelope_t *e, oq_
 {
     if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
     memset(e, 0, sizeof(*e));
-    if (buf && decode_result_fast(buf, len, e)) return 0;
+    if (buf && decode_fast(buf, len, e, OQ_KIND_TOOL_RESULT)) return 0;
+    return oq_envelope_decode(buf, len, e, err);
+}
+
+int oq_envelope_decode_call(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err)
+{
+    if (!e) return oq_error_set(err, OQ_EINVAL, 0, "NULL envelope");
+    memset(e, 0, sizeof(*e));
+    if (buf && decode_fast(buf, len, e, OQ_KIND_TOOL_CALL)) return 0;
     return oq_envelope_decode(buf, len, e, err);
 }
 

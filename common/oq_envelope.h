@@ -102,6 +102,10 @@ typedef struct oq_envelope {
      *  the result object as the text json_dumps(result, JSON_COMPACT | JSON_SORT_KEYS) writes,
      *  the form calls.result stores. oq_envelope_encode() does not read it. */
     char *result_json;
+    /** tool_call, set only by oq_envelope_decode_call()'s fast path (args is set too): the args
+     *  object as the text json_dumps(args, JSON_COMPACT) writes for it. oq_envelope_encode()
+     *  does not read it. */
+    char *args_json;
 } oq_envelope_t;
 
 /** @brief Free what \p e owns and zero it (safe on a zeroed or already-cleared struct). */
@@ -142,6 +146,15 @@ int oq_envelope_decode(const char *buf, size_t len, oq_envelope_t *e, oq_error_t
  *        other input goes through oq_envelope_decode().
  */
 int oq_envelope_decode_result(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err);
+
+/**
+ * @brief The same for a message expected to be a tool_call, for the consumer: in the subset,
+ *        the top-level fields are scanned and only the args object is parsed into a tree
+ *        (\p e->args), its text kept as well (\p e->args_json, byte for byte what
+ *        json_dumps(args, JSON_COMPACT) writes). Any other input goes through
+ *        oq_envelope_decode() (a tool_result there too).
+ */
+int oq_envelope_decode_call(const char *buf, size_t len, oq_envelope_t *e, oq_error_t *err);
 
 /** @brief Validate a decoded or hand-built envelope (the same checks decode applies). */
 int oq_envelope_validate(const oq_envelope_t *e, oq_error_t *err);

@@ -521,7 +521,9 @@ static int row_from_envelope(const oq_envelope_t *env, oq__exec_row_t *x, oq_err
     x->tenant = strdup(env->tenant);
     x->idem_key = strdup(env->idem_key);
     x->tool = strdup(env->tool);
-    x->args = env->args ? json_dumps(env->args, JSON_COMPACT) : NULL;
+    x->args = env->args_json ? strdup(env->args_json) /* the same text (oq_envelope.h) */
+              : env->args    ? json_dumps(env->args, JSON_COMPACT)
+                             : NULL;
     x->attempt = env->attempt;
     if (!x->tenant || !x->idem_key || !x->tool || !x->args) {
         oq__exec_row_clear(x);

@@ -332,9 +332,10 @@ static int batch_decode(oq_consumer_t *c)
         const rd_kafka_message_t *m = c->batch[i];
         memset(&c->envs[i], 0, sizeof(c->envs[i]));
         memset(&c->env_err[i], 0, sizeof(c->env_err[i]));
-        c->env_rc[i] = !m->payload || m->len == 0
-                           ? OQ_EINVAL
-                           : oq_envelope_decode(m->payload, m->len, &c->envs[i], &c->env_err[i]);
+        c->env_rc[i] =
+            !m->payload || m->len == 0
+                ? OQ_EINVAL
+                : oq_envelope_decode_call(m->payload, m->len, &c->envs[i], &c->env_err[i]);
         if (c->env_rc[i] == 0 && c->envs[i].kind == OQ_KIND_TOOL_CALL) {
             c->ids_call[n] = c->envs[i].call_id;
             c->ids_msg[n++] = c->envs[i].message_id;

@@ -589,17 +589,19 @@ static char *result_msg(const char *result, const char *error)
 /* oq_envelope_decode_result() of \p text gives what oq_envelope_decode() gives: the same
  * return code and error code, the same fields, and calls.result's text (result_json, or the
  * tree dumped as decide.c dumps it). @returns whether the fast path kept the result as text. */
-static int same_as_tree(const char *text, size_t len)
+static int same_as_tree_as(const char *text, size_t len, int call)
 {
     oq_envelope_t a, b;
     oq_error_t ea = {0}, eb = {0};
     memset(&b, 0xA5, sizeof b);
     int ra = oq_envelope_decode(text, len, &a, &ea);
-    int rb = oq_envelope_decode_result(text, len, &b, &eb);
+    int rb = call ? oq_envelope_decode_call(text, len, &b, &eb)
+                  : oq_envelope_decode_result(text, len, &b, &eb);
     if (ra != rb) fail_msg("rc %d (tree) vs %d (fast) for %.*s", ra, rb, (int)len, text);
     assert_int_equal(ea.code, eb.code);
     assert_string_equal(ea.msg, eb.msg);
-    int fast = b.result_json != NULL;
+    int fast = call ? b.args_json != NULL : b.result_json != NULL;
+    assert_null(call ? b.result_json : b.args_json);
     if (ra == 0) {
         assert_int_equal(a.v, b.v);
         assert_int_equal(a.kind, b.kind);
@@ -617,6 +619,11 @@ static int same_as_tree(const char *text, size_t len)
         if (a.effect_id) assert_string_equal(a.effect_id, b.effect_id);
         assert_true((a.args == NULL) == (b.args == NULL));
         if (a.args) assert_true(json_equal(a.args, b.args));
+        if (b.args_json) { /* what the consumer's executions row stored before: the same text */
+            char *t = json_dumps(a.args, JSON_COMPACT);
+            assert_string_equal(t, b.args_json);
+            free(t);
+        }
         assert_true((a.error == NULL) == (b.error == NULL));
         if (a.error) assert_true(json_equal(a.error, b.error));
         char *ta = a.result ? json_dumps(a.result, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -631,11 +638,32 @@ static int same_as_tree(const char *text, size_t len)
     } else {
         assert_null(b.tenant);
         assert_null(b.result_json);
+        assert_null(b.args_json);
+        assert_null(b.args);
         assert_int_equal(b.v, 0);
     }
     oq_envelope_clear(&a);
     oq_envelope_clear(&b);
     return fast;
+}
+
+static int same_as_tree(const char *text, size_t len)
+{
+    return same_as_tree_as(text, len, 0);
+}
+
+/* same_as_tree_as() of \p base with each edit's first text replaced by its second. */
+static void edit_each(const char *base, const char *const (*edits)[2], size_t n, int call)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *at = strstr(base, edits[i][0]);
+        assert_non_null(at);
+        size_t off = (size_t)(at - base), cut = off + strlen(edits[i][0]);
+        char *e = NULL;
+        assert_true(asprintf(&e, "%.*s%s%s", (int)off, base, edits[i][1], base + cut) > 0);
+        same_as_tree_as(e, strlen(e), call);
+        free(e);
+    }
 }
 
 static void test_decode_result_fast(void **state)
@@ -715,15 +743,94 @@ static void test_decode_result_fast(void **state)
         {"\"v\":1}", "\"v\":1}x"},
         {"\"tool\":\"charge\"", "\"tool\":\"ch\\u0061rge\""},
     };
-    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
-        const char *at = strstr(base, edits[i][0]);
-        assert_non_null(at);
-        size_t off = (size_t)(at - base), cut = off + strlen(edits[i][0]);
-        char *e = NULL;
-        assert_true(asprintf(&e, "%.*s%s%s", (int)off, base, edits[i][1], base + cut) > 0);
-        same_as_tree(e, strlen(e));
-        free(e);
+    edit_each(base, edits, sizeof edits / sizeof edits[0], 0);
+    free(base);
+}
+
+/* --- oq_envelope_decode_call: the consumer's fast path ------------------------------------- */
+
+/* A tool_call as the encoder writes it, with \p args (JSON text). malloc()ed. */
+static char *call_msg(const char *args)
+{
+    size_t cap = strlen(args) + 512;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    int n = snprintf(out, cap,
+                     "{\"args\":%s,\"attempt\":1,\"call_id\":\"" CID "\",\"created_at\":"
+                     "1700000000001,\"fingerprint\":\"" FP "\",\"idem_key\":\"order-42\","
+                     "\"kind\":\"tool_call\",\"message_id\":\"" MID "\",\"tenant\":\"acme\","
+                     "\"tool\":\"charge\",\"v\":1}",
+                     args);
+    assert_true(n > 0 && (size_t)n < cap);
+    return out;
+}
+
+static void test_decode_call_fast(void **state)
+{
+    (void)state;
+    /* in the encoder's subset: the top level scanned, the args parsed alone and kept as text */
+    static const char *const fast[] = {
+        "{\"amount\":6922,\"currency\":\"EUR\",\"to\":\"alice@example.com\"}",
+        "{}",
+        "{\"a\":[],\"b\":[1,-2,0,true,false,null,\"x\",{\"c\":{}}],\"ba\":{\"z\":[[]]}}",
+        "{\"name\":\"Zo\xc3\xab \xe2\x82\xac \xf0\x9f\x98\x80\",\"\xc3\xa9\":1}",
+        "{\"big\":999999999999999,\"neg\":-999999999999999}",
+    };
+    for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++) {
+        char *m = call_msg(fast[i]);
+        if (!same_as_tree_as(m, strlen(m), 1)) fail_msg("not read by the fast path: %s", m);
+        free(m);
     }
+    /* outside it, valid or not: the tree decoder's answer */
+    static const char *const slow[] = {
+        "{\"b\":1,\"a\":2}",
+        "{\"a\":1,\"a\":2}",
+        "{\"a\":1.5}",
+        "{\"a\":1e3}",
+        "{\"a\":-0}",
+        "{\"a\":0123}",
+        "{\"a\":12345678901234567890}",
+        "{\"a\":9007199254740991}",
+        "{\"a\":9007199254740992}",
+        "{\"a\":\"x\\u00e9\\n\"}",
+        "{\"a\": 1}",
+        "{\"a\":[1,]}",
+        "[1]",
+        "\"x\"",
+        "null",
+        "{\"a\":{\"b\":1}",
+    };
+    for (size_t i = 0; i < sizeof slow / sizeof slow[0]; i++) {
+        char *m = call_msg(slow[i]);
+        if (same_as_tree_as(m, strlen(m), 1)) fail_msg("read by the fast path: %s", m);
+        free(m);
+    }
+    /* the other documents of this file (a tool_result among them), and every truncation */
+    const char *docs[] = {good_result, good_call, "", "{", "{}", "null"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++)
+        same_as_tree_as(docs[i], strlen(docs[i]), 1);
+    char *base = call_msg("{\"amount\":6922,\"to\":\"bob\"}");
+    size_t blen = strlen(base);
+    for (size_t n = 0; n < blen; n++)
+        same_as_tree_as(base, n, 1);
+    static const char *const edits[][2] = {
+        {"\"v\":1", "\"v\":2"},
+        {"\"v\":1}", "\"v\":1,\"zz\":1}"},                 /* unknown field: ignored */
+        {"\"v\":1}", "\"status\":\"succeeded\",\"v\":1}"}, /* a result's field: ignored */
+        {"\"created_at\":1700000000001,",                  /* a result's field: ignored, not read */
+         "\"created_at\":1700000000001,\"effect_id\":\"e_1\","},
+        {"\"attempt\":1", "\"attempt\":0"},
+        {"\"attempt\":1,", ""},
+        {"\"args\":{\"amount\":6922,\"to\":\"bob\"},", ""}, /* missing args */
+        {"\"kind\":\"tool_call\"", "\"kind\":\"tool_result\""},
+        {"\"kind\":\"tool_call\"", "\"kind\":\"tool\""},
+        {"\"tenant\":\"acme\"", "\"tenant\":\"\""},
+        {"\"tool\":\"charge\"", "\"tool\":\"ch arge\""},
+        {"\"fingerprint\":\"", "\"fingerprint\":\"x"},
+        {"\"v\":1}", "\"v\":1} "},
+        {"\"args\":{", "\"args\":[{"},
+    };
+    edit_each(base, edits, sizeof edits / sizeof edits[0], 1);
     free(base);
 }
 
@@ -740,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_encode_canon),
         cmocka_unit_test(test_schema_matches_decoder),
         cmocka_unit_test(test_decode_result_fast),
+        cmocka_unit_test(test_decode_call_fast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
