@@ -39,6 +39,7 @@ struct oq_producer {
     oq_metric_t *m_tasks[OQ_TASK_NSTATUS],
         *m_comp[2];           /* tasks by status; compensations ended ok / review */
     oq_metric_t *m_task_x[4]; /* compensation success, re-run steps, needed an operator, ratio */
+    int64_t counts_next_us;   /* collect_counts reads again from then on (registry lock) */
 };
 
 static const char *const call_states[5] = {"pending", "running", "succeeded", "failed",
@@ -46,17 +47,25 @@ static const char *const call_states[5] = {"pending", "running", "succeeded", "f
 static rconn_t *rconn_acquire(oq_producer_t *p);
 static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err);
 
+/* A scrape within this many times the last read's duration keeps its values: counting a large
+ * calls table takes time (about 0.1 s per million calls on SQLite here), and scrapes then cost
+ * at most 1/COUNTS_DUTY of a core, whatever their rate. A small table is read at every scrape. */
+#define COUNTS_DUTY 10
+
 /* Scrape time, under the registry lock: calls by status and the outbox from one snapshot on a
- * read connection (the same numbers as GET /stats). A failed read keeps the last values. */
+ * read connection (GET /stats's numbers, but only those the gauges show), at most one read per
+ * COUNTS_DUTY times its duration. A failed read keeps the last values. */
 static void collect_counts(oq_metrics_t *m, void *arg)
 {
     oq_producer_t *p = arg;
+    (void)m;
+    int64_t t0 = oq_mono_us();
+    if (t0 < p->counts_next_us) return;
     oq__producer_counts_t c;
     rconn_t *r = rconn_acquire(p);
     oq__producer_store_t s = {r->db, NULL, r->pg};
-    int rc = oq__producer_store_counts(&s, &c, NULL);
+    int rc = oq__producer_store_counts(&s, OQ__COUNTS_GAUGES, &c, NULL);
     pthread_mutex_unlock(&r->mu);
-    (void)m;
     if (rc) return;
     const int64_t by[5] = {c.pending, c.running, c.succeeded, c.failed, c.needs_review};
     for (int i = 0; i < 5; i++)
@@ -88,6 +97,7 @@ static void collect_counts(oq_metrics_t *m, void *arg)
                  c.oldest_pending_created_at
                      ? (double)(oq_now_ms() - c.oldest_pending_created_at) / 1000.0
                      : 0);
+    p->counts_next_us = oq_mono_us() + (oq_mono_us() - t0) * (COUNTS_DUTY - 1);
 }
 
 static void metrics_init(oq_producer_t *p)
@@ -484,7 +494,7 @@ int oq_producer_db_purge(const oq_dbh_t *h, int64_t now_ms, int64_t key_ttl_ms, 
 static int stats_json(oq__producer_store_t *s, json_t **out, oq_error_t *err)
 {
     oq__producer_counts_t c;
-    int ret = oq__producer_store_counts(s, &c, err);
+    int ret = oq__producer_store_counts(s, OQ__COUNTS_ALL, &c, err);
     if (ret) return ret;
     json_t *o = json_pack(
         "{s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I}", "calls", (json_int_t)c.calls,

@@ -354,7 +354,10 @@ int oq__producer_store_audit_list(oq__producer_store_t *s, const char *call_id,
 int oq__producer_store_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl_ms,
                                    int batch, oq_purge_stats_t *stats, int *more, oq_error_t *err);
 
-/** Row counts for the stats, read in one snapshot (a read transaction of its own). */
+/** Row counts for the stats, read in one snapshot (a read transaction of its own). With
+ *  OQ__COUNTS_GAUGES only what the /metrics gauges show is read (calls by status, the pending
+ *  outbox rows, the oldest pending call): effects and result_inbox stay 0, and no statement
+ *  reads a whole table or index beyond the calls' counts (a scrape of a large calls.db). */
 typedef struct oq__producer_counts {
     int64_t calls;
     int64_t pending, running, succeeded, failed, needs_review;
@@ -363,7 +366,10 @@ typedef struct oq__producer_counts {
     int64_t oldest_pending_created_at; /**< 0 when no call is pending */
 } oq__producer_counts_t;
 
-int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
+typedef enum { OQ__COUNTS_ALL = 0, OQ__COUNTS_GAUGES = 1 } oq__counts_what_t;
+
+int oq__producer_store_counts(oq__producer_store_t *s, oq__counts_what_t what,
+                              oq__producer_counts_t *out, oq_error_t *err);
 
 /* --- the operators' list of calls (onceq console, through oq_store_list) ---------------------- */
 
@@ -441,7 +447,8 @@ int oq__producer_pg_audit_list(oq__producer_store_t *s, const char *call_id, oq_
                                size_t *n, oq_error_t *err);
 int oq__producer_pg_purge_batch(oq__producer_store_t *s, int64_t now_ms, int64_t ttl_ms, int batch,
                                 oq_purge_stats_t *stats, int *more, oq_error_t *err);
-int oq__producer_pg_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err);
+int oq__producer_pg_counts(oq__producer_store_t *s, oq__counts_what_t what,
+                           oq__producer_counts_t *out, oq_error_t *err);
 int oq__producer_pg_delivery_add(oq__producer_store_t *s, const oq__producer_delivery_t *d,
                                  oq_error_t *err);
 int oq__producer_pg_delivery_due(oq__producer_store_t *s, int64_t now, int cap,

@@ -986,9 +986,10 @@ fail:
 
 /* --- stats ---------------------------------------------------------------------------------- */
 
-int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *out, oq_error_t *err)
+int oq__producer_store_counts(oq__producer_store_t *s, oq__counts_what_t what,
+                              oq__producer_counts_t *out, oq_error_t *err)
 {
-    if (s->pg) return oq__producer_pg_counts(s, out, err);
+    if (s->pg) return oq__producer_pg_counts(s, what, out, err);
     sqlite3 *db = s->db;
     sqlite3_stmt *st = NULL;
     memset(out, 0, sizeof *out);
@@ -1026,14 +1027,22 @@ int oq__producer_store_counts(oq__producer_store_t *s, oq__producer_counts_t *ou
         goto out;
     }
     out->pending = out->calls - settled;
-    if ((ret = count_query(
-             db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
-             &out->effects, err)) ||
+    /* The oldest pending call through the two partial indexes of the open calls (0003_redrive:
+     * a pending call is in calls_unheard or in calls_redrive), not a scan of every call: each
+     * WHERE repeats its index's condition word for word. */
+    if ((what == OQ__COUNTS_ALL &&
+         (ret = count_query(
+              db, "SELECT count(DISTINCT effect_id) FROM calls WHERE effect_id IS NOT NULL",
+              &out->effects, err))) ||
         (ret = oq_outbox_count(db, &out->outbox_pending, &out->outbox_rows, err)) ||
-        (ret = count_query(db, "SELECT count(*) FROM result_inbox", &out->result_inbox, err)) ||
+        (what == OQ__COUNTS_ALL &&
+         (ret = count_query(db, "SELECT count(*) FROM result_inbox", &out->result_inbox, err))) ||
         (ret = count_query(db,
-                           "SELECT COALESCE(min(created_at),0) FROM calls WHERE "
-                           "state='pending'",
+                           "SELECT COALESCE(min(m),0) FROM (SELECT min(created_at) AS m FROM "
+                           "calls WHERE next_redrive_at IS NULL AND (state = 'pending' OR "
+                           "state = 'running') AND state='pending' UNION ALL SELECT "
+                           "min(created_at) FROM calls WHERE next_redrive_at IS NOT NULL AND "
+                           "state='pending')",
                            &out->oldest_pending_created_at, err)))
         goto out;
 out:

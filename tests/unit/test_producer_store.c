@@ -342,13 +342,37 @@ static void test_purge(void **state)
     assert_int_equal(oq__producer_store_get(&f->s, b.call_id, &g, &err), 0); /* pending stays */
     oq_call_clear(&g);
     oq__producer_counts_t ct;
-    assert_int_equal(oq__producer_store_counts(&f->s, &ct, &err), 0);
+    assert_int_equal(oq__producer_store_counts(&f->s, OQ__COUNTS_ALL, &ct, &err), 0);
     assert_int_equal(ct.calls, 1);
     assert_int_equal(ct.pending, 1);
     assert_int_equal(ct.succeeded, 0);
     assert_int_equal(ct.oldest_pending_created_at, b.created_at);
+    /* the oldest pending call is found in either partial index of the open calls: b with a
+     * redrive scheduled (calls_redrive), a newer c without (calls_unheard); the gauges read
+     * no distinct effects */
+    oq_call_t c = {0};
+    begin(f);
+    oq__producer_redrive_mark_t mk = {b.call_id, 1, b.created_at + 60000, NULL};
+    assert_int_equal(oq__producer_store_redrive_mark(&f->s, &mk, &err), 0);
+    assert_int_equal(submit(f, "k-newer", 1, &c, &oc), 0);
+    commit(f);
+    assert_true(c.created_at >= b.created_at);
+    assert_int_equal(oq__producer_store_counts(&f->s, OQ__COUNTS_GAUGES, &ct, &err), 0);
+    assert_int_equal(ct.pending, 2);
+    assert_int_equal(ct.oldest_pending_created_at, b.created_at);
+    assert_int_equal(ct.effects, 0);
+    begin(f);
+    mk.next_redrive_at = 0;
+    assert_int_equal(oq__producer_store_redrive_mark(&f->s, &mk, &err), 0);
+    oq__producer_result_t rb = {b.call_id, "succeeded", "{}", NULL, "e2", b.created_at + 1, 1, 0};
+    assert_int_equal(oq__producer_store_set_result(&f->s, &rb, &err), 0);
+    commit(f);
+    assert_int_equal(oq__producer_store_counts(&f->s, OQ__COUNTS_ALL, &ct, &err), 0);
+    assert_int_equal(ct.oldest_pending_created_at, c.created_at);
+    assert_int_equal(ct.effects, 1);
     oq_call_clear(&a);
     oq_call_clear(&b);
+    oq_call_clear(&c);
 }
 
 /* One tool_result for \p call_id at attempt 1, applied by the rules (decide.c). */
