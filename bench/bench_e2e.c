@@ -27,7 +27,7 @@
  * 1 ms resolution.
  *
  * --db-url URI runs the same pipeline with every stage on PostgreSQL (`onceq up --db-url`,
- * synchronous_commit=on; use a fresh database: the keys warm-N and run-N must be new). The
+ * synchronous_commit=on; each run's keys are new: e2e_key()). The
  * drain is watched there; afterwards the rows are copied from one snapshot into calls.db and
  * effects.db of the scratch directory (oq_pg_snapshot, the consumer store's export), so the hop
  * analysis and verify read them as they read SQLite. The pipeline's CPU and bytes written per
@@ -106,6 +106,32 @@ static const oq_setting_t e2e_settings[] = {
 
 /* --db-url, or NULL (SQLite files in the scratch directory). */
 static const char *e2e_db_url;
+
+/* The idempotency keys of a run are <phase>.<run>-<i>, <run> this run's start time in hex: a run
+ * on a database that earlier runs used (--dir, --db-url) must neither replay their keys (a
+ * replayed call is terminal at once: a warm-up that drains before the pipeline is up, figures of
+ * calls never executed) nor count their calls. */
+static char e2e_run_tag[24];
+
+/* "<phase>.<run>", in one of a few static buffers (the phases of one run fit). */
+static const char *e2e_key(const char *phase)
+{
+    static char bufs[8][48];
+    static unsigned next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s.%s", phase, e2e_run_tag);
+    return b;
+}
+
+/* The LIKE pattern of the keys of \p phase in this run ("<phase>.<run>-%"), as e2e_key(). */
+static const char *e2e_like(const char *phase)
+{
+    static char bufs[4][56];
+    static unsigned next;
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof bufs[0], "%s-%%", e2e_key(phase));
+    return b;
+}
 
 /* The onceq binary the processes run: --onceq, else `onceq` in this program's directory. */
 static char e2e_onceq[PATH_MAX];
@@ -428,7 +454,7 @@ static int e2e_baseline(const char *dir, const oq_load_opts_t *lo_in, oq_load_re
     if (prod <= 0 || !e2e_healthy(port, 300)) goto out;
     oq_load_opts_t lo = *lo_in;
     lo.port = port;
-    lo.key_prefix = "base";
+    lo.key_prefix = e2e_key("base");
     oq_error_t err = {0};
     rc = oq_load_run(&lo, r, &err);
 out:
@@ -658,12 +684,12 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     if (warm > 0) {
         lo.calls = warm;
         lo.rate = 0;
-        lo.key_prefix = "warm";
+        lo.key_prefix = e2e_key("warm");
         if (oq_load_run(&lo, &r, &err) != 0 || r.accepted != warm) {
             fprintf(stderr, "onceq-bench e2e: warm-up failed: %s\n", err.msg);
             goto out;
         }
-        if (e2e_wait_drained(calls_db, "warm", warm, drain, up) != 0) goto out;
+        if (e2e_wait_drained(calls_db, e2e_key("warm"), warm, drain, up) != 0) goto out;
         printf("warm-up: %lld calls drained (%.1f s after start)\n", (long long)warm,
                (double)(oq_mono_us() - bench_t0) / 1e6);
         fflush(stdout);
@@ -678,7 +704,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     getrusage(RUSAGE_SELF, &ru0);
     lo.calls = oq_config_int(cfg, "calls");
     lo.rate = (double)oq_config_int(cfg, "rate");
-    lo.key_prefix = "run";
+    lo.key_prefix = e2e_key("run");
     int64_t t0 = oq_mono_us();
     if (oq_load_run(&lo, &r, &err) != 0) {
         fprintf(stderr, "onceq-bench e2e: load: %s\n", err.msg);
@@ -691,7 +717,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
            (long long)lo.calls, offered, (long long)r.accepted, r.elapsed_s,
            r.elapsed_s > 0 ? r.accepted / r.elapsed_s : 0, r.p50_ms, r.p99_ms,
            (long long)r.retries);
-    if (e2e_wait_drained(calls_db, "run", r.accepted, drain, up) != 0) goto out;
+    if (e2e_wait_drained(calls_db, e2e_key("run"), r.accepted, drain, up) != 0) goto out;
     double wall = (double)(oq_mono_us() - t0) / 1e6;
     e2e_cpu_sample(up, &cpu1);
     oq__bench_procs(up, 1, &pl1);
@@ -740,7 +766,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
         fprintf(stderr, "onceq-bench e2e: copying the PostgreSQL rows: %s\n", err.msg);
         goto out;
     }
-    if (e2e_analyse(dir, "run", r.accepted, fig) != 0) {
+    if (e2e_analyse(dir, e2e_key("run"), r.accepted, fig) != 0) {
         fprintf(stderr, "onceq-bench e2e: analysis incomplete\n");
         goto out;
     }
@@ -819,7 +845,8 @@ out:
 /* --- --tasks: 3-step tasks against three independent calls --------------------------------- */
 
 /* \p sql's first column over calls.db (effects.db of the same directory attached as c) as
- * sorted doubles (*v owned), *n of them. */
+ * sorted doubles (*v owned), *n of them. ?1 in \p sql is this run's task keys (LIKE), ?2 its
+ * independent calls' keys. */
 static int e2e_column(const char *calls_db, const char *sql, double **v, int *n)
 {
     char attach[PATH_MAX + 64];
@@ -837,6 +864,9 @@ static int e2e_column(const char *calls_db, const char *sql, double **v, int *n)
         sqlite3_close_v2(db);
         return -1;
     }
+    int np = sqlite3_bind_parameter_count(st);
+    if (np >= 1) sqlite3_bind_text(st, 1, e2e_like("task"), -1, SQLITE_TRANSIENT);
+    if (np >= 2) sqlite3_bind_text(st, 2, e2e_like("ind"), -1, SQLITE_TRANSIENT);
     while (sqlite3_step(st) == SQLITE_ROW) {
         if (*n == cap) {
             double *nv = realloc(*v, (size_t)(cap = cap ? 2 * cap : 1024) * sizeof *nv);
@@ -1088,9 +1118,9 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     int64_t warm = oq_config_int(cfg, "warmup");
     if (warm > 0) {
         lo.calls = warm;
-        lo.key_prefix = "warm";
+        lo.key_prefix = e2e_key("warm");
         if (oq_load_run(&lo, &r, &err) != 0 ||
-            e2e_wait_drained(calls_db, "warm", warm, drain, up) != 0) {
+            e2e_wait_drained(calls_db, e2e_key("warm"), warm, drain, up) != 0) {
             fprintf(stderr, "onceq-bench e2e: warm-up failed %s\n", err.msg);
             goto out;
         }
@@ -1111,24 +1141,27 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
      * long); 4. tasks open loop at --task-rate (default half of 1.'s capacity): the step-to-step
      * gap there; 5. independent calls at that run's steps/s */
     e2e_phase_t tph, iph, irph, toph, ioph;
-    if (e2e_task_phase(port, tconns, "task", ntasks, 0, calls_db, drain, up, &tph) != 0) goto out;
+    if (e2e_task_phase(port, tconns, e2e_key("task"), ntasks, 0, calls_db, drain, up, &tph) != 0)
+        goto out;
     double tw = tph.wall_s, steps_ps = tw > 0 ? (double)tph.n / tw : 0;
-    if (e2e_call_phase(&lo, "ind", 3 * ntasks, 0, calls_db, drain, up, &iph) != 0 ||
-        e2e_call_phase(&lo, "indr", 3 * ntasks, steps_ps, calls_db, drain, up, &irph) != 0)
+    if (e2e_call_phase(&lo, e2e_key("ind"), 3 * ntasks, 0, calls_db, drain, up, &iph) != 0 ||
+        e2e_call_phase(&lo, e2e_key("indr"), 3 * ntasks, steps_ps, calls_db, drain, up, &irph) != 0)
         goto out;
     double task_rate = (double)oq_config_int(cfg, "task-rate");
     if (task_rate <= 0) task_rate = tw > 0 ? (double)ntasks / tw / 2 : 1;
-    if (e2e_task_phase(port, tconns, "otask", ntasks, task_rate, calls_db, drain, up, &toph) != 0 ||
-        e2e_call_phase(&lo, "oind", 3 * ntasks, 3 * task_rate, calls_db, drain, up, &ioph) != 0)
+    if (e2e_task_phase(port, tconns, e2e_key("otask"), ntasks, task_rate, calls_db, drain, up,
+                       &toph) != 0 ||
+        e2e_call_phase(&lo, e2e_key("oind"), 3 * ntasks, 3 * task_rate, calls_db, drain, up,
+                       &ioph) != 0)
         goto out;
     double iw = iph.wall_s;
     int64_t ok = -1, ook = -1;
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(calls_db, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
         e2e_count(db, "SELECT count(*) FROM tasks WHERE idem_key LIKE ?1 AND status='succeeded'",
-                  "task-%", &ok);
+                  e2e_like("task"), &ok);
         e2e_count(db, "SELECT count(*) FROM tasks WHERE idem_key LIKE ?1 AND status='succeeded'",
-                  "otask-%", &ook);
+                  e2e_like("otask"), &ook);
     }
     sqlite3_close_v2(db);
     printf("\ntasks: %lld of %lld succeeded in %.2f s = %.1f tasks/s (%.1f steps/s); submitted "
@@ -1139,11 +1172,11 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
            iw > 0 ? 3 * ntasks / iw : 0);
     static const char *const step_sql[3] = {
         "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
-        "WHERE s.idx=0 AND c.idem_key LIKE 'task-%'",
+        "WHERE s.idx=0 AND c.idem_key LIKE ?1",
         "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
-        "WHERE s.idx=1 AND c.idem_key LIKE 'task-%'",
+        "WHERE s.idx=1 AND c.idem_key LIKE ?1",
         "SELECT c.updated_at - c.created_at FROM task_steps s JOIN calls c ON c.call_id=s.call_id "
-        "WHERE s.idx=2 AND c.idem_key LIKE 'task-%'"};
+        "WHERE s.idx=2 AND c.idem_key LIKE ?1"};
     printf("latency (calls.db timestamps: written -> result applied):\n");
     e2e_print_dist(calls_db, "step a", step_sql[0]);
     e2e_print_dist(calls_db, "step b", step_sql[1]);
@@ -1154,16 +1187,16 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     e2e_print_dist(calls_db, "result -> next call written",
                    "SELECT n.created_at - p.updated_at FROM task_steps a JOIN task_steps b ON "
                    "b.task_id=a.task_id AND b.idx=a.idx+1 JOIN calls p ON p.call_id=a.call_id "
-                   "JOIN calls n ON n.call_id=b.call_id WHERE p.idem_key LIKE 'task-%'");
+                   "JOIN calls n ON n.call_id=b.call_id WHERE p.idem_key LIKE ?1");
     e2e_print_dist(calls_db, "result -> next effect",
                    "SELECT e.created_at - p.updated_at FROM task_steps a JOIN task_steps b ON "
                    "b.task_id=a.task_id AND b.idx=a.idx+1 JOIN calls p ON p.call_id=a.call_id "
-                   "JOIN c.effects e ON e.call_id=b.call_id WHERE p.idem_key LIKE 'task-%'");
+                   "JOIN c.effects e ON e.call_id=b.call_id WHERE p.idem_key LIKE ?1");
     e2e_print_dist(calls_db, "whole task",
                    "SELECT max(c.updated_at) - min(c.created_at) FROM task_steps s JOIN calls c "
-                   "ON c.call_id=s.call_id WHERE c.idem_key LIKE 'task-%' GROUP BY s.task_id");
+                   "ON c.call_id=s.call_id WHERE c.idem_key LIKE ?1 GROUP BY s.task_id");
     e2e_print_dist(calls_db, "independent call",
-                   "SELECT updated_at - created_at FROM calls WHERE idem_key LIKE 'ind-%'");
+                   "SELECT updated_at - created_at FROM calls WHERE idem_key LIKE ?2");
     double per_step = e2e_us_raw(&tph), per_call = e2e_us_raw(&iph);
     printf("CPU of the pipeline processes: %.0f us per task step, %.0f us per independent call "
            "(%.2fx)\n",
@@ -1206,7 +1239,7 @@ static int e2e_tasks(const oq_config_t *cfg, const char *dir, int64_t ntasks)
     double g50 = 0, g99 = 0;
     printf("open-loop tasks: %lld of %lld succeeded at %.1f tasks/s offered\n", (long long)ook,
            (long long)ntasks, task_rate);
-    e2e_gap(calls_db, "otask", &g50, &g99);
+    e2e_gap(calls_db, e2e_key("otask"), &g50, &g99);
     printf("result bench=e2e-tasks tasks=%lld tasks_per_s=%.1f cpu_us_per_step=%.0f "
            "cpu_us_per_call=%.0f cost_ratio=%.2f idle_cpu_ms_per_s=%.0f cost_ratio_same_rate=%.2f "
            "cost_ratio_net=%.2f task_rate=%.1f cost_ratio_half_net=%.2f gap_half_p50_ms=%.1f "
@@ -1236,6 +1269,7 @@ int oq__bench_e2e(int argc, char **argv)
     }
     rc = OQ_EXIT_FAIL;
     e2e_db_url = oq_config_str(cfg, "db-url");
+    snprintf(e2e_run_tag, sizeof e2e_run_tag, "%llx", (unsigned long long)oq_now_ms());
     if (e2e_find_onceq(oq_config_str(cfg, "onceq")) != 0) {
         oq_config_destroy(cfg);
         return OQ_EXIT_USAGE;
