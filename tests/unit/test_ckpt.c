@@ -22,6 +22,7 @@
 
 #include "oq_ckpt.h"
 #include "oq_db.h"
+#include "oq_util.h"
 #include "sync_shim.h"
 
 /* --- helpers --------------------------------------------------------------------------------*/
@@ -186,7 +187,8 @@ static void test_reader_snapshot_then_bounded(void **state)
  * copy such a writer is always inside a transaction that began before the pass ended, and
  * SQLite never restarts its WAL: only the TRUNCATE at max_frames bounds it, holding the writer
  * off each time (the submit benchmark: p99 3.9 -> 13 ms, 15 % fewer submits). Here, without the
- * oq_ckpt_finish calls: 0 restarts in 3 of 3 runs; with them 3-10. (TRUNCATEs still happen at
+ * oq_ckpt_finish calls: 0 restarts in 3 of 3 runs (and in 30,000 commits); with them 3-10 in
+ * 3,000 commits on a quiet machine. (TRUNCATEs still happen at
  * this test's pace, a writer with no fsync and no pause; the submit benchmark showed none.) */
 static void test_writer_finishes(void **state)
 {
@@ -195,11 +197,16 @@ static void test_writer_finishes(void **state)
     oq_ckpt_opts_t co = {
         .frames = 300, .max_frames = 3000, .interval_ms = 50, .writer_finishes = 1};
     fx_open(&f, &co);
-    for (int i = 0; i < 3000; i++) {
+    /* Until the first restart, bounded (30,000 commits or 20 s): on a loaded machine the
+     * checkpointer's passes come seldom (once 0 restarts in 15 passes over 3,000 commits). */
+    oq_ckpt_stats_t st;
+    memset(&st, 0, sizeof st);
+    int64_t until = oq_mono_us() + 20 * 1000000;
+    for (int i = 0; i < 30000 && st.restarts == 0 && oq_mono_us() < until; i++) {
         commit_rows(f.db);
         oq_ckpt_finish(f.ck, f.db);
+        if (i % 100 == 99) oq_ckpt_stats(f.ck, &st);
     }
-    oq_ckpt_stats_t st;
     oq_ckpt_stats(f.ck, &st);
     assert_true(st.passes > 0);
     if (st.restarts == 0)
