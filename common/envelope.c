@@ -522,10 +522,9 @@ static int fast_dup(fast_scan_t *sc, char **out)
     return (*out = strndup(s, n)) != NULL;
 }
 
-/* The subset's envelope into \p e (validated). 0: not in the subset, or not valid, or out of
- * memory: \p e is cleared and the caller decodes with the tree. */
-/* The fast path of \p kind's envelope (file comment). @returns 1 with \p e filled, or 0 with
- * \p e cleared: the tree decoder decides. */
+/* The subset's envelope of \p kind into \p e (validated; file comment). 0: not in the subset,
+ * not of that kind, not valid, or out of memory: \p e is cleared and the caller decodes with the
+ * tree. */
 static int decode_fast(const char *buf, size_t len, oq_envelope_t *e, oq_kind_t kind)
 {
     const int call = kind == OQ_KIND_TOOL_CALL;

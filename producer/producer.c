@@ -97,7 +97,8 @@ static void collect_counts(oq_metrics_t *m, void *arg)
                  c.oldest_pending_created_at
                      ? (double)(oq_now_ms() - c.oldest_pending_created_at) / 1000.0
                      : 0);
-    p->counts_next_us = oq_mono_us() + (oq_mono_us() - t0) * (COUNTS_DUTY - 1);
+    int64_t t1 = oq_mono_us();
+    p->counts_next_us = t1 + (t1 - t0) * (COUNTS_DUTY - 1);
 }
 
 static void metrics_init(oq_producer_t *p)
