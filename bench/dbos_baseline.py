@@ -13,7 +13,7 @@ Each thread keeps one keep-alive connection per server. Prints one line per (sys
 with payments/s and the per-payment latency p50/p99 (ms), then the ratios.
 
   dbos_baseline.py --onceq HOST:PORT --downstream HOST:PORT --dir DIR [--threads 1,32]
-                   [--calls-1 300] [--calls-n 2000]
+                   [--calls-1 1000] [--calls-n 2000]
 """
 import argparse
 import http.client
@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--downstream", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--threads", default="1,32")
-    ap.add_argument("--calls-1", type=int, default=300)
+    ap.add_argument("--calls-1", type=int, default=1000)
     ap.add_argument("--calls-n", type=int, default=2000)
     a = ap.parse_args()
 

@@ -5,7 +5,7 @@
 # run (bench/dbos_baseline.py says how each side is measured).
 #
 #   bench/dbos_baseline.sh [path/to/onceq]   env: DBOS_VENV (default: BUILD/dbos-venv),
-#                                            DBOS_CALLS_1 (300), DBOS_CALLS_N (2000),
+#                                            DBOS_CALLS_1 (1000), DBOS_CALLS_N (2000),
 #                                            DBOS_THREADS (1,32: the client thread counts)
 #
 # Python's `dbos` package comes from PyPI into a venv under the build directory (python3 -m
@@ -27,7 +27,7 @@ fi
 . "$ROOT/bench/pay_pipeline.sh"
 pay_pipeline_start "$BIN" "$DS"
 "$VENV/bin/python" "$ROOT/bench/dbos_baseline.py" --onceq "127.0.0.1:$PORT" \
-    --downstream "127.0.0.1:$DPORT" --dir "$T" --calls-1 "${DBOS_CALLS_1:-300}" \
+    --downstream "127.0.0.1:$DPORT" --dir "$T" --calls-1 "${DBOS_CALLS_1:-1000}" \
     --calls-n "${DBOS_CALLS_N:-2000}" --threads "${DBOS_THREADS:-1,32}"
 rc=$?
 oq_kill up
