@@ -19,7 +19,8 @@ if oq_real_kafka; then
     exit 77
 fi
 
-# run NAME EXTRA...: a broker, a consumer holding 1 ms fetches, 40 messages; prints its status
+# run NAME EXTRA...: a broker, a consumer holding 1 ms fetches, 40 messages; its status in $st
+# (not run in a $(...) subshell: lib.sh kills by pid what this shell spawned)
 run() {
     local name=$1 ctl=$T/$1.ctl boot=$T/$1.boot i
     shift
@@ -43,10 +44,10 @@ run() {
         sleep 0.1
     done
     [[ $(grep -vc '^#' "$T/$name-c.log") == 40 ]] || oq_fail "$name: consumed $(grep -vc '^#' "$T/$name-c.log") of 40"
-    BROKER_CTL=$ctl oq_broker_ctl status
+    st=$(BROKER_CTL=$ctl oq_broker_ctl status) || oq_fail "$name: status: $st"
 }
 
-st=$(run on) || oq_fail "status: $st"
+run on
 oq_log "default: $st"
 p=$(sed -n 's/.* produce_requests=\([0-9]*\) .*/\1/p' <<<"$st")
 w=$(sed -n 's/.* early_wakeups=\([0-9]*\) .*/\1/p' <<<"$st")
@@ -54,7 +55,7 @@ w=$(sed -n 's/.* early_wakeups=\([0-9]*\) .*/\1/p' <<<"$st")
 ((${p:-0} >= 1 && ${w:-0} >= 1)) || oq_fail "no Produce seen or no early wake-up: $st"
 oq_pass "default: 40 messages consumed, $p Produce requests seen, $w early wake-ups"
 
-st=$(run off --release-us 0) || oq_fail "status: $st"
+run off --release-us 0
 oq_log "off: $st"
 [[ $st == *" release_us=0 produce_requests=0 early_wakeups=0 "* ]] ||
     oq_fail "--release-us 0 still counts: $st"
