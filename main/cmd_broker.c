@@ -38,14 +38,19 @@
  * meanwhile waited for that answer and the next fetch: a call crosses two such hops (to a
  * consumer, and its result back). This file therefore also defines poll() and recvmsg(), which
  * act only in the mock's IO thread (named rdk:mock) and only with --release-us > 0: recvmsg()
- * sees each request's 12-byte header, which the mock reads on its own, and notes the time of
- * each Produce (ApiKey 0); for 2.5 ms after one, poll() sleeps at most --release-us (100 us)
- * at a time instead of a whole millisecond, so the held fetches come back on time and the
- * consumers fetch the new message. An idle broker (no Produce) sleeps as before: the idle
- * pipeline's CPU did not move (0.26 cores for `onceq up` either way), where waking every 250
- * us all the time had cost it 0.07 cores more. One client thread calling an HTTP tool through
- * `onceq up` (bench/dbos_baseline.sh, 300 calls): p50 5.8 -> 4.8 ms; a closed loop carried
- * the same calls/s with the broker at 2-3 us more CPU per call. `status` counts the Produce
+ * sees each request's 12-byte header, which the mock reads on its own, and notes each Produce
+ * (ApiKey 0); for 1.2 ms after a Produce that came after a millisecond without one, poll()
+ * sleeps at most --release-us (100 us) at a time instead of a whole millisecond, so the
+ * fetches held at that moment (due within 1 ms: the mock profile's wait) come back on time and
+ * the consumers fetch the new message. Under steady traffic the mock is woken by its sockets
+ * anyway, and an idle broker (no Produce) sleeps as before: the idle pipeline's CPU did not move
+ * (0.26 cores for `onceq up` either way), where a first version that woke every 250 us whenever
+ * a timer was due within 2 ms cost it 0.07 cores more, and one that shortened the sleeps for
+ * 2.5 ms after every Produce made a closed loop ~3 % slower (the consumers' held fetches,
+ * released on time, came round more often). One client thread calling an HTTP tool through
+ * `onceq up` (bench/dbos_baseline.sh, 300 calls): p50 5.8 -> 4.5-4.9 ms; a closed loop
+ * carried the same calls/s with the same broker CPU (docs/SCALING.md, "The mock's held
+ * fetches"). The broker's stop line reports both counters. `status` counts the Produce
  * requests seen and the shortened sleeps that ended with nothing to do (early_wakeups);
  * tests/integration/test_broker_release.sh reads both, with --release-us 0 as its control.
  *
@@ -130,8 +135,9 @@ static const oq_setting_t broker_settings[] = {
     {"topics", OQ_SET_STRING, NULL, 0, 65536, NULL,
      "extra topics, comma-separated NAME or NAME:PARTITIONS"},
     {"release-us", OQ_SET_INT, "100", 0, 1000, NULL,
-     "for 2.5 ms after each Produce, release held fetches at most this many microseconds "
-     "late, not up to 1 ms (0: librdkafka's own rounding)"},
+     "for 1.2 ms after a Produce that follows 1 ms without one, release held fetches at most "
+     "this many microseconds "
+     "late, not up to 1 ms later (0: librdkafka's own rounding)"},
     {"nagle", OQ_SET_BOOL, "false", 0, -1, NULL,
      "leave Nagle on the accepted connections, as librdkafka's mock does (slower responses "
      "under load; for comparisons with figures taken that way)"},
@@ -165,9 +171,12 @@ static atomic_int broker_nodelay;    /* set by oq__cmd_broker: other subcommands
 static atomic_int broker_release_us; /* 0: off; set by oq__cmd_broker only */
 static _Thread_local signed char in_mock = -1;         /* this thread is the mock's IO thread */
 static _Thread_local int64_t produce_at_us;            /* the mock thread's last Produce request */
+static _Thread_local int64_t release_until_us;         /* shortened sleeps until then */
 static atomic_ulong release_produces, release_wakeups; /* for `status` */
 
-#define OQ_RELEASE_WINDOW_US 2500 /* a held fetch is due at most MaxWait (1-2 ms) after it came */
+#define OQ_RELEASE_WINDOW_US                                                                       \
+    1200                         /* a held fetch is due at most MaxWait (1 ms here) after it came */
+#define OQ_RELEASE_QUIET_US 1000 /* ... after a Produce that follows this long without one */
 
 /* TCP_NODELAY on what the mock accepts ("Nagle"). */
 int accept(int fd, struct sockaddr *addr, socklen_t *len)
@@ -208,8 +217,7 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
     poll_fn f;
     if (next_symbol(&real_poll, "poll", &f, sizeof(f)) != 0) return -1;
     int tick = atomic_load_explicit(&broker_release_us, memory_order_relaxed);
-    if (tick > 0 && timeout > 0 && is_mock_thread() &&
-        mono_us() - produce_at_us < OQ_RELEASE_WINDOW_US) {
+    if (tick > 0 && timeout > 0 && is_mock_thread() && mono_us() < release_until_us) {
         /* Wake at most `tick` later than a timer due in under a millisecond, which the
          * mock's own timeout (rounded up to whole milliseconds) would sleep past. A wake-up
          * with nothing due is one more turn of its loop. */
@@ -235,7 +243,10 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
         msg->msg_iovlen >= 1 && msg->msg_iov[0].iov_len >= 12 && is_mock_thread()) {
         const unsigned char *h = msg->msg_iov[0].iov_base;
         if (h[4] == 0 && h[5] == 0) {
-            produce_at_us = mono_us();
+            int64_t now = mono_us();
+            if (now - produce_at_us >= OQ_RELEASE_QUIET_US)
+                release_until_us = now + OQ_RELEASE_WINDOW_US;
+            produce_at_us = now;
             atomic_fetch_add_explicit(&release_produces, 1, memory_order_relaxed);
         }
     }
@@ -787,7 +798,8 @@ int oq__cmd_broker(int argc, char **argv)
         }
         if (n > 0 && (pfd.revents & POLLIN)) control_read(&b, ctl_fd, &ctl_buf);
     }
-    OQ_LOG_INFO("broker", "signal %d: stopping", (int)broker_stop);
+    OQ_LOG_INFO("broker", "signal %d: stopping produce_requests=%lu early_wakeups=%lu",
+                (int)broker_stop, atomic_load(&release_produces), atomic_load(&release_wakeups));
     ret = OQ_EXIT_OK;
     goto out;
 

@@ -4,7 +4,7 @@
 # `onceq broker` releases held fetches on time after a Produce (main/cmd_broker.c, "Held
 # fetches"): the mock holds an empty fetch for fetch.wait.max.ms but sleeps in whole
 # milliseconds, so a fetch due 50 us later was answered up to 1 ms late, and a message produced
-# meanwhile waited for it. The broker sees each Produce request's header and, for 2.5 ms, wakes
+# meanwhile waited for it. The broker sees each Produce request's header and, for 1.2 ms, wakes
 # its mock thread every --release-us. The check: with a consumer holding fetches, a produce is
 # seen (produce_requests) and the shortened sleeps happen (early_wakeups), and every message
 # arrives; with --release-us 0 (the negative control) neither counter moves.
