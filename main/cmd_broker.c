@@ -174,9 +174,10 @@ static _Thread_local int64_t produce_at_us;            /* the mock thread's last
 static _Thread_local int64_t release_until_us;         /* shortened sleeps until then */
 static atomic_ulong release_produces, release_wakeups; /* for `status` */
 
-#define OQ_RELEASE_WINDOW_US                                                                       \
-    1200                         /* a held fetch is due at most MaxWait (1 ms here) after it came */
-#define OQ_RELEASE_QUIET_US 1000 /* ... after a Produce that follows this long without one */
+/* Shortened sleeps last this long (a held fetch is due at most MaxWait, 1 ms here, after it
+ * came), from a Produce that follows OQ_RELEASE_QUIET_US without one. */
+#define OQ_RELEASE_WINDOW_US 1200
+#define OQ_RELEASE_QUIET_US 1000
 
 /* TCP_NODELAY on what the mock accepts ("Nagle"). */
 int accept(int fd, struct sockaddr *addr, socklen_t *len)
@@ -221,8 +222,8 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
         /* Wake at most `tick` later than a timer due in under a millisecond, which the
          * mock's own timeout (rounded up to whole milliseconds) would sleep past. A wake-up
          * with nothing due is one more turn of its loop. */
-        struct timespec ts = {0, (long)tick * 1000L};
         if ((int64_t)timeout * 1000 > tick) {
+            struct timespec ts = {0, (long)tick * 1000L};
             int r = ppoll(fds, n, &ts, NULL);
             if (r == 0) atomic_fetch_add_explicit(&release_wakeups, 1, memory_order_relaxed);
             return r;
