@@ -745,17 +745,15 @@ static int wal_drain(oq_relay_t *r)
 }
 
 /* The idle wait with the watch: up to \p ms for a write to the WAL (none when \p written: one
- * was drained already); after one, data_version every 100 us for 5 ms (1 ms for a drained one;
- * the commit is visible only after its fsync), then the poll's backoff restarts at 1 ms, so a
- * slow fsync is still seen soon after it ends. @returns 1 when data_version moved or the relay
- * is stopping. */
+ * was drained already); after one, data_version every 100 us for 5 ms (the commit is visible
+ * only after its fsync), then the poll's backoff restarts at 1 ms, so a slow fsync is still
+ * seen soon after it ends. @returns 1 when data_version moved or the relay is stopping. */
 static int wal_wait(oq_relay_t *r, int ms, int written)
 {
     struct pollfd p = {.fd = r->wal_fd, .events = POLLIN};
     if (!written && poll(&p, 1, ms) <= 0) return atomic_load(&r->stop);
     wal_drain(r);
-    /* a drained write is often a commit already seen: 1 ms of checks, then the backoff */
-    int64_t until = oq_mono_us() + (written ? 1000 : 5000);
+    int64_t until = oq_mono_us() + 5000;
     while (!atomic_load(&r->stop) && oq_mono_us() < until) {
         oq_error_t derr = {0};
         int64_t v;
