@@ -393,35 +393,6 @@ static void test_watermark_waits_for_slow_row(void **state)
     rd_kafka_destroy(mrk);
 }
 
-/* A relay holding its lease on the mock \p mcl, watching the WAL, its poll backing off to 1 s. */
-static oq_relay_t *watching_relay(rd_kafka_mock_cluster_t *mcl, const char *owner)
-{
-    oq_error_t err = {0};
-    oq_relay_opts_t o = opts(owner);
-    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
-    o.lease_ms = 30000;
-    o.poll_max_ms = 1000;
-    o.watch_wal = 1;
-    oq_relay_t *r = oq_relay_new(&o, &err);
-    assert_non_null(r);
-    assert_int_equal(oq_relay_start(r, &err), 0);
-    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
-    return r;
-}
-
-/* Waits (up to 5 s) until \p r has produced one row more than \p before; @returns the ms from
- * \p t0_us. */
-static int64_t produced_ms(oq_relay_t *r, uint64_t before, int64_t t0_us)
-{
-    oq_relay_stats_t s;
-    do {
-        oq_sleep_ms(2, NULL);
-        oq_relay_stats(r, &s);
-    } while (s.produced == before && oq_mono_us() - t0_us < 5000000);
-    assert_int_equal(s.produced, before + 1);
-    return (oq_mono_us() - t0_us) / 1000;
-}
-
 /* opts.watch_wal: an idle relay whose poll has backed off to 1 s wakes when another connection
  * commits a row (a write to the WAL), instead of at its next poll. Rows committed at random
  * moments of a 1 s poll would wait 500 ms on average after their commit (30 % of them under
@@ -430,9 +401,18 @@ static int64_t produced_ms(oq_relay_t *r, uint64_t before, int64_t t0_us)
 static void test_wal_watch_wakes_idle_relay(void **state)
 {
     (void)state;
+    oq_error_t err = {0};
     rd_kafka_t *mrk = NULL;
     rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
-    oq_relay_t *r = watching_relay(mcl, "W");
+    oq_relay_opts_t o = opts("W");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.poll_max_ms = 1000;
+    o.watch_wal = 1;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
     oq_relay_stats_t s;
     int fast = 0, rounds = 8;
     for (int i = 0; i < rounds; i++) {
@@ -440,7 +420,13 @@ static void test_wal_watch_wakes_idle_relay(void **state)
         oq_relay_stats(r, &s);
         uint64_t before = s.produced;
         append_rows(1);
-        int64_t ms = produced_ms(r, before, oq_mono_us());
+        int64_t t0 = oq_mono_us();
+        do {
+            oq_sleep_ms(2, NULL);
+            oq_relay_stats(r, &s);
+        } while (s.produced == before && oq_mono_us() - t0 < 5000000);
+        assert_int_equal(s.produced, before + 1);
+        int64_t ms = (oq_mono_us() - t0) / 1000;
         if (ms < 300) fast++;
         print_message("row %d produced %" PRId64 " ms after its commit\n", i, ms);
     }
@@ -467,7 +453,15 @@ static void test_wal_watch_commit_in_fsync_at_idle(void **state)
     assert_int_equal(sqlite3_open_v2(path, &slow, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_exec(slow, "PRAGMA synchronous=FULL", NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "CREATE TABLE side(x)", NULL, NULL, NULL), SQLITE_OK);
-    oq_relay_t *r = watching_relay(mcl, "I");
+    oq_relay_opts_t o = opts("I");
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.poll_max_ms = 1000;
+    o.watch_wal = 1;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
     oq_relay_stats_t s;
     int rounds = 8, slow_rounds = 0;
     for (int i = 0; i < rounds; i++) {
@@ -476,6 +470,7 @@ static void test_wal_watch_commit_in_fsync_at_idle(void **state)
         uint64_t before = s.produced;
         assert_int_equal(sqlite3_exec(db, "INSERT INTO side VALUES(1)", NULL, NULL, NULL),
                          SQLITE_OK);
+        int64_t t0 = oq_mono_us();
         char mid[OQ_UUID_LEN + 1];
         oq_id_uuid(mid);
         oq_outbox_row_t row = {.message_id = mid,
@@ -489,7 +484,13 @@ static void test_wal_watch_commit_in_fsync_at_idle(void **state)
         t_sync_delay_ms = 40;
         assert_int_equal(oq_db_commit(slow, &err), 0);
         t_sync_delay_ms = 0;
-        int64_t ms = produced_ms(r, before, oq_mono_us());
+        int64_t committed = oq_mono_us();
+        do {
+            oq_sleep_ms(2, NULL);
+            oq_relay_stats(r, &s);
+        } while (s.produced == before && oq_mono_us() - t0 < 5000000);
+        assert_int_equal(s.produced, before + 1);
+        int64_t ms = (oq_mono_us() - committed) / 1000;
         if (ms >= 300) slow_rounds++;
         print_message("round %d: produced %" PRId64 " ms after its commit returned\n", i, ms);
     }
