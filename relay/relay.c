@@ -734,24 +734,22 @@ static void wal_watch_open(oq_relay_t *r)
     r->wal_fd = fd;
 }
 
-/* Discards the queued watch events. @returns 1 if there was one. */
-static int wal_drain(oq_relay_t *r)
+/* Discards the queued watch events. */
+static void wal_drain(oq_relay_t *r)
 {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-    int any = 0;
-    while (read(r->wal_fd, buf, sizeof buf) > 0)
-        any = 1;
-    return any;
+    while (read(r->wal_fd, buf, sizeof buf) > 0) {
+    }
 }
 
-/* The idle wait with the watch: up to \p ms for a write to the WAL (none when \p written: one
- * was drained already); after one, data_version every 100 us for 5 ms (the commit is visible
- * only after its fsync), then the poll's backoff restarts at 1 ms, so a slow fsync is still
- * seen soon after it ends. @returns 1 when data_version moved or the relay is stopping. */
-static int wal_wait(oq_relay_t *r, int ms, int written)
+/* The idle wait with the watch: up to \p ms for a write to the WAL; after one, data_version
+ * every 100 us for 5 ms (the commit is visible only after its fsync), then the poll's backoff
+ * restarts at 1 ms, so a slow fsync is still seen soon after it ends. @returns 1 when
+ * data_version moved or the relay is stopping. */
+static int wal_wait(oq_relay_t *r, int ms)
 {
     struct pollfd p = {.fd = r->wal_fd, .events = POLLIN};
-    if (!written && poll(&p, 1, ms) <= 0) return atomic_load(&r->stop);
+    if (poll(&p, 1, ms) <= 0) return atomic_load(&r->stop);
     wal_drain(r);
     int64_t until = oq_mono_us() + 5000;
     while (!atomic_load(&r->stop) && oq_mono_us() < until) {
@@ -1500,24 +1498,17 @@ static void *relay_main(void *arg)
         r->from_idle = 1;
         /* Idle: wait until another connection commits (data_version moves) or a notify. */
         int64_t wait_until = now_us + 200000; /* re-check lease/cleanup at least every 200 ms */
-        /* Writes up to here are seen by one data_version check, except a commit whose frames
-         * are written and whose fsync is still running: its write was drained, and no other
-         * comes (the commit becomes visible in the -shm, which inotify does not see). So a
-         * drained write is watched as wal_wait watches one, not slept past for idle_ms (up to
-         * poll_max_ms: a single call waited 5 ms for it). */
-        int written = 0;
-        if (r->wal_fd >= 0) {
-            written = wal_drain(r);
+        if (r->wal_fd >= 0) { /* writes up to here are seen by one data_version check */
+            wal_drain(r);
             oq_error_t derr = {0};
             int64_t v;
             if (oq__relay_store_data_version(r->store, &v, &derr) != 0 || v != dv) continue;
         }
         while (!atomic_load(&r->stop) && oq_mono_us() < wait_until) {
             int nfd = r->wake_fd >= 0 ? oq__relay_store_notify_fd(r->store) : -1;
-            int woke = r->wal_fd >= 0 ? wal_wait(r, r->idle_ms, written)
+            int woke = r->wal_fd >= 0 ? wal_wait(r, r->idle_ms)
                        : nfd >= 0     ? note_wait(r, nfd, r->idle_ms)
                                       : wait_ms(r, r->idle_ms);
-            written = 0;
             if (r->idle_ms < r->poll_max_ms)
                 r->idle_ms = r->idle_ms * 2 > r->poll_max_ms ? r->poll_max_ms : r->idle_ms * 2;
             oq_error_t derr = {0};

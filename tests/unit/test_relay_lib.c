@@ -31,7 +31,6 @@
 #include "oq_metrics.h"
 #include "oq_relay.h"
 #include "oq_util.h"
-#include "sync_shim.h"
 
 #define DEAD_BROKER "127.0.0.1:1"
 
@@ -437,71 +436,6 @@ static void test_wal_watch_wakes_idle_relay(void **state)
     rd_kafka_destroy(mrk);
 }
 
-/* opts.watch_wal, the idle entry: a relay that read nothing (another table's commit woke it)
- * drains the watch before it waits, and with it the write of an outbox row's commit whose
- * fsync is still running (here 40 ms, through sync_shim.h). That row must not wait for the
- * relay's backed-off poll (1 s here): it is produced soon after its commit is visible. Before
- * the fix the drained write was slept past: rounds of about 1 s. */
-static void test_wal_watch_commit_in_fsync_at_idle(void **state)
-{
-    (void)state;
-    oq_error_t err = {0};
-    rd_kafka_t *mrk = NULL;
-    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
-    shim_install(); /* the default VFS from here on: `slow` and the relay's connections */
-    sqlite3 *slow = NULL;
-    assert_int_equal(sqlite3_open_v2(path, &slow, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(slow, "PRAGMA synchronous=FULL", NULL, NULL, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "CREATE TABLE side(x)", NULL, NULL, NULL), SQLITE_OK);
-    oq_relay_opts_t o = opts("I");
-    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
-    o.lease_ms = 30000;
-    o.poll_max_ms = 1000;
-    o.watch_wal = 1;
-    oq_relay_t *r = oq_relay_new(&o, &err);
-    assert_non_null(r);
-    assert_int_equal(oq_relay_start(r, &err), 0);
-    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
-    oq_relay_stats_t s;
-    int rounds = 8, slow_rounds = 0;
-    for (int i = 0; i < rounds; i++) {
-        oq_sleep_ms(1200 + rand() % 300, NULL); /* idle: the poll backs off to 1 s */
-        oq_relay_stats(r, &s);
-        uint64_t before = s.produced;
-        assert_int_equal(sqlite3_exec(db, "INSERT INTO side VALUES(1)", NULL, NULL, NULL),
-                         SQLITE_OK);
-        int64_t t0 = oq_mono_us();
-        char mid[OQ_UUID_LEN + 1];
-        oq_id_uuid(mid);
-        oq_outbox_row_t row = {.message_id = mid,
-                               .topic = "onceq.tool-calls",
-                               .key = "k",
-                               .payload = "{}",
-                               .payload_len = 2,
-                               .created_at = oq_now_ms()};
-        assert_int_equal(oq_db_begin_immediate(slow, 1000, &err), 0);
-        assert_int_equal(oq_outbox_append(slow, NULL, &row, &err), 0);
-        t_sync_delay_ms = 40;
-        assert_int_equal(oq_db_commit(slow, &err), 0);
-        t_sync_delay_ms = 0;
-        int64_t committed = oq_mono_us();
-        do {
-            oq_sleep_ms(2, NULL);
-            oq_relay_stats(r, &s);
-        } while (s.produced == before && oq_mono_us() - t0 < 5000000);
-        assert_int_equal(s.produced, before + 1);
-        int64_t ms = (oq_mono_us() - committed) / 1000;
-        if (ms >= 300) slow_rounds++;
-        print_message("round %d: produced %" PRId64 " ms after its commit returned\n", i, ms);
-    }
-    assert_int_equal(slow_rounds, 0);
-    assert_int_equal(oq_relay_stop(r), 0);
-    oq_relay_destroy(r);
-    sqlite3_close_v2(slow);
-    rd_kafka_mock_cluster_destroy(mcl);
-    rd_kafka_destroy(mrk);
-}
-
 /* An idle relay sends the first rows after its idle wait at once instead of lingering: with
  * -X linger.ms=4000, a lone row committed to an idle relay is delivered (and its watermark
  * stored) in well under the 4 s a lingering producer would hold it; rows committed while
@@ -717,7 +651,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_wal_watch_commit_in_fsync_at_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_batch_does_not_wait, setup, teardown),
