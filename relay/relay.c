@@ -46,22 +46,23 @@
  * loses its lease drops the queued records with everything else: the next holder meets the
  * same rows again. Every other error keeps the drain-rewind-backoff path above.
  *
- * Idle latency. After a read that found nothing, the relay waits on a condition variable
- * (woken by oq_relay_notify()) for 1 ms, then 2, 4, up to poll_max_ms, and checks
- * PRAGMA data_version between waits: it changes when any other connection commits. The value
- * is sampled *before* each read, so a commit racing with the read is never missed. A relay in
- * its own process (`onceq relay`, opts.watch_wal) is never notified by the writer, another
- * process, so it also watches the SQLite WAL file with inotify: a commit's frames are written
- * to the WAL before its fsync and become visible after it, so a write wakes the relay, which
- * then checks data_version every 100 us (for 5 ms, then with the poll's backoff restarted at
- * 1 ms) and reads as soon as the commit is visible. The idle hop is then about the commit's own
- * fsync instead of up to poll_max_ms (2-3 ms of a single call's ~20 ms on the embedded broker);
- * polling stays as the fallback (no inotify, a URI path) and for a watch event missed. On
- * PostgreSQL the idle relay waits on its LISTEN connection's socket instead (note_wait): a
- * commit's NOTIFY makes it readable and ends the wait, and oq_relay_notify() also writes an
- * eventfd polled beside it; the poll interval stays as the fallback (a lost connection, a
- * missed notification). Polling alone cost an idle commit half a poll interval on average:
- * `onceq-bench e2e --rate 50 --conns 1` on PostgreSQL p50 8 -> 5 ms, p99 12 -> 7 ms.
+ * Idle latency. After a read that found nothing, the relay waits on a condition variable (woken by
+ * oq_relay_notify()) for 1 ms, then 2, 4, up to poll_max_ms, and checks PRAGMA data_version between
+ * waits: it changes when any other connection commits. The value is sampled *before* each read, so
+ * a commit racing with the read is never missed. A relay in its own process (`onceq relay`,
+ * opts.watch_wal) is never notified by the writer, another process, so it also watches the SQLite
+ * WAL file with inotify: a commit's frames are written to the WAL before its fsync and become
+ * visible after it, so a write wakes the relay, which then checks data_version every 100 us (for 5
+ * ms, then with the poll's backoff restarted at 1 ms) and reads as soon as the commit is visible. A
+ * write drained on the way into the wait, or together with an earlier commit's, also restarts the
+ * backoff: a commit whose fsync is running then is announced by no later event (wal_drain). The
+ * idle hop is then about the commit's own fsync instead of up to poll_max_ms (2-3 ms of a single
+ * call's ~20 ms on the embedded broker); polling stays as the fallback (no inotify, a URI path) and
+ * for a watch event missed. On PostgreSQL the idle relay waits on its LISTEN connection's socket
+ * instead (note_wait): a commit's NOTIFY makes it readable and ends the wait, and oq_relay_notify()
+ * also writes an eventfd polled beside it; the poll interval stays as the fallback (a lost
+ * connection, a missed notification). Polling alone cost an idle commit half a poll interval on
+ * average: `onceq-bench e2e --rate 50 --conns 1` on PostgreSQL p50 8 -> 5 ms, p99 12 -> 7 ms.
  *
  * Idle send. linger.ms (1 by default) lets a request gather what commits meanwhile, which under
  * load costs nothing (a request carries what accumulated while the previous ones were in
@@ -734,12 +735,16 @@ static void wal_watch_open(oq_relay_t *r)
     r->wal_fd = fd;
 }
 
-/* Discards the queued watch events. */
+/* Discards the queued watch events. A write among them may belong to a commit whose fsync is
+ * still running, which no later event announces (it becomes visible in the -shm, which inotify
+ * does not see), and whose visibility need not be the data_version change that ends a wait (an
+ * earlier commit's may): so a drained write restarts the poll's backoff at 1 ms, and that
+ * commit is seen about when its fsync ends, not up to poll_max_ms later. */
 static void wal_drain(oq_relay_t *r)
 {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-    while (read(r->wal_fd, buf, sizeof buf) > 0) {
-    }
+    while (read(r->wal_fd, buf, sizeof buf) > 0)
+        r->idle_ms = 1;
 }
 
 /* The idle wait with the watch: up to \p ms for a write to the WAL; after one, data_version
@@ -759,7 +764,6 @@ static int wal_wait(oq_relay_t *r, int ms)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    r->idle_ms = 1;
     return atomic_load(&r->stop);
 }
 
@@ -1498,7 +1502,8 @@ static void *relay_main(void *arg)
         r->from_idle = 1;
         /* Idle: wait until another connection commits (data_version moves) or a notify. */
         int64_t wait_until = now_us + 200000; /* re-check lease/cleanup at least every 200 ms */
-        if (r->wal_fd >= 0) { /* writes up to here are seen by one data_version check */
+        if (r->wal_fd >= 0) { /* writes up to here are seen by one data_version check, or (their
+                               * fsync still running) by the restarted backoff: wal_drain */
             wal_drain(r);
             oq_error_t derr = {0};
             int64_t v;

@@ -1,19 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * A VFS shim for the checkpoint tests (test_ckpt.c, test_consumer_ckpt.c), registered as the
- * default VFS by shim_install(): it counts the syncs of main database files made by the thread
- * that sets t_watch (a checkpoint syncs the database file; a commit in WAL mode syncs only the
- * WAL) and passes everything else through. Include after cmocka.h, in one file per executable.
+ * A VFS shim for the checkpoint tests (test_ckpt.c, test_consumer_ckpt.c) and the relay's
+ * (test_relay_lib.c), registered as the default VFS by shim_install(): it counts the syncs of
+ * main database files made by the thread that sets t_watch (a checkpoint syncs the database
+ * file; a commit in WAL mode syncs only the WAL), makes every sync of the thread that sets
+ * t_sync_delay_ms wait that long first (a commit's frames are then in the WAL that long before
+ * it is visible), and passes everything else through. Include after cmocka.h, in one file per
+ * executable.
  */
 #ifndef OQ_TEST_SYNC_SHIM_H
 #define OQ_TEST_SYNC_SHIM_H
 
 #include <sqlite3.h>
+#include <time.h>
 
 static sqlite3_vfs *real_vfs;
 static sqlite3_vfs shim_vfs;
-static _Thread_local int t_watch; /* this thread's main-db syncs are counted */
-static _Thread_local int t_syncs; /* ... here */
+static _Thread_local int t_watch;         /* this thread's main-db syncs are counted */
+static _Thread_local int t_syncs;         /* ... here */
+static _Thread_local int t_sync_delay_ms; /* this thread's syncs wait this long first */
 
 typedef struct {
     sqlite3_file base;
@@ -43,6 +48,10 @@ static int s_truncate(sqlite3_file *f, sqlite3_int64 sz)
 static int s_sync(sqlite3_file *f, int flags)
 {
     if (((shim_file_t *)f)->main_db && t_watch) t_syncs++;
+    if (t_sync_delay_ms > 0) {
+        struct timespec ts = {t_sync_delay_ms / 1000, (long)(t_sync_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return REAL(f)->pMethods->xSync(REAL(f), flags);
 }
 static int s_size(sqlite3_file *f, sqlite3_int64 *sz)

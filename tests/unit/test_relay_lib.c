@@ -31,6 +31,7 @@
 #include "oq_metrics.h"
 #include "oq_relay.h"
 #include "oq_util.h"
+#include "sync_shim.h"
 
 #define DEAD_BROKER "127.0.0.1:1"
 
@@ -392,6 +393,36 @@ static void test_watermark_waits_for_slow_row(void **state)
     rd_kafka_destroy(mrk);
 }
 
+/* A relay holding its lease on the mock \p mcl, watching the WAL, its poll backing off to
+ * \p poll_max_ms. */
+static oq_relay_t *watching_relay(rd_kafka_mock_cluster_t *mcl, const char *owner, int poll_max_ms)
+{
+    oq_error_t err = {0};
+    oq_relay_opts_t o = opts(owner);
+    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
+    o.lease_ms = 30000;
+    o.poll_max_ms = poll_max_ms;
+    o.watch_wal = 1;
+    oq_relay_t *r = oq_relay_new(&o, &err);
+    assert_non_null(r);
+    assert_int_equal(oq_relay_start(r, &err), 0);
+    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    return r;
+}
+
+/* Waits (up to 5 s) until \p r has produced one row more than \p before; @returns the ms from
+ * \p t0_us. */
+static int64_t produced_ms(oq_relay_t *r, uint64_t before, int64_t t0_us)
+{
+    oq_relay_stats_t s;
+    do {
+        oq_sleep_ms(2, NULL);
+        oq_relay_stats(r, &s);
+    } while (s.produced == before && oq_mono_us() - t0_us < 5000000);
+    assert_int_equal(s.produced, before + 1);
+    return (oq_mono_us() - t0_us) / 1000;
+}
+
 /* opts.watch_wal: an idle relay whose poll has backed off to 1 s wakes when another connection
  * commits a row (a write to the WAL), instead of at its next poll. Rows committed at random
  * moments of a 1 s poll would wait 500 ms on average after their commit (30 % of them under
@@ -400,18 +431,9 @@ static void test_watermark_waits_for_slow_row(void **state)
 static void test_wal_watch_wakes_idle_relay(void **state)
 {
     (void)state;
-    oq_error_t err = {0};
     rd_kafka_t *mrk = NULL;
     rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
-    oq_relay_opts_t o = opts("W");
-    o.brokers = rd_kafka_mock_cluster_bootstraps(mcl);
-    o.lease_ms = 30000;
-    o.poll_max_ms = 1000;
-    o.watch_wal = 1;
-    oq_relay_t *r = oq_relay_new(&o, &err);
-    assert_non_null(r);
-    assert_int_equal(oq_relay_start(r, &err), 0);
-    assert_true(wait_state(r, OQ_RELAY_HOLDER, 10000));
+    oq_relay_t *r = watching_relay(mcl, "W", 1000);
     oq_relay_stats_t s;
     int fast = 0, rounds = 8;
     for (int i = 0; i < rounds; i++) {
@@ -419,19 +441,64 @@ static void test_wal_watch_wakes_idle_relay(void **state)
         oq_relay_stats(r, &s);
         uint64_t before = s.produced;
         append_rows(1);
-        int64_t t0 = oq_mono_us();
-        do {
-            oq_sleep_ms(2, NULL);
-            oq_relay_stats(r, &s);
-        } while (s.produced == before && oq_mono_us() - t0 < 5000000);
-        assert_int_equal(s.produced, before + 1);
-        int64_t ms = (oq_mono_us() - t0) / 1000;
+        int64_t ms = produced_ms(r, before, oq_mono_us());
         if (ms < 300) fast++;
         print_message("row %d produced %" PRId64 " ms after its commit\n", i, ms);
     }
     assert_true(fast >= rounds - 1);
     assert_int_equal(oq_relay_stop(r), 0);
     oq_relay_destroy(r);
+    rd_kafka_mock_cluster_destroy(mcl);
+    rd_kafka_destroy(mrk);
+}
+
+/* opts.watch_wal, a commit whose fsync is running (here 40 ms, through sync_shim.h) when the
+ * relay drains its write: on the way into its idle wait, after another table's commit woke it
+ * and it read nothing, or together with that commit's write inside the wait. No later event
+ * announces it (it becomes visible in the -shm). That row must not wait for the relay's
+ * backed-off poll (2 s here): it is produced soon after its commit is visible. Without the
+ * fix (wal_drain remembering the write) rounds take about 2 s. */
+static void test_wal_watch_commit_in_fsync_at_idle(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    rd_kafka_t *mrk = NULL;
+    rd_kafka_mock_cluster_t *mcl = mock_up(&mrk, 3, 1);
+    shim_install(); /* the default VFS from here on: `slow` and the relay's connections */
+    sqlite3 *slow = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &slow, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(slow, "PRAGMA synchronous=FULL", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE side(x)", NULL, NULL, NULL), SQLITE_OK);
+    oq_relay_t *r = watching_relay(mcl, "I", 2000);
+    oq_relay_stats_t s;
+    int rounds = 6, slow_rounds = 0;
+    for (int i = 0; i < rounds; i++) {
+        oq_sleep_ms(2200 + rand() % 300, NULL); /* idle: in its first 2 s wait */
+        oq_relay_stats(r, &s);
+        uint64_t before = s.produced;
+        assert_int_equal(sqlite3_exec(db, "INSERT INTO side VALUES(1)", NULL, NULL, NULL),
+                         SQLITE_OK);
+        char mid[OQ_UUID_LEN + 1];
+        oq_id_uuid(mid);
+        oq_outbox_row_t row = {.message_id = mid,
+                               .topic = "onceq.tool-calls",
+                               .key = "k",
+                               .payload = "{}",
+                               .payload_len = 2,
+                               .created_at = oq_now_ms()};
+        assert_int_equal(oq_db_begin_immediate(slow, 1000, &err), 0);
+        assert_int_equal(oq_outbox_append(slow, NULL, &row, &err), 0);
+        t_sync_delay_ms = 40;
+        assert_int_equal(oq_db_commit(slow, &err), 0);
+        t_sync_delay_ms = 0;
+        int64_t ms = produced_ms(r, before, oq_mono_us());
+        if (ms >= 700) slow_rounds++; /* 40-130 ms fixed, under load too; ~2 s without */
+        print_message("round %d: produced %" PRId64 " ms after its commit returned\n", i, ms);
+    }
+    assert_int_equal(slow_rounds, 0);
+    assert_int_equal(oq_relay_stop(r), 0);
+    oq_relay_destroy(r);
+    sqlite3_close_v2(slow);
     rd_kafka_mock_cluster_destroy(mcl);
     rd_kafka_destroy(mrk);
 }
@@ -651,6 +718,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watermark_small_window_mock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_waits_for_slow_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wal_watch_wakes_idle_relay, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wal_watch_commit_in_fsync_at_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_relay_sends_without_linger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_batch_waits_for_reports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_batch_does_not_wait, setup, teardown),
