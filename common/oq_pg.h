@@ -73,6 +73,18 @@ int oq_pg_pipeline_end(PGconn *c);
  */
 int oq_pg_connect(const char *conninfo, PGconn **out, oq_error_t *err);
 
+/**
+ * The statement that makes a transaction plan without sequential scans (SET LOCAL
+ * enable_seqscan = off), sent after BEGIN by the writers whose statements all look rows up by
+ * key (the producer's, the consumer's batch). It lets their reads and writes by key array be
+ * prepared: PostgreSQL gives a prepared statement a generic plan from its sixth run on, chosen
+ * for its table as it is then, and keeps it; a sequential scan chosen while the table was small
+ * would then read the whole table every time as it grows. With sequential scans off the plan
+ * is an index lookup at any size, and nothing is planned again per batch. A table with no
+ * usable index is still read (the setting only makes a sequential scan the last choice).
+ */
+#define OQ_PG_INDEX_PLANS "SET LOCAL enable_seqscan = off"
+
 /** @brief Run \p sql (no parameters, any number of statements, no rows kept). */
 int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err);
 

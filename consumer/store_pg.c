@@ -659,31 +659,32 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
     const char *pc[] = {calls}, *pm[] = {msgs};
     /* BEGIN and the batch's reads in one round trip: the horizon (held FOR SHARE, as
      * oq__consumer_pg_horizon does), the executions of its calls, which of its message ids the
-     * inbox holds, which of its calls have an effect. The three reads of a key array are sent
-     * unprepared (plain): a prepared one keeps the generic plan it chose when its table was
-     * small, a sequential scan, and then reads the whole table in every batch as it grows
-     * (3 ms a batch at 5,000 rows in `onceq-bench e2e`); planned with the array each time they
-     * are index lookups, for about 0.1 ms of planning. */
+     * inbox holds, which of its calls have an effect. The three reads of a key array are
+     * prepared, and the transaction plans without sequential scans (OQ_PG_INDEX_PLANS): the
+     * generic plan a prepared statement keeps from its sixth run is then an index lookup even
+     * when it was chosen while its table was small (a sequential scan otherwise, which read the
+     * whole table in every batch as it grew: 3 ms a batch at 5,000 rows in `onceq-bench e2e`).
+     * Sent unprepared instead, each was planned again in every batch (70 us of the server's CPU
+     * for each: see docs/SCALING.md, "Plans kept"). */
     const stmt_t st[] = {
         {.sql = "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions' FOR "
                 "SHARE"},
         {.sql = "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = "
                 "ANY($1::text[])",
          .n = 1,
-         .plain = 1,
          .pr = pc},
         {.sql = "SELECT message_id, outcome = 'dlq' FROM onceq.consumer_inbox WHERE message_id "
                 "= ANY($1::text[])",
          .n = 1,
-         .plain = 1,
          .pr = pm},
         {.sql = "SELECT call_id FROM onceq.consumer_effects WHERE call_id = ANY($1::text[])",
          .n = 1,
-         .plain = 1,
          .pr = pc},
     };
     p->tx = 1;
-    if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) || (rc = pipe_run(p, st, 4, r, err))) goto out;
+    if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) ||
+        (rc = hold(p, OQ_PG_INDEX_PLANS, 0, NULL, 1, err)) || (rc = pipe_run(p, st, 4, r, err)))
+        goto out;
     p->hz = PQntuples(r[0]) == 1 ? col_i64(r[0], 0, 0) : 0;
     p->hz_held = 1;
     for (int i = 0; i < PQntuples(r[1]); i++) {

@@ -151,7 +151,10 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
     ahead_forget();
     outbox_conn = NULL;
     rah_forget();
-    int rc = oq_pg_exec(s->pg, "BEGIN", err);
+    /* one round trip: every statement of the transaction looks rows up by key, and a prepared
+     * one keeps its generic plan (OQ_PG_INDEX_PLANS) */
+    static const char begin[] = "BEGIN; " OQ_PG_INDEX_PLANS;
+    int rc = oq_pg_exec(s->pg, begin, err);
     if (rc && PQstatus(s->pg) == CONNECTION_BAD) {
         /* libpq learns of a closed connection only when it uses it: once more, reconnected */
         PQreset(s->pg);
@@ -159,7 +162,7 @@ int oq__producer_pg_begin(oq__producer_store_t *s, oq_error_t *err)
         if ((rc = oq_pg_exec(s->pg, "SET synchronous_commit = on", err)) ||
             (rc = oq_pg_wake_after(s->pg, err)))
             return rc;
-        rc = oq_pg_exec(s->pg, "BEGIN", err);
+        rc = oq_pg_exec(s->pg, begin, err);
     }
     return rc;
 }
@@ -417,10 +420,9 @@ static int rah_merge(rah_row_t *q, const oq__producer_result_t *r)
 }
 
 /* Write what is queued, in one statement; the reads stay valid. Each column goes as one array
- * (unnest), so the statement's text is the same for any number of rows: parsed in microseconds
- * where a VALUES list of 170 rows took milliseconds. Sent unprepared all the same, planned with
- * its arrays: a prepared one would keep a generic plan chosen while `calls` was small (a
- * sequential scan, see oq__producer_pg_results_ahead). */
+ * (unnest), so the statement's text is the same for any number of rows, and it is prepared
+ * once: its generic plan joins by `calls`' primary key however small the table was when it was
+ * chosen, since the transaction plans without sequential scans (oq__producer_pg_begin). */
 static int rah_write(oq__producer_store_t *s, oq_error_t *err)
 {
     if (!rah_nins && !rah_nupd && !rah_naud) return 0;
@@ -433,7 +435,7 @@ static int rah_write(oq__producer_store_t *s, oq_error_t *err)
         rc = oom(err);
     PGresult *r = NULL;
     if (!rc)
-        rc = oq_pg_query(
+        rc = oq_pg_run(
             s->pg,
             "WITH i AS (INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,"
             "received_at) SELECT * FROM unnest($1::text[],$2::text[],$3::text[],$4::text[],"
@@ -536,14 +538,16 @@ int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *
     const char *p[] = {arr_end(&cids), arr_end(&mids)};
     if (!p[0] || !p[1]) goto nomem;
     PGresult *r = NULL;
-    /* Unprepared: planned with the arrays every time. A prepared statement would keep the
-     * generic plan it chose while `calls` was small, a sequential scan, and read the whole
-     * table for every batch as it grows (14 ms a batch at 5,000 calls in `onceq-bench e2e`). */
-    rc = oq_pg_query(s->pg,
-                     "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
-                     "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,NULL,"
-                     "NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
-                     2, p, &r, err);
+    /* Prepared: its generic plan is two index lookups, since the transaction plans without
+     * sequential scans (oq__producer_pg_begin). Without that it would keep a sequential scan
+     * chosen while `calls` was small and read the whole table for every batch as it grows (14 ms
+     * a batch at 5,000 calls in `onceq-bench e2e`); sent unprepared, it was planned again in
+     * every batch (120 us of the server's CPU: docs/SCALING.md, "Plans kept"). */
+    rc = oq_pg_run(s->pg,
+                   "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
+                   "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,NULL,"
+                   "NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
+                   2, p, &r, err);
     oq_buf_free(&cids);
     oq_buf_free(&mids);
     if (rc) {

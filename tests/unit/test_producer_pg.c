@@ -409,6 +409,32 @@ static int64_t xact_seq_scans(PGconn *c, const char *table)
     return v;
 }
 
+/* Sets each of the \p n calls \p cid succeeded in \p s's open transaction (queued behind the
+ * read ahead, written by oq__producer_store_results_done). */
+static void set_results(oq__producer_store_t *s, char (*cid)[40], int n)
+{
+    oq_error_t err = {0};
+    for (int i = 0; i < n; i++) {
+        oq__producer_result_t res = {.call_id = cid[i],
+                                     .state = "succeeded",
+                                     .result = "{}",
+                                     .updated_at = 2,
+                                     .settled = 1,
+                                     .expires_at = 3};
+        assert_int_equal(oq__producer_store_set_result(s, &res, &err), 0);
+    }
+}
+
+/* The one number \p sql answers on \p c. */
+static int64_t q_i64(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    int64_t v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
 static void flush_scans(PGconn *c)
 {
     PQclear(PQexec(c, "SELECT pg_stat_force_next_flush()"));
@@ -416,11 +442,13 @@ static void flush_scans(PGconn *c)
 }
 
 /* The read ahead of a batch of results (the calls it names, which of its message ids
- * result_inbox holds) stays an index lookup when the tables grow after the writer's session
- * began. A prepared read keeps the generic plan it chose while `calls` was small, a sequential
- * scan, for the session: every batch of results then read the whole table (14 ms a batch at
- * 5,000 calls under `onceq-bench e2e`). The writer's store on a connection of the test's own,
- * opted in to prepared statements as the writer's is. */
+ * result_inbox holds) and the write behind it (the calls updated by a join on their ids) stay
+ * index lookups when the tables grow after the writer's session began. Both are prepared: a
+ * prepared statement keeps the generic plan it chose while `calls` was small, a sequential scan
+ * unless the transaction plans without them (OQ_PG_INDEX_PLANS), for the session: every batch
+ * of results then read the whole table (14 ms a batch at 5,000 calls under `onceq-bench e2e`).
+ * The writer's store on a connection of the test's own, opted in to prepared statements as the
+ * writer's is. */
 static void test_results_read_follows_table_growth(void **state)
 {
     (void)state;
@@ -432,8 +460,13 @@ static void test_results_read_follows_table_growth(void **state)
     assert_int_equal(oq_pg_prepared(c, &err), 0);
     oq__producer_store_t s = {NULL, NULL, c};
     PQclear(PQexec(x, "DELETE FROM onceq.calls WHERE call_id LIKE 'g-%'"));
-    /* batches of 30 results while the tables are small (as at a pipeline's start), read ahead
-     * and rolled back: a prepared read's plan is the generic one from the sixth on */
+    PGresult *r = PQexec(x, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, "
+                            "created_at, updated_at, expires_at) SELECT 'g-' || g, 'g-' || g, "
+                            "'f', 'charge', '{}', 1, 1, 1 FROM generate_series(100000, 100239) g");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    /* batches of 30 results while the tables are small (as at a pipeline's start), read ahead,
+     * applied and rolled back: a prepared statement's plan is the generic one from the sixth on */
     static oq_envelope_t envs[B];
     static char cid[B][40];
     for (int w = 0; w < W; w++) {
@@ -443,16 +476,17 @@ static void test_results_read_follows_table_growth(void **state)
         }
         assert_int_equal(oq__producer_store_begin(&s, 1000, &err), 0);
         assert_int_equal(oq__producer_store_results_ahead(&s, envs, B, &err), 0);
+        set_results(&s, cid, B);
         assert_int_equal(oq__producer_store_results_done(&s, &err), 0);
         oq__producer_store_rollback(&s);
     }
     /* then the tables grow (another connection: the session's plans are not told) */
-    PGresult *r = PQexec(x, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, "
-                            "created_at, updated_at, expires_at) SELECT 'g-' || g, 'g-' || g, "
-                            "'f', 'charge', '{}', 1, 1, 1 FROM generate_series(1, 20000) g; "
-                            "INSERT INTO onceq.result_inbox(message_id, call_id, status, outcome, "
-                            "received_at) SELECT 'gm-' || g, 'g-' || g, 'succeeded', 'applied', 1 "
-                            "FROM generate_series(1, 20000) g");
+    r = PQexec(x, "INSERT INTO onceq.calls(call_id, idem_key, fingerprint, tool, args, "
+                  "created_at, updated_at, expires_at) SELECT 'g-' || g, 'g-' || g, "
+                  "'f', 'charge', '{}', 1, 1, 1 FROM generate_series(1, 20000) g; "
+                  "INSERT INTO onceq.result_inbox(message_id, call_id, status, outcome, "
+                  "received_at) SELECT 'gm-' || g, 'g-' || g, 'succeeded', 'applied', 1 "
+                  "FROM generate_series(1, 20000) g");
     assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
     PQclear(r);
     for (int i = 0; i < B; i++) {
@@ -465,12 +499,20 @@ static void test_results_read_follows_table_growth(void **state)
     assert_int_equal(oq__producer_store_results_ahead(&s, envs, B, &err), 0);
     calls += xact_seq_scans(c, "calls");
     inbox += xact_seq_scans(c, "result_inbox");
+    int64_t written = -xact_seq_scans(c, "calls");
+    set_results(&s, cid, B);
     assert_int_equal(oq__producer_store_results_done(&s, &err), 0);
+    written += xact_seq_scans(c, "calls");
+    int64_t updated = q_i64(c, "SELECT count(*) FROM onceq.calls WHERE call_id LIKE 'g-%' AND "
+                               "state = 'succeeded'");
     oq__producer_store_rollback(&s);
-    print_message("sequential scans in the results' read ahead: calls %lld, result_inbox %lld\n",
-                  (long long)calls, (long long)inbox);
+    print_message("sequential scans in the results' read ahead: calls %lld, result_inbox %lld; "
+                  "in their write: calls %lld (%lld calls updated)\n",
+                  (long long)calls, (long long)inbox, (long long)written, (long long)updated);
     assert_int_equal(calls, 0);
     assert_int_equal(inbox, 0);
+    assert_int_equal(written, 0);
+    assert_int_equal(updated, B);
     PQclear(PQexec(x, "DELETE FROM onceq.result_inbox WHERE message_id LIKE 'gm-%'; DELETE FROM "
                       "onceq.calls WHERE call_id LIKE 'g-%'"));
     PQfinish(c);
