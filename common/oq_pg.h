@@ -74,16 +74,20 @@ int oq_pg_pipeline_end(PGconn *c);
 int oq_pg_connect(const char *conninfo, PGconn **out, oq_error_t *err);
 
 /**
- * The statement that makes a transaction plan without sequential scans (SET LOCAL
- * enable_seqscan = off), sent after BEGIN by the writers whose statements all look rows up by
- * key (the producer's, the consumer's batch). It lets their reads and writes by key array be
- * prepared: PostgreSQL gives a prepared statement a generic plan from its sixth run on, chosen
- * for its table as it is then, and keeps it; a sequential scan chosen while the table was small
- * would then read the whole table every time as it grows. With sequential scans off the plan
- * is an index lookup at any size, and nothing is planned again per batch. A table with no
- * usable index is still read (the setting only makes a sequential scan the last choice).
+ * The statement that makes a transaction plan without sequential scans and without JIT
+ * (enable_seqscan and jit off until its end), sent after BEGIN by the writers whose statements
+ * all look rows up by key (the producer's, the consumer's batch). It lets their reads and writes
+ * by key array be prepared: PostgreSQL gives a prepared statement a generic plan from its sixth
+ * run on, chosen for its table as it is then, and keeps it; a sequential scan chosen while the
+ * table was small would then read the whole table every time as it grows. With sequential scans
+ * off the plan is an index lookup at any size, and nothing is planned again per batch. A table
+ * with no usable index is still read (the setting only makes a sequential scan the last
+ * choice), but its plan then costs more than jit_above_cost: JIT compiled every statement that
+ * reads such a table (the consumer's republish, through relay_lease: 173 ms each instead of a
+ * fraction of one), hence jit off as well, which a key lookup never needs.
  */
-#define OQ_PG_INDEX_PLANS "SET LOCAL enable_seqscan = off"
+#define OQ_PG_INDEX_PLANS                                                                          \
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 
 /** @brief Run \p sql (no parameters, any number of statements, no rows kept). */
 int oq_pg_exec(PGconn *c, const char *sql, oq_error_t *err);
