@@ -194,31 +194,41 @@ echo; echo "## 13. backends side by side: submit --duration $B_SECS, consumer --
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     echo "skipped: needs Debian's postgresql package (apt-get install postgresql)"
 else
+    oq_tmpdir      # again: an earlier section's script may have removed the shared $T
     chmod 711 "$T" # the server's unprivileged owner must reach its folder
     PGD=$T/pg
     oq_on_exit "bash $ROOT/scripts/pg.sh stop --dir $PGD >/dev/null 2>&1"
     bash "$ROOT/scripts/pg.sh" start --dir "$PGD" 2>/dev/null || oq_fail "scripts/pg.sh start"
     PGURL=$(bash "$ROOT/scripts/pg.sh" url --dir "$PGD")
     export ONCEQ_BENCH_PG_PID=$(bash "$ROOT/scripts/pg.sh" pid --dir "$PGD")
-    pgdb() { # a fresh database NAME; prints its URL
-        psql -XAtq "$PGURL" -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null 2>&1
-        sed -E "s|^(postgres(ql)?://[^/]*/)[^?]*|\1$1|" <<<"$PGURL"
+    # A fresh database NAME, its URL in DBURL (called outside a subshell: it remembers the last
+    # one). The database of the run before is dropped first: its dirty buffers and the autovacuum
+    # of its tables (insert-only tables are vacuumed once they grow) would otherwise land in the
+    # next run (docs/SCALING.md, "What one run left to the next"). DROP DATABASE checkpoints
+    # before it returns, so each PostgreSQL run starts on a clean buffer pool.
+    PG_LAST=
+    pgdb() {
+        local q=(-c "DROP DATABASE IF EXISTS $1 WITH (FORCE)")
+        [[ -n $PG_LAST ]] && q=(-c "DROP DATABASE IF EXISTS $PG_LAST WITH (FORCE)" "${q[@]}")
+        psql -XAtq "$PGURL" "${q[@]}" -c "CREATE DATABASE $1" >/dev/null 2>&1
+        PG_LAST=$1
+        DBURL=$(sed -E "s|^(postgres(ql)?://[^/]*/)[^?]*|\1$1|" <<<"$PGURL")
     }
     res() { grep '^result ' "$1" | tail -n1; }
     for be in sqlite pg; do
         dbo=(); eo=()
         if [[ $be == pg ]]; then
-            dbo=(--db "$(pgdb bench_submit)")
+            pgdb bench_submit && dbo=(--db "$DBURL")
         fi
         echo; echo "### submit on $be"
         "$BENCH" submit --threads 32 --duration "$B_SECS" "${dbo[@]}" | tee "$T/b-submit-$be.out"
-        [[ $be == pg ]] && dbo=(--db "$(pgdb bench_consumer)")
+        [[ $be == pg ]] && pgdb bench_consumer && dbo=(--db "$DBURL")
         oq_start_broker --partitions 8
         echo; echo "### consumer on $be"
         "$BENCH" consumer --brokers "$BROKERS" --calls "$B_CALLS" --rounds 1 --dir "$T" "${dbo[@]}" |
             tee "$T/b-consumer-$be.out"
         oq_kill broker
-        [[ $be == pg ]] && eo=(--db-url "$(pgdb bench_e2e)")
+        [[ $be == pg ]] && pgdb bench_e2e && eo=(--db-url "$DBURL")
         echo; echo "### e2e on $be"
         "$BENCH" e2e --onceq "$BIN" --calls "$B_CALLS" --rate 0 --conns 64 --consumers 2 \
             --no-baseline "${eo[@]}" | tee "$T/b-e2e-$be.out"
@@ -226,7 +236,7 @@ else
         cap=$(res "$T/b-e2e-$be.out" | grep -o 'calls_per_s=[0-9]*' | cut -d= -f2)
         half=$((${cap:-0} / 2))
         if ((half > 0)); then
-            [[ $be == pg ]] && eo=(--db-url "$(pgdb bench_e2e_half)")
+            [[ $be == pg ]] && pgdb bench_e2e_half && eo=(--db-url "$DBURL")
             echo; echo "### e2e on $be at half of capacity ($half calls/s offered)"
             "$BENCH" e2e --onceq "$BIN" --calls $((half * 4 > 2000 ? half * 4 : 2000)) \
                 --rate "$half" --conns 64 --consumers 2 --no-baseline "${eo[@]}" |
