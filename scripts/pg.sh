@@ -131,7 +131,7 @@ log_connections = off
 log_statement = 'none'
 # Debian's default (128MB) holds less than one benchmark's dirty pages: backends then write
 # dirty buffers out themselves on the hot path, and a run's p99 depends on what ran before it
-# (docs/SCALING.md, "Dirty buffers"). Allocated on touch; a server of onceq's should have more.
+# (docs/SCALING.md, "What one run left to the next"). Allocated on touch; give a server more.
 shared_buffers = 1GB
 EOF
     umask 022
