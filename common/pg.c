@@ -34,6 +34,7 @@
 #include "oq_db.h"
 #include "oq_log.h"
 
+/* clang-format off */
 const char *const oq_migrations_postgres[] = {
     "postgres/0001_producer.sql",
     "postgres/0002_submit.sql",
@@ -43,8 +44,10 @@ const char *const oq_migrations_postgres[] = {
     "postgres/0006_tasks.sql",
     "postgres/0007_hot_path_indexes.sql",
     "postgres/0008_wake_after_commit.sql",
+    "postgres/0009_outbox_fillfactor.sql",
     NULL,
 };
+/* clang-format on */
 
 /* The advisory lock key of the migrations: any constant of our own ("onceq" in ASCII). */
 #define MIGRATE_LOCK "x'6f6e636571'::bigint"

@@ -15,7 +15,11 @@
  * read looks at their numbers. A row invisible to an assign (its transaction still open, or
  * rolled back) keeps pub_seq NULL and gets a number in a later assign, larger than every number
  * handed out before: it lands above the watermark, never below. So every pub_seq at or below
- * the watermark was final when the relay read it, and no row can appear there later.
+ * the watermark was final when the relay read it, and no row can appear there later. The assign
+ * does not lock the rows it numbers (no FOR UPDATE): under the advisory lock it is the only
+ * writer that gives a NULL pub_seq a number, and the other writers of outbox rows (republish,
+ * retention) touch only rows numbered at or below the watermark, which the assign never selects.
+ * Each row lock was a WAL record and a write to the row's page, for nothing.
  *
  * Leases are decided on the database server's clock: expires_at is a timestamptz compared with
  * clock_timestamp(), so relays on hosts whose clocks disagree still agree on who holds the
@@ -258,8 +262,8 @@ int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *
 /* --- read ----------------------------------------------------------------------------------- */
 
 #define ASSIGN_SQL                                                                                 \
-    "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY seq LIMIT $1 FOR "     \
-    "UPDATE), n AS (SELECT seq, nextval('onceq.outbox_pub_seq') AS ps FROM (SELECT seq FROM c "    \
+    "WITH c AS (SELECT seq FROM onceq.outbox WHERE pub_seq IS NULL ORDER BY seq LIMIT $1), n AS "  \
+    "(SELECT seq, nextval('onceq.outbox_pub_seq') AS ps FROM (SELECT seq FROM c "                  \
     "ORDER BY seq) z) UPDATE onceq.outbox o SET pub_seq = n.ps FROM n WHERE o.seq = n.seq"
 #define READ_SQL                                                                                   \
     "SELECT pub_seq, created_at, message_id, topic, key, payload FROM onceq.outbox WHERE pub_seq " \

@@ -97,6 +97,12 @@ static void test_migrate(void **state)
         n++;
     assert_int_equal(v, n);
     assert_int_equal(oq_pg_migrate(c, &err), 0); /* again: nothing to do */
+    /* 0009: outbox pages keep room for the assign's new row versions */
+    PGresult *r =
+        PQexec(c, "SELECT reloptions::text FROM pg_class WHERE oid = 'onceq.outbox'::regclass");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_non_null(strstr(PQgetvalue(r, 0, 0), "fillfactor=50"));
+    PQclear(r);
     /* a newer schema is refused untouched */
     assert_int_equal(oq_pg_exec(c, "UPDATE onceq.schema_version SET version = 999", &err), 0);
     assert_int_equal(oq_pg_migrate(c, &err), OQ_EVERSION);

@@ -1,0 +1,14 @@
+-- SPDX-License-Identifier: Apache-2.0
+-- PostgreSQL schema `onceq`: room on each outbox page for the relay's numbering (docs/SCALING.md,
+-- "The assign without row locks, on half-full pages").
+--
+-- Every outbox row is inserted once and updated once, soon after, when the relay's assign gives
+-- it its pub_seq (relay/store_pg.c). The update cannot be HOT (pub_seq is indexed), but where
+-- the row's page has room its new version stays on that page; on a full page (fillfactor 100)
+-- it goes to another one, which dirties a second page and logs a heap lock on the old version
+-- first. With pages filled to half by inserts, the numbered version fits beside the old one.
+-- Measured on the closed loop (onceq-bench e2e --rate 0 --calls 30000 --db-url, fresh
+-- databases): WAL bytes 240 -> 205 MB (-14 %), WAL records -3 %; the table takes about twice
+-- the pages for rows not yet numbered, which the relay's retention deletes as before.
+-- Applies to pages filled from now on; existing pages are left as they are.
+ALTER TABLE onceq.outbox SET (fillfactor = 50);
