@@ -45,6 +45,7 @@ const char *const oq_migrations_postgres[] = {
     "postgres/0007_hot_path_indexes.sql",
     "postgres/0008_wake_after_commit.sql",
     "postgres/0009_outbox_fillfactor.sql",
+    "postgres/0010_horizon_fence.sql",
     NULL,
 };
 /* clang-format on */

@@ -28,11 +28,19 @@
  *    publishes them without skipping a late commit, with no second scheme. A delivered row is
  *    one whose pub_seq is at or below the relay's watermark; republish clears pub_seq (the row
  *    is numbered again, above the watermark).
- *  - The retention horizon row exists from the migration on and intake reads it FOR SHARE: a
- *    purge that raises it waits for the intakes that read the old value, and an intake that
- *    comes later reads the new one; an old message can never find its execution purged and
- *    the horizon still low. A transaction reads it once (the lock holds it until the end), not
- *    once per intake of its batch.
+ *  - The retention horizon is fenced by an advisory lock (HORIZON_FENCE): an intake's
+ *    transaction takes it shared before it reads the horizon, a purge takes it exclusive
+ *    before it raises the horizon, each until its transaction ends. A purge thus waits for the
+ *    intakes that read the old value, and an intake that comes later waits for the purge to
+ *    commit and then reads the new one; an old message can never find its execution purged
+ *    and the horizon still low. The lock is its own statement, before the read: a statement's
+ *    snapshot is taken when it starts, so a read in the statement that waited would still see
+ *    the old horizon while the next statement sees the purge's deletions. A transaction reads
+ *    the horizon once (the lock holds it until the end), not once per intake of its batch.
+ *    It was a row lock (`FOR SHARE` on the horizon's row) up to schema version 9: every batch
+ *    then wrote a WAL record and dirtied that one page, and batches of two consumers that
+ *    overlapped made a MultiXact (86 % of the batches with four consumers). Version 10 keeps a
+ *    consumer that still fences with the row lock off a database where this one runs.
  *  - Parameters go as text; integers are printed with PRId64; bytes (dead letters) as hex.
  *    Every statement is prepared once per connection (oq_pg_prepared() and oq_pg_run() in
  *    common/pg.c: named by its SQL literal's address, prepared again after a reconnect): one
@@ -123,6 +131,11 @@ struct oq__consumer_pg {
 #define SRV_NOW "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 /* Outbox rows with pub_seq at or below it were delivered (relay/store_pg.c). */
 #define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
+
+/* The advisory lock key that fences the retention horizon ("onceq-h", as ASSIGN_LOCK in
+ * relay/store_pg.c is "onceq-r"): intakes take it shared, a purge exclusive (file comment). */
+#define HORIZON_KEY "x'6f6e6365712d68'::bigint"
+#define HORIZON_FENCE "SELECT pg_advisory_xact_lock_shared(" HORIZON_KEY ")"
 
 #define EXEC_COLS                                                                                  \
     "call_id, tenant, idem_key, fingerprint, tool, args, state, attempt, tries, lease_owner, "     \
@@ -657,8 +670,8 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
         goto out;
     }
     const char *pc[] = {calls}, *pm[] = {msgs};
-    /* BEGIN and the batch's reads in one round trip: the horizon (held FOR SHARE, as
-     * oq__consumer_pg_horizon does), the executions of its calls, which of its message ids the
+    /* BEGIN and the batch's reads in one round trip: the horizon (behind its fence, as
+     * oq__consumer_pg_horizon reads it), the executions of its calls, which of its message ids the
      * inbox holds, which of its calls have an effect. The three reads of a key array are
      * prepared, and the transaction plans without sequential scans (OQ_PG_INDEX_PLANS): the
      * generic plan a prepared statement keeps from its sixth run is then an index lookup even
@@ -667,8 +680,7 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
      * Sent unprepared instead, each was planned again in every batch (70 us of the server's CPU
      * for each: see docs/SCALING.md, "Plans kept"). */
     const stmt_t st[] = {
-        {.sql = "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions' FOR "
-                "SHARE"},
+        {.sql = "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'"},
         {.sql = "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = "
                 "ANY($1::text[])",
          .n = 1,
@@ -683,7 +695,8 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
     };
     p->tx = 1;
     if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) ||
-        (rc = hold(p, OQ_PG_INDEX_PLANS, 0, NULL, 1, err)) || (rc = pipe_run(p, st, 4, r, err)))
+        (rc = hold(p, OQ_PG_INDEX_PLANS, 0, NULL, 1, err)) ||
+        (rc = hold(p, HORIZON_FENCE, 0, NULL, 0, err)) || (rc = pipe_run(p, st, 4, r, err)))
         goto out;
     p->hz = PQntuples(r[0]) == 1 ? col_i64(r[0], 0, 0) : 0;
     p->hz_held = 1;
@@ -1570,20 +1583,21 @@ int oq__consumer_pg_purge(oq__consumer_pg_t *p, int64_t before, int limit, int64
 
 int oq__consumer_pg_horizon(oq__consumer_pg_t *p, int64_t *horizon, oq_error_t *err)
 {
-    /* Read once per transaction: the row locked FOR SHARE cannot change before it ends (a
-     * purge raising it waits; this store raises it only in a purge's own transaction), so a
-     * batch's every intake after the first reads the same value without a round trip. */
+    /* Read once per transaction: behind the fence it cannot change before the transaction
+     * ends (a purge raising it waits; this store raises it only in a purge's own transaction),
+     * so a batch's every intake after the first reads the same value without a round trip. */
     if (p->hz_held && in_tx(p)) {
         *horizon = p->hz;
         return 0;
     }
     PGresult *r = NULL;
-    /* FOR SHARE inside a transaction: a purge raising it waits for this reader (file comment) */
-    int rc = q(p,
-               in_tx(p) ? "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions' "
-                          "FOR SHARE"
-                        : "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'",
-               0, NULL, &r, err);
+    /* Inside a transaction the fence first, in a statement of its own (held: it goes in the
+     * read's round trip): a purge raising the horizon waits for this reader, and this read sees
+     * a purge it waited for (file comment) */
+    int rc = in_tx(p) ? hold(p, HORIZON_FENCE, 0, NULL, 0, err) : 0;
+    if (!rc)
+        rc = q(p, "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'", 0, NULL,
+               &r, err);
     if (rc) return rc;
     *horizon = PQntuples(r) == 1 ? col_i64(r, 0, 0) : 0;
     PQclear(r);
@@ -1623,8 +1637,12 @@ int oq__consumer_pg_purge_settled(oq__consumer_pg_t *p, const oq__purge_batch_t 
     *last = b->after;
     p->hz_held = 0; /* raised here: read again */
     ahead_clear(p); /* rows deleted: nothing read ahead holds */
-    /* the horizon first: nothing settled after it is deleted, no message older is executed */
-    int rc = cmd(p,
+    /* the horizon first, behind its fence (taken exclusive: waits for the intakes that read
+     * the old value, holds the later ones until this commits): nothing settled after it is
+     * deleted, no message older is executed */
+    int rc = cmd(p, "SELECT pg_advisory_xact_lock(" HORIZON_KEY ")", 0, NULL, NULL, err);
+    if (!rc)
+        rc = cmd(p,
                  "UPDATE onceq.consumer_retention SET horizon = GREATEST(horizon, $1) WHERE name "
                  "= 'executions'",
                  1, ph, NULL, err);

@@ -10,8 +10,10 @@
  * passed explicitly, so lease expiry needs no sleeping.
  * test_consumer_store_pg.c runs these same bodies on PostgreSQL.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1021,6 +1023,104 @@ static void test_pg_horizon_once_per_tx(void **state)
     assert_int_equal(h, 42);
     oq__consumer_store_rollback(f->a);
 }
+
+/* The retention horizon's fence, both ways (consumer/store_pg.c, file comment). A thread runs
+ * one side while the test holds the other open; it must wait on a lock until the test commits. */
+typedef struct {
+    oq__consumer_store_t *s;
+    int batch;           /* intake side: begin_batch (the pipeline) rather than begin */
+    int64_t raise_to;    /* purge side: the horizon to raise to (0: the intake side) */
+    int64_t seen;        /* intake side: the horizon it read */
+    atomic_int done, rc; /* rc: 0, or the step that failed */
+} fence_job_t;
+
+static void *fence_job(void *arg)
+{
+    fence_job_t *j = arg;
+    oq_error_t err = {0};
+    int rc = 0;
+    if (j->raise_to) {
+        oq__purge_batch_t b = {.before = 1, .horizon = j->raise_to, .limit = 10};
+        int64_t last = 0, ne = 0, nf = 0;
+        if (oq__consumer_store_begin(j->s, &err))
+            rc = 1;
+        else if (oq__consumer_store_purge_settled(j->s, &b, &last, &ne, &nf, &err))
+            rc = 2;
+        else if (oq__consumer_store_commit(j->s, &err))
+            rc = 3;
+    } else {
+        const char *calls[] = {"fence-call"}, *msgs[] = {"fence-msg"};
+        if (j->batch ? oq__consumer_store_begin_batch(j->s, calls, msgs, 1, &err)
+                     : oq__consumer_store_begin(j->s, &err))
+            rc = 4;
+        else if (oq__consumer_store_horizon(j->s, &j->seen, &err))
+            rc = 5;
+        oq__consumer_store_rollback(j->s);
+    }
+    if (rc) fprintf(stderr, "fence job step %d: %s\n", rc, err.msg);
+    atomic_store(&j->rc, rc);
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* 1 once the backend \p pid waits for a lock (asked on \p s's connection), within 5 s. */
+static int waits_for_lock(oq__consumer_store_t *s, int pid)
+{
+    char sql[160];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = %d", pid);
+    for (int i = 0; i < 250; i++) {
+        PGresult *r = PQexec(oq__consumer_store_pgconn(s), sql);
+        int n = PQresultStatus(r) == PGRES_TUPLES_OK ? atoi(PQgetvalue(r, 0, 0)) : -1;
+        PQclear(r);
+        if (n > 0) return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+/* A purge that raises the horizon waits for the intake transactions that read it, and an intake
+ * that starts while a purge holds the fence waits for its commit and reads the raised value (a
+ * read in the same statement as the wait would see the old one: its snapshot is older). */
+static void test_pg_horizon_fence(void **state)
+{
+    fx_t *f = *state;
+    oq_error_t err = {0};
+    int64_t h = -1;
+    int pid_a = PQbackendPID(oq__consumer_store_pgconn(f->a));
+    int pid_b = PQbackendPID(oq__consumer_store_pgconn(f->b));
+    /* 1. a has read the horizon in an open transaction: b's purge waits for it */
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__consumer_store_horizon(f->a, &h, &err), 0);
+    assert_int_equal(h, 0);
+    fence_job_t purge = {.s = f->b, .raise_to = 1000};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fence_job, &purge), 0);
+    int waited = waits_for_lock(f->a, pid_b);
+    int early = atomic_load(&purge.done);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    pthread_join(th, NULL);
+    assert_true(waited);
+    assert_false(early);
+    assert_int_equal(atomic_load(&purge.rc), 0);
+    /* 2. b's purge holds the fence: an intake (either way of beginning) waits, then reads it */
+    for (int batch = 0; batch < 2; batch++) {
+        int64_t to = 2000 + batch;
+        oq__purge_batch_t b = {.before = 1, .horizon = to, .limit = 10};
+        int64_t last = 0, ne = 0, nf = 0;
+        assert_int_equal(oq__consumer_store_begin(f->b, &err), 0);
+        assert_int_equal(oq__consumer_store_purge_settled(f->b, &b, &last, &ne, &nf, &err), 0);
+        fence_job_t in = {.s = f->a, .batch = batch, .seen = -1};
+        assert_int_equal(pthread_create(&th, NULL, fence_job, &in), 0);
+        waited = waits_for_lock(f->b, pid_a);
+        early = atomic_load(&in.done);
+        assert_int_equal(oq__consumer_store_commit(f->b, &err), 0);
+        pthread_join(th, NULL);
+        assert_true(waited);
+        assert_false(early);
+        assert_int_equal(atomic_load(&in.rc), 0);
+        assert_int_equal(in.seen, to);
+    }
+}
 #endif
 
 int main(void)
@@ -1048,6 +1148,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pg_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pg_connection_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pg_horizon_once_per_tx, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_horizon_fence, setup, teardown),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -103,6 +103,11 @@ static void test_migrate(void **state)
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     assert_non_null(strstr(PQgetvalue(r, 0, 0), "fillfactor=50"));
     PQclear(r);
+    /* 0010: the horizon's table names its fence (the version keeps row-lock consumers off) */
+    r = PQexec(c, "SELECT obj_description('onceq.consumer_retention'::regclass, 'pg_class')");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_non_null(strstr(PQgetvalue(r, 0, 0), "advisory lock"));
+    PQclear(r);
     /* a newer schema is refused untouched */
     assert_int_equal(oq_pg_exec(c, "UPDATE onceq.schema_version SET version = 999", &err), 0);
     assert_int_equal(oq_pg_migrate(c, &err), OQ_EVERSION);
