@@ -48,7 +48,7 @@
  *    ~570/s parsed per execution (this 2-core host).
  *  - Round trips per batch, not per message. The worker begins a batch's transaction with the
  *    call ids and message ids of its messages (oq__consumer_pg_begin_batch): BEGIN and four
- *    reads (the horizon FOR SHARE, the batch's executions, which of its message ids the inbox
+ *    reads (the fenced horizon, the batch's executions, which of its message ids the inbox
  *    holds, which of its calls have an effect) go in one pipeline (libpq pipeline mode), one
  *    round trip. Until the commit, exec_get of a call read ahead is answered from that read,
  *    and the writes whose answer the read already gives are held behind: an inbox row for an
@@ -113,7 +113,7 @@ typedef struct ahead {
 struct oq__consumer_pg {
     PGconn *c;
     int tx;      /* inside the caller's transaction (begin .. commit/rollback): never reconnect */
-    int hz_held; /* the transaction read the horizon FOR SHARE: it holds until the end */
+    int hz_held; /* the transaction read the horizon behind its fence: held until the end */
     int64_t hz;  /* what it read */
     char worker[128];
     /* the batch (oq__consumer_pg_begin_batch): reads ahead, writes held behind */

@@ -996,9 +996,9 @@ static int64_t pg_horizon_scans(fx_t *f)
     return n;
 }
 
-/* The retention horizon is read once per transaction (FOR SHARE: it cannot change before the
- * transaction ends), not once per intake: a batch of intakes costs one round trip for it. The
- * next transaction reads it again and sees a purge's raise. */
+/* The retention horizon is read once per transaction (behind its fence: it cannot change
+ * before the transaction ends), not once per intake: a batch of intakes costs one round trip
+ * for it. The next transaction reads it again and sees a purge's raise. */
 static void test_pg_horizon_once_per_tx(void **state)
 {
     fx_t *f = *state;
