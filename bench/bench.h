@@ -37,6 +37,16 @@ void oq__bench_procs(long root, int with_children, oq_bench_procs_t *out);
 long oq__bench_pg_pid(void);
 
 /**
+ * @brief Bytes written to this machine's disks so far, by every process (the sectors written
+ *        of each /sys/block device that is a device of its own, not a loop, zram or
+ *        device-mapper one), or -1 when /sys/block cannot be read. The figure that reaches the
+ *        disk: /proc/PID/io's write_bytes counts a whole page-cache folio each time a clean one
+ *        is dirtied, which on kernels with large folios (ext4 from 6.16) is up to 256 KB for
+ *        an 8 KB write, e.g. a WAL page written again after an fsync (bench/procstat.c).
+ */
+int64_t oq__bench_disk_written(void);
+
+/**
  * @brief A loopback TCP port free now, for a server a benchmark starts, or -1. Chosen below
  *        the kernel's ephemeral range (as the tests' oq_free_port): a port the kernel picked
  *        for bind(0) could be handed out again, between our check and the server's bind, to

@@ -430,7 +430,7 @@ int oq__bench_consumer(int argc, char **argv)
     rc = OQ_EXIT_OK;
     /* Interleaved rounds, each reading the same topic in fresh groups and fresh databases:
      * the machine is shared, so load changes hit all three alike. */
-    double cpu = 0, pg_cpu = 0, wb = 0, pg_wb = 0;
+    double cpu = 0, pg_cpu = 0, wb = 0, pg_wb = 0, disk = 0;
     for (int r = 0; r < rounds; r++) {
         b.round = r;
         if (bc_raw(&b, 0, &raws[r]) || bc_raw(&b, 1, &sames[r])) {
@@ -440,12 +440,18 @@ int oq__bench_consumer(int argc, char **argv)
         oq_bench_procs_t me0, me1, pg0, pg1;
         oq__bench_procs(getpid(), 0, &me0);
         oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
+        int64_t disk0 = oq__bench_disk_written();
         if (bc_onceq(&b, no_relay, &onceqs[r], &st)) {
             rc = OQ_EXIT_FAIL;
             goto done;
         }
         oq__bench_procs(getpid(), 0, &me1);
         oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
+        int64_t disk1 = oq__bench_disk_written();
+        if (disk0 >= 0 && disk1 >= 0 && disk >= 0)
+            disk += (double)(disk1 - disk0);
+        else
+            disk = -1;
         cpu += me1.cpu_s - me0.cpu_s;
         wb += (double)(me1.write_bytes - me0.write_bytes);
         if (pg1.n) {
@@ -476,12 +482,16 @@ int oq__bench_consumer(int argc, char **argv)
     printf("per call (onceq side, all rounds): this process %.1f us CPU, %.0f bytes written; "
            "PostgreSQL server %.1f us CPU, %.0f bytes written\n",
            cpu * 1e6 / calls, wb / calls, pg_cpu * 1e6 / calls, pg_wb / calls);
+    if (disk >= 0)
+        printf("per call: %.0f bytes reached the disks (every process of this machine, "
+               "/sys/block; the bytes written above count page-cache folios)\n",
+               disk / calls);
     printf("result bench=consumer backend=%s calls=%ld batch=%d synchronous=%s relay=%d rounds=%d "
            "raw_rate=%.0f raw_same_rows_rate=%.0f onceq_rate=%.0f ratio=%.3f ratio_same_rows=%.3f "
-           "cpu_us=%.1f write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f\n",
+           "cpu_us=%.1f write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f disk_bytes=%.0f\n",
            b.db ? "pg" : "sqlite", b.n, b.batch, b.sync, !no_relay, rounds, m_raw, m_same, m_onceq,
            m_ratio, m_ratio_same, cpu * 1e6 / calls, wb / calls, pg_cpu * 1e6 / calls,
-           pg_wb / calls);
+           pg_wb / calls, disk >= 0 ? disk / calls : -1);
 done:
     oq_config_destroy(cfg);
     return rc;

@@ -610,6 +610,7 @@ struct e2e_figures {
     double calls_per_s, p50_ms, p99_ms, ds_dsr;
     double cpu_us, write_bytes;       /* per call: the pipeline's processes */
     double pg_cpu_us, pg_write_bytes; /* per call: the PostgreSQL server */
+    double disk_bytes;                /* per call: written to the disks, machine-wide (-1: ?) */
 };
 
 /* --db-url: the producer's and the consumer's rows from PostgreSQL into DIR/calls.db and
@@ -700,6 +701,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     oq__bench_procs(up, 1, &pl0);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
     oq__bench_procs(ds, 0, &ds0);
+    int64_t disk0 = oq__bench_disk_written();
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     lo.calls = oq_config_int(cfg, "calls");
@@ -723,6 +725,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
     oq__bench_procs(up, 1, &pl1);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
     oq__bench_procs(ds, 0, &ds1);
+    int64_t disk1 = oq__bench_disk_written();
     getrusage(RUSAGE_SELF, &ru1);
     double self_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                       (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
@@ -756,6 +759,11 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
            "us CPU, %.0f bytes written%s\n",
            pl_cpu * 1e6 / ncalls, pl_wb / ncalls, pg_cpu * 1e6 / ncalls, pg_wb / ncalls,
            pg1.n ? "" : " (not measured)");
+    fig->disk_bytes = disk0 >= 0 && disk1 >= 0 ? (double)(disk1 - disk0) / ncalls : -1;
+    if (fig->disk_bytes >= 0)
+        printf("per call: %.0f bytes reached the disks (every process of this machine, "
+               "/sys/block; the bytes written above count page-cache folios, bench/procstat.c)\n",
+               fig->disk_bytes);
     fig->cpu_us = pl_cpu * 1e6 / ncalls;
     fig->write_bytes = pl_wb / ncalls;
     fig->pg_cpu_us = pg_cpu * 1e6 / ncalls;
@@ -1344,9 +1352,10 @@ int oq__bench_e2e(int argc, char **argv)
     rc = e2e_pipeline(cfg, dir, &lo, NULL, NULL, -1, have_base ? &base : NULL, &inproc);
     if (rc == OQ_EXIT_OK)
         printf("result bench=e2e backend=%s calls_per_s=%.0f p50_ms=%.1f p99_ms=%.1f cpu_us=%.0f "
-               "write_bytes=%.0f pg_cpu_us=%.0f pg_write_bytes=%.0f\n",
+               "write_bytes=%.0f pg_cpu_us=%.0f pg_write_bytes=%.0f disk_bytes=%.0f\n",
                e2e_db_url ? "pg" : "sqlite", inproc.calls_per_s, inproc.p50_ms, inproc.p99_ms,
-               inproc.cpu_us, inproc.write_bytes, inproc.pg_cpu_us, inproc.pg_write_bytes);
+               inproc.cpu_us, inproc.write_bytes, inproc.pg_cpu_us, inproc.pg_write_bytes,
+               inproc.disk_bytes);
     if (rc == OQ_EXIT_OK && with_http) {
         char hdir[PATH_MAX];
         snprintf(hdir, sizeof hdir, "%s/http", dir);

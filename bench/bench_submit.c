@@ -211,6 +211,7 @@ int oq__bench_submit(int argc, char **argv)
     oq_bench_procs_t me0, me1, pg0, pg1;
     oq__bench_procs(getpid(), 0, &me0);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg0);
+    int64_t disk0 = oq__bench_disk_written();
     struct timespec pc0, pc1;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc0);
     int64_t t0 = oq_mono_us(), end = t0 + dur * 1000;
@@ -233,6 +234,7 @@ int oq__bench_submit(int argc, char **argv)
     double orate = (double)total * 1e6 / (double)(oq_mono_us() - t0);
     oq__bench_procs(getpid(), 0, &me1);
     oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
+    int64_t disk1 = oq__bench_disk_written();
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pc1);
     double cpu_s = (double)(pc1.tv_sec - pc0.tv_sec) + (double)(pc1.tv_nsec - pc0.tv_nsec) / 1e9;
     oq_producer_close(p);
@@ -276,11 +278,16 @@ int oq__bench_submit(int argc, char **argv)
                "%.1f us CPU, %.0f bytes written%s\n",
                (me1.cpu_s - me0.cpu_s) * 1e6 / n, (double)(me1.write_bytes - me0.write_bytes) / n,
                pg_cpu * 1e6 / n, (double)pg_wb / n, pg1.n ? "" : " (not measured)");
+        double disk = disk0 >= 0 && disk1 >= 0 ? (double)(disk1 - disk0) / n : -1;
+        if (disk >= 0)
+            printf("per submit: %.0f bytes reached the disks (every process of this machine, "
+                   "/sys/block; the bytes written above count page-cache folios)\n",
+                   disk);
         printf("result bench=submit backend=%s rate=%.0f p50_ms=%.2f p99_ms=%.2f cpu_us=%.1f "
-               "write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f\n",
+               "write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f disk_bytes=%.0f\n",
                pgdb ? "pg" : "sqlite", orate, pct(&all, 50), pct(&all, 99),
                (me1.cpu_s - me0.cpu_s) * 1e6 / n, (double)(me1.write_bytes - me0.write_bytes) / n,
-               pg_cpu * 1e6 / n, (double)pg_wb / n);
+               pg_cpu * 1e6 / n, (double)pg_wb / n, disk);
     }
     free(bl.v);
     free(all.v);

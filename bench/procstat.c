@@ -9,6 +9,13 @@
  * ONCEQ_BENCH_PG_PID (bench/run.sh sets it from scripts/pg.sh pid): other clusters on the
  * same machine are not counted. A process that ends between two samples is lost from the
  * second one, so runs sample processes that live through them (the daemons, the server).
+ *
+ * write_bytes is what a process dirtied in the page cache, counted a folio at a time: on a
+ * kernel whose page cache holds large folios (6.18 here, ext4), a file first written in large
+ * chunks (PostgreSQL fills a new WAL segment with zeros 256 KB at a time) counts up to 256 KB
+ * for each 8 KB write that follows an fsync (measured here: a file filled in 256 KB writes, then
+ * 8 KB pwrite + fdatasync: 256 KB of write_bytes each; filled in 8 KB writes: 8 KB). So the
+ * benchmarks also print what reached the disks (oq__bench_disk_written), machine-wide.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -81,6 +88,36 @@ void oq__bench_procs(long root, int with_children, oq_bench_procs_t *out)
         out->n++;
     }
     closedir(d);
+}
+
+int64_t oq__bench_disk_written(void)
+{
+    DIR *d = opendir("/sys/block");
+    if (!d) return -1;
+    int64_t total = 0;
+    int found = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char path[320];
+        /* a disk of its own has a device link; loop, zram, ram and dm devices have none
+         * (their writes are counted where they land, or are memory) */
+        snprintf(path, sizeof path, "/sys/block/%s/device", de->d_name);
+        if (access(path, F_OK) != 0) continue;
+        snprintf(path, sizeof path, "/sys/block/%s/stat", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        /* fields: reads, merged, sectors, ms, writes, merged, sectors written (512 B), ... */
+        unsigned long long v[7];
+        if (fscanf(f, "%llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                   &v[5], &v[6]) == 7) {
+            total += (int64_t)v[6] * 512;
+            found = 1;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return found ? total : -1;
 }
 
 long oq__bench_pg_pid(void)

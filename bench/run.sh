@@ -256,12 +256,14 @@ def res(name):
     return dict(kv.split("=", 1) for kv in line.split()[1:])
 rows = [("submit", "rate", "submits/s"), ("consumer", "onceq_rate", "calls/s"),
         ("e2e", "calls_per_s", "calls/s")]
-print("| benchmark | SQLite | PostgreSQL | PG/SQLite | CPU us/call SQLite | CPU us/call PG (host + server) | bytes written/call SQLite | bytes written/call PG (host + server) |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+# bytes written: /proc write_bytes, page-cache folios dirtied (an overcount on kernels with large
+# folios); disk: what reached this machine's disks during the run (bench/procstat.c)
+print("| benchmark | SQLite | PostgreSQL | PG/SQLite | CPU us/call SQLite | CPU us/call PG (host + server) | bytes written/call SQLite | bytes written/call PG (host + server) | disk bytes/call SQLite / PG |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for b, key, unit in rows:
     s, p = res(f"b-{b}-sqlite"), res(f"b-{b}-pg")
     if not s or not p:
-        print(f"| {b} | {s.get(key, 'failed')} | {p.get(key, 'failed')} | | | | | |")
+        print(f"| {b} | {s.get(key, 'failed')} | {p.get(key, 'failed')} | | | | | | |")
         continue
     f = lambda d, k: float(d.get(k, 0) or 0)
     ratio = f(p, key) / f(s, key) if f(s, key) else 0
@@ -269,10 +271,11 @@ for b, key, unit in rows:
     cpu_p = f"{f(p, 'cpu_us'):.0f} + {f(p, 'pg_cpu_us'):.0f}" if "pg_cpu_us" in p else f"{f(p, 'cpu_us'):.0f} (both)"
     wb_p = f"{f(p, 'write_bytes'):.0f} + {f(p, 'pg_write_bytes'):.0f}" if "pg_write_bytes" in p else f"{f(p, 'write_bytes'):.0f} (both)"
     lat = f" (p99 {s.get('p99_ms')} / {p.get('p99_ms')} ms)" if "p99_ms" in s else ""
-    print(f"| {b} {unit}{lat} | {f(s, key):.0f} | {f(p, key):.0f} | {ratio:.2f} | {cpu_s:.0f} | {cpu_p} | {f(s, 'write_bytes') + f(s, 'pg_write_bytes'):.0f} | {wb_p} |")
+    disk = lambda d: f"{f(d, 'disk_bytes'):.0f}" if f(d, "disk_bytes") >= 0 and "disk_bytes" in d else "-"
+    print(f"| {b} {unit}{lat} | {f(s, key):.0f} | {f(p, key):.0f} | {ratio:.2f} | {cpu_s:.0f} | {cpu_p} | {f(s, 'write_bytes') + f(s, 'pg_write_bytes'):.0f} | {wb_p} | {disk(s)} / {disk(p)} |")
 s, p = res("b-half-sqlite"), res("b-half-pg")
 if s or p:
     cell = lambda d: f"{d.get('calls_per_s', 'failed')} calls/s, p50 {d.get('p50_ms', '-')} / p99 {d.get('p99_ms', '-')} ms" if d else "failed"
-    print(f"| e2e at half of capacity, open loop (PostgreSQL p99 target 50 ms) | {cell(s)} | {cell(p)} | | | | | |")
+    print(f"| e2e at half of capacity, open loop (PostgreSQL p99 target 50 ms) | {cell(s)} | {cell(p)} | | | | | | |")
 PY
 fi
