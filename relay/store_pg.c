@@ -26,14 +26,16 @@
  * lease; the now_ms the relay passes is ignored here (its own renew schedule is relative). The
  * fencing check (owner, fence, unexpired) sits in every write's WHERE clause, as on SQLite.
  *
- * Waking: LISTEN onceq_outbox (a trigger NOTIFYs at every insert's commit). The idle relay
- * polls the connection's socket (oq__relay_pg_notify_fd), which a notification makes readable;
- * data_version consumes the input, counts the notifications received and also changes once a
- * second, so an idle relay reads at least that often even if a notification was missed (a
+ * Waking: LISTEN onceq_outbox while the relay holds the lease, never as a standby (listen_as;
+ * a trigger, or onceq's writers after their commit, NOTIFY at every insert's commit). The idle
+ * relay polls the connection's socket (oq__relay_pg_notify_fd), which a notification makes
+ * readable; data_version consumes the input, counts the notifications received and also changes
+ * once a second, so an idle relay reads at least that often even if a notification was missed (a
  * connection lost and re-established).
  *
- * A lost connection is re-established before the next operation (PQreset, LISTEN again); the
- * operation that met it fails retriably and relay.c retries as after any database error.
+ * A lost connection is re-established before the next operation (PQreset, LISTEN again if it
+ * listened); the operation that met it fails retriably and relay.c retries as after any
+ * database error.
  * Statements are prepared once per connection (oq_pg_prepared(), oq_pg_run(): prepared again
  * after a reconnect). A read cycle (the assign's transaction, then the read) is one round trip:
  * its five statements go in one libpq pipeline (assign_and_read).
@@ -53,6 +55,7 @@
 
 struct oq__relay_pg {
     PGconn *c;
+    int listening;           /* LISTEN onceq_outbox: while this relay holds the lease */
     int64_t notes;           /* notifications received */
     int64_t reads, read_rts; /* oq__relay_pg_read calls, and their round trips */
 };
@@ -62,9 +65,32 @@ struct oq__relay_pg {
 
 #define WATERMARK "(SELECT COALESCE(max(published_seq), 0) FROM onceq.relay_lease)"
 
-static int listen_on(PGconn *c, oq_error_t *err)
+/* Counts and frees the notifications libpq has read: a list of its own that only PQnotifies
+ * empties (each one a malloc until then). */
+static void drain(oq__relay_pg_t *p)
 {
-    return oq_pg_exec(c, "LISTEN onceq_outbox", err);
+    PGnotify *n;
+    while ((n = PQnotifies(p->c)) != NULL) {
+        p->notes++;
+        PQfreemem(n);
+    }
+}
+
+/* LISTEN while this relay holds the lease, UNLISTEN when it does not: a standby reads nothing
+ * it would be woken for, and a listening connection costs the server a signal and a wake-up of
+ * its backend at every NOTIFY, and costs the client memory until it drains (a standby, whose
+ * loop only asks for the lease, never drained: its list grew with every commit of every host).
+ * Turned on before the acquire returns, so every commit after the holder's first read wakes
+ * it. */
+static int listen_as(oq__relay_pg_t *p, int on, oq_error_t *err)
+{
+    int rc = 0;
+    if (on != p->listening) {
+        rc = oq_pg_exec(p->c, on ? "LISTEN onceq_outbox" : "UNLISTEN onceq_outbox", err);
+        if (!rc) p->listening = on;
+    }
+    drain(p);
+    return rc;
 }
 
 /* Reconnects a connection the server closed; the caller's operation then runs on it. */
@@ -74,7 +100,7 @@ static int ready(oq__relay_pg_t *p, oq_error_t *err)
     PQreset(p->c);
     if (PQstatus(p->c) != CONNECTION_OK) return oq_pg_error(p->c, NULL, err, "relay reconnect");
     int rc = oq_pg_exec(p->c, "SET synchronous_commit = on", err);
-    if (!rc) rc = listen_on(p->c, err);
+    if (!rc && p->listening) rc = oq_pg_exec(p->c, "LISTEN onceq_outbox", err);
     if (!rc) OQ_LOG_INFO("relay", "reconnected to PostgreSQL");
     return rc;
 }
@@ -97,7 +123,6 @@ int oq__relay_pg_open(const char *conninfo, oq__relay_pg_t **out, oq_error_t *er
         rc = oq_error_set(err, OQ_EDB, 0,
                           "database has no schema onceq (not migrated yet? onceq migrate --db URL, "
                           "or start the producer once)");
-    if (!rc) rc = listen_on(p->c, err);
     if (rc) {
         oq__relay_pg_close(p);
         return rc;
@@ -118,13 +143,14 @@ int oq__relay_pg_data_version(oq__relay_pg_t *p, int64_t *out, oq_error_t *err)
     int rc = ready(p, err);
     if (rc) return rc;
     if (!PQconsumeInput(p->c)) return oq_pg_error(p->c, NULL, err, "relay notifications");
-    PGnotify *n;
-    while ((n = PQnotifies(p->c)) != NULL) {
-        p->notes++;
-        PQfreemem(n);
-    }
+    drain(p);
     *out = p->notes * 1000000 + oq_mono_us() / 1000000; /* and once a second regardless */
     return 0;
+}
+
+PGconn *oq__relay_pg_conn(oq__relay_pg_t *p)
+{
+    return p ? p->c : NULL;
 }
 
 int oq__relay_pg_notify_fd(oq__relay_pg_t *p)
@@ -134,9 +160,24 @@ int oq__relay_pg_notify_fd(oq__relay_pg_t *p)
 
 /* --- lease ---------------------------------------------------------------------------------- */
 
+static int lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner, int64_t lease_ms,
+                         int64_t *fence, int *held, char *holder, size_t holder_cap,
+                         int64_t *published_seq, oq_error_t *err);
+
 int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner,
                                int64_t lease_ms, int64_t *fence, int *held, char *holder,
                                size_t holder_cap, int64_t *published_seq, oq_error_t *err)
+{
+    int rc = lease_acquire(p, name, owner, lease_ms, fence, held, holder, holder_cap, published_seq,
+                           err);
+    if (rc) return rc;
+    if ((rc = listen_as(p, *held, err))) *held = 0; /* not woken: try again, as after an error */
+    return rc;
+}
+
+static int lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner, int64_t lease_ms,
+                         int64_t *fence, int *held, char *holder, size_t holder_cap,
+                         int64_t *published_seq, oq_error_t *err)
 {
     num_t l, f;
     PGresult *r = NULL;
@@ -252,11 +293,12 @@ int oq__relay_pg_lease_release(oq__relay_pg_t *p, const char *name, const char *
     const char *pr[] = {name, owner, num(&f, fence)};
     int rc = ready(p, err);
     if (rc) return rc;
-    return oq_pg_run_cmd(
-        p->c,
-        "UPDATE onceq.relay_lease SET expires_at = '-infinity' WHERE name = $1 AND "
-        "owner = $2 AND fence = $3",
-        3, pr, NULL, err);
+    rc = oq_pg_run_cmd(p->c,
+                       "UPDATE onceq.relay_lease SET expires_at = '-infinity' WHERE name = $1 AND "
+                       "owner = $2 AND fence = $3",
+                       3, pr, NULL, err);
+    int lrc = listen_as(p, 0, err); /* a standby now: nothing to be woken for */
+    return rc ? rc : lrc;
 }
 
 /* --- read ----------------------------------------------------------------------------------- */

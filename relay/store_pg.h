@@ -24,6 +24,8 @@ int oq__relay_pg_open(const char *conninfo, oq__relay_pg_t **out, oq_error_t *er
 void oq__relay_pg_close(oq__relay_pg_t *p);
 int oq__relay_pg_data_version(oq__relay_pg_t *p, int64_t *out, oq_error_t *err);
 int oq__relay_pg_notify_fd(oq__relay_pg_t *p);
+/** The store's connection (tests: what it listens to, what libpq holds for it). */
+PGconn *oq__relay_pg_conn(oq__relay_pg_t *p);
 int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner,
                                int64_t lease_ms, int64_t *fence, int *held, char *holder,
                                size_t holder_cap, int64_t *published_seq, oq_error_t *err);

@@ -175,6 +175,29 @@ static void test_pending_reads_only_pending(void **state)
     PQfinish(c);
 }
 
+/* Two relays on an empty lease table; relay-a has taken the lease (fence fa). */
+typedef struct {
+    PGconn *c;
+    oq__relay_pg_t *a, *b;
+    int64_t fa, fb, wm;
+    int held;
+    char holder[64];
+    oq_error_t err;
+} two_t;
+
+static void two_relays(two_t *t)
+{
+    memset(t, 0, sizeof *t);
+    t->c = pgfx_connect(conninfo);
+    pgfx_exec(t->c, "DELETE FROM onceq.relay_lease");
+    assert_int_equal(oq__relay_pg_open(conninfo, &t->a, &t->err), 0);
+    assert_int_equal(oq__relay_pg_open(conninfo, &t->b, &t->err), 0);
+    assert_int_equal(oq__relay_pg_lease_acquire(t->a, "outbox", "relay-a", 60000, &t->fa, &t->held,
+                                                t->holder, sizeof t->holder, &t->wm, &t->err),
+                     0);
+    assert_true(t->held);
+}
+
 /* A standby's try of a lease another relay holds, live, is a plain read: it locks no row (the
  * lock made every try a transaction with a WAL flush at its commit, some ten a second per
  * standby), and it still says who holds the lease. Once released, the standby takes it with the
@@ -182,45 +205,97 @@ static void test_pending_reads_only_pending(void **state)
 static void test_standby_try_locks_nothing(void **state)
 {
     (void)state;
-    oq_error_t err = {0};
-    PGconn *c = pgfx_connect(conninfo);
-    pgfx_exec(c, "DELETE FROM onceq.relay_lease");
-    oq__relay_pg_t *a = NULL, *b = NULL;
-    assert_int_equal(oq__relay_pg_open(conninfo, &a, &err), 0);
-    assert_int_equal(oq__relay_pg_open(conninfo, &b, &err), 0);
-    int64_t fa = 0, fb = 0, wm = -1;
-    int held = 0;
-    char holder[64];
-    assert_int_equal(oq__relay_pg_lease_acquire(a, "outbox", "relay-a", 60000, &fa, &held, holder,
-                                                sizeof holder, &wm, &err),
-                     0);
-    assert_true(held);
-    assert_int_equal(fa, 1);
+    two_t t;
+    two_relays(&t);
+    assert_int_equal(t.fa, 1);
     /* the row's xmax as relay-a's acquire left it: a try that locks the row changes it */
-    int64_t xmax0 = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    int64_t xmax0 = pgfx_one(t.c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held,
-                                                    holder, sizeof holder, &wm, &err),
+        assert_int_equal(oq__relay_pg_lease_acquire(t.b, "outbox", "relay-b", 60000, &t.fb, &t.held,
+                                                    t.holder, sizeof t.holder, &t.wm, &t.err),
                          0);
-        assert_false(held);
-        assert_string_equal(holder, "relay-a");
+        assert_false(t.held);
+        assert_string_equal(t.holder, "relay-a");
     }
-    int64_t xmax = pgfx_one(c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
+    int64_t xmax = pgfx_one(t.c, "SELECT xmax::text::bigint FROM onceq.relay_lease");
     print_message("lease row's xmax: %lld before 3 standby tries, %lld after\n", (long long)xmax0,
                   (long long)xmax);
     assert_int_equal(xmax, xmax0);
     /* released: the standby takes it with the next fence; the old holder is fenced out */
-    assert_int_equal(oq__relay_pg_lease_release(a, "outbox", "relay-a", fa, &err), 0);
-    assert_int_equal(oq__relay_pg_lease_acquire(b, "outbox", "relay-b", 60000, &fb, &held, holder,
-                                                sizeof holder, &wm, &err),
+    assert_int_equal(oq__relay_pg_lease_release(t.a, "outbox", "relay-a", t.fa, &t.err), 0);
+    assert_int_equal(oq__relay_pg_lease_acquire(t.b, "outbox", "relay-b", 60000, &t.fb, &t.held,
+                                                t.holder, sizeof t.holder, &t.wm, &t.err),
                      0);
-    assert_true(held);
-    assert_int_equal(fb, 2);
-    assert_int_not_equal(oq__relay_pg_lease_renew(a, "outbox", "relay-a", fa, 60000, &err), 0);
-    assert_int_equal(oq__relay_pg_lease_renew(b, "outbox", "relay-b", fb, 60000, &err), 0);
-    oq__relay_pg_close(a);
-    oq__relay_pg_close(b);
-    PQfinish(c);
+    assert_true(t.held);
+    assert_int_equal(t.fb, 2);
+    assert_int_not_equal(oq__relay_pg_lease_renew(t.a, "outbox", "relay-a", t.fa, 60000, &t.err),
+                         0);
+    assert_int_equal(oq__relay_pg_lease_renew(t.b, "outbox", "relay-b", t.fb, 60000, &t.err), 0);
+    oq__relay_pg_close(t.a);
+    oq__relay_pg_close(t.b);
+    PQfinish(t.c);
+}
+
+/* Channels the store's connection listens to, asked on that connection. */
+static int64_t listening(oq__relay_pg_t *p)
+{
+    return pgfx_one(oq__relay_pg_conn(p), "SELECT count(*) FROM pg_listening_channels()");
+}
+
+/* Notifications the store has counted (data_version's millions), after \p ms for them to come. */
+static int64_t notes_after(oq__relay_pg_t *p, int ms)
+{
+    oq_error_t err = {0};
+    int64_t v = 0;
+    usleep((useconds_t)ms * 1000);
+    assert_int_equal(oq__relay_pg_data_version(p, &v, &err), 0);
+    return v / 1000000;
+}
+
+/* Only the holder of the lease listens: a standby is never signalled, and libpq keeps no list of
+ * notifications for it (a standby that listened, asking only for the lease, grew that list with
+ * every commit on the database). The holder is woken; a standby that takes over listens. */
+static void test_only_the_holder_listens(void **state)
+{
+    (void)state;
+    two_t t;
+    two_relays(&t);
+    assert_int_equal(oq__relay_pg_lease_acquire(t.b, "outbox", "relay-b", 60000, &t.fb, &t.held,
+                                                t.holder, sizeof t.holder, &t.wm, &t.err),
+                     0);
+    assert_false(t.held);
+    assert_int_equal(listening(t.a), 1);
+    assert_int_equal(listening(t.b), 0);
+    int64_t na = notes_after(t.a, 0);
+    /* 200 commits' worth of wake-ups (distinct payloads: one transaction folds equal ones) */
+    pgfx_exec(t.c, "SELECT pg_notify('onceq_outbox', g::text) FROM generate_series(1, 200) g");
+    assert_true(notes_after(t.a, 200) >= na + 200);
+    assert_int_equal(oq__relay_pg_lease_acquire(t.b, "outbox", "relay-b", 60000, &t.fb, &t.held,
+                                                t.holder, sizeof t.holder, &t.wm, &t.err),
+                     0);
+    assert_false(t.held);
+    int kept = 0;
+    PGnotify *n;
+    assert_true(PQconsumeInput(oq__relay_pg_conn(t.b)));
+    while ((n = PQnotifies(oq__relay_pg_conn(t.b))) != NULL) {
+        kept++;
+        PQfreemem(n);
+    }
+    assert_int_equal(kept, 0);
+    /* a hands over: it stops listening, b listens once it holds the lease, and is woken */
+    assert_int_equal(oq__relay_pg_lease_release(t.a, "outbox", "relay-a", t.fa, &t.err), 0);
+    assert_int_equal(listening(t.a), 0);
+    assert_int_equal(oq__relay_pg_lease_acquire(t.b, "outbox", "relay-b", 60000, &t.fb, &t.held,
+                                                t.holder, sizeof t.holder, &t.wm, &t.err),
+                     0);
+    assert_true(t.held);
+    assert_int_equal(listening(t.b), 1);
+    int64_t nb = notes_after(t.b, 0);
+    pgfx_exec(t.c, "SELECT pg_notify('onceq_outbox', 'wake')");
+    assert_true(notes_after(t.b, 200) >= nb + 1);
+    oq__relay_pg_close(t.a);
+    oq__relay_pg_close(t.b);
+    PQfinish(t.c);
 }
 
 int main(void)
@@ -231,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_read_one_round_trip),
         cmocka_unit_test(test_pending_reads_only_pending),
         cmocka_unit_test(test_standby_try_locks_nothing),
+        cmocka_unit_test(test_only_the_holder_listens),
     };
     return cmocka_run_group_tests_name("relay_store_pg", tests, NULL, NULL);
 }
