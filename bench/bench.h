@@ -46,6 +46,10 @@ long oq__bench_pg_pid(void);
  */
 int64_t oq__bench_disk_written(void);
 
+/** @brief Prints "per WHAT: N bytes reached the disks ..." for \p bytes a unit, when known
+ *  (>= 0): the one wording of the disk figure for every benchmark. */
+void oq__bench_print_disk(const char *what, double bytes);
+
 /**
  * @brief A loopback TCP port free now, for a server a benchmark starts, or -1. Chosen below
  *        the kernel's ephemeral range (as the tests' oq_free_port): a port the kernel picked

@@ -482,10 +482,7 @@ int oq__bench_consumer(int argc, char **argv)
     printf("per call (onceq side, all rounds): this process %.1f us CPU, %.0f bytes written; "
            "PostgreSQL server %.1f us CPU, %.0f bytes written\n",
            cpu * 1e6 / calls, wb / calls, pg_cpu * 1e6 / calls, pg_wb / calls);
-    if (disk >= 0)
-        printf("per call: %.0f bytes reached the disks (every process of this machine, "
-               "/sys/block; the bytes written above count page-cache folios)\n",
-               disk / calls);
+    oq__bench_print_disk("call", disk >= 0 ? disk / calls : -1);
     printf("result bench=consumer backend=%s calls=%ld batch=%d synchronous=%s relay=%d rounds=%d "
            "raw_rate=%.0f raw_same_rows_rate=%.0f onceq_rate=%.0f ratio=%.3f ratio_same_rows=%.3f "
            "cpu_us=%.1f write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f disk_bytes=%.0f\n",

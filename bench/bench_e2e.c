@@ -760,10 +760,7 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
            pl_cpu * 1e6 / ncalls, pl_wb / ncalls, pg_cpu * 1e6 / ncalls, pg_wb / ncalls,
            pg1.n ? "" : " (not measured)");
     fig->disk_bytes = disk0 >= 0 && disk1 >= 0 ? (double)(disk1 - disk0) / ncalls : -1;
-    if (fig->disk_bytes >= 0)
-        printf("per call: %.0f bytes reached the disks (every process of this machine, "
-               "/sys/block; the bytes written above count page-cache folios, bench/procstat.c)\n",
-               fig->disk_bytes);
+    oq__bench_print_disk("call", fig->disk_bytes);
     fig->cpu_us = pl_cpu * 1e6 / ncalls;
     fig->write_bytes = pl_wb / ncalls;
     fig->pg_cpu_us = pg_cpu * 1e6 / ncalls;

@@ -120,6 +120,14 @@ int64_t oq__bench_disk_written(void)
     return found ? total : -1;
 }
 
+void oq__bench_print_disk(const char *what, double bytes)
+{
+    if (bytes >= 0)
+        printf("per %s: %.0f bytes reached the disks (every process of this machine, /sys/block; "
+               "the bytes written above count page-cache folios, bench/procstat.c)\n",
+               what, bytes);
+}
+
 long oq__bench_pg_pid(void)
 {
     const char *s = getenv("ONCEQ_BENCH_PG_PID");

@@ -136,6 +136,7 @@ struct oq__consumer_pg {
  * relay/store_pg.c is "onceq-r"): intakes take it shared, a purge exclusive (file comment). */
 #define HORIZON_KEY "x'6f6e6365712d68'::bigint"
 #define HORIZON_FENCE "SELECT pg_advisory_xact_lock_shared(" HORIZON_KEY ")"
+#define HORIZON_READ "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'"
 
 #define EXEC_COLS                                                                                  \
     "call_id, tenant, idem_key, fingerprint, tool, args, state, attempt, tries, lease_owner, "     \
@@ -680,7 +681,7 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
      * Sent unprepared instead, each was planned again in every batch (70 us of the server's CPU
      * for each: see docs/SCALING.md, "Plans kept"). */
     const stmt_t st[] = {
-        {.sql = "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'"},
+        {.sql = HORIZON_READ},
         {.sql = "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = "
                 "ANY($1::text[])",
          .n = 1,
@@ -1595,9 +1596,7 @@ int oq__consumer_pg_horizon(oq__consumer_pg_t *p, int64_t *horizon, oq_error_t *
      * read's round trip): a purge raising the horizon waits for this reader, and this read sees
      * a purge it waited for (file comment) */
     int rc = in_tx(p) ? hold(p, HORIZON_FENCE, 0, NULL, 0, err) : 0;
-    if (!rc)
-        rc = q(p, "SELECT horizon FROM onceq.consumer_retention WHERE name = 'executions'", 0, NULL,
-               &r, err);
+    if (!rc) rc = q(p, HORIZON_READ, 0, NULL, &r, err);
     if (rc) return rc;
     *horizon = PQntuples(r) == 1 ? col_i64(r, 0, 0) : 0;
     PQclear(r);
