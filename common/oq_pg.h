@@ -18,6 +18,7 @@
 #include <libpq-fe.h>
 #include <stdint.h>
 
+#include "oq_buf.h"
 #include "oq_error.h"
 
 /** What a database setting names. */
@@ -148,6 +149,45 @@ int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGre
  *        set is full: send \p sql unprepared then. Not in pipeline mode.
  */
 int oq_pg_stmt_name(PGconn *c, const char *sql, int n, char name[16], oq_error_t *err);
+
+/**
+ * @brief As oq_pg_run(), with parameter i sent in binary when \p fmts[i] is 1 (\p lens[i]
+ *        bytes; oq_pg_array_t builds such a parameter). \p lens and \p fmts may be NULL: all
+ *        text, as oq_pg_run().
+ */
+int oq_pg_run_bin(PGconn *c, const char *sql, int n, const char *const *params, const int *lens,
+                  const int *fmts, PGresult **out, oq_error_t *err);
+
+/**
+ * A one-dimensional array parameter in PostgreSQL's binary format, for the stores' batches
+ * (`unnest($1::text[], ...)`, `= ANY($1::text[])`). Sent as text, an array literal is quoted
+ * here and parsed character by character by the server's array_in: 10 % of the server's CPU in
+ * the closed loop (docs/SCALING.md, "Arrays in the binary format"); in this form the server
+ * copies each element as it comes. Elements are added in their text form, converted here to the
+ * element type's binary form: \p type 't' text, 'b' bigint, 'i' integer, 'o' boolean ("t" or
+ * "f"). The type must be the one the statement casts the parameter to (`$1::bigint[]` is 'b'):
+ * the server refuses another ("binary data has array element type 20 (bigint) instead of
+ * expected 25 (text)").
+ */
+typedef struct oq_pg_array {
+    oq_buf_t b; /**< header, then the elements */
+    char type;  /**< 't', 'b', 'i' or 'o' */
+    int32_t n;  /**< elements so far */
+    int nulls;  /**< 1 once a NULL was added */
+    int bad;    /**< OQ_EINVAL once an element was not of the type (sticky) */
+} oq_pg_array_t;
+
+/** @brief Starts an empty array of \p type (see oq_pg_array_t). */
+void oq_pg_array_init(oq_pg_array_t *a, char type);
+/** @brief Adds \p v (its text form; NULL: an SQL NULL). @returns 0, OQ_EINVAL when \p v is not
+ *         a value of the type (a bigint out of range, a boolean other than t/f/true/false/1/0),
+ *         or OQ_ENOMEM; sticky, as oq_buf_t. */
+int oq_pg_array_add(oq_pg_array_t *a, const char *v);
+/** @brief The parameter: \p *p and \p *len (owned by \p a until oq_pg_array_free). @returns 0
+ *         or the first failure of an add (then *p is NULL). */
+int oq_pg_array_end(oq_pg_array_t *a, const char **p, int *len);
+/** @brief Frees the bytes. */
+void oq_pg_array_free(oq_pg_array_t *a);
 
 /** @brief As oq_pg_cmd() through oq_pg_run(). */
 int oq_pg_run_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,

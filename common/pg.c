@@ -25,6 +25,8 @@
 #include "oq_pg.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
 #include <libpq-events.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,12 +219,12 @@ int oq_pg_commit_wake(PGconn *c, oq_error_t *err)
     return rc;
 }
 
-int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
-                oq_error_t *err)
+static int query_bin(PGconn *c, const char *sql, int n, const char *const *params, const int *lens,
+                     const int *fmts, PGresult **out, oq_error_t *err)
 {
     *out = NULL;
     if (!c) return oq_pg_error(NULL, NULL, err, "query");
-    PGresult *r = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+    PGresult *r = PQexecParams(c, sql, n, NULL, params, lens, fmts, 0);
     if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK)) {
         *out = r;
         return 0;
@@ -230,6 +232,12 @@ int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PG
     int rc = oq_pg_error(c, r, err, "query");
     PQclear(r);
     return rc;
+}
+
+int oq_pg_query(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
+                oq_error_t *err)
+{
+    return query_bin(c, sql, n, params, NULL, NULL, out, err);
 }
 
 int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int64_t *affected,
@@ -244,6 +252,125 @@ int oq_pg_cmd(PGconn *c, const char *sql, int n, const char *const *params, int6
     }
     PQclear(r);
     return 0;
+}
+
+/* --- array parameters in the binary format --------------------------------------------------- */
+
+/* array_recv's layout (src/backend/utils/adt/arrayfuncs.c): int32 ndim, int32 has-nulls flag,
+ * element type OID, then per dimension int32 size and int32 lower bound, then each element as
+ * int32 length (-1: NULL) and its bytes in the element type's binary form; integers in network
+ * byte order. An empty array has ndim 0 and no dimensions. */
+#define ARR_HEAD 20
+
+static uint32_t elem_oid(char type)
+{
+    switch (type) {
+    case 'b':
+        return 20; /* int8 */
+    case 'i':
+        return 23; /* int4 */
+    case 'o':
+        return 16; /* bool */
+    default:
+        return 25; /* text */
+    }
+}
+
+static void put_be32(unsigned char *o, uint32_t v)
+{
+    o[0] = (unsigned char)(v >> 24);
+    o[1] = (unsigned char)(v >> 16);
+    o[2] = (unsigned char)(v >> 8);
+    o[3] = (unsigned char)v;
+}
+
+static int arr_put32(oq_pg_array_t *a, uint32_t v)
+{
+    unsigned char o[4];
+    put_be32(o, v);
+    return oq_buf_put(&a->b, o, 4);
+}
+
+void oq_pg_array_init(oq_pg_array_t *a, char type)
+{
+    memset(a, 0, sizeof *a);
+    a->type = type;
+    static const char head[ARR_HEAD];
+    oq_buf_put(&a->b, head, ARR_HEAD); /* filled in by oq_pg_array_end */
+}
+
+/* \p v as a whole decimal integer in [lo, hi], nothing around it. */
+static int parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    if (!(*v == '-' || (*v >= '0' && *v <= '9'))) return -1; /* strtoll skips spaces */
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return -1;
+    *out = x;
+    return 0;
+}
+
+int oq_pg_array_add(oq_pg_array_t *a, const char *v)
+{
+    if (a->b.err) return a->b.err;
+    if (a->bad) return OQ_EINVAL;
+    a->n++;
+    if (!v) {
+        a->nulls = 1;
+        return arr_put32(a, 0xffffffffu);
+    }
+    int64_t x = 0;
+    switch (a->type) {
+    case 't': {
+        size_t len = strlen(v);
+        if (len > INT32_MAX) return a->bad = OQ_EINVAL;
+        arr_put32(a, (uint32_t)len);
+        return oq_buf_put(&a->b, v, len);
+    }
+    case 'b':
+        if (parse_int(v, INT64_MIN, INT64_MAX, &x)) return a->bad = OQ_EINVAL;
+        arr_put32(a, 8);
+        arr_put32(a, (uint32_t)((uint64_t)x >> 32));
+        return arr_put32(a, (uint32_t)((uint64_t)x & 0xffffffffu));
+    case 'i':
+        if (parse_int(v, INT32_MIN, INT32_MAX, &x)) return a->bad = OQ_EINVAL;
+        arr_put32(a, 4);
+        return arr_put32(a, (uint32_t)(int32_t)x);
+    case 'o': {
+        int t = strcmp(v, "t") == 0 || strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
+        int f = strcmp(v, "f") == 0 || strcmp(v, "false") == 0 || strcmp(v, "0") == 0;
+        if (!t && !f) return a->bad = OQ_EINVAL;
+        arr_put32(a, 1);
+        return oq_buf_putc(&a->b, t ? 1 : 0);
+    }
+    default:
+        return a->bad = OQ_EINVAL;
+    }
+}
+
+int oq_pg_array_end(oq_pg_array_t *a, const char **p, int *len)
+{
+    *p = NULL;
+    *len = 0;
+    if (a->b.err) return a->b.err;
+    if (a->bad) return a->bad;
+    if (a->b.len > INT32_MAX) return OQ_ERANGE;
+    unsigned char *h = (unsigned char *)a->b.p;
+    put_be32(h, a->n ? 1 : 0);
+    put_be32(h + 4, (uint32_t)a->nulls);
+    put_be32(h + 8, elem_oid(a->type));
+    put_be32(h + 12, (uint32_t)a->n);
+    put_be32(h + 16, 1);
+    *p = a->b.p;
+    *len = a->n ? (int)a->b.len : 12; /* empty: no dimension */
+    return 0;
+}
+
+void oq_pg_array_free(oq_pg_array_t *a)
+{
+    oq_buf_free(&a->b);
+    a->n = a->nulls = a->bad = 0;
 }
 
 /* --- prepared statements -------------------------------------------------------------------- */
@@ -299,9 +426,15 @@ static int prepare(PGconn *c, prep_t *p, int k, const char *name, const char *sq
 int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGresult **out,
               oq_error_t *err)
 {
+    return oq_pg_run_bin(c, sql, n, params, NULL, NULL, out, err);
+}
+
+int oq_pg_run_bin(PGconn *c, const char *sql, int n, const char *const *params, const int *lens,
+                  const int *fmts, PGresult **out, oq_error_t *err)
+{
     *out = NULL;
     prep_t *p = c ? PQinstanceData(c, prep_event) : NULL;
-    if (!p) return oq_pg_query(c, sql, n, params, out, err);
+    if (!p) return query_bin(c, sql, n, params, lens, fmts, out, err);
     if (p->pid != PQbackendPID(c)) { /* another session (reconnected): nothing prepared */
         p->n = 0;
         p->pid = PQbackendPID(c);
@@ -309,13 +442,13 @@ int oq_pg_run(PGconn *c, const char *sql, int n, const char *const *params, PGre
     int k = 0;
     while (k < p->n && p->sql[k] != sql)
         k++;
-    if (k >= PREP_MAX) return oq_pg_query(c, sql, n, params, out, err);
+    if (k >= PREP_MAX) return query_bin(c, sql, n, params, lens, fmts, out, err);
     char name[16];
     snprintf(name, sizeof name, "oq_s%d", k);
     int rc = 0;
     if (k == p->n && (rc = prepare(c, p, k, name, sql, n, err))) return rc;
     for (int again = 0;; again++) {
-        PGresult *r = PQexecPrepared(c, name, n, params, NULL, NULL, 0);
+        PGresult *r = PQexecPrepared(c, name, n, params, lens, fmts, 0);
         ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
             *out = r;

@@ -91,8 +91,9 @@
  * the held rows of one INSERT go as one statement (pipe_run). */
 typedef struct pend {
     const char *sql, *rows;
-    int n, plain; /* plain: BEGIN or COMMIT, sent unprepared */
-    char **pr;    /* n pointers, then the strings; NULL for none */
+    const char *types; /* rows: its parameters' element types (oq_pg_array_t), in order */
+    int n, plain;      /* plain: BEGIN or COMMIT, sent unprepared */
+    char **pr;         /* n pointers, then the strings; NULL for none */
 } pend_t;
 
 /* A row the batch read ahead: an execution (x, when have), or only whether an inbox message id
@@ -204,6 +205,7 @@ typedef struct stmt {
     const char *sql;
     int n, plain; /* plain: sent unprepared, so planned with its parameters every time */
     const char *const *pr;
+    const int *len, *fmt; /* NULL: every parameter text; else as PQsendQueryParams's */
     int optional; /* the last one only: its failure is logged, not the pipeline's (a wake-up) */
 } stmt_t;
 
@@ -241,19 +243,24 @@ static void ahead_drop(ahead_t *a, int n, const char *key)
     if (e) e->live = 0;
 }
 
-/* Appends to \p b the array element of \p v: NULL, or the text quoted. */
-static void arr_elem(oq_buf_t *b, const char *v)
+/* Every parameter in the binary format (arrays: oq_pg_array_t); room for the widest INSERT. */
+static const int ALL_BIN[24] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* The parameters of one many-rows statement (pend_stmts), freed by rows_free. */
+typedef struct rows_arg {
+    int n;
+    oq_pg_array_t a[24];
+    const char *pr[24];
+    int len[24];
+} rows_arg_t;
+
+static void rows_free(rows_arg_t *r)
 {
-    if (!v) {
-        oq_buf_puts(b, "NULL");
-        return;
-    }
-    oq_buf_putc(b, '"');
-    for (const char *c = v; *c; c++) {
-        if (*c == '"' || *c == '\\') oq_buf_putc(b, '\\');
-        oq_buf_putc(b, *c);
-    }
-    oq_buf_putc(b, '"');
+    if (!r) return;
+    for (int c = 0; c < r->n; c++)
+        oq_pg_array_free(&r->a[c]);
+    free(r);
 }
 
 /*
@@ -262,10 +269,10 @@ static void arr_elem(oq_buf_t *b, const char *v)
  * first of them, its parameter i the array of their parameters i (a plain statement, BEGIN,
  * is not crossed). Held writes are plain INSERTs into tables with no foreign keys between
  * them, so only the order within one table is kept (identity columns follow it). The arrays
- * are malloc()ed into \p owned (one per statement, NULL where none). @returns the count, or -1
- * (out of memory).
+ * (binary, oq_pg_array_t) are malloc()ed into \p owned (one per statement, NULL where none).
+ * @returns the count, or -1 (out of memory, or a value not of its column's type).
  */
-static int pend_stmts(oq__consumer_pg_t *p, stmt_t *out, char ***owned)
+static int pend_stmts(oq__consumer_pg_t *p, stmt_t *out, rows_arg_t **owned)
 {
     int n = 0;
     char *used = calloc((size_t)p->npend + 1, 1);
@@ -288,19 +295,17 @@ static int pend_stmts(oq__consumer_pg_t *p, stmt_t *out, char ***owned)
                 .sql = a->sql, .n = a->n, .plain = a->plain, .pr = (const char *const *)a->pr};
             continue;
         }
-        char **arr = calloc((size_t)a->n + 1, sizeof *arr);
+        rows_arg_t *arr = a->n <= 24 ? calloc(1, sizeof *arr) : NULL;
         if (!arr) goto nomem;
         owned[n] = arr;
-        out[n++] = (stmt_t){.sql = a->rows, .n = a->n, .pr = (const char *const *)arr};
+        arr->n = a->n;
+        out[n++] =
+            (stmt_t){.sql = a->rows, .n = a->n, .pr = arr->pr, .len = arr->len, .fmt = ALL_BIN};
         for (int c = 0; c < a->n; c++) {
-            oq_buf_t b = {0};
-            oq_buf_putc(&b, '{');
-            for (int k = 0; k < rows; k++) {
-                if (k) oq_buf_putc(&b, ',');
-                arr_elem(&b, p->pend[grp[k]].pr[c]);
-            }
-            oq_buf_putc(&b, '}');
-            if (!(arr[c] = oq_buf_take(&b, NULL))) goto nomem;
+            oq_pg_array_init(&arr->a[c], a->types[c]);
+            for (int k = 0; k < rows; k++)
+                oq_pg_array_add(&arr->a[c], p->pend[grp[k]].pr[c]);
+            if (oq_pg_array_end(&arr->a[c], &arr->pr[c], &arr->len[c])) goto nomem;
         }
     }
     free(used);
@@ -310,11 +315,7 @@ nomem:
     free(used);
     free(grp);
     for (int k = 0; k < n; k++)
-        if (owned[k]) {
-            for (int c = 0; c < out[k].n; c++)
-                free(owned[k][c]);
-            free(owned[k]);
-        }
+        rows_free(owned[k]);
     return -1;
 }
 
@@ -332,7 +333,7 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
     int rc = 0, sent = 0, failed_at = -1, nh = 0, total = 0;
     char(*names)[16] = NULL;
     stmt_t *all = NULL;
-    char ***owned = NULL;
+    rows_arg_t **owned = NULL;
     for (int i = 0; i < nst; i++)
         out[i] = NULL;
     if (p->npend + nst == 0) return 0;
@@ -365,8 +366,9 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
     p->n_rt++;
     for (; sent < total; sent++) {
         const stmt_t *x = &all[sent];
-        int ok = names[sent][0] ? PQsendQueryPrepared(p->c, names[sent], x->n, x->pr, NULL, NULL, 0)
-                                : PQsendQueryParams(p->c, x->sql, x->n, NULL, x->pr, NULL, NULL, 0);
+        int ok = names[sent][0]
+                     ? PQsendQueryPrepared(p->c, names[sent], x->n, x->pr, x->len, x->fmt, 0)
+                     : PQsendQueryParams(p->c, x->sql, x->n, NULL, x->pr, x->len, x->fmt, 0);
         if (!ok) break;
     }
     p->n_stmt += sent;
@@ -421,11 +423,7 @@ static int pipe_run(oq__consumer_pg_t *p, const stmt_t *st, int nst, PGresult **
     }
 out:
     for (int i = 0; owned && i < nh; i++)
-        if (owned[i]) {
-            for (int c = 0; c < all[i].n; c++)
-                free(owned[i][c]);
-            free(owned[i]);
-        }
+        rows_free(owned[i]);
     free(owned);
     free(all);
     free(names);
@@ -439,9 +437,10 @@ out:
 }
 
 /* Holds \p sql behind (its parameters copied): sent with the transaction's next read or its
- * commit; \p rows, when not NULL, is its many-rows form (pend_t). Too many held: sent now. */
-static int hold_as(oq__consumer_pg_t *p, const char *sql, const char *rows, int n,
-                   const char *const *pr, int plain, oq_error_t *err)
+ * commit; \p rows, when not NULL, is its many-rows form (pend_t), \p types the element type
+ * of each of its array parameters (oq_pg_array_t). Too many held: sent now. */
+static int hold_as(oq__consumer_pg_t *p, const char *sql, const char *rows, const char *types,
+                   int n, const char *const *pr, int plain, oq_error_t *err)
 {
     int single = 0;
     for (int i = 0; i < p->npend && !rows; i++)
@@ -473,14 +472,15 @@ static int hold_as(oq__consumer_pg_t *p, const char *sql, const char *rows, int 
         b[i] = o;
         o += l;
     }
-    p->pend[p->npend++] = (pend_t){.sql = sql, .rows = rows, .n = n, .plain = plain, .pr = b};
+    p->pend[p->npend++] =
+        (pend_t){.sql = sql, .rows = rows, .types = types, .n = n, .plain = plain, .pr = b};
     return 0;
 }
 
 static int hold(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, int plain,
                 oq_error_t *err)
 {
-    return hold_as(p, sql, NULL, n, pr, plain, err);
+    return hold_as(p, sql, NULL, NULL, n, pr, plain, err);
 }
 
 static int q(oq__consumer_pg_t *p, const char *sql, int n, const char *const *pr, PGresult **r,
@@ -612,27 +612,13 @@ int oq__consumer_pg_begin(oq__consumer_pg_t *p, oq_error_t *err)
 
 static int read_exec(PGresult *r, int i, oq__exec_row_t *x);
 
-/* A text[] literal of \p ids ("{"a","b"}"), malloc()ed. */
-static char *text_array(const char *const *ids, int n)
+/* \p ids as a text[] parameter (binary) in \p a: *pr and *len. @returns 0 or -1. */
+static int ids_array(oq_pg_array_t *a, const char *const *ids, int n, const char **pr, int *len)
 {
-    size_t len = 3;
+    oq_pg_array_init(a, 't');
     for (int i = 0; i < n; i++)
-        len += 2 * strlen(ids[i] ? ids[i] : "") + 3;
-    char *a = malloc(len), *o = a;
-    if (!a) return NULL;
-    *o++ = '{';
-    for (int i = 0; i < n; i++) {
-        if (i) *o++ = ',';
-        *o++ = '"';
-        for (const char *c = ids[i] ? ids[i] : ""; *c; c++) {
-            if (*c == '"' || *c == '\\') *o++ = '\\';
-            *o++ = *c;
-        }
-        *o++ = '"';
-    }
-    *o++ = '}';
-    *o = '\0';
-    return a;
+        oq_pg_array_add(a, ids[i] ? ids[i] : "");
+    return oq_pg_array_end(a, pr, len) ? -1 : 0;
 }
 
 /* Entries of \p ids (distinct, none empty) into *out, not there yet (have = 0). */
@@ -663,14 +649,16 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
     ahead_clear(p);
     int rc = ready(p, err);
     if (rc) return rc;
-    char *calls = text_array(call_ids, n), *msgs = text_array(message_ids, n);
+    oq_pg_array_t calls, msgs;
+    const char *pc[1], *pm[1];
+    int lc[1], lm[1];
+    int bad = ids_array(&calls, call_ids, n, pc, lc) | ids_array(&msgs, message_ids, n, pm, lm);
     PGresult *r[4] = {NULL, NULL, NULL, NULL};
-    if (!calls || !msgs || ahead_keys(call_ids, n, &p->ax, &p->nax) ||
+    if (bad || ahead_keys(call_ids, n, &p->ax, &p->nax) ||
         ahead_keys(message_ids, n, &p->ai, &p->nai) || ahead_keys(call_ids, n, &p->ae, &p->nae)) {
         rc = oom(err);
         goto out;
     }
-    const char *pc[] = {calls}, *pm[] = {msgs};
     /* BEGIN and the batch's reads in one round trip: the horizon (behind its fence, as
      * oq__consumer_pg_horizon reads it), the executions of its calls, which of its message ids the
      * inbox holds, which of its calls have an effect. The three reads of a key array are
@@ -685,14 +673,20 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
         {.sql = "SELECT " EXEC_COLS " FROM onceq.consumer_executions WHERE call_id = "
                 "ANY($1::text[])",
          .n = 1,
-         .pr = pc},
+         .pr = pc,
+         .len = lc,
+         .fmt = ALL_BIN},
         {.sql = "SELECT message_id, outcome = 'dlq' FROM onceq.consumer_inbox WHERE message_id "
                 "= ANY($1::text[])",
          .n = 1,
-         .pr = pm},
+         .pr = pm,
+         .len = lm,
+         .fmt = ALL_BIN},
         {.sql = "SELECT call_id FROM onceq.consumer_effects WHERE call_id = ANY($1::text[])",
          .n = 1,
-         .pr = pc},
+         .pr = pc,
+         .len = lc,
+         .fmt = ALL_BIN},
     };
     p->tx = 1;
     if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) ||
@@ -725,8 +719,8 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
 out:
     for (int i = 0; i < 4; i++)
         PQclear(r[i]);
-    free(calls);
-    free(msgs);
+    oq_pg_array_free(&calls);
+    oq_pg_array_free(&msgs);
     if (rc) {
         ahead_clear(p);
         oq__consumer_pg_rollback(p);
@@ -904,7 +898,7 @@ int oq__consumer_pg_exec_insert(oq__consumer_pg_t *p, const oq__exec_row_t *x, i
         "c16, c17, c18, c19, c20, c21)";
     if (p->ahead) { /* a second row of the call fails at the send: the batch is retried */
         ahead_drop(p->ax, p->nax, x->call_id);
-        return hold_as(p, sql, rows, 21, pr, 0, err);
+        return hold_as(p, sql, rows, "tttttttbbbtbtttbtbbbb", 21, pr, 0, err);
     }
     return cmd(p, sql, 21, pr, NULL, err);
 }
@@ -1163,7 +1157,7 @@ int oq__consumer_pg_inbox_upsert(oq__consumer_pg_t *p, const oq__inbox_row_t *ro
                        "\"offset\", received_at, outcome) SELECT * FROM unnest($1::text[], "
                        "$2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], "
                        "$7::text[])",
-                       7, pr, 0, err);
+                       "tttibbt", 7, pr, 0, err);
     }
     /* a row read ahead stays as read but for its count (only retake changes an outcome) */
     /* one statement: a new id gets its row (seen 1), a known one is counted */
@@ -1237,7 +1231,7 @@ int oq__consumer_pg_effect_insert(oq__consumer_pg_t *p, const oq__effect_row_t *
                        "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], "
                        "$5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::text[], "
                        "$10::bigint[], $11::text[])",
-                       11, pr, 0, err);
+                       "tttbttbbtbt", 11, pr, 0, err);
     }
     ahead_drop(p->ae, p->nae, e->call_id);
     int rc = cmd(p,
@@ -1315,7 +1309,7 @@ int oq__consumer_pg_audit_add(oq__consumer_pg_t *p, const oq__audit_row_t *a, oq
         "INSERT INTO onceq.consumer_audit(ts, call_id, event, attempt, fence, worker, detail) "
         "SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], "
         "$6::text[], $7::text[])";
-    if (p->ahead) return hold_as(p, sql, rows, 7, pr, 0, err);
+    if (p->ahead) return hold_as(p, sql, rows, "bttbbtt", 7, pr, 0, err);
     return cmd(p, sql, 7, pr, NULL, err);
 }
 
@@ -1396,7 +1390,7 @@ static int outbox_append(oq__consumer_pg_t *p, const oq_outbox_row_t *row, int m
                          "INSERT INTO onceq.outbox(message_id, topic, key, payload, created_at) "
                          "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
                          "$5::bigint[])",
-                         5, pr, 0, err);
+                         "ttttb", 5, pr, 0, err);
         free(pl);
         return rc;
     }

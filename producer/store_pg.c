@@ -190,34 +190,11 @@ void oq__producer_pg_rollback(oq__producer_store_t *s)
         PQclear(PQexec(s->pg, "ROLLBACK"));
 }
 
-/* Add \p v to the text[] literal being built in \p b. @returns 0 or -1. */
-static int arr_add(oq_buf_t *b, const char *v)
-{
-    oq_buf_putc(b, b->len ? ',' : '{');
-    oq_buf_putc(b, '"');
-    for (; *v; v++) {
-        if (*v == '"' || *v == '\\') oq_buf_putc(b, '\\');
-        oq_buf_putc(b, *v);
-    }
-    oq_buf_putc(b, '"');
-    return b->err ? -1 : 0;
-}
+/* Every column of a batch goes to the server as one array parameter in the binary format
+ * (oq_pg_array_t: no quoting here, no parsing there); BIN is the format of each, and the
+ * type letters below name each column's element type in the order of the statement's casts. */
+static const int BIN[18] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-/* Add \p v (NULL: an SQL NULL) to the array literal being built in \p b. @returns 0 or -1. */
-static int arr_add_null(oq_buf_t *b, const char *v)
-{
-    if (v) return arr_add(b, v);
-    oq_buf_puts(b, b->len ? ",NULL" : "{NULL");
-    return b->err ? -1 : 0;
-}
-
-/* The text[] literal built in \p b, or NULL (out of memory). */
-static const char *arr_end(oq_buf_t *b)
-{
-    if (!b->len) oq_buf_putc(b, '{');
-    oq_buf_putc(b, '}');
-    return b->err ? NULL : b->p;
-}
 /* --- results: read ahead, written behind ---------------------------------------------------- */
 
 /* oq__producer_pg_results_ahead() reads, in one statement, the state of every call a batch of
@@ -371,16 +348,20 @@ static int rah_queue(rah_row_t **rows, int *nrows, int *cap, const char *const *
     return 0;
 }
 
-/* The array literals of \p nrows rows of \p ncols columns, column j into \p out[j] (owned by
- * \p b[j]). @returns 0 or -1 (out of memory). */
-static int rah_arrays(const rah_row_t *rows, int nrows, int ncols, oq_buf_t *b, const char **out)
+/* The arrays of \p nrows rows of \p ncols columns of the element types \p types, column j
+ * into \p out[j] and \p len[j] (owned by \p a[j], initialised here). @returns 0 or the
+ * first failure (OQ_ENOMEM, or OQ_EINVAL: a value not of its column's type). */
+static int rah_arrays(const rah_row_t *rows, int nrows, int ncols, const char *types,
+                      oq_pg_array_t *a, const char **out, int *len)
 {
+    int rc = 0;
     for (int j = 0; j < ncols; j++) {
+        oq_pg_array_init(&a[j], types[j]);
         for (int i = 0; i < nrows; i++)
-            if (arr_add_null(&b[j], rows[i].v[j])) return -1;
-        if (!(out[j] = arr_end(&b[j]))) return -1;
+            oq_pg_array_add(&a[j], rows[i].v[j]);
+        if (!rc) rc = oq_pg_array_end(&a[j], &out[j], &len[j]);
     }
-    return 0;
+    return rc;
 }
 
 static int settles(const char *state)
@@ -426,16 +407,23 @@ static int rah_merge(rah_row_t *q, const oq__producer_result_t *r)
 static int rah_write(oq__producer_store_t *s, oq_error_t *err)
 {
     if (!rah_nins && !rah_nupd && !rah_naud) return 0;
-    oq_buf_t b[18];
+    oq_pg_array_t a[18];
     const char *p[18];
-    memset(b, 0, sizeof b);
+    int len[18];
     int rc = 0;
-    if (rah_arrays(rah_ins, rah_nins, 5, b, p) || rah_arrays(rah_upd, rah_nupd, 9, b + 5, p + 5) ||
-        rah_arrays(rah_aud, rah_naud, 4, b + 14, p + 14))
-        rc = oom(err);
+    /* inbox: message_id, call_id, status, outcome, received_at; the calls' update (v below);
+     * audit: ts, call_id, event, detail */
+    int ra[3] = {rah_arrays(rah_ins, rah_nins, 5, "ttttb", a, p, len),
+                 rah_arrays(rah_upd, rah_nupd, 9, "tttttbobb", a + 5, p + 5, len + 5),
+                 rah_arrays(rah_aud, rah_naud, 4, "bttt", a + 14, p + 14, len + 14)};
+    for (int k = 0; k < 3 && !rc; k++)
+        if (ra[k])
+            rc = oq_error_set(err, ra[k], 0, "results written behind: %s",
+                              ra[k] == OQ_EINVAL ? "a value not of its column's type"
+                                                 : "out of memory");
     PGresult *r = NULL;
     if (!rc)
-        rc = oq_pg_run(
+        rc = oq_pg_run_bin(
             s->pg,
             "WITH i AS (INSERT INTO onceq.result_inbox(message_id,call_id,status,outcome,"
             "received_at) SELECT * FROM unnest($1::text[],$2::text[],$3::text[],$4::text[],"
@@ -451,7 +439,7 @@ static int rah_write(oq__producer_store_t *s, oq_error_t *err)
             "WHERE c.call_id=v.call_id), "
             "a AS (INSERT INTO onceq.audit(ts,call_id,event,detail) SELECT * FROM "
             "unnest($15::bigint[],$16::text[],$17::text[],$18::text[])) SELECT 1",
-            18, p, &r, err);
+            18, p, len, BIN, &r, err);
     /* whatever failed (a message id claimed meanwhile is OQ_EEXIST), the transaction is aborted
      * and rows of earlier decisions are lost: a database error, the batch is rolled back */
     if (rc && rc != OQ_EDB && rc != OQ_EBUSY && rc != OQ_ENOMEM && rc != OQ_EIO) {
@@ -461,7 +449,7 @@ static int rah_write(oq__producer_store_t *s, oq_error_t *err)
     }
     PQclear(r);
     for (int j = 0; j < 18; j++)
-        oq_buf_free(&b[j]);
+        oq_pg_array_free(&a[j]);
     for (int i = 0; i < rah_ncalls; i++)
         rah_calls[i].upd = 0;
     rah_rows_free(rah_ins, rah_nins);
@@ -507,8 +495,10 @@ int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *
 {
     int rc = rah_sync(s, err);
     if (rc || n < 1) return rc;
-    /* the distinct call ids and message ids, as two text[] literals */
-    oq_buf_t cids = {0}, mids = {0};
+    /* the distinct call ids and message ids, as two text[] parameters */
+    oq_pg_array_t ids[2];
+    oq_pg_array_init(&ids[0], 't');
+    oq_pg_array_init(&ids[1], 't');
     rah_calls = calloc((size_t)n, sizeof *rah_calls);
     rah_msgs = calloc((size_t)n, sizeof *rah_msgs);
     if (!rah_calls || !rah_msgs || rah_grow(&rah_cmap, NULL, 0, 0, n) ||
@@ -523,33 +513,35 @@ int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *
         if (rah_find(&rah_cmap, (char *const *)rah_calls, sizeof *rah_calls, e->call_id) < 0) {
             if (!(rah_calls[rah_ncalls].call_id = strdup(e->call_id))) goto nomem;
             rah_put(&rah_cmap, e->call_id, rah_ncalls);
-            if (arr_add(&cids, e->call_id)) goto nomem;
+            if (oq_pg_array_add(&ids[0], e->call_id)) goto nomem;
             rah_ncalls++;
         }
-        if (arr_add(&mids, e->message_id)) goto nomem;
+        if (oq_pg_array_add(&ids[1], e->message_id)) goto nomem;
         nm++;
     }
     if (!rah_ncalls) {
-        oq_buf_free(&cids);
-        oq_buf_free(&mids);
+        oq_pg_array_free(&ids[0]);
+        oq_pg_array_free(&ids[1]);
         rah_forget();
         return 0;
     }
-    const char *p[] = {arr_end(&cids), arr_end(&mids)};
-    if (!p[0] || !p[1]) goto nomem;
+    const char *p[2];
+    int len[2];
+    if (oq_pg_array_end(&ids[0], &p[0], &len[0]) || oq_pg_array_end(&ids[1], &p[1], &len[1]))
+        goto nomem;
     PGresult *r = NULL;
     /* Prepared: its generic plan is two index lookups, since the transaction plans without
      * sequential scans (oq__producer_pg_begin). Without that it would keep a sequential scan
      * chosen while `calls` was small and read the whole table for every batch as it grows (14 ms
      * a batch at 5,000 calls in `onceq-bench e2e`); sent unprepared, it was planned again in
      * every batch (120 us of the server's CPU: docs/SCALING.md, "Plans kept"). */
-    rc = oq_pg_run(s->pg,
-                   "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
-                   "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,NULL,"
-                   "NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
-                   2, p, &r, err);
-    oq_buf_free(&cids);
-    oq_buf_free(&mids);
+    rc = oq_pg_run_bin(s->pg,
+                       "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
+                       "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,"
+                       "NULL,NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
+                       2, p, len, BIN, &r, err);
+    oq_pg_array_free(&ids[0]);
+    oq_pg_array_free(&ids[1]);
     if (rc) {
         rah_forget();
         return rc;
@@ -576,8 +568,8 @@ int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *
     (void)nm;
     return 0;
 nomem:
-    oq_buf_free(&cids);
-    oq_buf_free(&mids);
+    oq_pg_array_free(&ids[0]);
+    oq_pg_array_free(&ids[1]);
     rah_forget();
     return oom(err);
 }
@@ -692,9 +684,15 @@ static void new_call_free(new_call_text_t *t)
 static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *rows, int n,
                         oq_error_t *err)
 {
-    oq_buf_t b[AHEAD_COLS];
+    /* call_id, tenant, idem_key, fingerprint, tool, args, client_id, seq, created_at,
+     * expires_at, message_id, callback_url, payload; then the topic, as text */
+    static const char types[AHEAD_COLS + 1] = "tttttttbbbttt";
+    static const int fmt[AHEAD_COLS + 1] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+    oq_pg_array_t col[AHEAD_COLS];
     const char *p[AHEAD_COLS + 1];
-    memset(b, 0, sizeof b);
+    int len[AHEAD_COLS + 1] = {0};
+    for (int j = 0; j < AHEAD_COLS; j++)
+        oq_pg_array_init(&col[j], types[j]);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         new_call_text_t t;
@@ -704,11 +702,11 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
             break;
         }
         for (int j = 0; j < AHEAD_COLS && !rc; j++)
-            rc = arr_add_null(&b[j], v[j]);
+            rc = oq_pg_array_add(&col[j], v[j]);
         new_call_free(&t);
     }
     for (int j = 0; j < AHEAD_COLS && !rc; j++)
-        if (!(p[j] = arr_end(&b[j]))) rc = -1;
+        rc = oq_pg_array_end(&col[j], &p[j], &len[j]);
     p[AHEAD_COLS] = OQ_TOPIC_CALLS;
     PGresult *r = NULL;
     if (rc) {
@@ -717,7 +715,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
     }
     outbox_conn = s->pg;
     if ((rc = rah_sync(s, err)) ||
-        (rc = oq_pg_run(
+        (rc = oq_pg_run_bin(
              s->pg,
              "WITH v AS (SELECT * FROM unnest($1::text[],$2::text[],$3::text[],$4::text[],"
              "$5::text[],$6::text[],$7::text[],$8::bigint[],$9::bigint[],$10::bigint[],"
@@ -732,7 +730,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
              "SELECT v.message_id,$14::text,v.call_id,v.payload,v.created_at FROM v JOIN c ON "
              "c.call_id=v.call_id AND c.message_id=v.message_id) "
              "SELECT call_id,message_id FROM c",
-             AHEAD_COLS + 1, p, &r, err)))
+             AHEAD_COLS + 1, p, len, fmt, &r, err)))
         goto out;
     int got = PQntuples(r);
     ahead_t *a = realloc(ahead, (size_t)(nahead + got + 1) * sizeof *ahead);
@@ -751,7 +749,7 @@ static int insert_chunk(oq__producer_store_t *s, const oq__producer_new_call_t *
     PQclear(r);
 out:
     for (int j = 0; j < AHEAD_COLS; j++)
-        oq_buf_free(&b[j]);
+        oq_pg_array_free(&col[j]);
     return rc;
 }
 
@@ -1722,23 +1720,22 @@ static int tk_add(const char *call_id, const char *task_id, int idx, int is_comp
 /* Read the task links of every call read ahead, in one statement. */
 static int tk_read_batch(oq__producer_store_t *s, oq_error_t *err)
 {
-    oq_buf_t ids = {0};
+    oq_pg_array_t ids;
+    oq_pg_array_init(&ids, 't');
     for (int i = 0; i < rah_ncalls; i++)
-        if (arr_add(&ids, rah_calls[i].call_id)) {
-            oq_buf_free(&ids);
-            return oom(err);
-        }
-    const char *p[] = {arr_end(&ids)};
-    if (!p[0]) {
-        oq_buf_free(&ids);
+        oq_pg_array_add(&ids, rah_calls[i].call_id);
+    const char *p[1];
+    int len[1];
+    if (oq_pg_array_end(&ids, &p[0], &len[0])) {
+        oq_pg_array_free(&ids);
         return oom(err);
     }
     PGresult *r = NULL;
-    int rc = oq_pg_run(s->pg,
-                       "SELECT call_id,task_id,idx,role FROM onceq.task_calls WHERE "
-                       "call_id=ANY($1::text[])",
-                       1, p, &r, err);
-    oq_buf_free(&ids);
+    int rc = oq_pg_run_bin(s->pg,
+                           "SELECT call_id,task_id,idx,role FROM onceq.task_calls WHERE "
+                           "call_id=ANY($1::text[])",
+                           1, p, len, BIN, &r, err);
+    oq_pg_array_free(&ids);
     if (rc) return rc;
     oq__producer_pg_task_forget();
     for (int i = 0; i < PQntuples(r); i++)

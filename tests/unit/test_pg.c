@@ -7,7 +7,11 @@
  * OQ_EBUSY), oq_pg_tx() retrying a serialization failure and reconnecting after its backend was
  * terminated, statements prepared once per session by oq_pg_run() and prepared again after a
  * reconnect (pg_terminate_backend) or a DEALLOCATE (never on a connection not opted in), and a
- * refused connection that neither crashes nor echoes the connection string.
+ * refused connection that neither crashes nor echoes the connection string; array parameters
+ * in the binary format (oq_pg_array_t): their layout and refusals offline, and on the server
+ * every element read back as sent (quotes, backslashes, braces, commas, NULLs, the empty string
+ * and the empty array, bigint and integer at their limits) and another element type than the
+ * statement's refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -262,23 +266,171 @@ static void test_prepared(void **state)
     PQfinish(c);
 }
 
+/* --- array parameters in the binary format ----------------------------------------------- */
+
+static uint32_t be32(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3];
+}
+
+static void test_array_layout(void **state)
+{
+    (void)state;
+    oq_pg_array_t a;
+    const char *p = NULL;
+    int len = 0;
+    oq_pg_array_init(&a, 't');
+    assert_int_equal(oq_pg_array_add(&a, "ab"), 0);
+    assert_int_equal(oq_pg_array_add(&a, NULL), 0);
+    assert_int_equal(oq_pg_array_end(&a, &p, &len), 0);
+    assert_int_equal(len, 20 + 4 + 2 + 4);
+    assert_int_equal(be32(p), 1);      /* one dimension */
+    assert_int_equal(be32(p + 4), 1);  /* has a NULL */
+    assert_int_equal(be32(p + 8), 25); /* text */
+    assert_int_equal(be32(p + 12), 2); /* two elements */
+    assert_int_equal(be32(p + 16), 1); /* from 1 */
+    assert_int_equal(be32(p + 20), 2); /* "ab" */
+    assert_memory_equal(p + 24, "ab", 2);
+    assert_int_equal(be32(p + 26), 0xffffffffu); /* NULL */
+    oq_pg_array_free(&a);
+
+    oq_pg_array_init(&a, 'b'); /* empty: no dimension */
+    assert_int_equal(oq_pg_array_end(&a, &p, &len), 0);
+    assert_int_equal(len, 12);
+    assert_int_equal(be32(p), 0);
+    assert_int_equal(be32(p + 8), 20);
+    oq_pg_array_free(&a);
+
+    oq_pg_array_init(&a, 'b');
+    assert_int_equal(oq_pg_array_add(&a, "-2"), 0);
+    assert_int_equal(oq_pg_array_end(&a, &p, &len), 0);
+    assert_int_equal(be32(p + 20), 8);
+    assert_int_equal(be32(p + 24), 0xffffffffu);
+    assert_int_equal(be32(p + 28), 0xfffffffeu);
+    oq_pg_array_free(&a);
+
+    /* not a value of the type: refused, and it stays refused */
+    const char *bad_b[] = {"", "1x", "9223372036854775808", " 1", "1.0"};
+    for (size_t i = 0; i < sizeof bad_b / sizeof *bad_b; i++) {
+        oq_pg_array_init(&a, 'b');
+        assert_int_equal(oq_pg_array_add(&a, bad_b[i]), OQ_EINVAL);
+        assert_int_equal(oq_pg_array_add(&a, "1"), OQ_EINVAL);
+        assert_int_equal(oq_pg_array_end(&a, &p, &len), OQ_EINVAL);
+        assert_null(p);
+        oq_pg_array_free(&a);
+    }
+    oq_pg_array_init(&a, 'i');
+    assert_int_equal(oq_pg_array_add(&a, "2147483648"), OQ_EINVAL);
+    oq_pg_array_free(&a);
+    oq_pg_array_init(&a, 'o');
+    assert_int_equal(oq_pg_array_add(&a, "yes"), OQ_EINVAL);
+    oq_pg_array_free(&a);
+}
+
+static void test_array_roundtrip(void **state)
+{
+    (void)state;
+    oq_error_t err = {0};
+    PGconn *c = NULL;
+    assert_int_equal(oq_pg_connect(conninfo, &c, &err), 0);
+    assert_int_equal(oq_pg_prepared(c, &err), 0);
+    const char *texts[] = {"plain",
+                           "a\"quoted\" one",
+                           "back\\slash",
+                           "{braces},commas",
+                           "",
+                           NULL,
+                           "NULL",
+                           "\xc3\xa9t\xc3\xa9 \xe2\x82\xac",
+                           " spaced "};
+    const int nt = (int)(sizeof texts / sizeof *texts);
+    const char *bigs[] = {"0", "-9223372036854775808", "9223372036854775807", NULL, "42"};
+    const char *ints[] = {"-2147483648", "2147483647", "7", NULL, "0"};
+    const char *bools[] = {"t", "f", NULL, "true", "0"};
+    const char *want_bools[] = {"t", "f", NULL, "t", "f"};
+    oq_pg_array_t a[4];
+    const char *p[4];
+    int len[4], fmt[4] = {1, 1, 1, 1};
+    oq_pg_array_init(&a[0], 't');
+    for (int i = 0; i < nt; i++)
+        assert_int_equal(oq_pg_array_add(&a[0], texts[i]), 0);
+    oq_pg_array_init(&a[1], 'b');
+    oq_pg_array_init(&a[2], 'i');
+    oq_pg_array_init(&a[3], 'o');
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(oq_pg_array_add(&a[1], bigs[i]), 0);
+        assert_int_equal(oq_pg_array_add(&a[2], ints[i]), 0);
+        assert_int_equal(oq_pg_array_add(&a[3], bools[i]), 0);
+    }
+    for (int j = 0; j < 4; j++)
+        assert_int_equal(oq_pg_array_end(&a[j], &p[j], &len[j]), 0);
+    PGresult *r = NULL;
+    static const char texts_sql[] = "SELECT x FROM unnest($1::text[]) WITH ORDINALITY AS u(x, i) "
+                                    "ORDER BY i";
+    assert_int_equal(oq_pg_run_bin(c, texts_sql, 1, p, len, fmt, &r, &err), 0);
+    assert_int_equal(PQntuples(r), nt);
+    for (int i = 0; i < nt; i++) {
+        if (!texts[i]) {
+            assert_true(PQgetisnull(r, i, 0));
+            continue;
+        }
+        assert_false(PQgetisnull(r, i, 0));
+        assert_string_equal(PQgetvalue(r, i, 0), texts[i]);
+    }
+    PQclear(r);
+    static const char typed_sql[] = "SELECT b, n, o FROM unnest($1::bigint[], $2::integer[], "
+                                    "$3::boolean[]) WITH ORDINALITY AS u(b, n, o, i) ORDER BY i";
+    for (int run = 0; run < 7; run++) { /* prepared: past the generic plan's sixth run too */
+        assert_int_equal(oq_pg_run_bin(c, typed_sql, 3, p + 1, len + 1, fmt, &r, &err), 0);
+        assert_int_equal(PQntuples(r), 5);
+        for (int i = 0; i < 5; i++) {
+            const char *want[] = {bigs[i], ints[i], want_bools[i]};
+            for (int k = 0; k < 3; k++) {
+                if (!want[k])
+                    assert_true(PQgetisnull(r, i, k));
+                else
+                    assert_string_equal(PQgetvalue(r, i, k), want[k]);
+            }
+        }
+        PQclear(r);
+    }
+    /* the empty array */
+    oq_pg_array_t e;
+    const char *ep;
+    int el;
+    oq_pg_array_init(&e, 't');
+    assert_int_equal(oq_pg_array_end(&e, &ep, &el), 0);
+    assert_int_equal(oq_pg_run_bin(c, "SELECT cardinality($1::text[])", 1, &ep, &el, fmt, &r, &err),
+                     0);
+    assert_string_equal(PQgetvalue(r, 0, 0), "0");
+    PQclear(r);
+    /* an element type other than the statement's cast: refused by the server, as an error */
+    assert_int_not_equal(
+        oq_pg_run_bin(c, "SELECT cardinality($1::text[])", 1, p + 1, len + 1, fmt, &r, &err), 0);
+    assert_null(r);
+    assert_non_null(strstr(err.msg, "array element type 20 (bigint) instead of expected 25"));
+    oq_pg_array_free(&e);
+    for (int j = 0; j < 4; j++)
+        oq_pg_array_free(&a[j]);
+    PQfinish(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest offline[] = {
-        cmocka_unit_test(test_backend_of),
-        cmocka_unit_test(test_sqlstate),
-        cmocka_unit_test(test_password),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_backend_of),   cmocka_unit_test(test_sqlstate),
+        cmocka_unit_test(test_password),     cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_array_layout),
     };
     int rc = cmocka_run_group_tests_name("pg_offline", offline, NULL, NULL);
     if (rc) return rc;
     pgfx_available(1);
     pgfx_fresh_db("onceq_test_pg", conninfo, sizeof conninfo);
     const struct CMUnitTest online[] = {
-        cmocka_unit_test(test_migrate),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_tx_retry),
-        cmocka_unit_test(test_prepared),
+        cmocka_unit_test(test_migrate),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tx_retry),        cmocka_unit_test(test_prepared),
+        cmocka_unit_test(test_array_roundtrip),
     };
     return cmocka_run_group_tests_name("pg", online, NULL, NULL);
 }
