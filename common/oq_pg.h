@@ -177,6 +177,10 @@ typedef struct oq_pg_array {
     int bad;    /**< OQ_EINVAL once an element was not of the type (sticky) */
 } oq_pg_array_t;
 
+/** Parameter formats for a statement whose parameters are all binary (at most OQ_PG_BIN_MAX). */
+#define OQ_PG_BIN_MAX 32
+extern const int oq_pg_bin[OQ_PG_BIN_MAX];
+
 /** @brief Starts an empty array of \p type (see oq_pg_array_t). */
 void oq_pg_array_init(oq_pg_array_t *a, char type);
 /** @brief Adds \p v (its text form; NULL: an SQL NULL). @returns 0, OQ_EINVAL when \p v is not

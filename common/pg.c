@@ -291,6 +291,9 @@ static int arr_put32(oq_pg_array_t *a, uint32_t v)
     return oq_buf_put(&a->b, o, 4);
 }
 
+const int oq_pg_bin[OQ_PG_BIN_MAX] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
 void oq_pg_array_init(oq_pg_array_t *a, char type)
 {
     memset(a, 0, sizeof *a);

@@ -243,16 +243,12 @@ static void ahead_drop(ahead_t *a, int n, const char *key)
     if (e) e->live = 0;
 }
 
-/* Every parameter in the binary format (arrays: oq_pg_array_t); room for the widest INSERT. */
-static const int ALL_BIN[24] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-
 /* The parameters of one many-rows statement (pend_stmts), freed by rows_free. */
 typedef struct rows_arg {
     int n;
-    oq_pg_array_t a[24];
-    const char *pr[24];
-    int len[24];
+    oq_pg_array_t a[OQ_PG_BIN_MAX];
+    const char *pr[OQ_PG_BIN_MAX];
+    int len[OQ_PG_BIN_MAX];
 } rows_arg_t;
 
 static void rows_free(rows_arg_t *r)
@@ -295,12 +291,12 @@ static int pend_stmts(oq__consumer_pg_t *p, stmt_t *out, rows_arg_t **owned)
                 .sql = a->sql, .n = a->n, .plain = a->plain, .pr = (const char *const *)a->pr};
             continue;
         }
-        rows_arg_t *arr = a->n <= 24 ? calloc(1, sizeof *arr) : NULL;
+        rows_arg_t *arr = a->n <= OQ_PG_BIN_MAX ? calloc(1, sizeof *arr) : NULL;
         if (!arr) goto nomem;
         owned[n] = arr;
         arr->n = a->n;
         out[n++] =
-            (stmt_t){.sql = a->rows, .n = a->n, .pr = arr->pr, .len = arr->len, .fmt = ALL_BIN};
+            (stmt_t){.sql = a->rows, .n = a->n, .pr = arr->pr, .len = arr->len, .fmt = oq_pg_bin};
         for (int c = 0; c < a->n; c++) {
             oq_pg_array_init(&arr->a[c], a->types[c]);
             for (int k = 0; k < rows; k++)
@@ -675,18 +671,18 @@ int oq__consumer_pg_begin_batch(oq__consumer_pg_t *p, const char *const *call_id
          .n = 1,
          .pr = pc,
          .len = lc,
-         .fmt = ALL_BIN},
+         .fmt = oq_pg_bin},
         {.sql = "SELECT message_id, outcome = 'dlq' FROM onceq.consumer_inbox WHERE message_id "
                 "= ANY($1::text[])",
          .n = 1,
          .pr = pm,
          .len = lm,
-         .fmt = ALL_BIN},
+         .fmt = oq_pg_bin},
         {.sql = "SELECT call_id FROM onceq.consumer_effects WHERE call_id = ANY($1::text[])",
          .n = 1,
          .pr = pc,
          .len = lc,
-         .fmt = ALL_BIN},
+         .fmt = oq_pg_bin},
     };
     p->tx = 1;
     if ((rc = hold(p, "BEGIN", 0, NULL, 1, err)) ||

@@ -191,9 +191,8 @@ void oq__producer_pg_rollback(oq__producer_store_t *s)
 }
 
 /* Every column of a batch goes to the server as one array parameter in the binary format
- * (oq_pg_array_t: no quoting here, no parsing there); BIN is the format of each, and the
- * type letters below name each column's element type in the order of the statement's casts. */
-static const int BIN[18] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+ * (oq_pg_array_t: no quoting here, no parsing there); the type letters below name each
+ * column's element type in the order of the statement's casts. */
 
 /* --- results: read ahead, written behind ---------------------------------------------------- */
 
@@ -439,7 +438,7 @@ static int rah_write(oq__producer_store_t *s, oq_error_t *err)
             "WHERE c.call_id=v.call_id), "
             "a AS (INSERT INTO onceq.audit(ts,call_id,event,detail) SELECT * FROM "
             "unnest($15::bigint[],$16::text[],$17::text[],$18::text[])) SELECT 1",
-            18, p, len, BIN, &r, err);
+            18, p, len, oq_pg_bin, &r, err);
     /* whatever failed (a message id claimed meanwhile is OQ_EEXIST), the transaction is aborted
      * and rows of earlier decisions are lost: a database error, the batch is rolled back */
     if (rc && rc != OQ_EDB && rc != OQ_EBUSY && rc != OQ_ENOMEM && rc != OQ_EIO) {
@@ -539,7 +538,7 @@ int oq__producer_pg_results_ahead(oq__producer_store_t *s, const oq_envelope_t *
                        "SELECT call_id,state,attempt,(callback_url IS NOT NULL)::int FROM "
                        "onceq.calls WHERE call_id=ANY($1::text[]) UNION ALL SELECT message_id,"
                        "NULL,NULL,NULL FROM onceq.result_inbox WHERE message_id=ANY($2::text[])",
-                       2, p, len, BIN, &r, err);
+                       2, p, len, oq_pg_bin, &r, err);
     oq_pg_array_free(&ids[0]);
     oq_pg_array_free(&ids[1]);
     if (rc) {
@@ -1734,7 +1733,7 @@ static int tk_read_batch(oq__producer_store_t *s, oq_error_t *err)
     int rc = oq_pg_run_bin(s->pg,
                            "SELECT call_id,task_id,idx,role FROM onceq.task_calls WHERE "
                            "call_id=ANY($1::text[])",
-                           1, p, len, BIN, &r, err);
+                           1, p, len, oq_pg_bin, &r, err);
     oq_pg_array_free(&ids);
     if (rc) return rc;
     oq__producer_pg_task_forget();
