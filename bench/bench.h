@@ -46,6 +46,10 @@ long oq__bench_pg_pid(void);
  */
 int64_t oq__bench_disk_written(void);
 
+/** @brief The bytes written between two oq__bench_disk_written() readings, or -1 when either
+ *  is unknown. */
+double oq__bench_disk_delta(int64_t before, int64_t after);
+
 /** @brief Prints "per WHAT: N bytes reached the disks ..." for \p bytes a unit, when known
  *  (>= 0): the one wording of the disk figure for every benchmark. */
 void oq__bench_print_disk(const char *what, double bytes);

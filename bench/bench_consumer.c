@@ -447,11 +447,8 @@ int oq__bench_consumer(int argc, char **argv)
         }
         oq__bench_procs(getpid(), 0, &me1);
         oq__bench_procs(oq__bench_pg_pid(), 1, &pg1);
-        int64_t disk1 = oq__bench_disk_written();
-        if (disk0 >= 0 && disk1 >= 0 && disk >= 0)
-            disk += (double)(disk1 - disk0);
-        else
-            disk = -1;
+        double dd = oq__bench_disk_delta(disk0, oq__bench_disk_written());
+        disk = dd >= 0 && disk >= 0 ? disk + dd : -1;
         cpu += me1.cpu_s - me0.cpu_s;
         wb += (double)(me1.write_bytes - me0.write_bytes);
         if (pg1.n) {

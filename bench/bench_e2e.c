@@ -759,7 +759,8 @@ static int e2e_pipeline(const oq_config_t *cfg, const char *dir, const oq_load_o
            "us CPU, %.0f bytes written%s\n",
            pl_cpu * 1e6 / ncalls, pl_wb / ncalls, pg_cpu * 1e6 / ncalls, pg_wb / ncalls,
            pg1.n ? "" : " (not measured)");
-    fig->disk_bytes = disk0 >= 0 && disk1 >= 0 ? (double)(disk1 - disk0) / ncalls : -1;
+    double dd = oq__bench_disk_delta(disk0, disk1);
+    fig->disk_bytes = dd >= 0 ? dd / ncalls : -1;
     oq__bench_print_disk("call", fig->disk_bytes);
     fig->cpu_us = pl_cpu * 1e6 / ncalls;
     fig->write_bytes = pl_wb / ncalls;

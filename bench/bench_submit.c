@@ -278,7 +278,8 @@ int oq__bench_submit(int argc, char **argv)
                "%.1f us CPU, %.0f bytes written%s\n",
                (me1.cpu_s - me0.cpu_s) * 1e6 / n, (double)(me1.write_bytes - me0.write_bytes) / n,
                pg_cpu * 1e6 / n, (double)pg_wb / n, pg1.n ? "" : " (not measured)");
-        double disk = disk0 >= 0 && disk1 >= 0 ? (double)(disk1 - disk0) / n : -1;
+        double disk = oq__bench_disk_delta(disk0, disk1);
+        if (disk >= 0) disk /= n;
         oq__bench_print_disk("submit", disk);
         printf("result bench=submit backend=%s rate=%.0f p50_ms=%.2f p99_ms=%.2f cpu_us=%.1f "
                "write_bytes=%.0f pg_cpu_us=%.1f pg_write_bytes=%.0f disk_bytes=%.0f\n",

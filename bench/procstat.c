@@ -120,6 +120,11 @@ int64_t oq__bench_disk_written(void)
     return found ? total : -1;
 }
 
+double oq__bench_disk_delta(int64_t before, int64_t after)
+{
+    return before >= 0 && after >= 0 ? (double)(after - before) : -1;
+}
+
 void oq__bench_print_disk(const char *what, double bytes)
 {
     if (bytes >= 0)

@@ -162,21 +162,6 @@ int oq__relay_pg_notify_fd(oq__relay_pg_t *p)
 
 static int lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner, int64_t lease_ms,
                          int64_t *fence, int *held, char *holder, size_t holder_cap,
-                         int64_t *published_seq, oq_error_t *err);
-
-int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner,
-                               int64_t lease_ms, int64_t *fence, int *held, char *holder,
-                               size_t holder_cap, int64_t *published_seq, oq_error_t *err)
-{
-    int rc = lease_acquire(p, name, owner, lease_ms, fence, held, holder, holder_cap, published_seq,
-                           err);
-    if (rc) return rc;
-    if ((rc = listen_as(p, *held, err))) *held = 0; /* not woken: try again, as after an error */
-    return rc;
-}
-
-static int lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner, int64_t lease_ms,
-                         int64_t *fence, int *held, char *holder, size_t holder_cap,
                          int64_t *published_seq, oq_error_t *err)
 {
     num_t l, f;
@@ -251,6 +236,17 @@ out:
     PQclear(r);
     *held = 0;
     rollback(p);
+    return rc;
+}
+
+int oq__relay_pg_lease_acquire(oq__relay_pg_t *p, const char *name, const char *owner,
+                               int64_t lease_ms, int64_t *fence, int *held, char *holder,
+                               size_t holder_cap, int64_t *published_seq, oq_error_t *err)
+{
+    int rc = lease_acquire(p, name, owner, lease_ms, fence, held, holder, holder_cap, published_seq,
+                           err);
+    if (rc) return rc;
+    if ((rc = listen_as(p, *held, err))) *held = 0; /* not woken: try again, as after an error */
     return rc;
 }
 
