@@ -435,7 +435,8 @@ static int e2e_baseline(const char *dir, const oq_load_opts_t *lo_in, oq_load_re
     snprintf(log, sizeof log, "%s/base.log", dir);
     int port = e2e_free_port();
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    char *const bargs[] = {"broker", "--bootstrap-file", bs, NULL};
+    /* One mock broker, as `onceq up` runs by default (--embedded-brokers). */
+    char *const bargs[] = {"broker", "--bootstrap-file", bs, "--brokers", "1", NULL};
     pid_t broker = e2e_spawn(bargs, log), prod = -1;
     int rc = -1;
     for (int i = 0; i < 200 && !brokers[0]; i++) {

@@ -86,6 +86,9 @@ static const oq_setting_t up_settings[] = {
     {"listen", OQ_SET_STRING, "127.0.0.1:8081", 1, 128, NULL, "producer HTTP listen address"},
     {"brokers", OQ_SET_STRING, NULL, 1, 4096, NULL,
      "external Kafka bootstrap servers (default: run the embedded broker)"},
+    {"embedded-brokers", OQ_SET_INT, "1", 1, 16, NULL,
+     "brokers in the embedded cluster (each idle consumer fetches from every broker that "
+     "leads one of its partitions, so more cost idle CPU and carry nothing more: one process)"},
     {"group", OQ_SET_STRING, "onceq-workers", 1, 255, NULL, "consumer group id"},
     OQ_SETTING_TOPIC_PREFIX,
     OQ_SETTING_KAFKA_PROFILE,
@@ -170,6 +173,7 @@ typedef struct {
     char effects_db[PATH_MAX];
     char tools[PATH_MAX]; /* absolute path of --tools, or "" */
     char brokers[4096];
+    char nbrokers[16];                            /* --embedded-brokers, for the broker's argv */
     char redrive_after[32], redrive_interval[32]; /* "<ms>ms", for the producer's argv */
     char drain[32];                               /* "<ms>ms" for the consumers' argv, or "" */
     int embedded;
@@ -226,6 +230,8 @@ static int up_build_argv(up_t *up, const up_child_t *k, char **argv)
         argv[n++] = "broker";
         argv[n++] = "--bootstrap-file";
         argv[n++] = up->bootstrap_file;
+        argv[n++] = "--brokers";
+        argv[n++] = up->nbrokers;
         break;
     case UP_PRODUCER:
         argv[n++] = "producer";
@@ -872,10 +878,11 @@ int oq__cmd_up(int argc, char **argv)
         "         [--tools tools.json] [--db-url postgresql://USER@HOST/DB?passfile=F]\n"
         "\n"
         "Runs the whole pipeline on this host as child processes: the embedded broker (unless\n"
-        "--brokers), the producer (HTTP on --listen, DIR/calls.db), its relay, and N consumers\n"
-        "(group --group, DIR/effects.db). Each child logs to DIR/<name>.log. A child that dies\n"
-        "is restarted with backoff (250 ms doubling to 30 s); if the embedded broker dies, all\n"
-        "topics and offsets are gone, so every child is restarted against a new broker.\n"
+        "--brokers; --embedded-brokers N mock brokers, default 1), the producer (HTTP on\n"
+        "--listen, DIR/calls.db), its relay, and N consumers (group --group, DIR/effects.db).\n"
+        "Each child logs to DIR/<name>.log. A child that dies is restarted with backoff\n"
+        "(250 ms doubling to 30 s); if the embedded broker dies, all topics and offsets are\n"
+        "gone, so every child is restarted against a new broker.\n"
         "--db-url puts every stage on one PostgreSQL database (schema onceq, migrated here first;\n"
         "unreachable at start: exit 1); the password belongs in a passfile, never the string.\n"
         "-X properties go to every Kafka client, in DIR/kafka.conf (mode 0600; passed with -F,\n"
@@ -910,6 +917,14 @@ int oq__cmd_up(int argc, char **argv)
     }
     up->exe[n] = '\0';
     if (oq_cli_check_topic_prefix(cfg, "up") != 0) {
+        rc = OQ_EXIT_USAGE;
+        goto out;
+    }
+    const char *ext = oq_config_str(cfg, "brokers");
+    up->embedded = ext == NULL || !ext[0];
+    if (!up->embedded && oq_config_is_set(cfg, "embedded-brokers")) {
+        fprintf(stderr, "onceq up: --embedded-brokers is for the embedded broker; --brokers "
+                        "names an external cluster\n");
         rc = OQ_EXIT_USAGE;
         goto out;
     }
@@ -948,9 +963,9 @@ int oq__cmd_up(int argc, char **argv)
     }
     if (oq_config_is_set(cfg, "drain"))
         snprintf(up->drain, sizeof up->drain, "%lldms", (long long)oq_config_int(cfg, "drain"));
-    const char *ext = oq_config_str(cfg, "brokers");
-    up->embedded = ext == NULL || !ext[0];
     if (!up->embedded) snprintf(up->brokers, sizeof up->brokers, "%s", ext);
+    snprintf(up->nbrokers, sizeof up->nbrokers, "%lld",
+             (long long)oq_config_int(cfg, "embedded-brokers"));
     if (up_write_kafka_conf(up) != 0) goto out;
     const char *db_url = oq_config_str(cfg, "db-url");
     if (db_url && db_url[0]) {

@@ -40,6 +40,18 @@ for kind in producer relay consumer; do
         oq_fail "$kind not started with --kafka-profile mock: $(tr '\0' ' ' <"/proc/$p/cmdline")"
 done
 
+# one mock broker unless --embedded-brokers says more (each broker leading a consumer's
+# partitions is one more idle fetch a millisecond: docs/SCALING.md, "One embedded broker")
+p=$(child_pid broker) || oq_fail "no broker child of onceq up"
+tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- '--brokers 1 ' ||
+    oq_fail "broker not started with --brokers 1: $(tr '\0' ' ' <"/proc/$p/cmdline")"
+[[ $(tr ',' '\n' <"$D/bootstrap" | grep -c .) -eq 1 ]] || oq_fail "bootstrap lists other than one broker: $(cat "$D/bootstrap")"
+rc=0
+"$ONCEQ_BIN" up --dir "$T/x" --brokers 127.0.0.1:1 --embedded-brokers 3 2>"$T/x.err" || rc=$?
+[[ $rc -eq 2 ]] && grep -q 'embedded-brokers is for the embedded broker' "$T/x.err" ||
+    oq_fail "--embedded-brokers with --brokers: rc $rc, $(cat "$T/x.err")"
+[[ ! -e $T/x ]] || oq_fail "a refused up made its directory"
+
 load --calls 200 --prefix up1 >"$T/l1" || oq_fail "load 1 failed: $(cat "$T/l1")"
 oq_wait_for 60 drained || oq_fail "first batch not drained: $(verify)"
 
