@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "oq_log.h"
 #include "oq_util.h"
@@ -50,7 +51,8 @@ struct oq__dispatch {
     oq__job_t *out_head, *out_tail;   /* to submit (linked by done_next) */
     oq__job_t *done_head, *done_tail; /* done (linked by done_next) */
     atomic_int ndone;
-    atomic_int stopping; /* 1: drain; 2: abort now */
+    pthread_cond_t done_cv; /* signalled at the first done job; waited on by wait_done */
+    atomic_int stopping;    /* 1: drain; 2: abort now */
     int64_t drain_until_us;
     void (*wake)(void *);
     void *wake_ctx;
@@ -93,6 +95,7 @@ static void push_done(oq__dispatch_t *d, oq__job_t *j)
     /* one wake-up per batch of done jobs: the batch thread takes them all at once, and until it
      * does, the wake-up of the first one is pending (rd_kafka_queue_yield is remembered) */
     int first = atomic_fetch_add(&d->ndone, 1) == 0;
+    if (first) pthread_cond_signal(&d->done_cv);
     pthread_mutex_unlock(&d->mu);
     if (first && d->wake) d->wake(d->wake_ctx);
 }
@@ -209,6 +212,11 @@ oq__dispatch_t *oq__dispatch_new(const oq__http_exec_opts_t *opts, void (*wake)(
         return NULL;
     }
     pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
     d->wake = wake;
     d->wake_ctx = wake_ctx;
     if (!(d->x = oq__http_exec_new(opts, err))) goto fail;
@@ -221,6 +229,7 @@ oq__dispatch_t *oq__dispatch_new(const oq__http_exec_opts_t *opts, void (*wake)(
     return d;
 fail:
     oq__http_exec_destroy(d->x);
+    pthread_cond_destroy(&d->done_cv);
     pthread_mutex_destroy(&d->mu);
     free(d);
     return NULL;
@@ -258,6 +267,24 @@ oq__job_t *oq__dispatch_take(oq__dispatch_t *d)
 int oq__dispatch_has_done(oq__dispatch_t *d)
 {
     return d && atomic_load(&d->ndone) > 0;
+}
+
+int oq__dispatch_wait_done(oq__dispatch_t *d, int64_t ms)
+{
+    if (!d) return 0;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&d->mu);
+    while (atomic_load(&d->ndone) == 0)
+        if (pthread_cond_timedwait(&d->done_cv, &d->mu, &until) != 0) break;
+    pthread_mutex_unlock(&d->mu);
+    return atomic_load(&d->ndone) > 0;
 }
 
 void oq__dispatch_forget(oq__dispatch_t *d, oq__job_t *j)
@@ -344,6 +371,7 @@ void oq__dispatch_destroy(oq__dispatch_t *d)
         next = j->next;
         oq__job_free(j);
     }
+    pthread_cond_destroy(&d->done_cv);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }

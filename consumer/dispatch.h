@@ -85,6 +85,10 @@ oq__job_t *oq__dispatch_take(oq__dispatch_t *d);
 /** @brief Non-zero when done jobs wait to be taken. Thread-safe. */
 int oq__dispatch_has_done(oq__dispatch_t *d);
 
+/** @brief Wait up to \p ms for a done job (no longer than until one is there). @returns non-zero
+ * when done jobs wait to be taken. @locality the batch thread, while it may take no new message. */
+int oq__dispatch_wait_done(oq__dispatch_t *d, int64_t ms);
+
 /** @brief Unregister and free \p j (its outcome is committed, or refused by the fence). */
 void oq__dispatch_forget(oq__dispatch_t *d, oq__job_t *j);
 

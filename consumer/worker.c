@@ -1099,7 +1099,7 @@ int oq_consumer_run(oq_consumer_t *c, int64_t max_idle_ms, oq_error_t *err)
         int full = held >= admit;
         rd_kafka_message_t *m = NULL;
         if (full)
-            oq_sleep_ms(oq__dispatch_has_done(c->disp) ? 0 : 5, &c->stop);
+            (void)oq__dispatch_wait_done(c->disp, 5);
         else
             m = rd_kafka_consumer_poll(c->rk, oq__dispatch_has_done(c->disp) ? 0 : 50);
         int64_t tpoll = oq_mono_us();

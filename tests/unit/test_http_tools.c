@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "dispatch.h"
 #include "http_tools.h"
 #include "oq_json.h"
 #include "oq_log.h"
@@ -1124,6 +1125,54 @@ static void test_exec_many(void **state)
     oq__http_tools_destroy(t);
 }
 
+/* The batch thread's wait while it may take no new message (consumer/worker.c): it ends at the
+ * first done job, not at its timeout (a 5 ms nap there held every answer back up to 5 ms),
+ * and with nothing out it lasts its timeout and says so. */
+static void test_dispatch_wait_done(void **state)
+{
+    (void)state;
+    ka_peer_t p;
+    ka_start(&p);
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"tools\":[{\"name\":\"m\",\"url\":\"http://127.0.0.1:%d/m/{effect_id}\","
+             "\"object_id\":\"/id\"}]}",
+             p.port);
+    oq__http_tools_t *t = parse_ok(text);
+    oq__http_exec_opts_t o = {.max_inflight = 4};
+    oq_error_t err = {0};
+    oq__dispatch_t *d = oq__dispatch_new(&o, NULL, NULL, &err);
+    assert_non_null(d);
+    /* nothing out: the wait lasts its timeout */
+    int64_t t0 = oq_mono_us();
+    assert_int_equal(oq__dispatch_wait_done(d, 50), 0);
+    int64_t waited = oq_mono_us() - t0;
+    assert_true(waited >= 45000);
+    assert_true(waited < 5 * 1000000LL);
+    /* a request out: the wait ends when it is answered, long before its timeout */
+    for (int round = 0; round < 3; round++) {
+        oq__job_t *j = oq__job_new(OQ__JOB_CALL, &t->tools[0]);
+        assert_non_null(j);
+        j->args = json_object();
+        j->row.effect_id = strdup("e-wait");
+        assert_non_null(j->row.effect_id);
+        t0 = oq_mono_us();
+        oq__dispatch_send(d, j);
+        assert_int_equal(oq__dispatch_wait_done(d, 20000), 1);
+        assert_true(oq_mono_us() - t0 < 10 * 1000000LL);
+        oq__job_t *done = oq__dispatch_take(d);
+        assert_ptr_equal(done, j);
+        assert_null(done->done_next);
+        assert_int_equal(done->cls, OQ__HTTP_SUCCESS);
+        oq__dispatch_forget(d, done);
+        /* taken: the next wait has nothing done again */
+        assert_int_equal(oq__dispatch_has_done(d), 0);
+    }
+    oq__dispatch_destroy(d);
+    ka_stop(&p);
+    oq__http_tools_destroy(t);
+}
+
 /* Transfers whose only way to end is curl's timer (a peer that reads and never answers), with
  * timeouts spread over many milliseconds and nothing else on the wire: each one must end, at
  * its timeout, as UNKNOWN timeout_after_send. (A timer remembered from curl's callback and
@@ -1192,6 +1241,7 @@ int main(void)
         cmocka_unit_test(test_idem_key_alias),
         cmocka_unit_test(test_exec_reused_handle),
         cmocka_unit_test(test_exec_many),
+        cmocka_unit_test(test_dispatch_wait_done),
         cmocka_unit_test(test_exec_keeps_sockets),
         cmocka_unit_test(test_exec_peer_closes),
         cmocka_unit_test(test_exec_timer_only),
