@@ -1081,19 +1081,26 @@ static void *wake_later(void *arg)
     return NULL;
 }
 
+/* A kept-alive peer started in \p p and one tool "m" that POSTs to it, its answer's /id the
+ * object id. */
+static oq__http_tools_t *ka_tool_m(ka_peer_t *p)
+{
+    ka_start(p);
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"tools\":[{\"name\":\"m\",\"url\":\"http://127.0.0.1:%d/m/{effect_id}\","
+             "\"object_id\":\"/id\"}]}",
+             p->port);
+    return parse_ok(text);
+}
+
 /* Many requests over many kept-alive connections, more than may run at once: every one is
  * called back once, with its answer parsed; a wake-up from another thread ends a poll early. */
 static void test_exec_many(void **state)
 {
     (void)state;
     ka_peer_t p;
-    ka_start(&p);
-    char text[512];
-    snprintf(text, sizeof text,
-             "{\"tools\":[{\"name\":\"m\",\"url\":\"http://127.0.0.1:%d/m/{effect_id}\","
-             "\"object_id\":\"/id\"}]}",
-             p.port);
-    oq__http_tools_t *t = parse_ok(text);
+    oq__http_tools_t *t = ka_tool_m(&p);
     oq__http_exec_opts_t o = {.max_inflight = 16};
     oq_error_t err = {0};
     oq__http_exec_t *x = oq__http_exec_new(&o, &err);
@@ -1132,13 +1139,7 @@ static void test_dispatch_wait_done(void **state)
 {
     (void)state;
     ka_peer_t p;
-    ka_start(&p);
-    char text[512];
-    snprintf(text, sizeof text,
-             "{\"tools\":[{\"name\":\"m\",\"url\":\"http://127.0.0.1:%d/m/{effect_id}\","
-             "\"object_id\":\"/id\"}]}",
-             p.port);
-    oq__http_tools_t *t = parse_ok(text);
+    oq__http_tools_t *t = ka_tool_m(&p);
     oq__http_exec_opts_t o = {.max_inflight = 4};
     oq_error_t err = {0};
     oq__dispatch_t *d = oq__dispatch_new(&o, NULL, NULL, &err);
