@@ -541,12 +541,7 @@ static void *guard_main(void *arg)
         }
         log_closed(g, now);
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += GUARD_SCAN_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        oq_mono_deadline(&ts, GUARD_SCAN_MS * 1000LL);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     pthread_mutex_unlock(&g->mu);

@@ -51,6 +51,13 @@ int64_t oq_now_ms(void);
 /** @brief Monotonic time in microseconds (for durations, deadlines, latencies). */
 int64_t oq_mono_us(void);
 
+struct timespec;
+/**
+ * @brief \p ts = CLOCK_MONOTONIC now + \p us_from_now: the absolute deadline of a
+ *        pthread_cond_timedwait on a condition variable set to CLOCK_MONOTONIC.
+ */
+void oq_mono_deadline(struct timespec *ts, int64_t us_from_now);
+
 /**
  * @brief CLOCK_BOOTTIME in milliseconds: never stepped (NTP, `date -s`), counts suspend, and is
  *        the same clock for every process of one host; it starts again near 0 at each boot.

@@ -136,6 +136,17 @@ int64_t oq_mono_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+void oq_mono_deadline(struct timespec *ts, int64_t us_from_now)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += us_from_now / 1000000;
+    ts->tv_nsec += (long)(us_from_now % 1000000) * 1000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 int64_t oq_boot_ms(void)
 {
     struct timespec ts;

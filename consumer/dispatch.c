@@ -273,13 +273,7 @@ int oq__dispatch_wait_done(oq__dispatch_t *d, int64_t ms)
 {
     if (!d) return 0;
     struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    oq_mono_deadline(&until, ms * 1000);
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->ndone) == 0)
         if (pthread_cond_timedwait(&d->done_cv, &d->mu, &until) != 0) break;

@@ -241,17 +241,6 @@ static void count_outcome(oq__writer_t *w, const oq_submit_job_t *j)
 
 /* --- the queue ------------------------------------------------------------------------------*/
 
-static void abs_deadline(struct timespec *ts, int64_t us_from_now)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += us_from_now / 1000000;
-    ts->tv_nsec += (long)(us_from_now % 1000000) * 1000;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /** Commit delay (see the file comment). Called with w->mu held and a non-empty queue. */
 static void gather(oq__writer_t *w, int last_n, int64_t last_commit_us)
 {
@@ -264,7 +253,7 @@ static void gather(oq__writer_t *w, int last_n, int64_t last_commit_us)
         if (left <= 0) break;
         size_t before = w->qlen;
         struct timespec ts;
-        abs_deadline(&ts, left < 200 ? left : 200);
+        oq_mono_deadline(&ts, left < 200 ? left : 200);
         while (w->qlen == before && !w->stopping &&
                pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
         }
@@ -381,7 +370,7 @@ static void *writer_main(void *arg)
             int64_t left = w->next_dead_us - oq_mono_us();
             if (w->head || w->stopping || left <= 0) break;
             struct timespec ts;
-            abs_deadline(&ts, left);
+            oq_mono_deadline(&ts, left);
             pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         }
         if (!w->head) {

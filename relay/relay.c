@@ -701,13 +701,7 @@ static void refresh_pending(oq_relay_t *r)
 static int wait_ms(oq_relay_t *r, int ms)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    oq_mono_deadline(&ts, (int64_t)ms * 1000);
     pthread_mutex_lock(&r->mu);
     while (!r->notified && !atomic_load(&r->stop)) {
         if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
@@ -1085,13 +1079,7 @@ static void *writer_main(void *arg)
         int64_t wait_us = next_cleanup_us > now_us ? next_cleanup_us - now_us : 1000000;
         if (wait_us > 1000000) wait_us = 1000000;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += wait_us / 1000000;
-        ts.tv_nsec += (long)(wait_us % 1000000) * 1000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        oq_mono_deadline(&ts, wait_us);
         pthread_cond_timedwait(&r->wcv, &r->wmu, &ts);
     }
     pthread_mutex_unlock(&r->wmu);

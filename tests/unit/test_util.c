@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -98,6 +99,18 @@ static void test_time(void **state)
     assert_true(b - a >= 19000);
     assert_true(b - a < 2000000);
     assert_true(oq_now_ms() > 1700000000000);
+    /* deadlines on the monotonic clock: normalized, and as far ahead as asked (a second and
+     * more, and a part of one that carries into tv_sec) */
+    const int64_t ahead[] = {0, 1, 999999, 1000000, 1999999, 2500000};
+    for (size_t i = 0; i < sizeof ahead / sizeof ahead[0]; i++) {
+        struct timespec ts;
+        int64_t t0 = oq_mono_us();
+        oq_mono_deadline(&ts, ahead[i]);
+        int64_t t1 = oq_mono_us();
+        assert_true(ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000L);
+        int64_t at = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        assert_true(at >= t0 + ahead[i] && at <= t1 + ahead[i]);
+    }
     char hex[9];
     oq_hex((const unsigned char *)"\x00\xff\x12\xab", 4, hex);
     assert_string_equal(hex, "00ff12ab");
