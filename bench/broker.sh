@@ -8,7 +8,11 @@
 # Produces COUNT x SIZE-byte messages keyless, then keyed (key "k<i>"), each into its own
 # topic of PARTITIONS partitions, and consumes each topic with one group consumer (--quiet).
 # The mock keeps only ~5 MiB per partition: keep COUNT*SIZE/PARTITIONS well below that,
-# or the consumer sees evicted offsets.
+# or the consumer sees evicted offsets. That needs the messages spread evenly: librdkafka's
+# sticky partitioner (keyless messages, sticky.partitioning.linger.ms 10 ms by default) put
+# 22,000-24,000 of 200,000 into one partition of 64 (about 6 MB with record overhead), the
+# mock evicted the oldest, and the consumer stopped short in most runs. Keyless messages are
+# therefore spread one by one (sticky.partitioning.linger.ms=0): at most ~3,300 a partition.
 set -uo pipefail
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/.." && pwd)}/tests/integration/lib.sh"
 
@@ -22,14 +26,13 @@ per_part=$((N * SIZE / PARTS))
 oq_start_broker --topics "bench.keyless:$PARTS,bench.keyed:$PARTS"
 echo "onceq broker: 3 brokers, $N x $SIZE B, $PARTS partitions; $(nproc) cores"
 for mode in keyless keyed; do
-    keyopt=()
+    keyopt=(-X sticky.partitioning.linger.ms=0)
     [[ $mode == keyed ]] && keyopt=(--key-prefix k)
     out=$("$KC" produce --brokers "$BROKERS" --topic "bench.$mode" --count "$N" --size "$SIZE" \
         "${keyopt[@]}" -X linger.ms=5 --timeout-ms 120000) || oq_fail "produce: $out"
     echo "produce $mode: $out"
-    # The mock's group coordinator sometimes revokes a fresh assignment mid-consume (a
-    # SyncGroup race of the mock): the consumer then stops short. Retry with a new group.
-    # A good try takes well under a second here, so a try that stalls gives up after 20 s
+    # The mock's group coordinator can revoke a fresh assignment mid-consume (a SyncGroup
+    # race of the mock): the consumer then stops short. Retry with a new group. A good try takes about a second here, so a try that stalls gives up after 20 s
     # (with 120 s, three stalled tries cost 6 minutes of `make bench`).
     for try in 1 2 3; do
         out=$("$KC" consume --brokers "$BROKERS" --topic "bench.$mode" --group "bench-$mode-$try" \
