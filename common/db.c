@@ -29,6 +29,7 @@
  * counts) are here, once; the relay's reads and watermark live with the relay.
  */
 #include "oq_db.h"
+#include "dbgate.h"
 #include "oq_envelope.h" /* OQ_HDR_MESSAGE_ID, the header the relay adds to each row */
 #include "oq_log.h"
 #include "oq_util.h"
@@ -87,8 +88,16 @@ static int oq__db_pragma_text(sqlite3 *db, const char *sql, char *out, size_t ca
  * bounded from below by the schedule (the jitter only lengthens a sleep), so the timeout holds.
  * The timeout in ms travels in the context pointer: no per-connection allocation to free.
  */
+static _Atomic uint64_t busy_calls;
+
+uint64_t oq_db_busy_calls(void)
+{
+    return atomic_load(&busy_calls);
+}
+
 static int oq__db_busy_cb(void *ctx, int count)
 {
+    atomic_fetch_add(&busy_calls, 1);
     int64_t timeout_us = (int64_t)(intptr_t)ctx * 1000;
     int64_t nap = 50, spent = 0;
     for (int i = 0; i < count; i++) {
@@ -232,6 +241,7 @@ int oq_db_open(const char *path, const oq_db_opts_t *opts, sqlite3 **out, oq_err
         rc = oq_db_error(db, rc, err, "configure");
         goto prefix_fail;
     }
+    if (!readonly) oq__dbgate_attach(db);
     *out = db;
     return 0;
 
@@ -364,14 +374,17 @@ int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
     int64_t t0 = oq_mono_us();
     int64_t deadline = t0 + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000;
     int64_t sleep_ms = 1;
+    oq__dbgate_enter(db, deadline);
     for (;;) {
         int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
         atomic_fetch_add(&lock_wait_us, oq_mono_us() - t0);
         t0 = oq_mono_us();
         if (rc == SQLITE_OK) return 0;
         int primary = rc & 0xff;
-        if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || oq_mono_us() >= deadline)
+        if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || oq_mono_us() >= deadline) {
+            if (sqlite3_get_autocommit(db)) oq__dbgate_leave(db);
             return oq_db_error(db, rc, err, "BEGIN IMMEDIATE");
+        }
         oq_sleep_ms(sleep_ms, NULL);
         if (sleep_ms < 16) sleep_ms *= 2;
     }
@@ -380,14 +393,23 @@ int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
 int oq_db_commit(sqlite3 *db, oq_error_t *err)
 {
     int rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    return rc == SQLITE_OK ? 0 : oq_db_error(db, rc, err, "COMMIT");
+    if (rc == SQLITE_OK) {
+        oq__dbgate_leave(db);
+        return 0;
+    }
+    rc = oq_db_error(db, rc, err, "COMMIT");
+    if (sqlite3_get_autocommit(db)) oq__dbgate_leave(db); /* it ended anyway */
+    return rc;
 }
 
 void oq_db_rollback(sqlite3 *db)
 {
-    if (!db || sqlite3_get_autocommit(db)) return;
-    int rc = sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) OQ_LOG_WARN("db", "ROLLBACK failed: %s", sqlite3_errmsg(db));
+    if (!db) return;
+    if (!sqlite3_get_autocommit(db)) {
+        int rc = sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) OQ_LOG_WARN("db", "ROLLBACK failed: %s", sqlite3_errmsg(db));
+    }
+    oq__dbgate_leave(db);
 }
 
 /* --- statement cache ---------------------------------------------------------------------- */

@@ -93,9 +93,21 @@ int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err);
 /** @brief Microseconds this process spent in oq_db_begin_immediate() (taking the write lock,
  *        busy waits included), over all connections: SQLite's busy time. */
 int64_t oq_db_lock_wait_us(void);
+/** @brief Times SQLite's busy handler ran for this process's connections (a writer that found
+ *        the write lock taken and slept before trying again). */
+uint64_t oq_db_busy_calls(void);
+/** @brief COMMIT; the writer gate is given back once the transaction has ended. */
 int oq_db_commit(sqlite3 *db, oq_error_t *err);
-/** @brief ROLLBACK if a transaction is open; never fails loudly. */
+/** @brief ROLLBACK if a transaction is open; never fails loudly. Gives the writer gate back. */
 void oq_db_rollback(sqlite3 *db);
+
+/** What this process's writer gates did (common/dbgate.c): times one was taken, times a
+ *  writer waited for it, waits that reached their deadline (then BEGIN IMMEDIATE went on
+ *  without it), and holders found dead (EOWNERDEAD). */
+typedef struct oq_db_gate_counts {
+    uint64_t taken, waited, timeouts, owner_dead;
+} oq_db_gate_counts_t;
+void oq_db_gate_counts(oq_db_gate_counts_t *out);
 
 /** @brief Fill \p err from the connection's last error; returns OQ_EBUSY or OQ_EDB. */
 int oq_db_error(sqlite3 *db, int rc, oq_error_t *err, const char *what);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 14, item 5: databases, their -wal/-shm files and the logs of `onceq up`'s children are
+# Issue 14, item 5: databases, their -wal/-shm/-gate files and the logs of `onceq up`'s children are
 # created owner-only (0600; the data directory 0700), under the usual umask 022, instead of
 # 0644. (The embedded broker's bootstrap address file stays readable: kcat users read it.)
 set -u
@@ -18,6 +18,7 @@ mode_is() { # FILE WANT
 "$ONCEQ_BIN" submit --db "$T/a.db" --key k1 --tool charge --args '{"amount":1}' >/dev/null 2>&1 ||
     oq_fail "submit failed"
 mode_is "$T/a.db" 600
+mode_is "$T/a.db-gate" 600 # the writer gate (docs/DESIGN.md, "Writers of one SQLite file")
 for f in "$T"/a.db-wal "$T"/a.db-shm; do [[ -e $f ]] && mode_is "$f" 600; done
 
 # onceq up: both databases, their WAL files, every child's log, the directory
@@ -31,12 +32,12 @@ oq_wait_for 30 curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/health
     --timeout 60s >/dev/null 2>"$T/call.err" || oq_fail "call: $(tail -3 "$T/call.err")"
 mode_is "$D" 700
 n=0
-for f in "$D"/calls.db "$D"/calls.db-wal "$D"/calls.db-shm "$D"/effects.db "$D"/effects.db-wal \
-    "$D"/effects.db-shm "$D"/broker.log "$D"/producer.log "$D"/relay.log "$D"/consumer-1.log; do
+for f in "$D"/calls.db "$D"/calls.db-wal "$D"/calls.db-shm "$D"/calls.db-gate "$D"/effects.db \
+    "$D"/effects.db-wal "$D"/effects.db-shm "$D"/effects.db-gate "$D"/broker.log "$D"/producer.log "$D"/relay.log "$D"/consumer-1.log; do
     mode_is "$f" 600
     n=$((n + 1))
 done
 oq_log "$n files checked under $D: $(ls -l "$D" | tail -n +2 | awk '{print $1, $NF}' | tr '\n' ' ')"
-((n >= 10)) || oq_fail "expected at least 10 files under $D, saw $n"
+((n >= 12)) || oq_fail "expected at least 12 files under $D, saw $n"
 oq_kill up TERM
-oq_pass "databases, WAL files and logs are created 0600"
+oq_pass "databases, WAL files, writer gates and logs are created 0600"

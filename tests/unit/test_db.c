@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,8 +46,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture_t *f = *state;
-    const char *suffix[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < 4; i++) {
+    const char *suffix[] = {"", "-wal", "-shm", "-journal", "-gate"};
+    for (size_t i = 0; i < 5; i++) {
         char p[160];
         snprintf(p, sizeof(p), "%s%s", f->path, suffix[i]);
         unlink(p);
@@ -443,6 +445,223 @@ static void test_busy_is_retriable(void **state)
     sqlite3_close_v2(b);
 }
 
+/* --- the writer gate (common/dbgate.c) ------------------------------------------------------ */
+
+typedef struct {
+    const char *path;
+    int64_t commit_from_us; /* set just before the holder's COMMIT */
+    int ready;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} holder_t;
+
+static void *hold_then_commit(void *arg)
+{
+    holder_t *h = arg;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    if (oq_db_open(h->path, NULL, &db, &err) != 0) return NULL;
+    if (oq_db_begin_immediate(db, 1000, &err) == 0) {
+        oq_db_exec(db, "INSERT INTO t VALUES(1)", &err);
+        pthread_mutex_lock(&h->mu);
+        h->ready = 1;
+        pthread_cond_signal(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        oq_sleep_ms(40, NULL);
+        h->commit_from_us = oq_mono_us();
+        oq_db_commit(db, &err);
+    }
+    sqlite3_close_v2(db);
+    return NULL;
+}
+
+static sqlite3 *open_with_table(const char *path)
+{
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_open(path, NULL, &db, &err), 0);
+    assert_int_equal(oq_db_exec(db, "CREATE TABLE IF NOT EXISTS t(x)", &err), 0);
+    return db;
+}
+
+/* A writer that finds another thread's transaction open waits on the gate and starts right
+ * after that COMMIT: SQLite's busy handler never runs. */
+static void test_gate_hands_over_between_threads(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = open_with_table(f->path);
+    char gp[160];
+    snprintf(gp, sizeof gp, "%s-gate", f->path);
+    struct stat st;
+    assert_int_equal(stat(gp, &st), 0);
+    assert_int_equal(st.st_mode & 077, 0); /* owner-only, like the database */
+    for (int round = 0; round < 3; round++) {
+        holder_t h = {
+            .path = f->path, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, hold_then_commit, &h), 0);
+        pthread_mutex_lock(&h.mu);
+        while (!h.ready)
+            pthread_cond_wait(&h.cv, &h.mu);
+        pthread_mutex_unlock(&h.mu);
+        uint64_t busy0 = oq_db_busy_calls();
+        oq_db_gate_counts_t g0, g1;
+        oq_db_gate_counts(&g0);
+        oq_error_t err = {0};
+        assert_int_equal(oq_db_begin_immediate(db, 5000, &err), 0);
+        int64_t got_us = oq_mono_us();
+        oq_db_gate_counts(&g1);
+        assert_int_equal(oq_db_busy_calls(), busy0);
+        assert_true(g1.waited > g0.waited);
+        assert_true(h.commit_from_us > 0 && got_us >= h.commit_from_us);
+        assert_int_equal(oq_db_exec(db, "INSERT INTO t VALUES(2)", &err), 0);
+        assert_int_equal(oq_db_commit(db, &err), 0);
+        pthread_join(t, NULL);
+    }
+    assert_int_equal(query_int(db, "SELECT count(*) FROM t"), 6);
+    /* a failed BEGIN and a rollback give the gate back too */
+    oq_error_t err = {0};
+    assert_int_equal(oq_db_begin_immediate(db, 100, &err), 0);
+    oq_db_rollback(db);
+    assert_int_equal(oq_db_begin_immediate(db, 100, &err), 0);
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    sqlite3_close_v2(db);
+}
+
+/* A child process holding the write transaction (gate taken), then: commit (the parent gets it
+ * without the busy handler), or die by SIGKILL (the parent gets it, the dead owner counted), or
+ * stay stopped (the parent's BEGIN gives up at its deadline with OQ_EBUSY, as without a gate). */
+static pid_t child_holding(const char *path, int mode, int *rfd)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        sqlite3 *db = NULL;
+        oq_error_t err = {0};
+        if (oq_db_open(path, NULL, &db, &err) != 0 || oq_db_begin_immediate(db, 2000, &err) != 0)
+            _exit(2);
+        oq_db_exec(db, "INSERT INTO t VALUES(3)", &err);
+        if (write(p[1], "h", 1) != 1) _exit(3);
+        if (mode == 0) {
+            oq_sleep_ms(40, NULL);
+            _exit(oq_db_commit(db, &err) == 0 ? 0 : 4);
+        }
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    char c;
+    assert_int_equal(read(p[0], &c, 1), 1);
+    *rfd = p[0];
+    return pid;
+}
+
+static void test_gate_across_processes(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = open_with_table(f->path);
+    oq_error_t err = {0};
+    int fd, st;
+
+    /* 1. the holder commits: handed over, no busy wait */
+    pid_t pid = child_holding(f->path, 0, &fd);
+    uint64_t busy0 = oq_db_busy_calls();
+    assert_int_equal(oq_db_begin_immediate(db, 5000, &err), 0);
+    assert_int_equal(oq_db_busy_calls(), busy0);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM t"), 1); /* the child's row */
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fd);
+
+    /* 2. the holder is killed: its transaction is gone, the gate is taken again */
+    oq_db_gate_counts_t g0, g1;
+    oq_db_gate_counts(&g0);
+    pid = child_holding(f->path, 1, &fd);
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    int64_t t0 = oq_mono_us();
+    assert_int_equal(oq_db_begin_immediate(db, 5000, &err), 0);
+    assert_true(oq_mono_us() - t0 < 2000000);
+    oq_db_gate_counts(&g1);
+    assert_int_equal(g1.owner_dead, g0.owner_dead + 1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM t"), 1); /* its row rolled back */
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    close(fd);
+
+    /* 3. the holder is stopped: the wait ends at the caller's deadline (the gate's wait, then
+     * one try with a 1 ms busy timeout), OQ_EBUSY, retriable */
+    sqlite3 *quick = NULL;
+    oq_db_opts_t q = {.busy_timeout_ms = 1};
+    assert_int_equal(oq_db_open(f->path, &q, &quick, &err), 0);
+    pid = child_holding(f->path, 1, &fd);
+    kill(pid, SIGSTOP);
+    oq_db_gate_counts(&g0);
+    t0 = oq_mono_us();
+    int rc = oq_db_begin_immediate(quick, 200, &err);
+    int64_t took = oq_mono_us() - t0;
+    oq_db_gate_counts(&g1);
+    kill(pid, SIGKILL); /* before any assertion: a failed one must not leave it stopped */
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(rc, OQ_EBUSY);
+    assert_int_equal(err.retriable, 1);
+    assert_true(took >= 150000 && took < 3000000);
+    assert_int_equal(g1.timeouts, g0.timeouts + 1);
+    sqlite3_close_v2(quick);
+    assert_int_equal(oq_db_begin_immediate(db, 5000, &err), 0);
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    close(fd);
+    sqlite3_close_v2(db);
+}
+
+/* No gate where none is wanted (a read-only connection) or none can be made (its path is taken
+ * by a folder): writes work as before, through SQLite's own lock. */
+static void test_gate_absent_is_harmless(void **state)
+{
+    fixture_t *f = *state;
+    char rp[160], gp[176];
+    snprintf(rp, sizeof rp, "%s/r.db", f->dir);
+    sqlite3 *raw = NULL;
+    assert_int_equal(sqlite3_open(rp, &raw), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(raw, "PRAGMA journal_mode=WAL; CREATE TABLE t(x)", NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(raw);
+    sqlite3 *ro = NULL;
+    oq_error_t err = {0};
+    oq_db_opts_t o = {.readonly = 1};
+    assert_int_equal(oq_db_open(rp, &o, &ro, &err), 0);
+    snprintf(gp, sizeof gp, "%s-gate", rp);
+    struct stat st;
+    assert_int_equal(stat(gp, &st), -1); /* a reader makes no gate */
+    sqlite3_close_v2(ro);
+
+    assert_int_equal(mkdir(gp, 0700), 0); /* the gate's path is taken */
+    sqlite3 *a = NULL, *b = NULL;
+    oq_db_opts_t q = {.busy_timeout_ms = 1};
+    assert_int_equal(oq_db_open(rp, &q, &a, &err), 0);
+    assert_int_equal(oq_db_open(rp, &q, &b, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(a, 100, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(b, 50, &err), OQ_EBUSY);
+    assert_int_equal(oq_db_exec(a, "INSERT INTO t VALUES(1)", &err), 0);
+    assert_int_equal(oq_db_commit(a, &err), 0);
+    assert_int_equal(oq_db_begin_immediate(b, 100, &err), 0);
+    assert_int_equal(query_int(b, "SELECT count(*) FROM t"), 1);
+    assert_int_equal(oq_db_commit(b, &err), 0);
+    sqlite3_close_v2(a);
+    sqlite3_close_v2(b);
+    rmdir(gp);
+    const char *suffix[] = {"", "-wal", "-shm"};
+    for (size_t i = 0; i < 3; i++) {
+        char p[176];
+        snprintf(p, sizeof p, "%s%s", rp, suffix[i]);
+        unlink(p);
+    }
+}
+
 int main(void)
 {
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
@@ -458,6 +677,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stmt_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outbox_append, setup, teardown),
         cmocka_unit_test_setup_teardown(test_busy_is_retriable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gate_hands_over_between_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gate_across_processes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gate_absent_is_harmless, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

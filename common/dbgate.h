@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * dbgate.h: the writer gate of a SQLite file (dbgate.c): the writers of one database on one
+ * host hand the write lock to each other through a process-shared mutex instead of sleeping in
+ * SQLite's busy handler. Internal to common/db.c; the counters are public (oq_db.h).
+ */
+#ifndef OQ_DBGATE_H
+#define OQ_DBGATE_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "oq_db.h"
+
+/** Map the gate of \p db's file (a read-write connection, at open); silent when it cannot. */
+void oq__dbgate_attach(sqlite3 *db);
+/** Take the gate of \p db's file before BEGIN IMMEDIATE, waiting at most until the
+ *  CLOCK_MONOTONIC deadline (us); on any failure go on without it. */
+void oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us);
+/** Give the gate back once \p db's transaction ended (no-op when this thread does not hold it). */
+void oq__dbgate_leave(sqlite3 *db);
+/** Non-zero when this thread holds \p db's gate (tests). */
+int oq__dbgate_held(sqlite3 *db);
+
+#endif
