@@ -56,7 +56,8 @@
 static const oq_setting_t mcp_settings[] = {
     {"calls", OQ_SET_INT, "3000", 1, 10000000, NULL, "calls per path, tool and round"},
     {"conns", OQ_SET_INT, "16", 1, 256, NULL, "client threads (one keep-alive connection each)"},
-    {"consumers", OQ_SET_INT, "2", 1, 16, NULL, "consumer processes (onceq up's default)"},
+    {"consumers", OQ_SET_INT, "2", 1, 16, NULL,
+     "consumer processes (a consumer group of two, as with onceq up --db-url)"},
     {"dir", OQ_SET_STRING, NULL, 1, 1024, NULL,
      "scratch directory (default: a new /tmp/onceq-bench-mcp.XXXXXX, removed afterwards)"},
     {"keep", OQ_SET_BOOL, "false", 0, -1, NULL, "keep the scratch directory"},
