@@ -89,6 +89,8 @@ static int oq__db_pragma_text(sqlite3 *db, const char *sql, char *out, size_t ca
  * The timeout in ms travels in the context pointer: no per-connection allocation to free.
  */
 static _Atomic uint64_t busy_calls;
+/* Set around a BEGIN IMMEDIATE whose deadline the writer gate used up: one try, no sleep. */
+static _Thread_local int busy_no_wait;
 
 uint64_t oq_db_busy_calls(void)
 {
@@ -98,6 +100,7 @@ uint64_t oq_db_busy_calls(void)
 static int oq__db_busy_cb(void *ctx, int count)
 {
     atomic_fetch_add(&busy_calls, 1);
+    if (busy_no_wait) return 0;
     int64_t timeout_us = (int64_t)(intptr_t)ctx * 1000;
     int64_t nap = 50, spent = 0;
     for (int i = 0; i < count; i++) {
@@ -374,9 +377,11 @@ int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
     int64_t t0 = oq_mono_us();
     int64_t deadline = t0 + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000;
     int64_t sleep_ms = 1;
-    oq__dbgate_enter(db, deadline);
+    int gate = oq__dbgate_enter(db, deadline);
     for (;;) {
+        busy_no_wait = gate < 0;
         int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        busy_no_wait = 0;
         atomic_fetch_add(&lock_wait_us, oq_mono_us() - t0);
         t0 = oq_mono_us();
         if (rc == SQLITE_OK) return 0;

@@ -19,7 +19,10 @@
  * takes it (waiting at most until its own deadline) before BEGIN IMMEDIATE; oq_db_commit() and
  * oq_db_rollback() give it back when the transaction has ended. Waiting on the mutex is a
  * futex wait: the next writer runs as soon as the last one's COMMIT (its fsync included)
- * returned.
+ * returned. A writer whose deadline passes while it waits for the gate has spent its time:
+ * it tries BEGIN IMMEDIATE once without the busy handler's sleeps (the lock may be free, if
+ * the holder stopped before it took SQLite's), so oq_db_begin_immediate() still returns by
+ * its deadline, as the readiness checks (common/ready.c: 1 s) expect.
  *
  * Safety. SQLite's own locks stay the only thing that protects the data; the gate only orders
  * the writers that use it. Whatever goes wrong with it degrades to today's behaviour, never to
@@ -179,15 +182,17 @@ static int held_idx(sqlite3 *db)
     return -1;
 }
 
-void oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
+int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
 {
-    if (!db || nheld >= HELD_MAX || held_idx(db) >= 0) return;
+    if (!db) return 0;
+    if (held_idx(db) >= 0) return 1;
+    if (nheld >= HELD_MAX) return 0;
     const char *path = sqlite3_db_filename(db, "main");
-    if (!path || !path[0]) return;
+    if (!path || !path[0]) return 0;
     pthread_mutex_lock(&reg_mu);
     gate_t *g = find_locked(path);
     pthread_mutex_unlock(&reg_mu);
-    if (!g || atomic_load(&g->broken)) return;
+    if (!g || atomic_load(&g->broken)) return 0;
     int e = pthread_mutex_trylock(&g->shm->mu);
     if (e == EBUSY) {
         atomic_fetch_add(&n_waited, 1);
@@ -204,14 +209,17 @@ void oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
         held[nheld].g = g;
         nheld++;
         atomic_fetch_add(&n_taken, 1);
-        return;
+        return 1;
     }
     if (e == ETIMEDOUT) {
         atomic_fetch_add(&n_timeouts, 1);
-    } else if (e != EDEADLK) {
+        return -1;
+    }
+    if (e != EDEADLK) {
         atomic_store(&g->broken, 1);
         OQ_LOG_WARN("db", "writer gate of %s not used any more: %s", path, strerror(e));
     }
+    return 0;
 }
 
 void oq__dbgate_leave(sqlite3 *db)

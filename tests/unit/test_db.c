@@ -617,6 +617,53 @@ static void test_gate_across_processes(void **state)
     sqlite3_close_v2(db);
 }
 
+typedef struct {
+    const char *path;
+    int rc;
+} waiter_arg_t;
+
+static void *begin_and_commit(void *arg)
+{
+    waiter_arg_t *w = arg;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    w->rc = -1;
+    if (oq_db_open(w->path, NULL, &db, &err) != 0) return NULL;
+    w->rc = oq_db_begin_immediate(db, 5000, &err);
+    if (w->rc == 0) w->rc = oq_db_commit(db, &err);
+    sqlite3_close_v2(db);
+    return NULL;
+}
+
+/* A writer outside the gate (the sqlite3 shell) holds the lock; a gated writer waits for it
+ * while holding the gate. A third writer's deadline (300 ms) must still hold: its wait for the
+ * gate spends it, then one BEGIN without the busy handler's sleeps (the connection's own busy
+ * timeout is 5 s). This is what the readiness checks rely on (test_readyz). */
+static void test_gate_keeps_the_deadline(void **state)
+{
+    fixture_t *f = *state;
+    sqlite3 *db = open_with_table(f->path), *raw = NULL;
+    assert_int_equal(sqlite3_open(f->path, &raw), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(raw, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    waiter_arg_t w = {.path = f->path};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, begin_and_commit, &w), 0);
+    oq_sleep_ms(100, NULL); /* it holds the gate and sleeps in the busy handler */
+    oq_error_t err = {0};
+    int64_t t0 = oq_mono_us();
+    int rc = oq_db_begin_immediate(db, 300, &err);
+    int64_t took = oq_mono_us() - t0;
+    sqlite3_exec(raw, "ROLLBACK", NULL, NULL, NULL);
+    pthread_join(t, NULL);
+    assert_int_equal(rc, OQ_EBUSY);
+    assert_true(took >= 250000 && took < 1500000);
+    assert_int_equal(w.rc, 0); /* the gated writer got the lock once the shell let go */
+    assert_int_equal(oq_db_begin_immediate(db, 1000, &err), 0);
+    assert_int_equal(oq_db_commit(db, &err), 0);
+    sqlite3_close(raw);
+    sqlite3_close_v2(db);
+}
+
 /* No gate where none is wanted (a read-only connection) or none can be made (its path is taken
  * by a folder): writes work as before, through SQLite's own lock. */
 static void test_gate_absent_is_harmless(void **state)
@@ -679,6 +726,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_is_retriable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gate_hands_over_between_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gate_across_processes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gate_keeps_the_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gate_absent_is_harmless, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
