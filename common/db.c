@@ -89,8 +89,10 @@ static int oq__db_pragma_text(sqlite3 *db, const char *sql, char *out, size_t ca
  * The timeout in ms travels in the context pointer: no per-connection allocation to free.
  */
 static _Atomic uint64_t busy_calls;
-/* Set around a BEGIN IMMEDIATE whose deadline the writer gate used up: one try, no sleep. */
-static _Thread_local int busy_no_wait;
+/* The deadline of this thread's oq_db_begin_immediate() (oq_mono_us(); 0: none), which the
+ * busy handler also keeps: a wait for the writer gate and the busy sleeps after it share one
+ * deadline. Already past when the gate's wait used it up: one try, no sleep. */
+static _Thread_local int64_t busy_until_us;
 
 uint64_t oq_db_busy_calls(void)
 {
@@ -100,7 +102,7 @@ uint64_t oq_db_busy_calls(void)
 static int oq__db_busy_cb(void *ctx, int count)
 {
     atomic_fetch_add(&busy_calls, 1);
-    if (busy_no_wait) return 0;
+    if (busy_until_us && oq_mono_us() >= busy_until_us) return 0;
     int64_t timeout_us = (int64_t)(intptr_t)ctx * 1000;
     int64_t nap = 50, spent = 0;
     for (int i = 0; i < count; i++) {
@@ -379,9 +381,9 @@ int oq_db_begin_immediate(sqlite3 *db, int timeout_ms, oq_error_t *err)
     int64_t sleep_ms = 1;
     int gate = oq__dbgate_enter(db, deadline);
     for (;;) {
-        busy_no_wait = gate < 0;
+        busy_until_us = gate < 0 ? 1 : deadline;
         int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        busy_no_wait = 0;
+        busy_until_us = 0;
         atomic_fetch_add(&lock_wait_us, oq_mono_us() - t0);
         t0 = oq_mono_us();
         if (rc == SQLITE_OK) return 0;

@@ -17,7 +17,9 @@
  * What. Beside each database a read-write connection opens, a file `<db>-gate` (0600, one
  * page) holds a process-shared, robust, error-checking pthread mutex. oq_db_begin_immediate()
  * takes it (waiting at most until its own deadline) before BEGIN IMMEDIATE; oq_db_commit() and
- * oq_db_rollback() give it back when the transaction has ended. Waiting on the mutex is a
+ * oq_db_rollback() give it back when the transaction has ended. Waiting on the mutex (at most
+ * 250 ms, then SQLite's busy handler as before: a holder that long is waiting for a writer
+ * outside the gate, or is stopped, perhaps before it took SQLite's lock) is a
  * futex wait: the next writer runs as soon as the last one's COMMIT (its fsync included)
  * returned. A writer whose deadline passes while it waits for the gate has spent its time:
  * it tries BEGIN IMMEDIATE once without the busy handler's sleeps (the lock may be free, if
@@ -57,10 +59,16 @@
 #include <unistd.h>
 
 #include "oq_log.h"
+#include "oq_util.h"
 
 #define GATE_MAGIC 0x6f716761u /* "oqga" */
 #define GATE_VERSION 1u
 #define GATE_SIZE 4096
+/* The longest wait for the gate before going on as without one. A transaction holds it for
+ * milliseconds; a holder that keeps it longer is waiting for a writer outside the gate or is
+ * stopped (SIGSTOP) possibly before it took SQLite's lock, and then SQLite's busy handler is
+ * the better judge of when the lock is free. */
+#define GATE_WAIT_MAX_US 250000
 
 typedef struct {
     _Atomic uint32_t magic;
@@ -194,10 +202,12 @@ int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
     pthread_mutex_unlock(&reg_mu);
     if (!g || atomic_load(&g->broken)) return 0;
     int e = pthread_mutex_trylock(&g->shm->mu);
+    int64_t until = deadline_mono_us;
     if (e == EBUSY) {
         atomic_fetch_add(&n_waited, 1);
-        struct timespec ts = {.tv_sec = deadline_mono_us / 1000000,
-                              .tv_nsec = (long)(deadline_mono_us % 1000000) * 1000};
+        int64_t cap = oq_mono_us() + GATE_WAIT_MAX_US;
+        if (cap < until) until = cap;
+        struct timespec ts = {.tv_sec = until / 1000000, .tv_nsec = (long)(until % 1000000) * 1000};
         e = pthread_mutex_clocklock(&g->shm->mu, CLOCK_MONOTONIC, &ts);
     }
     if (e == EOWNERDEAD) {
@@ -213,7 +223,7 @@ int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
     }
     if (e == ETIMEDOUT) {
         atomic_fetch_add(&n_timeouts, 1);
-        return -1;
+        return until >= deadline_mono_us ? -1 : 0;
     }
     if (e != EDEADLK) {
         atomic_store(&g->broken, 1);

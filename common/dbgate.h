@@ -15,8 +15,9 @@
 /** Map the gate of \p db's file (a read-write connection, at open); silent when it cannot. */
 void oq__dbgate_attach(sqlite3 *db);
 /** Take the gate of \p db's file before BEGIN IMMEDIATE, waiting at most until the
- *  CLOCK_MONOTONIC deadline (us). @returns 1 taken (or held already), 0 no gate to take (none,
- *  or not usable: go on as without one), -1 the deadline passed while another writer held it
+ *  CLOCK_MONOTONIC deadline (us), and at most 250 ms. @returns 1 taken (or held already), 0 go
+ *  on as without one (no gate, not usable, or held 250 ms by a writer that may be stopped),
+ *  -1 the deadline passed while another writer held it
  *  (the caller's time is spent: it tries BEGIN IMMEDIATE once, without the busy handler's
  *  sleeps, so its deadline holds as it did without a gate). */
 int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us);

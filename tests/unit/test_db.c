@@ -592,6 +592,43 @@ static void test_gate_across_processes(void **state)
     assert_int_equal(oq_db_commit(db, &err), 0);
     close(fd);
 
+    /* 2b. the holder is stopped while it waits for a writer outside the gate, so it holds the
+     * gate but not SQLite's lock: once that writer is gone, the next one waits for the gate at
+     * most 250 ms and then takes SQLite's lock (not the whole 5 s deadline) */
+    sqlite3 *raw = NULL;
+    assert_int_equal(sqlite3_open(f->path, &raw), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(raw, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    int p2[2];
+    assert_int_equal(pipe(p2), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p2[0]);
+        sqlite3 *c = NULL;
+        oq_error_t e2 = {0};
+        if (oq_db_open(f->path, NULL, &c, &e2) != 0) _exit(2);
+        if (write(p2[1], "o", 1) != 1) _exit(3);
+        oq_db_begin_immediate(c, 30000, &e2); /* takes the gate, waits for raw's lock */
+        for (;;)
+            pause();
+    }
+    close(p2[1]);
+    char c2;
+    assert_int_equal(read(p2[0], &c2, 1), 1);
+    close(p2[0]);
+    oq_sleep_ms(150, NULL); /* it took the gate and sleeps in the busy handler */
+    kill(pid, SIGSTOP);
+    sqlite3_exec(raw, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(raw);
+    t0 = oq_mono_us();
+    int rc2 = oq_db_begin_immediate(db, 5000, &err);
+    int64_t took2 = oq_mono_us() - t0;
+    if (rc2 == 0) oq_db_rollback(db);
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(rc2, 0);
+    assert_true(took2 < 1500000);
+
     /* 3. the holder is stopped: the wait ends at the caller's deadline (the gate's wait, then
      * one try with a 1 ms busy timeout), OQ_EBUSY, retriable */
     sqlite3 *quick = NULL;
@@ -637,8 +674,8 @@ static void *begin_and_commit(void *arg)
 
 /* A writer outside the gate (the sqlite3 shell) holds the lock; a gated writer waits for it
  * while holding the gate. A third writer's deadline (300 ms) must still hold: its wait for the
- * gate spends it, then one BEGIN without the busy handler's sleeps (the connection's own busy
- * timeout is 5 s). This is what the readiness checks rely on (test_readyz). */
+ * gate (250 ms at most) and the busy handler's sleeps after it share that deadline (the
+ * connection's own busy timeout is 5 s). The readiness checks rely on it (test_readyz). */
 static void test_gate_keeps_the_deadline(void **state)
 {
     fixture_t *f = *state;
