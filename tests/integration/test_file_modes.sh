@@ -6,6 +6,7 @@
 set -u
 . "$ONCEQ_SRC/tests/integration/lib.sh"
 oq_tmpdir
+export ONCEQ_DB_GATE=1 # the writer gates (an option) are files beside the databases too
 umask 022
 
 mode_is() { # FILE WANT

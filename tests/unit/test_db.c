@@ -748,6 +748,7 @@ static void test_gate_absent_is_harmless(void **state)
 
 int main(void)
 {
+    setenv("ONCEQ_DB_GATE", "1", 1); /* the writer gate is an option; these tests turn it on */
     oq_log_init(OQ_LOG_WARN, OQ_LOG_FMT_LOGFMT, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_open_defaults, setup, teardown),
