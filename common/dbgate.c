@@ -198,7 +198,7 @@ static int held_idx(sqlite3 *db)
 
 int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us)
 {
-    if (!db) return 0;
+    if (!db || off()) return 0;
     if (held_idx(db) >= 0) return 1;
     if (nheld >= HELD_MAX) return 0;
     const char *path = sqlite3_db_filename(db, "main");
@@ -257,9 +257,4 @@ void oq_db_gate_counts(oq_db_gate_counts_t *out)
     out->waited = atomic_load(&n_waited);
     out->timeouts = atomic_load(&n_timeouts);
     out->owner_dead = atomic_load(&n_owner_dead);
-}
-
-int oq__dbgate_held(sqlite3 *db)
-{
-    return held_idx(db) >= 0;
 }

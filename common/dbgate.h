@@ -23,7 +23,5 @@ void oq__dbgate_attach(sqlite3 *db);
 int oq__dbgate_enter(sqlite3 *db, int64_t deadline_mono_us);
 /** Give the gate back once \p db's transaction ended (no-op when this thread does not hold it). */
 void oq__dbgate_leave(sqlite3 *db);
-/** Non-zero when this thread holds \p db's gate (tests). */
-int oq__dbgate_held(sqlite3 *db);
 
 #endif
