@@ -1083,10 +1083,9 @@ int oq_store_task_review(sqlite3 *db, const char *task_id, int64_t fence, const 
     int ret = oq_db_begin_immediate(db, 30000, err);
     if (ret) return ret;
     ret = oq__task_review(&s, task_id, fence, as, by, note, oq_now_ms(), 0, out, code, err);
-    if (!ret && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        ret = oq_error_set(err, OQ_EDB, 0, "commit: %s", sqlite3_errmsg(db));
+    if (!ret) ret = oq_db_commit(db, err); /* (the writer gate goes back with it) */
     if (ret) {
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        oq_db_rollback(db);
         if (out) {
             json_decref(*out);
             *out = NULL;

@@ -13,6 +13,7 @@
  *    compensation that fails is retried with a new attempt of the same call and past its
  *    budget the task needs review; a step failing after an irreversible one needs review.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -749,6 +750,65 @@ static void test_db_verify(void **state)
     oq_verify_report_clear(&rep);
 }
 
+/* A review ends its transaction through oq_db_commit / oq_db_rollback: with the writer gate on
+ * (main sets ONCEQ_DB_GATE=1), a writer on another thread finds the gate free at once after a
+ * review that committed and after one that was refused (a raw COMMIT kept it for 250 ms). */
+typedef struct {
+    const char *path;
+    int64_t took_us;
+    int rc;
+} gate_probe_t;
+
+static void *gate_probe(void *arg)
+{
+    gate_probe_t *p = arg;
+    sqlite3 *db = NULL;
+    oq_error_t err = {0};
+    p->rc = oq_db_open(p->path, NULL, &db, &err);
+    int64_t t0 = oq_mono_us();
+    if (p->rc == 0) p->rc = oq_db_begin_immediate(db, 2000, &err);
+    p->took_us = oq_mono_us() - t0;
+    oq_db_rollback(db);
+    sqlite3_close_v2(db);
+    return NULL;
+}
+
+static void probe_gate_free(const char *path)
+{
+    oq_db_gate_counts_t g0, g1;
+    oq_db_gate_counts(&g0);
+    gate_probe_t p = {.path = path};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gate_probe, &p), 0);
+    pthread_join(th, NULL);
+    oq_db_gate_counts(&g1);
+    assert_int_equal(p.rc, 0);
+    assert_true(g1.taken > g0.taken); /* the gate is in use in this test */
+    assert_int_equal(g1.timeouts, g0.timeouts);
+    assert_true(p.took_us < 150000);
+}
+
+static void test_db_review_gives_the_gate_back(void **state)
+{
+    fx_t *f = *state;
+    static const char spec[] =
+        "{\"steps\":[{\"name\":\"charge\",\"tool\":\"pay\",\"args\":{}},{\"name\":"
+        "\"ship\",\"tool\":\"ship\",\"args\":{},\"approval\":true}]}";
+    char id[OQ_TASK_ID_LEN + 1] = "";
+    oq_task_outcome_t oc = 0;
+    oq_error_t err = {0};
+    const char *code = NULL;
+    assert_int_equal(submit(f->db, "gt1", spec, &oc, id), 0);
+    result(f->db, "gt1/charge", "succeeded", "{}", NULL);
+    assert_int_equal(oq_store_task_review(f->db, id, 0, "approve", "ada", "ok", NULL, &code, &err),
+                     OQ_ECONFLICT);
+    probe_gate_free(f->path);
+    assert_int_equal(oq_store_task_review(f->db, id, 1, "approve", "ada", "ok", NULL, &code, &err),
+                     0);
+    probe_gate_free(f->path);
+    expect(f->db, "SELECT count(*) FROM calls WHERE idem_key='%s'", "gt1/ship", "1");
+}
+
 /* Approval before a step: the task waits with no call written; a stale fence is refused with
  * nothing changed; approve writes the step; reject skips it and compensates what ran. */
 static void test_db_approval(void **state)
@@ -880,6 +940,7 @@ static void test_db_submit_in_tx(void **state)
 
 int main(void)
 {
+    setenv("ONCEQ_DB_GATE", "1", 1); /* test_db_review_gives_the_gate_back */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_validate_mangled),
@@ -892,6 +953,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_db_bad_reference_at_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_approval, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_review_gives_the_gate_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_db_submit_in_tx, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
