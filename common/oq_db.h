@@ -103,9 +103,10 @@ void oq_db_rollback(sqlite3 *db);
 
 /** What this process's writer gates did (common/dbgate.c): times one was taken, times a
  *  writer waited for it, waits that reached their deadline (then BEGIN IMMEDIATE went on
- *  without it), and holders found dead (EOWNERDEAD). */
+ *  without it), holders found dead (EOWNERDEAD), and times a writer took it from a holder
+ *  that had let waiters go first (the hand-over of "Fairness"). */
 typedef struct oq_db_gate_counts {
-    uint64_t taken, waited, timeouts, owner_dead;
+    uint64_t taken, waited, timeouts, owner_dead, handoffs;
 } oq_db_gate_counts_t;
 void oq_db_gate_counts(oq_db_gate_counts_t *out);
 
