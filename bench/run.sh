@@ -14,7 +14,8 @@
 # 4. relay:    outbox -> broker vs raw librdkafka produce of the same payloads; idle latency
 # 5. consumer: consumer from a pre-filled topic vs raw consume + batched SQLite inserts
 # 6. e2e:      submit -> effect -> result applied, at a fixed offered load, with latencies
-# 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity
+# 7. e2e:      the same, closed loop (as fast as the pipeline answers): capacity, three
+#              alternated pairs (producer alone, pipeline) and their median ratio
 # 8. e2e:      closed loop, the compiled charge and then an HTTP tool against onceq-downstream
 #              (8b: the same at a third and at 10/3 of the size: does the HTTP rate hold?
 #              8c: the HTTP tool's latency at 80 % of that capacity, open loop)
@@ -81,8 +82,37 @@ oq_kill broker
 
 echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
-echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 (closed loop: capacity; first the producer alone under the same closed loop, same client)"
-"$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2
+
+# 7. Capacity: the closed loop, each run first the producer alone and then the pipeline under
+# the same client. On a shared host one pair's ratio moves by +-15 % from run to run (the
+# producer alone swung 18,000-22,500 submits/s between consecutive runs of one build), so
+# three pairs run back to back (alternated: alone, pipeline, alone, pipeline, ...) and the ratio
+# is their median; the first run is printed in full, the other two by their figures.
+E2E_PAIRS=$(((quick)) && echo 1 || echo 3)
+echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2, $E2E_PAIRS times (closed loop: capacity; each run first the producer alone under the same closed loop, same client)"
+for i in $(seq 1 "$E2E_PAIRS"); do
+    "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 >"$T/e2e-cap-$i.out" 2>&1
+done
+cat "$T/e2e-cap-1.out"
+python3 - "$T"/e2e-cap-*.out <<'PY'
+import re, statistics, sys
+print("\n| run | producer alone submits/s | end to end calls/s | p50 / p99 ms | ratio (the bench's line) | verify |")
+print("|---|---|---|---|---|---|")
+ratios = []
+for i, f in enumerate(sys.argv[1:], 1):
+    t = open(f).read()
+    g = lambda rx: (re.search(rx, t) or [None, "?"])[1]
+    r = g(r"ratio: end-to-end calls/s / producer-alone submits/s = ([0-9.]+)")
+    if r != "?": ratios.append(float(r))
+    res = re.search(r"result bench=e2e .*?calls_per_s=(\d+) p50_ms=([0-9.]+) p99_ms=([0-9.]+)", t)
+    cps, p50, p99 = res.groups() if res else ("?", "?", "?")
+    alone = g(r"= (\d+) submits/s")
+    ver = "clean" if re.search(r"^verify: .*clean$", t, re.M) else "NOT CLEAN (see the run)"
+    print(f"| {i} | {alone} | {cps} | {p50} / {p99} | {r} | {ver} |")
+if ratios:
+    print(f"ratio: end-to-end / producer alone, median of {len(ratios)} pairs = {statistics.median(ratios):.2f} "
+          f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+PY
 echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools | tee "$T/http-mid.out"
 
