@@ -651,20 +651,21 @@ int oq_envelope_decode_call(const char *buf, size_t len, oq_envelope_t *e, oq_er
  * sorted key order (the order below is the UTF-16 order of the ASCII keys), the nested args /
  * result / error canonicalised on their own. This is byte for byte what canonicalising the
  * whole object gives (tests/unit/test_envelope.c checks it), without building and sorting a
- * tree per message. A tool_call's args come either from e->args or, when \p args_canon is not
- * NULL, as text already in canonical form, written verbatim (the producer's hot path: the args
- * were canonicalised once, for the fingerprint and the calls row). \p e has been validated.
+ * tree per message. The object member (a tool_call's args, a tool_result's result) comes either
+ * from the tree (e->args, e->result) or, when \p canon is not NULL, as text already in canonical
+ * form, written verbatim (the producer's hot path: the args were canonicalised once, for the
+ * fingerprint and the calls row; the consumer's: a result written once, for its rows and this
+ * message). \p e has been validated.
  */
-static int write_envelope(const oq_envelope_t *e, const char *args_canon, size_t args_len,
-                          char **out, size_t *out_len, oq_error_t *err)
+static int write_envelope(const oq_envelope_t *e, const char *canon, size_t canon_len, char **out,
+                          size_t *out_len, oq_error_t *err)
 {
     oq_jcs_buf_t b = {0};
     int rc = 0;
     const int call = e->kind == OQ_KIND_TOOL_CALL;
     if (call) {
         PUT_KEY("{\"args\":");
-        PUT(args_canon ? oq_jcs_put_raw(&b, args_canon, args_len, err)
-                       : oq_jcs_put_value(&b, e->args, err));
+        PUT(canon ? oq_jcs_put_raw(&b, canon, canon_len, err) : oq_jcs_put_value(&b, e->args, err));
         PUT_KEY(",\"attempt\":");
     } else {
         PUT_KEY("{\"attempt\":");
@@ -691,7 +692,9 @@ static int write_envelope(const oq_envelope_t *e, const char *args_canon, size_t
     PUT(oq_jcs_put_string(&b, e->message_id, err));
     if (!call) {
         PUT_KEY(",\"result\":");
-        PUT(e->result ? oq_jcs_put_value(&b, e->result, err) : oq_jcs_put_raw(&b, "null", 4, err));
+        PUT(canon      ? oq_jcs_put_raw(&b, canon, canon_len, err)
+            : e->result ? oq_jcs_put_value(&b, e->result, err)
+                        : oq_jcs_put_raw(&b, "null", 4, err));
         PUT_KEY(",\"status\":");
         PUT(oq_jcs_put_string(&b, e->status, err));
     }
@@ -715,19 +718,27 @@ int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_e
     return write_envelope(e, NULL, 0, out, out_len, err);
 }
 
-int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, size_t args_len,
-                             char **out, size_t *out_len, oq_error_t *err)
+int oq_envelope_encode_canon(const oq_envelope_t *e, const char *canon, size_t len, char **out,
+                             size_t *out_len, oq_error_t *err)
 {
     if (!out) return oq_error_set(err, OQ_EINVAL, 0, "invalid arguments");
-    if (!e || e->kind != OQ_KIND_TOOL_CALL || !args_canon || args_len < 2 || args_canon[0] != '{' ||
-        args_canon[args_len - 1] != '}')
+    const int call = e && e->kind == OQ_KIND_TOOL_CALL;
+    if (!e || (call && !canon) || (canon && (len < 2 || canon[0] != '{' || canon[len - 1] != '}')))
         return oq_error_set(err, OQ_EINVAL, 0,
-                            "encode_canon: a tool_call with canonical args (an object) expected");
-    if (validate_fields(e, err)) {
+                            "encode_canon: the args or the result as a canonical object expected");
+    /* every check but the member given as text: a result's error still is a tree */
+    const oq_envelope_t *v = e;
+    oq_envelope_t r;
+    if (!call) {
+        r = *e;
+        r.result = NULL;
+        v = &r;
+    }
+    if (call ? validate_fields(v, err) : oq_envelope_validate(v, err)) {
         if (err) err->code = OQ_EINVAL;
         return OQ_EINVAL;
     }
-    return write_envelope(e, args_canon, args_len, out, out_len, err);
+    return write_envelope(e, canon, len, out, out_len, err);
 }
 
 #undef PUT

@@ -625,6 +625,12 @@ int oq_jcs_put_string(oq_jcs_buf_t *b, const char *s, oq_error_t *err)
     return jcs_string(b, s, strlen(s), err);
 }
 
+int oq_jcs_put_stringn(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err)
+{
+    if (!s) return oq_error_set(err, OQ_EINVAL, 0, "NULL string");
+    return jcs_string(b, s, n, err);
+}
+
 int oq_jcs_put_int(oq_jcs_buf_t *b, long long i, oq_error_t *err)
 {
     char num[24];

@@ -119,14 +119,16 @@ void oq_envelope_clear(oq_envelope_t *e);
 int oq_envelope_encode(const oq_envelope_t *e, char **out, size_t *out_len, oq_error_t *err);
 
 /**
- * @brief oq_envelope_encode() of a tool_call whose args the caller already holds in RFC 8785
- *        form (the text oq_jcs_canonicalize() wrote for an object): the same bytes, written by
- *        the same encoder, without walking a tree. \p e->args is not used (may be NULL).
- * @param args_canon \p args_len bytes, written verbatim (only its braces are checked).
+ * @brief oq_envelope_encode() of an envelope whose object member the caller already holds in
+ *        RFC 8785 form (the text oq_jcs_canonicalize() wrote for an object): a tool_call's
+ *        args, or a tool_result's result. The same bytes, written by the same encoder, without
+ *        walking a tree. That member's tree (\p e->args, \p e->result) is not used.
+ * @param canon \p len bytes, written verbatim (only its braces are checked); required for a
+ *        tool_call, NULL for a result of null.
  * @returns as oq_envelope_encode().
  */
-int oq_envelope_encode_canon(const oq_envelope_t *e, const char *args_canon, size_t args_len,
-                             char **out, size_t *out_len, oq_error_t *err);
+int oq_envelope_encode_canon(const oq_envelope_t *e, const char *canon, size_t len, char **out,
+                             size_t *out_len, oq_error_t *err);
 
 /**
  * @brief Decode and validate \p len bytes. On success \p e is filled (caller clears it); on

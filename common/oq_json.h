@@ -85,6 +85,9 @@ typedef oq_buf_t oq_jcs_buf_t;
 int oq_jcs_put_raw(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err);
 /** Appends \p s as an RFC 8785 string (quoted, escaped); OQ_EUTF8 if not valid UTF-8. */
 int oq_jcs_put_string(oq_jcs_buf_t *b, const char *s, oq_error_t *err);
+/** As oq_jcs_put_string(), of \p n bytes that need not end in a NUL (a NUL among them is
+ *  written escaped). */
+int oq_jcs_put_stringn(oq_jcs_buf_t *b, const char *s, size_t n, oq_error_t *err);
 /** Appends an integer; OQ_ERANGE beyond +-2^53, as oq_jcs_canonicalize(). */
 int oq_jcs_put_int(oq_jcs_buf_t *b, long long i, oq_error_t *err);
 /** Appends the canonical form of \p v (as oq_jcs_canonicalize()). */

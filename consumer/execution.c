@@ -211,15 +211,119 @@ static const struct {
     [OQ__HTTP_UNDECIDED] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_UNDECIDED},
 };
 
-#define OQ__MAX_ANSWER (64 * 1024) /* a JSON answer larger than this is not kept */
+#define OQ__MAX_ANSWER (64 * 1024) /* an answer larger than this is not kept in the result */
 
-/* The result object of an answer: the downstream's object id, the status, the answer body. */
-static json_t *answer_result(const oq__http_outcome_t *h, const json_t *answer,
-                             const char *found_by)
+/*
+ * The one form a result is stored in and sent in is RFC 8785 text, written once where the
+ * outcome is made. A value that form cannot write exactly (an integer beyond +-2^53, as a
+ * payment API's numeric id can be) is kept as its JSON text instead, in a string member
+ * ("result_text", an answer's "response_text"): the effect happened, so its result is recorded
+ * however it is spelled. Refusing it would fail the transaction that records the effect, on
+ * every try, and stall the worker behind one answer.
+ */
+#define PUT_RAW(lit) (rc = rc ? rc : oq_jcs_put_raw(&b, lit, sizeof(lit) - 1, &e))
+
+/* Out of the value's control (its numbers, its strings' UTF-8), as opposed to out of memory. */
+static int unwritable(int rc)
+{
+    return rc == OQ_ERANGE || rc == OQ_EUTF8;
+}
+
+/* {"<key>":"<text>"}: \p n bytes of JSON text as one string member, in *out. */
+static int text_member(const char *key, const char *text, size_t n, char **out, oq_error_t *err)
+{
+    oq_jcs_buf_t b = {0};
+    oq_error_t e = {0};
+    int rc = oq_jcs_put_raw(&b, "{", 1, &e);
+    rc = rc ? rc : oq_jcs_put_string(&b, key, &e);
+    PUT_RAW(":");
+    rc = rc ? rc : oq_jcs_put_stringn(&b, text, n, &e);
+    PUT_RAW("}");
+    if ((rc = oq_jcs_buf_finish(&b, rc, out, NULL, &e)))
+        return oq_error_set(err, rc, 0, "result encode: %s", e.msg);
+    return 0;
+}
+
+/* \p r (NULL: {}) as a result's text in *out (malloc()ed): its RFC 8785 form, else
+ * {"result_text": its JSON text}. */
+static int result_canon(const json_t *r, char **out, oq_error_t *err)
+{
+    oq_error_t e = {0};
+    *out = NULL;
+    if (!r)
+        return (*out = strdup("{}")) ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+    int rc = oq_jcs_canonicalize(r, out, NULL, &e);
+    if (!unwritable(rc)) return rc ? oq_error_set(err, rc, 0, "result encode: %s", e.msg) : 0;
+    char *t = oq_json_dumps(r, JSON_COMPACT);
+    if (!t) return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+    rc = text_member("result_text", t, strlen(t), out, err);
+    free(t);
+    return rc;
+}
+
+/* A result as stored (text of an earlier version, an operator's), in RFC 8785 form in *out;
+ * *out NULL for text that is not a JSON object (the message then says null). */
+static int result_canon_text(const char *t, char **out, oq_error_t *err)
+{
+    oq_error_t e = {0};
+    size_t n = strlen(t);
+    *out = NULL;
+    int rc = oq_jcs_canonicalize_text(t, n, out, NULL, &e);
+    if (unwritable(rc)) return text_member("result_text", t, n, out, err);
+    if (rc == OQ_ENOMEM) return oq_error_set(err, rc, 0, "result encode: %s", e.msg);
+    if (rc || (*out)[0] != '{') {
+        free(*out);
+        *out = NULL;
+    }
+    return 0;
+}
+
+/*
+ * The result of an answer, as RFC 8785 text (members in that order): how it was found, the
+ * status, the downstream's object id, and the answer: as JSON when it is JSON the form can
+ * write, else as its exact text ("response_text": not JSON, or an integer beyond +-2^53, or
+ * past what jansson reads), when that text is UTF-8. Written on the dispatcher's thread, beside
+ * the executor's tree, so the worker neither encodes the answer nor frees it. NULL when out of
+ * memory (the result is then {}).
+ */
+static char *answer_result(const oq__http_outcome_t *h, const json_t *answer,
+                           const char *found_by)
 {
     const char *id = h->object_id && h->object_id[0] ? h->object_id : NULL;
-    return json_pack("{s:s*, s:I, s:s*, s:O*}", "object_id", id, "http_status",
-                     (json_int_t)h->status, "found_by", found_by, "response", answer);
+    oq_jcs_buf_t b = {0};
+    oq_error_t e = {0};
+    char *out = NULL;
+    int rc = 0;
+    PUT_RAW("{");
+    if (found_by) {
+        PUT_RAW("\"found_by\":");
+        rc = rc ? rc : oq_jcs_put_string(&b, found_by, &e);
+        PUT_RAW(",");
+    }
+    PUT_RAW("\"http_status\":");
+    rc = rc ? rc : oq_jcs_put_int(&b, h->status, &e);
+    if (id && oq_utf8_valid(id, strlen(id))) {
+        PUT_RAW(",\"object_id\":");
+        rc = rc ? rc : oq_jcs_put_string(&b, id, &e);
+    }
+    size_t mark = b.len;
+    if (answer) {
+        PUT_RAW(",\"response\":");
+        rc = rc ? rc : oq_jcs_put_value(&b, answer, &e);
+    }
+    if ((!answer || unwritable(rc)) && h->body && h->body_len > 0 &&
+        h->body_len <= OQ__MAX_ANSWER && (rc == 0 || unwritable(rc))) {
+        b.len = mark;
+        rc = 0;
+        PUT_RAW(",\"response_text\":");
+        rc = rc ? rc : oq_jcs_put_stringn(&b, h->body, h->body_len, &e);
+    }
+    if (unwritable(rc)) { /* not even as text (a body that is not UTF-8): left out */
+        b.len = mark;
+        rc = 0;
+    }
+    PUT_RAW("}");
+    return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
 }
 
 /* A refusal's message: the status and what the downstream said, if it said it in JSON. */
@@ -256,7 +360,7 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
         snprintf(o->downstream_id, sizeof(o->downstream_id), "%s",
                  h->object_id ? h->object_id : "");
         snprintf(o->out.message, sizeof(o->out.message), "%s", h->message ? h->message : "");
-        if (o->verdict == OQ__LOOKUP_FOUND) o->out.result = answer_result(h, answer, "lookup");
+        if (o->verdict == OQ__LOOKUP_FOUND) o->result_text = answer_result(h, answer, "lookup");
         json_decref(answer);
         return;
     }
@@ -264,7 +368,7 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
     if (o->cls == OQ__OUTCOME_RETRYABLE && !h->sent && h->abandoned) o->cls = OQ__OUTCOME_NOT_RUN;
     switch (o->cls) {
     case OQ__OUTCOME_SUCCESS:
-        o->out.result = answer_result(h, answer, NULL);
+        o->result_text = answer_result(h, answer, NULL);
         o->out.has_effect = 1;
         snprintf(o->downstream_id, sizeof(o->downstream_id), "%s",
                  h->object_id ? h->object_id : "");
@@ -286,7 +390,10 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
 
 void oq__outcome_clear(oq__outcome_t *o)
 {
-    if (o) oq_tool_out_clear(&o->out);
+    if (!o) return;
+    oq_tool_out_clear(&o->out);
+    free(o->result_text);
+    o->result_text = NULL;
 }
 
 void oq__exec_effect_id(const char *call_id, char out[OQ_CALL_ID_LEN + 1])
@@ -423,20 +530,21 @@ static int result_message_id(const oq__exec_row_t *x, const char *status, char o
 
 /*
  * Appends the tool_result event of \p x to the outbox: status running (nothing else),
- * succeeded (result, effect_id), failed or needs_review (error). The result is \p result_obj
- * (borrowed) when given, which saves re-parsing text just produced, else \p result_json; NULL
- * texts mean null.
+ * succeeded (result, effect_id), failed or needs_review (error). \p result is the result's
+ * text: in RFC 8785 form already when \p canon (a fresh result: result_canon, answer_result),
+ * written into the message as it is, else (a stored row, an operator's) canonicalised first; a
+ * text that is not an object, and NULL, mean null, as does a NULL \p error_json_text.
  * \p again: the result was emitted before (a re-emit): its row is republished (moved to the
  * outbox's tail when delivered, left alone while not) and *written says whether a row was
  * written; otherwise it is appended (a first emit: its derived id is new).
  */
 static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const char *status,
-                       const json_t *result_obj, const char *result_json,
-                       const char *error_json_text, const char *effect_id, int64_t now, int again,
-                       int *written, oq_error_t *err)
+                       const char *result, int canon, const char *error_json_text,
+                       const char *effect_id, int64_t now, int again, int *written,
+                       oq_error_t *err)
 {
     oq_envelope_t e;
-    char *payload = NULL;
+    char *payload = NULL, *own = NULL;
     size_t len = 0;
     int rc;
     memset(&e, 0, sizeof(e));
@@ -453,18 +561,15 @@ static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const c
     e.created_at = now;
     e.status = (char *)status;
     e.effect_id = (char *)effect_id;
-    if (result_obj)
-        e.result = json_incref((json_t *)result_obj);
-    else if (result_json)
-        e.result = json_loads(result_json, 0, NULL);
-    if (error_json_text) e.error = json_loads(error_json_text, 0, NULL);
-    if (e.result && !json_is_object(e.result)) {
-        json_decref(e.result);
-        e.result = NULL;
+    if (result && !canon) {
+        if ((rc = result_canon_text(result, &own, err))) return rc;
+        result = own;
     }
-    rc = oq_envelope_encode(&e, &payload, &len, err);
-    json_decref(e.result);
+    if (result && result[0] != '{') result = NULL;
+    if (error_json_text) e.error = json_loads(error_json_text, 0, NULL);
+    rc = oq_envelope_encode_canon(&e, result, result ? strlen(result) : 0, &payload, &len, err);
     json_decref(e.error);
+    free(own);
     if (rc) return rc;
     oq_outbox_row_t row = {.message_id = e.message_id,
                            .topic = OQ_TOPIC_RESULTS,
@@ -500,12 +605,12 @@ static int reemit(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
     *written = 0;
     switch (x->state) {
     case OQ_X_COMMITTED:
-        return emit_result(s, x, "succeeded", NULL, x->result ? x->result : "{}", NULL,
+        return emit_result(s, x, "succeeded", x->result ? x->result : "{}", 0, NULL,
                            x->effect_id, now, 1, written, err);
     case OQ_X_FAILED_FINAL:
-        return emit_result(s, x, "failed", NULL, NULL, x->error, NULL, now, 1, written, err);
+        return emit_result(s, x, "failed", NULL, 0, x->error, NULL, now, 1, written, err);
     case OQ_X_NEEDS_REVIEW:
-        return emit_result(s, x, "needs_review", NULL, NULL, x->error, NULL, now, 1, written, err);
+        return emit_result(s, x, "needs_review", NULL, 0, x->error, NULL, now, 1, written, err);
     default:
         return 0;
     }
@@ -720,7 +825,7 @@ static int start_run(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t 
         (rc = audit(s, x.call_id, events[OQ_X_STARTED], x.attempt, x.fence,
                     "planned, started, try 1", now, err)) ||
         (tell_now &&
-         (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err))))
+         (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err))))
         goto out;
     oq__exec_row_clear(out);
     *out = x;
@@ -787,7 +892,7 @@ static int claim_run(oq__consumer_store_t *s, const char *call_id, int64_t lease
     if (owed)
         *owed = first;
     else if (first &&
-             (rc = emit_result(s, &x, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err)))
+             (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err)))
         goto out;
     if (out) {
         oq__exec_row_clear(out);
@@ -832,7 +937,7 @@ int oq__exec_tell_running(oq__consumer_store_t *s, const oq__exec_row_t *run, in
         }
     }
     if (rc == 0 && still) {
-        rc = emit_result(s, run, "running", NULL, NULL, NULL, NULL, now, 0, NULL, err);
+        rc = emit_result(s, run, "running", NULL, 0, NULL, NULL, now, 0, NULL, err);
         if (rc == 0 && told) *told = 1;
     }
     oq__exec_row_clear(&x);
@@ -996,9 +1101,14 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
     if (to == OQ_X_COMMITTED) {
         snprintf(why, sizeof(why), "try %" PRId64 "%s%.100s", x->tries,
                  o->downstream_id[0] ? ": downstream id " : "", o->downstream_id);
-        if (!(result = o->out.result ? json_dumps(o->out.result, JSON_COMPACT) : strdup("{}")))
-            return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
-        final_result = result;
+        /* the text made with the outcome (an outside answer), else the tool's tree, written
+         * once: for the execution, the effect and the message alike */
+        if (o->result_text)
+            final_result = o->result_text;
+        else if ((rc = result_canon(o->out.result, &result, err)))
+            return rc;
+        else
+            final_result = result;
         if (o->out.has_effect) final_eid = eid;
     } else if (to == OQ_X_UNKNOWN) {
         snprintf(why, sizeof(why), "try %" PRId64 ": %s: %.120s", x->tries, o->out.code,
@@ -1058,8 +1168,9 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
     /* 3. The effect, with the downstream's id when the tool gave one. */
     if (to == OQ_X_COMMITTED && o->out.has_effect) {
         int inserted = 0;
-        if ((rc = record_effect(s, x, eid, &o->out, o->downstream_id, result, now, &inserted,
-                                &final_result, &final_eid, &old_eid, &old_detail, err)))
+        if ((rc = record_effect(s, x, eid, &o->out, o->downstream_id, final_result, now,
+                                &inserted, &final_result, &final_eid, &old_eid, &old_detail,
+                                err)))
             goto out;
         if (effect_new) *effect_new = inserted;
         if (!inserted)
@@ -1070,12 +1181,11 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
     snprintf(detail, sizeof(detail), "%s%s", inl ? "inline: planned, started, " : "", why);
     if ((rc = audit(s, x->call_id, events[to], x->attempt, x->fence, detail, now, err))) goto out;
     if (to == OQ_X_COMMITTED)
-        rc = emit_result(s, x, "succeeded",
-                         final_result == result && json_is_object(o->out.result) ? o->out.result
-                                                                                 : NULL,
-                         final_result, NULL, final_eid, now, 0, NULL, err);
+        rc = emit_result(s, x, "succeeded", final_result,
+                         final_result == result || final_result == o->result_text, NULL, final_eid,
+                         now, 0, NULL, err);
     else if (to == OQ_X_FAILED_FINAL)
-        rc = emit_result(s, x, "failed", NULL, NULL, error, NULL, now, 0, NULL, err);
+        rc = emit_result(s, x, "failed", NULL, 0, error, NULL, now, 0, NULL, err);
     if (rc == 0 && to == OQ_X_UNKNOWN)
         OQ_LOGC_WARN(COMP, x->call_id, "outcome unknown (%s): stored for reconciliation", why);
 out:
@@ -1140,11 +1250,11 @@ static int decide(oq__consumer_store_t *s, oq__exec_row_t *x, const decision_t *
     if ((rc = audit(s, x->call_id, events[d->to], x->attempt, x->fence, d->why, now, err)))
         goto out;
     if (d->to == OQ_X_COMMITTED)
-        rc = emit_result(s, x, "succeeded", NULL, final_result, NULL, final_eid, now, 0, NULL, err);
+        rc = emit_result(s, x, "succeeded", final_result, 0, NULL, final_eid, now, 0, NULL, err);
     else if (d->to == OQ_X_FAILED_FINAL)
-        rc = emit_result(s, x, "failed", NULL, NULL, d->error, NULL, now, 0, NULL, err);
+        rc = emit_result(s, x, "failed", NULL, 0, d->error, NULL, now, 0, NULL, err);
     else if (d->to == OQ_X_NEEDS_REVIEW)
-        rc = emit_result(s, x, "needs_review", NULL, NULL, d->error, NULL, now, 0, NULL, err);
+        rc = emit_result(s, x, "needs_review", NULL, 0, d->error, NULL, now, 0, NULL, err);
     if (rc == 0) notify(p, x, d->verdict, d->to, now);
     if (rc == 0 && d->to == OQ_X_NEEDS_REVIEW)
         OQ_LOGC_WARN(COMP, x->call_id, "needs review: %s", d->why);
@@ -1353,14 +1463,14 @@ int oq__exec_release_held(oq__consumer_store_t *s, int64_t now, int *n_out, oq_e
 }
 
 int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int verdict,
-                         const char *downstream_id, const json_t *result, const char *why,
+                         const char *downstream_id, const char *result, const char *why,
                          const oq__retry_policy_t *p, int64_t now, int *state_out, oq_error_t *err)
 {
     oq__exec_row_t copy = *rec, *x = &copy; /* shallow: a rolled-back write can be redone */
     oq__tool_traits_t t;
     decision_t d;
     char eid[OQ_CALL_ID_LEN + 1], text[400], msg[300];
-    char *result_text = NULL, *error = NULL;
+    char *error = NULL;
     int rc = 0, moved = 0;
     if (state_out) *state_out = -1;
     if (x->state != OQ_X_RECONCILING)
@@ -1376,12 +1486,8 @@ int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int
     const char *reason = why && why[0] ? why : "no reason given";
     if (verdict == OQ__LOOKUP_FOUND) {
         oq__exec_effect_id(x->call_id, eid);
-        if (!(result_text = result ? json_dumps(result, JSON_COMPACT) : strdup("{}"))) {
-            rc = oq_error_set(err, OQ_ENOMEM, 0, "result encode");
-            goto out;
-        }
         d.to = OQ_X_COMMITTED;
-        d.result = result_text;
+        d.result = result ? result : "{}";
         d.effect_id = eid;
         d.record = 1;
         d.downstream_id = downstream_id;
@@ -1430,7 +1536,6 @@ int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int
     if (rc == 0 && !moved) rc = lease_lost(s, x, now, err);
     if (rc == 0 && state_out) *state_out = d.to;
 out:
-    free(result_text);
     free(error);
     return rc;
 }

@@ -127,6 +127,10 @@ typedef enum {
 typedef struct oq__outcome {
     oq__outcome_class_t cls;
     oq_tool_out_t out;       /**< what the tool reported (owns out.result) */
+    char *result_text;       /**< SUCCESS of an outside call, a lookup's FOUND: the result as
+                                  RFC 8785 text, written where the answer was read (on the
+                                  dispatcher's thread), so the worker neither encodes nor frees
+                                  a tree; out.result is NULL then. Owned */
     char downstream_id[256]; /**< SUCCESS of a remote tool, or a lookup: the downstream's object
                                   id ("" none) */
     int64_t retry_after_ms;  /**< RETRYABLE: the downstream's Retry-After (<= 0: none) */
@@ -339,12 +343,12 @@ int oq__exec_release_held(oq__consumer_store_t *s, int64_t now, int *n, oq_error
  *                   started_at + settle_ms is not trusted yet: UNKNOWN again, due then;
  *          UNDECIDED -> UNKNOWN again after a backoff while the lookup budget lasts; then
  *                   SAFE_RETRY when the tool honours keys, else NEEDS_REVIEW.
- * @param result FOUND: the result object (borrowed; NULL: {}).
+ * @param result FOUND: the result as JSON text (the outcome's result_text; NULL: {}).
  * @param why a short reason for the audit and the review queue (UNDECIDED: what failed).
  * @param state_out receives the new state (may be NULL).
  */
 int oq__exec_lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int verdict,
-                         const char *downstream_id, const json_t *result, const char *why,
+                         const char *downstream_id, const char *result, const char *why,
                          const oq__retry_policy_t *p, int64_t now, int *state_out, oq_error_t *err);
 
 /** How an operator resolves a NEEDS_REVIEW execution. */

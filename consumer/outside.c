@@ -210,7 +210,7 @@ int oq__outside_apply(oq_consumer_t *c, const oq__job_t *j, int64_t now, oq_erro
     char why[320];
     if (j->kind == OQ__JOB_LOOKUP) {
         snprintf(why, sizeof(why), "%s: %s", o->out.code, o->out.message);
-        rc = oq__exec_lookup_done(c->store, &j->row, o->verdict, o->downstream_id, o->out.result,
+        rc = oq__exec_lookup_done(c->store, &j->row, o->verdict, o->downstream_id, o->result_text,
                                   why, &c->policy, now, &state, err);
         if (rc == 0 && oq__xstate_terminal(state)) c->results_emitted = 1;
         return oq__consumer_note_finish(c, rc, &j->row, state, o->verdict == OQ__LOOKUP_FOUND);

@@ -5,7 +5,8 @@
  * Every input either decodes or is refused with a negative OQ_E* code and a message; a decoded
  * envelope must validate, encode, decode again to the same content, and encode to the same
  * bytes (the encoding is canonical); a tool_call encoded from its canonical args text
- * (oq_envelope_encode_canon, the producer's path) must give those bytes too. Any violation
+ * (oq_envelope_encode_canon, the producer's path), and a tool_result from its result's text
+ * (the consumer's), must give those bytes too. Any violation
  * aborts, which libFuzzer reports.
  */
 #include <stddef.h>
@@ -41,11 +42,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     /* Same meaning, compared canonically: jansson keeps 1.0 as a real and 1 as an integer, so
      * json_equal() would call the canonical round trip of {"amount":1.0} a change. */
-    if (e.kind == OQ_KIND_TOOL_CALL) {
+    if (e.kind == OQ_KIND_TOOL_CALL || e.result) {
+        const json_t *m = e.kind == OQ_KIND_TOOL_CALL ? e.args : e.result;
+        const json_t *m2 = e.kind == OQ_KIND_TOOL_CALL ? e2.args : e2.result;
         char *ca = NULL, *cb = NULL, *c = NULL;
         size_t lca = 0, lc = 0;
-        if (oq_jcs_canonicalize(e.args, &ca, &lca, NULL) != 0 ||
-            oq_jcs_canonicalize(e2.args, &cb, NULL, NULL) != 0 || strcmp(ca, cb) != 0)
+        if (oq_jcs_canonicalize(m, &ca, &lca, NULL) != 0 ||
+            oq_jcs_canonicalize(m2, &cb, NULL, NULL) != 0 || strcmp(ca, cb) != 0)
             abort();
         if (oq_envelope_encode_canon(&e, ca, lca, &c, &lc, NULL) != 0 || lc != la ||
             memcmp(a, c, la) != 0)

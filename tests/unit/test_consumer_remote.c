@@ -20,6 +20,7 @@
 
 #include "oq_consumer.h"
 #include "consumer_fixture.h"
+#include "http_tools.h"
 
 /* The tools of these tests, as a worker with a tools file would describe them. */
 static void traits(const char *tool, void *ctx, oq__tool_traits_t *out)
@@ -135,11 +136,12 @@ static int lookup_done(oq__consumer_store_t *s, const oq__exec_row_t *rec, int v
                        const char *id, int64_t now, int *st)
 {
     oq_error_t err = {0};
-    json_t *r = verdict == OQ__LOOKUP_FOUND ? json_pack("{s:s}", "object_id", id) : NULL;
+    char r[128];
+    snprintf(r, sizeof(r), "{\"object_id\":\"%s\"}", id ? id : "");
     assert_int_equal(oq__consumer_store_begin(s, &err), 0);
-    int rc = oq__exec_lookup_done(s, rec, verdict, id, r, "test", &rp, now, st, &err);
+    int rc = oq__exec_lookup_done(s, rec, verdict, id, verdict == OQ__LOOKUP_FOUND ? r : NULL,
+                                  "test", &rp, now, st, &err);
     assert_int_equal(oq__consumer_store_commit(s, &err), 0);
-    json_decref(r);
     return rc;
 }
 
@@ -147,6 +149,73 @@ static void clear_rows(oq__exec_row_t *r, int n)
 {
     for (int i = 0; i < n; i++)
         oq__exec_row_clear(&r[i]);
+}
+
+/* A success whose answer holds a number RFC 8785 cannot write exactly (an integer past 2^53, as
+ * a payment API's numeric id can be): the effect happened, so it is recorded, and the result
+ * keeps the answer as its text ("response_text") instead of a tree that cannot be encoded. It
+ * used to fail the whole batch transaction on every try (OQ_ERANGE from the result message),
+ * which stalled the worker behind one answer. */
+static void test_unencodable_answer(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq__exec_row_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int st = -1, enew = 0;
+    start(f->a, &e, "pay_keys", 2000000, &x);
+    const char *body = "{\"ok\": true, \"id\": 9007199254740993}";
+    json_t *doc = json_loads(body, 0, NULL);
+    oq__http_outcome_t h;
+    memset(&h, 0, sizeof(h));
+    h.cls = OQ__HTTP_SUCCESS;
+    h.code = "status_200";
+    h.message = "HTTP 200";
+    h.status = 200;
+    h.sent = 1;
+    h.retry_after_ms = -1;
+    h.object_id = "pay_9";
+    h.body = body;
+    h.body_len = strlen(body);
+    h.parsed = 1;
+    h.doc = doc;
+    oq__outcome_t o;
+    oq__outcome_from_http(&h, 0, &o);
+    json_decref(doc); /* the executor's tree goes with its transfer */
+    assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    int rc = oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &rp, 2000100, &st, &enew, &err);
+    if (rc) fail_msg("finish: %d %s", rc, err.msg);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    oq__outcome_clear(&o);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(enew, 1);
+    assert_int_equal(oq__consumer_store_effect_count(f->b, e.call_id), 1);
+    assert_int_equal(results(f->b, e.call_id, "succeeded"), 1);
+    /* the result message: the answer as its exact text, the id and status as they were */
+    char *t = qs(f->b,
+                 "SELECT json_extract(payload, '$.result.response_text') || '|' || "
+                 "json_extract(payload, '$.result.object_id') || '|' || "
+                 "json_extract(payload, '$.result.http_status') || '|' || "
+                 "CASE WHEN json_extract(payload, '$.result.response') IS NULL THEN 'text' "
+                 "ELSE 'tree' END FROM outbox "
+                 "WHERE key = ?1 AND json_extract(payload, '$.status') = 'succeeded'",
+                 e.call_id);
+    char want[256];
+    snprintf(want, sizeof(want), "%s|pay_9|200|text", body);
+    assert_non_null(t);
+    assert_string_equal(t, want);
+    free(t);
+    /* the execution's and the effect's result are the same text */
+    assert_int_equal(qi(f->b,
+                        "SELECT x.result = f.detail AND json_extract(x.result, '$.response_text') "
+                        "IS NOT NULL FROM executions x JOIN effects f USING (call_id) "
+                        "WHERE call_id = ?1",
+                        e.call_id),
+                     1);
+    oq__exec_row_clear(&x);
+    oq_envelope_clear(&e);
 }
 
 /* STARTED is one row with lease, fence, try, effect_id and started_at, and `running` is told. */
@@ -697,6 +766,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_start_durable_and_running, setup, teardown),
         cmocka_unit_test_setup_teardown(test_running_owed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outcome_classes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unencodable_answer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_found, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_absent_settle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_undecided_budget, setup, teardown),

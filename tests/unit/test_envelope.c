@@ -463,8 +463,8 @@ static void test_names_and_keys(void **state)
     assert_null(e.idem_key);
 }
 
-/* oq_envelope_encode_canon(): the same encoder fed canonical args text gives the same bytes as
- * the tree, and refuses what is not a tool_call with an object. */
+/* oq_envelope_encode_canon(): the same encoder fed canonical args (or result) text gives the
+ * same bytes as the tree, and refuses what is not an object or does not validate. */
 static void test_encode_canon(void **state)
 {
     (void)state;
@@ -494,7 +494,7 @@ static void test_encode_canon(void **state)
         assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &c, NULL, &err), OQ_EINVAL);
         assert_non_null(strstr(err.msg, "attempt"));
         e.attempt = 1;
-        e.kind = OQ_KIND_TOOL_RESULT;
+        e.kind = OQ_KIND_TOOL_RESULT; /* no status: not a result */
         assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &c, NULL, &err), OQ_EINVAL);
         e.kind = OQ_KIND_TOOL_CALL;
         assert_null(c);
@@ -504,6 +504,42 @@ static void test_encode_canon(void **state)
         free(b);
     }
     e.args = orig;
+    oq_envelope_clear(&e);
+
+    /* a tool_result's result as canonical text: the same bytes as from the tree; null without
+     * text; its error still checked as a tree */
+    assert_int_equal(oq_envelope_decode(good_result, strlen(good_result), &e, &err), 0);
+    for (size_t i = 0; i < sizeof argss / sizeof argss[0]; i++) {
+        json_decref(e.result);
+        e.result = json_loads(argss[i], 0, NULL);
+        char *canon = NULL, *a = NULL, *b = NULL, *c = NULL;
+        size_t cl = 0, al = 0, bl = 0;
+        assert_int_equal(oq_jcs_canonicalize(e.result, &canon, &cl, &err), 0);
+        assert_int_equal(oq_envelope_encode(&e, &a, &al, &err), 0);
+        assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &b, &bl, &err), 0);
+        assert_int_equal(al, bl);
+        assert_string_equal(a, b);
+        assert_int_equal(oq_envelope_encode_canon(&e, "[1]", 3, &c, NULL, &err), OQ_EINVAL);
+        json_t *keep = e.error;
+        e.error = json_pack("{s:i}", "code", 1);
+        assert_int_equal(oq_envelope_encode_canon(&e, canon, cl, &c, NULL, &err), OQ_EINVAL);
+        assert_non_null(strstr(err.msg, "error"));
+        json_decref(e.error);
+        e.error = keep;
+        assert_null(c);
+        free(canon);
+        free(a);
+        free(b);
+    }
+    json_decref(e.result);
+    e.result = NULL;
+    char *n1 = NULL, *n2 = NULL;
+    assert_int_equal(oq_envelope_encode(&e, &n1, NULL, &err), 0);
+    assert_int_equal(oq_envelope_encode_canon(&e, NULL, 0, &n2, NULL, &err), 0);
+    assert_string_equal(n1, n2);
+    assert_non_null(strstr(n1, "\"result\":null"));
+    free(n1);
+    free(n2);
     oq_envelope_clear(&e);
 }
 
