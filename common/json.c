@@ -94,6 +94,19 @@ int oq_utf8_valid(const char *s, size_t len)
     return utf8_check(s, len) == len;
 }
 
+size_t oq_utf8_repair(char *s)
+{
+    size_t fixed = 0, len = s ? strlen(s) : 0;
+    for (size_t i = 0; i < len; i++) {
+        i += utf8_check(s + i, len - i);
+        if (i < len) {
+            s[i] = '?';
+            fixed++;
+        }
+    }
+    return fixed;
+}
+
 /* --- jansson allocation failures ----------------------------------------------------------- */
 
 /* jansson 2.14's parser does not report allocation failures reliably: some surface as

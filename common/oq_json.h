@@ -74,6 +74,14 @@ int oq_sha256(const void *data, size_t len, unsigned char out[32]);
 int oq_utf8_valid(const char *s, size_t len);
 
 /**
+ * @brief Makes the C string \p s valid UTF-8 in place: every byte that does not belong to a
+ *        valid sequence (a character that a byte limit cut in two, a stray byte) becomes '?'.
+ *        Text from outside, once cut to fit a buffer, goes through this before it is stored.
+ * @returns how many bytes were replaced (0: it was valid).
+ */
+size_t oq_utf8_repair(char *s);
+
+/**
  * Canonical JSON written piece by piece, for documents whose members the caller already writes
  * in RFC 8785 order (sorted keys, no whitespace), so no tree has to be built and sorted: the
  * envelope codec uses it. Zero-initialise; every put appends, or returns OQ_ENOMEM / the

@@ -362,6 +362,8 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
         snprintf(o->out.message, sizeof(o->out.message), "%s", h->message ? h->message : "");
         if (o->verdict == OQ__LOOKUP_FOUND) o->result_text = answer_result(h, answer, "lookup");
         json_decref(answer);
+        oq_utf8_repair(o->out.message);
+        oq_utf8_repair(o->downstream_id);
         return;
     }
     o->cls = known ? http_meaning[h->cls].call : OQ__OUTCOME_UNKNOWN;
@@ -386,6 +388,8 @@ void oq__outcome_from_http(const oq__http_outcome_t *h, int is_lookup, oq__outco
         break;
     }
     json_decref(answer);
+    oq_utf8_repair(o->out.message); /* (the answer's text, cut to fit) */
+    oq_utf8_repair(o->downstream_id);
 }
 
 void oq__outcome_clear(oq__outcome_t *o)
@@ -465,22 +469,41 @@ static int move(oq__consumer_store_t *s, oq__exec_row_t *x, oq__exec_update_t *u
     return 0;
 }
 
+/*
+ * The two sinks of text that comes from outside (a downstream's refusal quoted in a message,
+ * cut to fit a buffer by the snprintf()s that compose it, which can split a character) are
+ * audit() and error_json(): both store valid UTF-8, with '?' for what a cut left over. Text
+ * that PostgreSQL, a JSON encoder or the producer would refuse must not fail the transaction
+ * that records an outcome: it would fail on every try and stall the worker
+ * (test_refusal_cut_in_a_character).
+ */
 static int audit(oq__consumer_store_t *s, const char *call_id, const char *event, int64_t attempt,
                  int64_t fence, const char *detail, int64_t now, oq_error_t *err)
 {
+    char *fixed = NULL;
+    if (detail && !oq_utf8_valid(detail, strlen(detail))) {
+        if (!(fixed = strdup(detail))) return oq_error_set(err, OQ_ENOMEM, 0, "audit detail");
+        oq_utf8_repair(fixed);
+        detail = fixed;
+    }
     oq__audit_row_t a = {.ts = now,
                          .call_id = call_id,
                          .event = event,
                          .detail = detail,
                          .attempt = attempt,
                          .fence = fence};
-    return oq__consumer_store_audit_add(s, &a, err);
+    int rc = oq__consumer_store_audit_add(s, &a, err);
+    free(fixed);
+    return rc;
 }
 
 static char *error_json(const char *code, const char *message, int retryable)
 {
+    char m[512];
+    snprintf(m, sizeof(m), "%s", message ? message : "");
+    oq_utf8_repair(m);
     json_t *e = json_pack("{s:s, s:s, s:b}", "code", code && code[0] ? code : "tool_failed",
-                          "message", message ? message : "", "retryable", retryable ? 1 : 0);
+                          "message", m, "retryable", retryable ? 1 : 0);
     char *t = e ? json_dumps(e, JSON_COMPACT) : NULL;
     json_decref(e);
     return t;

@@ -218,6 +218,51 @@ static void test_unencodable_answer(void **state)
     oq_envelope_clear(&e);
 }
 
+/* A refusal whose message the byte limits cut inside a character (an ASCII letter, then
+ * three-byte characters): the failure is recorded with valid UTF-8 text, not refused. */
+static void test_refusal_cut_in_a_character(void **state)
+{
+    fx_t *f = *state;
+    oq_envelope_t e;
+    oq__exec_row_t x;
+    oq_error_t err = {0};
+    memset(&x, 0, sizeof(x));
+    int st = -1, enew = 0;
+    start(f->a, &e, "pay_keys", 2000000, &x);
+    char body[1024] = "{\"error\":{\"message\":\"a";
+    for (int i = 0; i < 150; i++)
+        strcat(body, "\xe2\x82\xac"); /* the euro sign */
+    strcat(body, "\"}}");
+    json_t *doc = json_loads(body, 0, NULL);
+    assert_non_null(doc);
+    oq__http_outcome_t h;
+    memset(&h, 0, sizeof(h));
+    h.cls = OQ__HTTP_FINAL;
+    h.code = "status_402";
+    h.message = "HTTP 402";
+    h.status = 402;
+    h.sent = 1;
+    h.retry_after_ms = -1;
+    h.body = body;
+    h.body_len = strlen(body);
+    h.parsed = 1;
+    h.doc = doc;
+    oq__outcome_t o;
+    oq__outcome_from_http(&h, 0, &o);
+    json_decref(doc);
+    assert_int_equal(o.cls, OQ__OUTCOME_FINAL);
+    assert_true(oq_utf8_valid(o.out.message, strlen(o.out.message)));
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    int rc = oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &rp, 2000100, &st, &enew, &err);
+    if (rc) fail_msg("finish: %d %s", rc, err.msg);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    oq__outcome_clear(&o);
+    assert_int_equal(st, OQ_X_FAILED_FINAL);
+    assert_int_equal(results(f->b, e.call_id, "failed"), 1);
+    oq__exec_row_clear(&x);
+    oq_envelope_clear(&e);
+}
+
 /* STARTED is one row with lease, fence, try, effect_id and started_at, and `running` is told. */
 static void test_start_durable_and_running(void **state)
 {
@@ -767,6 +812,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_running_owed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_outcome_classes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unencodable_answer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusal_cut_in_a_character, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_found, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_absent_settle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_undecided_budget, setup, teardown),

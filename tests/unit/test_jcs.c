@@ -471,7 +471,20 @@ static void test_invalid_utf8(void **state)
         char doc[32];
         int n = snprintf(doc, sizeof(doc), "[\"%.*s\"]", (int)cases[i].len, cases[i].s);
         assert_parse_error(doc, (size_t)n, OQ_EUTF8, "byte 2");
+        /* repaired: valid, as long, every byte of the bad sequence a '?', the rest kept */
+        char r[16];
+        snprintf(r, sizeof(r), "x%.*sy", (int)cases[i].len, cases[i].s);
+        size_t fixed = oq_utf8_repair(r);
+        if (fixed < 1 || fixed > cases[i].len || !oq_utf8_valid(r, strlen(r)) ||
+            strlen(r) != cases[i].len + 2 || r[0] != 'x' || r[strlen(r) - 1] != 'y')
+            fail_msg("utf8 case %zu: repaired to \"%s\" (%zu bytes fixed)", i, r, fixed);
     }
+    char cut[] = "a\xe2\x82\xac\xe2\x82"; /* a euro sign, then one cut in two by a limit */
+    assert_int_equal(oq_utf8_repair(cut), 2);
+    assert_string_equal(cut, "a\xe2\x82\xac??");
+    char ok[] = "caf\xc3\xa9";
+    assert_int_equal(oq_utf8_repair(ok), 0);
+    assert_string_equal(ok, "caf\xc3\xa9");
     /* a hand-built string that skipped jansson's check is refused by the canonicaliser */
     json_t *s = json_stringn_nocheck("a\xff", 2);
     char *out = NULL;
