@@ -223,10 +223,11 @@ static const struct {
  */
 #define PUT_RAW(lit) (rc = rc ? rc : oq_jcs_put_raw(&b, lit, sizeof(lit) - 1, &e))
 
-/* Out of the value's control (its numbers, its strings' UTF-8), as opposed to out of memory. */
+/* Out of the value's control (its numbers, its strings' UTF-8, its depth), as opposed to out
+ * of memory. */
 static int unwritable(int rc)
 {
-    return rc == OQ_ERANGE || rc == OQ_EUTF8;
+    return rc == OQ_ERANGE || rc == OQ_EUTF8 || rc == OQ_EDEPTH;
 }
 
 /* {"<key>":"<text>"}: \p n bytes of JSON text as one string member, in *out. */
@@ -325,6 +326,8 @@ static char *answer_result(const oq__http_outcome_t *h, const json_t *answer,
     PUT_RAW("}");
     return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;
 }
+
+#undef PUT_RAW
 
 /* A refusal's message: the status and what the downstream said, if it said it in JSON. */
 static void refusal_message(const oq__http_outcome_t *h, const json_t *answer, char *out, size_t n)
