@@ -68,6 +68,11 @@ void oq__consumer_metrics_init(oq_consumer_t *c)
                            "finishing writes refused because the lease was lost", NULL);
     c->m_recovered = oq_metrics_counter(m, "onceq_consumer_recovered_total",
                                         "executions reconciled after a lapsed lease", NULL);
+    c->m_rollbacks = oq_metrics_counter(
+        m, "onceq_consumer_batch_rollbacks_total",
+        "batch transactions rolled back (each is retried as a whole; /readyz's \"batch\" "
+        "check fails while one keeps failing)",
+        NULL);
     c->m_reemit = oq_metrics_counter(
         m, "onceq_consumer_results_reemitted_total",
         "results of terminal calls published again because their call message was delivered "

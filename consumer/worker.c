@@ -59,6 +59,7 @@
 #include "oq_cli.h"
 #include "oq_db.h"
 #include "oq_kafka.h"
+#include "oq_json.h"
 #include "oq_log.h"
 #include "oq_pg.h"
 #include "oq_service.h"
@@ -454,6 +455,31 @@ static void commit_stored(oq_consumer_t *c)
 }
 
 /*
+ * A batch transaction that failed: try \p tries of the batch (whose items are counted now),
+ * with \p msg; \p tries 0: the batch committed after failing. Retrying as a whole is right for
+ * what passes (a locked or unreachable database); what does not pass stops the worker, so it
+ * is made visible: a counter, an error logged per try (above), and /readyz's "batch" check.
+ */
+static void note_stall(oq_consumer_t *c, int tries, const char *msg)
+{
+    pthread_mutex_lock(&c->stall_mu);
+    if (tries == 0) {
+        OQ_LOG_INFO(OQ__COMP, "batch committed after %d failed tries (%.1f s)", c->stall_tries,
+                    (double)(oq_mono_us() - c->stall_since_us) / 1e6);
+        c->stall_since_us = 0;
+        c->stall_tries = 0;
+    } else {
+        if (!c->stall_since_us) c->stall_since_us = oq_mono_us();
+        c->stall_tries = tries;
+        c->stall_items = c->nbatch + c->noutcomes;
+        snprintf(c->stall_msg, sizeof(c->stall_msg), "%s", msg ? msg : "");
+        oq_utf8_repair(c->stall_msg);
+    }
+    pthread_mutex_unlock(&c->stall_mu);
+    if (tries) oq_counter_add(c->m_rollbacks, 1);
+}
+
+/*
  * Handles the collected batch, and the answers of outside requests that came back, in one
  * transaction, retried as a whole on a database error (a partial batch is never committed);
  * then stores and commits the offsets, forgets the answered requests and sends the requests
@@ -465,7 +491,7 @@ static int process_batch(oq_consumer_t *c)
     int rc = 0;
     oq__outside_take(c);
     if (c->nbatch == 0 && !c->outcomes) return 0;
-    int nids = batch_decode(c);
+    int nids = batch_decode(c), failed = 0;
     for (int tries = 0;; tries++) {
         c->nhandoff = 0;
         c->results_emitted = 0;
@@ -489,6 +515,7 @@ static int process_batch(oq_consumer_t *c)
         if (rc == 0) break;
         OQ_LOG_ERROR(OQ__COMP, "batch of %d rolled back (try %d): %s", c->nbatch, tries + 1,
                      err.msg);
+        note_stall(c, failed = tries + 1, err.msg);
         if (c->stop) {
             /* Not committed: offsets stay where they were, the batch will be redelivered; the
              * answered requests keep their rows STARTED, whose leases lapse into UNKNOWN. */
@@ -502,6 +529,7 @@ static int process_batch(oq_consumer_t *c)
         }
         oq_sleep_ms(tries < 20 ? 50 * (tries + 1) : 1000, &c->stop);
     }
+    if (failed) note_stall(c, 0, NULL);
     batch_clear(c);
     if (c->outcomes) OQ_CRASH_POINT("consumer.after_outcome_commit_before_offset");
     oq__outside_forget(c);
@@ -722,6 +750,26 @@ static void purge_retention(oq_consumer_t *c)
 
 /* Readiness: this worker is a member of the group with an assignment (it may be empty when the
  * group has more workers than partitions). */
+/* /readyz "batch": failing while a batch transaction has kept failing for a second or more
+ * (one that passes at its next try, 50 ms later, does not flip the check). */
+static int check_batch(void *arg, char *out, size_t cap)
+{
+    oq_consumer_t *c = arg;
+    pthread_mutex_lock(&c->stall_mu);
+    int64_t since = c->stall_since_us;
+    double s = since ? (double)(oq_mono_us() - since) / 1e6 : 0;
+    if (since && s >= 1.0)
+        snprintf(out, cap,
+                 "a batch of %d item(s) has failed %d time(s) over %.1f s and is retried; "
+                 "last: %.160s",
+                 c->stall_items, c->stall_tries, s, c->stall_msg);
+    else
+        snprintf(out, cap, "batches commit");
+    pthread_mutex_unlock(&c->stall_mu);
+    oq_utf8_repair(out);
+    return since && s >= 1.0 ? OQ_EBUSY : 0;
+}
+
 static int check_group(void *arg, char *out, size_t cap)
 {
     oq_consumer_t *c = arg;
@@ -788,6 +836,7 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
     c->policy.on_ctx = c;
     pthread_mutex_init(&c->resolve_ring.mu, NULL);
     pthread_mutex_init(&c->stats_mu, NULL);
+    pthread_mutex_init(&c->stall_mu, NULL);
     if (opts->worker_id) {
         snprintf(c->worker_id, sizeof(c->worker_id), "%s", opts->worker_id);
     } else {
@@ -951,7 +1000,8 @@ int oq_consumer_new(const oq_consumer_opts_t *opts, oq_consumer_t **out, oq_erro
         c->mosrv) { /* GET /readyz: effects.db writable, the brokers answer, in the group */
         if (!(c->ready = oq_ready_new(OQ__COMP, c->metrics)) ||
             oq_ready_add_db(c->ready, c->db_path) != 0 ||
-            oq_ready_add(c->ready, "group", check_group, c) != 0) {
+            oq_ready_add(c->ready, "group", check_group, c) != 0 ||
+            oq_ready_add(c->ready, "batch", check_batch, c) != 0) {
             rc = oq_error_set(err, OQ_ENOMEM, 0, "out of memory");
             goto fail;
         }
@@ -1236,6 +1286,7 @@ void oq_consumer_destroy(oq_consumer_t *c)
     c->ready = NULL;
     oq__consumer_store_close(c->stats_store);
     pthread_mutex_destroy(&c->stats_mu);
+    pthread_mutex_destroy(&c->stall_mu);
     retention_check_done(c);
     oq__dispatch_destroy(c->disp);
     c->disp = NULL;

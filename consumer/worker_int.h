@@ -153,7 +153,14 @@ struct oq_consumer {
     /* where the main thread's time goes (logged at stop) */
     int64_t t_poll_us, t_batch_us, t_commit_us, t_sched_us, t_recover_us, n_batches;
     oq_metric_t *m_consumed, *m_dup, *m_effects, *m_dlq[OQ__DLQ_NREASONS], *m_lease_lost,
-        *m_recovered, *m_reemit;
+        *m_recovered, *m_reemit, *m_rollbacks;
+    /* A batch transaction that keeps failing (process_batch retries it as a whole): since when
+     * (monotonic us, 0 while batches commit), how many tries, the last error. Written by the
+     * main thread, read by the readiness check "batch" (check_batch) under stall_mu. */
+    pthread_mutex_t stall_mu;
+    int64_t stall_since_us;
+    int stall_tries, stall_items;
+    char stall_msg[256];
     oq_metric_t *m_state[OQ_X__COUNT], *m_latency, *m_attempts;
     /* lag per assigned partition (registered as partitions are first assigned; absent while
      * not assigned here) */

@@ -7,6 +7,9 @@
 #    /healthz stays 200 (liveness), onceq_ready 0; `up all`: ready again;
 #  - the database not writable (another process holds its write lock for several seconds):
 #    both go 503 naming the database, and ready again once the lock is released;
+#  - a consumer batch that keeps failing (a trigger refuses its inbox rows): the consumer's
+#    "batch" member names it, onceq_consumer_batch_rollbacks_total counts the tries, and the
+#    call runs once the fault is gone;
 #  - a second relay on the same database is a standby and ready.
 set -euo pipefail
 . "${ONCEQ_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/integration/lib.sh"
@@ -17,7 +20,8 @@ oq_start_broker
 RPORT=$(oq_free_port) || oq_fail "no free port"
 R2PORT=$(oq_free_port) || oq_fail "no free port"
 CPORT=$(oq_free_port) || oq_fail "no free port"
-oq_spawn producer "$ONCEQ_BIN" producer --db "$T/calls.db" --listen "127.0.0.1:$(oq_free_port)"
+PPORT=$(oq_free_port) || oq_fail "no free port"
+oq_spawn producer "$ONCEQ_BIN" producer --db "$T/calls.db" --listen "127.0.0.1:$PPORT"
 oq_wait_for 15 test -s "$T/calls.db" || oq_fail "producer did not create calls.db"
 oq_spawn relay "$ONCEQ_BIN" relay --db "$T/calls.db" --brokers "$BROKERS" --lease 2s \
     --metrics-listen "127.0.0.1:$RPORT"
@@ -87,6 +91,30 @@ oq_log "database locked: relay $(cat "$T/ready.$RPORT") consumer $(cat "$T/ready
 wait "$L1" "$L2" || true
 oq_wait_for 15 readyz "$RPORT" || oq_fail "relay not ready after the lock: $(cat "$T/ready.$RPORT")"
 oq_wait_for 40 readyz "$CPORT" || oq_fail "consumer not ready after the lock: $(cat "$T/ready.$CPORT")"
+
+# --- a batch that keeps failing -------------------------------------------------------------
+# A fault that does not pass by itself: a trigger added to effects.db refuses every inbox row
+# (a lock would not do: the worker waits for it). The batch of the call that arrives then is
+# rolled back on every try: /readyz's "batch" member says so once it has failed for a second,
+# onceq_consumer_batch_rollbacks_total counts the tries; with the trigger gone the call runs
+# and the check passes again.
+sqlite3 "$T/effects.db" "CREATE TRIGGER test_fault BEFORE INSERT ON inbox BEGIN SELECT RAISE(ABORT, 'injected fault'); END;" ||
+    oq_fail "cannot add the fault's trigger"
+CID=$(curl -sf -X POST "http://127.0.0.1:$PPORT/v1/tool-calls" -H 'Idempotency-Key: stall-1' \
+    -d '{"tool":"charge","args":{"amount":1}}' | jq -r .call_id) || oq_fail "submit"
+batch_failing() { unready "$CPORT" && [[ $(field "$CPORT" .batch) == *"has failed"*"injected fault"* ]]; }
+oq_wait_for 20 batch_failing || oq_fail "consumer /readyz does not name the failing batch: $(cat "$T/ready.$CPORT")"
+oq_log "batch failing: $(field "$CPORT" .batch)"
+rollbacks=$(curl -sf --max-time 3 "http://127.0.0.1:$CPORT/metrics" | awk '/^onceq_consumer_batch_rollbacks_total/ {print $2}')
+[[ ${rollbacks%.*} -ge 2 ]] || oq_fail "onceq_consumer_batch_rollbacks_total: '$rollbacks'"
+sqlite3 "$T/effects.db" "DROP TRIGGER test_fault;" || oq_fail "cannot drop the fault's trigger"
+oq_wait_for 30 readyz "$CPORT" || oq_fail "consumer not ready after the batch passed: $(cat "$T/ready.$CPORT")"
+[[ $(field "$CPORT" .batch) == "batches commit" ]] || oq_fail "batch member: $(cat "$T/ready.$CPORT")"
+# (this producer reads no results: the consumer's row says the call ran)
+call_done() { [[ $(sqlite3 "$T/effects.db" "SELECT state FROM executions WHERE call_id = '$CID'") == COMMITTED ]]; }
+oq_wait_for 30 call_done || oq_fail "the call of the failed batch did not run"
+grep -q 'msg="batch committed after' "$T/consumer.log" || oq_fail "consumer logged no recovery of the batch"
+
 grep -q 'msg="not ready"' "$T/relay.log" || oq_fail "relay logged no 'not ready' line"
 grep -q 'msg="ready"' "$T/consumer.log" || oq_fail "consumer logged no 'ready' line"
-oq_pass "relay and consumer /readyz follow the broker and the database; /healthz stays up"
+oq_pass "relay and consumer /readyz follow the broker, the database and a failing batch; /healthz stays up"
