@@ -692,7 +692,7 @@ static int write_envelope(const oq_envelope_t *e, const char *canon, size_t cano
     PUT(oq_jcs_put_string(&b, e->message_id, err));
     if (!call) {
         PUT_KEY(",\"result\":");
-        PUT(canon      ? oq_jcs_put_raw(&b, canon, canon_len, err)
+        PUT(canon       ? oq_jcs_put_raw(&b, canon, canon_len, err)
             : e->result ? oq_jcs_put_value(&b, e->result, err)
                         : oq_jcs_put_raw(&b, "null", 4, err));
         PUT_KEY(",\"status\":");

@@ -251,8 +251,7 @@ static int result_canon(const json_t *r, char **out, oq_error_t *err)
 {
     oq_error_t e = {0};
     *out = NULL;
-    if (!r)
-        return (*out = strdup("{}")) ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+    if (!r) return (*out = strdup("{}")) ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "result encode");
     int rc = oq_jcs_canonicalize(r, out, NULL, &e);
     if (!unwritable(rc)) return rc ? oq_error_set(err, rc, 0, "result encode: %s", e.msg) : 0;
     char *t = oq_json_dumps(r, JSON_COMPACT);
@@ -287,8 +286,7 @@ static int result_canon_text(const char *t, char **out, oq_error_t *err)
  * the executor's tree, so the worker neither encodes the answer nor frees it. NULL when out of
  * memory (the result is then {}).
  */
-static char *answer_result(const oq__http_outcome_t *h, const json_t *answer,
-                           const char *found_by)
+static char *answer_result(const oq__http_outcome_t *h, const json_t *answer, const char *found_by)
 {
     const char *id = h->object_id && h->object_id[0] ? h->object_id : NULL;
     oq_jcs_buf_t b = {0};
@@ -566,8 +564,7 @@ static int result_message_id(const oq__exec_row_t *x, const char *status, char o
  */
 static int emit_result(oq__consumer_store_t *s, const oq__exec_row_t *x, const char *status,
                        const char *result, int canon, const char *error_json_text,
-                       const char *effect_id, int64_t now, int again, int *written,
-                       oq_error_t *err)
+                       const char *effect_id, int64_t now, int again, int *written, oq_error_t *err)
 {
     oq_envelope_t e;
     char *payload = NULL, *own = NULL;
@@ -631,8 +628,8 @@ static int reemit(oq__consumer_store_t *s, const oq__exec_row_t *x, int64_t now,
     *written = 0;
     switch (x->state) {
     case OQ_X_COMMITTED:
-        return emit_result(s, x, "succeeded", x->result ? x->result : "{}", 0, NULL,
-                           x->effect_id, now, 1, written, err);
+        return emit_result(s, x, "succeeded", x->result ? x->result : "{}", 0, NULL, x->effect_id,
+                           now, 1, written, err);
     case OQ_X_FAILED_FINAL:
         return emit_result(s, x, "failed", NULL, 0, x->error, NULL, now, 1, written, err);
     case OQ_X_NEEDS_REVIEW:
@@ -850,8 +847,7 @@ static int start_run(oq__consumer_store_t *s, const oq_envelope_t *env, int64_t 
     if ((rc = oq__consumer_store_exec_insert(s, &x, now, err)) ||
         (rc = audit(s, x.call_id, events[OQ_X_STARTED], x.attempt, x.fence,
                     "planned, started, try 1", now, err)) ||
-        (tell_now &&
-         (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err))))
+        (tell_now && (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err))))
         goto out;
     oq__exec_row_clear(out);
     *out = x;
@@ -917,8 +913,7 @@ static int claim_run(oq__consumer_store_t *s, const char *call_id, int64_t lease
         goto out;
     if (owed)
         *owed = first;
-    else if (first &&
-             (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err)))
+    else if (first && (rc = emit_result(s, &x, "running", NULL, 0, NULL, NULL, now, 0, NULL, err)))
         goto out;
     if (out) {
         oq__exec_row_clear(out);
@@ -1194,9 +1189,8 @@ int oq__exec_finish(oq__consumer_store_t *s, const oq__exec_row_t *run, oq__run_
     /* 3. The effect, with the downstream's id when the tool gave one. */
     if (to == OQ_X_COMMITTED && o->out.has_effect) {
         int inserted = 0;
-        if ((rc = record_effect(s, x, eid, &o->out, o->downstream_id, final_result, now,
-                                &inserted, &final_result, &final_eid, &old_eid, &old_detail,
-                                err)))
+        if ((rc = record_effect(s, x, eid, &o->out, o->downstream_id, final_result, now, &inserted,
+                                &final_result, &final_eid, &old_eid, &old_detail, err)))
             goto out;
         if (effect_new) *effect_new = inserted;
         if (!inserted)

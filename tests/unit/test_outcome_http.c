@@ -152,8 +152,9 @@ static void test_payloads(void **state)
     h.body_len = strlen(big);
     oq__outcome_from_http(&h, 0, &o);
     assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
-    assert_string_equal(o.result_text,
-                        "{\"http_status\":200,\"response_text\":\"{\\\"id\\\": 9007199254740993}\"}");
+    assert_string_equal(
+        o.result_text,
+        "{\"http_status\":200,\"response_text\":\"{\\\"id\\\": 9007199254740993}\"}");
     oq__outcome_clear(&o);
     h.body = "paid\n"; /* not JSON: its text too */
     h.body_len = 5;
