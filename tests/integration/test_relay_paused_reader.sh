@@ -27,11 +27,22 @@ relay() { # NAME [env...]
     oq_spawn "$name" env "$@" "$ONCEQ_BIN" relay --db "$DB" --brokers "$BROKERS" --lease 2s \
         --owner "$name" --batch-rows 1000
 }
-relay relayA "ONCEQ_CRASH_AT=relay.after_lease_check@40!stop"
+# Three pause points: SIGSTOP stops every thread of relayA, and one that is inside a commit then
+# (its marks writer, its checkpointer) keeps calls.db's write lock, so no standby could take the
+# lease and the run would test nothing. Such a pause is resumed and the next one taken.
+relay relayA "ONCEQ_CRASH_AT=relay.after_lease_check@40!stop,relay.after_lease_check@80!stop,relay.after_lease_check@120!stop"
 oq_wait_for 10 db_is "$DB" owner relayA || oq_fail "relayA did not take the lease"
 oq_spawn filler "$FILL" --db "$DB" --rows 16000 --keys 100 --batch 50 --rate 2000
 A=$(oq_pid relayA)
-oq_wait_for 20 is_stopped "$A" || oq_fail "relayA never reached its stop point"
+write_lock_free() { sqlite3 -cmd ".timeout 2000" "$DB" "BEGIN IMMEDIATE; ROLLBACK;" >/dev/null 2>&1; }
+for pause in 1 2 3; do
+    oq_wait_for 20 is_stopped "$A" || oq_fail "relayA never reached its stop point"
+    write_lock_free && break
+    ((pause < 3)) || oq_fail "relayA held calls.db's write lock at each of its pauses"
+    oq_log "relayA paused holding calls.db's write lock (pause $pause): resumed, next pause"
+    kill -CONT "$A"
+    oq_wait_for 10 eval '! is_stopped "$A"' || oq_fail "relayA did not resume"
+done
 "$DBQ" "$DB" unmarked-ids >>"$T/allowed"
 oq_log "relayA paused after its lease check with $(wc -l <"$T/allowed") rows unpublished"
 
