@@ -748,8 +748,6 @@ static void purge_retention(oq_consumer_t *c)
                     st.inbox, st.executions, st.effects, st.audit);
 }
 
-/* Readiness: this worker is a member of the group with an assignment (it may be empty when the
- * group has more workers than partitions). */
 /* /readyz "batch": failing while a batch transaction has kept failing for a second or more
  * (one that passes at its next try, 50 ms later, does not flip the check). */
 static int check_batch(void *arg, char *out, size_t cap)
@@ -770,6 +768,8 @@ static int check_batch(void *arg, char *out, size_t cap)
     return since && s >= 1.0 ? OQ_EBUSY : 0;
 }
 
+/* Readiness: this worker is a member of the group with an assignment (it may be empty when the
+ * group has more workers than partitions). */
 static int check_group(void *arg, char *out, size_t cap)
 {
     oq_consumer_t *c = arg;
