@@ -151,6 +151,40 @@ static void clear_rows(oq__exec_row_t *r, int n)
         oq__exec_row_clear(&r[i]);
 }
 
+/* The run \p x answered by the executor with class \p cls, status \p status and \p body (parsed
+ * as the executor parses it): the outcome read from it (oq__outcome_from_http), whose message
+ * must be valid UTF-8, finished by worker \p s at \p now; the new state in *st. */
+static void finish_answer(oq__consumer_store_t *s, const oq__exec_row_t *x, oq__http_class_t cls,
+                          long status, const char *object_id, const char *body, int64_t now,
+                          int *st, int *enew)
+{
+    oq_error_t err = {0};
+    json_t *doc = json_loads(body, 0, NULL);
+    assert_non_null(doc);
+    oq__http_outcome_t h;
+    memset(&h, 0, sizeof(h));
+    h.cls = cls;
+    h.code = "some_code";
+    h.message = status == 402 ? "HTTP 402" : "HTTP 200";
+    h.status = status;
+    h.sent = 1;
+    h.retry_after_ms = -1;
+    h.object_id = object_id;
+    h.body = body;
+    h.body_len = strlen(body);
+    h.parsed = 1;
+    h.doc = doc;
+    oq__outcome_t o;
+    oq__outcome_from_http(&h, 0, &o);
+    json_decref(doc); /* the executor's tree goes with its transfer */
+    assert_true(oq_utf8_valid(o.out.message, strlen(o.out.message)));
+    assert_int_equal(oq__consumer_store_begin(s, &err), 0);
+    int rc = oq__exec_finish(s, x, OQ__RUN_CLAIMED, &o, &rp, now, st, enew, &err);
+    if (rc) fail_msg("finish: %d %s", rc, err.msg);
+    assert_int_equal(oq__consumer_store_commit(s, &err), 0);
+    oq__outcome_clear(&o);
+}
+
 /* A success whose answer holds a number RFC 8785 cannot write exactly (an integer past 2^53, as
  * a payment API's numeric id can be): the effect happened, so it is recorded, and the result
  * keeps the answer as its text ("response_text") instead of a tree that cannot be encoded. It
@@ -161,34 +195,11 @@ static void test_unencodable_answer(void **state)
     fx_t *f = *state;
     oq_envelope_t e;
     oq__exec_row_t x;
-    oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     int st = -1, enew = 0;
     start(f->a, &e, "pay_keys", 2000000, &x);
     const char *body = "{\"ok\": true, \"id\": 9007199254740993}";
-    json_t *doc = json_loads(body, 0, NULL);
-    oq__http_outcome_t h;
-    memset(&h, 0, sizeof(h));
-    h.cls = OQ__HTTP_SUCCESS;
-    h.code = "status_200";
-    h.message = "HTTP 200";
-    h.status = 200;
-    h.sent = 1;
-    h.retry_after_ms = -1;
-    h.object_id = "pay_9";
-    h.body = body;
-    h.body_len = strlen(body);
-    h.parsed = 1;
-    h.doc = doc;
-    oq__outcome_t o;
-    oq__outcome_from_http(&h, 0, &o);
-    json_decref(doc); /* the executor's tree goes with its transfer */
-    assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
-    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
-    int rc = oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &rp, 2000100, &st, &enew, &err);
-    if (rc) fail_msg("finish: %d %s", rc, err.msg);
-    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
-    oq__outcome_clear(&o);
+    finish_answer(f->a, &x, OQ__HTTP_SUCCESS, 200, "pay_9", body, 2000100, &st, &enew);
     assert_int_equal(st, OQ_X_COMMITTED);
     assert_int_equal(enew, 1);
     assert_int_equal(oq__consumer_store_effect_count(f->b, e.call_id), 1);
@@ -225,7 +236,6 @@ static void test_refusal_cut_in_a_character(void **state)
     fx_t *f = *state;
     oq_envelope_t e;
     oq__exec_row_t x;
-    oq_error_t err = {0};
     memset(&x, 0, sizeof(x));
     int st = -1, enew = 0;
     start(f->a, &e, "pay_keys", 2000000, &x);
@@ -233,30 +243,7 @@ static void test_refusal_cut_in_a_character(void **state)
     for (int i = 0; i < 150; i++)
         strcat(body, "\xe2\x82\xac"); /* the euro sign */
     strcat(body, "\"}}");
-    json_t *doc = json_loads(body, 0, NULL);
-    assert_non_null(doc);
-    oq__http_outcome_t h;
-    memset(&h, 0, sizeof(h));
-    h.cls = OQ__HTTP_FINAL;
-    h.code = "status_402";
-    h.message = "HTTP 402";
-    h.status = 402;
-    h.sent = 1;
-    h.retry_after_ms = -1;
-    h.body = body;
-    h.body_len = strlen(body);
-    h.parsed = 1;
-    h.doc = doc;
-    oq__outcome_t o;
-    oq__outcome_from_http(&h, 0, &o);
-    json_decref(doc);
-    assert_int_equal(o.cls, OQ__OUTCOME_FINAL);
-    assert_true(oq_utf8_valid(o.out.message, strlen(o.out.message)));
-    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
-    int rc = oq__exec_finish(f->a, &x, OQ__RUN_CLAIMED, &o, &rp, 2000100, &st, &enew, &err);
-    if (rc) fail_msg("finish: %d %s", rc, err.msg);
-    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
-    oq__outcome_clear(&o);
+    finish_answer(f->a, &x, OQ__HTTP_FINAL, 402, NULL, body, 2000100, &st, &enew);
     assert_int_equal(st, OQ_X_FAILED_FINAL);
     assert_int_equal(results(f->b, e.call_id, "failed"), 1);
     oq__exec_row_clear(&x);
