@@ -211,7 +211,8 @@ static const struct {
     [OQ__HTTP_UNDECIDED] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_UNDECIDED},
 };
 
-#define OQ__MAX_ANSWER (64 * 1024) /* an answer larger than this is not kept in the result */
+#define OQ__MAX_ANSWER (64 * 1024)  /* an answer larger than this is not kept in the result */
+#define OQ__MAX_ANSWER_TEXT "65536" /* (said so in it: "response_omitted") */
 
 /*
  * The one form a result is stored in and sent in is RFC 8785 text, written once where the
@@ -282,7 +283,9 @@ static int result_canon_text(const char *t, char **out, oq_error_t *err)
  * The result of an answer, as RFC 8785 text (members in that order): how it was found, the
  * status, the downstream's object id, and the answer: as JSON when it is JSON the form can
  * write, else as its exact text ("response_text": not JSON, or an integer beyond +-2^53, or
- * past what jansson reads), when that text is UTF-8. Written on the dispatcher's thread, beside
+ * past what jansson reads), when that text is UTF-8. A body it leaves out (over 64 KiB, or not
+ * UTF-8) is named instead: "response_omitted": {"bytes": <as it arrived>, "reason": ...}, so
+ * a missing answer is never read as an empty one. Written on the dispatcher's thread, beside
  * the executor's tree, so the worker neither encodes the answer nor frees it. NULL when out of
  * memory (the result is then {}).
  */
@@ -317,9 +320,21 @@ static char *answer_result(const oq__http_outcome_t *h, const json_t *answer, co
         PUT_RAW(",\"response_text\":");
         rc = rc ? rc : oq_jcs_put_stringn(&b, h->body, h->body_len, &e);
     }
-    if (unwritable(rc)) { /* not even as text (a body that is not UTF-8): left out */
+    const char *omitted = NULL; /* a body that is not in the result says so, and its size */
+    if (unwritable(rc)) {       /* not even as text: a body that is not UTF-8 */
         b.len = mark;
         rc = 0;
+        omitted = "not UTF-8";
+    } else if (b.len == mark && h->body && h->body_len > OQ__MAX_ANSWER) {
+        omitted = "larger than " OQ__MAX_ANSWER_TEXT " bytes";
+    }
+    if (omitted) {
+        int64_t bytes = h->body_bytes > (int64_t)h->body_len ? h->body_bytes : (int64_t)h->body_len;
+        PUT_RAW(",\"response_omitted\":{\"bytes\":");
+        rc = rc ? rc : oq_jcs_put_int(&b, bytes, &e);
+        PUT_RAW(",\"reason\":");
+        rc = rc ? rc : oq_jcs_put_string(&b, omitted, &e);
+        PUT_RAW("}");
     }
     PUT_RAW("}");
     return oq_jcs_buf_finish(&b, rc, &out, NULL, &e) ? NULL : out;

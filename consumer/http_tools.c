@@ -1165,7 +1165,8 @@ struct xfer {
     char *body;
     size_t body_len;
     struct curl_slist *hdrs;
-    oq_buf_t resp; /* the answer's body as kept (up to max_response) */
+    oq_buf_t resp;      /* the answer's body as kept (up to max_response) */
+    int64_t resp_bytes; /* the body's bytes as they arrived, kept or not */
     /* what reached the socket in the current attempt */
     char tail[4];
     size_t tail_len;
@@ -1395,6 +1396,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
     xfer_t *t = ud;
     size_t n = size * nmemb;
     t->got_answer = 1;
+    t->resp_bytes += (int64_t)n;
     size_t keep = n;
     if ((int64_t)(t->resp.len + keep) > t->x->max_response)
         keep = t->x->max_response > (int64_t)t->resp.len ? (size_t)t->x->max_response - t->resp.len
@@ -1501,6 +1503,7 @@ static void deliver(oq__http_exec_t *x, xfer_t *t, oq__http_class_t cls, const c
     o.retry_after_ms = t->has_retry_after ? t->retry_after_ms : -1;
     o.body = t->resp.p;
     o.body_len = t->resp.len;
+    o.body_bytes = t->resp_bytes;
     o.elapsed_us = oq_mono_us() - t->submit_us;
     o.effect_id = t->effect_id;
     o.tool = t->tool;

@@ -215,6 +215,8 @@ typedef struct oq__http_outcome {
     const char *object_id;  /**< SUCCESS / FOUND: the downstream's id, or NULL if unreadable */
     const char *body;       /**< the answer's body (at most max_response bytes), or NULL */
     size_t body_len;
+    int64_t body_bytes; /**< the body's length as it arrived (more than body_len when
+                             max_response cut it); 0 when unknown (body_len counts then) */
     int parsed;         /**< 1: \p doc is \p body parsed once for every reader (see doc) */
     const json_t *doc;  /**< when parsed: the body as JSON (object or array; duplicate keys
                              refused), or NULL when it is not such JSON; borrowed (take a

@@ -7,6 +7,8 @@ POST /big64   201 {"id":"p_big64","seq":9007199254740993}   (an integer past 2^5
 POST /big128  201 {"id":"p_big128","seq":1234...890}        (past what a 64-bit int holds)
 POST /plain   200 "paid" as text/plain                      (not JSON)
 POST /decline 402 {"error":{"message":"a" + 150 euro signs}} (a byte limit cuts a character)
+POST /large   201 {"id":"p_large","pad":"xxx..."}, 100,000 bytes (over what a result keeps)
+POST /latin1  201 {"id":"p_latin1","name":"caf\xe9"} (a Latin-1 byte: not UTF-8)
 GET /healthz  200. Each POST appends "PATH STATUS IDEMPOTENCY-KEY" to LOG (one line, flushed),
 so the test counts the effects per key. Loopback only. The bodies are written byte for byte
 (not through json.dumps), as the test compares them with what onceq kept.
@@ -23,6 +25,9 @@ ANSWERS = {
     "/plain": (200, "text/plain", "paid"),
     "/decline": (402, "application/json",
                  '{"error":{"message":"a' + EURO * 150 + '"}}'),
+    "/large": (201, "application/json",
+               '{"id":"p_large","pad":"' + "x" * (100000 - 25) + '"}'),
+    "/latin1": (201, "application/json", b'{"id":"p_latin1","name":"caf\xe9"}'),
 }
 
 
@@ -31,7 +36,7 @@ class H(BaseHTTPRequestHandler):
         pass
 
     def reply(self, status, ctype, text):
-        data = text.encode("utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))

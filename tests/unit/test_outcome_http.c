@@ -161,11 +161,41 @@ static void test_payloads(void **state)
     oq__outcome_from_http(&h, 0, &o);
     assert_string_equal(o.result_text, "{\"http_status\":200,\"response_text\":\"paid\\n\"}");
     oq__outcome_clear(&o);
-    h.body = "\xff\xfe"; /* not even UTF-8: left out */
+    h.body = "\xff\xfe"; /* not even UTF-8: left out, and said so */
     h.body_len = 2;
     oq__outcome_from_http(&h, 0, &o);
-    assert_string_equal(o.result_text, "{\"http_status\":200}");
+    assert_string_equal(o.result_text, "{\"http_status\":200,\"response_omitted\":{\"bytes\":2,"
+                                       "\"reason\":\"not UTF-8\"}}");
     oq__outcome_clear(&o);
+
+    /* an answer over 64 KiB is not kept either: its size as it arrived (here cut to what the
+     * executor keeps, max_response) is in the result, never an empty-looking success */
+    size_t large = 64 * 1024 + 1;
+    char *body = malloc(large);
+    assert_non_null(body);
+    memset(body, ' ', large);
+    body[0] = '{';
+    body[large - 1] = '}';
+    h.body = body;
+    h.body_len = large;
+    h.body_bytes = 0; /* unknown: the kept length counts */
+    oq__outcome_from_http(&h, 0, &o);
+    assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
+    assert_string_equal(o.result_text, "{\"http_status\":200,\"response_omitted\":{\"bytes\":65537,"
+                                       "\"reason\":\"larger than 65536 bytes\"}}");
+    oq__outcome_clear(&o);
+    h.body_bytes = 5000000;
+    oq__outcome_from_http(&h, 1, &o);                  /* a lookup's find says the same */
+    assert_int_equal(o.verdict, OQ__LOOKUP_UNDECIDED); /* (report() made it SUCCESS) */
+    oq__outcome_clear(&o);
+    h.cls = OQ__HTTP_FOUND;
+    oq__outcome_from_http(&h, 1, &o);
+    assert_int_equal(o.verdict, OQ__LOOKUP_FOUND);
+    assert_string_equal(o.result_text, "{\"found_by\":\"lookup\",\"http_status\":200,"
+                                       "\"response_omitted\":{\"bytes\":5000000,"
+                                       "\"reason\":\"larger than 65536 bytes\"}}");
+    oq__outcome_clear(&o);
+    free(body);
 
     const char *refusal = "{\"error\":{\"message\":\"card declined\"}}";
     h = report(OQ__HTTP_FINAL, 1);
