@@ -247,7 +247,10 @@ static int text_member(const char *key, const char *text, size_t n, char **out, 
 }
 
 /* \p r (NULL: {}) as a result's text in *out (malloc()ed): its RFC 8785 form, else
- * {"result_text": its JSON text}. */
+ * {"result_text": its JSON text} (an integer past 2^53, nested deeper than the form's limit),
+ * else, for a tree no JSON text can hold (a string that is not UTF-8, which a tool can build
+ * with json_stringn_nocheck), {"result_omitted": {"reason": "not UTF-8"}}: the effect happened,
+ * so it is recorded, and the result says what it lacks. */
 static int result_canon(const json_t *r, char **out, oq_error_t *err)
 {
     oq_error_t e = {0};
@@ -255,11 +258,18 @@ static int result_canon(const json_t *r, char **out, oq_error_t *err)
     if (!r) return (*out = strdup("{}")) ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "result encode");
     int rc = oq_jcs_canonicalize(r, out, NULL, &e);
     if (!unwritable(rc)) return rc ? oq_error_set(err, rc, 0, "result encode: %s", e.msg) : 0;
+    int why = rc;
     char *t = oq_json_dumps(r, JSON_COMPACT);
-    if (!t) return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
-    rc = text_member("result_text", t, strlen(t), out, err);
-    free(t);
-    return rc;
+    if (t) {
+        oq_error_t te = {0};
+        rc = text_member("result_text", t, strlen(t), out, &te);
+        free(t);
+        if (rc != OQ_EUTF8) return rc ? oq_error_set(err, rc, 0, "%s", te.msg) : 0;
+        why = rc;
+    }
+    if (why != OQ_EUTF8) return oq_error_set(err, OQ_ENOMEM, 0, "result encode");
+    static const char omitted[] = "{\"result_omitted\":{\"reason\":\"not UTF-8\"}}";
+    return (*out = strdup(omitted)) ? 0 : oq_error_set(err, OQ_ENOMEM, 0, "result encode");
 }
 
 /* A result as stored (text of an earlier version, an operator's), in RFC 8785 form in *out;

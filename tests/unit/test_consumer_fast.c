@@ -274,6 +274,86 @@ static void test_fast_bad_args_final(void **state)
     oq_envelope_clear(&e);
 }
 
+/* A compiled tool's result the canonical form cannot write still records the effect: as its
+ * JSON text (an integer past 2^53, nesting past the form's 2,048 levels), or, when no JSON text can
+ * hold it (a string that is not UTF-8), named as omitted; the execution, the effect and the
+ * result message carry the same text. Before, the last one failed the finish on every try. */
+#define MSG(m) "SELECT json_extract(payload, '$.result." m "') FROM outbox WHERE key=?1"
+
+static char *finish_with(fx_t *f, const char *key, json_t *result, const char *path,
+                         const char *want)
+{
+    oq_envelope_t e;
+    oq__exec_row_t x;
+    oq__outcome_t o;
+    oq_error_t err = {0};
+    int outcome = -1, st = -1, enew = 0;
+    mk_env(&e, "charge", "{\"amount\":3}", 1);
+    snprintf(e.call_id, sizeof e.call_id, "%s", key);
+    assert_int_equal(oq__consumer_store_begin(f->a, &err), 0);
+    assert_int_equal(oq__exec_intake(f->a, &e, &src, 7000000, &outcome, &err), 0);
+    assert_int_equal(outcome, OQ__INTAKE_NEW);
+    assert_int_equal(oq__exec_start_inline(&e, &x, &err), 0);
+    run_registry_tool(&x, e.args, &o);
+    assert_int_equal(o.cls, OQ__OUTCOME_SUCCESS);
+    json_decref(o.out.result);
+    o.out.result = result;
+    int rc = oq__exec_finish(f->a, &x, OQ__RUN_INLINE, &o, &policy, 7000000, &st, &enew, &err);
+    if (rc) fprintf(stderr, "finish %s: %s\n", key, err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(st, OQ_X_COMMITTED);
+    assert_int_equal(oq__consumer_store_commit(f->a, &err), 0);
+    oq__outcome_clear(&o);
+    oq__exec_row_clear(&x);
+    char *stored = q_text(f->a, "SELECT detail FROM effects WHERE call_id=?1", e.call_id);
+    assert_non_null(stored);
+    assert_int_equal(oq__consumer_store_exec_get(f->a, e.call_id, &x, &err), 0);
+    assert_string_equal(x.result, stored);
+    oq__exec_row_clear(&x);
+    /* the result message carries the same (its member read back: \p path, \p want) */
+    char *sent = q_text(f->a, path, e.call_id);
+    assert_non_null(sent);
+    assert_string_equal(sent, want);
+    free(sent);
+    oq_envelope_clear(&e);
+    return stored;
+}
+
+static void test_fast_result_no_json_can_hold(void **state)
+{
+    fx_t *f = *state;
+    char *r = finish_with(f, "c_00000000000000000000000000000b16",
+                          json_pack("{s:I}", "id", (json_int_t)9007199254740993LL),
+                          MSG("result_text"), "{\"id\":9007199254740993}");
+    assert_string_equal(r, "{\"result_text\":\"{\\\"id\\\":9007199254740993}\"}");
+    free(r);
+
+    enum { DEEP = 2100 }; /* levels: past the canonical form's 2,048 */
+    json_t *deep = json_object();
+    for (int i = 0; i < DEEP; i++) {
+        json_t *up = json_array();
+        json_array_append_new(up, deep);
+        deep = up;
+    }
+    char *want = malloc(2 * DEEP + 16);
+    assert_non_null(want);
+    memcpy(want, "{\"d\":", 5);
+    memset(want + 5, '[', DEEP);
+    memcpy(want + 5 + DEEP, "{}", 2);
+    memset(want + 7 + DEEP, ']', DEEP);
+    memcpy(want + 7 + 2 * DEEP, "}", 2);
+    r = finish_with(f, "c_00000000000000000000000000000dee", json_pack("{s:o}", "d", deep),
+                    MSG("result_text"), want);
+    free(want);
+    free(r);
+
+    r = finish_with(f, "c_00000000000000000000000000000f7f",
+                    json_pack("{s:o}", "name", json_stringn_nocheck("caf\xe9", 4)),
+                    MSG("result_omitted.reason"), "not UTF-8");
+    assert_string_equal(r, "{\"result_omitted\":{\"reason\":\"not UTF-8\"}}");
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fast_effect_gate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fast_retry_then_claim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fast_bad_args_final, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_result_no_json_can_hold, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
