@@ -50,15 +50,30 @@ BENCH=${ONCEQ_BENCH_BIN:-$(dirname "$BIN")/onceq-bench}
 
 oq_tmpdir
 quick=${BENCH_QUICK:-0}
+
+# Each section starts once the writes of the one before reached the disk: the real-Kafka
+# section leaves about a gigabyte of log segments in the page cache, and their writeback
+# slowed the fsyncs of the sections after it (a 3 s stall in section 11's warm-up, onceq's
+# p99 at one client thread 28 ms against 9 ms alone; 2026-12-05). Said when it took a while.
+settle() {
+    local kb t0 t1
+    kb=$(awk '/^(Dirty|Writeback):/ {s += $2} END {print s + 0}' /proc/meminfo)
+    t0=$(date +%s%N)
+    sync
+    t1=$(date +%s%N)
+    if ((t1 - t0 > 200000000)); then
+        echo "(settle: $((kb / 1024)) MiB of the section before written back in $(((t1 - t0) / 1000000)) ms)"
+    fi
+}
 if ((quick)); then RELAY_ROWS=100000; CALLS=5000; E2E_CALLS=6000; KC_N=50000; DUR=3s; else RELAY_ROWS=1000000; CALLS=20000; E2E_CALLS=30000; KC_N=200000; DUR=5s; fi
 
 echo "# onceq benchmarks, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ "${BENCH_BACKENDS_ONLY:-0}" != 1 ]]; then
 
-echo; echo "## 1. broker (oq_kclient over loopback)"
+settle; echo; echo "## 1. broker (oq_kclient over loopback)"
 env -u T bash "$ROOT/bench/broker.sh" "$KC_N" 200 64 2>&1 | grep -v '^\[' || true
 
-echo; echo "## 2. onceq-bench submit --threads 32 --duration $DUR"
+settle; echo; echo "## 2. onceq-bench submit --threads 32 --duration $DUR"
 "$BENCH" submit --threads 32 --duration "$DUR"
 
 if command -v wrk >/dev/null; then
@@ -74,13 +89,13 @@ else
 fi
 
 oq_start_broker --partitions 64
-echo; echo "## 4. onceq-bench relay --rows $RELAY_ROWS (64 partitions)"
+settle; echo; echo "## 4. onceq-bench relay --rows $RELAY_ROWS (64 partitions)"
 "$BENCH" relay --brokers "$BROKERS" --rows "$RELAY_ROWS" --dir "$T"
-echo; echo "## 5. onceq-bench consumer --calls $CALLS --rounds 3"
+settle; echo; echo "## 5. onceq-bench consumer --calls $CALLS --rounds 3"
 "$BENCH" consumer --brokers "$BROKERS" --calls "$CALLS" --rounds 3 --dir "$T"
 oq_kill broker
 
-echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
+settle; echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --consumers 2 (fixed offered load above the 5,000/s target)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 6000 --conns 128 --consumers 2
 
 # 7. Capacity: the closed loop, each run first the producer alone and then the pipeline under
@@ -89,7 +104,7 @@ echo; echo "## 6. onceq-bench e2e --calls $E2E_CALLS --rate 6000 --conns 128 --c
 # three pairs run back to back (alternated: alone, pipeline, alone, pipeline, ...) and the ratio
 # is their median; the first run is printed in full, the other two by their figures.
 E2E_PAIRS=$(((quick)) && echo 1 || echo 3)
-echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2, $E2E_PAIRS times (closed loop: capacity; each run first the producer alone under the same closed loop, same client)"
+settle; echo; echo "## 7. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2, $E2E_PAIRS times (closed loop: capacity; each run first the producer alone under the same closed loop, same client)"
 for i in $(seq 1 "$E2E_PAIRS"); do
     "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 >"$T/e2e-cap-$i.out" 2>&1
 done
@@ -113,14 +128,14 @@ if ratios:
     print(f"ratio: end-to-end / producer alone, median of {len(ratios)} pairs = {statistics.median(ratios):.2f} "
           f"(range {min(ratios):.2f}-{max(ratios):.2f})")
 PY
-echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
+settle; echo; echo "## 8. onceq-bench e2e --calls $E2E_CALLS --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools (the same calls to an HTTP tool against onceq-downstream, side by side)"
 "$BENCH" e2e --onceq "$BIN" --calls "$E2E_CALLS" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools | tee "$T/http-mid.out"
 
 # 8b. Does the HTTP-tool rate hold as the run grows? The same closed loop at a third and at
 # three and a third times section 8's size (10,000 / 30,000 / 100,000 calls in a full run):
 # each size's HTTP rate against the smallest's, and against the compiled charge of its own run.
 SMALL=$((E2E_CALLS / 3)) BIG=$((E2E_CALLS * 10 / 3))
-echo; echo "## 8b. HTTP tool as the run grows: the run of section 8 at $SMALL and $BIG calls (onceq-bench e2e --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools)"
+settle; echo; echo "## 8b. HTTP tool as the run grows: the run of section 8 at $SMALL and $BIG calls (onceq-bench e2e --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools)"
 "$BENCH" e2e --onceq "$BIN" --calls "$SMALL" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools > "$T/http-small.out"
 "$BENCH" e2e --onceq "$BIN" --calls "$BIG" --rate 0 --conns 128 --consumers 2 --no-baseline --http-tools > "$T/http-big.out"
 python3 - "$SMALL" "$E2E_CALLS" "$BIG" "$T/http-small.out" "$T/http-mid.out" "$T/http-big.out" <<'PY'
@@ -156,7 +171,7 @@ fi
 # replay of the same call). Producer + relay + 1 consumer on the mock broker; after each run
 # `onceq verify` must be clean, and the hot run must leave calls=1 and effects=1.
 HOT_N=$(((quick)) && echo 5000 || echo 20000)
-echo; echo "## 9. distinct keys vs one hot key: oq_e2e_load --calls $HOT_N --rate 0 --conns 64 (closed loop; producer, relay, 1 consumer)"
+settle; echo; echo "## 9. distinct keys vs one hot key: oq_e2e_load --calls $HOT_N --rate 0 --conns 64 (closed loop; producer, relay, 1 consumer)"
 for mode in distinct hot; do
     oq_start_broker # one each: the hot run's consumer must not read the distinct run's topic
     port=$(oq_free_port)
@@ -193,7 +208,7 @@ done
 # the measured run meets settled brokers; the rounds' JIT shares are printed.
 K_CALLS=$(((quick)) && echo 5000 || echo 20000) K_WARM=$(((quick)) && echo 1000 || echo 5000)
 K_JIT=$(((quick)) && echo 0 || echo 150)
-echo; echo "## 10. scripts/kafka-bench.sh --no-relay --calls $K_CALLS --warmup $K_WARM --warm-jit $K_JIT (e2e, embedded broker vs real Kafka, brokers' CPU per call and at idle)"
+settle; echo; echo "## 10. scripts/kafka-bench.sh --no-relay --calls $K_CALLS --warmup $K_WARM --warm-jit $K_JIT (e2e, embedded broker vs real Kafka, brokers' CPU per call and at idle)"
 if ! command -v java >/dev/null || ! command -v kcat >/dev/null; then
     echo "skipped: needs java (17+) and kcat (see kafka/README.md)"
 elif ! bash "$ROOT/scripts/kafka-fetch.sh" >/dev/null 2>&1; then
@@ -206,7 +221,7 @@ fi
 # 11. MCP: tools/call round trips through POST /mcp vs the HTTP API's submit + wait, same run,
 # compiled charge and an HTTP tool against onceq-downstream (bench/bench_mcp.c).
 MCP_CALLS=$(((quick)) && echo 1000 || echo 3000)
-echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
+settle; echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /mcp vs POST /v1/tool-calls + wait)"
 "$BENCH" mcp --onceq "$BIN" --calls "$MCP_CALLS" --conns 16
 
 # 12. The durable-execution baseline: a DBOS workflow (Python's dbos from PyPI, in a venv under
@@ -214,13 +229,13 @@ echo; echo "## 11. onceq-bench mcp --calls $MCP_CALLS --conns 16 (closed loop; /
 # onceq-downstream, vs onceq's submit + wait, closed loop with 1 and 32 client threads, same run
 # (bench/dbos_baseline.sh); skipped with a note without python3-venv or PyPI.
 DBOS_N=$(((quick)) && echo 500 || echo 2000)
-echo; echo "## 12. durable-execution baseline: DBOS workflow vs onceq submit + wait, 1 and 32 threads (bench/dbos_baseline.sh)"
+settle; echo; echo "## 12. durable-execution baseline: DBOS workflow vs onceq submit + wait, 1 and 32 threads (bench/dbos_baseline.sh)"
 DBOS_CALLS_N=$DBOS_N bash "$ROOT/bench/dbos_baseline.sh" "$BIN"
 fi # BENCH_BACKENDS_ONLY
 # 13. Both backends, side by side, same durability, same sizes, one run.
 B_SECS=$(((quick)) && echo 3s || echo 5s)
 B_CALLS=$(((quick)) && echo 2000 || echo 5000)
-echo; echo "## 13. backends side by side: submit --duration $B_SECS, consumer --calls $B_CALLS, e2e --calls $B_CALLS --rate 0 --conns 64 (SQLite synchronous=FULL vs PostgreSQL fsync=on synchronous_commit=on)"
+settle; echo; echo "## 13. backends side by side: submit --duration $B_SECS, consumer --calls $B_CALLS, e2e --calls $B_CALLS --rate 0 --conns 64 (SQLite synchronous=FULL vs PostgreSQL fsync=on synchronous_commit=on)"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     echo "skipped: needs Debian's postgresql package (apt-get install postgresql)"
 else
