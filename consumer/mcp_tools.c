@@ -319,7 +319,8 @@ static void body(oq__mcp_answer_t *a, const json_t *res)
     a->body = res ? json_dumps(res, JSON_COMPACT) : NULL;
     a->h.body = a->body;
     a->h.body_len = a->body ? strlen(a->body) : 0;
-    a->h.parsed = 0; /* (a new body: read again) */
+    a->h.body_bytes = 0; /* (the HTTP body's size is not this one's: body_len counts) */
+    a->h.parsed = 0;     /* (a new body: read again) */
     a->h.doc = NULL;
 }
 

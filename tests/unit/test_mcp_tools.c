@@ -166,6 +166,7 @@ static oq__http_class_t classify(const oq__http_tool_t *tool, int lookup, oq__ht
     o.status = status;
     o.body = body;
     o.body_len = body ? strlen(body) : 0;
+    o.body_bytes = (int64_t)o.body_len + 1000; /* (say, an event stream's framing) */
     o.effect_id = EID;
     o.tool = tool;
     oq__mcp_refine(tool, lookup, &o, a);
@@ -228,6 +229,8 @@ static void test_classes(void **state)
             json_t *r = json_loadb(a.h.body, a.h.body_len, 0, NULL);
             assert_non_null(json_object_get(r, "structuredContent"));
             json_decref(r);
+            /* the HTTP body's size is not the result's: an omitted result counts its own */
+            assert_int_equal(a.h.body_bytes, 0);
         }
         if (i == 10) assert_string_equal(a.h.object_id ? a.h.object_id : "", "");
         oq__mcp_answer_clear(&a);
