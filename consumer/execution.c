@@ -211,8 +211,7 @@ static const struct {
     [OQ__HTTP_UNDECIDED] = {OQ__OUTCOME_UNKNOWN, OQ__LOOKUP_UNDECIDED},
 };
 
-#define OQ__MAX_ANSWER (64 * 1024)  /* an answer larger than this is not kept in the result */
-#define OQ__MAX_ANSWER_TEXT "65536" /* (said so in it: "response_omitted") */
+#define OQ__MAX_ANSWER (64 * 1024) /* an answer larger than this is not kept in the result */
 
 /*
  * The one form a result is stored in and sent in is RFC 8785 text, written once where the
@@ -330,15 +329,15 @@ static char *answer_result(const oq__http_outcome_t *h, const json_t *answer, co
         PUT_RAW(",\"response_text\":");
         rc = rc ? rc : oq_jcs_put_stringn(&b, h->body, h->body_len, &e);
     }
-    const char *omitted = NULL; /* a body that is not in the result says so, and its size */
-    if (unwritable(rc)) {       /* not even as text: a body that is not UTF-8 */
+    char omitted[48] = ""; /* a body that is not in the result says so, and its size */
+    if (unwritable(rc)) {  /* not even as text: a body that is not UTF-8 */
         b.len = mark;
         rc = 0;
-        omitted = "not UTF-8";
+        snprintf(omitted, sizeof omitted, "not UTF-8");
     } else if (b.len == mark && h->body && h->body_len > OQ__MAX_ANSWER) {
-        omitted = "larger than " OQ__MAX_ANSWER_TEXT " bytes";
+        snprintf(omitted, sizeof omitted, "larger than %d bytes", OQ__MAX_ANSWER);
     }
-    if (omitted) {
+    if (omitted[0]) {
         int64_t bytes = h->body_bytes > (int64_t)h->body_len ? h->body_bytes : (int64_t)h->body_len;
         PUT_RAW(",\"response_omitted\":{\"bytes\":");
         rc = rc ? rc : oq_jcs_put_int(&b, bytes, &e);
